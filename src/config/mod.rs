@@ -1,0 +1,349 @@
+//! The config file: serde structs in Caffe's vocabulary (`[cluster]`, `[data]`, `[solver]`,
+//! `[[layer]]`), parsed from TOML with `--set` overrides, validated as a whole before anything is
+//! allocated, and resolved into a [`Plan`]. No backend or communicator types here.
+//!
+//! The key names are the user contract: extend, never rename.
+
+mod load;
+mod locate;
+mod plan;
+mod validate;
+
+pub use load::{load, load_str, Source};
+pub use plan::Plan;
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The whole config file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    pub data: DataConfig,
+    pub solver: SolverConfig,
+    #[serde(rename = "layer")]
+    pub layers: Vec<LayerConfig>,
+}
+
+/// Which compute backend runs the replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    #[default]
+    Cpu,
+    Cuda,
+    Auto,
+}
+
+/// `[cluster]`: how replicas map onto processes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Replicas (threads, later GPUs) per MPI rank.
+    #[serde(default = "one")]
+    pub replicas_per_rank: usize,
+    /// GEMM threads per replica on the CPU backend; 0 = the node's cores divided among its replicas.
+    #[serde(default)]
+    pub threads_per_replica: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            backend: BackendKind::Cpu,
+            replicas_per_rank: 1,
+            threads_per_replica: 0,
+        }
+    }
+}
+
+/// Record source format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// MNIST IDX files, gzip-compressed or raw.
+    Idx,
+    /// Deterministic random records of `shape`, for benchmarks.
+    Synthetic,
+    /// The handwritten-digit set bundled in the binary (1500 train, 297 test, 1×8×8, 10 classes).
+    Digits,
+}
+
+/// `[data]`: feeds the net the blobs `data` (N, C, H, W) and `label` (N).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    pub format: DataFormat,
+    /// IDX paths, relative to the config file (resolved to absolute by `load`).
+    pub train_images: Option<PathBuf>,
+    pub train_labels: Option<PathBuf>,
+    pub test_images: Option<PathBuf>,
+    pub test_labels: Option<PathBuf>,
+    /// Per-replica batch.
+    pub batch_size: usize,
+    /// Per-replica batch of the test pass; default `batch_size`.
+    pub test_batch_size: Option<usize>,
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    /// Pixel value multiplier applied after mean subtraction.
+    #[serde(default = "unit")]
+    pub scale: f32,
+    /// Subtracted from every pixel before scaling.
+    #[serde(default)]
+    pub mean: f32,
+    /// Number of classes; labels must be below it. Default: 10 for IDX.
+    pub classes: Option<usize>,
+    /// Synthetic: record shape `[C, H, W]`.
+    pub shape: Option<Vec<usize>>,
+    /// Synthetic: number of training records.
+    pub train_size: Option<usize>,
+    /// Synthetic: number of test records.
+    pub test_size: Option<usize>,
+    /// Batches each replica's reader prepares ahead.
+    #[serde(default = "prefetch_default")]
+    pub prefetch: usize,
+}
+
+/// Update rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SolverType {
+    Sgd,
+    Nesterov,
+    Adagrad,
+    Rmsprop,
+    Adam,
+}
+
+/// Learning-rate policy (Caffe's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrPolicy {
+    Fixed,
+    Step,
+    Multistep,
+    Exp,
+    Inv,
+    Poly,
+    Sigmoid,
+}
+
+/// Weight-decay norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+pub enum Regularization {
+    #[default]
+    L2,
+    L1,
+}
+
+/// `[solver]`: the training loop and update rule.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SolverConfig {
+    #[serde(rename = "type", default = "sgd")]
+    pub solver_type: SolverType,
+    pub base_lr: f32,
+    #[serde(default)]
+    pub momentum: f32,
+    /// Adam's β₂.
+    #[serde(default = "beta2_default")]
+    pub momentum2: f32,
+    /// AdaGrad / RMSProp / Adam ε.
+    #[serde(default = "delta_default")]
+    pub delta: f32,
+    #[serde(default = "rms_decay_default")]
+    pub rms_decay: f32,
+    #[serde(default)]
+    pub weight_decay: f32,
+    #[serde(default)]
+    pub regularization_type: Regularization,
+    #[serde(default = "fixed")]
+    pub lr_policy: LrPolicy,
+    #[serde(default)]
+    pub gamma: f32,
+    #[serde(default)]
+    pub power: f32,
+    #[serde(default)]
+    pub stepsize: u64,
+    #[serde(default)]
+    pub stepvalue: Vec<u64>,
+    pub max_iter: u64,
+    /// Sub-batches accumulated per iteration.
+    #[serde(default = "one_u64")]
+    pub iter_size: u64,
+    /// Log every `display` iterations (0: never).
+    #[serde(default)]
+    pub display: u64,
+    /// Smooth the displayed loss over this many iterations.
+    #[serde(default = "one_u64")]
+    pub average_loss: u64,
+    /// Test every `test_interval` iterations (0: only at the end).
+    #[serde(default)]
+    pub test_interval: u64,
+    /// Test batches per replica; default: the whole test set.
+    pub test_iter: Option<u64>,
+    #[serde(default)]
+    pub test_initialization: bool,
+    /// Snapshot every `snapshot` iterations (0: only at the end).
+    #[serde(default)]
+    pub snapshot: u64,
+    #[serde(default = "snapshot_prefix_default")]
+    pub snapshot_prefix: String,
+    #[serde(default = "one_u64")]
+    pub random_seed: u64,
+    /// Clip the global L2 norm of the averaged gradient to this value (≤ 0: off).
+    #[serde(default = "neg_one")]
+    pub clip_gradients: f32,
+}
+
+/// Layer types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    InnerProduct,
+    Relu,
+    Sigmoid,
+    Tanh,
+    SoftmaxWithLoss,
+    Accuracy,
+}
+
+/// Phase in which a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Train,
+    Test,
+}
+
+/// Filler kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FillerKind {
+    Constant,
+    Uniform,
+    Gaussian,
+    Xavier,
+    Msra,
+}
+
+/// Fan used by xavier and msra.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VarianceNorm {
+    #[default]
+    FanIn,
+    FanOut,
+    Average,
+}
+
+/// A weight initialiser, e.g. `{ type = "xavier" }` or `{ type = "gaussian", std = 0.01 }`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FillerConfig {
+    #[serde(rename = "type")]
+    pub kind: FillerKind,
+    #[serde(default)]
+    pub value: f32,
+    #[serde(default)]
+    pub min: f32,
+    #[serde(default = "unit")]
+    pub max: f32,
+    #[serde(default)]
+    pub mean: f32,
+    #[serde(default = "unit")]
+    pub std: f32,
+    #[serde(default)]
+    pub variance_norm: VarianceNorm,
+}
+
+impl FillerConfig {
+    /// `{ type = "constant", value }`.
+    pub fn constant(value: f32) -> Self {
+        FillerConfig {
+            kind: FillerKind::Constant,
+            value,
+            min: 0.0,
+            max: 1.0,
+            mean: 0.0,
+            std: 1.0,
+            variance_norm: VarianceNorm::FanIn,
+        }
+    }
+}
+
+/// One `[[layer]]` table. Type-specific keys are flattened into it, as Caffe's `*_param` fields;
+/// validation rejects a key that does not apply to the layer's type.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerConfig {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: LayerKind,
+    #[serde(default)]
+    pub bottom: Vec<String>,
+    #[serde(default)]
+    pub top: Vec<String>,
+    /// Run only in this phase; default both.
+    pub phase: Option<Phase>,
+    /// Weight of this layer's loss top; default 1 for loss layers, 0 otherwise.
+    pub loss_weight: Option<f32>,
+    /// Per learnable tensor (weight, bias): learning-rate multiplier.
+    pub lr_mult: Option<Vec<f32>>,
+    /// Per learnable tensor (weight, bias): weight-decay multiplier.
+    pub decay_mult: Option<Vec<f32>>,
+    // inner_product
+    pub num_output: Option<usize>,
+    pub bias_term: Option<bool>,
+    pub weight_filler: Option<FillerConfig>,
+    pub bias_filler: Option<FillerConfig>,
+    /// First axis flattened into the inner product / softmax axis; default 1.
+    pub axis: Option<usize>,
+    // relu
+    pub negative_slope: Option<f32>,
+    // accuracy
+    pub top_k: Option<usize>,
+    // softmax_with_loss, accuracy
+    pub ignore_label: Option<i64>,
+}
+
+fn one() -> usize {
+    1
+}
+fn one_u64() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn unit() -> f32 {
+    1.0
+}
+fn neg_one() -> f32 {
+    -1.0
+}
+fn prefetch_default() -> usize {
+    4
+}
+fn sgd() -> SolverType {
+    SolverType::Sgd
+}
+fn fixed() -> LrPolicy {
+    LrPolicy::Fixed
+}
+fn beta2_default() -> f32 {
+    0.999
+}
+fn delta_default() -> f32 {
+    1e-8
+}
+fn rms_decay_default() -> f32 {
+    0.99
+}
+fn snapshot_prefix_default() -> String {
+    "snapshots/model".to_string()
+}

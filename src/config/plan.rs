@@ -1,0 +1,2 @@
+//! TODO stub
+pub struct Plan;

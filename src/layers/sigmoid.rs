@@ -1,0 +1,13 @@
+//! TODO stub
+use crate::config::LayerConfig;
+use crate::layers::{Ctx, Layer};
+use crate::tensor::Blob;
+use crate::error::Result;
+pub struct Sigmoid;
+impl Sigmoid { pub fn new(_c: &LayerConfig) -> Self { Sigmoid } }
+impl Layer for Sigmoid {
+    fn type_name(&self) -> &'static str { "stub" }
+    fn reshape(&mut self, b: &[&[usize]]) -> Result<Vec<Vec<usize>>> { Ok(vec![b[0].to_vec()]) }
+    fn forward(&mut self, _: &Ctx, _: &[Blob], _: &[&[f32]], _: &mut [Blob]) { todo!() }
+    fn backward(&mut self, _: &Ctx, _: &[Blob], _: &[bool], _: &mut [Blob], _: &[&[f32]], _: &mut [&mut [f32]]) { todo!() }
+}

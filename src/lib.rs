@@ -1,0 +1,12 @@
+//! p2ptrain: data-parallel neural-network training across MPI ranks and local replicas, in the
+//! line of Caffe's P2PManager/P2PSync. The binary (`main.rs`) is glue; the work happens here.
+//!
+//! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
+//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel`.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod layers;
+pub mod params;
+pub mod tensor;

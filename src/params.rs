@@ -1,0 +1,110 @@
+//! `Params`: every learnable tensor of a replica in one contiguous data buffer and one diff buffer
+//! (Caffe's `Params`), so that a broadcast or an all-reduce is one call over one slice. Layers get
+//! views; tensors are laid out in layer order, so a layer's tensors form one contiguous span.
+
+use crate::config::FillerConfig;
+use std::ops::Range;
+
+/// What a layer declares about one learnable tensor.
+#[derive(Debug, Clone)]
+pub struct ParamSpec {
+    /// `weight` or `bias`.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub filler: FillerConfig,
+}
+
+/// Where one learnable tensor lives in the flat buffers.
+#[derive(Debug, Clone)]
+pub struct ParamSpan {
+    /// Index of the owning layer in the net.
+    pub layer: usize,
+    /// `<layer name>.<tensor name>`, the name used in snapshots.
+    pub full_name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+    pub len: usize,
+    pub lr_mult: f32,
+    pub decay_mult: f32,
+    pub filler: FillerConfig,
+}
+
+impl ParamSpan {
+    /// Range of this tensor in the flat buffers.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len
+    }
+}
+
+/// Flat parameter and gradient buffers of one replica.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub data: Vec<f32>,
+    pub diff: Vec<f32>,
+    pub spans: Vec<ParamSpan>,
+}
+
+impl Params {
+    /// Lays out `spans` (offsets and lengths are recomputed) and allocates zeroed buffers.
+    pub fn new(mut spans: Vec<ParamSpan>) -> Self {
+        let mut offset = 0;
+        for s in &mut spans {
+            s.len = s.shape.iter().product();
+            s.offset = offset;
+            offset += s.len;
+        }
+        Params {
+            data: vec![0.0; offset],
+            diff: vec![0.0; offset],
+            spans,
+        }
+    }
+
+    /// Total number of learnable floats.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Indices into `spans` of the tensors of `layer`.
+    pub fn layer_spans(&self, layer: usize) -> Range<usize> {
+        let start = self.spans.partition_point(|s| s.layer < layer);
+        let end = self.spans.partition_point(|s| s.layer <= layer);
+        start..end
+    }
+
+    /// The flat range covered by the tensors of `layer` (empty if it has none).
+    pub fn layer_range(&self, layer: usize) -> Range<usize> {
+        let r = self.layer_spans(layer);
+        if r.is_empty() {
+            return 0..0;
+        }
+        self.spans[r.start].offset..self.spans[r.end - 1].range().end
+    }
+
+    /// Views of `layer`'s tensors: data read-only, diff writable.
+    pub fn layer_views(&mut self, layer: usize) -> (Vec<&[f32]>, Vec<&mut [f32]>) {
+        let spans = &self.spans[self.layer_spans(layer)];
+        let data = spans.iter().map(|s| &self.data[s.range()]).collect();
+        let mut diffs = Vec::with_capacity(spans.len());
+        let mut rest: &mut [f32] = &mut self.diff[..];
+        let mut consumed = 0;
+        for s in spans {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(s.offset - consumed);
+            let (view, tail) = tail.split_at_mut(s.len);
+            diffs.push(view);
+            rest = tail;
+            consumed = s.offset + s.len;
+        }
+        (data, diffs)
+    }
+
+    /// Looks a tensor up by its snapshot name.
+    pub fn find(&self, full_name: &str) -> Option<&ParamSpan> {
+        self.spans.iter().find(|s| s.full_name == full_name)
+    }
+}
