@@ -50,8 +50,16 @@ impl Cpu {
             return;
         }
         // Row-major strides: element (i, j) of a matrix stored (rows, cols) sits at i·cols + j.
-        let (a_rs, a_cs) = if trans_a { (1, m as isize) } else { (k as isize, 1) };
-        let (b_rs, b_cs) = if trans_b { (1, k as isize) } else { (n as isize, 1) };
+        let (a_rs, a_cs) = if trans_a {
+            (1, m as isize)
+        } else {
+            (k as isize, 1)
+        };
+        let (b_rs, b_cs) = if trans_b {
+            (1, k as isize)
+        } else {
+            (n as isize, 1)
+        };
         let par = if self.threads > 1 {
             Parallelism::Rayon(self.threads)
         } else {

@@ -1,13 +1,227 @@
-//! TODO stub
+//! `Accuracy`: the fraction of samples whose label is among the `top_k` highest scores (Caffe's
+//! layer of the same name). No backward.
+//!
+//! Bottoms: scores `(N, C)` (flattened at `axis` as in
+//! [`SoftmaxWithLoss`](crate::layers::softmax_with_loss)) and labels `(N)`, integral values stored
+//! as f32. Top: scalar `[]`, `correct / N`.
+//!
+//! Ranking follows Caffe: a sample is correct when fewer than `top_k` classes score *strictly*
+//! higher than its label, so ties favour the label. A sample whose label is `ignore_label` is
+//! never correct but still counts in `N`, so the top is always a fraction of the batch (Caffe
+//! divides by the non-ignored samples instead).
+//!
+//! Exact counts: the top is `correct as f32 / N as f32`, within a relative 2⁻²⁴ of `correct / N`,
+//! so `(top as f64 · N).round()` is exactly `correct` for any batch below 2²³ samples
+//! ([`count_from_fraction`] does this); that is how the net turns test accuracies back into
+//! topology-independent counts.
+
 use crate::config::LayerConfig;
+use crate::error::{Error, Result};
+use crate::layers::softmax_with_loss::rows_and_classes;
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
-use crate::error::Result;
-pub struct Accuracy;
-impl Accuracy { pub fn new(_c: &LayerConfig) -> Self { Accuracy } }
+
+/// Top-k accuracy; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Accuracy {
+    name: String,
+    axis: usize,
+    top_k: usize,
+    ignore_label: Option<i64>,
+    classes: usize,
+    correct: usize,
+    counted: usize,
+}
+
+/// The number of correct samples behind an accuracy `fraction` of a batch of `n`: exact for
+/// `n < 2²³` (see the module docs).
+pub fn count_from_fraction(fraction: f32, n: usize) -> u64 {
+    (fraction as f64 * n as f64).round() as u64
+}
+
+impl Accuracy {
+    /// Reads `top_k` (default 1; checked against the classes at reshape), `axis` (default 1) and
+    /// `ignore_label`.
+    pub fn new(cfg: &LayerConfig) -> Self {
+        Accuracy {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            top_k: cfg.top_k.unwrap_or(1),
+            ignore_label: cfg.ignore_label,
+            classes: 0,
+            correct: 0,
+            counted: 0,
+        }
+    }
+
+    /// Correct samples of the last forward.
+    pub fn correct(&self) -> usize {
+        self.correct
+    }
+
+    /// Samples of the last forward whose label is not `ignore_label`.
+    pub fn counted(&self) -> usize {
+        self.counted
+    }
+}
+
 impl Layer for Accuracy {
-    fn type_name(&self) -> &'static str { "stub" }
-    fn reshape(&mut self, b: &[&[usize]]) -> Result<Vec<Vec<usize>>> { Ok(vec![b[0].to_vec()]) }
-    fn forward(&mut self, _: &Ctx, _: &[Blob], _: &[&[f32]], _: &mut [Blob]) { todo!() }
-    fn backward(&mut self, _: &Ctx, _: &[Blob], _: &[bool], _: &mut [Blob], _: &[&[f32]], _: &mut [&mut [f32]]) { todo!() }
+    fn type_name(&self) -> &'static str {
+        "accuracy"
+    }
+
+    /// Scores `(N, C)` with `1 <= top_k <= C`, labels `(N)`; top `[]`.
+    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+        let (_, classes) = rows_and_classes(&self.name, self.axis, bottoms)?;
+        if self.top_k == 0 || self.top_k > classes {
+            return Err(Error::net(
+                &self.name,
+                format!(
+                    "`top_k` {} must be in [1, {classes}] (the classes)",
+                    self.top_k
+                ),
+            ));
+        }
+        self.classes = classes;
+        Ok(vec![vec![]])
+    }
+
+    fn has_backward(&self) -> bool {
+        false
+    }
+
+    /// # Panics
+    /// On a label that is not `ignore_label` and not an integer in `[0, C)`.
+    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+        let c = self.classes;
+        let labels = &bottoms[1].data;
+        self.correct = 0;
+        self.counted = 0;
+        for (i, row) in bottoms[0].data.chunks_exact(c).enumerate() {
+            let label = labels[i];
+            if self.ignore_label.is_some_and(|ig| label == ig as f32) {
+                continue;
+            }
+            assert!(
+                label >= 0.0 && label.fract() == 0.0 && (label as usize) < c,
+                "layer `{}`: label {label} of sample {i} is not a class in [0, {c})",
+                self.name
+            );
+            self.counted += 1;
+            let score = row[label as usize];
+            let better = row.iter().filter(|&&s| s > score).count();
+            if better < self.top_k {
+                self.correct += 1;
+            }
+        }
+        let n = labels.len();
+        tops[0].data[0] = if n == 0 {
+            0.0
+        } else {
+            self.correct as f32 / n as f32
+        };
+    }
+
+    /// Nothing: accuracy is not differentiated.
+    fn backward(
+        &mut self,
+        _ctx: &Ctx,
+        _tops: &[Blob],
+        _propagate_down: &[bool],
+        _bottoms: &mut [Blob],
+        _params: &[&[f32]],
+        _param_diffs: &mut [&mut [f32]],
+    ) {
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::config::Phase;
+    use crate::layers::gradient_check::layer_config;
+
+    fn accuracy(extra: &str) -> Accuracy {
+        Accuracy::new(&layer_config(&format!(
+            "name = \"acc\"\ntype = \"accuracy\"\n{extra}"
+        )))
+    }
+
+    /// Rows: label 1 tied for the top; label 0 behind two; label 0 behind one; all tied.
+    const SCORES: [f32; 16] = [
+        1.0, 3.0, 3.0, 0.0, //
+        1.0, 3.0, 3.0, 0.0, //
+        0.5, 0.2, 0.1, 0.9, //
+        2.0, 2.0, 2.0, 2.0,
+    ];
+    const LABELS: [f32; 4] = [1.0, 0.0, 0.0, 3.0];
+
+    fn run(layer: &mut Accuracy) -> f32 {
+        let mut scores = Blob::new(&[4, 4]);
+        scores.data = SCORES.to_vec();
+        let mut labels = Blob::new(&[4]);
+        labels.data = LABELS.to_vec();
+        let top_shapes = layer.reshape(&[&[4, 4], &[4]]).unwrap();
+        assert_eq!(top_shapes, vec![Vec::<usize>::new()]);
+        let mut top = vec![Blob::new(&[])];
+        top[0].data[0] = f32::NAN;
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Test,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+        };
+        layer.forward(&ctx, &[scores, labels], &[], &mut top);
+        top[0].data[0]
+    }
+
+    #[test]
+    fn top_1_with_ties() {
+        let mut layer = accuracy("");
+        assert_eq!(run(&mut layer), 0.5);
+        assert_eq!((layer.correct(), layer.counted()), (2, 4));
+        assert!(!layer.has_backward());
+    }
+
+    #[test]
+    fn top_2_with_ties() {
+        let mut layer = accuracy("top_k = 2");
+        assert_eq!(run(&mut layer), 0.75);
+        assert_eq!(layer.correct(), 3);
+        // Row 1 needs k = 3: two classes score strictly higher than its label.
+        let mut k3 = accuracy("top_k = 3");
+        assert_eq!(run(&mut k3), 1.0);
+    }
+
+    #[test]
+    fn ignored_samples_count_in_n_but_never_as_correct() {
+        let mut layer = accuracy("ignore_label = 0");
+        assert_eq!(run(&mut layer), 0.5);
+        assert_eq!((layer.correct(), layer.counted()), (2, 2));
+    }
+
+    #[test]
+    fn top_k_must_fit_the_classes() {
+        let err = accuracy("top_k = 5").reshape(&[&[4, 4], &[4]]).unwrap_err();
+        assert!(err.to_string().contains("top_k"), "{err}");
+        assert!(accuracy("top_k = 0").reshape(&[&[4, 4], &[4]]).is_err());
+    }
+
+    #[test]
+    fn fraction_times_n_recovers_the_count() {
+        for n in (1..=2048).chain([60_000, 1 << 20]) {
+            let step = (n / 2048).max(1);
+            for correct in (0..=n).step_by(step).chain([n - 1, n]) {
+                let fraction = correct as f32 / n as f32;
+                assert_eq!(
+                    count_from_fraction(fraction, n),
+                    correct as u64,
+                    "{correct}/{n}"
+                );
+            }
+        }
+    }
 }

@@ -1,0 +1,374 @@
+//! Training and test data: the [`RecordSource`] trait and its sources (MNIST IDX files, the bundled
+//! digits, deterministic synthetic records), the topology-independent record order, test-set
+//! sharding, and the per-replica prefetching reader.
+//!
+//! # Which replica reads which records
+//!
+//! `batch_size` b is per replica and R is the total number of replicas. Iteration `it` with
+//! `iter_size` S consists of micro-batches m = it·S + s for s in 0..S. The training stream is the
+//! infinite sequence of positions p = 0, 1, 2, …; position p lies in epoch e = p / n (n = training
+//! set size) and maps to record `perm_e[p % n]`, where `perm_e` depends only on (seed, e) (see
+//! [`order::permutation`]; the identity when shuffling is off). Micro-batch m covers positions
+//! [m·b·R, (m+1)·b·R) and the replica of universal rank r takes [m·b·R + r·b, m·b·R + (r+1)·b).
+//! Hence one replica with batch b·R reads exactly the records that R replicas with batch b read,
+//! in the same order when their batches are concatenated in rank order.
+//!
+//! The test set is cut into R contiguous shards, in file order, whose sizes differ by at most one
+//! ([`test_shard`]); each replica reads its shard in batches of `test_batch_size`, the last one
+//! possibly smaller ([`test_batches`]). Replicas may therefore see one batch more or fewer than
+//! each other: reduce test metrics once per pass, not once per batch.
+
+mod digits;
+pub mod idx;
+pub mod order;
+pub mod reader;
+pub mod synthetic;
+
+pub use idx::IdxSource;
+pub use order::{micro_batch_positions, permutation, TrainOrder};
+pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
+pub use synthetic::SyntheticSource;
+
+use crate::config::{DataConfig, DataFormat};
+use crate::error::{Error, Result};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A random-access, in-memory (or computed) set of labelled records of one shape.
+pub trait RecordSource: Send + Sync {
+    /// Number of records.
+    fn len(&self) -> usize;
+
+    /// Whether the set has no records (never true for a source that [`open`] returns).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Shape of one record, `[C, H, W]`.
+    fn record_shape(&self) -> [usize; 3];
+
+    /// Number of classes; every label is below it.
+    fn classes(&self) -> usize;
+
+    /// Writes record `index` as `(pixel − mean) · scale`, C·H·W floats in C, H, W order.
+    /// `out.len()` must be [`record_size`]`(self)`; `index` must be below `len()`.
+    fn fill(&self, index: usize, out: &mut [f32]);
+
+    /// The label of record `index`.
+    fn label(&self, index: usize) -> u32;
+
+    /// A name for messages: the file, or what produced the records.
+    fn name(&self) -> &str {
+        "records"
+    }
+}
+
+/// Floats per record: C·H·W.
+pub fn record_size(source: &dyn RecordSource) -> usize {
+    source.record_shape().iter().product()
+}
+
+/// The two halves of a data set.
+#[derive(Clone)]
+pub struct DataSplit {
+    pub train: Arc<dyn RecordSource>,
+    pub test: Arc<dyn RecordSource>,
+}
+
+impl std::fmt::Debug for DataSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |s: &Arc<dyn RecordSource>| {
+            format!(
+                "{} ({} records of {}, {} classes)",
+                s.name(),
+                s.len(),
+                fmt_shape(s.record_shape()),
+                s.classes()
+            )
+        };
+        f.debug_struct("DataSplit")
+            .field("train", &side(&self.train))
+            .field("test", &side(&self.test))
+            .finish()
+    }
+}
+
+/// Which half of a data set; keys the synthetic generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+/// Classes when `classes` is not set.
+pub const DEFAULT_CLASSES: usize = 10;
+/// Synthetic record shape when `shape` is not set (MNIST's).
+pub const DEFAULT_SYNTHETIC_SHAPE: [usize; 3] = [1, 28, 28];
+/// Synthetic training-set size when `train_size` is not set (MNIST's).
+pub const DEFAULT_SYNTHETIC_TRAIN: usize = 60_000;
+/// Synthetic test-set size when `test_size` is not set (MNIST's).
+pub const DEFAULT_SYNTHETIC_TEST: usize = 10_000;
+
+/// Opens the training and test sets that `cfg` describes. `seed` keys the synthetic generator
+/// (and only it: the record order is keyed separately by [`TrainOrder`]).
+///
+/// Checks that both sets are non-empty, that every label is below the class count
+/// (`cfg.classes`, default 10) and that train and test records have the same shape.
+pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
+    let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES);
+    if classes == 0 {
+        return Err(config_error("data.classes", "must be at least 1"));
+    }
+    let split = match cfg.format {
+        DataFormat::Idx => {
+            let path = |p: &Option<std::path::PathBuf>, key: &str| {
+                p.clone().ok_or_else(|| {
+                    config_error(&format!("data.{key}"), "required when format = \"idx\"")
+                })
+            };
+            let train_images = path(&cfg.train_images, "train_images")?;
+            let train_labels = path(&cfg.train_labels, "train_labels")?;
+            let test_images = path(&cfg.test_images, "test_images")?;
+            let test_labels = path(&cfg.test_labels, "test_labels")?;
+            let train =
+                IdxSource::open(&train_images, &train_labels, classes, cfg.mean, cfg.scale)?;
+            let test = IdxSource::open(&test_images, &test_labels, classes, cfg.mean, cfg.scale)?;
+            DataSplit {
+                train: Arc::new(train),
+                test: Arc::new(test),
+            }
+        }
+        DataFormat::Digits => {
+            let (train, test) = digits::open(classes, cfg.mean, cfg.scale)?;
+            DataSplit {
+                train: Arc::new(train),
+                test: Arc::new(test),
+            }
+        }
+        DataFormat::Synthetic => {
+            let shape = match &cfg.shape {
+                Some(s) => synthetic::pad_shape(s)?,
+                None => DEFAULT_SYNTHETIC_SHAPE,
+            };
+            let train_size = cfg.train_size.unwrap_or(DEFAULT_SYNTHETIC_TRAIN);
+            let test_size = cfg.test_size.unwrap_or(DEFAULT_SYNTHETIC_TEST);
+            if train_size == 0 {
+                return Err(config_error("data.train_size", "must be at least 1"));
+            }
+            if test_size == 0 {
+                return Err(config_error("data.test_size", "must be at least 1"));
+            }
+            let make = |split, len| {
+                SyntheticSource::new(shape, classes, len, seed, split)
+                    .with_normalization(cfg.mean, cfg.scale)
+            };
+            DataSplit {
+                train: Arc::new(make(Split::Train, train_size)),
+                test: Arc::new(make(Split::Test, test_size)),
+            }
+        }
+    };
+    check_split(&split)?;
+    Ok(split)
+}
+
+/// Both halves non-empty, same record shape, same classes.
+fn check_split(split: &DataSplit) -> Result<()> {
+    for s in [&split.train, &split.test] {
+        if s.is_empty() {
+            return Err(Error::data(s.name(), "contains no records"));
+        }
+    }
+    let (a, b) = (split.train.record_shape(), split.test.record_shape());
+    if a != b {
+        return Err(Error::data(
+            split.test.name(),
+            format!(
+                "records are {} but the training set's ({}) are {}",
+                fmt_shape(b),
+                split.train.name(),
+                fmt_shape(a)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `C×H×W`.
+pub fn fmt_shape(s: [usize; 3]) -> String {
+    format!("{}×{}×{}", s[0], s[1], s[2])
+}
+
+/// A config error about `key` found while opening the data (no file position known here).
+fn config_error(key: &str, msg: impl std::fmt::Display) -> Error {
+    Error::Config {
+        file: "config".to_string(),
+        pos: None,
+        key: key.to_string(),
+        msg: msg.to_string(),
+    }
+}
+
+/// The test records of replica `r` of `replicas`: the r-th of `replicas` contiguous ranges that
+/// cover 0..n in order, with sizes differing by at most one (the first n % replicas are longer).
+pub fn test_shard(n: usize, r: usize, replicas: usize) -> Range<usize> {
+    assert!(
+        replicas > 0 && r < replicas,
+        "rank {r} of {replicas} replicas"
+    );
+    let (base, rem) = (n / replicas, n % replicas);
+    let start = r * base + r.min(rem);
+    let len = base + usize::from(r < rem);
+    start..start + len
+}
+
+/// The batches of a test shard: consecutive ranges of `batch` records (the last possibly smaller),
+/// at most `test_iter` of them when it is set.
+pub fn test_batches(
+    shard: Range<usize>,
+    batch: usize,
+    test_iter: Option<u64>,
+) -> impl Iterator<Item = Range<usize>> {
+    assert!(batch > 0, "test batch size must be positive");
+    let end = shard.end;
+    let cap = test_iter.map_or(usize::MAX, |t| usize::try_from(t).unwrap_or(usize::MAX));
+    shard
+        .step_by(batch)
+        .map(move |s| s..(s + batch).min(end))
+        .take(cap)
+}
+
+/// Reads a whole file, naming it in the error.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::data(path, "no such file"),
+        _ => Error::data(path, format!("cannot read: {e}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_shards_cover_the_set_exactly_once() {
+        for n in [0usize, 1, 2, 3, 7, 10, 297, 1000] {
+            for replicas in 1..=9 {
+                let mut next = 0;
+                let mut sizes = Vec::new();
+                for r in 0..replicas {
+                    let s = test_shard(n, r, replicas);
+                    assert_eq!(s.start, next, "n {n} R {replicas} r {r}");
+                    next = s.end;
+                    sizes.push(s.len());
+                }
+                assert_eq!(next, n);
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(hi - lo <= 1, "n {n} R {replicas}: {sizes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn test_batches_split_a_shard() {
+        let b: Vec<_> = test_batches(10..17, 3, None).collect();
+        assert_eq!(b, vec![10..13, 13..16, 16..17]);
+        let b: Vec<_> = test_batches(10..17, 3, Some(2)).collect();
+        assert_eq!(b, vec![10..13, 13..16]);
+        assert_eq!(test_batches(5..5, 3, None).count(), 0);
+        let all: Vec<usize> = (0..4)
+            .flat_map(|r| test_batches(test_shard(297, r, 4), 32, None))
+            .flatten()
+            .collect();
+        assert_eq!(all, (0..297).collect::<Vec<_>>());
+    }
+
+    fn cfg(format: DataFormat) -> DataConfig {
+        DataConfig {
+            format,
+            train_images: None,
+            train_labels: None,
+            test_images: None,
+            test_labels: None,
+            batch_size: 8,
+            test_batch_size: None,
+            shuffle: true,
+            scale: 1.0,
+            mean: 0.0,
+            classes: None,
+            shape: None,
+            train_size: None,
+            test_size: None,
+            prefetch: 2,
+        }
+    }
+
+    #[test]
+    fn open_digits() {
+        let mut c = cfg(DataFormat::Digits);
+        c.scale = 1.0 / 256.0;
+        let s = open(&c, 1).unwrap();
+        assert_eq!((s.train.len(), s.test.len()), (1500, 297));
+        assert_eq!(s.train.record_shape(), [1, 8, 8]);
+        assert_eq!(s.train.classes(), 10);
+        let mut out = vec![0.0; 64];
+        s.train.fill(0, &mut out);
+        assert!(out.iter().all(|&v| (0.0..1.0).contains(&v)));
+        c.classes = Some(5);
+        let e = open(&c, 1).unwrap_err().to_string();
+        assert!(e.contains("not below classes = 5"), "{e}");
+    }
+
+    #[test]
+    fn open_synthetic() {
+        let mut c = cfg(DataFormat::Synthetic);
+        c.shape = Some(vec![3, 4, 5]);
+        c.train_size = Some(100);
+        c.test_size = Some(20);
+        c.classes = Some(7);
+        let s = open(&c, 9).unwrap();
+        assert_eq!((s.train.len(), s.test.len()), (100, 20));
+        assert_eq!(s.test.record_shape(), [3, 4, 5]);
+        assert!((0..100).all(|i| s.train.label(i) < 7));
+        c.shape = Some(vec![]);
+        assert!(open(&c, 9).is_err());
+        c.shape = Some(vec![2, 0]);
+        assert!(open(&c, 9).is_err());
+        c.shape = None;
+        c.test_size = Some(0);
+        assert!(open(&c, 9).is_err());
+    }
+
+    #[test]
+    fn open_idx_needs_paths_and_equal_shapes() {
+        let c = cfg(DataFormat::Idx);
+        let e = open(&c, 1).unwrap_err().to_string();
+        assert!(e.contains("data.train_images"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: Vec<u8>| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let mut c = cfg(DataFormat::Idx);
+        c.train_images = Some(write("tri", idx::tests::images_bytes(3, 2, 2)));
+        c.train_labels = Some(write("trl", idx::tests::labels_bytes(3)));
+        c.test_images = Some(write("tei", idx::tests::images_bytes(2, 2, 3)));
+        c.test_labels = Some(write("tel", idx::tests::labels_bytes(2)));
+        let e = open(&c, 1).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let e = e.to_string();
+        assert!(
+            e.contains("tei") && e.contains("1×2×3") && e.contains("1×2×2"),
+            "{e}"
+        );
+        c.test_images = Some(write("tei", idx::tests::images_bytes(2, 2, 2)));
+        let s = open(&c, 1).unwrap();
+        assert_eq!((s.train.len(), s.test.len()), (3, 2));
+        c.test_labels = Some(dir.path().join("missing"));
+        let e = open(&c, 1).unwrap_err().to_string();
+        assert!(e.contains("missing: no such file"), "{e}");
+    }
+}

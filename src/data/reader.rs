@@ -1,0 +1,411 @@
+//! The per-replica data reader: a prefetch thread that fills a bounded blocking queue with the
+//! training batches of one replica (Caffe's producer/consumer data reader), buffers recycled
+//! through a return channel, and the synchronous filling of test batches.
+//!
+//! Dropping a [`TrainReader`] stops its thread: a flag is raised, the queue's receiving end is
+//! dropped (which wakes a producer blocked on a full queue), and the thread is joined. A producer
+//! that panics (say, in a source's `fill`) makes [`TrainReader::next`] return an error with the
+//! panic message instead of blocking forever.
+
+use super::order::{micro_batch_positions, TrainOrder};
+use super::{record_size, RecordSource};
+use crate::error::{Error, Result};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// One replica's part of a training micro-batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// `(b, C, H, W)`, normalised.
+    pub data: Vec<f32>,
+    /// `(b)`, the class indices as floats.
+    pub labels: Vec<f32>,
+    /// The micro-batch m this is a part of.
+    pub micro_batch: u64,
+    /// The stream position of the first record.
+    pub first_position: u64,
+}
+
+/// Fills `data` and `labels` (resized, allocations kept) with replica `rank`'s part of
+/// micro-batch `m`: `batch` records from the stream positions of
+/// [`micro_batch_positions`]. Returns the first position.
+#[allow(clippy::too_many_arguments)]
+pub fn fill_train_batch(
+    source: &dyn RecordSource,
+    order: &mut TrainOrder,
+    m: u64,
+    batch: usize,
+    rank: usize,
+    replicas: usize,
+    data: &mut Vec<f32>,
+    labels: &mut Vec<f32>,
+) -> u64 {
+    let size = record_size(source);
+    let positions = micro_batch_positions(m, batch, rank, replicas);
+    data.resize(batch * size, 0.0);
+    labels.resize(batch, 0.0);
+    let first = positions.start;
+    for ((p, out), label) in positions
+        .zip(data.chunks_exact_mut(size))
+        .zip(labels.iter_mut())
+    {
+        let rec = order.record(p);
+        source.fill(rec, out);
+        *label = source.label(rec) as f32;
+    }
+    first
+}
+
+/// Fills `data` and `labels` (resized, allocations kept) with the test records `range`, in order.
+pub fn fill_test_batch(
+    source: &dyn RecordSource,
+    range: Range<usize>,
+    data: &mut Vec<f32>,
+    labels: &mut Vec<f32>,
+) {
+    let size = record_size(source);
+    data.resize(range.len() * size, 0.0);
+    labels.resize(range.len(), 0.0);
+    for ((i, out), label) in range
+        .zip(data.chunks_exact_mut(size))
+        .zip(labels.iter_mut())
+    {
+        source.fill(i, out);
+        *label = source.label(i) as f32;
+    }
+}
+
+/// Replica `rank`'s training batches, prepared ahead by a thread.
+pub struct TrainReader {
+    rx: Option<Receiver<Batch>>,
+    recycle: Option<Sender<Batch>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    rank: usize,
+}
+
+impl TrainReader {
+    /// Starts the thread that produces replica `rank` of `replicas`'s batches of `batch` records
+    /// for micro-batches `first_micro_batch`, `first_micro_batch + 1`, …, over the training order
+    /// of (`seed`, `shuffle`), keeping up to `capacity` (at least 1) batches ready.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        source: Arc<dyn RecordSource>,
+        seed: u64,
+        shuffle: bool,
+        batch: usize,
+        rank: usize,
+        replicas: usize,
+        first_micro_batch: u64,
+        capacity: usize,
+    ) -> Self {
+        assert!(batch > 0, "batch size must be positive");
+        assert!(rank < replicas, "rank {rank} of {replicas} replicas");
+        let (tx, rx) = mpsc::sync_channel(capacity.max(1));
+        let (recycle_tx, recycle_rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = Producer {
+            order: TrainOrder::new(source.len(), seed, shuffle),
+            source,
+            batch,
+            rank,
+            replicas,
+            next: first_micro_batch,
+            stop: Arc::clone(&stop),
+            tx,
+            recycle: recycle_rx,
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("data-reader-{rank}"))
+            .spawn(move || producer.run())
+            .expect("spawning the data reader thread");
+        TrainReader {
+            rx: Some(rx),
+            recycle: Some(recycle_tx),
+            stop,
+            handle: Some(handle),
+            rank,
+        }
+    }
+
+    /// The next batch, waiting for it when the thread has not prepared it yet. An error when the
+    /// thread has stopped (it panicked).
+    #[allow(clippy::should_implement_trait)] // blocking and fallible, never exhausted: no Iterator
+    pub fn next(&mut self) -> Result<Batch> {
+        let rx = self
+            .rx
+            .as_ref()
+            .ok_or_else(|| self.stopped("stopped earlier"))?;
+        match rx.recv() {
+            Ok(batch) => Ok(batch),
+            Err(_) => {
+                let why = match self.handle.take().map(JoinHandle::join) {
+                    Some(Err(payload)) => {
+                        let msg = payload
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| payload.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".to_string());
+                        format!("panicked: {msg}")
+                    }
+                    _ => "stopped".to_string(),
+                };
+                self.rx = None;
+                Err(self.stopped(&why))
+            }
+        }
+    }
+
+    /// Hands a consumed batch's buffers back to the thread, to be refilled without allocating.
+    pub fn recycle(&mut self, batch: Batch) {
+        if let Some(r) = &self.recycle {
+            let _ = r.send(batch);
+        }
+    }
+
+    fn stopped(&self, why: &str) -> Error {
+        Error::io(
+            format!("data reader of replica {}", self.rank),
+            std::io::Error::other(format!("its thread {why}")),
+        )
+    }
+}
+
+impl Drop for TrainReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Disconnecting wakes a producer blocked on a full queue.
+        self.rx = None;
+        self.recycle = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The thread's side of a [`TrainReader`].
+struct Producer {
+    source: Arc<dyn RecordSource>,
+    order: TrainOrder,
+    batch: usize,
+    rank: usize,
+    replicas: usize,
+    next: u64,
+    stop: Arc<AtomicBool>,
+    tx: SyncSender<Batch>,
+    recycle: Receiver<Batch>,
+}
+
+impl Producer {
+    fn run(mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut b = self.recycle.try_recv().unwrap_or_default();
+            b.micro_batch = self.next;
+            b.first_position = fill_train_batch(
+                &*self.source,
+                &mut self.order,
+                self.next,
+                self.batch,
+                self.rank,
+                self.replicas,
+                &mut b.data,
+                &mut b.labels,
+            );
+            self.next += 1;
+            if self.tx.send(b).is_err() {
+                break; // the reader is gone
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Split, SyntheticSource};
+    use std::time::{Duration, Instant};
+
+    fn digits() -> Arc<dyn RecordSource> {
+        Arc::new(crate::data::digits::open(10, 0.0, 1.0 / 256.0).unwrap().0)
+    }
+
+    fn direct(
+        source: &dyn RecordSource,
+        seed: u64,
+        shuffle: bool,
+        m: u64,
+        b: usize,
+        r: usize,
+        replicas: usize,
+    ) -> Batch {
+        let mut order = TrainOrder::new(source.len(), seed, shuffle);
+        let mut batch = Batch {
+            micro_batch: m,
+            ..Batch::default()
+        };
+        batch.first_position = fill_train_batch(
+            source,
+            &mut order,
+            m,
+            b,
+            r,
+            replicas,
+            &mut batch.data,
+            &mut batch.labels,
+        );
+        batch
+    }
+
+    /// The central property: R replicas of batch b, concatenated in rank order, read the very
+    /// records of one replica of batch b·R, for every micro-batch, epoch boundaries included.
+    #[test]
+    fn replicas_together_read_what_one_replica_reads() {
+        let sources: [(Arc<dyn RecordSource>, usize); 2] = [
+            (digits(), 1500),
+            (
+                Arc::new(SyntheticSource::new([2, 2, 3], 5, 23, 4, Split::Train)),
+                23,
+            ),
+        ];
+        for (source, n) in &sources {
+            for shuffle in [true, false] {
+                for b in [1usize, 3, 32] {
+                    for replicas in [1usize, 2, 4] {
+                        let mut ms: Vec<u64> = (0..4).collect();
+                        // The micro-batches that hold the first epoch boundaries.
+                        let global = (b * replicas) as u64;
+                        ms.extend((1..4u64).map(|e| e * *n as u64 / global));
+                        ms.push(1000);
+                        for &m in &ms {
+                            let one = direct(&**source, 9, shuffle, m, b * replicas, 0, 1);
+                            let mut data = Vec::new();
+                            let mut labels = Vec::new();
+                            for r in 0..replicas {
+                                let part = direct(&**source, 9, shuffle, m, b, r, replicas);
+                                assert_eq!(
+                                    part.first_position,
+                                    one.first_position + (r * b) as u64
+                                );
+                                data.extend(part.data);
+                                labels.extend(part.labels);
+                            }
+                            assert_eq!(data, one.data, "b {b} R {replicas} m {m}");
+                            assert_eq!(labels, one.labels, "b {b} R {replicas} m {m}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn boundary_batches_do_straddle_epochs() {
+        // 23 records, 4 replicas × 3: micro-batch 1 covers positions 12..24, across the boundary.
+        let s = SyntheticSource::new([1, 1, 2], 3, 23, 4, Split::Train);
+        let last = direct(&s, 9, true, 1, 3, 3, 4);
+        assert_eq!(last.first_position, 21);
+        let mut o = TrainOrder::new(23, 9, true);
+        let recs: Vec<usize> = (21..24).map(|p| o.record(p)).collect();
+        let p0 = crate::data::permutation(23, 9, 0);
+        let p1 = crate::data::permutation(23, 9, 1);
+        assert_eq!(recs, vec![p0[21], p0[22], p1[0]]);
+        let want: Vec<f32> = recs.iter().map(|&i| s.label(i) as f32).collect();
+        assert_eq!(last.labels, want);
+        // A batch larger than the whole set spans several epochs.
+        let big = direct(&s, 9, false, 0, 50, 0, 1);
+        let want: Vec<f32> = (0..50).map(|p| s.label(p % 23) as f32).collect();
+        assert_eq!(big.labels, want);
+    }
+
+    #[test]
+    fn reader_delivers_the_direct_batches() {
+        let source = digits();
+        for (rank, replicas, first) in [(0, 1, 0u64), (1, 2, 5), (3, 4, 40)] {
+            let mut reader =
+                TrainReader::start(Arc::clone(&source), 3, true, 16, rank, replicas, first, 2);
+            for m in first..first + 60 {
+                let got = reader.next().unwrap();
+                assert_eq!(got, direct(&*source, 3, true, m, 16, rank, replicas));
+                if m % 2 == 0 {
+                    reader.recycle(got);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dropping_a_reader_with_a_full_queue_returns_promptly() {
+        let source = digits();
+        let reader = TrainReader::start(source, 1, true, 4, 0, 1, 0, 1);
+        std::thread::sleep(Duration::from_millis(100)); // the producer now blocks on a full queue
+        let t = Instant::now();
+        drop(reader);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// A source whose `fill` panics at record `bad`.
+    struct Faulty {
+        bad: usize,
+    }
+
+    impl RecordSource for Faulty {
+        fn len(&self) -> usize {
+            10
+        }
+        fn record_shape(&self) -> [usize; 3] {
+            [1, 1, 1]
+        }
+        fn classes(&self) -> usize {
+            2
+        }
+        fn fill(&self, index: usize, out: &mut [f32]) {
+            assert!(index != self.bad, "record {index} is unreadable");
+            out[0] = index as f32;
+        }
+        fn label(&self, _index: usize) -> u32 {
+            0
+        }
+    }
+
+    #[test]
+    fn a_panicking_source_makes_next_fail_instead_of_hang() {
+        let mut reader = TrainReader::start(Arc::new(Faulty { bad: 7 }), 0, false, 2, 0, 1, 0, 4);
+        let mut ok = 0;
+        let err = loop {
+            match reader.next() {
+                Ok(b) => {
+                    ok += 1;
+                    assert!(ok < 10, "{b:?}");
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(ok, 3); // records 0..6; the batch of 6 and 7 fails
+        let msg = err.to_string();
+        assert!(
+            msg.contains("replica 0") && msg.contains("record 7 is unreadable"),
+            "{msg}"
+        );
+        assert_eq!(err.exit_code(), 1);
+        assert!(reader.next().is_err());
+    }
+
+    #[test]
+    fn test_batches_are_read_in_file_order() {
+        let source = digits();
+        let (mut data, mut labels) = (Vec::new(), Vec::new());
+        fill_test_batch(&*source, 30..35, &mut data, &mut labels);
+        assert_eq!((data.len(), labels.len()), (5 * 64, 5));
+        let mut rec = vec![0.0; 64];
+        for (k, i) in (30..35).enumerate() {
+            source.fill(i, &mut rec);
+            assert_eq!(&data[k * 64..(k + 1) * 64], rec.as_slice());
+            assert_eq!(labels[k], source.label(i) as f32);
+        }
+        fill_test_batch(&*source, 0..2, &mut data, &mut labels);
+        assert_eq!((data.len(), labels.len()), (2 * 64, 2));
+    }
+}

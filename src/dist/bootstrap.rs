@@ -1,0 +1,139 @@
+//! Process start-up: MPI with thread support (the level granted is checked), world rank and size,
+//! the node-local rank through `MPI_Comm_split_type(SHARED)`, a panic hook that aborts the whole
+//! MPI job, and the agreement steps that let the job end together on a start-up error.
+
+use super::mpi_link::MpiLink;
+use crate::error::{Error, Result};
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::environment::Universe;
+use mpi::topology::{Communicator as _, SimpleCommunicator};
+use mpi::Threading;
+
+/// MPI, initialised, and where this process sits in the job.
+pub struct Bootstrap {
+    /// Keeps MPI alive; dropping it finalises MPI.
+    _universe: Universe,
+    world: SimpleCommunicator,
+    /// MPI rank of this process.
+    pub rank: usize,
+    /// Number of MPI processes.
+    pub size: usize,
+    /// Rank among the processes on this node.
+    pub local_rank: usize,
+    /// Number of processes on this node.
+    pub local_size: usize,
+    /// The threading level MPI granted.
+    pub threading: Threading,
+}
+
+impl Bootstrap {
+    /// Initialises MPI asking for `MPI_THREAD_MULTIPLE`. Replica threads call MPI one at a time
+    /// from a thread other than the main one, so at least `MPI_THREAD_SERIALIZED` is required.
+    pub fn init() -> Result<Self> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        install_abort_on_panic(rank);
+        if threading < Threading::Serialized {
+            return Err(Error::Comm(format!(
+                "rank {rank}: MPI granted thread level {threading:?}; p2ptrain needs at least \
+                 Serialized (build OpenMPI with thread support)"
+            )));
+        }
+        let node = world.split_shared(rank as i32);
+        Ok(Bootstrap {
+            rank,
+            size,
+            local_rank: node.rank() as usize,
+            local_size: node.size() as usize,
+            threading,
+            world,
+            _universe: universe,
+        })
+    }
+
+    /// A duplicate of the world communicator for the leader replica thread.
+    pub fn link(&self) -> MpiLink {
+        MpiLink::new(self.world.duplicate())
+    }
+
+    /// Agrees on the outcome of a step that every rank ran on its own (reading the config, the
+    /// data). If any rank failed, the lowest failing rank reports its error — prefixed with its
+    /// rank — and every rank returns `Err(exit code)` of that error; nobody is left waiting.
+    pub fn agree<T>(&self, outcome: Result<T>) -> std::result::Result<T, i32> {
+        let mine: i32 = match &outcome {
+            Ok(_) => i32::MAX,
+            Err(_) => self.rank as i32,
+        };
+        let mut first = i32::MAX;
+        self.world
+            .all_reduce_into(&mine, &mut first, SystemOperation::min());
+        if first == i32::MAX {
+            return outcome.map_err(|_| unreachable!("a failed rank was not seen"));
+        }
+        let mut code = match &outcome {
+            Err(e) if self.rank as i32 == first => {
+                report_error(self.rank, e);
+                e.exit_code()
+            }
+            _ => 0,
+        };
+        let mine = code;
+        self.world
+            .all_reduce_into(&mine, &mut code, SystemOperation::max());
+        Err(code)
+    }
+
+    /// Checks that every rank resolved the same config; names the first rank that differs.
+    pub fn check_same_fingerprint(&self, fingerprint: u64) -> Result<()> {
+        let mut all = vec![0u64; self.size];
+        self.world.all_gather_into(&fingerprint, &mut all[..]);
+        match all.iter().position(|&f| f != all[0]) {
+            None => Ok(()),
+            Some(r) => Err(Error::Comm(format!(
+                "rank {r} resolved a different config than rank 0 (fingerprint {:016x} vs \
+                 {:016x}): every rank must read the same config file and --set options",
+                all[r], all[0]
+            ))),
+        }
+    }
+
+    /// Sums a few numbers over the processes (the main thread's own small collectives).
+    pub fn sum_f64(&self, values: &mut [f64]) {
+        let send = values.to_vec();
+        self.world
+            .all_reduce_into(&send[..], values, SystemOperation::sum());
+    }
+
+    /// Waits for every process.
+    pub fn barrier(&self) {
+        self.world.barrier();
+    }
+}
+
+/// Prints a fatal error once, prefixed with the rank that found it.
+pub fn report_error(rank: usize, e: &Error) {
+    eprintln!("p2ptrain: rank {rank}: error: {e}");
+}
+
+/// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective
+/// must call this, or they would wait forever.
+pub fn abort_job(code: i32) -> ! {
+    // SAFETY: MPI_Abort may be called from any thread at any time after MPI_Init.
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+    std::process::exit(code)
+}
+
+/// A panic anywhere (any thread) prints the message with the rank and aborts the whole job.
+fn install_abort_on_panic(rank: usize) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        eprintln!("p2ptrain: rank {rank}: fatal: {info}");
+        default(info);
+        abort_job(1);
+    }));
+}

@@ -1,0 +1,164 @@
+//! `CpuComm`: the `Communicator` of one replica on the CPU backend. Local replicas reduce through
+//! a shared `LocalGroup`; the leader (local index 0) combines the processes' sums through MPI;
+//! the result fans back out to the local replicas.
+
+use super::local::LocalGroup;
+use super::mpi_link::MpiLink;
+use super::Communicator;
+use crate::error::Result;
+use std::sync::Arc;
+
+/// One replica's endpoint.
+pub struct CpuComm {
+    group: Arc<LocalGroup>,
+    local: usize,
+    rank: usize,
+    size: usize,
+    /// Present on the leader replica of a multi-process job.
+    mpi: Option<MpiLink>,
+    gathered_f32: Vec<f32>,
+    gathered_f64: Vec<f64>,
+}
+
+impl CpuComm {
+    /// The endpoint of local replica `local` of process `process` (of `processes`), which hosts
+    /// `group.len()` replicas. Only local replica 0 gets the `MpiLink`.
+    pub fn new(
+        group: Arc<LocalGroup>,
+        local: usize,
+        process: usize,
+        processes: usize,
+        mpi: Option<MpiLink>,
+    ) -> Self {
+        let k = group.len();
+        assert!(local < k);
+        assert_eq!(
+            mpi.is_some(),
+            local == 0 && processes > 1,
+            "MPI link on leader only"
+        );
+        CpuComm {
+            rank: process * k + local,
+            size: processes * k,
+            group,
+            local,
+            mpi,
+            gathered_f32: Vec::new(),
+            gathered_f64: Vec::new(),
+        }
+    }
+}
+
+impl Communicator for CpuComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
+        let k = self.group.len();
+        if self.rank == root {
+            self.group.publish(buf);
+        }
+        self.group.wait();
+        if let Some(mpi) = &mut self.mpi {
+            self.group.with_published(|shared| {
+                shared.resize(buf.len(), 0.0);
+                mpi.broadcast_f32(shared, root / k);
+            });
+        }
+        self.group.wait();
+        self.group.read_published(buf);
+        Ok(())
+    }
+
+    fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
+        let g = &self.group;
+        g.reduce_into_chunks(&g.f32s, self.local, buf);
+        if let Some(mpi) = &mut self.mpi {
+            g.gather_chunks(&g.f32s, &mut self.gathered_f32);
+            mpi.sum_f32(&mut self.gathered_f32);
+            g.scatter_chunks(&g.f32s, &self.gathered_f32);
+        }
+        g.wait();
+        let inv = 1.0 / self.size as f32;
+        g.copy_out(&g.f32s, buf, |v| v * inv);
+        Ok(())
+    }
+
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
+        let g = &self.group;
+        g.reduce_into_chunks(&g.f64s, self.local, buf);
+        if let Some(mpi) = &mut self.mpi {
+            g.gather_chunks(&g.f64s, &mut self.gathered_f64);
+            mpi.sum_f64(&mut self.gathered_f64);
+            g.scatter_chunks(&g.f64s, &self.gathered_f64);
+        }
+        g.wait();
+        g.copy_out(&g.f64s, buf, |v| v);
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.group.wait();
+        if let Some(mpi) = &mut self.mpi {
+            mpi.barrier();
+        }
+        self.group.wait();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on `k` local replicas of a single process and returns their results in order.
+    fn on_replicas<R: Send + 'static>(
+        k: usize,
+        f: impl Fn(CpuComm) -> R + Send + Sync + 'static,
+    ) -> Vec<R> {
+        let group = Arc::new(LocalGroup::new(k));
+        let f = Arc::new(f);
+        let handles: Vec<_> = (0..k)
+            .map(|i| {
+                let (g, f) = (group.clone(), f.clone());
+                std::thread::spawn(move || f(CpuComm::new(g, i, 0, 1, None)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn average_and_broadcast_over_local_replicas() {
+        let out = on_replicas(4, |mut c| {
+            let r = c.rank() as f32;
+            let mut g = vec![r, 2.0 * r, 1.0];
+            c.all_reduce_avg(&mut g).unwrap();
+            let mut w = vec![r; 5];
+            c.broadcast(&mut w, 2).unwrap();
+            let mut s = vec![c.rank() as f64, 1.0];
+            c.all_reduce_sum_f64(&mut s).unwrap();
+            c.barrier().unwrap();
+            (g, w, s)
+        });
+        for (g, w, s) in out {
+            assert_eq!(g, vec![1.5, 3.0, 1.0]);
+            assert_eq!(w, vec![2.0; 5]);
+            assert_eq!(s, vec![6.0, 4.0]);
+        }
+    }
+
+    #[test]
+    fn buffers_shorter_than_the_replica_count() {
+        let out = on_replicas(3, |mut c| {
+            let mut g = vec![c.rank() as f32 * 3.0];
+            c.all_reduce_avg(&mut g).unwrap();
+            g
+        });
+        assert!(out.iter().all(|g| g == &vec![3.0]));
+    }
+}
