@@ -6,7 +6,16 @@
 
 pub mod backend;
 pub mod config;
+pub mod data;
+pub mod dist;
 pub mod error;
 pub mod layers;
+pub mod logging;
+pub mod metrics;
 pub mod params;
+pub mod snapshot;
+pub mod solver;
 pub mod tensor;
+pub mod app;
+pub mod net;
+pub mod parallel;

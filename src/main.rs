@@ -1,3 +1,96 @@
+//! The `p2ptrain` command line: parses arguments and hands over to `p2ptrain::app`.
+//!
+//! ```text
+//! p2ptrain [train] CONFIG [--set section.key=value]... [--weights FILE] [--output DIR]
+//! p2ptrain check CONFIG [--set ...]
+//! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
+//! p2ptrain                      # the embedded quickstart
+//! ```
+//! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure.
+
+use clap::{Args, Parser, Subcommand};
+use p2ptrain::app::{self, Action, Options};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "p2ptrain",
+    version,
+    about = "Data-parallel neural-network training on MPI clusters",
+    long_about = "Data-parallel neural-network training on MPI clusters.\n\n\
+        Launch one process per rank: `mpirun -np 4 p2ptrain cluster.toml`, \
+        `srun --mpi=pmix p2ptrain cluster.toml`, or `p2ptrain cluster.toml` alone.\n\
+        Without arguments, trains the embedded quickstart (an MLP on bundled digits).\n\n\
+        Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train the network a config describes (the default command).
+    Train(Common),
+    /// Validate a config and print the resolved plan without training.
+    Check(Common),
+    /// Time training steps: samples/s and the split of a step into its phases.
+    Bench {
+        #[command(flatten)]
+        common: Common,
+        /// Untimed iterations first.
+        #[arg(long, default_value_t = 5)]
+        warmup: u64,
+        /// Timed iterations.
+        #[arg(long, default_value_t = 50)]
+        iters: u64,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// The config file (TOML).
+    config: PathBuf,
+    /// Override a config value, parsed as TOML: `--set solver.base_lr=0.1`, `--set layer.0.num_output=64`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Initialise the parameters from a safetensors file (a snapshot).
+    #[arg(long, value_name = "FILE")]
+    weights: Option<PathBuf>,
+    /// Output directory (default `runs/<config stem>/`).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
+}
+
+impl From<Common> for Options {
+    fn from(c: Common) -> Self {
+        Options {
+            config: Some(c.config),
+            sets: c.sets,
+            weights: c.weights,
+            output: c.output,
+        }
+    }
+}
+
+/// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
+fn with_default_command(mut args: Vec<String>) -> Vec<String> {
+    const KNOWN: [&str; 8] = ["train", "check", "bench", "help", "-h", "--help", "-V", "--version"];
+    if let Some(first) = args.get(1) {
+        if !KNOWN.contains(&first.as_str()) {
+            args.insert(1, "train".into());
+        }
+    }
+    args
+}
+
 fn main() {
-    println!("Hello, world!");
+    let cli = Cli::parse_from(with_default_command(std::env::args().collect()));
+    let (action, opts) = match cli.command {
+        None => (Action::Train, Options::default()),
+        Some(Command::Train(c)) => (Action::Train, c.into()),
+        Some(Command::Check(c)) => (Action::Check, c.into()),
+        Some(Command::Bench { common, warmup, iters }) => (Action::Bench { warmup, iters }, common.into()),
+    };
+    std::process::exit(app::run(action, opts));
 }

@@ -1,2 +1,328 @@
-//! TODO stub
-pub struct Plan;
+//! The resolved plan of a run: a validated [`Config`] with its [`Source`], the topology it runs on
+//! (world size × replicas per rank), the global batch (batch × replicas × iter_size, design
+//! decision 1), and a stable 64-bit fingerprint of the config that every rank compares before
+//! training. Its `Display` (and [`Plan::describe`], to which the caller adds lines such as the
+//! parameter count and devices) is what `p2ptrain check` prints.
+
+use super::validate::name_of;
+use super::{Config, DataFormat, LrPolicy, Source};
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// A config resolved against the process topology.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub config: Config,
+    pub source: Source,
+    /// MPI ranks (processes).
+    pub world_size: usize,
+    /// Replicas (threads, later GPUs) per rank.
+    pub replicas_per_rank: usize,
+    /// `world_size × replicas_per_rank`.
+    pub total_replicas: usize,
+    /// `batch_size × total_replicas × iter_size`: the records one iteration consumes.
+    pub global_batch: usize,
+    /// [`fingerprint`] of `config`.
+    pub fingerprint: u64,
+}
+
+/// FNV-1a, 64 bits: stable across processes, builds and machines (unlike std's hasher).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ b as u64).wrapping_mul(PRIME))
+}
+
+/// The fingerprint of a config: FNV-1a of its canonical serialisation (serde_json, keys in
+/// declaration order, data paths as resolved). Equal configs give equal fingerprints on every rank.
+pub fn fingerprint(config: &Config) -> u64 {
+    let canonical =
+        serde_json::to_vec(config).unwrap_or_else(|_| format!("{config:?}").into_bytes());
+    fnv1a64(&canonical)
+}
+
+impl Plan {
+    /// Resolves a validated `config` for `world_size` processes.
+    pub fn new(config: Config, source: Source, world_size: usize) -> Result<Plan> {
+        if world_size == 0 {
+            return Err(Error::Usage("the world size must be at least 1".into()));
+        }
+        let replicas_per_rank = config.cluster.replicas_per_rank;
+        let total_replicas = world_size.checked_mul(replicas_per_rank).ok_or_else(|| {
+            source.error(
+                "cluster.replicas_per_rank",
+                format!("{world_size} processes × {replicas_per_rank} replicas overflows"),
+            )
+        })?;
+        let batch = config.data.batch_size;
+        let iter_size = config.solver.iter_size;
+        let global_batch = usize::try_from(iter_size)
+            .ok()
+            .and_then(|k| batch.checked_mul(total_replicas)?.checked_mul(k))
+            .ok_or_else(|| {
+                source.error(
+                    "data.batch_size",
+                    format!(
+                        "the global batch {batch} × {total_replicas} replicas × iter_size {iter_size} overflows"
+                    ),
+                )
+            })?;
+        let fingerprint = fingerprint(&config);
+        Ok(Plan {
+            config,
+            source,
+            world_size,
+            replicas_per_rank,
+            total_replicas,
+            global_batch,
+            fingerprint,
+        })
+    }
+
+    /// The plan as aligned `name  value` lines, with `extra` lines (e.g. `("parameters", …)`)
+    /// appended after the plan's own.
+    pub fn describe(&self, extra: &[(&str, String)]) -> String {
+        let mut rows = self.rows();
+        rows.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let width = rows
+            .iter()
+            .map(|(k, _)| k.chars().count())
+            .max()
+            .unwrap_or(0);
+        let mut out = format!("plan of {}\n", self.source.path.display());
+        for (k, v) in rows {
+            out.push_str(&format!("  {k:<width$}  {v}\n"));
+        }
+        out.pop();
+        out
+    }
+
+    fn rows(&self) -> Vec<(String, String)> {
+        let c = &self.config;
+        let (d, s) = (&c.data, &c.solver);
+        let mut rows: Vec<(String, String)> = Vec::new();
+        let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
+        row("world size", format!("{} process(es)", self.world_size));
+        row("replicas per rank", self.replicas_per_rank.to_string());
+        row("total replicas", self.total_replicas.to_string());
+        let test = d.test_batch_size.unwrap_or(d.batch_size);
+        row(
+            "batch per replica",
+            format!("{} (test {test})", d.batch_size),
+        );
+        row("iter_size", s.iter_size.to_string());
+        row(
+            "global batch",
+            format!(
+                "{} = {} × {} replicas × iter_size {}",
+                self.global_batch, d.batch_size, self.total_replicas, s.iter_size
+            ),
+        );
+        row("backend", name_of(&c.cluster.backend));
+        let order = if d.shuffle {
+            "shuffled"
+        } else {
+            "not shuffled"
+        };
+        let pixels = format!("(x - {}) × {}", d.mean, d.scale);
+        match d.format {
+            DataFormat::Idx => {
+                row("data", format!("idx, {order}, {pixels}"));
+                let show = |p: &Option<std::path::PathBuf>| {
+                    p.as_ref()
+                        .map_or("-".to_string(), |p| p.display().to_string())
+                };
+                row(
+                    "  train",
+                    format!("{} + {}", show(&d.train_images), show(&d.train_labels)),
+                );
+                row(
+                    "  test",
+                    format!("{} + {}", show(&d.test_images), show(&d.test_labels)),
+                );
+            }
+            DataFormat::Synthetic => row(
+                "data",
+                format!(
+                    "synthetic {:?}, {} classes, {} train / {} test records, {order}",
+                    d.shape.as_deref().unwrap_or(&[]),
+                    d.classes.unwrap_or(0),
+                    d.train_size.unwrap_or(0),
+                    d.test_size.unwrap_or(0)
+                ),
+            ),
+            DataFormat::Digits => row(
+                "data",
+                format!(
+                    "digits (bundled, 1500 train / 297 test, 1×8×8, 10 classes), {order}, {pixels}"
+                ),
+            ),
+        }
+        let mut solver = format!("{}, base_lr {}", name_of(&s.solver_type), s.base_lr);
+        if s.momentum != 0.0 {
+            solver.push_str(&format!(", momentum {}", s.momentum));
+        }
+        if s.weight_decay != 0.0 {
+            solver.push_str(&format!(
+                ", weight_decay {} ({})",
+                s.weight_decay,
+                name_of(&s.regularization_type)
+            ));
+        }
+        if s.clip_gradients > 0.0 {
+            solver.push_str(&format!(", clip_gradients {}", s.clip_gradients));
+        }
+        row("solver", solver);
+        let policy = match s.lr_policy {
+            LrPolicy::Fixed => String::new(),
+            LrPolicy::Step => format!(": gamma {} every {} iterations", s.gamma, s.stepsize),
+            LrPolicy::Multistep => format!(": gamma {} at {:?}", s.gamma, s.stepvalue),
+            LrPolicy::Exp => format!(": gamma {}", s.gamma),
+            LrPolicy::Inv => format!(": gamma {}, power {}", s.gamma, s.power),
+            LrPolicy::Poly => format!(": power {}", s.power),
+            LrPolicy::Sigmoid => format!(": gamma {}, stepsize {}", s.gamma, s.stepsize),
+        };
+        row("lr policy", format!("{}{policy}", name_of(&s.lr_policy)));
+        row("max_iter", s.max_iter.to_string());
+        let layers: Vec<String> = c
+            .layers
+            .iter()
+            .map(|l| {
+                let mut t = name_of(&l.kind);
+                if let Some(n) = l.num_output {
+                    t.push_str(&format!(" {n}"));
+                }
+                if let Some(p) = l.phase {
+                    t.push_str(&format!(", {} only", name_of(&p)));
+                }
+                format!("{} ({t})", l.name)
+            })
+            .collect();
+        row("layers", layers.join(" → "));
+        if !self.source.overrides.is_empty() {
+            let sets: Vec<&str> = self
+                .source
+                .overrides
+                .iter()
+                .map(|(_, a)| a.as_str())
+                .collect();
+            row("overrides", format!("--set {}", sets.join(" --set ")));
+        }
+        row("fingerprint", format!("{:016x}", self.fingerprint));
+        rows
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(&[]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use std::path::Path;
+
+    const TEXT: &str = r#"[cluster]
+replicas_per_rank = 4
+
+[data]
+format = "digits"
+batch_size = 32
+
+[solver]
+base_lr = 0.05
+momentum = 0.9
+lr_policy = "inv"
+gamma = 1e-4
+power = 0.75
+iter_size = 2
+max_iter = 100
+
+[[layer]]
+name = "ip1"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip1"]
+num_output = 10
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip1", "label"]
+top = ["loss"]
+"#;
+
+    fn plan(sets: &[&str], world: usize) -> Result<Plan> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let (c, s) = load_str("p.toml", TEXT, Path::new("."), &sets)?;
+        Plan::new(c, s, world)
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_values() {
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn resolves_the_topology_and_global_batch() {
+        let p = plan(&[], 3).unwrap();
+        assert_eq!(p.world_size, 3);
+        assert_eq!(p.replicas_per_rank, 4);
+        assert_eq!(p.total_replicas, 12);
+        assert_eq!(p.global_batch, 32 * 12 * 2);
+        assert!(matches!(plan(&[], 0), Err(Error::Usage(_))));
+        let e = plan(&["data.batch_size=4611686018427387904"], 4).unwrap_err();
+        assert!(e.to_string().contains("overflow"), "{e}");
+    }
+
+    #[test]
+    fn the_fingerprint_is_stable_and_follows_the_config() {
+        let a = plan(&[], 1).unwrap().fingerprint;
+        assert_eq!(
+            a,
+            plan(&[], 2).unwrap().fingerprint,
+            "topology is not part of it"
+        );
+        assert_eq!(a, fingerprint(&plan(&[], 1).unwrap().config));
+        assert_ne!(a, plan(&["solver.base_lr=0.1"], 1).unwrap().fingerprint);
+        // Formatting and comments do not count; values do.
+        let spaced = TEXT.replace("base_lr = 0.05", "base_lr   =   0.05   # tuned");
+        let (c, _) = load_str("p.toml", &spaced, Path::new("."), &[]).unwrap();
+        assert_eq!(fingerprint(&c), a);
+    }
+
+    #[test]
+    fn describes_the_plan_with_extra_lines() {
+        let p = plan(&["solver.base_lr=0.1"], 2).unwrap();
+        let text = p.describe(&[("parameters", "650".to_string())]);
+        for want in [
+            "plan of p.toml",
+            "world size         2 process(es)",
+            "replicas per rank  4",
+            "total replicas     8",
+            "batch per replica  32 (test 32)",
+            "iter_size          2",
+            "global batch       512 = 32 × 8 replicas × iter_size 2",
+            "backend            cpu",
+            "data               digits",
+            "solver             sgd, base_lr 0.1, momentum 0.9",
+            "lr policy          inv: gamma 0.0001, power 0.75",
+            "max_iter           100",
+            "layers             ip1 (inner_product 10) → loss (softmax_with_loss)",
+            "overrides          --set solver.base_lr=0.1",
+            &format!("fingerprint        {:016x}", p.fingerprint),
+            "parameters         650",
+        ] {
+            assert!(text.contains(want), "{text}\nlacks {want:?}");
+        }
+        assert!(text.ends_with("650"));
+        assert_eq!(p.to_string(), p.describe(&[]));
+    }
+}

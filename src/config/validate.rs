@@ -1,1 +1,1479 @@
-//! stub
+//! Whole-config validation, run by `load` before anything is allocated: every value range, the
+//! keys each data format, lr policy, update rule and layer type needs or rejects, the layer graph
+//! (bottoms produced by earlier layers in the same phase, no cycles, a train-phase loss), and the
+//! memory the per-replica tensors would take. Each error names the dotted key and its position.
+//!
+//! Per-sample shapes are propagated through the layers (data `(C, H, W)`, label `()`), so an
+//! inner product's weights `(num_output, K)` and tops `(N, num_output)` are checked against the
+//! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
+
+use super::{
+    Config, DataFormat, FillerConfig, FillerKind, LayerConfig, LayerKind, LrPolicy, Phase,
+    SolverType, Source,
+};
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io::{Read, Seek};
+use std::path::Path;
+
+const GIB: u64 = 1 << 30;
+/// The largest single f32 tensor a replica may hold.
+const MAX_TENSOR_BYTES: u64 = 64 * GIB;
+const MAX_REPLICAS_PER_RANK: usize = 1024;
+const MAX_NUM_OUTPUT: usize = 1 << 28;
+/// Record elements of a synthetic shape must stay below this.
+const MAX_RECORD_ELEMS: u64 = 1 << 31;
+/// The bundled digits: 8×8 grey images of 10 classes.
+const DIGITS_SHAPE: [u64; 3] = [1, 8, 8];
+const DIGITS_CLASSES: usize = 10;
+/// Classes assumed for IDX and synthetic data when `classes` is not set.
+const DEFAULT_CLASSES: usize = 10;
+
+/// Blobs available in one phase: name → (producing layer, or `None` for the data source;
+/// per-sample shape).
+type Blobs = HashMap<String, (Option<usize>, Vec<u64>)>;
+
+/// The config name of an enum value (`inner_product`, `sgd`, `idx`).
+pub(crate) fn name_of<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+impl Config {
+    /// Checks the whole config, returning the first problem as an [`Error::Config`] that names
+    /// the key and its position in `src` (or the `--set` argument that set it). Reads the headers
+    /// of IDX files to learn the record size; allocates nothing else.
+    pub fn validate(&self, src: &Source) -> Result<()> {
+        let v = Validator { cfg: self, src };
+        v.cluster()?;
+        let data = v.data()?;
+        v.solver()?;
+        v.layers(&data)
+    }
+}
+
+/// What the data section implies for the net.
+struct DataFacts {
+    /// Per-sample shape of the `data` blob, `(C, H, W)`.
+    record: Vec<u64>,
+    /// Labels are below this.
+    classes: usize,
+    /// The larger of the train and test per-replica batches.
+    max_batch: u64,
+}
+
+struct Validator<'a> {
+    cfg: &'a Config,
+    src: &'a Source,
+}
+
+/// `(N, a, b)` for a per-sample shape `[a, b]`.
+fn shape_str(sample: &[u64]) -> String {
+    let mut s = String::from("(N");
+    for d in sample {
+        s.push_str(&format!(", {d}"));
+    }
+    s + ")"
+}
+
+fn product(dims: &[u64]) -> Option<u64> {
+    dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / GIB as f64)
+}
+
+impl Validator<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+        self.src.error(key, msg)
+    }
+
+    fn at_least_one(&self, key: &str, v: u64) -> Result<()> {
+        if v == 0 {
+            return Err(self.err(key, "must be at least 1, got 0"));
+        }
+        Ok(())
+    }
+
+    fn finite(&self, key: &str, v: f32) -> Result<()> {
+        if !v.is_finite() {
+            return Err(self.err(key, format!("must be a finite number, got {v}")));
+        }
+        Ok(())
+    }
+
+    fn positive(&self, key: &str, v: f32) -> Result<()> {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(self.err(key, format!("must be a finite number > 0, got {v}")));
+        }
+        Ok(())
+    }
+
+    fn non_negative(&self, key: &str, v: f32) -> Result<()> {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(self.err(key, format!("must be a finite number ≥ 0, got {v}")));
+        }
+        Ok(())
+    }
+
+    /// `v` in [0, 1).
+    fn fraction(&self, key: &str, v: f32) -> Result<()> {
+        if !(0.0..1.0).contains(&v) {
+            return Err(self.err(key, format!("must be in [0, 1), got {v}")));
+        }
+        Ok(())
+    }
+
+    fn cluster(&self) -> Result<()> {
+        let r = self.cfg.cluster.replicas_per_rank;
+        if r == 0 || r > MAX_REPLICAS_PER_RANK {
+            return Err(self.err(
+                "cluster.replicas_per_rank",
+                format!("must be between 1 and {MAX_REPLICAS_PER_RANK}, got {r}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn data(&self) -> Result<DataFacts> {
+        let d = &self.cfg.data;
+        self.at_least_one("data.batch_size", d.batch_size as u64)?;
+        if let Some(t) = d.test_batch_size {
+            self.at_least_one("data.test_batch_size", t as u64)?;
+        }
+        self.finite("data.scale", d.scale)?;
+        self.finite("data.mean", d.mean)?;
+        if let Some(c) = d.classes {
+            if c < 2 {
+                return Err(self.err("data.classes", format!("must be at least 2, got {c}")));
+            }
+        }
+        let format = format!("\"{}\"", name_of(&d.format));
+        let paths = [
+            ("train_images", &d.train_images),
+            ("train_labels", &d.train_labels),
+            ("test_images", &d.test_images),
+            ("test_labels", &d.test_labels),
+        ];
+        let synthetic_keys = [
+            ("shape", d.shape.is_some()),
+            ("train_size", d.train_size.is_some()),
+            ("test_size", d.test_size.is_some()),
+        ];
+        if d.format != DataFormat::Idx {
+            if let Some((k, _)) = paths.iter().find(|(_, p)| p.is_some()) {
+                return Err(self.err(
+                    &format!("data.{k}"),
+                    format!("does not apply to format {format} (only \"idx\" reads files)"),
+                ));
+            }
+        }
+        if d.format != DataFormat::Synthetic {
+            if let Some((k, _)) = synthetic_keys.iter().find(|(_, set)| *set) {
+                return Err(self.err(
+                    &format!("data.{k}"),
+                    format!("does not apply to format {format} (only to \"synthetic\")"),
+                ));
+            }
+        }
+        let (record, classes) = match d.format {
+            DataFormat::Idx => (self.idx_files()?, d.classes.unwrap_or(DEFAULT_CLASSES)),
+            DataFormat::Synthetic => self.synthetic()?,
+            DataFormat::Digits => {
+                let classes = d.classes.unwrap_or(DIGITS_CLASSES);
+                if classes < DIGITS_CLASSES {
+                    return Err(self.err(
+                        "data.classes",
+                        format!("the digits have labels 0 to 9: must be at least {DIGITS_CLASSES}, got {classes}"),
+                    ));
+                }
+                (DIGITS_SHAPE.to_vec(), classes)
+            }
+        };
+        let batch = d.batch_size as u64;
+        let test = d.test_batch_size.map_or(batch, |t| t as u64);
+        let (key, max_batch) = if test > batch {
+            ("data.test_batch_size", test)
+        } else {
+            ("data.batch_size", batch)
+        };
+        let dims: Vec<u64> = std::iter::once(max_batch)
+            .chain(record.iter().copied())
+            .collect();
+        let need = product(&dims).and_then(|n| n.checked_mul(4));
+        let shape = record
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join("×");
+        match need {
+            None => {
+                return Err(self.err(
+                    key,
+                    format!("a batch of {max_batch} records of {shape} overflows the size of a tensor"),
+                ))
+            }
+            Some(b) if b > MAX_TENSOR_BYTES => {
+                return Err(self.err(
+                    key,
+                    format!(
+                        "a batch of {max_batch} records of {shape} would need {} GiB of f32 per replica (limit {} GiB)",
+                        gib(b),
+                        MAX_TENSOR_BYTES / GIB
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        Ok(DataFacts {
+            record,
+            classes,
+            max_batch,
+        })
+    }
+
+    /// Checks the four IDX files (present, IDX headers, matching counts and image sizes) and
+    /// returns the record shape.
+    fn idx_files(&self) -> Result<Vec<u64>> {
+        let d = &self.cfg.data;
+        let mut shapes = Vec::new();
+        for (split, images, labels) in [
+            ("train", &d.train_images, &d.train_labels),
+            ("test", &d.test_images, &d.test_labels),
+        ] {
+            let ikey = format!("data.{split}_images");
+            let lkey = format!("data.{split}_labels");
+            let (n, rows, cols) = match self.idx_header(&ikey, images.as_deref(), 0x0803)?[..] {
+                [n, r, c] => (n, r, c),
+                _ => unreachable!("an image header has three dimensions"),
+            };
+            let m = self.idx_header(&lkey, labels.as_deref(), 0x0801)?[0];
+            if n != m {
+                return Err(self.err(
+                    &lkey,
+                    format!("holds {m} labels but `{ikey}` holds {n} images"),
+                ));
+            }
+            if n == 0 {
+                return Err(self.err(&ikey, "holds no images"));
+            }
+            shapes.push((ikey, vec![1, rows, cols]));
+        }
+        let (train, test) = (&shapes[0].1, &shapes[1].1);
+        if train != test {
+            return Err(self.err(
+                &shapes[1].0,
+                format!(
+                    "images are {}×{} but the training images are {}×{}",
+                    test[1], test[2], train[1], train[2]
+                ),
+            ));
+        }
+        Ok(train.clone())
+    }
+
+    /// The dimensions of the IDX file at `path` (gzip-compressed or raw), which must have
+    /// `magic` (0x0803: u8 images, 3 dimensions; 0x0801: u8 labels, 1 dimension).
+    fn idx_header(&self, key: &str, path: Option<&Path>, magic: u32) -> Result<Vec<u64>> {
+        let Some(path) = path else {
+            return Err(self.err(key, "format \"idx\" needs this file"));
+        };
+        let shown = path.display();
+        if !path.exists() {
+            return Err(self.err(key, format!("file not found: {shown}")));
+        }
+        if !path.is_file() {
+            return Err(self.err(key, format!("not a file: {shown}")));
+        }
+        let ndims = (magic & 0xff) as usize;
+        let want = 4 + 4 * ndims;
+        let header = read_header(path, want)
+            .map_err(|e| self.err(key, format!("cannot read {shown}: {e}")))?;
+        let what = if ndims == 1 { "labels" } else { "images" };
+        if header.len() < 4 {
+            return Err(self.err(key, format!("{shown} is too short for an IDX file")));
+        }
+        let found = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+        if found != magic {
+            let hint = match found {
+                0x0801 => " (an IDX label file)",
+                0x0803 => " (an IDX image file)",
+                _ => "",
+            };
+            return Err(self.err(
+                key,
+                format!(
+                    "{shown}: magic 0x{found:08x}{hint}, expected IDX u8 {what} (0x{magic:08x})"
+                ),
+            ));
+        }
+        if header.len() < want {
+            return Err(self.err(key, format!("{shown}: truncated IDX header")));
+        }
+        Ok(header[4..]
+            .chunks(4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as u64)
+            .collect())
+    }
+
+    /// Shape, classes and sizes of a synthetic source; returns (record shape, classes).
+    fn synthetic(&self) -> Result<(Vec<u64>, usize)> {
+        let d = &self.cfg.data;
+        let need = |k: &str, what: &str| {
+            self.err(
+                &format!("data.{k}"),
+                format!("format \"synthetic\" needs `{k}` ({what})"),
+            )
+        };
+        let shape = d
+            .shape
+            .as_ref()
+            .ok_or_else(|| need("shape", "1 to 3 dimensions, e.g. [1, 28, 28]"))?;
+        if shape.is_empty() || shape.len() > 3 {
+            return Err(self.err(
+                "data.shape",
+                format!("must have 1 to 3 dimensions, got {}", shape.len()),
+            ));
+        }
+        if shape.contains(&0) {
+            return Err(self.err(
+                "data.shape",
+                format!("dimensions must be at least 1, got {shape:?}"),
+            ));
+        }
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        match product(&dims) {
+            Some(n) if n < MAX_RECORD_ELEMS => {}
+            _ => {
+                return Err(self.err(
+                    "data.shape",
+                    format!("a record of {shape:?} has 2^31 or more elements"),
+                ))
+            }
+        }
+        // `classes`, `train_size` and `test_size` default as in `data::open` (10, MNIST's sizes).
+        let classes = d.classes.unwrap_or(DEFAULT_CLASSES);
+        if let Some(n) = d.train_size {
+            self.at_least_one("data.train_size", n as u64)?;
+        }
+        if let Some(n) = d.test_size {
+            self.at_least_one("data.test_size", n as u64)?;
+        }
+        // (C, H, W): missing leading dimensions are 1.
+        let mut record = vec![1; 3 - dims.len()];
+        record.extend(dims);
+        Ok((record, classes))
+    }
+
+    fn solver(&self) -> Result<()> {
+        let s = &self.cfg.solver;
+        self.positive("solver.base_lr", s.base_lr)?;
+        self.fraction("solver.momentum", s.momentum)?;
+        self.non_negative("solver.weight_decay", s.weight_decay)?;
+        self.at_least_one("solver.max_iter", s.max_iter)?;
+        self.at_least_one("solver.iter_size", s.iter_size)?;
+        self.at_least_one("solver.average_loss", s.average_loss)?;
+        if let Some(t) = s.test_iter {
+            self.at_least_one("solver.test_iter", t)?;
+        }
+        self.finite("solver.clip_gradients", s.clip_gradients)?;
+        if s.snapshot_prefix.trim().is_empty() {
+            return Err(self.err("solver.snapshot_prefix", "must not be empty"));
+        }
+        match s.solver_type {
+            SolverType::Sgd | SolverType::Nesterov => {}
+            SolverType::Adagrad => self.positive("solver.delta", s.delta)?,
+            SolverType::Rmsprop => {
+                self.positive("solver.delta", s.delta)?;
+                self.fraction("solver.rms_decay", s.rms_decay)?;
+            }
+            SolverType::Adam => {
+                self.fraction("solver.momentum2", s.momentum2)?;
+                self.positive("solver.delta", s.delta)?;
+            }
+        }
+        self.lr_policy()
+    }
+
+    fn lr_policy(&self) -> Result<()> {
+        let s = &self.cfg.solver;
+        let policy = format!("lr_policy \"{}\"", name_of(&s.lr_policy));
+        let needs = |key: &str, what: &str, got: String| {
+            self.err(
+                &format!("solver.{key}"),
+                format!("{policy} needs `{key}` {what}, got {got}"),
+            )
+        };
+        let gamma_positive = || {
+            if s.gamma.is_finite() && s.gamma > 0.0 {
+                Ok(())
+            } else {
+                Err(needs("gamma", "> 0", s.gamma.to_string()))
+            }
+        };
+        let power_positive = || {
+            if s.power.is_finite() && s.power > 0.0 {
+                Ok(())
+            } else {
+                Err(needs("power", "> 0", s.power.to_string()))
+            }
+        };
+        let stepsize_positive = || {
+            if s.stepsize > 0 {
+                Ok(())
+            } else {
+                Err(needs("stepsize", "> 0", "0".into()))
+            }
+        };
+        match s.lr_policy {
+            LrPolicy::Fixed => Ok(()),
+            LrPolicy::Step => {
+                stepsize_positive()?;
+                gamma_positive()
+            }
+            LrPolicy::Multistep => {
+                if s.stepvalue.is_empty() {
+                    return Err(needs(
+                        "stepvalue",
+                        "(a non-empty list of iterations)",
+                        "[]".into(),
+                    ));
+                }
+                if let Some(w) = s.stepvalue.windows(2).position(|w| w[0] >= w[1]) {
+                    return Err(self.src.error_at(
+                        "solver.stepvalue",
+                        &format!("solver.stepvalue[{}]", w + 1),
+                        format!("must be strictly increasing, got {:?}", s.stepvalue),
+                    ));
+                }
+                gamma_positive()
+            }
+            LrPolicy::Exp => gamma_positive(),
+            LrPolicy::Inv => {
+                gamma_positive()?;
+                power_positive()
+            }
+            LrPolicy::Poly => power_positive(),
+            LrPolicy::Sigmoid => {
+                if !(s.gamma.is_finite() && s.gamma != 0.0) {
+                    return Err(needs(
+                        "gamma",
+                        "≠ 0 (the slope; negative decays)",
+                        s.gamma.to_string(),
+                    ));
+                }
+                stepsize_positive()
+            }
+        }
+    }
+
+    fn layers(&self, data: &DataFacts) -> Result<()> {
+        let layers = &self.cfg.layers;
+        if layers.is_empty() {
+            return Err(self.err("layer", "the net needs at least one layer"));
+        }
+        // Per phase (0: train, 1: test), the blobs available so far: name → (producer, shape).
+        let mut avail: [Blobs; 2] = Default::default();
+        for a in &mut avail {
+            a.insert("data".into(), (None, data.record.clone()));
+            a.insert("label".into(), (None, Vec::new()));
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for (i, l) in layers.iter().enumerate() {
+            let key = |k: &str| format!("layer[{i}].{k}");
+            if l.name.trim().is_empty() {
+                return Err(self.err(&key("name"), "must not be empty"));
+            }
+            if let Some(j) = names.insert(&l.name, i) {
+                return Err(self.err(
+                    &key("name"),
+                    format!("layer name `{}` is already used by layer[{j}]", l.name),
+                ));
+            }
+            self.layer_keys(i, l)?;
+            self.layer_arity(i, l)?;
+            let phases: &[usize] = match l.phase {
+                None => &[0, 1],
+                Some(Phase::Train) => &[0],
+                Some(Phase::Test) => &[1],
+            };
+            let mut bottoms = Vec::new();
+            for (j, b) in l.bottom.iter().enumerate() {
+                for &q in phases {
+                    if !avail[q].contains_key(b) {
+                        return Err(self.src.error_at(
+                            &key("bottom"),
+                            &format!("layer[{i}].bottom[{j}]"),
+                            self.missing_bottom(i, b, q, &avail[1 - q]),
+                        ));
+                    }
+                }
+                bottoms.push(avail[phases[0]][b].1.clone());
+            }
+            let top_shape = self.layer_shapes(i, l, &bottoms, data)?;
+            for (j, t) in l.top.iter().enumerate() {
+                if l.top[..j].contains(t) {
+                    return Err(self.err(&key("top"), format!("top `{t}` is listed twice")));
+                }
+                for &q in phases {
+                    if let Some((producer, _)) = avail[q].get(t) {
+                        if !l.bottom.contains(t) {
+                            let by = match producer {
+                                Some(p) => format!("layer `{}`", layers[*p].name),
+                                None => "the data source".into(),
+                            };
+                            return Err(self.src.error_at(
+                                &key("top"),
+                                &format!("layer[{i}].top[{j}]"),
+                                format!("top `{t}` is already produced by {by}; a layer may reuse a blob name only in place (as one of its bottoms)"),
+                            ));
+                        }
+                    }
+                }
+            }
+            for &q in phases {
+                for t in &l.top {
+                    avail[q].insert(t.clone(), (Some(i), top_shape.clone()));
+                }
+            }
+        }
+        let trains_a_loss = layers.iter().any(|l| {
+            l.kind == LayerKind::SoftmaxWithLoss
+                && l.phase != Some(Phase::Test)
+                && l.loss_weight != Some(0.0)
+        });
+        if !trains_a_loss {
+            return Err(self.err(
+                "layer",
+                "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why bottom `b` of layer `i` is missing in phase `q`.
+    fn missing_bottom(&self, i: usize, b: &str, q: usize, other_phase: &Blobs) -> String {
+        let layers = &self.cfg.layers;
+        let phase = ["train", "test"][q];
+        if let Some((Some(p), _)) = other_phase.get(b) {
+            let other = ["train", "test"][1 - q];
+            return format!(
+                "bottom `{b}` is produced only in the {other} phase (by layer `{}`), but this layer also runs in the {phase} phase",
+                layers[*p].name
+            );
+        }
+        let later = (i..layers.len()).find(|&j| layers[j].top.iter().any(|t| t == b));
+        match later {
+            Some(j) if j == i => format!(
+                "bottom `{b}` is produced by no earlier layer (only by this layer itself, a cycle)"
+            ),
+            Some(j) if self.depends_on(j, i) => format!(
+                "bottom `{b}` is produced by no earlier layer: layer `{}` produces it from this layer's output, a cycle",
+                layers[j].name
+            ),
+            Some(j) => format!(
+                "bottom `{b}` is produced by no earlier layer: only the later layer `{}` produces it; layers run in file order, so move that layer above this one",
+                layers[j].name
+            ),
+            None => format!("bottom `{b}` is produced by no earlier layer"),
+        }
+    }
+
+    /// Whether layer `j` consumes, directly or through other layers, a top of layer `i`.
+    fn depends_on(&self, j: usize, i: usize) -> bool {
+        let layers = &self.cfg.layers;
+        let mut seen = vec![false; layers.len()];
+        let mut stack = vec![j];
+        while let Some(k) = stack.pop() {
+            if std::mem::replace(&mut seen[k], true) {
+                continue;
+            }
+            for b in &layers[k].bottom {
+                for (p, l) in layers.iter().enumerate() {
+                    if l.top.contains(b) && p != k {
+                        if p == i {
+                            return true;
+                        }
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Keys set on layer `i` that its type does not take, and the ranges of those it does.
+    fn layer_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let kind = name_of(&l.kind);
+        let allowed: &[&str] = match l.kind {
+            LayerKind::InnerProduct => &[
+                "num_output",
+                "bias_term",
+                "weight_filler",
+                "bias_filler",
+                "axis",
+                "loss_weight",
+            ],
+            LayerKind::Relu => &["negative_slope", "loss_weight"],
+            LayerKind::Sigmoid | LayerKind::Tanh => &["loss_weight"],
+            LayerKind::SoftmaxWithLoss => &["axis", "ignore_label", "loss_weight"],
+            LayerKind::Accuracy => &["axis", "top_k", "ignore_label"],
+        };
+        let set = [
+            ("num_output", l.num_output.is_some()),
+            ("bias_term", l.bias_term.is_some()),
+            ("weight_filler", l.weight_filler.is_some()),
+            ("bias_filler", l.bias_filler.is_some()),
+            ("axis", l.axis.is_some()),
+            ("loss_weight", l.loss_weight.is_some()),
+            ("negative_slope", l.negative_slope.is_some()),
+            ("top_k", l.top_k.is_some()),
+            ("ignore_label", l.ignore_label.is_some()),
+        ];
+        if let Some((k, _)) = set.iter().find(|(k, s)| *s && !allowed.contains(k)) {
+            return Err(self.err(
+                &key(k),
+                format!("`{k}` does not apply to a layer of type {kind}"),
+            ));
+        }
+        let bias = l.kind == LayerKind::InnerProduct && l.bias_term != Some(false);
+        if l.bias_filler.is_some() && !bias && l.kind == LayerKind::InnerProduct {
+            return Err(self.err(
+                &key("bias_filler"),
+                "`bias_filler` does not apply when bias_term = false",
+            ));
+        }
+        let learnable = match l.kind {
+            LayerKind::InnerProduct => 1 + bias as usize,
+            _ => 0,
+        };
+        for (k, mults) in [("lr_mult", &l.lr_mult), ("decay_mult", &l.decay_mult)] {
+            let Some(m) = mults else { continue };
+            if learnable == 0 && !m.is_empty() {
+                return Err(self.err(
+                    &key(k),
+                    format!("`{k}` does not apply to a layer of type {kind} (it has no learnable tensors)"),
+                ));
+            }
+            if m.len() > learnable {
+                let what = if bias {
+                    "2 learnable tensors (weight, bias)"
+                } else {
+                    "1 learnable tensor (weight; bias_term = false)"
+                };
+                return Err(self.err(
+                    &key(k),
+                    format!("has {} values but the layer has {what}", m.len()),
+                ));
+            }
+            for (j, v) in m.iter().enumerate() {
+                self.non_negative(&format!("layer[{i}].{k}[{j}]"), *v)?;
+            }
+        }
+        if let Some(w) = l.loss_weight {
+            self.finite(&key("loss_weight"), w)?;
+        }
+        if let Some(s) = l.negative_slope {
+            self.finite(&key("negative_slope"), s)?;
+        }
+        if let Some(k) = l.top_k {
+            self.at_least_one(&key("top_k"), k as u64)?;
+        }
+        if let Some(a) = l.axis {
+            if !(1..=3).contains(&a) {
+                return Err(self.err(
+                    &key("axis"),
+                    format!("must be 1, 2 or 3 (axis 0 is the batch), got {a}"),
+                ));
+            }
+        }
+        if l.kind == LayerKind::InnerProduct {
+            match l.num_output {
+                None => {
+                    return Err(self.err(
+                        &key("num_output"),
+                        "a layer of type inner_product needs `num_output`",
+                    ))
+                }
+                Some(n) if n == 0 || n > MAX_NUM_OUTPUT => {
+                    return Err(self.err(
+                        &key("num_output"),
+                        format!("must be between 1 and 2^28, got {n}"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for (k, f) in [
+            ("weight_filler", &l.weight_filler),
+            ("bias_filler", &l.bias_filler),
+        ] {
+            if let Some(f) = f {
+                self.filler(&key(k), f)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn filler(&self, key: &str, f: &FillerConfig) -> Result<()> {
+        for (k, v) in [
+            ("value", f.value),
+            ("min", f.min),
+            ("max", f.max),
+            ("mean", f.mean),
+            ("std", f.std),
+        ] {
+            self.finite(&format!("{key}.{k}"), v)?;
+        }
+        match f.kind {
+            FillerKind::Uniform if f.min >= f.max => Err(self.err(
+                &format!("{key}.max"),
+                format!(
+                    "a uniform filler needs min < max, got min {} and max {}",
+                    f.min, f.max
+                ),
+            )),
+            FillerKind::Gaussian if f.std <= 0.0 => Err(self.err(
+                &format!("{key}.std"),
+                format!("a gaussian filler needs std > 0, got {}", f.std),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn layer_arity(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let kind = name_of(&l.kind);
+        let (bottoms, tops, what) = match l.kind {
+            LayerKind::InnerProduct | LayerKind::Relu | LayerKind::Sigmoid | LayerKind::Tanh => {
+                (1, 1, "1 bottom")
+            }
+            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => (2, 1, "2 bottoms (scores, label)"),
+        };
+        if l.bottom.len() != bottoms {
+            return Err(self.err(
+                &format!("layer[{i}].bottom"),
+                format!(
+                    "a layer of type {kind} takes {what}, got {}",
+                    l.bottom.len()
+                ),
+            ));
+        }
+        if l.top.len() != tops {
+            return Err(self.err(
+                &format!("layer[{i}].top"),
+                format!("a layer of type {kind} has 1 top, got {}", l.top.len()),
+            ));
+        }
+        for (k, names) in [("bottom", &l.bottom), ("top", &l.top)] {
+            if let Some(j) = names.iter().position(|n| n.trim().is_empty()) {
+                return Err(self.src.error_at(
+                    &format!("layer[{i}].{k}"),
+                    &format!("layer[{i}].{k}[{j}]"),
+                    "blob names must not be empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-sample shape of layer `i`'s top from its bottoms' shapes; checks the sizes.
+    fn layer_shapes(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<u64>> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let axis = l.axis.unwrap_or(1);
+        let split = |shape: &[u64]| -> Result<(Vec<u64>, u64)> {
+            if axis > shape.len() {
+                return Err(self.err(
+                    &key(if l.axis.is_some() { "axis" } else { "bottom" }),
+                    format!(
+                        "axis {axis} is out of range for bottom `{}` of shape {}",
+                        l.bottom[0],
+                        shape_str(shape)
+                    ),
+                ));
+            }
+            Ok((
+                shape[..axis - 1].to_vec(),
+                product(&shape[axis - 1..]).unwrap_or(u64::MAX),
+            ))
+        };
+        match l.kind {
+            LayerKind::InnerProduct => {
+                let n = l.num_output.unwrap_or(1) as u64;
+                let (mut outer, fan_in) = split(&bottoms[0])?;
+                let too_big = |what: String, dims: &[u64]| -> Result<()> {
+                    match product(dims).and_then(|e| e.checked_mul(4)) {
+                        Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+                        Some(b) => Err(self.err(
+                            &key("num_output"),
+                            format!(
+                                "{what} would need {} GiB of f32 (limit {} GiB)",
+                                gib(b),
+                                MAX_TENSOR_BYTES / GIB
+                            ),
+                        )),
+                        None => Err(self.err(
+                            &key("num_output"),
+                            format!("{what} overflows the size of a tensor"),
+                        )),
+                    }
+                };
+                too_big(format!("the weights ({n} × {fan_in})"), &[n, fan_in])?;
+                outer.push(n);
+                let batch: Vec<u64> = std::iter::once(data.max_batch)
+                    .chain(outer.iter().copied())
+                    .collect();
+                too_big(
+                    format!(
+                        "the top `{}` {}, batch {}",
+                        l.top[0],
+                        shape_str(&outer),
+                        data.max_batch
+                    ),
+                    &batch,
+                )?;
+                Ok(outer)
+            }
+            LayerKind::Relu | LayerKind::Sigmoid | LayerKind::Tanh => Ok(bottoms[0].clone()),
+            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
+                let (_, _) = split(&bottoms[0])?;
+                let scores = bottoms[0][axis - 1];
+                if l.bottom[1] == "label"
+                    && bottoms[0].len() == 1
+                    && (scores as usize) < data.classes
+                {
+                    return Err(self.err(
+                        &key("bottom"),
+                        format!(
+                            "bottom `{}` has {scores} scores per sample but the data has {} classes",
+                            l.bottom[0], data.classes
+                        ),
+                    ));
+                }
+                if let Some(k) = l.top_k {
+                    if k as u64 > scores {
+                        return Err(self.err(
+                            &key("top_k"),
+                            format!("top_k {k} exceeds the {scores} scores per sample"),
+                        ));
+                    }
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+/// Up to `n` bytes from the start of the file's content, through gzip when it is compressed.
+fn read_header(path: &Path, n: usize) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let mut magic = [0u8; 2];
+    let got = file.read(&mut magic)?;
+    file.seek(std::io::SeekFrom::Start(0))?;
+    let mut out = Vec::with_capacity(n);
+    if got == 2 && magic == [0x1f, 0x8b] {
+        flate2::read::GzDecoder::new(file)
+            .take(n as u64)
+            .read_to_end(&mut out)?;
+    } else {
+        file.take(n as u64).read_to_end(&mut out)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+
+    const BASE: &str = r#"[cluster]
+backend = "cpu"
+
+[data]
+format = "digits"
+batch_size = 32
+
+[solver]
+base_lr = 0.05
+momentum = 0.9
+max_iter = 100
+
+[[layer]]
+name = "ip1"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip1"]
+num_output = 16
+
+[[layer]]
+name = "relu1"
+type = "relu"
+bottom = ["ip1"]
+top = ["ip1"]
+
+[[layer]]
+name = "ip2"
+type = "inner_product"
+bottom = ["ip1"]
+top = ["ip2"]
+num_output = 10
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip2", "label"]
+top = ["loss"]
+
+[[layer]]
+name = "accuracy"
+type = "accuracy"
+bottom = ["ip2", "label"]
+top = ["accuracy"]
+phase = "test"
+"#;
+
+    fn check(text: &str) -> Result<()> {
+        load_str("t.toml", text, Path::new("."), &[]).map(|_| ())
+    }
+
+    /// The error of `BASE` with `from` replaced by `to`.
+    fn err(from: &str, to: &str) -> String {
+        assert!(BASE.contains(from), "{from:?} not in BASE");
+        let text = BASE.replacen(from, to, 1);
+        match check(&text) {
+            Ok(()) => panic!("no error with {to:?}"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2);
+                e.to_string()
+            }
+        }
+    }
+
+    fn has(e: &str, want: &str) {
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
+    }
+
+    #[test]
+    fn the_base_config_is_valid() {
+        check(BASE).unwrap();
+    }
+
+    #[test]
+    fn range_errors_name_the_key_and_position() {
+        has(
+            &err("batch_size = 32", "batch_size = 0"),
+            "t.toml:6:1: `data.batch_size`: must be at least 1",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 32\ntest_batch_size = 0"),
+            "`data.test_batch_size`: must be at least 1",
+        );
+        has(
+            &err("backend = \"cpu\"", "replicas_per_rank = 0"),
+            "t.toml:2:1: `cluster.replicas_per_rank`: must be between 1 and 1024",
+        );
+        has(
+            &err("backend = \"cpu\"", "replicas_per_rank = 1025"),
+            "`cluster.replicas_per_rank`",
+        );
+        has(
+            &err("base_lr = 0.05", "base_lr = -0.1"),
+            "t.toml:9:1: `solver.base_lr`: must be a finite number > 0, got -0.1",
+        );
+        has(&err("base_lr = 0.05", "base_lr = nan"), "`solver.base_lr`");
+        has(&err("base_lr = 0.05", "base_lr = inf"), "`solver.base_lr`");
+        has(
+            &err("momentum = 0.9", "momentum = 1.0"),
+            "`solver.momentum`: must be in [0, 1), got 1",
+        );
+        has(
+            &err("momentum = 0.9", "weight_decay = -1e-4"),
+            "`solver.weight_decay`",
+        );
+        has(
+            &err("max_iter = 100", "max_iter = 0"),
+            "`solver.max_iter`: must be at least 1",
+        );
+        has(
+            &err("max_iter = 100", "max_iter = 1\niter_size = 0"),
+            "`solver.iter_size`",
+        );
+        has(
+            &err("max_iter = 100", "max_iter = 1\naverage_loss = 0"),
+            "`solver.average_loss`",
+        );
+        has(
+            &err("max_iter = 100", "max_iter = 1\nclip_gradients = inf"),
+            "`solver.clip_gradients`",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 1\nscale = nan"),
+            "`data.scale`",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 1\nclasses = 1"),
+            "`data.classes`: must be at least 2",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 1\nclasses = 5"),
+            "`data.classes`: the digits have labels 0 to 9",
+        );
+    }
+
+    #[test]
+    fn lr_policies_need_their_keys() {
+        let p = |s: &str| err("max_iter = 100", &format!("max_iter = 100\n{s}"));
+        has(
+            &p("lr_policy = \"step\"\ngamma = 0.1"),
+            "`solver.stepsize`: lr_policy \"step\" needs `stepsize` > 0",
+        );
+        has(
+            &p("lr_policy = \"step\"\nstepsize = 10"),
+            "`solver.gamma`: lr_policy \"step\" needs `gamma` > 0",
+        );
+        has(
+            &p("lr_policy = \"multistep\"\ngamma = 0.1"),
+            "`solver.stepvalue`",
+        );
+        has(
+            &p("lr_policy = \"multistep\"\ngamma = 0.1\nstepvalue = [10, 10]"),
+            "t.toml:14:18: `solver.stepvalue`: must be strictly increasing",
+        );
+        has(&p("lr_policy = \"exp\""), "`solver.gamma`");
+        has(
+            &p("lr_policy = \"inv\"\ngamma = 1e-4"),
+            "`solver.power`: lr_policy \"inv\" needs `power` > 0",
+        );
+        has(&p("lr_policy = \"poly\""), "`solver.power`");
+        has(
+            &p("lr_policy = \"sigmoid\"\nstepsize = 5"),
+            "`solver.gamma`",
+        );
+        has(
+            &p("lr_policy = \"sigmoid\"\ngamma = -0.1"),
+            "`solver.stepsize`",
+        );
+        for ok in [
+            "lr_policy = \"step\"\nstepsize = 10\ngamma = 0.1",
+            "lr_policy = \"multistep\"\nstepvalue = [10, 20]\ngamma = 0.1",
+            "lr_policy = \"inv\"\ngamma = 1e-4\npower = 0.75",
+            "lr_policy = \"poly\"\npower = 1.0",
+            "lr_policy = \"sigmoid\"\ngamma = -0.1\nstepsize = 50",
+        ] {
+            check(&BASE.replace("max_iter = 100", &format!("max_iter = 100\n{ok}"))).unwrap();
+        }
+    }
+
+    #[test]
+    fn update_rules_check_their_keys() {
+        let p = |s: &str| err("max_iter = 100", &format!("max_iter = 100\n{s}"));
+        has(
+            &p("type = \"adam\"\nmomentum2 = 1.0"),
+            "`solver.momentum2`: must be in [0, 1)",
+        );
+        has(
+            &p("type = \"adam\"\ndelta = 0"),
+            "`solver.delta`: must be a finite number > 0",
+        );
+        has(
+            &p("type = \"rmsprop\"\nrms_decay = 1.5"),
+            "`solver.rms_decay`",
+        );
+        has(&p("type = \"adagrad\"\ndelta = -1"), "`solver.delta`");
+        check(&BASE.replace("max_iter = 100", "max_iter = 100\ntype = \"adam\"")).unwrap();
+    }
+
+    #[test]
+    fn data_formats_take_their_own_keys() {
+        has(
+            &err("batch_size = 32", "batch_size = 32\ntrain_images = \"x\""),
+            "`data.train_images`: does not apply to format \"digits\"",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 32\nshape = [1, 2]"),
+            "`data.shape`: does not apply to format \"digits\"",
+        );
+        let synth = |extra: &str| {
+            err(
+                "format = \"digits\"",
+                &format!("format = \"synthetic\"\n{extra}"),
+            )
+        };
+        has(
+            &synth("classes = 10\ntrain_size = 9\ntest_size = 9"),
+            "`data.shape`: format \"synthetic\" needs `shape`",
+        );
+        has(
+            &synth("shape = [1, 8, 8]\nclasses = 10\ntrain_size = 9\ntest_size = 0"),
+            "`data.test_size`: must be at least 1",
+        );
+        check(&BASE.replace(
+            "format = \"digits\"",
+            "format = \"synthetic\"\nshape = [64]",
+        ))
+        .unwrap();
+        has(
+            &synth("shape = [1, 8, 8]\nclasses = 10\ntrain_size = 0\ntest_size = 9"),
+            "`data.train_size`: must be at least 1",
+        );
+        has(
+            &synth("shape = [1, 1, 8, 8]\nclasses = 10\ntrain_size = 9\ntest_size = 9"),
+            "`data.shape`: must have 1 to 3 dimensions",
+        );
+        has(
+            &synth("shape = [0, 8]\nclasses = 10\ntrain_size = 9\ntest_size = 9"),
+            "`data.shape`: dimensions must be at least 1",
+        );
+        has(
+            &synth("shape = [65536, 65536]\nclasses = 10\ntrain_size = 9\ntest_size = 9"),
+            "`data.shape`: a record of [65536, 65536] has 2^31",
+        );
+        let ok = BASE.replace(
+            "format = \"digits\"",
+            "format = \"synthetic\"\nshape = [64]\nclasses = 10\ntrain_size = 9\ntest_size = 9",
+        );
+        check(&ok).unwrap();
+        let e = err(
+            "format = \"digits\"",
+            "format = \"synthetic\"\nshape = [64]\nclasses = 20\ntrain_size = 9\ntest_size = 9",
+        );
+        has(
+            &e,
+            "`layer[3].bottom`: bottom `ip2` has 10 scores per sample but the data has 20 classes",
+        );
+    }
+
+    #[test]
+    fn memory_limits_are_reported_in_gib() {
+        let e = err("batch_size = 32", "batch_size = 300000000");
+        has(&e, "`data.batch_size`: a batch of 300000000 records of 1×8×8 would need 71.5 GiB of f32 per replica (limit 64 GiB)");
+        let e = err(
+            "batch_size = 32",
+            "batch_size = 1\ntest_batch_size = 300000000",
+        );
+        has(&e, "`data.test_batch_size`: a batch of 300000000");
+        let e = err("batch_size = 32", &format!("batch_size = {}", u64::MAX / 2));
+        has(&e, "overflows");
+        let wide = BASE.replace("num_output = 16", "num_output = 1048576");
+        let e = check(&wide.replace("num_output = 10\n", "num_output = 65536\n"))
+            .unwrap_err()
+            .to_string();
+        has(&e, "t.toml:31:1: `layer[2].num_output`: the weights (65536 × 1048576) would need 256.0 GiB of f32 (limit 64 GiB)");
+        let big_batch = BASE.replace("batch_size = 32", "batch_size = 100000");
+        let e = check(&big_batch.replace("num_output = 16", "num_output = 200000"))
+            .unwrap_err()
+            .to_string();
+        has(
+            &e,
+            "`layer[0].num_output`: the top `ip1` (N, 200000), batch 100000 would need 74.5 GiB",
+        );
+        let synth = BASE.replace(
+            "format = \"digits\"\nbatch_size = 32",
+            "format = \"synthetic\"\nshape = [3, 4096, 4096]\nclasses = 10\ntrain_size = 9\ntest_size = 9\nbatch_size = 512",
+        );
+        has(
+            &check(&synth).unwrap_err().to_string(),
+            "`data.batch_size`: a batch of 512 records of 3×4096×4096 would need 96.0 GiB",
+        );
+    }
+
+    #[test]
+    fn layer_types_reject_keys_that_do_not_apply() {
+        has(&err("num_output = 16", "num_output = 16\nnegative_slope = 0.1"), "t.toml:19:1: `layer[0].negative_slope`: `negative_slope` does not apply to a layer of type inner_product");
+        has(
+            &err("top = [\"ip1\"]\n\n", "top = [\"ip1\"]\nnum_output = 3\n\n"),
+            "`layer[1].num_output`: `num_output` does not apply to a layer of type relu",
+        );
+        has(
+            &err(
+                "top = [\"accuracy\"]",
+                "top = [\"accuracy\"]\nloss_weight = 1.0",
+            ),
+            "`layer[4].loss_weight`: `loss_weight` does not apply to a layer of type accuracy",
+        );
+        has(&err("top = [\"ip1\"]\n\n", "top = [\"ip1\"]\nlr_mult = [1.0]\n\n"), "`layer[1].lr_mult`: `lr_mult` does not apply to a layer of type relu (it has no learnable tensors)");
+        has(
+            &err("num_output = 16", "num_output = 16\nlr_mult = [1, 2, 3]"),
+            "`layer[0].lr_mult`: has 3 values but the layer has 2 learnable tensors",
+        );
+        has(
+            &err(
+                "num_output = 16",
+                "num_output = 16\nbias_term = false\ndecay_mult = [1, 0]",
+            ),
+            "`layer[0].decay_mult`: has 2 values but the layer has 1 learnable tensor",
+        );
+        has(
+            &err(
+                "num_output = 16",
+                "num_output = 16\nbias_term = false\nbias_filler = { type = \"constant\" }",
+            ),
+            "`layer[0].bias_filler`: `bias_filler` does not apply when bias_term = false",
+        );
+        has(
+            &err("num_output = 16", "num_output = 16\nlr_mult = [-1]"),
+            "`layer[0].lr_mult[0]`: must be a finite number ≥ 0",
+        );
+        check(&BASE.replace(
+            "num_output = 16",
+            "num_output = 16\nlr_mult = [1, 2]\ndecay_mult = [1, 0]",
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn layer_values_are_checked() {
+        has(
+            &err("num_output = 16", "num_output = 0"),
+            "t.toml:18:1: `layer[0].num_output`: must be between 1 and 2^28, got 0",
+        );
+        has(
+            &err("num_output = 16", "num_output = 268435457"),
+            "`layer[0].num_output`: must be between 1 and 2^28",
+        );
+        has(
+            &err("num_output = 16\n", ""),
+            "`layer[0].num_output`: a layer of type inner_product needs `num_output`",
+        );
+        has(
+            &err("phase = \"test\"", "phase = \"test\"\ntop_k = 0"),
+            "`layer[4].top_k`: must be at least 1",
+        );
+        has(
+            &err("phase = \"test\"", "phase = \"test\"\ntop_k = 11"),
+            "`layer[4].top_k`: top_k 11 exceeds the 10 scores",
+        );
+        has(
+            &err("num_output = 16", "num_output = 16\naxis = 0"),
+            "`layer[0].axis`: must be 1, 2 or 3",
+        );
+        has(
+            &err("num_output = 10", "num_output = 10\naxis = 2"),
+            "`layer[2].axis`: axis 2 is out of range for bottom `ip1` of shape (N, 16)",
+        );
+        check(&BASE.replace("num_output = 16", "num_output = 16\naxis = 3")).unwrap();
+        has(
+            &err(
+                "num_output = 16",
+                "num_output = 16\nweight_filler = { type = \"uniform\", min = 1, max = -1 }",
+            ),
+            "`layer[0].weight_filler.max`: a uniform filler needs min < max",
+        );
+        has(
+            &err(
+                "num_output = 16",
+                "num_output = 16\nweight_filler = { type = \"gaussian\", std = 0 }",
+            ),
+            "t.toml:19:38: `layer[0].weight_filler.std`: a gaussian filler needs std > 0",
+        );
+        has(
+            &err(
+                "num_output = 16",
+                "num_output = 16\nbias_filler = { type = \"constant\", value = nan }",
+            ),
+            "`layer[0].bias_filler.value`: must be a finite number",
+        );
+    }
+
+    #[test]
+    fn the_graph_is_checked() {
+        has(
+            &err(
+                "bottom = [\"ip1\"]\ntop = [\"ip2\"]",
+                "bottom = [\"ip0\"]\ntop = [\"ip2\"]",
+            ),
+            "t.toml:29:11: `layer[2].bottom`: bottom `ip0` is produced by no earlier layer",
+        );
+        has(&err("bottom = [\"data\"]", "bottom = [\"ip2\"]"), "`layer[0].bottom`: bottom `ip2` is produced by no earlier layer: layer `ip2` produces it from this layer's output, a cycle");
+        let moved = err(
+            "bottom = [\"ip2\", \"label\"]\ntop = [\"loss\"]",
+            "bottom = [\"x\", \"label\"]\ntop = [\"loss\"]",
+        );
+        has(&moved, "bottom `x` is produced by no earlier layer");
+        let later = BASE.replace("bottom = [\"ip2\", \"label\"]\ntop = [\"loss\"]", "bottom = [\"late\", \"label\"]\ntop = [\"loss\"]")
+            + "\n[[layer]]\nname = \"late\"\ntype = \"relu\"\nbottom = [\"ip2\"]\ntop = [\"late\"]\n";
+        has(
+            &check(&later).unwrap_err().to_string(),
+            "only the later layer `late` produces it",
+        );
+        has(
+            &err("name = \"relu1\"", "name = \"ip1\""),
+            "`layer[1].name`: layer name `ip1` is already used by layer[0]",
+        );
+        has(
+            &err("name = \"relu1\"", "name = \"\""),
+            "`layer[1].name`: must not be empty",
+        );
+        has(&err("bottom = [\"ip2\", \"label\"]\ntop = [\"loss\"]", "bottom = [\"ip2\"]\ntop = [\"loss\"]"), "`layer[3].bottom`: a layer of type softmax_with_loss takes 2 bottoms (scores, label), got 1");
+        has(
+            &err("top = [\"ip2\"]", "top = []"),
+            "`layer[2].top`: a layer of type inner_product has 1 top, got 0",
+        );
+        has(
+            &err("top = [\"ip2\"]", "top = [\"\"]"),
+            "`layer[2].top`: blob names must not be empty",
+        );
+        has(&err("bottom = [\"ip1\"]\ntop = [\"ip2\"]", "bottom = [\"data\"]\ntop = [\"ip1\"]"), "`layer[2].top`: top `ip1` is already produced by layer `relu1`; a layer may reuse a blob name only in place");
+        has(
+            &err("top = [\"ip1\"]", "top = [\"label\"]"),
+            "top `label` is already produced by the data source",
+        );
+        has(
+            &err("name = \"loss\"", "name = \"loss\"\nphase = \"test\""),
+            "`layer`: no loss layer runs in the train phase",
+        );
+        has(
+            &err("name = \"loss\"", "name = \"loss\"\nloss_weight = 0.0"),
+            "no loss layer runs in the train phase",
+        );
+        has(&err("name = \"ip2\"", "name = \"ip2\"\nphase = \"test\""), "bottom `ip2` is produced only in the test phase (by layer `ip2`), but this layer also runs in the train phase");
+        check(&BASE.replace("phase = \"test\"", "phase = \"train\"")).unwrap();
+        // In place on data is allowed.
+        check(&BASE.replace("[[layer]]\nname = \"ip1\"", "[[layer]]\nname = \"scale\"\ntype = \"tanh\"\nbottom = [\"data\"]\ntop = [\"data\"]\n\n[[layer]]\nname = \"ip1\"")).unwrap();
+        has(&check("layer = []\n[data]\nformat = \"digits\"\nbatch_size = 1\n[solver]\nbase_lr = 0.1\nmax_iter = 1\n").unwrap_err().to_string(), "`layer`: the net needs at least one layer");
+    }
+
+    #[test]
+    fn idx_files_are_checked() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits");
+        let idx = |ti: &str, tl: &str| {
+            format!(
+                "format = \"idx\"\ntrain_images = \"{}\"\ntrain_labels = \"{}\"\ntest_images = \"{}\"\ntest_labels = \"{}\"",
+                root.join(ti).display(),
+                root.join(tl).display(),
+                root.join("test-images-idx3-ubyte.gz").display(),
+                root.join("test-labels-idx1-ubyte.gz").display()
+            )
+        };
+        let good = idx("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
+        check(&BASE.replace("format = \"digits\"", &good)).unwrap();
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx("nope.gz", "train-labels-idx1-ubyte.gz"),
+            ),
+            "t.toml:6:1: `data.train_images`: file not found: ",
+        );
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx("train-labels-idx1-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+            ),
+            "`data.train_images`: ",
+        );
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx("train-labels-idx1-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+            ),
+            "magic 0x00000801 (an IDX label file), expected IDX u8 images",
+        );
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx("train-images-idx3-ubyte.gz", "test-labels-idx1-ubyte.gz"),
+            ),
+            "`data.train_labels`: holds 297 labels but `data.train_images` holds 1500 images",
+        );
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx("README.md", "train-labels-idx1-ubyte.gz"),
+            ),
+            "`data.train_images`: ",
+        );
+        has(
+            &err("format = \"digits\"", "format = \"idx\""),
+            "`data.train_images`: format \"idx\" needs this file",
+        );
+        has(
+            &err(
+                "format = \"digits\"",
+                &idx(".", "train-labels-idx1-ubyte.gz"),
+            ),
+            "not a file: ",
+        );
+    }
+
+    #[test]
+    fn the_quickstart_is_valid() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/quickstart.toml"),
+        )
+        .unwrap();
+        check(&text).unwrap();
+    }
+
+    /// Every `tests/configs/bad/<name>.toml` fails with exit code 2 and a message holding each line
+    /// of `<name>.expect` (the key, the message, and the `name.toml:line:col:` where one applies).
+    #[test]
+    fn the_bad_config_corpus_fails_as_expected() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bad");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+            .collect();
+        files.sort();
+        assert!(
+            files.len() >= 12,
+            "only {} files in {}",
+            files.len(),
+            dir.display()
+        );
+        for file in files {
+            let expect = std::fs::read_to_string(file.with_extension("expect"))
+                .unwrap_or_else(|e| panic!("{}: no .expect file: {e}", file.display()));
+            let e = match crate::config::load(&file, &[]) {
+                Ok(_) => panic!("{} loads without error", file.display()),
+                Err(e) => e,
+            };
+            assert_eq!(e.exit_code(), 2, "{}: {e}", file.display());
+            let msg = e.to_string();
+            let lines: Vec<&str> = expect.lines().filter(|l| !l.trim().is_empty()).collect();
+            assert!(
+                lines.iter().any(|l| l.contains('`')),
+                "{}: the .expect names no key",
+                file.display()
+            );
+            for want in lines {
+                assert!(
+                    msg.contains(want),
+                    "{}:\n  error: {msg}\n  lacks: {want}",
+                    file.display()
+                );
+            }
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            if let Error::Config { pos: Some(p), .. } = &e {
+                assert!(
+                    msg.contains(&format!("{name}:{}:{}: ", p.line, p.col)),
+                    "{msg}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_good_configs_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/good");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                crate::config::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 1);
+    }
+}

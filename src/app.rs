@@ -1,0 +1,225 @@
+//! The program's flow for `train`, `check` and `bench`: MPI start-up, config and data read on
+//! every rank with the outcome agreed (so a bad input ends the job together, reported once),
+//! config fingerprints compared, then the `P2PManager` run. Returns the process exit code.
+
+use crate::config::{self, Plan};
+use crate::data::{self, DataSplit};
+use crate::dist::bootstrap::report_error;
+use crate::dist::Bootstrap;
+use crate::error::{Error, Result};
+use crate::metrics::MetricsLog;
+use crate::net::Net;
+use crate::params::Params;
+use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
+use crate::snapshot;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tracing::info;
+
+/// The config embedded in the binary for `p2ptrain` without arguments.
+pub const QUICKSTART: &str = include_str!("../config/quickstart.toml");
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub enum Action {
+    Train,
+    Check,
+    Bench { warmup: u64, iters: u64 },
+}
+
+/// The options shared by every action.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The config file; `None` runs the embedded quickstart.
+    pub config: Option<PathBuf>,
+    /// `--set section.key=value` overrides.
+    pub sets: Vec<String>,
+    /// `--weights FILE`: initial parameters.
+    pub weights: Option<PathBuf>,
+    /// `--output DIR`; default `runs/<config stem>/`.
+    pub output: Option<PathBuf>,
+}
+
+/// Everything a rank prepares before training, each step able to fail on bad input.
+struct Prepared {
+    plan: Arc<Plan>,
+    data: DataSplit,
+    initial: Params,
+}
+
+fn prepare(opts: &Options, world_size: usize) -> Result<Prepared> {
+    let (cfg, source) = match &opts.config {
+        Some(path) => config::load(path, &opts.sets)?,
+        None => config::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
+    };
+    if cfg.cluster.backend == config::BackendKind::Cuda {
+        return Err(Error::Config {
+            file: source.path.display().to_string(),
+            pos: None,
+            key: "cluster.backend".into(),
+            msg: "this build has no CUDA backend; use \"cpu\" (or \"auto\")".into(),
+        });
+    }
+    let plan = Plan::new(cfg, source, world_size)?;
+    let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
+    let (_, mut initial) = Net::build(&plan.config, data.train.record_shape(), plan.config.data.batch_size)?;
+    Net::init_params(&mut initial, plan.config.solver.random_seed);
+    if let Some(w) = &opts.weights {
+        snapshot::load_weights(w, &mut initial)?;
+    }
+    Ok(Prepared {
+        plan: Arc::new(plan),
+        data,
+        initial,
+    })
+}
+
+/// The output directory: `--output`, or `runs/<config stem>/`.
+fn output_dir(opts: &Options) -> PathBuf {
+    opts.output.clone().unwrap_or_else(|| {
+        let stem = opts
+            .config
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "quickstart".into());
+        Path::new("runs").join(stem)
+    })
+}
+
+fn open_outputs(dir: &Path) -> Result<Outputs> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
+    Ok(Outputs {
+        dir: dir.to_path_buf(),
+        metrics,
+    })
+}
+
+/// GEMM threads per replica: the config's, or the node's cores shared among its replicas.
+fn threads_per_replica(plan: &Plan, boot: &Bootstrap) -> usize {
+    match plan.config.cluster.threads_per_replica {
+        0 => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / (boot.local_size * plan.replicas_per_rank)).max(1)
+        }
+        n => n,
+    }
+}
+
+/// Runs `action` and returns the exit code.
+pub fn run(action: Action, opts: Options) -> i32 {
+    let boot = match Bootstrap::init() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("p2ptrain: error: {e}");
+            return e.exit_code();
+        }
+    };
+    crate::logging::init(boot.rank, boot.size);
+    let prepared = match boot.agree(prepare(&opts, boot.size)) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let fingerprint = boot.check_same_fingerprint(prepared.plan.fingerprint).map_err(|e| {
+        // Every rank sees the mismatch; rank 0 reports it.
+        Error::Config {
+            file: prepared.plan.source.path.display().to_string(),
+            pos: None,
+            key: "(whole file)".into(),
+            msg: e.to_string(),
+        }
+    });
+    if let Err(code) = boot.agree(if boot.rank == 0 { fingerprint } else { Ok(()) }) {
+        return code;
+    }
+    let plan = prepared.plan.clone();
+    let threads = threads_per_replica(&plan, &boot);
+    let extra = [
+        ("parameters", prepared.initial.len().to_string()),
+        ("devices", format!("cpu, {threads} GEMM thread(s) per replica")),
+    ];
+    if let Action::Check = action {
+        if boot.rank == 0 {
+            println!("{}", plan.describe(&extra));
+        }
+        return 0;
+    }
+    if boot.rank == 0 {
+        info!(
+            "{} process(es) x {} replica(s) = {} replicas; global batch {} = batch {} x {} replicas x iter_size {}; {} parameters",
+            boot.size,
+            plan.replicas_per_rank,
+            plan.total_replicas,
+            plan.global_batch,
+            plan.config.data.batch_size,
+            plan.total_replicas,
+            plan.config.solver.iter_size,
+            prepared.initial.len()
+        );
+    }
+    let dir = output_dir(&opts);
+    let outputs = match &action {
+        Action::Train if boot.rank == 0 => Some(open_outputs(&dir)),
+        _ => None,
+    };
+    let outputs = match boot.agree(outputs.transpose()) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let manager = P2PManager {
+        plan: plan.clone(),
+        data: prepared.data,
+        initial: Arc::new(prepared.initial),
+        threads_per_replica: threads,
+    };
+    let mode = match action {
+        Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },
+        _ => Mode::Train,
+    };
+    match manager.run(&boot, mode, outputs) {
+        Ok(report) => {
+            if boot.rank == 0 {
+                summarize(&plan, &report, mode, &dir);
+            }
+            0
+        }
+        Err(e) => {
+            report_error(boot.rank, &e);
+            e.exit_code()
+        }
+    }
+}
+
+fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
+    let rate = report.iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
+    match mode {
+        Mode::Train => {
+            println!(
+                "trained {} iterations in {:.2} s ({:.0} samples/s)",
+                report.iterations, report.seconds, rate
+            );
+            if let Some(t) = &report.last_test {
+                let acc = t.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
+                println!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
+            }
+            println!("outputs: {}", dir.join("metrics.jsonl").display());
+            for s in &report.snapshots {
+                println!("         {}", s.display());
+            }
+        }
+        Mode::Bench { .. } => {
+            println!(
+                "bench: {} replicas, global batch {}, {} iterations in {:.3} s: {:.1} samples/s",
+                plan.total_replicas, plan.global_batch, report.iterations, report.seconds, rate
+            );
+            if let Some(split) = report.step_seconds {
+                let total: f64 = split.iter().sum();
+                println!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
+                for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
+                    println!("{:<12} {:>12.3} {:>7.1}%", p.label(), s * 1e3, 100.0 * s / total.max(1e-12));
+                }
+            }
+        }
+    }
+}

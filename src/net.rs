@@ -1,0 +1,289 @@
+//! `Net`: the layer graph of one replica. Builds the layers of a config in order, wires their
+//! blobs by name (a top that reuses a name, as in Caffe's in-place layers, becomes a new blob
+//! that later bottoms of that name read), lays out the learnable tensors in one `Params`, and runs
+//! forward and backward for a phase.
+//!
+//! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by the caller.
+
+use crate::config::{Config, LayerConfig, Phase};
+use crate::error::{Error, Result};
+use crate::layers::{self, filler, Ctx, Layer};
+use crate::params::{ParamSpan, Params};
+use crate::tensor::Blob;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Index of the `data` input blob.
+pub const DATA: usize = 0;
+/// Index of the `label` input blob.
+pub const LABEL: usize = 1;
+
+struct Node {
+    name: String,
+    layer: Box<dyn Layer>,
+    phase: Option<Phase>,
+    bottoms: Vec<usize>,
+    tops: Vec<usize>,
+    /// Per bottom: whether a gradient must flow into it.
+    propagate_down: Vec<bool>,
+    /// Whether backward runs for this layer at all.
+    needs_backward: bool,
+    /// Weight of each top in the objective (non-zero for loss layers).
+    loss_weight: f32,
+}
+
+impl Node {
+    fn runs_in(&self, phase: Phase) -> bool {
+        self.phase.is_none_or(|p| p == phase)
+    }
+}
+
+/// A scalar the net reports after a forward pass: loss and accuracy tops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// The top's blob name.
+    pub name: String,
+    pub value: f32,
+    /// Whether it comes from a loss layer.
+    pub is_loss: bool,
+}
+
+/// The layer graph of one replica.
+pub struct Net {
+    nodes: Vec<Node>,
+    blobs: Vec<Blob>,
+    blob_names: Vec<String>,
+    /// Per blob: whether some layer needs its gradient.
+    blob_needs_grad: Vec<bool>,
+    record_shape: [usize; 3],
+    batch: usize,
+}
+
+impl Net {
+    /// Builds the net of `cfg` for records of `record_shape` (C, H, W) and a batch of `batch`,
+    /// and returns it with the layout of its learnable tensors (not yet filled).
+    pub fn build(cfg: &Config, record_shape: [usize; 3], batch: usize) -> Result<(Net, Params)> {
+        let mut net = Net {
+            nodes: Vec::new(),
+            blobs: vec![Blob::default(), Blob::default()],
+            blob_names: vec!["data".into(), "label".into()],
+            blob_needs_grad: vec![false, false],
+            record_shape,
+            batch,
+        };
+        let mut latest: HashMap<String, usize> =
+            HashMap::from([("data".to_string(), DATA), ("label".to_string(), LABEL)]);
+        for lc in &cfg.layers {
+            net.add_node(lc, &mut latest)?;
+        }
+        net.reshape_all(batch)?;
+        net.mark_backward();
+        let mut spans = Vec::new();
+        for (i, (node, lc)) in net.nodes.iter().zip(&cfg.layers).enumerate() {
+            for (j, spec) in node.layer.param_specs().into_iter().enumerate() {
+                let mult = |v: &Option<Vec<f32>>| v.as_ref().and_then(|m| m.get(j)).copied();
+                spans.push(ParamSpan {
+                    layer: i,
+                    full_name: format!("{}.{}", node.name, spec.name),
+                    len: 0,
+                    offset: 0,
+                    shape: spec.shape,
+                    lr_mult: mult(&lc.lr_mult).unwrap_or(1.0),
+                    decay_mult: mult(&lc.decay_mult).unwrap_or(1.0),
+                    filler: spec.filler,
+                });
+            }
+        }
+        Ok((net, Params::new(spans)))
+    }
+
+    fn add_node(&mut self, lc: &LayerConfig, latest: &mut HashMap<String, usize>) -> Result<()> {
+        let layer = layers::build(lc)?;
+        let mut bottoms = Vec::new();
+        for b in &lc.bottom {
+            let idx = *latest
+                .get(b)
+                .ok_or_else(|| Error::net(&lc.name, format!("bottom `{b}` is produced by no earlier layer")))?;
+            bottoms.push(idx);
+        }
+        let mut tops = Vec::new();
+        for t in &lc.top {
+            self.blobs.push(Blob::default());
+            self.blob_names.push(t.clone());
+            self.blob_needs_grad.push(false);
+            tops.push(self.blobs.len() - 1);
+        }
+        for (t, &idx) in lc.top.iter().zip(&tops) {
+            latest.insert(t.clone(), idx);
+        }
+        let loss_weight = lc
+            .loss_weight
+            .unwrap_or(if layer.is_loss() { 1.0 } else { 0.0 });
+        self.nodes.push(Node {
+            name: lc.name.clone(),
+            layer,
+            phase: lc.phase,
+            propagate_down: vec![false; bottoms.len()],
+            bottoms,
+            tops,
+            needs_backward: false,
+            loss_weight,
+        });
+        Ok(())
+    }
+
+    /// Decides which layers run backward and which bottoms get gradients: a layer needs
+    /// backward if it has a backward pass and learnable tensors or a bottom that needs a gradient.
+    fn mark_backward(&mut self) {
+        for node in &mut self.nodes {
+            let has_backward = node.layer.has_backward();
+            node.propagate_down = node
+                .bottoms
+                .iter()
+                .map(|&b| has_backward && self.blob_needs_grad[b])
+                .collect();
+            let has_params = !node.layer.param_specs().is_empty();
+            node.needs_backward =
+                has_backward && (has_params || node.propagate_down.iter().any(|&p| p));
+            for &t in &node.tops {
+                self.blob_needs_grad[t] = node.needs_backward;
+            }
+        }
+    }
+
+    /// Reshapes every blob for a batch of `batch` records.
+    fn reshape_all(&mut self, batch: usize) -> Result<()> {
+        let [c, h, w] = self.record_shape;
+        self.blobs[DATA].reshape(&[batch, c, h, w]);
+        self.blobs[LABEL].reshape(&[batch]);
+        for node in &mut self.nodes {
+            let shapes: Vec<&[usize]> = node.bottoms.iter().map(|&b| &self.blobs[b].shape[..]).collect();
+            let tops = node.layer.reshape(&shapes)?;
+            if tops.len() != node.tops.len() {
+                return Err(Error::net(
+                    &node.name,
+                    format!("produces {} tops, config names {}", tops.len(), node.tops.len()),
+                ));
+            }
+            for (&t, shape) in node.tops.iter().zip(&tops) {
+                self.blobs[t].reshape(shape);
+            }
+        }
+        self.batch = batch;
+        Ok(())
+    }
+
+    /// Sets the batch size (the test pass's last batch may be smaller).
+    pub fn set_batch(&mut self, batch: usize) -> Result<()> {
+        if batch != self.batch {
+            self.reshape_all(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Current batch size.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// The input blobs to fill: `data` (N, C, H, W) and `label` (N).
+    pub fn inputs_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        let (a, b) = self.blobs.split_at_mut(LABEL);
+        (&mut a[DATA].data, &mut b[0].data)
+    }
+
+    /// Fills every learnable tensor from its filler, each from its own generator keyed by
+    /// (seed, tensor index), so every replica of every topology starts from the same weights.
+    pub fn init_params(params: &mut Params, seed: u64) {
+        for (i, span) in params.spans.iter().enumerate() {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(i as u64 + 1);
+            filler::fill(&span.filler, &span.shape, &mut rng, &mut params.data[span.range()]);
+        }
+    }
+
+    /// Runs the layers of `phase` forward and returns the loss and accuracy outputs.
+    pub fn forward(&mut self, ctx: &Ctx, params: &mut Params) -> Vec<Output> {
+        let mut outputs = Vec::new();
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].runs_in(ctx.phase) {
+                continue;
+            }
+            let (data, _) = params.layer_views(i);
+            let node = &mut self.nodes[i];
+            let bottoms: Vec<Blob> = node.bottoms.iter().map(|&b| std::mem::take(&mut self.blobs[b])).collect();
+            let mut tops: Vec<Blob> = node.tops.iter().map(|&t| std::mem::take(&mut self.blobs[t])).collect();
+            node.layer.forward(ctx, &bottoms, &data, &mut tops);
+            if node.layer.is_loss() || !node.layer.has_backward() {
+                for (t, &ti) in tops.iter().zip(&node.tops) {
+                    outputs.push(Output {
+                        name: self.blob_names[ti].clone(),
+                        value: t.data[0],
+                        is_loss: node.layer.is_loss(),
+                    });
+                }
+            }
+            restore(&mut self.blobs, &node.bottoms, bottoms);
+            restore(&mut self.blobs, &node.tops, tops);
+        }
+        outputs
+    }
+
+    /// Runs backward through the layers of `phase` in reverse order, accumulating into
+    /// `params.diff`. Activation diffs are zeroed first; loss tops get their loss weight.
+    /// `on_layer_done(i)` is called after layer `i`'s parameter gradients are complete.
+    pub fn backward(&mut self, ctx: &Ctx, params: &mut Params, on_layer_done: &mut dyn FnMut(usize)) {
+        for (b, needs) in self.blobs.iter_mut().zip(&self.blob_needs_grad) {
+            if *needs {
+                b.diff.fill(0.0);
+            }
+        }
+        for node in &self.nodes {
+            if node.runs_in(ctx.phase) && node.loss_weight != 0.0 {
+                for &t in &node.tops {
+                    self.blobs[t].diff.fill(node.loss_weight);
+                }
+            }
+        }
+        for i in (0..self.nodes.len()).rev() {
+            let node = &mut self.nodes[i];
+            if !node.runs_in(ctx.phase) || !node.needs_backward {
+                continue;
+            }
+            let (data, mut diffs) = params.layer_views(i);
+            let tops: Vec<Blob> = node.tops.iter().map(|&t| std::mem::take(&mut self.blobs[t])).collect();
+            let mut bottoms: Vec<Blob> =
+                node.bottoms.iter().map(|&b| std::mem::take(&mut self.blobs[b])).collect();
+            node.layer
+                .backward(ctx, &tops, &node.propagate_down, &mut bottoms, &data, &mut diffs);
+            restore(&mut self.blobs, &node.bottoms, bottoms);
+            restore(&mut self.blobs, &node.tops, tops);
+            on_layer_done(i);
+        }
+    }
+
+    /// Number of layers.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Name of layer `i`.
+    pub fn layer_name(&self, i: usize) -> &str {
+        &self.nodes[i].name
+    }
+}
+
+/// Puts taken blobs back. A blob used twice as a bottom was taken once; the second take left an
+/// empty blob that is dropped here.
+fn restore(blobs: &mut [Blob], idx: &[usize], taken: Vec<Blob>) {
+    for (&i, b) in idx.iter().zip(taken) {
+        if !b.shape.is_empty() || blobs[i].shape.is_empty() {
+            blobs[i] = b;
+        }
+    }
+}

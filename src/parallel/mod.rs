@@ -1,0 +1,13 @@
+//! The parallel trainer, after NVIDIA Caffe: one `P2PManager` per process owns the resolved plan
+//! and starts one `P2PSync` thread per local replica; each `P2PSync` runs its own net, solver and
+//! data shard and talks to the others through its `Communicator`; `SharedScores` turns the
+//! replicas' local loss and accuracy into global figures.
+
+pub mod manager;
+pub mod scores;
+pub mod sync;
+pub mod timing;
+
+pub use manager::{Mode, P2PManager, RunReport};
+pub use scores::SharedScores;
+pub use sync::{Outputs, P2PSync, TestResult};

@@ -1,0 +1,276 @@
+//! The command line as users meet it, through the real binary: the quickstart, `check`, `--help`,
+//! `--weights`, bad input under `mpirun` (exit code 2, reported once, naming the key, file or
+//! rank), config fingerprints, and a rank that dies taking the whole job down.
+
+mod common;
+
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn equivalence_config() -> String {
+    repo("tests/configs/equivalence.toml").display().to_string()
+}
+
+#[test]
+fn quickstart_without_arguments_reaches_93_percent_and_says_where_its_outputs_went() {
+    let dir = out_dir("quickstart");
+    let mut c = mpirun(2);
+    c.arg(bin()).current_dir(&dir);
+    let out = run(&mut c);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("runs/quickstart/metrics.jsonl"), "{stdout}");
+    let m = metrics(&dir.join("runs/quickstart/metrics.jsonl"));
+    let last_test = m
+        .iter()
+        .rev()
+        .find(|l| l["phase"] == "test")
+        .expect("a test line");
+    let acc = last_test["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.93, "quickstart test accuracy {acc}");
+    let train = m.iter().find(|l| l["phase"] == "train").unwrap();
+    for key in ["iter", "loss", "lr", "samples_per_sec", "elapsed_s"] {
+        assert!(train.get(key).is_some(), "train line lacks {key}: {train}");
+    }
+}
+
+#[test]
+fn singleton_without_a_launcher_trains() {
+    let dir = out_dir("singleton");
+    let mut c = Command::new(bin());
+    mpi_env(&mut c);
+    c.args([
+        &equivalence_config(),
+        "--output",
+        dir.to_str().unwrap(),
+        "--set",
+        "solver.max_iter=5",
+    ]);
+    let out = run(&mut c);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(dir.join("snapshots/equiv_iter_5.safetensors").is_file());
+    assert_eq!(
+        metrics(&dir.join("metrics.jsonl"))
+            .iter()
+            .filter(|l| l["phase"] == "train")
+            .count(),
+        5
+    );
+}
+
+#[test]
+fn check_prints_the_resolved_plan_without_training() {
+    let dir = out_dir("check");
+    let out = mpi_p2ptrain(
+        2,
+        &[
+            "check",
+            &equivalence_config(),
+            "--set",
+            "cluster.replicas_per_rank=3",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // 2 ranks × 3 replicas × batch 32 = global batch 192; 64·48+48 + 48·32+32 + 32·10+10 parameters.
+    assert!(stdout.contains("192"), "global batch missing:\n{stdout}");
+    assert!(
+        stdout.contains(&(64 * 48 + 48 + 48 * 32 + 32 + 32 * 10 + 10).to_string()),
+        "{stdout}"
+    );
+    assert!(!dir.join("metrics.jsonl").exists());
+}
+
+#[test]
+fn help_and_usage_errors() {
+    let out = run(Command::new(bin()).arg("--help"));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("check"));
+    let out = run(Command::new(bin()).args(["bench", "--help"]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(Command::new(bin()).args(["train", "x.toml", "--no-such-flag"]));
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Counts the fatal error reports in a job's output.
+fn reports(out: &std::process::Output) -> usize {
+    text(out).matches("p2ptrain: rank").count()
+}
+
+#[test]
+fn a_bad_config_under_mpirun_exits_2_once_naming_the_key_and_position() {
+    let out = mpi_p2ptrain(3, &[&equivalence_config(), "--set", "solver.base_lr=-1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(reports(&out), 1, "reported once:\n{}", text(&out));
+    assert!(text(&out).contains("solver.base_lr"), "{}", text(&out));
+
+    let bad = repo("tests/configs/bad");
+    let typo = std::fs::read_dir(&bad).ok().and_then(|d| {
+        d.filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "toml"))
+    });
+    if let Some(file) = typo {
+        let out = mpi_p2ptrain(2, &[file.to_str().unwrap()]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{}: {}",
+            file.display(),
+            text(&out)
+        );
+        assert_eq!(reports(&out), 1, "{}", text(&out));
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+    }
+}
+
+#[test]
+fn a_missing_data_file_is_named() {
+    let dir = out_dir("missing_data");
+    let cfg = dir.join("missing.toml");
+    let text_cfg = std::fs::read_to_string(equivalence_config())
+        .unwrap()
+        .replace("format = \"digits\"", "format = \"idx\"\ntrain_images = \"nowhere/train-images.gz\"\ntrain_labels = \"nowhere/l.gz\"\ntest_images = \"nowhere/t.gz\"\ntest_labels = \"nowhere/tl.gz\"");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("nowhere/train-images.gz"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(reports(&out), 1, "{}", text(&out));
+}
+
+#[test]
+fn ranks_that_read_different_configs_are_stopped_before_training() {
+    let mut c = mpirun(1);
+    c.arg(bin())
+        .args([
+            &equivalence_config(),
+            "--output",
+            out_dir("fingerprint").to_str().unwrap(),
+        ])
+        .args([":", "-np", "1"])
+        .arg(bin())
+        .args([&equivalence_config(), "--set", "solver.base_lr=0.2"]);
+    let out = run(&mut c);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("rank 1 resolved a different config"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn weights_round_trip_and_mismatched_weights_are_named() {
+    let first = out_dir("weights_first");
+    let out = mpi_p2ptrain(
+        1,
+        &[
+            &equivalence_config(),
+            "--output",
+            first.to_str().unwrap(),
+            "--set",
+            "solver.max_iter=3",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let snap = first.join("snapshots/equiv_iter_3.safetensors");
+    let t = tensors(&snap);
+    assert_eq!(t["ip1.weight"].0, vec![48, 64], "PyTorch layout [out, in]");
+    assert_eq!(t["ip3.bias"].0, vec![10]);
+
+    // Starting from the snapshot with lr 0 must reproduce it exactly.
+    let second = out_dir("weights_second");
+    let out = mpi_p2ptrain(
+        2,
+        &[
+            &equivalence_config(),
+            "--output",
+            second.to_str().unwrap(),
+            "--weights",
+            snap.to_str().unwrap(),
+            "--set",
+            "solver.max_iter=1",
+            "--set",
+            "solver.lr_policy=\"fixed\"",
+            "--set",
+            "solver.base_lr=1e-30",
+            "--set",
+            "solver.weight_decay=0",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(max_rel_diff(&snap, &second.join("snapshots/equiv_iter_1.safetensors")) < 1e-6);
+
+    // A net whose ip2 is wider cannot take these weights: the error names the tensors.
+    let out = mpi_p2ptrain(
+        2,
+        &[
+            &equivalence_config(),
+            "--weights",
+            snap.to_str().unwrap(),
+            "--set",
+            "layer.1.num_output=40",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("ip2.weight"), "{}", text(&out));
+}
+
+#[test]
+fn a_rank_killed_mid_training_ends_the_whole_job() {
+    let dir = out_dir("killed");
+    let mut c = mpirun(3);
+    c.arg(bin())
+        .args([
+            &equivalence_config(),
+            "--output",
+            dir.to_str().unwrap(),
+            "--set",
+            "solver.max_iter=100000000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut job = c.spawn().unwrap();
+    // Wait until training runs (metrics appear), then kill one rank.
+    let metrics = dir.join("metrics.jsonl");
+    let start = Instant::now();
+    while std::fs::metadata(&metrics).map_or(true, |m| m.len() == 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "training never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pids = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-P", &job.id().to_string()])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let victim = pids
+        .lines()
+        .last()
+        .expect("a rank process")
+        .trim()
+        .to_string();
+    Command::new("kill").args(["-9", &victim]).status().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            let _ = job.kill();
+            panic!("the job still runs 60 s after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the job must fail when a rank dies");
+}

@@ -1,0 +1,133 @@
+//! Shared helpers of the integration tests: run the real binary, alone or under `mpirun`, and
+//! read what it wrote (metrics.jsonl, safetensors snapshots).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_p2ptrain"))
+}
+
+/// A repository path.
+pub fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// `mpirun` with the settings every test needs: root allowed (CI runs as root), more ranks than
+/// cores, no binding, no shared-memory single copy (unavailable in containers).
+pub fn mpirun(np: usize) -> Command {
+    let mpirun = which("mpirun").unwrap_or_else(|| {
+        panic!("mpirun not found: install OpenMPI (`apt-get install openmpi-bin libopenmpi-dev`), see README")
+    });
+    let mut c = Command::new(mpirun);
+    c.args([
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-np",
+        &np.to_string(),
+    ]);
+    mpi_env(&mut c);
+    c
+}
+
+/// Environment for OpenMPI processes run as root inside containers.
+pub fn mpi_env(c: &mut Command) {
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env_remove("RUST_LOG");
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Runs `c` and returns its output, printing both streams for the test log.
+pub fn run(c: &mut Command) -> Output {
+    let out = c.output().expect("starting the command");
+    eprintln!("--- {:?}\n--- exit {:?}", c, out.status.code());
+    eprintln!("--- stdout\n{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("--- stderr\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Runs `p2ptrain args...` under `mpirun -np np`.
+pub fn mpi_p2ptrain(np: usize, args: &[&str]) -> Output {
+    let mut c = mpirun(np);
+    c.arg(bin()).args(args);
+    run(&mut c)
+}
+
+/// The lines of a `metrics.jsonl`.
+pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// Every tensor of a safetensors file as (shape, values).
+pub fn tensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name} is not f32");
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, (view.shape().to_vec(), values))
+        })
+        .collect()
+}
+
+/// Largest |a − b| / max(1, |a|, |b|) over every tensor; panics if the names or shapes differ.
+pub fn max_rel_diff(a: &Path, b: &Path) -> f32 {
+    let (ta, tb) = (tensors(a), tensors(b));
+    assert_eq!(
+        ta.keys().collect::<Vec<_>>(),
+        tb.keys().collect::<Vec<_>>(),
+        "tensor names"
+    );
+    let mut worst = 0.0f32;
+    for (name, (sa, va)) in &ta {
+        let (sb, vb) = &tb[name];
+        assert_eq!(sa, sb, "shape of {name}");
+        for (x, y) in va.iter().zip(vb) {
+            assert!(x.is_finite() && y.is_finite(), "{name} is not finite");
+            worst = worst.max((x - y).abs() / 1f32.max(x.abs()).max(y.abs()));
+        }
+    }
+    worst
+}
+
+/// A fresh output directory under the target directory.
+pub fn out_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// stdout and stderr together, as text.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
