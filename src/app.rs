@@ -9,8 +9,8 @@ use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use crate::metrics::MetricsLog;
 use crate::net::Net;
-use crate::params::Params;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
+use crate::params::Params;
 use crate::snapshot;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,7 +62,11 @@ fn prepare(opts: &Options, world_size: usize) -> Result<Prepared> {
     }
     let plan = Plan::new(cfg, source, world_size)?;
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
-    let (_, mut initial) = Net::build(&plan.config, data.train.record_shape(), plan.config.data.batch_size)?;
+    let (_, mut initial) = Net::build(
+        &plan.config,
+        data.train.record_shape(),
+        plan.config.data.batch_size,
+    )?;
     Net::init_params(&mut initial, plan.config.solver.random_seed);
     if let Some(w) = &opts.weights {
         snapshot::load_weights(w, &mut initial)?;
@@ -88,7 +92,8 @@ fn output_dir(opts: &Options) -> PathBuf {
 }
 
 fn open_outputs(dir: &Path) -> Result<Outputs> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
     Ok(Outputs {
         dir: dir.to_path_buf(),
@@ -121,15 +126,17 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let fingerprint = boot.check_same_fingerprint(prepared.plan.fingerprint).map_err(|e| {
-        // Every rank sees the mismatch; rank 0 reports it.
-        Error::Config {
-            file: prepared.plan.source.path.display().to_string(),
-            pos: None,
-            key: "(whole file)".into(),
-            msg: e.to_string(),
-        }
-    });
+    let fingerprint = boot
+        .check_same_fingerprint(prepared.plan.fingerprint)
+        .map_err(|e| {
+            // Every rank sees the mismatch; rank 0 reports it.
+            Error::Config {
+                file: prepared.plan.source.path.display().to_string(),
+                pos: None,
+                key: "(whole file)".into(),
+                msg: e.to_string(),
+            }
+        });
     if let Err(code) = boot.agree(if boot.rank == 0 { fingerprint } else { Ok(()) }) {
         return code;
     }
@@ -137,7 +144,10 @@ pub fn run(action: Action, opts: Options) -> i32 {
     let threads = threads_per_replica(&plan, &boot);
     let extra = [
         ("parameters", prepared.initial.len().to_string()),
-        ("devices", format!("cpu, {threads} GEMM thread(s) per replica")),
+        (
+            "devices",
+            format!("cpu, {threads} GEMM thread(s) per replica"),
+        ),
     ];
     if let Action::Check = action {
         if boot.rank == 0 {
@@ -200,7 +210,10 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                 report.iterations, report.seconds, rate
             );
             if let Some(t) = &report.last_test {
-                let acc = t.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
+                let acc = t
+                    .accuracy
+                    .map(|a| format!(", accuracy {:.2}%", 100.0 * a))
+                    .unwrap_or_default();
                 println!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
             }
             println!("outputs: {}", dir.join("metrics.jsonl").display());
@@ -217,7 +230,12 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                 let total: f64 = split.iter().sum();
                 println!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
                 for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
-                    println!("{:<12} {:>12.3} {:>7.1}%", p.label(), s * 1e3, 100.0 * s / total.max(1e-12));
+                    println!(
+                        "{:<12} {:>12.3} {:>7.1}%",
+                        p.label(),
+                        s * 1e3,
+                        100.0 * s / total.max(1e-12)
+                    );
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel`.
 
+pub mod app;
 pub mod backend;
 pub mod config;
 pub mod data;
@@ -12,10 +13,9 @@ pub mod error;
 pub mod layers;
 pub mod logging;
 pub mod metrics;
+pub mod net;
+pub mod parallel;
 pub mod params;
 pub mod snapshot;
 pub mod solver;
 pub mod tensor;
-pub mod app;
-pub mod net;
-pub mod parallel;

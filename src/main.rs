@@ -1,7 +1,7 @@
 //! The `p2ptrain` command line: parses arguments and hands over to `p2ptrain::app`.
 //!
 //! ```text
-//! p2ptrain [train] CONFIG [--set section.key=value]... [--weights FILE] [--output DIR]
+//! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain                      # the embedded quickstart
@@ -49,8 +49,8 @@ enum Command {
 
 #[derive(Args)]
 struct Common {
-    /// The config file (TOML).
-    config: PathBuf,
+    /// The config file (TOML); without one, the embedded quickstart.
+    config: Option<PathBuf>,
     /// Override a config value, parsed as TOML: `--set solver.base_lr=0.1`, `--set layer.0.num_output=64`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
@@ -65,7 +65,7 @@ struct Common {
 impl From<Common> for Options {
     fn from(c: Common) -> Self {
         Options {
-            config: Some(c.config),
+            config: c.config,
             sets: c.sets,
             weights: c.weights,
             output: c.output,
@@ -75,7 +75,16 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 8] = ["train", "check", "bench", "help", "-h", "--help", "-V", "--version"];
+    const KNOWN: [&str; 8] = [
+        "train",
+        "check",
+        "bench",
+        "help",
+        "-h",
+        "--help",
+        "-V",
+        "--version",
+    ];
     if let Some(first) = args.get(1) {
         if !KNOWN.contains(&first.as_str()) {
             args.insert(1, "train".into());
@@ -90,7 +99,11 @@ fn main() {
         None => (Action::Train, Options::default()),
         Some(Command::Train(c)) => (Action::Train, c.into()),
         Some(Command::Check(c)) => (Action::Check, c.into()),
-        Some(Command::Bench { common, warmup, iters }) => (Action::Bench { warmup, iters }, common.into()),
+        Some(Command::Bench {
+            common,
+            warmup,
+            iters,
+        }) => (Action::Bench { warmup, iters }, common.into()),
     };
     std::process::exit(app::run(action, opts));
 }

@@ -102,9 +102,12 @@ impl Net {
         let layer = layers::build(lc)?;
         let mut bottoms = Vec::new();
         for b in &lc.bottom {
-            let idx = *latest
-                .get(b)
-                .ok_or_else(|| Error::net(&lc.name, format!("bottom `{b}` is produced by no earlier layer")))?;
+            let idx = *latest.get(b).ok_or_else(|| {
+                Error::net(
+                    &lc.name,
+                    format!("bottom `{b}` is produced by no earlier layer"),
+                )
+            })?;
             bottoms.push(idx);
         }
         let mut tops = Vec::new();
@@ -158,12 +161,20 @@ impl Net {
         self.blobs[DATA].reshape(&[batch, c, h, w]);
         self.blobs[LABEL].reshape(&[batch]);
         for node in &mut self.nodes {
-            let shapes: Vec<&[usize]> = node.bottoms.iter().map(|&b| &self.blobs[b].shape[..]).collect();
+            let shapes: Vec<&[usize]> = node
+                .bottoms
+                .iter()
+                .map(|&b| &self.blobs[b].shape[..])
+                .collect();
             let tops = node.layer.reshape(&shapes)?;
             if tops.len() != node.tops.len() {
                 return Err(Error::net(
                     &node.name,
-                    format!("produces {} tops, config names {}", tops.len(), node.tops.len()),
+                    format!(
+                        "produces {} tops, config names {}",
+                        tops.len(),
+                        node.tops.len()
+                    ),
                 ));
             }
             for (&t, shape) in node.tops.iter().zip(&tops) {
@@ -199,7 +210,12 @@ impl Net {
         for (i, span) in params.spans.iter().enumerate() {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             rng.set_stream(i as u64 + 1);
-            filler::fill(&span.filler, &span.shape, &mut rng, &mut params.data[span.range()]);
+            filler::fill(
+                &span.filler,
+                &span.shape,
+                &mut rng,
+                &mut params.data[span.range()],
+            );
         }
     }
 
@@ -212,8 +228,16 @@ impl Net {
             }
             let (data, _) = params.layer_views(i);
             let node = &mut self.nodes[i];
-            let bottoms: Vec<Blob> = node.bottoms.iter().map(|&b| std::mem::take(&mut self.blobs[b])).collect();
-            let mut tops: Vec<Blob> = node.tops.iter().map(|&t| std::mem::take(&mut self.blobs[t])).collect();
+            let bottoms: Vec<Blob> = node
+                .bottoms
+                .iter()
+                .map(|&b| std::mem::take(&mut self.blobs[b]))
+                .collect();
+            let mut tops: Vec<Blob> = node
+                .tops
+                .iter()
+                .map(|&t| std::mem::take(&mut self.blobs[t]))
+                .collect();
             node.layer.forward(ctx, &bottoms, &data, &mut tops);
             if node.layer.is_loss() || !node.layer.has_backward() {
                 for (t, &ti) in tops.iter().zip(&node.tops) {
@@ -233,7 +257,12 @@ impl Net {
     /// Runs backward through the layers of `phase` in reverse order, accumulating into
     /// `params.diff`. Activation diffs are zeroed first; loss tops get their loss weight.
     /// `on_layer_done(i)` is called after layer `i`'s parameter gradients are complete.
-    pub fn backward(&mut self, ctx: &Ctx, params: &mut Params, on_layer_done: &mut dyn FnMut(usize)) {
+    pub fn backward(
+        &mut self,
+        ctx: &Ctx,
+        params: &mut Params,
+        on_layer_done: &mut dyn FnMut(usize),
+    ) {
         for (b, needs) in self.blobs.iter_mut().zip(&self.blob_needs_grad) {
             if *needs {
                 b.diff.fill(0.0);
@@ -252,11 +281,24 @@ impl Net {
                 continue;
             }
             let (data, mut diffs) = params.layer_views(i);
-            let tops: Vec<Blob> = node.tops.iter().map(|&t| std::mem::take(&mut self.blobs[t])).collect();
-            let mut bottoms: Vec<Blob> =
-                node.bottoms.iter().map(|&b| std::mem::take(&mut self.blobs[b])).collect();
-            node.layer
-                .backward(ctx, &tops, &node.propagate_down, &mut bottoms, &data, &mut diffs);
+            let tops: Vec<Blob> = node
+                .tops
+                .iter()
+                .map(|&t| std::mem::take(&mut self.blobs[t]))
+                .collect();
+            let mut bottoms: Vec<Blob> = node
+                .bottoms
+                .iter()
+                .map(|&b| std::mem::take(&mut self.blobs[b]))
+                .collect();
+            node.layer.backward(
+                ctx,
+                &tops,
+                &node.propagate_down,
+                &mut bottoms,
+                &data,
+                &mut diffs,
+            );
             restore(&mut self.blobs, &node.bottoms, bottoms);
             restore(&mut self.blobs, &node.tops, tops);
             on_layer_done(i);

@@ -214,7 +214,7 @@ fn weights_round_trip_and_mismatched_weights_are_named() {
             "--weights",
             snap.to_str().unwrap(),
             "--set",
-            "layer.1.num_output=40",
+            "layer.2.num_output=40",
         ],
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -103,6 +103,10 @@ pub struct DataConfig {
     pub train_size: Option<usize>,
     /// Synthetic: number of test records.
     pub test_size: Option<usize>,
+    /// Training augmentation: translate each record by up to `shift` pixels along H and W
+    /// (offsets keyed by seed and stream position; the border gets the value of a zero pixel).
+    #[serde(default)]
+    pub shift: usize,
     /// Batches each replica's reader prepares ahead.
     #[serde(default = "prefetch_default")]
     pub prefetch: usize,

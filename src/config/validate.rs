@@ -194,6 +194,17 @@ impl Validator<'_> {
                 (DIGITS_SHAPE.to_vec(), classes)
             }
         };
+        let w = record.last().copied().unwrap_or(1);
+        let h = record.iter().rev().nth(1).copied().unwrap_or(1);
+        if d.shift as u64 >= h.min(w) {
+            return Err(self.err(
+                "data.shift",
+                format!(
+                    "must be smaller than the record's height and width ({h}×{w}), got {}",
+                    d.shift
+                ),
+            ));
+        }
         let batch = d.batch_size as u64;
         let test = d.test_batch_size.map_or(batch, |t| t as u64);
         let (key, max_batch) = if test > batch {

@@ -18,12 +18,14 @@
 //! possibly smaller ([`test_batches`]). Replicas may therefore see one batch more or fewer than
 //! each other: reduce test metrics once per pass, not once per batch.
 
+pub mod augment;
 mod digits;
 pub mod idx;
 pub mod order;
 pub mod reader;
 pub mod synthetic;
 
+pub use augment::Augment;
 pub use idx::IdxSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
 pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
@@ -300,6 +302,7 @@ mod tests {
             shape: None,
             train_size: None,
             test_size: None,
+            shift: 0,
             prefetch: 2,
         }
     }

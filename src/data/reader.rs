@@ -7,6 +7,7 @@
 //! that panics (say, in a source's `fill`) makes [`TrainReader::next`] return an error with the
 //! panic message instead of blocking forever.
 
+use super::augment::Augment;
 use super::order::{micro_batch_positions, TrainOrder};
 use super::{record_size, RecordSource};
 use crate::error::{Error, Result};
@@ -40,10 +41,13 @@ pub fn fill_train_batch(
     batch: usize,
     rank: usize,
     replicas: usize,
+    augment: &Augment,
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
 ) -> u64 {
     let size = record_size(source);
+    let shape = source.record_shape();
+    let mut scratch = Vec::new();
     let positions = micro_batch_positions(m, batch, rank, replicas);
     data.resize(batch * size, 0.0);
     labels.resize(batch, 0.0);
@@ -54,6 +58,7 @@ pub fn fill_train_batch(
     {
         let rec = order.record(p);
         source.fill(rec, out);
+        augment.apply(p, shape, out, &mut scratch);
         *label = source.label(rec) as f32;
     }
     first
@@ -90,7 +95,8 @@ pub struct TrainReader {
 impl TrainReader {
     /// Starts the thread that produces replica `rank` of `replicas`'s batches of `batch` records
     /// for micro-batches `first_micro_batch`, `first_micro_batch + 1`, …, over the training order
-    /// of (`seed`, `shuffle`), keeping up to `capacity` (at least 1) batches ready.
+    /// of (`seed`, `shuffle`), each record transformed by `augment`, keeping up to `capacity` (at
+    /// least 1) batches ready.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn RecordSource>,
@@ -101,6 +107,7 @@ impl TrainReader {
         replicas: usize,
         first_micro_batch: u64,
         capacity: usize,
+        augment: Augment,
     ) -> Self {
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
@@ -113,6 +120,7 @@ impl TrainReader {
             batch,
             rank,
             replicas,
+            augment,
             next: first_micro_batch,
             stop: Arc::clone(&stop),
             tx,
@@ -193,6 +201,7 @@ struct Producer {
     batch: usize,
     rank: usize,
     replicas: usize,
+    augment: Augment,
     next: u64,
     stop: Arc<AtomicBool>,
     tx: SyncSender<Batch>,
@@ -211,6 +220,7 @@ impl Producer {
                 self.batch,
                 self.rank,
                 self.replicas,
+                &self.augment,
                 &mut b.data,
                 &mut b.labels,
             );
@@ -253,6 +263,7 @@ mod tests {
             b,
             r,
             replicas,
+            &Augment::none(),
             &mut batch.data,
             &mut batch.labels,
         );
@@ -324,8 +335,17 @@ mod tests {
     fn reader_delivers_the_direct_batches() {
         let source = digits();
         for (rank, replicas, first) in [(0, 1, 0u64), (1, 2, 5), (3, 4, 40)] {
-            let mut reader =
-                TrainReader::start(Arc::clone(&source), 3, true, 16, rank, replicas, first, 2);
+            let mut reader = TrainReader::start(
+                Arc::clone(&source),
+                3,
+                true,
+                16,
+                rank,
+                replicas,
+                first,
+                2,
+                Augment::none(),
+            );
             for m in first..first + 60 {
                 let got = reader.next().unwrap();
                 assert_eq!(got, direct(&*source, 3, true, m, 16, rank, replicas));
@@ -339,7 +359,7 @@ mod tests {
     #[test]
     fn dropping_a_reader_with_a_full_queue_returns_promptly() {
         let source = digits();
-        let reader = TrainReader::start(source, 1, true, 4, 0, 1, 0, 1);
+        let reader = TrainReader::start(source, 1, true, 4, 0, 1, 0, 1, Augment::none());
         std::thread::sleep(Duration::from_millis(100)); // the producer now blocks on a full queue
         let t = Instant::now();
         drop(reader);
@@ -372,7 +392,17 @@ mod tests {
 
     #[test]
     fn a_panicking_source_makes_next_fail_instead_of_hang() {
-        let mut reader = TrainReader::start(Arc::new(Faulty { bad: 7 }), 0, false, 2, 0, 1, 0, 4);
+        let mut reader = TrainReader::start(
+            Arc::new(Faulty { bad: 7 }),
+            0,
+            false,
+            2,
+            0,
+            1,
+            0,
+            4,
+            Augment::none(),
+        );
         let mut ok = 0;
         let err = loop {
             match reader.next() {

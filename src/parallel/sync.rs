@@ -7,7 +7,7 @@ use super::scores::SharedScores;
 use super::timing::{Phase as Step, StepTimes};
 use crate::backend::Cpu;
 use crate::config::{Phase, Plan};
-use crate::data::{self, DataSplit, TrainReader};
+use crate::data::{self, Augment, DataSplit, TrainReader};
 use crate::dist::Communicator;
 use crate::error::Result;
 use crate::layers::Ctx;
@@ -105,12 +105,22 @@ impl<C: Communicator> P2PSync<C> {
             self.comm.size(),
             first_micro_batch,
             cfg.data.prefetch,
+            Augment {
+                shift: cfg.data.shift,
+                seed: cfg.solver.random_seed,
+                fill: -cfg.data.mean * cfg.data.scale,
+            },
         )
     }
 
     /// One iteration: forward/backward over `iter_size` sub-batches, all-reduce, update.
     /// Returns this replica's mean loss over the sub-batches.
-    fn step(&mut self, iter: u64, reader: &mut TrainReader, times: &mut StepTimes) -> Result<(f64, f32)> {
+    fn step(
+        &mut self,
+        iter: u64,
+        reader: &mut TrainReader,
+        times: &mut StepTimes,
+    ) -> Result<(f64, f32)> {
         let s = &self.plan.config.solver;
         let seed = s.random_seed;
         self.params.diff.fill(0.0);
@@ -129,13 +139,21 @@ impl<C: Communicator> P2PSync<C> {
             };
             reader.recycle(batch);
             let outputs = times.time(Step::Forward, || self.net.forward(&ctx, &mut self.params));
-            loss += outputs.iter().filter(|o| o.is_loss).map(|o| o.value as f64).sum::<f64>();
-            times.time(Step::Backward, || self.net.backward(&ctx, &mut self.params, &mut |_| {}));
+            loss += outputs
+                .iter()
+                .filter(|o| o.is_loss)
+                .map(|o| o.value as f64)
+                .sum::<f64>();
+            times.time(Step::Backward, || {
+                self.net.backward(&ctx, &mut self.params, &mut |_| {})
+            });
         }
         let comm = &mut self.comm;
         let diff = &mut self.params.diff;
         times.time(Step::AllReduce, || comm.all_reduce_avg(diff))?;
-        let lr = times.time(Step::Update, || self.solver.apply(&self.cpu, iter, &mut self.params));
+        let lr = times.time(Step::Update, || {
+            self.solver.apply(&self.cpu, iter, &mut self.params)
+        });
         Ok((loss / s.iter_size as f64, lr))
     }
 
@@ -150,7 +168,10 @@ impl<C: Communicator> P2PSync<C> {
         let started = Instant::now();
         let mut last_display = (started, 0u64);
         for iter in 0..s.max_iter {
-            if s.test_interval > 0 && iter % s.test_interval == 0 && (iter > 0 || s.test_initialization) {
+            if s.test_interval > 0
+                && iter % s.test_interval == 0
+                && (iter > 0 || s.test_initialization)
+            {
                 report.last_test = Some(self.test(iter)?);
             }
             let (loss, lr) = self.step(iter, &mut reader, &mut times)?;
@@ -255,11 +276,20 @@ impl<C: Communicator> P2PSync<C> {
             };
             let outputs = self.net.forward(&ctx, &mut self.params);
             let sc = scores.get_or_insert_with(|| {
-                names.extend(outputs.iter().filter(|o| !o.is_loss).map(|o| o.name.clone()));
+                names.extend(
+                    outputs
+                        .iter()
+                        .filter(|o| !o.is_loss)
+                        .map(|o| o.name.clone()),
+                );
                 SharedScores::new(names.clone())
             });
             sc.add(0, n as f64);
-            let loss: f64 = outputs.iter().filter(|o| o.is_loss).map(|o| o.value as f64).sum();
+            let loss: f64 = outputs
+                .iter()
+                .filter(|o| o.is_loss)
+                .map(|o| o.value as f64)
+                .sum();
             sc.add(1, loss * n as f64);
             for (i, o) in outputs.iter().filter(|o| !o.is_loss).enumerate() {
                 // Accuracy tops are fractions of the batch: back to exact counts.
@@ -285,9 +315,20 @@ impl<C: Communicator> P2PSync<C> {
             samples: scores.get(0) as u64,
         };
         if let Some(out) = &mut self.outputs {
-            let acc = result.accuracy.map(|a| format!(", accuracy {:.4}", a)).unwrap_or_default();
-            info!("iter {iter}: test loss {:.6}{acc} over {} samples", result.loss, result.samples);
-            out.metrics.test(iter, result.loss, result.accuracy, &result.outputs[1.min(result.outputs.len())..])?;
+            let acc = result
+                .accuracy
+                .map(|a| format!(", accuracy {:.4}", a))
+                .unwrap_or_default();
+            info!(
+                "iter {iter}: test loss {:.6}{acc} over {} samples",
+                result.loss, result.samples
+            );
+            out.metrics.test(
+                iter,
+                result.loss,
+                result.accuracy,
+                &result.outputs[1.min(result.outputs.len())..],
+            )?;
         }
         Ok(result)
     }
@@ -309,7 +350,12 @@ impl<C: Communicator> P2PSync<C> {
         let outputs = self.net.forward(&ctx, &mut self.params);
         self.net.set_batch(cfg.data.batch_size)?;
         let mut names: Vec<String> = vec!["samples".into(), "loss".into()];
-        names.extend(outputs.iter().filter(|o| !o.is_loss).map(|o| o.name.clone()));
+        names.extend(
+            outputs
+                .iter()
+                .filter(|o| !o.is_loss)
+                .map(|o| o.name.clone()),
+        );
         Ok(SharedScores::new(names))
     }
 
@@ -322,7 +368,10 @@ impl<C: Communicator> P2PSync<C> {
         let path = out.dir.join(format!("{prefix}_iter_{iter}.safetensors"));
         let meta = vec![
             ("iter".to_string(), iter.to_string()),
-            ("fingerprint".to_string(), format!("{:016x}", self.plan.fingerprint)),
+            (
+                "fingerprint".to_string(),
+                format!("{:016x}", self.plan.fingerprint),
+            ),
         ];
         snapshot::save_weights(&path, &self.params, &meta)?;
         info!("snapshot {}", path.display());
