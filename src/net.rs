@@ -39,6 +39,29 @@ impl Node {
     }
 }
 
+/// A read-only view of one layer of the graph, for executors of other backends (the GPU net
+/// takes its wiring and shapes from here and runs its own kernels).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a> {
+    pub name: &'a str,
+    pub phase: Option<Phase>,
+    /// Blob indices; blob 0 is `data`, blob 1 is `label`.
+    pub bottoms: &'a [usize],
+    pub tops: &'a [usize],
+    pub propagate_down: &'a [bool],
+    pub needs_backward: bool,
+    pub loss_weight: f32,
+    pub is_loss: bool,
+    pub has_backward: bool,
+}
+
+impl NodeView<'_> {
+    /// Whether the layer runs in `phase`.
+    pub fn runs_in(&self, phase: Phase) -> bool {
+        self.phase.is_none_or(|p| p == phase)
+    }
+}
+
 /// A scalar the net reports after a forward pass: loss and accuracy tops.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
@@ -317,6 +340,37 @@ impl Net {
     /// Name of layer `i`.
     pub fn layer_name(&self, i: usize) -> &str {
         &self.nodes[i].name
+    }
+
+    /// The wiring of layer `i` (layer `i` is `[[layer]]` number `i` of the config).
+    pub fn node(&self, i: usize) -> NodeView<'_> {
+        let n = &self.nodes[i];
+        NodeView {
+            name: &n.name,
+            phase: n.phase,
+            bottoms: &n.bottoms,
+            tops: &n.tops,
+            propagate_down: &n.propagate_down,
+            needs_backward: n.needs_backward,
+            loss_weight: n.loss_weight,
+            is_loss: n.layer.is_loss(),
+            has_backward: n.layer.has_backward(),
+        }
+    }
+
+    /// Number of blobs (inputs included).
+    pub fn blob_count(&self) -> usize {
+        self.blobs.len()
+    }
+
+    /// Current shape of blob `b`.
+    pub fn blob_shape(&self, b: usize) -> &[usize] {
+        &self.blobs[b].shape
+    }
+
+    /// Whether some layer needs blob `b`'s gradient.
+    pub fn blob_needs_grad(&self, b: usize) -> bool {
+        self.blob_needs_grad[b]
     }
 }
 

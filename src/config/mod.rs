@@ -49,6 +49,38 @@ pub struct ClusterConfig {
     /// GEMM threads per replica on the CPU backend; 0 = the node's cores divided among its replicas.
     #[serde(default)]
     pub threads_per_replica: usize,
+    /// How gradients are all-reduced on GPUs.
+    #[serde(default)]
+    pub reduce: ReduceMode,
+    /// Target size of a gradient bucket (`reduce = "bucketed"`), in MiB.
+    #[serde(default = "bucket_mb_default")]
+    pub bucket_mb: f64,
+    /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
+    #[serde(default)]
+    pub math: MathMode,
+}
+
+/// Gradient all-reduce schedule on GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceMode {
+    /// One all-reduce of the whole gradient buffer after backward.
+    Flat,
+    /// Each layer's gradient span as soon as its backward is done (Caffe's).
+    Layerwise,
+    /// Contiguous spans of about `bucket_mb`, in reverse layer order, each launched when all its
+    /// layers are done.
+    #[default]
+    Bucketed,
+}
+
+/// GEMM precision on GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MathMode {
+    #[default]
+    Fp32,
+    Tf32,
 }
 
 impl Default for ClusterConfig {
@@ -57,6 +89,9 @@ impl Default for ClusterConfig {
             backend: BackendKind::Cpu,
             replicas_per_rank: 1,
             threads_per_replica: 0,
+            reduce: ReduceMode::Bucketed,
+            bucket_mb: bucket_mb_default(),
+            math: MathMode::Fp32,
         }
     }
 }
@@ -329,6 +364,9 @@ fn unit() -> f32 {
 }
 fn neg_one() -> f32 {
     -1.0
+}
+fn bucket_mb_default() -> f64 {
+    25.0
 }
 fn prefetch_default() -> usize {
     4

@@ -1,0 +1,54 @@
+//! `Engine`: everything one replica computes and communicates with — its net, parameters,
+//! gradients, update rule and communicator — behind one seam, so that `P2PSync` drives a CPU
+//! replica and a GPU replica alike. Numbers stay where they are computed (device memory for a
+//! GPU) until the loop asks for them: the loss window at display time, outputs at test time,
+//! parameters at snapshot time.
+
+use crate::config::Phase;
+use crate::error::Result;
+use crate::net::Output;
+use crate::params::Params;
+
+/// Where in training a forward/backward pass happens (topology-invariant randomness keys).
+#[derive(Debug, Clone, Copy)]
+pub struct PassCtx {
+    pub phase: Phase,
+    pub iter: u64,
+    /// Stream position (train) or test-set index of the replica's first record in the batch.
+    pub first_sample: u64,
+}
+
+/// One replica's compute and communication.
+pub trait Engine {
+    /// Universal rank of this replica.
+    fn rank(&self) -> usize;
+    /// Number of replicas in the job.
+    fn size(&self) -> usize;
+    /// Replaces this replica's parameters by universal rank 0's.
+    fn broadcast_params(&mut self) -> Result<()>;
+    /// Sets the batch size of the next passes (the last test batch may be smaller).
+    fn set_batch(&mut self, n: usize) -> Result<()>;
+    /// Copies a batch in: `data` (n, C, H, W) and `labels` (n).
+    fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()>;
+    /// Zeroes the parameter gradients (start of an iteration).
+    fn zero_grad(&mut self) -> Result<()>;
+    /// Train-phase forward and backward over the loaded batch, accumulating parameter gradients
+    /// and adding the pass's loss into loss slot `slot` (see `loss_window`); `first` says the
+    /// pass is the first of its iteration, which resets the slot.
+    fn forward_backward(&mut self, ctx: PassCtx, slot: usize, first: bool) -> Result<()>;
+    /// Test-phase forward over the loaded batch; returns its loss and accuracy outputs (this is
+    /// allowed to synchronise with the device).
+    fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;
+    /// All-reduces and averages the gradients over every replica.
+    fn all_reduce_gradients(&mut self) -> Result<()>;
+    /// Applies the update rule for iteration `iter`; returns the learning rate used.
+    fn update(&mut self, iter: u64) -> Result<f32>;
+    /// The loss slots, each the sum of one iteration's sub-batch losses (synchronises).
+    fn loss_window(&mut self) -> Result<Vec<f64>>;
+    /// Replaces `values` by their sums over every replica.
+    fn sum_scores(&mut self, values: &mut [f64]) -> Result<()>;
+    /// Waits for every replica.
+    fn barrier(&mut self) -> Result<()>;
+    /// A host copy of the parameters (for snapshots).
+    fn params_to_host(&mut self) -> Result<Params>;
+}
