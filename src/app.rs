@@ -91,14 +91,30 @@ fn output_dir(opts: &Options) -> PathBuf {
     })
 }
 
-fn open_outputs(dir: &Path) -> Result<Outputs> {
+fn open_outputs(dir: &Path, max_iter: u64) -> Result<Outputs> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
+        progress: progress_bar(max_iter),
     })
+}
+
+/// A progress bar on stdout, drawn only when stdout is a terminal (under mpirun it is a pipe).
+fn progress_bar(max_iter: u64) -> Option<indicatif::ProgressBar> {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(max_iter), ProgressDrawTarget::stdout());
+    let template = "{bar:40} {pos}/{len} iterations, {msg} [{elapsed} < {eta}]";
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    Some(bar)
 }
 
 /// GEMM threads per replica: the config's, or the node's cores shared among its replicas.
@@ -170,7 +186,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
     let dir = output_dir(&opts);
     let outputs = match &action {
-        Action::Train if boot.rank == 0 => Some(open_outputs(&dir)),
+        Action::Train if boot.rank == 0 => Some(open_outputs(&dir, plan.config.solver.max_iter)),
         _ => None,
     };
     let outputs = match boot.agree(outputs.transpose()) {

@@ -131,7 +131,10 @@ impl Validator<'_> {
     fn cluster(&self) -> Result<()> {
         let mb = self.cfg.cluster.bucket_mb;
         if !(mb.is_finite() && mb > 0.0) {
-            return Err(self.err("cluster.bucket_mb", format!("must be a positive number of MiB, got {mb}")));
+            return Err(self.err(
+                "cluster.bucket_mb",
+                format!("must be a positive number of MiB, got {mb}"),
+            ));
         }
         let r = self.cfg.cluster.replicas_per_rank;
         if r == 0 || r > MAX_REPLICAS_PER_RANK {

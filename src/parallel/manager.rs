@@ -2,6 +2,7 @@
 //! starts one `P2PSync` thread per local replica with its `Communicator`, joins them and reports.
 //! A replica that fails ends the whole job (its peers may be waiting in a collective).
 
+use super::cpu_engine::CpuEngine;
 use super::sync::{Outputs, P2PSync, ReplicaReport};
 use crate::backend::Cpu;
 use crate::config::Plan;
@@ -56,7 +57,9 @@ impl P2PManager {
                         let comm = CpuComm::new(group, local, rank, size, link);
                         let universal = rank * k + local;
                         let run = || -> Result<RunReport> {
-                            let sync = P2PSync::new(plan, data, comm, cpu, &initial, out)?;
+                            let shape = data.train.record_shape();
+                            let engine = CpuEngine::new(&plan.config, shape, comm, cpu, &initial)?;
+                            let sync = P2PSync::new(plan, data, engine, out);
                             match mode {
                                 Mode::Train => sync.train(),
                                 Mode::Bench { warmup, iters } => sync.bench(warmup, iters),

@@ -3,11 +3,14 @@
 //! data shard and talks to the others through its `Communicator`; `SharedScores` turns the
 //! replicas' local loss and accuracy into global figures.
 
+pub mod cpu_engine;
+pub mod engine;
 pub mod manager;
 pub mod scores;
 pub mod sync;
 pub mod timing;
 
+pub use engine::{Engine, PassCtx};
 pub use manager::{Mode, P2PManager, RunReport};
 pub use scores::SharedScores;
 pub use sync::{Outputs, P2PSync, TestResult};

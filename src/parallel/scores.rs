@@ -3,7 +3,7 @@
 //! replica gets the global sums, and universal rank 0 reports them. Sums of counts, not means of
 //! means, so a test accuracy is exactly correct/total whatever the topology.
 
-use crate::dist::Communicator;
+use super::engine::Engine;
 use crate::error::Result;
 
 /// Global sums of a fixed list of named scores.
@@ -26,8 +26,8 @@ impl SharedScores {
     }
 
     /// Replaces the local partial sums by the global ones (a collective: every replica calls it).
-    pub fn reduce(&mut self, comm: &mut dyn Communicator) -> Result<()> {
-        comm.all_reduce_sum_f64(&mut self.values)
+    pub fn reduce(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        engine.sum_scores(&mut self.values)
     }
 
     /// Value of score `i`.

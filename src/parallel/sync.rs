@@ -1,21 +1,17 @@
-//! `P2PSync`: one replica on its own thread — its net, parameters, solver and data shard. At start
-//! it takes the parameters of universal rank 0; each iteration it runs forward and backward over
-//! `iter_size` sub-batches, all-reduces and averages the gradient, and applies the same update
-//! as every other replica. Universal rank 0 also logs, tests, snapshots and writes metrics.
+//! `P2PSync`: one replica on its own thread — its `Engine` (net, parameters, solver,
+//! communicator) and its data shard. At start it takes the parameters of universal rank 0; each
+//! iteration it runs forward and backward over `iter_size` sub-batches, all-reduces and averages
+//! the gradient, and applies the same update as every other replica. Universal rank 0 also logs,
+//! writes metrics and snapshots; the test pass and the displayed loss are global.
 
+use super::engine::{Engine, PassCtx};
 use super::scores::SharedScores;
 use super::timing::{Phase as Step, StepTimes};
-use crate::backend::Cpu;
 use crate::config::{Phase, Plan};
 use crate::data::{self, Augment, DataSplit, TrainReader};
-use crate::dist::Communicator;
 use crate::error::Result;
-use crate::layers::Ctx;
 use crate::metrics::MetricsLog;
-use crate::net::Net;
-use crate::params::Params;
 use crate::snapshot;
-use crate::solver::Solver;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +21,8 @@ use tracing::info;
 pub struct Outputs {
     pub dir: PathBuf,
     pub metrics: MetricsLog,
+    /// Draws progress on stdout (rank 0, terminal only).
+    pub progress: Option<indicatif::ProgressBar>,
 }
 
 /// The result of a test pass, global over all replicas.
@@ -51,47 +49,21 @@ pub struct ReplicaReport {
 }
 
 /// One replica.
-pub struct P2PSync<C: Communicator> {
+pub struct P2PSync<E: Engine> {
     plan: Arc<Plan>,
     data: DataSplit,
-    comm: C,
-    cpu: Cpu,
-    net: Net,
-    params: Params,
-    solver: Solver,
+    engine: E,
     outputs: Option<Outputs>,
 }
 
-impl<C: Communicator> P2PSync<C> {
-    /// Builds the replica's net and solver, with parameters copied from `initial` (every
-    /// replica gets the same; universal rank 0's are broadcast anyway in `start`).
-    pub fn new(
-        plan: Arc<Plan>,
-        data: DataSplit,
-        comm: C,
-        cpu: Cpu,
-        initial: &Params,
-        outputs: Option<Outputs>,
-    ) -> Result<Self> {
-        let cfg = &plan.config;
-        let (net, mut params) = Net::build(cfg, data.train.record_shape(), cfg.data.batch_size)?;
-        params.data.copy_from_slice(&initial.data);
-        let solver = Solver::new(&cfg.solver, params.len());
-        Ok(P2PSync {
+impl<E: Engine> P2PSync<E> {
+    pub fn new(plan: Arc<Plan>, data: DataSplit, engine: E, outputs: Option<Outputs>) -> Self {
+        P2PSync {
             plan,
             data,
-            comm,
-            cpu,
-            net,
-            params,
-            solver,
+            engine,
             outputs,
-        })
-    }
-
-    /// Takes universal rank 0's parameters.
-    fn start(&mut self) -> Result<()> {
-        self.comm.broadcast(&mut self.params.data, 0)
+        }
     }
 
     fn reader(&self, first_micro_batch: u64) -> TrainReader {
@@ -101,8 +73,8 @@ impl<C: Communicator> P2PSync<C> {
             cfg.solver.random_seed,
             cfg.data.shuffle,
             cfg.data.batch_size,
-            self.comm.rank(),
-            self.comm.size(),
+            self.engine.rank(),
+            self.engine.size(),
             first_micro_batch,
             cfg.data.prefetch,
             Augment {
@@ -114,57 +86,49 @@ impl<C: Communicator> P2PSync<C> {
     }
 
     /// One iteration: forward/backward over `iter_size` sub-batches, all-reduce, update.
-    /// Returns this replica's mean loss over the sub-batches.
-    fn step(
-        &mut self,
-        iter: u64,
-        reader: &mut TrainReader,
-        times: &mut StepTimes,
-    ) -> Result<(f64, f32)> {
+    /// Returns the learning rate used.
+    fn step(&mut self, iter: u64, reader: &mut TrainReader, times: &mut StepTimes) -> Result<f32> {
         let s = &self.plan.config.solver;
-        let seed = s.random_seed;
-        self.params.diff.fill(0.0);
-        let mut loss = 0.0;
-        for _ in 0..s.iter_size {
+        let slot = (iter % s.average_loss) as usize;
+        self.engine.zero_grad()?;
+        for sub in 0..s.iter_size {
             let batch = times.time(Step::Data, || reader.next())?;
-            let (data, labels) = self.net.inputs_mut();
-            data.copy_from_slice(&batch.data);
-            labels.copy_from_slice(&batch.labels);
-            let ctx = Ctx {
-                cpu: &self.cpu,
+            self.engine.load_batch(&batch.data, &batch.labels)?;
+            let ctx = PassCtx {
                 phase: Phase::Train,
                 iter,
-                seed,
                 first_sample: batch.first_position,
             };
             reader.recycle(batch);
-            let outputs = times.time(Step::Forward, || self.net.forward(&ctx, &mut self.params));
-            loss += outputs
-                .iter()
-                .filter(|o| o.is_loss)
-                .map(|o| o.value as f64)
-                .sum::<f64>();
-            times.time(Step::Backward, || {
-                self.net.backward(&ctx, &mut self.params, &mut |_| {})
-            });
+            let engine = &mut self.engine;
+            times.time(Step::Forward, || {
+                engine.forward_backward(ctx, slot, sub == 0)
+            })?;
         }
-        let comm = &mut self.comm;
-        let diff = &mut self.params.diff;
-        times.time(Step::AllReduce, || comm.all_reduce_avg(diff))?;
-        let lr = times.time(Step::Update, || {
-            self.solver.apply(&self.cpu, iter, &mut self.params)
-        });
-        Ok((loss / s.iter_size as f64, lr))
+        let engine = &mut self.engine;
+        times.time(Step::AllReduce, || engine.all_reduce_gradients())?;
+        times.time(Step::Update, || engine.update(iter))
+    }
+
+    /// The displayed loss after iteration `iter`: the mean over the global batch, averaged over
+    /// the last `average_loss` iterations (a collective).
+    fn global_loss(&mut self, iter: u64) -> Result<f64> {
+        let s = &self.plan.config.solver;
+        let valid = (iter + 1).min(s.average_loss) as usize;
+        let window = self.engine.loss_window()?;
+        let mine = window[..valid].iter().sum::<f64>() / (valid as f64 * s.iter_size as f64);
+        let mut sum = [mine];
+        self.engine.sum_scores(&mut sum)?;
+        Ok(sum[0] / self.engine.size() as f64)
     }
 
     /// Trains for `max_iter` iterations with tests, display and snapshots as configured.
     pub fn train(mut self) -> Result<ReplicaReport> {
-        self.start()?;
+        self.engine.broadcast_params()?;
         let s = self.plan.config.solver.clone();
         let mut reader = self.reader(0);
         let mut report = ReplicaReport::default();
         let mut times = StepTimes::new(false);
-        let mut window: std::collections::VecDeque<f64> = Default::default();
         let started = Instant::now();
         let mut last_display = (started, 0u64);
         for iter in 0..s.max_iter {
@@ -174,25 +138,27 @@ impl<C: Communicator> P2PSync<C> {
             {
                 report.last_test = Some(self.test(iter)?);
             }
-            let (loss, lr) = self.step(iter, &mut reader, &mut times)?;
-            window.push_back(loss);
-            if window.len() as u64 > s.average_loss {
-                window.pop_front();
-            }
+            let lr = self.step(iter, &mut reader, &mut times)?;
             if s.display > 0 && iter % s.display == 0 {
-                let mut scores = SharedScores::new(vec!["loss".into()]);
-                scores.add(0, window.iter().sum::<f64>() / window.len() as f64);
-                scores.reduce(&mut self.comm)?;
-                let global_loss = scores.get(0) / self.comm.size() as f64;
-                report.last_loss = Some(global_loss);
+                let loss = self.global_loss(iter)?;
+                report.last_loss = Some(loss);
                 let now = Instant::now();
                 let samples = (iter + 1 - last_display.1) * self.plan.global_batch as u64;
                 let rate = samples as f64 / (now - last_display.0).as_secs_f64().max(1e-9);
                 last_display = (now, iter + 1);
                 if let Some(out) = &mut self.outputs {
                     let elapsed = (now - started).as_secs_f64();
-                    info!("iter {iter}: loss {global_loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
-                    out.metrics.train(iter, global_loss, lr, rate, elapsed)?;
+                    let line =
+                        format!("iter {iter}: loss {loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
+                    match &out.progress {
+                        Some(bar) => {
+                            bar.set_position(iter + 1);
+                            bar.set_message(format!("loss {loss:.4}"));
+                            bar.suspend(|| info!("{line}"));
+                        }
+                        None => info!("{line}"),
+                    }
+                    out.metrics.train(iter, loss, lr, rate, elapsed)?;
                 }
             }
             let done = iter + 1;
@@ -202,48 +168,46 @@ impl<C: Communicator> P2PSync<C> {
         }
         report.iterations = s.max_iter;
         report.seconds = started.elapsed().as_secs_f64();
+        if let Some(bar) = self.outputs.as_ref().and_then(|o| o.progress.as_ref()) {
+            bar.finish_and_clear();
+        }
         report.last_test = Some(self.test(s.max_iter)?);
         self.snapshot(s.max_iter, &mut report)?;
         drop(reader);
-        self.comm.barrier()?;
+        self.engine.barrier()?;
         Ok(report)
     }
 
     /// Runs `warmup` untimed and `iters` timed iterations (no tests, no snapshots) and reports
     /// the step split averaged over all replicas.
     pub fn bench(mut self, warmup: u64, iters: u64) -> Result<ReplicaReport> {
-        self.start()?;
+        self.engine.broadcast_params()?;
         let mut reader = self.reader(0);
         let mut times = StepTimes::new(true);
         for iter in 0..warmup {
             self.step(iter, &mut reader, &mut times)?;
         }
-        self.comm.barrier()?;
+        self.engine.barrier()?;
         times.reset();
         let started = Instant::now();
-        let mut loss = 0.0;
         for iter in warmup..warmup + iters {
-            loss = self.step(iter, &mut reader, &mut times)?.0;
+            self.step(iter, &mut reader, &mut times)?;
         }
-        self.comm.barrier()?;
+        let last = warmup + iters.max(1) - 1;
+        let loss = self.global_loss(last)?;
         let seconds = started.elapsed().as_secs_f64();
-        let mut scores = SharedScores::new((0..6).map(|i| format!("t{i}")).collect());
-        for (i, t) in times.seconds.iter().enumerate() {
-            scores.add(i, *t);
-        }
-        scores.add(5, loss);
-        scores.reduce(&mut self.comm)?;
-        let n = self.comm.size() as f64;
-        let mut step_seconds = [0.0; 5];
-        for (i, v) in step_seconds.iter_mut().enumerate() {
-            *v = scores.get(i) / n / iters.max(1) as f64;
+        let mut split = times.seconds;
+        self.engine.sum_scores(&mut split)?;
+        let n = self.engine.size() as f64;
+        for v in &mut split {
+            *v /= n * iters.max(1) as f64;
         }
         drop(reader);
         Ok(ReplicaReport {
             iterations: iters,
             seconds,
-            last_loss: Some(scores.get(5) / n),
-            step_seconds: Some(step_seconds),
+            last_loss: Some(loss),
+            step_seconds: Some(split),
             ..Default::default()
         })
     }
@@ -251,30 +215,28 @@ impl<C: Communicator> P2PSync<C> {
     /// Tests on the whole test set (or `test_iter` batches per replica), split across replicas;
     /// global sums give exact correct/total.
     fn test(&mut self, iter: u64) -> Result<TestResult> {
-        let cfg = &self.plan.config;
+        let plan = self.plan.clone();
+        let cfg = &plan.config;
         let tb = cfg.data.test_batch_size.unwrap_or(cfg.data.batch_size);
-        let shard = data::test_shard(self.data.test.len(), self.comm.rank(), self.comm.size());
+        let shard = data::test_shard(self.data.test.len(), self.engine.rank(), self.engine.size());
         let mut names: Vec<String> = vec!["samples".into(), "loss".into()];
         let mut scores: Option<SharedScores> = None;
-        let mut start = shard.start;
-        let mut batches = 0u64;
         let (mut data, mut labels) = (Vec::new(), Vec::new());
-        while start < shard.end && cfg.solver.test_iter.is_none_or(|cap| batches < cap) {
-            let end = (start + tb).min(shard.end);
-            data::fill_test_batch(self.data.test.as_ref(), start..end, &mut data, &mut labels);
-            let n = end - start;
-            self.net.set_batch(n)?;
-            let (d, l) = self.net.inputs_mut();
-            d.copy_from_slice(&data);
-            l.copy_from_slice(&labels);
-            let ctx = Ctx {
-                cpu: &self.cpu,
+        for range in data::test_batches(shard, tb, cfg.solver.test_iter) {
+            data::fill_test_batch(
+                self.data.test.as_ref(),
+                range.clone(),
+                &mut data,
+                &mut labels,
+            );
+            let n = range.len();
+            self.engine.set_batch(n)?;
+            self.engine.load_batch(&data, &labels)?;
+            let outputs = self.engine.forward_test(PassCtx {
                 phase: Phase::Test,
                 iter,
-                seed: cfg.solver.random_seed,
-                first_sample: start as u64,
-            };
-            let outputs = self.net.forward(&ctx, &mut self.params);
+                first_sample: range.start as u64,
+            })?;
             let sc = scores.get_or_insert_with(|| {
                 names.extend(
                     outputs
@@ -295,15 +257,13 @@ impl<C: Communicator> P2PSync<C> {
                 // Accuracy tops are fractions of the batch: back to exact counts.
                 sc.add(2 + i, (o.value as f64 * n as f64).round());
             }
-            start = end;
-            batches += 1;
         }
-        self.net.set_batch(cfg.data.batch_size)?;
         let mut scores = match scores {
             Some(s) => s,
-            None => self.empty_test_scores()?,
+            None => self.empty_test_scores(iter)?,
         };
-        scores.reduce(&mut self.comm)?;
+        self.engine.set_batch(cfg.data.batch_size)?;
+        scores.reduce(&mut self.engine)?;
         let total = scores.get(0).max(1.0);
         let outputs: Vec<(String, f64)> = (2..scores.names().len())
             .map(|i| (scores.names()[i].clone(), scores.get(i) / total))
@@ -317,38 +277,35 @@ impl<C: Communicator> P2PSync<C> {
         if let Some(out) = &mut self.outputs {
             let acc = result
                 .accuracy
-                .map(|a| format!(", accuracy {:.4}", a))
+                .map(|a| format!(", accuracy {a:.4}"))
                 .unwrap_or_default();
-            info!(
+            let line = format!(
                 "iter {iter}: test loss {:.6}{acc} over {} samples",
                 result.loss, result.samples
             );
-            out.metrics.test(
-                iter,
-                result.loss,
-                result.accuracy,
-                &result.outputs[1.min(result.outputs.len())..],
-            )?;
+            match &out.progress {
+                Some(bar) => bar.suspend(|| info!("{line}")),
+                None => info!("{line}"),
+            }
+            let extra = &result.outputs[1.min(result.outputs.len())..];
+            out.metrics
+                .test(iter, result.loss, result.accuracy, extra)?;
         }
         Ok(result)
     }
 
-    /// The score list of a replica whose test shard is empty: the names come from a dry forward
-    /// over one record so that every replica contributes the same list to the reduction.
-    fn empty_test_scores(&mut self) -> Result<SharedScores> {
-        let cfg = &self.plan.config;
-        self.net.set_batch(1)?;
-        let ctx = Ctx {
-            cpu: &self.cpu,
+    /// The score list of a replica whose test shard is empty (more replicas than test records):
+    /// the names come from a forward over one zero record so that every replica contributes the
+    /// same list to the reduction; its counts stay zero.
+    fn empty_test_scores(&mut self, iter: u64) -> Result<SharedScores> {
+        let size = data::record_size(self.data.test.as_ref());
+        self.engine.set_batch(1)?;
+        self.engine.load_batch(&vec![0.0; size], &[0.0])?;
+        let outputs = self.engine.forward_test(PassCtx {
             phase: Phase::Test,
-            iter: 0,
-            seed: cfg.solver.random_seed,
+            iter,
             first_sample: 0,
-        };
-        let (_, l) = self.net.inputs_mut();
-        l.fill(0.0);
-        let outputs = self.net.forward(&ctx, &mut self.params);
-        self.net.set_batch(cfg.data.batch_size)?;
+        })?;
         let mut names: Vec<String> = vec!["samples".into(), "loss".into()];
         names.extend(
             outputs
@@ -361,6 +318,10 @@ impl<C: Communicator> P2PSync<C> {
 
     /// Universal rank 0 writes `<prefix>_iter_<iter>.safetensors` into the output directory.
     fn snapshot(&mut self, iter: u64, report: &mut ReplicaReport) -> Result<()> {
+        if self.outputs.is_none() {
+            return Ok(());
+        }
+        let params = self.engine.params_to_host()?;
         let Some(out) = &self.outputs else {
             return Ok(());
         };
@@ -373,7 +334,7 @@ impl<C: Communicator> P2PSync<C> {
                 format!("{:016x}", self.plan.fingerprint),
             ),
         ];
-        snapshot::save_weights(&path, &self.params, &meta)?;
+        snapshot::save_weights(&path, &params, &meta)?;
         info!("snapshot {}", path.display());
         report.snapshots.push(path);
         Ok(())

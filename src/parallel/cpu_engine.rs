@@ -1,0 +1,131 @@
+//! `CpuEngine`: a replica on the CPU backend — the `Net` with its flat `Params`, the `Solver`,
+//! and a `CpuComm` — behind the `Engine` seam.
+
+use super::engine::{Engine, PassCtx};
+use crate::backend::Cpu;
+use crate::config::{Config, Phase};
+use crate::dist::{Communicator, CpuComm};
+use crate::error::Result;
+use crate::layers::Ctx;
+use crate::net::{Net, Output};
+use crate::params::Params;
+use crate::solver::Solver;
+
+/// One CPU replica.
+pub struct CpuEngine {
+    cpu: Cpu,
+    net: Net,
+    params: Params,
+    solver: Solver,
+    comm: CpuComm,
+    seed: u64,
+    /// One slot per iteration of the `average_loss` window: the sum of its sub-batch losses.
+    loss_slots: Vec<f64>,
+}
+
+impl CpuEngine {
+    /// Builds the replica's net for `record_shape` (C, H, W), starting from `initial`.
+    pub fn new(
+        cfg: &Config,
+        record_shape: [usize; 3],
+        comm: CpuComm,
+        cpu: Cpu,
+        initial: &Params,
+    ) -> Result<Self> {
+        let (net, mut params) = Net::build(cfg, record_shape, cfg.data.batch_size)?;
+        params.data.copy_from_slice(&initial.data);
+        Ok(CpuEngine {
+            cpu,
+            net,
+            solver: Solver::new(&cfg.solver, params.len()),
+            params,
+            comm,
+            seed: cfg.solver.random_seed,
+            loss_slots: vec![0.0; cfg.solver.average_loss as usize],
+        })
+    }
+}
+
+fn layer_ctx(cpu: &Cpu, seed: u64, c: PassCtx) -> Ctx<'_> {
+    Ctx {
+        cpu,
+        phase: c.phase,
+        iter: c.iter,
+        seed,
+        first_sample: c.first_sample,
+    }
+}
+
+impl Engine for CpuEngine {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn broadcast_params(&mut self) -> Result<()> {
+        self.comm.broadcast(&mut self.params.data, 0)
+    }
+
+    fn set_batch(&mut self, n: usize) -> Result<()> {
+        self.net.set_batch(n)
+    }
+
+    fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()> {
+        let (d, l) = self.net.inputs_mut();
+        d.copy_from_slice(data);
+        l.copy_from_slice(labels);
+        Ok(())
+    }
+
+    fn zero_grad(&mut self) -> Result<()> {
+        crate::solver::zero_grad(&mut self.params);
+        Ok(())
+    }
+
+    fn forward_backward(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
+        debug_assert_eq!(c.phase, Phase::Train);
+        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        let outputs = self.net.forward(&ctx, &mut self.params);
+        let loss: f64 = outputs
+            .iter()
+            .filter(|o| o.is_loss)
+            .map(|o| o.value as f64)
+            .sum();
+        self.net.backward(&ctx, &mut self.params, &mut |_| {});
+        let s = &mut self.loss_slots[slot];
+        *s = if first { loss } else { *s + loss };
+        Ok(())
+    }
+
+    fn forward_test(&mut self, c: PassCtx) -> Result<Vec<Output>> {
+        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        Ok(self.net.forward(&ctx, &mut self.params))
+    }
+
+    fn all_reduce_gradients(&mut self) -> Result<()> {
+        self.comm.all_reduce_avg(&mut self.params.diff)
+    }
+
+    fn update(&mut self, iter: u64) -> Result<f32> {
+        Ok(self.solver.apply(&self.cpu, iter, &mut self.params))
+    }
+
+    fn loss_window(&mut self) -> Result<Vec<f64>> {
+        Ok(self.loss_slots.clone())
+    }
+
+    fn sum_scores(&mut self, values: &mut [f64]) -> Result<()> {
+        self.comm.all_reduce_sum_f64(values)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.comm.barrier()
+    }
+
+    fn params_to_host(&mut self) -> Result<Params> {
+        Ok(self.params.clone())
+    }
+}
