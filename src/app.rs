@@ -28,7 +28,7 @@ pub enum Action {
 }
 
 /// The options shared by every action.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// The config file; `None` runs the embedded quickstart.
     pub config: Option<PathBuf>,
@@ -38,6 +38,20 @@ pub struct Options {
     pub weights: Option<PathBuf>,
     /// `--output DIR`; default `runs/<config stem>/`.
     pub output: Option<PathBuf>,
+    /// Draw a progress bar when stdout is a terminal.
+    pub progress: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            config: None,
+            sets: Vec::new(),
+            weights: None,
+            output: None,
+            progress: true,
+        }
+    }
 }
 
 /// Everything a rank prepares before training, each step able to fail on bad input.
@@ -91,14 +105,14 @@ fn output_dir(opts: &Options) -> PathBuf {
     })
 }
 
-fn open_outputs(dir: &Path, max_iter: u64) -> Result<Outputs> {
+fn open_outputs(dir: &Path, max_iter: u64, progress: bool) -> Result<Outputs> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
-        progress: progress_bar(max_iter),
+        progress: progress.then(|| progress_bar(max_iter)).flatten(),
     })
 }
 
@@ -186,7 +200,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
     let dir = output_dir(&opts);
     let outputs = match &action {
-        Action::Train if boot.rank == 0 => Some(open_outputs(&dir, plan.config.solver.max_iter)),
+        Action::Train if boot.rank == 0 => Some(open_outputs(&dir, plan.config.solver.max_iter, opts.progress)),
         _ => None,
     };
     let outputs = match boot.agree(outputs.transpose()) {

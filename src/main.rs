@@ -60,6 +60,9 @@ struct Common {
     /// Output directory (default `runs/<config stem>/`).
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
+    /// Never draw the progress bar (drawn by rank 0 when its stdout is a terminal).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 impl From<Common> for Options {
@@ -69,6 +72,7 @@ impl From<Common> for Options {
             sets: c.sets,
             weights: c.weights,
             output: c.output,
+            progress: !c.no_progress,
         }
     }
 }

@@ -3,6 +3,9 @@
 
 use gemm::{gemm, Parallelism};
 
+/// Smallest GEMM (in multiply-adds) worth splitting over several threads.
+const PARALLEL_MIN_MACS: usize = 1 << 20;
+
 /// CPU kernels. `threads` is the parallelism of one GEMM; 1 when several replicas share the cores.
 #[derive(Debug, Clone, Copy)]
 pub struct Cpu {
@@ -60,7 +63,8 @@ impl Cpu {
         } else {
             (n as isize, 1)
         };
-        let par = if self.threads > 1 {
+        // Below about a million multiply-adds, waking other threads costs more than it saves.
+        let par = if self.threads > 1 && m * n * k >= PARALLEL_MIN_MACS {
             Parallelism::Rayon(self.threads)
         } else {
             Parallelism::None

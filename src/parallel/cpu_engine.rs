@@ -85,18 +85,19 @@ impl Engine for CpuEngine {
         Ok(())
     }
 
-    fn forward_backward(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
+    fn forward_train(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
         debug_assert_eq!(c.phase, Phase::Train);
         let ctx = layer_ctx(&self.cpu, self.seed, c);
         let outputs = self.net.forward(&ctx, &mut self.params);
-        let loss: f64 = outputs
-            .iter()
-            .filter(|o| o.is_loss)
-            .map(|o| o.value as f64)
-            .sum();
-        self.net.backward(&ctx, &mut self.params, &mut |_| {});
+        let loss: f64 = outputs.iter().filter(|o| o.is_loss).map(|o| o.value as f64).sum();
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
+        Ok(())
+    }
+
+    fn backward(&mut self, c: PassCtx) -> Result<()> {
+        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        self.net.backward(&ctx, &mut self.params, &mut |_| {});
         Ok(())
     }
 

@@ -32,10 +32,12 @@ pub trait Engine {
     fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()>;
     /// Zeroes the parameter gradients (start of an iteration).
     fn zero_grad(&mut self) -> Result<()>;
-    /// Train-phase forward and backward over the loaded batch, accumulating parameter gradients
-    /// and adding the pass's loss into loss slot `slot` (see `loss_window`); `first` says the
-    /// pass is the first of its iteration, which resets the slot.
-    fn forward_backward(&mut self, ctx: PassCtx, slot: usize, first: bool) -> Result<()>;
+    /// Train-phase forward over the loaded batch, adding the pass's loss into loss slot `slot`
+    /// (see `loss_window`); `first` says the pass is the first of its iteration, which resets
+    /// the slot.
+    fn forward_train(&mut self, ctx: PassCtx, slot: usize, first: bool) -> Result<()>;
+    /// Backward after `forward_train`, accumulating the parameter gradients.
+    fn backward(&mut self, ctx: PassCtx) -> Result<()>;
     /// Test-phase forward over the loaded batch; returns its loss and accuracy outputs (this is
     /// allowed to synchronise with the device).
     fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;

@@ -101,9 +101,8 @@ impl<E: Engine> P2PSync<E> {
             };
             reader.recycle(batch);
             let engine = &mut self.engine;
-            times.time(Step::Forward, || {
-                engine.forward_backward(ctx, slot, sub == 0)
-            })?;
+            times.time(Step::Forward, || engine.forward_train(ctx, slot, sub == 0))?;
+            times.time(Step::Backward, || engine.backward(ctx))?;
         }
         let engine = &mut self.engine;
         times.time(Step::AllReduce, || engine.all_reduce_gradients())?;
