@@ -130,3 +130,61 @@ impl Engine for CpuEngine {
         Ok(self.params.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use crate::dist::local::LocalGroup;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    const CONFIG: &str = r#"
+[data]
+format = "digits"
+batch_size = 4
+[solver]
+base_lr = 0.1
+max_iter = 1
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#;
+
+    /// Whatever each replica starts from, after `broadcast_params` all hold universal rank 0's
+    /// parameters (design decision 5: rank 0 is broadcast at start regardless).
+    #[test]
+    fn every_replica_starts_from_rank_zeros_parameters() {
+        let (cfg, _) = load_str("t.toml", CONFIG, Path::new("."), &[]).unwrap();
+        let cfg = Arc::new(cfg);
+        let k = 3;
+        let group = Arc::new(LocalGroup::new(k));
+        let handles: Vec<_> = (0..k)
+            .map(|i| {
+                let (cfg, group) = (cfg.clone(), group.clone());
+                std::thread::spawn(move || {
+                    let (_, mut initial) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+                    initial.data.iter_mut().enumerate().for_each(|(j, v)| *v = (i * 1000 + j) as f32);
+                    let comm = CpuComm::new(group, i, 0, 1, None);
+                    let mut e = CpuEngine::new(&cfg, [1, 8, 8], comm, Cpu::new(1), &initial).unwrap();
+                    assert_eq!(e.params_to_host().unwrap().data[0], (i * 1000) as f32);
+                    e.broadcast_params().unwrap();
+                    e.params_to_host().unwrap().data
+                })
+            })
+            .collect();
+        let results: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let expect: Vec<f32> = (0..results[0].len()).map(|j| j as f32).collect();
+        for r in results {
+            assert_eq!(r, expect);
+        }
+    }
+}
