@@ -200,7 +200,11 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
     let dir = output_dir(&opts);
     let outputs = match &action {
-        Action::Train if boot.rank == 0 => Some(open_outputs(&dir, plan.config.solver.max_iter, opts.progress)),
+        Action::Train if boot.rank == 0 => Some(open_outputs(
+            &dir,
+            plan.config.solver.max_iter,
+            opts.progress,
+        )),
         _ => None,
     };
     let outputs = match boot.agree(outputs.transpose()) {

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod backend;
 pub mod config;
+pub mod cuda;
 pub mod data;
 pub mod dist;
 pub mod error;

@@ -89,7 +89,11 @@ impl Engine for CpuEngine {
         debug_assert_eq!(c.phase, Phase::Train);
         let ctx = layer_ctx(&self.cpu, self.seed, c);
         let outputs = self.net.forward(&ctx, &mut self.params);
-        let loss: f64 = outputs.iter().filter(|o| o.is_loss).map(|o| o.value as f64).sum();
+        let loss: f64 = outputs
+            .iter()
+            .filter(|o| o.is_loss)
+            .map(|o| o.value as f64)
+            .sum();
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
         Ok(())
@@ -172,9 +176,14 @@ top = ["loss"]
                 let (cfg, group) = (cfg.clone(), group.clone());
                 std::thread::spawn(move || {
                     let (_, mut initial) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
-                    initial.data.iter_mut().enumerate().for_each(|(j, v)| *v = (i * 1000 + j) as f32);
+                    initial
+                        .data
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(j, v)| *v = (i * 1000 + j) as f32);
                     let comm = CpuComm::new(group, i, 0, 1, None);
-                    let mut e = CpuEngine::new(&cfg, [1, 8, 8], comm, Cpu::new(1), &initial).unwrap();
+                    let mut e =
+                        CpuEngine::new(&cfg, [1, 8, 8], comm, Cpu::new(1), &initial).unwrap();
                     assert_eq!(e.params_to_host().unwrap().data[0], (i * 1000) as f32);
                     e.broadcast_params().unwrap();
                     e.params_to_host().unwrap().data

@@ -1,0 +1,220 @@
+//! [`Gpu`]: one CUDA device as a replica uses it — its context, its own compute stream (never the
+//! legacy default stream, so that communication on other streams can overlap), a cuBLAS handle
+//! bound to that stream in the configured math mode, and the loaded [`Kernels`] — plus row-major
+//! GEMM and GEMV wrappers over cuBLAS with the semantics of `crate::backend::Cpu::gemm`.
+//!
+//! Stream ordering is explicit: [`Gpu::new`] turns cudarc's per-buffer event tracking off for
+//! the context, so a buffer used on another stream (NCCL's) must be ordered with events recorded
+//! on [`Gpu::compute`] by whoever launches that work. Without this, every buffer use would also
+//! record and wait on events, and a communication stream reading one span of the gradient buffer
+//! would serialise with the backward pass writing another span of it.
+
+use super::gpu_error;
+use super::kernels::Kernels;
+use crate::config::MathMode;
+use crate::error::{Error, Result};
+use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+/// One device, as one replica drives it. Not meant to be shared between replicas: each builds
+/// its own on its own thread.
+#[derive(Debug)]
+pub struct Gpu {
+    /// CUDA device ordinal.
+    pub ordinal: usize,
+    pub ctx: Arc<CudaContext>,
+    /// The stream every forward, backward and update kernel of this replica runs on.
+    pub compute: Arc<CudaStream>,
+    /// cuBLAS bound to `compute`, in the math mode of the config.
+    pub blas: CudaBlas,
+    pub kernels: Arc<Kernels>,
+    pub math: MathMode,
+}
+
+fn op(trans: bool) -> cublasOperation_t {
+    if trans {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+fn dim(op_name: &str, n: usize) -> i32 {
+    i32::try_from(n).unwrap_or_else(|_| panic!("{op_name}: dimension {n} exceeds cuBLAS's int"))
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: retains its primary context, creates the compute stream and a
+    /// cuBLAS handle on it (TF32 tensor-core math for `MathMode::Tf32`, plain FP32 otherwise),
+    /// and loads the kernels (compiling them with NVRTC on the first device of an architecture).
+    pub fn new(ordinal: usize, math: MathMode) -> Result<Gpu> {
+        let count = super::device_count()?;
+        if ordinal >= count {
+            return Err(Error::Comm(format!(
+                "CUDA: device {ordinal} requested, {count} present"
+            )));
+        }
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::Comm(
+                "CUDA: the cuBLAS library (libcublas.so) cannot be loaded; add the directory \
+                 that holds it to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| gpu_error(&format!("open device {ordinal}"), e))?;
+        // SAFETY: nothing has been allocated in this context object yet; every later use of a
+        // buffer on a stream other than `compute` is ordered by explicit events (module docs).
+        unsafe { ctx.disable_event_tracking() };
+        let compute = ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the compute stream", e))?;
+        let blas =
+            CudaBlas::new(compute.clone()).map_err(|e| gpu_error("create the cuBLAS handle", e))?;
+        let mode = match math {
+            MathMode::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+            MathMode::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: the handle is valid for the lifetime of `blas`.
+        unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
+            .result()
+            .map_err(|e| gpu_error("cublasSetMathMode", e))?;
+        let kernels = Arc::new(Kernels::load(&ctx)?);
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            compute,
+            blas,
+            kernels,
+            math,
+        })
+    }
+
+    /// The device's name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> String {
+        self.ctx
+            .name()
+            .unwrap_or_else(|_| "unknown CUDA device".into())
+    }
+
+    /// Makes this device's context current on the calling thread. Kernel launches and copies do
+    /// this themselves; cuBLAS calls do not, so the net and the solver call it once per pass.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| gpu_error("bind the context to this thread", e))
+    }
+
+    /// Waits for everything enqueued on the compute stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.compute
+            .synchronize()
+            .map_err(|e| gpu_error("synchronise the compute stream", e))
+    }
+
+    /// `c = alpha · op(a) · op(b) + beta · c`, all row-major, as `crate::backend::Cpu::gemm`:
+    /// `op(a)` is `(m, k)`, `op(b)` is `(k, n)`, `c` is `(m, n)`; with `trans_a`, `a` is stored
+    /// `(k, m)`; with `trans_b`, `b` is stored `(n, k)`. `beta = 0` ignores the old contents of
+    /// `c`. Enqueued on the compute stream.
+    ///
+    /// cuBLAS is column-major and a row-major `(r, c)` matrix is its column-major transpose, so
+    /// this computes `cᵀ (n, m) = op(b)ᵀ · op(a)ᵀ`: cuBLAS's A is our `b`, its B our `a`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        beta: f32,
+        c: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(a.len() >= m * k, "gemm: a has {} < {m}·{k}", a.len());
+        assert!(b.len() >= k * n, "gemm: b has {} < {k}·{n}", b.len());
+        assert!(c.len() >= m * n, "gemm: c has {} < {m}·{n}", c.len());
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return if beta == 0.0 {
+                self.kernels.fill(&self.compute, c, 0.0, m * n)
+            } else {
+                self.kernels.scale(&self.compute, c, beta, m * n)
+            };
+        }
+        let cfg = GemmConfig {
+            transa: op(trans_b),
+            transb: op(trans_a),
+            m: dim("gemm", n),
+            n: dim("gemm", m),
+            k: dim("gemm", k),
+            alpha,
+            lda: dim("gemm", if trans_b { k } else { n }),
+            ldb: dim("gemm", if trans_a { m } else { k }),
+            beta,
+            ldc: dim("gemm", n),
+        };
+        // SAFETY: the asserts above bound every element the strides reach.
+        unsafe { self.blas.gemm(cfg, b, a, c) }.map_err(|e| {
+            gpu_error(
+                &format!("cublasSgemm (m {m}, n {n}, k {k}, trans_a {trans_a}, trans_b {trans_b})"),
+                e,
+            )
+        })
+    }
+
+    /// `y (cols) = alpha · aᵀ · x + beta · y` with `a (rows, cols)` row-major and `x (rows)`:
+    /// with `x` a ones vector, `y` gets `alpha` times the column sums of `a` (the bias gradient).
+    /// Enqueued on the compute stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_t(
+        &self,
+        rows: usize,
+        cols: usize,
+        alpha: f32,
+        a: &impl DevicePtr<f32>,
+        x: &impl DevicePtr<f32>,
+        beta: f32,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(
+            a.len() >= rows * cols,
+            "gemv_t: a has {} < {rows}·{cols}",
+            a.len()
+        );
+        assert!(x.len() >= rows, "gemv_t: x has {} < {rows}", x.len());
+        assert!(y.len() >= cols, "gemv_t: y has {} < {cols}", y.len());
+        if cols == 0 {
+            return Ok(());
+        }
+        if rows == 0 {
+            return if beta == 0.0 {
+                self.kernels.fill(&self.compute, y, 0.0, cols)
+            } else {
+                self.kernels.scale(&self.compute, y, beta, cols)
+            };
+        }
+        // Row-major a (rows, cols) is column-major (cols, rows) with leading dimension cols:
+        // y = A · x without transposition.
+        let cfg = GemvConfig {
+            trans: cublasOperation_t::CUBLAS_OP_N,
+            m: dim("gemv", cols),
+            n: dim("gemv", rows),
+            alpha,
+            lda: dim("gemv", cols),
+            incx: 1,
+            beta,
+            incy: 1,
+        };
+        // SAFETY: the asserts above bound every element the strides reach.
+        unsafe { self.blas.gemv(cfg, a, x, y) }
+            .map_err(|e| gpu_error(&format!("cublasSgemv (rows {rows}, cols {cols})"), e))
+    }
+}

@@ -1,0 +1,156 @@
+//! `GpuAccuracy`: the fraction of samples whose label is among the `top_k` highest scores, the
+//! device twin of `crate::layers::accuracy` (same ranking: ties favour the label; same
+//! denominator: every sample, ignored ones included). No backward.
+//!
+//! Bottoms: scores `(N, C)` (flattened at `axis`) and labels `(N)`; top: scalar `[]`,
+//! `correct / N` computed as the CPU does (`correct as f32 / N as f32`), so the count behind it
+//! is recovered exactly by `crate::layers::accuracy::count_from_fraction`. One warp per row counts
+//! the classes scoring strictly higher than the label; a one-block reduction writes the top.
+
+use super::{pick, rows_and_classes, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::{gpu_error, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// Top-k accuracy; see the module docs.
+#[derive(Debug)]
+pub struct GpuAccuracy {
+    name: String,
+    axis: usize,
+    top_k: usize,
+    ignore: Option<f32>,
+    rows: usize,
+    classes: usize,
+    /// `(capacity ≥ N)` 1 where the row is correct.
+    row_correct: CudaSlice<f32>,
+}
+
+impl GpuAccuracy {
+    /// Reads `top_k` (default 1), `axis` (default 1) and `ignore_label`.
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+        Ok(GpuAccuracy {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            top_k: cfg.top_k.unwrap_or(1),
+            ignore: cfg.ignore_label.map(|l| l as f32),
+            rows: 0,
+            classes: 0,
+            row_correct: alloc(gpu, 1)?,
+        })
+    }
+}
+
+fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
+    gpu.compute
+        .alloc_zeros::<f32>(n.max(1))
+        .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} floats"), e))
+}
+
+impl GpuLayer for GpuAccuracy {
+    fn type_name(&self) -> &'static str {
+        "accuracy"
+    }
+
+    /// Scores `(N, C)` with `1 ≤ top_k ≤ C`, labels `(N)`.
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [scores, _labels] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
+            ));
+        };
+        let (rows, classes) = rows_and_classes(scores, self.axis);
+        if self.top_k == 0 || self.top_k > classes {
+            return Err(Error::net(
+                &self.name,
+                format!("`top_k` {} must be in [1, {classes}]", self.top_k),
+            ));
+        }
+        if self.row_correct.len() < rows {
+            self.row_correct = alloc(gpu, rows)?;
+        }
+        self.rows = rows;
+        self.classes = classes;
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        gpu.kernels.accuracy(
+            &gpu.compute,
+            &scores.data(),
+            &labels.data(),
+            &mut self.row_correct,
+            &mut top.data_mut(),
+            self.rows,
+            self.classes,
+            self.top_k,
+            self.ignore,
+        )
+    }
+
+    /// Nothing: accuracy is not differentiated.
+    fn backward(
+        &mut self,
+        _gpu: &Gpu,
+        _blobs: &mut [GpuBlob],
+        _bottoms: &[usize],
+        _tops: &[usize],
+        _grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    fn case(extra: &str, scores: &[usize], classes: usize) -> LayerCase {
+        LayerCase::new(
+            &format!("name = \"acc\"\ntype = \"accuracy\"\n{extra}"),
+            vec![scores.to_vec(), vec![scores[0]]],
+        )
+        .with_labels(classes)
+    }
+
+    #[test]
+    fn matches_cpu_top_1() {
+        let gpu = gpu_or_skip!("matches_cpu_top_1");
+        check_against_cpu(&gpu, &case("", &[97, 10], 10), 601);
+    }
+
+    #[test]
+    fn matches_cpu_top_3_with_ignore_label() {
+        let gpu = gpu_or_skip!("matches_cpu_top_3_with_ignore_label");
+        let c = case("top_k = 3\nignore_label = 2", &[50, 7], 7).with_ignored(2.0, vec![0, 5, 9]);
+        check_against_cpu(&gpu, &c, 602);
+    }
+
+    #[test]
+    fn ties_favour_the_label() {
+        let gpu = gpu_or_skip!("ties_favour_the_label");
+        // The CPU layer's own example: rows tied, behind two, behind one, all tied.
+        let mut case = case("top_k = 2", &[4, 4], 4);
+        case.fixed = Some((
+            vec![
+                1.0, 3.0, 3.0, 0.0, 1.0, 3.0, 3.0, 0.0, 0.5, 0.2, 0.1, 0.9, 2.0, 2.0, 2.0, 2.0,
+            ],
+            vec![1.0, 0.0, 0.0, 3.0],
+        ));
+        check_against_cpu(&gpu, &case, 603);
+    }
+}

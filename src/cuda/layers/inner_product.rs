@@ -1,0 +1,221 @@
+//! `GpuInnerProduct`: the fully connected layer on cuBLAS, `top = bottom · Wᵀ + b`, the device
+//! twin of `crate::layers::inner_product`.
+//!
+//! Shapes: the bottom is viewed as `(M, K)` (axes before `axis` make `M`, the rest `K`); the top
+//! is `(M, N)` with `N = num_output`. Learnable tensors, in order: `weight (N, K)` and, when
+//! `bias_term`, `bias (N)`.
+//!
+//! Forward: one SGEMM `top = bottom · Wᵀ` (β = 0), then a broadcast add of `b` over the rows.
+//! Backward: `dW (N, K) += top_diffᵀ · bottom` (SGEMM, β = 1), `db (N) += top_diffᵀ · ones (M)`
+//! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
+//! β = 1 to accumulate, 0 to overwrite).
+
+use super::{pick, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::{gpu_error, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// The fully connected layer; see the module docs.
+#[derive(Debug)]
+pub struct GpuInnerProduct {
+    name: String,
+    num_output: usize,
+    bias_term: bool,
+    axis: usize,
+    /// Input features per row, fixed by the first reshape.
+    k: Option<usize>,
+    /// Rows of the current bottom.
+    m: usize,
+    /// `(capacity ≥ M)` ones for the bias gradient.
+    ones: CudaSlice<f32>,
+}
+
+impl GpuInnerProduct {
+    /// Reads `num_output` (required, > 0), `bias_term` (default true) and `axis` (default 1).
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+        let num_output = match cfg.num_output {
+            Some(n) if n > 0 => n,
+            _ => return Err(Error::net(&cfg.name, "`num_output` must be positive")),
+        };
+        Ok(GpuInnerProduct {
+            name: cfg.name.clone(),
+            num_output,
+            bias_term: cfg.bias_term.unwrap_or(true),
+            axis: cfg.axis.unwrap_or(1),
+            k: None,
+            m: 0,
+            ones: ones(gpu, 1)?,
+        })
+    }
+}
+
+/// `(n)` ones on the device.
+fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
+    let mut v = gpu
+        .compute
+        .alloc_zeros::<f32>(n.max(1))
+        .map_err(|e| gpu_error("allocate a ones vector", e))?;
+    let len = v.len();
+    gpu.kernels.fill(&gpu.compute, &mut v, 1.0, len)?;
+    Ok(v)
+}
+
+impl GpuLayer for GpuInnerProduct {
+    fn type_name(&self) -> &'static str {
+        "inner_product"
+    }
+
+    /// One bottom of more than `axis` axes whose trailing axes hold the `K` of the first call.
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [shape] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 1 bottom, got {}", bottoms.len()),
+            ));
+        };
+        if self.axis >= shape.len() {
+            return Err(Error::net(
+                &self.name,
+                format!("`axis` {} out of range for bottom {shape:?}", self.axis),
+            ));
+        }
+        let m: usize = shape[..self.axis].iter().product();
+        let k: usize = shape[self.axis..].iter().product();
+        match self.k {
+            Some(k0) if k0 != k => {
+                return Err(Error::net(
+                    &self.name,
+                    format!("bottom {shape:?} has {k} features, the weight expects {k0}"),
+                ))
+            }
+            _ => self.k = Some(k),
+        }
+        self.m = m;
+        if self.ones.len() < m {
+            self.ones = ones(gpu, m)?;
+        }
+        Ok(())
+    }
+
+    /// `top (M, N) = bottom (M, K) · Wᵀ (K, N) + ones (M, 1) · b (1, N)`.
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let w = params.slice(..n * k);
+        let mut top = y.data_mut();
+        gpu.gemm(false, true, m, n, k, 1.0, &x.data(), &w, 0.0, &mut top)?;
+        if self.bias_term {
+            let b = params.slice(n * k..n * k + n);
+            gpu.kernels.bias_add(&gpu.compute, &mut top, &b, m, n)?;
+        }
+        Ok(())
+    }
+
+    /// `dW (N, K) (+)= top_diffᵀ · bottom`, `db (N) (+)= top_diffᵀ · ones`,
+    /// `bottom_diff (M, K) (+)= top_diff (M, N) · W (N, K)`.
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        params: &CudaView<'_, f32>,
+        param_grad: Grad,
+        param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let top_diff = y.diff();
+        let beta = param_grad.beta();
+        gpu.gemm(
+            true,
+            false,
+            n,
+            k,
+            m,
+            1.0,
+            &top_diff,
+            &x.data(),
+            beta,
+            &mut param_diff.slice_mut(..n * k),
+        )?;
+        if self.bias_term {
+            gpu.gemv_t(
+                m,
+                n,
+                1.0,
+                &top_diff,
+                &self.ones,
+                beta,
+                &mut param_diff.slice_mut(n * k..n * k + n),
+            )?;
+        }
+        if grads[0].wanted() {
+            let w = params.slice(..n * k);
+            gpu.gemm(
+                false,
+                false,
+                m,
+                k,
+                n,
+                1.0,
+                &top_diff,
+                &w,
+                grads[0].beta(),
+                &mut x.diff_mut(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    fn case(extra: &str, bottom: &[usize]) -> LayerCase {
+        LayerCase::new(
+            &format!("name = \"ip\"\ntype = \"inner_product\"\n{extra}"),
+            vec![bottom.to_vec()],
+        )
+    }
+
+    #[test]
+    fn matches_cpu_with_bias() {
+        let gpu = gpu_or_skip!("matches_cpu_with_bias");
+        check_against_cpu(&gpu, &case("num_output = 7", &[5, 3, 2, 2]), 101);
+    }
+
+    #[test]
+    fn matches_cpu_without_bias() {
+        let gpu = gpu_or_skip!("matches_cpu_without_bias");
+        check_against_cpu(
+            &gpu,
+            &case("num_output = 4\nbias_term = false", &[3, 6]),
+            102,
+        );
+    }
+
+    #[test]
+    fn matches_cpu_with_axis_2() {
+        let gpu = gpu_or_skip!("matches_cpu_with_axis_2");
+        check_against_cpu(&gpu, &case("num_output = 5\naxis = 2", &[2, 3, 4]), 103);
+    }
+
+    #[test]
+    fn matches_cpu_at_mlp_size() {
+        let gpu = gpu_or_skip!("matches_cpu_at_mlp_size");
+        check_against_cpu(&gpu, &case("num_output = 256", &[64, 784]), 104);
+    }
+}

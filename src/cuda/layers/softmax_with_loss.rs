@@ -1,0 +1,200 @@
+//! `GpuSoftmaxWithLoss`: softmax over classes fused with the multinomial logistic loss, the
+//! device twin of `crate::layers::softmax_with_loss` (whose docs give the formulas).
+//!
+//! Bottoms: scores `(N, C)` (flattened at `axis`) and labels `(N)`; top: the scalar loss `[]`.
+//! Forward: one warp per row computes the max-subtracted softmax into `prob (N, C)` and the
+//! row's loss; a one-block reduction writes the mean over counted rows into the top and the
+//! count `V` into a device scalar — all on the device, no host synchronisation.
+//! Backward: `dscores (+)= w · (prob − onehot(label)) / max(V, 1)` on counted rows, with the loss
+//! weight `w` read from the top's diff on the device.
+//!
+//! A label that is neither `ignore_label` nor a class in `[0, C)` makes the CPU layer panic;
+//! here that row is skipped like an ignored one (the data readers reject such labels before
+//! they reach a net).
+
+use super::{pick, rows_and_classes, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::{gpu_error, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// Softmax and multinomial logistic loss; see the module docs.
+#[derive(Debug)]
+pub struct GpuSoftmaxWithLoss {
+    name: String,
+    axis: usize,
+    /// `ignore_label` as the f32 the labels are compared with.
+    ignore: Option<f32>,
+    rows: usize,
+    classes: usize,
+    /// `(capacity ≥ N·C)` softmax probabilities of the last forward.
+    prob: CudaSlice<f32>,
+    /// `(capacity ≥ N)` per-row loss, in double.
+    row_loss: CudaSlice<f64>,
+    /// `(capacity ≥ N)` 1 where the row counts, 0 where not.
+    row_valid: CudaSlice<f32>,
+    /// `(1)` counted rows `V` of the last forward.
+    valid: CudaSlice<f32>,
+}
+
+impl GpuSoftmaxWithLoss {
+    /// Reads `axis` (default 1) and `ignore_label`.
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+        Ok(GpuSoftmaxWithLoss {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            ignore: cfg.ignore_label.map(|l| l as f32),
+            rows: 0,
+            classes: 0,
+            prob: alloc(gpu, 1)?,
+            row_loss: alloc(gpu, 1)?,
+            row_valid: alloc(gpu, 1)?,
+            valid: alloc(gpu, 1)?,
+        })
+    }
+
+    /// `(N, C)` probabilities of the last forward (for tests and diagnostics).
+    pub fn prob(&self) -> CudaView<'_, f32> {
+        self.prob.slice(..self.rows * self.classes)
+    }
+
+    /// `(1)` rows of the last forward whose label counted.
+    pub fn valid(&self) -> &CudaSlice<f32> {
+        &self.valid
+    }
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    gpu.compute
+        .alloc_zeros::<T>(n.max(1))
+        .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} elements"), e))
+}
+
+impl GpuLayer for GpuSoftmaxWithLoss {
+    fn type_name(&self) -> &'static str {
+        "softmax_with_loss"
+    }
+
+    /// Scores `(N, C)` and labels `(N)`.
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [scores, _labels] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
+            ));
+        };
+        let (rows, classes) = rows_and_classes(scores, self.axis);
+        if self.prob.len() < rows * classes {
+            self.prob = alloc(gpu, rows * classes)?;
+        }
+        if self.row_loss.len() < rows {
+            self.row_loss = alloc(gpu, rows)?;
+            self.row_valid = alloc(gpu, rows)?;
+        }
+        self.rows = rows;
+        self.classes = classes;
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        gpu.kernels.softmax_loss_forward(
+            &gpu.compute,
+            &scores.data(),
+            &labels.data(),
+            &mut self.prob,
+            &mut self.row_loss,
+            &mut self.row_valid,
+            &mut top.data_mut(),
+            &mut self.valid,
+            self.rows,
+            self.classes,
+            self.ignore,
+        )
+    }
+
+    /// `dscores += w · (p − onehot) / V` on counted rows, `w` = the top's diff.
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        gpu.kernels.softmax_loss_backward(
+            &gpu.compute,
+            &self.prob,
+            &labels.data(),
+            &top.diff(),
+            &self.valid,
+            &mut scores.diff_mut(),
+            self.rows,
+            self.classes,
+            self.ignore,
+            grads[0].accumulate(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    fn case(extra: &str, scores: &[usize], classes: usize) -> LayerCase {
+        LayerCase::new(
+            &format!("name = \"loss\"\ntype = \"softmax_with_loss\"\n{extra}"),
+            vec![scores.to_vec(), vec![scores[0]]],
+        )
+        .with_labels(classes)
+    }
+
+    #[test]
+    fn matches_cpu() {
+        let gpu = gpu_or_skip!("matches_cpu");
+        check_against_cpu(&gpu, &case("", &[16, 10], 10), 501);
+    }
+
+    #[test]
+    fn matches_cpu_with_many_classes_and_a_loss_weight() {
+        let gpu = gpu_or_skip!("matches_cpu_with_many_classes_and_a_loss_weight");
+        check_against_cpu(
+            &gpu,
+            &case("", &[9, 1000], 1000).with_loss_weight(0.37),
+            502,
+        );
+    }
+
+    #[test]
+    fn matches_cpu_with_ignore_label() {
+        let gpu = gpu_or_skip!("matches_cpu_with_ignore_label");
+        let c = case("ignore_label = -1", &[6, 3, 2], 6).with_ignored(-1.0, vec![1, 4]);
+        check_against_cpu(&gpu, &c, 503);
+    }
+
+    #[test]
+    fn matches_cpu_when_every_label_is_ignored() {
+        let gpu = gpu_or_skip!("matches_cpu_when_every_label_is_ignored");
+        let c = case("ignore_label = 3", &[4, 5], 5).with_ignored(3.0, vec![0, 1, 2, 3]);
+        check_against_cpu(&gpu, &c, 504);
+    }
+}

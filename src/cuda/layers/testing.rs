@@ -1,0 +1,315 @@
+//! One test body for every GPU layer: build the CPU layer and the GPU layer from the same
+//! `[[layer]]` table, give both the same random bottoms, parameters, top diffs and pre-existing
+//! gradients, and compare the tops, the bottom diffs (accumulated and overwritten) and the
+//! parameter diffs (accumulated and overwritten).
+
+use super::{build, Grad};
+use crate::backend::Cpu;
+use crate::config::{LayerConfig, Phase};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::test_util::assert_close;
+use crate::cuda::Gpu;
+use crate::layers::gradient_check::{label_blob, layer_config, uniform_blob};
+use crate::layers::{self, Ctx};
+use crate::tensor::Blob;
+use cudarc::driver::CudaSlice;
+
+/// Relative tolerance of the layer comparisons (FP32 on both sides).
+const RTOL: f32 = 1e-5;
+
+/// A layer and the bottom shapes to test it on.
+pub(crate) struct LayerCase {
+    pub cfg: LayerConfig,
+    pub bottoms: Vec<Vec<usize>>,
+    /// Bottom 1 holds labels in `[0, classes)` instead of uniform values (classifier layers).
+    pub labels: Option<usize>,
+    /// Label positions replaced by this value (to exercise `ignore_label`).
+    pub ignored: Option<(f32, Vec<usize>)>,
+    /// The loss weight a loss layer's top diff holds.
+    pub loss_weight: f32,
+    /// Fixed data of bottoms 0 and 1 instead of random values (hand-made cases).
+    pub fixed: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl LayerCase {
+    pub fn new(toml_text: &str, bottoms: Vec<Vec<usize>>) -> LayerCase {
+        LayerCase {
+            cfg: layer_config(toml_text),
+            bottoms,
+            labels: None,
+            ignored: None,
+            loss_weight: 1.0,
+            fixed: None,
+        }
+    }
+
+    /// Bottom 1 holds labels of `classes` classes.
+    pub fn with_labels(mut self, classes: usize) -> LayerCase {
+        self.labels = Some(classes);
+        self
+    }
+
+    /// Labels at `rows` become `value`.
+    pub fn with_ignored(mut self, value: f32, rows: Vec<usize>) -> LayerCase {
+        self.ignored = Some((value, rows));
+        self
+    }
+
+    pub fn with_loss_weight(mut self, w: f32) -> LayerCase {
+        self.loss_weight = w;
+        self
+    }
+}
+
+fn upload(gpu: &Gpu, v: &[f32]) -> CudaSlice<f32> {
+    let mut padded = v.to_vec();
+    if padded.is_empty() {
+        padded.push(0.0);
+    }
+    gpu.compute.clone_htod(&padded).unwrap()
+}
+
+fn download(gpu: &Gpu, v: &CudaSlice<f32>, n: usize) -> Vec<f32> {
+    let out = gpu.compute.clone_dtoh(&v.slice(..n)).unwrap();
+    gpu.synchronize().unwrap();
+    out
+}
+
+/// Runs `case` on the CPU and the GPU from the same random state drawn from `seed` and asserts
+/// that they agree (see the module docs).
+pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
+    let name = &case.cfg.name;
+    let cpu = Cpu::new(1);
+    let ctx = Ctx {
+        cpu: &cpu,
+        phase: Phase::Train,
+        iter: 0,
+        seed: 1,
+        first_sample: 0,
+    };
+    let mut cpu_layer = layers::build(&case.cfg).unwrap();
+    let shapes: Vec<&[usize]> = case.bottoms.iter().map(Vec::as_slice).collect();
+    let top_shapes = cpu_layer.reshape(&shapes).unwrap();
+    let mut gpu_layer = build(gpu, &case.cfg, &shapes).unwrap();
+
+    // Bottoms with random data and random pre-existing diffs.
+    let mut bottoms: Vec<Blob> = case
+        .bottoms
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut b = match case.labels {
+                Some(classes) if i == 1 => {
+                    let mut l = label_blob(s.iter().product(), classes, seed + 10 + i as u64);
+                    l.shape = s.clone();
+                    l
+                }
+                _ => uniform_blob(s, -2.0, 2.0, seed + 10 + i as u64),
+            };
+            b.diff = uniform_blob(s, -1.0, 1.0, seed + 20 + i as u64).data;
+            b
+        })
+        .collect();
+    if let Some((b0, b1)) = &case.fixed {
+        bottoms[0].data.clone_from(b0);
+        bottoms[1].data.clone_from(b1);
+    }
+    if let Some((value, rows)) = &case.ignored {
+        for &r in rows {
+            bottoms[1].data[r] = *value;
+        }
+    }
+    let propagate: Vec<bool> = (0..bottoms.len())
+        .map(|i| !(case.labels.is_some() && i == 1))
+        .collect();
+
+    // Parameters and pre-existing parameter gradients, flat in spec order.
+    let specs = cpu_layer.param_specs();
+    let p_len: usize = specs
+        .iter()
+        .map(|s| s.shape.iter().product::<usize>())
+        .sum();
+    let p_data = uniform_blob(&[p_len], -1.0, 1.0, seed + 30).data;
+    let p_diff0 = uniform_blob(&[p_len], -1.0, 1.0, seed + 31).data;
+    let views = |flat: &[f32]| -> Vec<Vec<f32>> {
+        let mut off = 0;
+        specs
+            .iter()
+            .map(|s| {
+                let n: usize = s.shape.iter().product();
+                off += n;
+                flat[off - n..off].to_vec()
+            })
+            .collect()
+    };
+
+    // CPU forward.
+    let mut cpu_tops: Vec<Blob> = top_shapes.iter().map(|s| Blob::new(s)).collect();
+    let p_views = views(&p_data);
+    let p_refs: Vec<&[f32]> = p_views.iter().map(Vec::as_slice).collect();
+    cpu_layer.forward(&ctx, &bottoms, &p_refs, &mut cpu_tops);
+
+    // GPU forward: blobs = bottoms then tops; tops start as NaN to catch unwritten elements.
+    let mut blobs: Vec<GpuBlob> = bottoms
+        .iter()
+        .map(|b| GpuBlob::from_host(gpu, b).unwrap())
+        .collect();
+    for s in &top_shapes {
+        let mut t = GpuBlob::new(gpu, s, 0).unwrap();
+        let n = t.count();
+        gpu.kernels
+            .fill(&gpu.compute, &mut t.data, f32::NAN, n)
+            .unwrap();
+        blobs.push(t);
+    }
+    let nb = bottoms.len();
+    let bottom_idx: Vec<usize> = (0..nb).collect();
+    let top_idx: Vec<usize> = (nb..nb + top_shapes.len()).collect();
+    let params = upload(gpu, &p_data);
+    gpu_layer
+        .forward(
+            gpu,
+            &mut blobs,
+            &bottom_idx,
+            &top_idx,
+            &params.slice(..p_len),
+        )
+        .unwrap();
+    for (j, t) in top_idx.iter().enumerate() {
+        let got = blobs[*t].to_host(gpu).unwrap();
+        assert_eq!(got.shape, top_shapes[j], "{name}: top {j} shape");
+        assert_close(
+            &format!("{name}: top {j} data"),
+            &got.data,
+            &cpu_tops[j].data,
+            RTOL,
+        );
+    }
+    if !cpu_layer.has_backward() {
+        return;
+    }
+
+    // Top diffs: the loss weight for a loss, random otherwise.
+    for (j, t) in cpu_tops.iter_mut().enumerate() {
+        if cpu_layer.is_loss() {
+            t.diff.fill(case.loss_weight);
+        } else {
+            t.diff = uniform_blob(&t.shape, -1.0, 1.0, seed + 40 + j as u64).data;
+        }
+        let n = t.count();
+        let gt = &mut blobs[top_idx[j]];
+        gpu.compute
+            .memcpy_htod(&t.diff[..n], &mut gt.diff.slice_mut(..n))
+            .unwrap();
+    }
+
+    // Accumulating backward: the CPU contract.
+    let mut cpu_bottoms = bottoms.clone();
+    let mut p_diff_views = views(&p_diff0);
+    let mut p_diff_refs: Vec<&mut [f32]> = p_diff_views.iter_mut().map(Vec::as_mut_slice).collect();
+    cpu_layer.backward(
+        &ctx,
+        &cpu_tops,
+        &propagate,
+        &mut cpu_bottoms,
+        &p_refs,
+        &mut p_diff_refs,
+    );
+    let cpu_p_diff: Vec<f32> = p_diff_views.concat();
+    let grads: Vec<Grad> = propagate
+        .iter()
+        .map(|&p| if p { Grad::Accumulate } else { Grad::Skip })
+        .collect();
+    let mut p_diff = upload(gpu, &p_diff0);
+    gpu_layer
+        .backward(
+            gpu,
+            &mut blobs,
+            &bottom_idx,
+            &top_idx,
+            &grads,
+            &params.slice(..p_len),
+            Grad::Accumulate,
+            &mut p_diff.slice_mut(..p_len),
+        )
+        .unwrap();
+    for i in 0..nb {
+        let got = blobs[i].to_host(gpu).unwrap();
+        assert_close(
+            &format!("{name}: bottom {i} diff (accumulated)"),
+            &got.diff,
+            &cpu_bottoms[i].diff,
+            RTOL,
+        );
+    }
+    assert_close(
+        &format!("{name}: parameter diff"),
+        &download(gpu, &p_diff, p_len),
+        &cpu_p_diff,
+        RTOL,
+    );
+
+    // Overwriting backward (bottoms and parameters): equals the CPU's accumulation into zeroed
+    // diffs; the old GPU diffs are NaN so that any read of them shows.
+    let mut cpu_zeroed = bottoms.clone();
+    for b in &mut cpu_zeroed {
+        b.diff.fill(0.0);
+    }
+    let mut scratch: Vec<Vec<f32>> = specs
+        .iter()
+        .map(|s| vec![0.0; s.shape.iter().product()])
+        .collect();
+    let mut scratch_refs: Vec<&mut [f32]> = scratch.iter_mut().map(Vec::as_mut_slice).collect();
+    cpu_layer.backward(
+        &ctx,
+        &cpu_tops,
+        &propagate,
+        &mut cpu_zeroed,
+        &p_refs,
+        &mut scratch_refs,
+    );
+    let grads: Vec<Grad> = propagate
+        .iter()
+        .map(|&p| if p { Grad::Overwrite } else { Grad::Skip })
+        .collect();
+    for (i, &p) in propagate.iter().enumerate() {
+        if p {
+            let n = blobs[i].count();
+            gpu.kernels
+                .fill(&gpu.compute, &mut blobs[i].diff, f32::NAN, n)
+                .unwrap();
+        }
+    }
+    gpu.kernels
+        .fill(&gpu.compute, &mut p_diff, f32::NAN, p_len)
+        .unwrap();
+    gpu_layer
+        .backward(
+            gpu,
+            &mut blobs,
+            &bottom_idx,
+            &top_idx,
+            &grads,
+            &params.slice(..p_len),
+            Grad::Overwrite,
+            &mut p_diff.slice_mut(..p_len),
+        )
+        .unwrap();
+    for (i, &p) in propagate.iter().enumerate() {
+        if p {
+            let got = blobs[i].to_host(gpu).unwrap();
+            assert_close(
+                &format!("{name}: bottom {i} diff (overwritten)"),
+                &got.diff,
+                &cpu_zeroed[i].diff,
+                RTOL,
+            );
+        }
+    }
+    assert_close(
+        &format!("{name}: parameter diff (overwritten)"),
+        &download(gpu, &p_diff, p_len),
+        &scratch.concat(),
+        RTOL,
+    );
+}

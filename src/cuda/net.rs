@@ -1,0 +1,631 @@
+//! `GpuNet`: the layer graph of one replica run on its GPU. The wiring (which blob each layer
+//! reads and writes, which gradients are needed, loss weights, phases) and the layout of the
+//! learnable tensors come from a CPU [`Net`] built for the same config; the blobs, the flat
+//! [`GpuParams`] and the [`GpuLayer`]s live on the device.
+//!
+//! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by [`GpuNet::load_batch`].
+//!
+//! Everything a training step does — [`GpuNet::load_batch`], [`GpuNet::forward`],
+//! [`GpuNet::add_loss_to_slot`], [`GpuNet::backward`] — is enqueued on the compute stream without
+//! host synchronisation or device allocation. [`GpuNet::outputs`], [`GpuNet::loss_window`] and
+//! the parameter copies synchronise, and say so.
+//!
+//! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
+//! weight, then layers run in reverse and accumulate. Where a blob's gradient has exactly one
+//! contributor, that layer overwrites instead of the net zero-filling first (same result, one
+//! pass over the blob less).
+//!
+//! ```no_run
+//! # use p2ptrain::config::{MathMode, Phase};
+//! # use p2ptrain::cuda::{Gpu, net::GpuNet};
+//! # fn run(cfg: &p2ptrain::config::Config, data: &[f32], labels: &[f32]) -> p2ptrain::error::Result<()> {
+//! let gpu = Gpu::new(0, MathMode::Fp32)?;
+//! let mut net = GpuNet::new(cfg, [1, 28, 28], cfg.data.batch_size, &gpu)?;
+//! net.params.zero_grad(&gpu)?;
+//! net.load_batch(&gpu, data, labels)?;
+//! net.forward(&gpu, Phase::Train)?;
+//! net.add_loss_to_slot(&gpu, 0, true)?;
+//! net.backward(&gpu, &mut |_layer| {})?;
+//! let window = net.loss_window(&gpu)?; // synchronises
+//! # Ok(()) }
+//! ```
+
+use super::blob::GpuBlob;
+use super::layers::{self as gpu_layers, GpuLayer, Grad};
+use super::params::GpuParams;
+use super::{gpu_error, Gpu};
+use crate::config::{Config, Phase};
+use crate::error::{Error, Result};
+use crate::layers::{self, Layer};
+use crate::net::{Net, Output, DATA, LABEL};
+use crate::params::{ParamSpan, Params};
+use cudarc::driver::{result as driver, sys, CudaEvent, CudaSlice, DevicePtrMut, PinnedHostSlice};
+
+/// What backward does in one phase, fixed when the net is built.
+#[derive(Debug)]
+struct BackwardPlan {
+    /// Per layer, per bottom: how its gradient is written.
+    grads: Vec<Vec<Grad>>,
+    /// Blobs whose diff is zeroed before backward: they need a gradient and do not get it from
+    /// exactly one overwriting layer.
+    zero: Vec<usize>,
+    /// Tops of layers with a loss weight, and the weight their diff starts with.
+    loss_tops: Vec<(usize, f32)>,
+    /// Layers with learnable tensors whose backward does not run in this phase: a backward
+    /// that overwrites the parameter gradient zeroes theirs instead.
+    idle_param_layers: Vec<usize>,
+}
+
+impl BackwardPlan {
+    fn new(graph: &Net, phase: Phase, params: &[ParamSpan]) -> BackwardPlan {
+        let blobs = graph.blob_count();
+        let mut contributors = vec![0usize; blobs];
+        let mut is_loss_top = vec![false; blobs];
+        let mut loss_tops = Vec::new();
+        for i in 0..graph.len() {
+            let node = graph.node(i);
+            if !node.runs_in(phase) {
+                continue;
+            }
+            if node.loss_weight != 0.0 {
+                for &t in node.tops {
+                    is_loss_top[t] = true;
+                    loss_tops.push((t, node.loss_weight));
+                }
+            }
+            if node.needs_backward {
+                for (&b, &p) in node.bottoms.iter().zip(node.propagate_down) {
+                    contributors[b] += p as usize;
+                }
+            }
+        }
+        let grads = (0..graph.len())
+            .map(|i| {
+                let node = graph.node(i);
+                let runs = node.runs_in(phase) && node.needs_backward;
+                node.bottoms
+                    .iter()
+                    .zip(node.propagate_down)
+                    .map(
+                        |(&b, &p)| match (runs && p, contributors[b], is_loss_top[b]) {
+                            (false, _, _) => Grad::Skip,
+                            (true, 1, false) => Grad::Overwrite,
+                            _ => Grad::Accumulate,
+                        },
+                    )
+                    .collect()
+            })
+            .collect();
+        let zero = (0..blobs)
+            .filter(|&b| graph.blob_needs_grad(b) && !is_loss_top[b] && contributors[b] != 1)
+            .collect();
+        let idle_param_layers = (0..graph.len())
+            .filter(|&i| {
+                let node = graph.node(i);
+                params.iter().any(|s| s.layer == i && s.len > 0)
+                    && !(node.runs_in(phase) && node.needs_backward)
+            })
+            .collect();
+        BackwardPlan {
+            grads,
+            zero,
+            loss_tops,
+            idle_param_layers,
+        }
+    }
+}
+
+fn phase_index(phase: Phase) -> usize {
+    match phase {
+        Phase::Train => 0,
+        Phase::Test => 1,
+    }
+}
+
+/// Pinned host buffers for one batch's inputs and the event after the copy that last read them.
+/// Two alternate, so filling one never waits for the copy just enqueued from the other.
+struct Staging {
+    data: PinnedHostSlice<f32>,
+    labels: PinnedHostSlice<f32>,
+    copied: CudaEvent,
+}
+
+impl Staging {
+    fn new(gpu: &Gpu, data: usize, labels: usize) -> Result<Staging> {
+        // SAFETY: the buffers are written before any element is read.
+        let pinned = |n: usize| unsafe { gpu.ctx.alloc_pinned::<f32>(n.max(1)) };
+        Ok(Staging {
+            data: pinned(data).map_err(|e| gpu_error("allocate pinned input staging", e))?,
+            labels: pinned(labels).map_err(|e| gpu_error("allocate pinned label staging", e))?,
+            copied: gpu
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| gpu_error("create the staging event", e))?,
+        })
+    }
+}
+
+impl Drop for Staging {
+    /// Pinned memory must outlive the copy reading it.
+    fn drop(&mut self) {
+        let _ = self.copied.synchronize();
+    }
+}
+
+/// The layer graph of one replica on its GPU; see the module docs.
+pub struct GpuNet {
+    /// Wiring, phases and loss weights (built at batch 1; its layers never run).
+    graph: Net,
+    /// CPU layers used only to infer blob shapes when the batch changes.
+    shapers: Vec<Box<dyn Layer>>,
+    layers: Vec<Box<dyn GpuLayer>>,
+    blobs: Vec<GpuBlob>,
+    /// The learnable tensors and their gradient, one allocation each.
+    pub params: GpuParams,
+    record_shape: [usize; 3],
+    batch: usize,
+    /// Phase of the last forward, which backward and `outputs` follow.
+    phase: Phase,
+    plans: [BackwardPlan; 2],
+    /// Per layer, the config names of its tops.
+    top_names: Vec<Vec<String>>,
+    /// `(1)` the summed weighted loss of the last forward.
+    loss_total: CudaSlice<f32>,
+    /// `(average_loss)` per-iteration loss sums, in double.
+    loss_slots: CudaSlice<f64>,
+    /// `(outputs)` scalars gathered for one copy to the host.
+    gathered: CudaSlice<f32>,
+    staging: [Staging; 2],
+    next_staging: usize,
+    ordinal: usize,
+}
+
+/// Blob shapes for a batch of `batch` records, through the CPU layers' shape rules.
+fn infer_shapes(
+    graph: &Net,
+    shapers: &mut [Box<dyn Layer>],
+    record_shape: [usize; 3],
+    batch: usize,
+) -> Result<Vec<Vec<usize>>> {
+    let [c, h, w] = record_shape;
+    let mut shapes = vec![Vec::new(); graph.blob_count()];
+    shapes[DATA] = vec![batch, c, h, w];
+    shapes[LABEL] = vec![batch];
+    for (i, shaper) in shapers.iter_mut().enumerate() {
+        let node = graph.node(i);
+        let bottoms: Vec<&[usize]> = node.bottoms.iter().map(|&b| &shapes[b][..]).collect();
+        let tops = shaper.reshape(&bottoms)?;
+        for (&t, s) in node.tops.iter().zip(tops) {
+            shapes[t] = s;
+        }
+    }
+    Ok(shapes)
+}
+
+impl GpuNet {
+    /// Builds the net of `cfg` for records of `record_shape` (C, H, W) and batches of up to
+    /// `batch` (larger batches later reallocate), with zeroed parameters; fill them with
+    /// [`GpuNet::params_from_host`].
+    pub fn new(cfg: &Config, record_shape: [usize; 3], batch: usize, gpu: &Gpu) -> Result<GpuNet> {
+        gpu.bind()?;
+        let (graph, layout) = Net::build(cfg, record_shape, 1)?;
+        check_distinct_blobs(&graph)?;
+        let mut shapers = cfg
+            .layers
+            .iter()
+            .map(layers::build)
+            .collect::<Result<Vec<_>>>()?;
+        let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
+        check_layout(&layout.spans, &shapers)?;
+        let blobs = shapes
+            .iter()
+            .map(|s| GpuBlob::new(gpu, s, 0))
+            .collect::<Result<Vec<_>>>()?;
+        let layers = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, lc)| {
+                let bottoms: Vec<&[usize]> = graph
+                    .node(i)
+                    .bottoms
+                    .iter()
+                    .map(|&b| &shapes[b][..])
+                    .collect();
+                gpu_layers::build(gpu, lc, &bottoms)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plans = [
+            BackwardPlan::new(&graph, Phase::Train, &layout.spans),
+            BackwardPlan::new(&graph, Phase::Test, &layout.spans),
+        ];
+        let params = GpuParams::new(gpu, layout.spans)?;
+        let top_names: Vec<Vec<String>> = cfg.layers.iter().map(|lc| lc.top.clone()).collect();
+        let outputs = top_names.iter().map(Vec::len).sum::<usize>();
+        let alloc_f32 = |n: usize, what: &str| {
+            gpu.compute
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(|e| gpu_error(&format!("allocate the {what}"), e))
+        };
+        let loss_total = alloc_f32(1, "loss scalar")?;
+        let gathered = alloc_f32(outputs, "output gather buffer")?;
+        let slots = (cfg.solver.average_loss as usize).max(1);
+        let loss_slots = gpu
+            .compute
+            .alloc_zeros::<f64>(slots)
+            .map_err(|e| gpu_error("allocate the loss window", e))?;
+        let (nd, nl) = (blobs[DATA].capacity(), blobs[LABEL].capacity());
+        let staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
+        Ok(GpuNet {
+            graph,
+            shapers,
+            layers,
+            blobs,
+            params,
+            record_shape,
+            batch,
+            phase: Phase::Train,
+            plans,
+            top_names,
+            loss_total,
+            loss_slots,
+            gathered,
+            staging,
+            next_staging: 0,
+            ordinal: gpu.ordinal,
+        })
+    }
+
+    fn check_gpu(&self, gpu: &Gpu) {
+        assert_eq!(
+            gpu.ordinal, self.ordinal,
+            "a GpuNet built on device {} driven with device {}",
+            self.ordinal, gpu.ordinal
+        );
+    }
+
+    /// The CPU net whose wiring this net runs (built at batch 1; for inspection).
+    pub fn graph(&self) -> &Net {
+        &self.graph
+    }
+
+    /// Current batch size.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Number of blobs (inputs included), indexed as in [`GpuNet::graph`].
+    pub fn blob_count(&self) -> usize {
+        self.blobs.len()
+    }
+
+    /// Blob `b` (blob 0 is `data`, blob 1 `label`).
+    pub fn blob(&self, b: usize) -> &GpuBlob {
+        &self.blobs[b]
+    }
+
+    /// Sets the batch size of the next passes. Shrinking only changes logical shapes; growing
+    /// past the largest batch so far reallocates (and synchronises to do so safely).
+    pub fn set_batch(&mut self, gpu: &Gpu, batch: usize) -> Result<()> {
+        self.check_gpu(gpu);
+        if batch == self.batch {
+            return Ok(());
+        }
+        let shapes = infer_shapes(&self.graph, &mut self.shapers, self.record_shape, batch)?;
+        for (blob, s) in self.blobs.iter_mut().zip(&shapes) {
+            blob.reshape(gpu, s)?;
+        }
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let bottoms: Vec<&[usize]> = self
+                .graph
+                .node(i)
+                .bottoms
+                .iter()
+                .map(|&b| &shapes[b][..])
+                .collect();
+            layer.reshape(gpu, &bottoms)?;
+        }
+        let (nd, nl) = (self.blobs[DATA].capacity(), self.blobs[LABEL].capacity());
+        if self.staging[0].data.len() < nd || self.staging[0].labels.len() < nl {
+            // The old staging buffers may still be read by enqueued copies.
+            gpu.synchronize()?;
+            self.staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
+        }
+        self.batch = batch;
+        Ok(())
+    }
+
+    /// Copies a batch in: `data` (N, C, H, W) and `labels` (N) for the current batch N.
+    ///
+    /// The host slices are copied into one of two pinned staging buffers (waiting, if need be,
+    /// for the copy enqueued from that buffer two loads ago), and from there to the device
+    /// asynchronously on the compute stream, so the caller may reuse its buffers at once and the
+    /// copy overlaps whatever the host does next.
+    ///
+    /// # Panics
+    /// If the lengths do not match the current batch.
+    pub fn load_batch(&mut self, gpu: &Gpu, data: &[f32], labels: &[f32]) -> Result<()> {
+        self.check_gpu(gpu);
+        gpu.bind()?;
+        let (nd, nl) = (self.blobs[DATA].count(), self.blobs[LABEL].count());
+        assert_eq!(
+            data.len(),
+            nd,
+            "load_batch: data for a batch of {}",
+            self.batch
+        );
+        assert_eq!(
+            labels.len(),
+            nl,
+            "load_batch: labels for a batch of {}",
+            self.batch
+        );
+        let st = &mut self.staging[self.next_staging];
+        self.next_staging ^= 1;
+        st.copied
+            .synchronize()
+            .map_err(|e| gpu_error("wait for the previous input copy", e))?;
+        let map_err = |e| gpu_error("map pinned input staging", e);
+        st.data.as_mut_slice().map_err(map_err)?[..nd].copy_from_slice(data);
+        st.labels.as_mut_slice().map_err(map_err)?[..nl].copy_from_slice(labels);
+        let stream = &gpu.compute;
+        for (src, blob) in [(&st.data, DATA), (&st.labels, LABEL)] {
+            let n = if blob == DATA { nd } else { nl };
+            let src = src.as_slice().map_err(map_err)?;
+            let (dst, _record) = self.blobs[blob].data.device_ptr_mut(stream);
+            // SAFETY: `dst` holds at least `n` floats (the blob's count); the pinned source stays
+            // alive and unwritten until `copied`, recorded below, has completed.
+            unsafe { driver::memcpy_htod_async(dst, &src[..n], stream.cu_stream()) }
+                .map_err(|e| gpu_error("copy a batch to the device", e))?;
+        }
+        st.copied
+            .record(stream)
+            .map_err(|e| gpu_error("record the input copy", e))
+    }
+
+    /// Runs the layers of `phase` forward and leaves the summed weighted loss of its loss layers
+    /// in [`GpuNet::loss_device`]; loss and accuracy tops stay on the device until
+    /// [`GpuNet::outputs`].
+    pub fn forward(&mut self, gpu: &Gpu, phase: Phase) -> Result<()> {
+        self.check_gpu(gpu);
+        gpu.bind()?;
+        let mut reset = true;
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let node = self.graph.node(i);
+            if !node.runs_in(phase) {
+                continue;
+            }
+            let params = self.params.data.slice(self.params.layer_range(i));
+            layer.forward(gpu, &mut self.blobs, node.bottoms, node.tops, &params)?;
+            if node.is_loss {
+                for &t in node.tops {
+                    gpu.kernels.weighted_sum(
+                        &gpu.compute,
+                        &self.blobs[t].data,
+                        node.loss_weight,
+                        &mut self.loss_total,
+                        reset,
+                    )?;
+                    reset = false;
+                }
+            }
+        }
+        if reset {
+            gpu.kernels
+                .fill(&gpu.compute, &mut self.loss_total, 0.0, 1)?;
+        }
+        self.phase = phase;
+        Ok(())
+    }
+
+    /// `(1)`: the sum over the last forward's loss layers of `loss_weight · loss`, on the device.
+    pub fn loss_device(&self) -> &CudaSlice<f32> {
+        &self.loss_total
+    }
+
+    /// Adds the last forward's loss into slot `slot` of the loss window (`first`: the pass is
+    /// the first of its iteration, which resets the slot). On the device.
+    pub fn add_loss_to_slot(&mut self, gpu: &Gpu, slot: usize, first: bool) -> Result<()> {
+        self.check_gpu(gpu);
+        gpu.kernels.loss_slot(
+            &gpu.compute,
+            &self.loss_total,
+            &mut self.loss_slots,
+            slot,
+            first,
+        )
+    }
+
+    /// The loss window: one slot per iteration of `average_loss`, each the sum of that
+    /// iteration's sub-batch losses. Synchronises.
+    pub fn loss_window(&self, gpu: &Gpu) -> Result<Vec<f64>> {
+        self.check_gpu(gpu);
+        let v = gpu
+            .compute
+            .clone_dtoh(&self.loss_slots)
+            .map_err(|e| gpu_error("copy the loss window to the host", e))?;
+        gpu.synchronize()?;
+        Ok(v)
+    }
+
+    /// Runs backward through the layers of the last forward's phase in reverse order,
+    /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
+    /// backward is enqueued (an event recorded on the compute stream there marks its parameter
+    /// gradients complete).
+    pub fn backward(&mut self, gpu: &Gpu, on_layer_done: &mut dyn FnMut(usize)) -> Result<()> {
+        self.run_backward(gpu, Grad::Accumulate, on_layer_done)
+    }
+
+    /// [`GpuNet::backward`] for the first (or only) sub-batch of an iteration: it writes
+    /// `params.diff` instead of accumulating into it — every element, zeros for tensors whose
+    /// layer has no backward in this phase — so the caller skips
+    /// [`GpuParams::zero_grad`] (one pass over the gradient less, and the weight-gradient GEMMs
+    /// do not read the old gradient).
+    pub fn backward_first(
+        &mut self,
+        gpu: &Gpu,
+        on_layer_done: &mut dyn FnMut(usize),
+    ) -> Result<()> {
+        self.run_backward(gpu, Grad::Overwrite, on_layer_done)
+    }
+
+    fn run_backward(
+        &mut self,
+        gpu: &Gpu,
+        param_grad: Grad,
+        on_layer_done: &mut dyn FnMut(usize),
+    ) -> Result<()> {
+        self.check_gpu(gpu);
+        gpu.bind()?;
+        let phase = self.phase;
+        let plan = &self.plans[phase_index(phase)];
+        for &b in &plan.zero {
+            let blob = &mut self.blobs[b];
+            let n = blob.count();
+            gpu.compute
+                .memset_zeros(&mut blob.diff.slice_mut(..n))
+                .map_err(|e| gpu_error("zero an activation gradient", e))?;
+        }
+        for &(t, w) in &plan.loss_tops {
+            let blob = &mut self.blobs[t];
+            let n = blob.count();
+            gpu.kernels.fill(&gpu.compute, &mut blob.diff, w, n)?;
+        }
+        if param_grad == Grad::Overwrite {
+            for &i in &plan.idle_param_layers {
+                let range = self.params.layer_range(i);
+                gpu.compute
+                    .memset_zeros(&mut self.params.diff.slice_mut(range))
+                    .map_err(|e| gpu_error("zero an idle layer's gradient", e))?;
+            }
+        }
+        for (i, layer) in self.layers.iter_mut().enumerate().rev() {
+            let node = self.graph.node(i);
+            if !node.runs_in(phase) || !node.needs_backward {
+                continue;
+            }
+            let range = self.params.layer_range(i);
+            let data = self.params.data.slice(range.clone());
+            let mut diff = self.params.diff.slice_mut(range);
+            layer.backward(
+                gpu,
+                &mut self.blobs,
+                node.bottoms,
+                node.tops,
+                &plan.grads[i],
+                &data,
+                param_grad,
+                &mut diff,
+            )?;
+            on_layer_done(i);
+        }
+        Ok(())
+    }
+
+    /// The loss and accuracy outputs of the last forward, in the order of the CPU net's
+    /// `forward`: the tops of its loss layers and of layers without backward. Synchronises.
+    pub fn outputs(&mut self, gpu: &Gpu) -> Result<Vec<Output>> {
+        self.check_gpu(gpu);
+        let mut outputs = Vec::new();
+        for i in 0..self.layers.len() {
+            let node = self.graph.node(i);
+            let reported = node.is_loss || !node.has_backward;
+            if !node.runs_in(self.phase) || !reported {
+                continue;
+            }
+            for (j, &t) in node.tops.iter().enumerate() {
+                let k = outputs.len();
+                gpu.compute
+                    .memcpy_dtod(
+                        &self.blobs[t].data.slice(..1),
+                        &mut self.gathered.slice_mut(k..k + 1),
+                    )
+                    .map_err(|e| gpu_error("gather an output", e))?;
+                outputs.push(Output {
+                    name: self.top_names[i][j].clone(),
+                    value: 0.0,
+                    is_loss: node.is_loss,
+                });
+            }
+        }
+        if outputs.is_empty() {
+            return Ok(outputs);
+        }
+        let values = gpu
+            .compute
+            .clone_dtoh(&self.gathered.slice(..outputs.len()))
+            .map_err(|e| gpu_error("copy the outputs to the host", e))?;
+        gpu.synchronize()?;
+        for (o, v) in outputs.iter_mut().zip(values) {
+            o.value = v;
+        }
+        Ok(outputs)
+    }
+
+    /// A host copy of the parameters and their gradient. Synchronises.
+    pub fn params_to_host(&self, gpu: &Gpu) -> Result<Params> {
+        self.check_gpu(gpu);
+        self.params.to_host(gpu)
+    }
+
+    /// Replaces the device parameters (and the gradient, unless `params.diff` is empty) by the
+    /// host's, which must have this net's layout.
+    pub fn params_from_host(&mut self, gpu: &Gpu, params: &Params) -> Result<()> {
+        self.check_gpu(gpu);
+        if params.spans.len() != self.params.spans.len()
+            || params
+                .spans
+                .iter()
+                .zip(&self.params.spans)
+                .any(|(a, b)| a.full_name != b.full_name || a.shape != b.shape)
+        {
+            return Err(Error::Comm(
+                "CUDA: host parameters of another layout than the net's".into(),
+            ));
+        }
+        self.params.copy_from_host(gpu, params)
+    }
+}
+
+/// Checks that no layer names one blob twice among its bottoms and tops (layers borrow them
+/// disjointly).
+fn check_distinct_blobs(graph: &Net) -> Result<()> {
+    for i in 0..graph.len() {
+        let node = graph.node(i);
+        let mut all: Vec<usize> = node.bottoms.iter().chain(node.tops).copied().collect();
+        all.sort_unstable();
+        if all.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::net(
+                node.name,
+                "the CUDA backend needs a layer's bottoms to be distinct blobs",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the learnable tensors' shapes at the real batch are those of the layout built at
+/// batch 1 (they differ only for a layer whose features include the batch axis).
+fn check_layout(spans: &[ParamSpan], shapers: &[Box<dyn Layer>]) -> Result<()> {
+    let mut s = spans.iter();
+    for shaper in shapers {
+        for spec in shaper.param_specs() {
+            let span = s.next().expect("the layout has every layer's tensors");
+            if span.shape != spec.shape {
+                let layer = span.full_name.split('.').next().unwrap_or("");
+                return Err(Error::net(
+                    layer,
+                    format!(
+                        "learnable tensor `{}` changes shape with the batch ({:?} at batch 1, \
+                         {:?} at the configured batch); the CUDA backend needs fixed shapes",
+                        span.full_name, span.shape, spec.shape
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,238 @@
+//! `GpuSolver`: `crate::solver::Solver` on the device — the same update rules (SGD, Nesterov,
+//! AdaGrad, RMSProp, Adam), the same order of steps (normalise by `iter_size`, clip by the global
+//! L2 norm, L2/L1 decay with `decay_mult`, rule with `lr · lr_mult`), the same formulas operation
+//! for operation, and the learning rate from `crate::solver::learning_rate`. History buffers live
+//! on the device in the flat layout of the parameters.
+//!
+//! [`GpuSolver::apply`] enqueues at most three kernels and never synchronises: with clipping, the
+//! squared norm is reduced on the device (per-block partial sums in double, then one block), and
+//! the resulting scale factor stays in device memory where the update kernel reads it. The
+//! per-tensor `lr_mult` and `decay_mult` sit in small device tables built once, so one launch
+//! updates every tensor.
+
+use super::params::GpuParams;
+use super::{gpu_error, Gpu};
+use crate::config::{Regularization, SolverConfig, SolverType};
+use crate::cuda::kernels::{Rule, UpdateArgs};
+use crate::error::{Error, Result};
+use crate::params::ParamSpan;
+use crate::solver::{learning_rate, Solver};
+use cudarc::driver::CudaSlice;
+
+/// The update rule of one replica with its history on the device; see the module docs.
+#[derive(Debug)]
+pub struct GpuSolver {
+    cfg: SolverConfig,
+    /// Learnable floats the solver was built for.
+    n: usize,
+    /// `(n)` each: `[v]` (SGD, Nesterov), `[h]` (AdaGrad, RMSProp) or `[m, v]` (Adam), as
+    /// `Solver::history`.
+    history: Vec<CudaSlice<f32>>,
+    /// `(spans)` end offset of each tensor in the flat buffers.
+    ends: CudaSlice<i64>,
+    /// `(spans)` per-tensor multipliers.
+    lr_mult: CudaSlice<f32>,
+    decay_mult: CudaSlice<f32>,
+    spans: usize,
+    /// `(sumsq_parts(n))` partial sums of squares for clipping.
+    partials: CudaSlice<f64>,
+    /// `(1)` the factor on the raw gradient: `1 / iter_size`, times the clipping factor.
+    scale: CudaSlice<f32>,
+}
+
+impl GpuSolver {
+    /// A solver for parameters laid out as `spans` (offsets and lengths as `Params::new` sets
+    /// them), with zeroed history.
+    pub fn new(gpu: &Gpu, cfg: &SolverConfig, spans: &[ParamSpan]) -> Result<GpuSolver> {
+        let n = spans.last().map_or(0, |s| s.offset + s.len);
+        let buffers = match cfg.solver_type {
+            SolverType::Adam => 2,
+            _ => 1,
+        };
+        let s = &gpu.compute;
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |e| gpu_error(&format!("allocate the solver's {what}"), e)
+        };
+        let history = (0..buffers)
+            .map(|_| s.alloc_zeros::<f32>(n.max(1)).map_err(err("history")))
+            .collect::<Result<Vec<_>>>()?;
+        let ends: Vec<i64> = spans.iter().map(|s| (s.offset + s.len) as i64).collect();
+        let lr_mult: Vec<f32> = spans.iter().map(|s| s.lr_mult).collect();
+        let decay_mult: Vec<f32> = spans.iter().map(|s| s.decay_mult).collect();
+        let table = |v: Vec<f32>| {
+            let v = if v.is_empty() { vec![0.0] } else { v };
+            s.clone_htod(&v).map_err(err("multiplier table"))
+        };
+        Ok(GpuSolver {
+            cfg: cfg.clone(),
+            n,
+            history,
+            ends: s
+                .clone_htod(if ends.is_empty() {
+                    &[0i64][..]
+                } else {
+                    &ends[..]
+                })
+                .map_err(err("span table"))?,
+            lr_mult: table(lr_mult)?,
+            decay_mult: table(decay_mult)?,
+            spans: spans.len(),
+            partials: s
+                .alloc_zeros::<f64>(gpu.kernels.sumsq_parts(n).max(1))
+                .map_err(err("norm partials"))?,
+            scale: s.alloc_zeros::<f32>(1).map_err(err("scale"))?,
+        })
+    }
+
+    /// The `[solver]` config this solver runs.
+    pub fn config(&self) -> &SolverConfig {
+        &self.cfg
+    }
+
+    /// Names of the history buffers, as `Solver::history_names`.
+    pub fn history_names(&self) -> &'static [&'static str] {
+        Solver::new(&self.cfg, 0).history_names()
+    }
+
+    /// Host copies of the history buffers, each `n` long. Synchronises.
+    pub fn history_to_host(&self, gpu: &Gpu) -> Result<Vec<Vec<f32>>> {
+        let out = self
+            .history
+            .iter()
+            .map(|h| {
+                gpu.compute
+                    .clone_dtoh(&h.slice(..self.n))
+                    .map_err(|e| gpu_error("copy the solver history to the host", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        gpu.synchronize()?;
+        Ok(out)
+    }
+
+    /// Replaces the history by host buffers (to restore a solver state): as many as
+    /// [`GpuSolver::history_names`], each `n` long.
+    pub fn history_from_host(&mut self, gpu: &Gpu, history: &[Vec<f32>]) -> Result<()> {
+        if history.len() != self.history.len() || history.iter().any(|h| h.len() != self.n) {
+            return Err(Error::Comm(format!(
+                "CUDA: solver history of {} buffers ({:?} floats) for {} buffers of {}",
+                history.len(),
+                history.iter().map(Vec::len).collect::<Vec<_>>(),
+                self.history.len(),
+                self.n
+            )));
+        }
+        if self.n == 0 {
+            return Ok(());
+        }
+        for (dst, src) in self.history.iter_mut().zip(history) {
+            gpu.compute
+                .memcpy_htod(&src[..], &mut dst.slice_mut(..self.n))
+                .map_err(|e| gpu_error("copy the solver history to the device", e))?;
+        }
+        Ok(())
+    }
+
+    /// Applies one update of iteration `iter` (0-based) to `params` and returns the learning
+    /// rate it used — `Solver::apply` step for step (its docs give the formulas). On entry
+    /// `params.diff` holds the gradient summed over the `iter_size` sub-batches and averaged
+    /// over the replicas; on return it holds the effective gradient (normalised, clipped,
+    /// regularised). Enqueued on the compute stream; nothing synchronises.
+    ///
+    /// # Panics
+    /// If `params` has not the length the solver was built for.
+    pub fn apply(&mut self, gpu: &Gpu, iter: u64, params: &mut GpuParams) -> Result<f32> {
+        assert_eq!(
+            params.len(),
+            self.n,
+            "GpuSolver: built for {} parameters, got {}",
+            self.n,
+            params.len()
+        );
+        let cfg = &self.cfg;
+        let lr = learning_rate(cfg, iter);
+        if self.n == 0 {
+            return Ok(lr);
+        }
+        gpu.bind()?;
+        let (k, s) = (&gpu.kernels, &gpu.compute);
+        let n = self.n;
+
+        // Steps 1 and 2: the factor on the raw diff, on the device.
+        let normalise = 1.0 / cfg.iter_size.max(1) as f64;
+        let parts = if cfg.clip_gradients > 0.0 {
+            k.sumsq_partial(s, &params.diff, n, &mut self.partials)?;
+            k.sumsq_parts(n)
+        } else {
+            0
+        };
+        k.clip_scale(
+            s,
+            &self.partials,
+            parts,
+            normalise,
+            cfg.clip_gradients as f64,
+            &mut self.scale,
+        )?;
+
+        // Steps 3 and 4, fused over every tensor.
+        let args = UpdateArgs {
+            w: &mut params.data,
+            g: &mut params.diff,
+            n,
+            ends: &self.ends,
+            lr_mult: &self.lr_mult,
+            decay_mult: &self.decay_mult,
+            spans: self.spans,
+            scale: &self.scale,
+            lr,
+            weight_decay: cfg.weight_decay,
+            l1: cfg.regularization_type == Regularization::L1,
+        };
+        let (h0, h1) = match self.history.as_mut_slice() {
+            [a] => (a, None),
+            [a, b] => (a, Some(b)),
+            _ => unreachable!("a solver has one or two history buffers"),
+        };
+        let rule = match cfg.solver_type {
+            SolverType::Sgd => Rule::Sgd {
+                momentum: cfg.momentum,
+                v: h0,
+            },
+            SolverType::Nesterov => Rule::Nesterov {
+                momentum: cfg.momentum,
+                v: h0,
+            },
+            SolverType::Adagrad => Rule::Adagrad {
+                delta: cfg.delta,
+                h: h0,
+            },
+            SolverType::Rmsprop => Rule::Rmsprop {
+                rho: cfg.rms_decay,
+                delta: cfg.delta,
+                h: h0,
+            },
+            SolverType::Adam => Rule::Adam {
+                beta1: cfg.momentum,
+                beta2: cfg.momentum2,
+                eps: cfg.delta,
+                correction: adam_correction(cfg, iter),
+                m: h0,
+                v: h1.expect("Adam has two history buffers"),
+            },
+        };
+        k.update(s, args, rule)?;
+        Ok(lr)
+    }
+}
+
+/// Adam's bias correction `√(1 − β₂ᵗ) / (1 − β₁ᵗ)` with `t = iter + 1`, computed as the CPU
+/// solver does (in f64, then rounded).
+fn adam_correction(cfg: &SolverConfig, iter: u64) -> f32 {
+    let t = iter.saturating_add(1).min(i32::MAX as u64) as i32;
+    let (b1, b2) = (cfg.momentum as f64, cfg.momentum2 as f64);
+    ((1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t))) as f32
+}
+
+#[cfg(test)]
+mod tests;
