@@ -70,6 +70,17 @@ pub struct Output {
     pub value: f32,
     /// Whether it comes from a loss layer.
     pub is_loss: bool,
+    /// The layer's `loss_weight`: the output's share of the objective is `value × loss_weight`.
+    pub loss_weight: f32,
+}
+
+/// The objective of a pass: Σ loss_weight × value over the loss outputs (Caffe's total loss).
+pub fn weighted_loss(outputs: &[Output]) -> f64 {
+    outputs
+        .iter()
+        .filter(|o| o.is_loss)
+        .map(|o| o.value as f64 * o.loss_weight as f64)
+        .sum()
 }
 
 /// The layer graph of one replica.
@@ -268,6 +279,7 @@ impl Net {
                         name: self.blob_names[ti].clone(),
                         value: t.data[0],
                         is_loss: node.layer.is_loss(),
+                        loss_weight: node.loss_weight,
                     });
                 }
             }

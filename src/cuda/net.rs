@@ -545,6 +545,7 @@ impl GpuNet {
                     name: self.top_names[i][j].clone(),
                     value: 0.0,
                     is_loss: node.is_loss,
+                    loss_weight: node.loss_weight,
                 });
             }
         }

@@ -7,7 +7,7 @@ use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
 use crate::error::Result;
 use crate::layers::Ctx;
-use crate::net::{Net, Output};
+use crate::net::{weighted_loss, Net, Output};
 use crate::params::Params;
 use crate::solver::Solver;
 
@@ -89,11 +89,7 @@ impl Engine for CpuEngine {
         debug_assert_eq!(c.phase, Phase::Train);
         let ctx = layer_ctx(&self.cpu, self.seed, c);
         let outputs = self.net.forward(&ctx, &mut self.params);
-        let loss: f64 = outputs
-            .iter()
-            .filter(|o| o.is_loss)
-            .map(|o| o.value as f64)
-            .sum();
+        let loss = weighted_loss(&outputs);
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
         Ok(())

@@ -11,6 +11,7 @@ use crate::config::{Phase, Plan};
 use crate::data::{self, Augment, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
+use crate::net::weighted_loss;
 use crate::snapshot;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -246,11 +247,7 @@ impl<E: Engine> P2PSync<E> {
                 SharedScores::new(names.clone())
             });
             sc.add(0, n as f64);
-            let loss: f64 = outputs
-                .iter()
-                .filter(|o| o.is_loss)
-                .map(|o| o.value as f64)
-                .sum();
+            let loss = weighted_loss(&outputs);
             sc.add(1, loss * n as f64);
             for (i, o) in outputs.iter().filter(|o| !o.is_loss).enumerate() {
                 // Accuracy tops are fractions of the batch: back to exact counts.
