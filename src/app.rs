@@ -9,6 +9,8 @@ use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use crate::metrics::MetricsLog;
 use crate::net::Net;
+use crate::config::BackendKind;
+use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
 use crate::params::Params;
 use crate::snapshot;
@@ -59,21 +61,16 @@ struct Prepared {
     plan: Arc<Plan>,
     data: DataSplit,
     initial: Params,
+    devices: Devices,
 }
 
-fn prepare(opts: &Options, world_size: usize) -> Result<Prepared> {
+fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     let (cfg, source) = match &opts.config {
         Some(path) => config::load(path, &opts.sets)?,
         None => config::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
     };
-    if cfg.cluster.backend == config::BackendKind::Cuda {
-        return Err(Error::Config {
-            file: source.path.display().to_string(),
-            pos: None,
-            key: "cluster.backend".into(),
-            msg: "this build has no CUDA backend; use \"cpu\" (or \"auto\")".into(),
-        });
-    }
+    let devices = choose_devices(&cfg, &source, boot)?;
+    let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
     let (_, mut initial) = Net::build(
@@ -89,7 +86,78 @@ fn prepare(opts: &Options, world_size: usize) -> Result<Prepared> {
         plan: Arc::new(plan),
         data,
         initial,
+        devices,
     })
+}
+
+/// The backend this rank runs on. `cuda` needs a GPU for every local replica: node-local rank ×
+/// replicas_per_rank + i among the devices `CUDA_VISIBLE_DEVICES` leaves; `auto` takes the GPUs
+/// when there are enough, else the CPU (and says so).
+fn choose_devices(cfg: &config::Config, source: &config::Source, boot: &Bootstrap) -> Result<Devices> {
+    let k = cfg.cluster.replicas_per_rank;
+    let cpu = Devices::Cpu {
+        threads_per_replica: threads_per_replica(cfg, boot),
+    };
+    let wanted = cfg.cluster.backend;
+    if wanted == BackendKind::Cpu {
+        return Ok(cpu);
+    }
+    let count = if crate::cuda::available() {
+        crate::cuda::device_count()?
+    } else {
+        0
+    };
+    let needed = boot.local_size * k;
+    if count >= needed {
+        return Ok(Devices::Cuda {
+            first_ordinal: boot.local_rank * k,
+            nccl_id: [0; 128],
+        });
+    }
+    let node = hostname();
+    let why = format!(
+        "node {node} hosts {} rank(s) × {k} replica(s) = {needed} replicas but has {count} usable GPU(s)",
+        boot.local_size
+    );
+    if wanted == BackendKind::Auto {
+        if boot.rank == 0 {
+            tracing::info!("backend \"auto\": {why}; training on the CPU");
+        }
+        return Ok(cpu);
+    }
+    Err(source.error("cluster.backend", format!("\"cuda\": {why}")))
+}
+
+/// This node's name, for messages.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "(unknown host)".into()
+    }
+}
+
+/// Global rank 0 makes the NCCL unique id; MPI broadcasts its 128 bytes to every rank.
+fn share_nccl_id(boot: &Bootstrap) -> std::result::Result<[std::ffi::c_char; 128], i32> {
+    let made = if boot.rank == 0 {
+        cudarc::nccl::Id::new()
+            .map(|id| *id.internal())
+            .map_err(|e| Error::Comm(format!("NCCL ncclGetUniqueId: {e:?}")))
+    } else {
+        Ok([0; 128])
+    };
+    let id = boot.agree(made)?;
+    let mut bytes: Vec<u8> = id.iter().map(|&c| c as u8).collect();
+    boot.broadcast_bytes(&mut bytes, 0);
+    let mut out = [0 as std::ffi::c_char; 128];
+    for (o, b) in out.iter_mut().zip(bytes) {
+        *o = b as std::ffi::c_char;
+    }
+    Ok(out)
 }
 
 /// The output directory: `--output`, or `runs/<config stem>/`.
@@ -132,11 +200,11 @@ fn progress_bar(max_iter: u64) -> Option<indicatif::ProgressBar> {
 }
 
 /// GEMM threads per replica: the config's, or the node's cores shared among its replicas.
-fn threads_per_replica(plan: &Plan, boot: &Bootstrap) -> usize {
-    match plan.config.cluster.threads_per_replica {
+fn threads_per_replica(cfg: &config::Config, boot: &Bootstrap) -> usize {
+    match cfg.cluster.threads_per_replica {
         0 => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cores / (boot.local_size * plan.replicas_per_rank)).max(1)
+            (cores / (boot.local_size * cfg.cluster.replicas_per_rank)).max(1)
         }
         n => n,
     }
@@ -152,7 +220,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         }
     };
     crate::logging::init(boot.rank, boot.size);
-    let prepared = match boot.agree(prepare(&opts, boot.size)) {
+    let prepared = match boot.agree(prepare(&opts, &boot)) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -171,13 +239,21 @@ pub fn run(action: Action, opts: Options) -> i32 {
         return code;
     }
     let plan = prepared.plan.clone();
-    let threads = threads_per_replica(&plan, &boot);
+    let devices_line = match prepared.devices {
+        Devices::Cpu { threads_per_replica } => {
+            format!("cpu, {threads_per_replica} GEMM thread(s) per replica")
+        }
+        Devices::Cuda { first_ordinal, .. } => format!(
+            "cuda, rank 0's replicas on GPUs {}..{} ({:?} math, {:?} reduce)",
+            first_ordinal,
+            first_ordinal + plan.replicas_per_rank,
+            plan.config.cluster.math,
+            plan.config.cluster.reduce
+        ),
+    };
     let extra = [
         ("parameters", prepared.initial.len().to_string()),
-        (
-            "devices",
-            format!("cpu, {threads} GEMM thread(s) per replica"),
-        ),
+        ("devices", devices_line),
     ];
     if let Action::Check = action {
         if boot.rank == 0 {
@@ -211,11 +287,18 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
+    let mut devices = prepared.devices;
+    if let Devices::Cuda { nccl_id, .. } = &mut devices {
+        match share_nccl_id(&boot) {
+            Ok(id) => *nccl_id = id,
+            Err(code) => return code,
+        }
+    }
     let manager = P2PManager {
         plan: plan.clone(),
         data: prepared.data,
         initial: Arc::new(prepared.initial),
-        threads_per_replica: threads,
+        devices,
     };
     let mode = match action {
         Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },

@@ -80,3 +80,5 @@ const _: fn() = || {
 pub(crate) fn gpu_error(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Comm(format!("CUDA {op}: {e}"))
 }
+pub mod engine;
+pub mod bucket;

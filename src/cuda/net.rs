@@ -25,7 +25,7 @@
 //! net.load_batch(&gpu, data, labels)?;
 //! net.forward(&gpu, Phase::Train)?;
 //! net.add_loss_to_slot(&gpu, 0, true)?;
-//! net.backward(&gpu, &mut |_layer| {})?;
+//! net.backward(&gpu, &mut |_layer, _diff| {})?;
 //! let window = net.loss_window(&gpu)?; // synchronises
 //! # Ok(()) }
 //! ```
@@ -452,7 +452,7 @@ impl GpuNet {
     /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
     /// backward is enqueued (an event recorded on the compute stream there marks its parameter
     /// gradients complete).
-    pub fn backward(&mut self, gpu: &Gpu, on_layer_done: &mut dyn FnMut(usize)) -> Result<()> {
+    pub fn backward(&mut self, gpu: &Gpu, on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>)) -> Result<()> {
         self.run_backward(gpu, Grad::Accumulate, on_layer_done)
     }
 
@@ -464,7 +464,7 @@ impl GpuNet {
     pub fn backward_first(
         &mut self,
         gpu: &Gpu,
-        on_layer_done: &mut dyn FnMut(usize),
+        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
     ) -> Result<()> {
         self.run_backward(gpu, Grad::Overwrite, on_layer_done)
     }
@@ -473,7 +473,7 @@ impl GpuNet {
         &mut self,
         gpu: &Gpu,
         param_grad: Grad,
-        on_layer_done: &mut dyn FnMut(usize),
+        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
     ) -> Result<()> {
         self.check_gpu(gpu);
         gpu.bind()?;
@@ -504,20 +504,22 @@ impl GpuNet {
             if !node.runs_in(phase) || !node.needs_backward {
                 continue;
             }
-            let range = self.params.layer_range(i);
-            let data = self.params.data.slice(range.clone());
-            let mut diff = self.params.diff.slice_mut(range);
-            layer.backward(
-                gpu,
-                &mut self.blobs,
-                node.bottoms,
-                node.tops,
-                &plan.grads[i],
-                &data,
-                param_grad,
-                &mut diff,
-            )?;
-            on_layer_done(i);
+            {
+                let range = self.params.layer_range(i);
+                let data = self.params.data.slice(range.clone());
+                let mut diff = self.params.diff.slice_mut(range);
+                layer.backward(
+                    gpu,
+                    &mut self.blobs,
+                    node.bottoms,
+                    node.tops,
+                    &plan.grads[i],
+                    &data,
+                    param_grad,
+                    &mut diff,
+                )?;
+            }
+            on_layer_done(i, &mut self.params.diff);
         }
         Ok(())
     }

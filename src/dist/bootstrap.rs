@@ -107,6 +107,12 @@ impl Bootstrap {
             .all_reduce_into(&send[..], values, SystemOperation::sum());
     }
 
+    /// Copies `buf` of process `root` into every process's `buf` (the NCCL unique id).
+    pub fn broadcast_bytes(&self, buf: &mut [u8], root: usize) {
+        use mpi::collective::Root;
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+    }
+
     /// Waits for every process.
     pub fn barrier(&self) {
         self.world.barrier();

@@ -1,11 +1,14 @@
 //! `P2PManager`: one per process. Owns the resolved plan, the data and the initial parameters,
-//! starts one `P2PSync` thread per local replica with its `Communicator`, joins them and reports.
-//! A replica that fails ends the whole job (its peers may be waiting in a collective).
+//! starts one `P2PSync` thread per local replica with its engine (CPU, or a GPU with an NCCL
+//! communicator), joins them and reports. A replica that fails ends the whole job (its peers may
+//! be waiting in a collective).
 
 use super::cpu_engine::CpuEngine;
+use super::engine::Engine;
 use super::sync::{Outputs, P2PSync, ReplicaReport};
 use crate::backend::Cpu;
 use crate::config::Plan;
+use crate::cuda::engine::GpuEngine;
 use crate::data::DataSplit;
 use crate::dist::bootstrap::{abort_job, report_error};
 use crate::dist::local::LocalGroup;
@@ -24,14 +27,40 @@ pub enum Mode {
 /// The outcome of a run, as seen by this process's first replica.
 pub type RunReport = ReplicaReport;
 
+/// Where the replicas of this process compute.
+#[derive(Debug, Clone, Copy)]
+pub enum Devices {
+    /// The CPU, with this many GEMM threads per replica.
+    Cpu { threads_per_replica: usize },
+    /// GPUs `first_ordinal + i` for local replica `i`, joined into the NCCL clique `nccl_id`.
+    Cuda {
+        first_ordinal: usize,
+        nccl_id: [std::ffi::c_char; 128],
+    },
+}
+
 /// The per-process manager of local replicas.
 pub struct P2PManager {
     pub plan: Arc<Plan>,
     pub data: DataSplit,
     /// Parameters every replica starts from (filled from the seed or `--weights`).
     pub initial: Arc<Params>,
-    /// GEMM threads per replica.
-    pub threads_per_replica: usize,
+    pub devices: Devices,
+}
+
+/// Runs `mode` on one replica's engine.
+fn drive<E: Engine>(
+    plan: Arc<Plan>,
+    data: DataSplit,
+    engine: E,
+    out: Option<Outputs>,
+    mode: Mode,
+) -> Result<RunReport> {
+    let sync = P2PSync::new(plan, data, engine, out);
+    match mode {
+        Mode::Train => sync.train(),
+        Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
+    }
 }
 
 impl P2PManager {
@@ -47,22 +76,39 @@ impl P2PManager {
                 let data = self.data.clone();
                 let initial = self.initial.clone();
                 let group = group.clone();
-                let link = (local == 0 && boot.size > 1).then(|| boot.link());
+                let cpu_link = matches!(self.devices, Devices::Cpu { .. }) && local == 0 && boot.size > 1;
+                let link = cpu_link.then(|| boot.link());
                 let out = if local == 0 { outputs.take() } else { None };
                 let (rank, size) = (boot.rank, boot.size);
-                let cpu = Cpu::new(self.threads_per_replica);
+                let devices = self.devices;
                 std::thread::Builder::new()
                     .name(format!("p2psync-{local}"))
                     .spawn(move || {
-                        let comm = CpuComm::new(group, local, rank, size, link);
                         let universal = rank * k + local;
+                        let shape = data.train.record_shape();
                         let run = || -> Result<RunReport> {
-                            let shape = data.train.record_shape();
-                            let engine = CpuEngine::new(&plan.config, shape, comm, cpu, &initial)?;
-                            let sync = P2PSync::new(plan, data, engine, out);
-                            match mode {
-                                Mode::Train => sync.train(),
-                                Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
+                            match devices {
+                                Devices::Cpu { threads_per_replica } => {
+                                    let comm = CpuComm::new(group, local, rank, size, link);
+                                    let cpu = Cpu::new(threads_per_replica);
+                                    let engine = CpuEngine::new(&plan.config, shape, comm, cpu, &initial)?;
+                                    drive(plan, data, engine, out, mode)
+                                }
+                                Devices::Cuda { first_ordinal, nccl_id } => {
+                                    let engine = GpuEngine::new(
+                                        &plan.config,
+                                        shape,
+                                        first_ordinal + local,
+                                        universal,
+                                        size * k,
+                                        nccl_id,
+                                        &initial,
+                                    )?;
+                                    if local == 0 {
+                                        tracing::info!("replica {universal} on GPU {} ({})", first_ordinal + local, engine.device_name());
+                                    }
+                                    drive(plan, data, engine, out, mode)
+                                }
                             }
                         };
                         match run() {

@@ -173,7 +173,7 @@ fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) 
     net.add_loss_to_slot(gpu, 0, true).unwrap();
     net.add_loss_to_slot(gpu, 0, false).unwrap();
     let mut gpu_order = Vec::new();
-    net.backward(gpu, &mut |i| gpu_order.push(i)).unwrap();
+    net.backward(gpu, &mut |i, _| gpu_order.push(i)).unwrap();
     assert_eq!(gpu_order, cpu_order);
     let got = net.outputs(gpu).unwrap();
     assert_outputs(&format!("batch {n}, train"), &got, &want, n);
@@ -240,7 +240,7 @@ fn training_steps_match_cpu() {
         // holds the last step's effective gradient here.
         net.load_batch(&gpu, &data, &labels).unwrap();
         net.forward(&gpu, Phase::Train).unwrap();
-        net.backward_first(&gpu, &mut |_| {}).unwrap();
+        net.backward_first(&gpu, &mut |_, _| {}).unwrap();
         let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
         assert_eq!(gpu_lr, cpu_lr);
     }

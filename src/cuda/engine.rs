@@ -1,0 +1,250 @@
+//! `GpuEngine`: a replica on one GPU behind the `Engine` seam — the `GpuNet` with its flat
+//! device parameters, the `GpuSolver`, and an NCCL communicator on a communication stream of its
+//! own. Gradients are all-reduced (NCCL `Avg`) in the buckets of `[cluster] reduce`: during the
+//! last backward of an iteration, each bucket is launched on the communication stream as soon as
+//! the compute stream has passed the backward of the bucket's last layer (ordered by CUDA events,
+//! never by host synchronisation); before the update the compute stream waits for the last
+//! bucket.
+
+use super::bucket::{plan_buckets, Bucket};
+use super::net::GpuNet;
+use super::update::GpuSolver;
+use super::{gpu_error, Gpu};
+use crate::config::{Config, Phase, ReduceMode};
+use crate::error::{Error, Result};
+use crate::net::Output;
+use crate::params::Params;
+use crate::parallel::engine::{Engine, PassCtx};
+use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp};
+use std::sync::Arc;
+
+/// An NCCL failure as a library error (NcclError has no Display).
+fn nccl_error(op: &str, e: cudarc::nccl::result::NcclError) -> Error {
+    Error::Comm(format!("NCCL {op}: {e:?}"))
+}
+
+/// One GPU replica.
+pub struct GpuEngine {
+    gpu: Gpu,
+    net: GpuNet,
+    solver: GpuSolver,
+    comm: Comm,
+    comm_stream: Arc<CudaStream>,
+    buckets: Vec<Bucket>,
+    /// Per layer, the buckets its backward completes.
+    ready_after: Vec<Vec<usize>>,
+    /// Buckets launched during the current iteration's last backward.
+    launched: bool,
+    iter_size: u64,
+    /// Index of the current sub-batch within its iteration.
+    sub: u64,
+    scores: CudaSlice<f64>,
+}
+
+impl GpuEngine {
+    /// Opens GPU `ordinal`, builds the replica's net from `initial`, and joins the NCCL clique
+    /// `id` as universal rank `rank` of `size`. Blocks until every replica has joined; call it on
+    /// the replica's own thread (an NCCL communicator cannot move between threads).
+    pub fn new(
+        cfg: &Config,
+        record_shape: [usize; 3],
+        ordinal: usize,
+        rank: usize,
+        size: usize,
+        id: [std::ffi::c_char; 128],
+        initial: &Params,
+    ) -> Result<Self> {
+        let gpu = Gpu::new(ordinal, cfg.cluster.math)?;
+        let mut net = GpuNet::new(cfg, record_shape, cfg.data.batch_size, &gpu)?;
+        net.params_from_host(&gpu, initial)?;
+        let solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans)?;
+        let comm_stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the communication stream", e))?;
+        let comm = Comm::from_rank(comm_stream.clone(), rank, size, Id::uninit(id))
+            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        let mode = match cfg.cluster.reduce {
+            _ if size == 1 => ReduceMode::Flat,
+            m => m,
+        };
+        let buckets = plan_buckets(&net.params.spans, mode, cfg.cluster.bucket_mb);
+        let mut ready_after = vec![Vec::new(); net.graph().len()];
+        for (b, bucket) in buckets.iter().enumerate() {
+            ready_after[bucket.ready_after_layer].push(b);
+        }
+        let scores = comm_stream
+            .alloc_zeros::<f64>(64)
+            .map_err(|e| gpu_error("allocate the score buffer", e))?;
+        Ok(GpuEngine {
+            gpu,
+            net,
+            solver,
+            comm,
+            comm_stream,
+            buckets,
+            ready_after,
+            launched: false,
+            iter_size: cfg.solver.iter_size,
+            sub: 0,
+            scores,
+        })
+    }
+
+    /// Makes `waiter` wait for everything enqueued so far on `on`.
+    fn order(on: &CudaStream, waiter: &CudaStream) -> Result<()> {
+        let event = on
+            .record_event(None)
+            .map_err(|e| gpu_error("record an event", e))?;
+        waiter
+            .wait(&event)
+            .map_err(|e| gpu_error("wait for an event", e))
+    }
+
+    /// The name of the device, e.g. `NVIDIA H200`.
+    pub fn device_name(&self) -> String {
+        self.gpu.name()
+    }
+}
+
+/// Launches the all-reduce (average) of `bucket` on the communicator's stream.
+fn launch(comm: &Comm, diff: &mut CudaSlice<f32>, bucket: &Bucket) -> Result<()> {
+    let mut view = diff.slice_mut(bucket.range.clone());
+    comm.all_reduce_in_place(&mut view, &ReduceOp::Avg)
+        .map(|_| ())
+        .map_err(|e| nccl_error("all-reduce of a gradient bucket", e))
+}
+
+impl Engine for GpuEngine {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn broadcast_params(&mut self) -> Result<()> {
+        GpuEngine::order(&self.gpu.compute, &self.comm_stream)?;
+        self.comm
+            .broadcast_in_place(&mut self.net.params.data, 0)
+            .map_err(|e| nccl_error("broadcast of the parameters", e))?;
+        GpuEngine::order(&self.comm_stream, &self.gpu.compute)
+    }
+
+    fn set_batch(&mut self, n: usize) -> Result<()> {
+        self.net.set_batch(&self.gpu, n)
+    }
+
+    fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()> {
+        self.net.load_batch(&self.gpu, data, labels)
+    }
+
+    /// Nothing to do: the first backward of an iteration overwrites the gradients.
+    fn zero_grad(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn forward_train(&mut self, ctx: PassCtx, slot: usize, first: bool) -> Result<()> {
+        debug_assert_eq!(ctx.phase, Phase::Train);
+        self.sub = if first { 0 } else { self.sub + 1 };
+        self.net.forward(&self.gpu, Phase::Train)?;
+        self.net.add_loss_to_slot(&self.gpu, slot, first)
+    }
+
+    fn backward(&mut self, _ctx: PassCtx) -> Result<()> {
+        let last = self.sub + 1 == self.iter_size;
+        let first = self.sub == 0;
+        let GpuEngine {
+            gpu,
+            net,
+            comm,
+            comm_stream,
+            buckets,
+            ready_after,
+            launched,
+            ..
+        } = self;
+        let overlap = last && buckets.len() > 1;
+        let mut failure: Option<Error> = None;
+        let mut on_layer_done = |layer: usize, diff: &mut CudaSlice<f32>| {
+            if !overlap || failure.is_some() {
+                return;
+            }
+            for &b in &ready_after[layer] {
+                let r = GpuEngine::order(&gpu.compute, comm_stream)
+                    .and_then(|_| launch(comm, diff, &buckets[b]));
+                if let Err(e) = r {
+                    failure = Some(e);
+                    return;
+                }
+            }
+        };
+        if first {
+            net.backward_first(gpu, &mut on_layer_done)?;
+        } else {
+            net.backward(gpu, &mut on_layer_done)?;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        *launched = overlap;
+        Ok(())
+    }
+
+    fn forward_test(&mut self, _ctx: PassCtx) -> Result<Vec<Output>> {
+        self.net.forward(&self.gpu, Phase::Test)?;
+        self.net.outputs(&self.gpu)
+    }
+
+    fn all_reduce_gradients(&mut self) -> Result<()> {
+        if !self.launched {
+            GpuEngine::order(&self.gpu.compute, &self.comm_stream)?;
+            for b in &self.buckets {
+                launch(&self.comm, &mut self.net.params.diff, b)?;
+            }
+        }
+        self.launched = false;
+        GpuEngine::order(&self.comm_stream, &self.gpu.compute)
+    }
+
+    fn update(&mut self, iter: u64) -> Result<f32> {
+        self.solver.apply(&self.gpu, iter, &mut self.net.params)
+    }
+
+    fn loss_window(&mut self) -> Result<Vec<f64>> {
+        self.net.loss_window(&self.gpu)
+    }
+
+    fn sum_scores(&mut self, values: &mut [f64]) -> Result<()> {
+        if values.len() > self.scores.len() {
+            self.scores = self
+                .comm_stream
+                .alloc_zeros::<f64>(values.len())
+                .map_err(|e| gpu_error("allocate the score buffer", e))?;
+        }
+        let mut view = self.scores.slice_mut(..values.len());
+        self.comm_stream
+            .memcpy_htod(values, &mut view)
+            .map_err(|e| gpu_error("copy scores to the device", e))?;
+        self.comm
+            .all_reduce_in_place(&mut view, &ReduceOp::Sum)
+            .map_err(|e| nccl_error("all-reduce of scores", e))?;
+        self.comm_stream
+            .memcpy_dtoh(&view, values)
+            .map_err(|e| gpu_error("copy scores to the host", e))?;
+        self.comm_stream
+            .synchronize()
+            .map_err(|e| gpu_error("synchronise the communication stream", e))
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        let mut one = [0.0];
+        self.sum_scores(&mut one)
+    }
+
+    fn params_to_host(&mut self) -> Result<Params> {
+        self.net.params_to_host(&self.gpu)
+    }
+}
