@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# GPU correctness, then GPU timings, in one command on a GPU machine (which needs no Rust toolchain):
+#
+#   scripts/gpu/check.sh BIN_DIR OUT_DIR
+#
+# BIN_DIR holds `p2ptrain` and `p2ptrain-unittests` (the library's test binary:
+# `cargo test --release --no-run`, then copy target/release/deps/p2ptrain-<hash>); see
+# scripts/gpu/package.sh. Correctness first — the CUDA unit tests (every GPU layer and update rule
+# against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
+# np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch), all reduce modes, and CPU–GPU agreement of a
+# whole training run — then the benchmarks beside PyTorch DDP. Exits non-zero if a check fails.
+set -uo pipefail
+BIN=$(realpath "${1:?BIN_DIR}")
+OUT=$(realpath -m "${2:?OUT_DIR}")
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+MPI=(mpirun --bind-to none --oversubscribe)
+CMP="python3 scripts/gpu/compare_snapshots.py"
+failed=0
+fail() { echo "FAILED: $*" | tee -a "$OUT/summary.txt"; failed=1; }
+
+nvidia-smi -L | tee "$OUT/summary.txt"
+
+echo "== CUDA unit tests" | tee -a "$OUT/summary.txt"
+"$BIN/p2ptrain-unittests" cuda:: --test-threads=1 >"$OUT/unittests.log" 2>&1 || fail "CUDA unit tests"
+grep -E "^test result" "$OUT/unittests.log" | tee -a "$OUT/summary.txt"
+if grep -q SKIPPED "$OUT/unittests.log"; then fail "a CUDA test skipped on a GPU machine"; fi
+
+echo "== topology equivalence and reduce modes on GPUs" | tee -a "$OUT/summary.txt"
+EQ=tests/configs/equivalence.toml
+train() { # name np replicas batch backend [sets...]
+  local name=$1 np=$2 r=$3 b=$4 backend=$5; shift 5
+  local sets=(--set "data.batch_size=$b" --set "cluster.replicas_per_rank=$r" --set "cluster.backend=\"$backend\"")
+  for s in "$@"; do sets+=(--set "$s"); done
+  "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train $EQ --no-progress --output "$OUT/runs/$name" "${sets[@]}" \
+    >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
+}
+snap() { echo "$OUT/runs/$1/snapshots/equiv_iter_30.safetensors"; }
+mkdir -p "$OUT/runs"
+train gpu_1x1_b32 1 1 32 cuda
+train gpu_2x1_b16 2 1 16 cuda
+train gpu_1x2_b16 1 2 16 cuda
+train gpu_2x1_b16_flat 2 1 16 cuda 'cluster.reduce="flat"'
+train gpu_2x1_b16_layerwise 2 1 16 cuda 'cluster.reduce="layerwise"'
+train gpu_2x1_b16_tiny_buckets 2 1 16 cuda 'cluster.bucket_mb=0.001'
+train cpu_1x1_b32 1 1 32 cpu
+for other in gpu_2x1_b16 gpu_1x2_b16 gpu_2x1_b16_flat gpu_2x1_b16_layerwise gpu_2x1_b16_tiny_buckets; do
+  $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
+    || fail "$other differs"
+done
+$CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
+  || fail "GPU and CPU training differ"
+grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
+
+if [ "$failed" -ne 0 ]; then
+  echo "correctness failed: no timings" | tee -a "$OUT/summary.txt"
+  exit 1
+fi
+
+echo "== benchmarks: mlp4096, batch 512 per GPU" | tee -a "$OUT/summary.txt"
+for math in fp32 tf32; do
+  for np in 1 2; do
+    "${MPI[@]}" -np $np "$BIN/p2ptrain" bench config/mlp4096.toml --warmup 20 --iters 100 \
+      --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" >"$OUT/bench-$math-$np.log" 2>&1 \
+      || fail "bench $math np $np"
+    echo "p2ptrain $math ${np} GPU(s): $(grep '^bench:' "$OUT/bench-$math-$np.log")" | tee -a "$OUT/summary.txt"
+    if [ $np -eq 1 ]; then
+      python3 scripts/pytorch_ddp.py --batch 512 --math $math --warmup 20 --iters 100 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
+    else
+      python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --batch 512 --math $math \
+        --warmup 20 --iters 100 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
+    fi
+  done
+done
+exit $failed
