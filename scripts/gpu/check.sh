@@ -61,15 +61,15 @@ fi
 echo "== benchmarks: mlp4096, batch 512 per GPU" | tee -a "$OUT/summary.txt"
 for math in fp32 tf32; do
   for np in 1 2; do
-    "${MPI[@]}" -np $np "$BIN/p2ptrain" bench config/mlp4096.toml --warmup 20 --iters 100 \
+    "${MPI[@]}" -np $np "$BIN/p2ptrain" bench config/mlp4096.toml --warmup 30 --iters 300 \
       --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" >"$OUT/bench-$math-$np.log" 2>&1 \
       || fail "bench $math np $np"
     echo "p2ptrain $math ${np} GPU(s): $(grep '^bench:' "$OUT/bench-$math-$np.log")" | tee -a "$OUT/summary.txt"
     if [ $np -eq 1 ]; then
-      python3 scripts/pytorch_ddp.py --batch 512 --math $math --warmup 20 --iters 100 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
+      python3 scripts/pytorch_ddp.py --batch 512 --math $math --warmup 30 --iters 300 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
     else
       python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --batch 512 --math $math \
-        --warmup 20 --iters 100 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
+        --warmup 30 --iters 300 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
     fi
   done
 done

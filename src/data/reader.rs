@@ -11,11 +11,15 @@ use super::augment::Augment;
 use super::order::{micro_batch_positions, TrainOrder};
 use super::{record_size, RecordSource};
 use crate::error::{Error, Result};
+use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+/// Floats per batch from which records are filled in parallel.
+const PARALLEL_FILL_MIN: usize = 1 << 17;
 
 /// One replica's part of a training micro-batch.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,19 +51,30 @@ pub fn fill_train_batch(
 ) -> u64 {
     let size = record_size(source);
     let shape = source.record_shape();
-    let mut scratch = Vec::new();
     let positions = micro_batch_positions(m, batch, rank, replicas);
     data.resize(batch * size, 0.0);
     labels.resize(batch, 0.0);
     let first = positions.start;
-    for ((p, out), label) in positions
-        .zip(data.chunks_exact_mut(size))
-        .zip(labels.iter_mut())
-    {
-        let rec = order.record(p);
-        source.fill(rec, out);
-        augment.apply(p, shape, out, &mut scratch);
-        *label = source.label(rec) as f32;
+    let records: Vec<(u64, usize)> = positions.map(|p| (p, order.record(p))).collect();
+    let fill = |((p, rec), out): (&(u64, usize), &mut [f32]), scratch: &mut Vec<f32>| {
+        source.fill(*rec, out);
+        augment.apply(*p, shape, out, scratch);
+    };
+    if batch * size >= PARALLEL_FILL_MIN {
+        // Large batches (a GPU's): the records are independent, fill them on all cores.
+        records
+            .par_iter()
+            .zip(data.par_chunks_exact_mut(size))
+            .for_each_init(Vec::new, |scratch, job| fill(job, scratch));
+    } else {
+        let mut scratch = Vec::new();
+        records
+            .iter()
+            .zip(data.chunks_exact_mut(size))
+            .for_each(|job| fill(job, &mut scratch));
+    }
+    for (label, (_, rec)) in labels.iter_mut().zip(&records) {
+        *label = source.label(*rec) as f32;
     }
     first
 }
