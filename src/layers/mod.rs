@@ -77,6 +77,17 @@ pub trait Layer: Send {
     );
 }
 
+/// The top shapes of an elementwise layer: one bottom `(N, ...)`, one top of the same shape.
+pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+    match bottoms {
+        [shape] => Ok(vec![shape.to_vec()]),
+        _ => Err(crate::error::Error::net(
+            layer,
+            format!("takes 1 bottom, got {}", bottoms.len()),
+        )),
+    }
+}
+
 /// Builds the layer a validated `[[layer]]` table describes.
 pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
     Ok(match cfg.kind {

@@ -2,8 +2,8 @@
 //! ReLU; `negative_slope` defaults to 0). Bottom and top have the same shape `(N, ...)`.
 
 use crate::config::LayerConfig;
-use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::error::Result;
+use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
 
 /// The rectifier; see the module docs.
@@ -40,13 +40,7 @@ impl Layer for Relu {
 
     /// One bottom `(N, ...)`; the top has its shape.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        match bottoms {
-            [shape] => Ok(vec![shape.to_vec()]),
-            _ => Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            )),
-        }
+        elementwise_shape(&self.name, bottoms)
     }
 
     fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {

@@ -2,8 +2,8 @@
 //! same shape `(N, ...)`.
 
 use crate::config::LayerConfig;
-use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::error::Result;
+use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
 
 /// The logistic function; see the module docs.
@@ -36,13 +36,7 @@ impl Layer for Sigmoid {
 
     /// One bottom `(N, ...)`; the top has its shape.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        match bottoms {
-            [shape] => Ok(vec![shape.to_vec()]),
-            _ => Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            )),
-        }
+        elementwise_shape(&self.name, bottoms)
     }
 
     /// Saturates to exactly 0 and 1 for large |x|, never NaN.
