@@ -1,85 +1,195 @@
 #!/usr/bin/env python3
-"""PyTorch DDP yardstick for p2ptrain's GPU benchmarks, on the same machine in the same call.
+"""PyTorch DDP yardstick for p2ptrain's GPU figures: the same workload, trained the idiomatic PyTorch
+way, timed the same way, so that `p2ptrain bench` numbers have a reference beside them.
 
-Workload `mlp4096`: MLP 784-4096-4096-4096-10 with ReLU, softmax cross-entropy, SGD momentum 0.9,
-synthetic data already on the GPU (PyTorch's best case: no data loading at all), `--batch` per GPU.
-One process per GPU through DDP (default bucket size); with a single process it runs the plain
-model, without the DDP wrapper, to be fair to PyTorch.
+Workload `mlp4096` (as config/mlp4096.toml): an MLP 784-4096-4096-4096-10 with ReLU, softmax
+cross-entropy, SGD with momentum 0.9 (lr 0.01), `--batch` samples per GPU of synthetic MNIST-shaped
+data generated once on the GPU (so that no input pipeline is measured), FP32 weights and
+gradients; `--math tf32` lets the matrix products use TF32 tensor cores.
 
-    python3 scripts/pytorch_ddp.py --batch 512 --math fp32                       # 1 GPU
-    python3 -m torch.distributed.run --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512 --math tf32
+How to run (one process per GPU; nothing beyond PyTorch is needed, no network):
 
-Prints one JSON line on rank 0: {"framework", "workload", "gpus", "batch_per_gpu", "math",
-"samples_per_sec", "step_ms"}, timed with CUDA synchronisation after `--warmup` untimed steps.
+    python3 scripts/pytorch_ddp.py --batch 512 --math fp32                  # 1 GPU, no DDP wrapper
+    torchrun --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512 --math tf32
+    python3 -m torch.distributed.run --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512
+
+What it measures: `--warmup` untimed steps, then `--iters` timed steps between two
+`torch.cuda.synchronize()` calls (all ranks start together after a barrier); a step is forward,
+loss, zero_grad, backward (with DDP's bucketed gradient all-reduce, default 25 MiB buckets,
+overlapped with backward) and the optimizer update. The time is the slowest rank's. With one process
+the model is not wrapped in DDP at all, so the 1-GPU figure is plain PyTorch, not DDP's overhead.
+
+Output: one JSON line on rank 0, e.g.
+    {"framework": "pytorch 2.11.0+cu130 DDP", "workload": "mlp4096", "gpus": 2, "batch_per_gpu": 512,
+     "global_batch": 1024, "math": "fp32", "samples_per_sec": 305962.0, "step_ms": 3.347, ...}
+where samples_per_sec = iters x global batch / seconds (global, over every GPU) and step_ms =
+seconds / iters.
+
+NCCL_NVLS_ENABLE defaults to 0 here (NVLink multicast can take shared GPUs out of service); set it
+in the environment to override.
 """
+
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
+
+# Workloads: name -> (input features, hidden layer widths, classes).
+WORKLOADS = {
+    "mlp4096": (784, [4096, 4096, 4096], 10),
+}
+
+# Distinct synthetic batches cycled through during the run (all resident on the GPU).
+DATA_POOL = 4
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="mlp4096", choices=["mlp4096"])
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--math", default="fp32", choices=["fp32", "tf32"])
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--iters", type=int, default=100)
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="PyTorch DDP training throughput (samples/s) for comparison with p2ptrain",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp4096")
+    ap.add_argument("--batch", type=int, default=512, help="samples per GPU per step")
+    ap.add_argument("--math", choices=["fp32", "tf32"], default="fp32",
+                    help="fp32: IEEE FP32 matrix products; tf32: TF32 tensor cores")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps")
+    ap.add_argument("--iters", type=int, default=100, help="timed steps")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    if args.batch < 1 or args.iters < 1 or args.warmup < 0:
+        ap.error("--batch and --iters must be positive, --warmup not negative")
+    return args
 
+
+def set_math(math: str) -> None:
+    """FP32 or TF32 for matrix products (and cuDNN convolutions), through whichever API this
+    PyTorch has: `fp32_precision` (2.9+) or the older `allow_tf32` flags."""
+    tf32 = math == "tf32"
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        conv = getattr(torch.backends.cudnn, "conv", None)
+        if conv is not None and hasattr(conv, "fp32_precision"):
+            conv.fp32_precision = "tf32" if tf32 else "ieee"
+    else:
+        matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+def nccl_version() -> str:
+    """PyTorch's NCCL version as `2.28.3` (older PyTorch returns one integer such as 22803)."""
+    v = torch.cuda.nccl.version()
+    if isinstance(v, int):
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    return ".".join(map(str, v))
+
+
+def build_model(workload: str) -> nn.Module:
+    inputs, hidden, classes = WORKLOADS[workload]
+    layers = []
+    width = inputs
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]
+        width = h
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        print("pytorch_ddp.py: no CUDA device", file=sys.stderr)
+        return 1
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+    # Set by torchrun / torch.distributed.run; absent for a plain `python3` run.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
     if world > 1:
-        dist.init_process_group("nccl")
-    tf32 = args.math == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+        dist.init_process_group("nccl", device_id=device)
+    set_math(args.math)
 
-    torch.manual_seed(1)
-    model = nn.Sequential(
-        nn.Linear(784, 4096), nn.ReLU(),
-        nn.Linear(4096, 4096), nn.ReLU(),
-        nn.Linear(4096, 4096), nn.ReLU(),
-        nn.Linear(4096, 10),
-    ).cuda()
+    # Same initial weights on every rank (DDP broadcasts rank 0's anyway); different data per rank.
+    torch.manual_seed(args.seed)
+    model = build_model(args.workload).to(device)
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.rand(args.batch, 784, device="cuda")
-    y = torch.randint(0, 10, (args.batch,), device="cuda")
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+    inputs, _, classes = WORKLOADS[args.workload]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed * 1000 + rank)
+    data = [torch.randn(args.batch, inputs, device=device, generator=gen) for _ in range(DATA_POOL)]
+    labels = [torch.randint(0, classes, (args.batch,), device=device, generator=gen)
+              for _ in range(DATA_POOL)]
+
+    def step(i: int) -> torch.Tensor:
+        x, y = data[i % DATA_POOL], labels[i % DATA_POOL]
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
         opt.step()
+        return loss
 
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
+    for i in range(args.warmup):
+        step(i)
+    torch.cuda.synchronize(device)
     if world > 1:
-        dist.barrier()
-    t = time.perf_counter()
-    for _ in range(args.iters):
-        step()
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - t
+        dist.barrier(device_ids=[local_rank])
+
+    start = time.perf_counter()
+    for i in range(args.iters):
+        loss = step(i)
+    torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+
+    # The slowest rank's time and the mean final loss over the ranks.
+    stats = torch.tensor([seconds, loss.item()], dtype=torch.float64, device=device)
+    if world > 1:
+        slowest = stats[:1].clone()
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        seconds, mean_loss = slowest.item(), stats[1].item() / world
+    else:
+        mean_loss = stats[1].item()
+
     if rank == 0:
+        global_batch = args.batch * world
+        rate = args.iters * global_batch / seconds
         print(json.dumps({
             "framework": f"pytorch {torch.__version__} " + ("DDP" if world > 1 else "single GPU"),
-            "workload": args.workload, "gpus": world, "batch_per_gpu": args.batch, "math": args.math,
-            "samples_per_sec": round(args.iters * args.batch * world / seconds, 1),
+            "workload": args.workload,
+            "gpus": world,
+            "ddp": world > 1,
+            "batch_per_gpu": args.batch,
+            "global_batch": global_batch,
+            "math": args.math,
+            "warmup": args.warmup,
+            "iters": args.iters,
+            "seconds": round(seconds, 6),
+            "samples_per_sec": round(rate, 1),
+            "samples_per_sec_per_gpu": round(rate / world, 1),
             "step_ms": round(1e3 * seconds / args.iters, 3),
+            "final_loss": round(mean_loss, 6),
+            "device": torch.cuda.get_device_name(device),
+            "cuda": torch.version.cuda,
+            "nccl": nccl_version() if world > 1 else None,
         }), flush=True)
+
     if world > 1:
         dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

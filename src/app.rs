@@ -2,6 +2,7 @@
 //! every rank with the outcome agreed (so a bad input ends the job together, reported once),
 //! config fingerprints compared, then the `P2PManager` run. Returns the process exit code.
 
+use crate::config::BackendKind;
 use crate::config::{self, Plan};
 use crate::data::{self, DataSplit};
 use crate::dist::bootstrap::report_error;
@@ -9,7 +10,6 @@ use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use crate::metrics::MetricsLog;
 use crate::net::Net;
-use crate::config::BackendKind;
 use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
 use crate::params::Params;
@@ -93,7 +93,11 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
 /// The backend this rank runs on. `cuda` needs a GPU for every local replica: node-local rank ×
 /// replicas_per_rank + i among the devices `CUDA_VISIBLE_DEVICES` leaves; `auto` takes the GPUs
 /// when there are enough, else the CPU (and says so).
-fn choose_devices(cfg: &config::Config, source: &config::Source, boot: &Bootstrap) -> Result<Devices> {
+fn choose_devices(
+    cfg: &config::Config,
+    source: &config::Source,
+    boot: &Bootstrap,
+) -> Result<Devices> {
     let k = cfg.cluster.replicas_per_rank;
     let cpu = Devices::Cpu {
         threads_per_replica: threads_per_replica(cfg, boot),
@@ -102,7 +106,7 @@ fn choose_devices(cfg: &config::Config, source: &config::Source, boot: &Bootstra
     if wanted == BackendKind::Cpu {
         return Ok(cpu);
     }
-    let count = if crate::cuda::available() {
+    let count = if crate::cuda::available() && crate::cuda::nccl::nccl_available() {
         crate::cuda::device_count()?
     } else {
         0
@@ -111,7 +115,7 @@ fn choose_devices(cfg: &config::Config, source: &config::Source, boot: &Bootstra
     if count >= needed {
         return Ok(Devices::Cuda {
             first_ordinal: boot.local_rank * k,
-            nccl_id: [0; 128],
+            nccl_id: crate::cuda::nccl::NcclId::from_bytes([0; 128]),
         });
     }
     let node = hostname();
@@ -142,22 +146,8 @@ fn hostname() -> String {
 }
 
 /// Global rank 0 makes the NCCL unique id; MPI broadcasts its 128 bytes to every rank.
-fn share_nccl_id(boot: &Bootstrap) -> std::result::Result<[std::ffi::c_char; 128], i32> {
-    let made = if boot.rank == 0 {
-        cudarc::nccl::Id::new()
-            .map(|id| *id.internal())
-            .map_err(|e| Error::Comm(format!("NCCL ncclGetUniqueId: {e:?}")))
-    } else {
-        Ok([0; 128])
-    };
-    let id = boot.agree(made)?;
-    let mut bytes: Vec<u8> = id.iter().map(|&c| c as u8).collect();
-    boot.broadcast_bytes(&mut bytes, 0);
-    let mut out = [0 as std::ffi::c_char; 128];
-    for (o, b) in out.iter_mut().zip(bytes) {
-        *o = b as std::ffi::c_char;
-    }
-    Ok(out)
+fn share_nccl_id(boot: &Bootstrap) -> std::result::Result<crate::cuda::nccl::NcclId, i32> {
+    boot.agree(crate::cuda::nccl::NcclId::shared(boot))
 }
 
 /// The output directory: `--output`, or `runs/<config stem>/`.
@@ -240,7 +230,9 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
     let plan = prepared.plan.clone();
     let devices_line = match prepared.devices {
-        Devices::Cpu { threads_per_replica } => {
+        Devices::Cpu {
+            threads_per_replica,
+        } => {
             format!("cpu, {threads_per_replica} GEMM thread(s) per replica")
         }
         Devices::Cuda { first_ordinal, .. } => format!(

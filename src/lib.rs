@@ -4,6 +4,7 @@
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel`.
 
+pub mod allreduce_bench;
 pub mod app;
 pub mod backend;
 pub mod config;

@@ -4,12 +4,15 @@
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
+//! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure.
 
 use clap::{Args, Parser, Subcommand};
+use p2ptrain::allreduce_bench::{self, BenchOptions};
 use p2ptrain::app::{self, Action, Options};
+use p2ptrain::config::BackendKind;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -45,6 +48,47 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         iters: u64,
     },
+    /// Check then time all-reduces over a sweep of sizes (after nccl-tests' all_reduce_perf).
+    #[command(
+        name = "bench-allreduce",
+        long_about = "Check then time in-place f32 all-reduces (average) over a sweep of sizes, \
+            through the trainer's communicators: NCCL with one GPU per replica, or the CPU path \
+            (threads within a process, MPI between processes).\n\n\
+            Every replica fills its buffer with a rank-dependent pattern, runs one all-reduce and \
+            checks every element; a wrong value stops the run with exit status 1, naming the \
+            size, the replica and the element. Each size is then timed (CUDA events on GPUs, the \
+            wall clock on the CPU); the time is the slowest replica's mean per all-reduce.\n\n\
+            Columns, as nccl-tests: algbw = bytes / time (GB = 1e9 bytes); \
+            busbw = algbw * 2(n-1)/n for n replicas, comparable with a link's bandwidth.\n\n\
+            Example: mpirun -np 2 p2ptrain bench-allreduce --backend cuda"
+    )]
+    BenchAllreduce(AllreduceArgs),
+}
+
+#[derive(Args)]
+struct AllreduceArgs {
+    /// Smallest size in bytes (suffixes K, M, G are powers of 1024).
+    #[arg(long, default_value = "1K", value_parser = allreduce_bench::parse_bytes)]
+    min_bytes: usize,
+    /// Largest size in bytes [default: 1G on GPUs, 64M on the CPU].
+    #[arg(long, value_parser = allreduce_bench::parse_bytes)]
+    max_bytes: Option<usize>,
+    /// Each size is the previous one times this.
+    #[arg(long, default_value_t = 2)]
+    factor: usize,
+    /// Timed all-reduces per size.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed all-reduces per size before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// cpu, cuda, or auto (cuda when every rank has NCCL and enough GPUs).
+    #[arg(long, default_value = "auto", value_parser = allreduce_bench::parse_backend)]
+    backend: BackendKind,
+    /// Replicas per process: threads on the CPU, GPUs on CUDA (device = node-local rank x
+    /// replicas + index).
+    #[arg(long, default_value_t = 1)]
+    replicas_per_rank: usize,
 }
 
 #[derive(Args)]
@@ -79,10 +123,11 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 8] = [
+    const KNOWN: [&str; 9] = [
         "train",
         "check",
         "bench",
+        "bench-allreduce",
         "help",
         "-h",
         "--help",
@@ -108,6 +153,17 @@ fn main() {
             warmup,
             iters,
         }) => (Action::Bench { warmup, iters }, common.into()),
+        Some(Command::BenchAllreduce(a)) => {
+            std::process::exit(allreduce_bench::run(&BenchOptions {
+                min_bytes: a.min_bytes,
+                max_bytes: a.max_bytes,
+                factor: a.factor,
+                iters: a.iters,
+                warmup: a.warmup,
+                backend: a.backend,
+                replicas_per_rank: a.replicas_per_rank,
+            }))
+        }
     };
     std::process::exit(app::run(action, opts));
 }

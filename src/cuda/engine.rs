@@ -7,29 +7,24 @@
 //! bucket.
 
 use super::bucket::{plan_buckets, Bucket};
+use super::nccl::{NcclComm, NcclId};
 use super::net::GpuNet;
 use super::update::GpuSolver;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase, ReduceMode};
 use crate::error::{Error, Result};
 use crate::net::Output;
-use crate::params::Params;
 use crate::parallel::engine::{Engine, PassCtx};
+use crate::params::Params;
 use cudarc::driver::{CudaSlice, CudaStream};
-use cudarc::nccl::{Comm, Id, ReduceOp};
 use std::sync::Arc;
-
-/// An NCCL failure as a library error (NcclError has no Display).
-fn nccl_error(op: &str, e: cudarc::nccl::result::NcclError) -> Error {
-    Error::Comm(format!("NCCL {op}: {e:?}"))
-}
 
 /// One GPU replica.
 pub struct GpuEngine {
     gpu: Gpu,
     net: GpuNet,
     solver: GpuSolver,
-    comm: Comm,
+    comm: NcclComm,
     comm_stream: Arc<CudaStream>,
     buckets: Vec<Bucket>,
     /// Per layer, the buckets its backward completes.
@@ -39,7 +34,6 @@ pub struct GpuEngine {
     iter_size: u64,
     /// Index of the current sub-batch within its iteration.
     sub: u64,
-    scores: CudaSlice<f64>,
 }
 
 impl GpuEngine {
@@ -52,7 +46,7 @@ impl GpuEngine {
         ordinal: usize,
         rank: usize,
         size: usize,
-        id: [std::ffi::c_char; 128],
+        id: NcclId,
         initial: &Params,
     ) -> Result<Self> {
         let gpu = Gpu::new(ordinal, cfg.cluster.math)?;
@@ -63,8 +57,7 @@ impl GpuEngine {
             .ctx
             .new_stream()
             .map_err(|e| gpu_error("create the communication stream", e))?;
-        let comm = Comm::from_rank(comm_stream.clone(), rank, size, Id::uninit(id))
-            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        let comm = NcclComm::from_id(comm_stream.clone(), rank, size, id)?;
         let mode = match cfg.cluster.reduce {
             _ if size == 1 => ReduceMode::Flat,
             m => m,
@@ -74,9 +67,6 @@ impl GpuEngine {
         for (b, bucket) in buckets.iter().enumerate() {
             ready_after[bucket.ready_after_layer].push(b);
         }
-        let scores = comm_stream
-            .alloc_zeros::<f64>(64)
-            .map_err(|e| gpu_error("allocate the score buffer", e))?;
         Ok(GpuEngine {
             gpu,
             net,
@@ -88,7 +78,6 @@ impl GpuEngine {
             launched: false,
             iter_size: cfg.solver.iter_size,
             sub: 0,
-            scores,
         })
     }
 
@@ -109,11 +98,8 @@ impl GpuEngine {
 }
 
 /// Launches the all-reduce (average) of `bucket` on the communicator's stream.
-fn launch(comm: &Comm, diff: &mut CudaSlice<f32>, bucket: &Bucket) -> Result<()> {
-    let mut view = diff.slice_mut(bucket.range.clone());
-    comm.all_reduce_in_place(&mut view, &ReduceOp::Avg)
-        .map(|_| ())
-        .map_err(|e| nccl_error("all-reduce of a gradient bucket", e))
+fn launch(comm: &NcclComm, diff: &mut CudaSlice<f32>, bucket: &Bucket) -> Result<()> {
+    comm.all_reduce_avg(diff, bucket.range.clone(), comm.stream())
 }
 
 impl Engine for GpuEngine {
@@ -122,14 +108,14 @@ impl Engine for GpuEngine {
     }
 
     fn size(&self) -> usize {
-        self.comm.world_size()
+        self.comm.size()
     }
 
     fn broadcast_params(&mut self) -> Result<()> {
         GpuEngine::order(&self.gpu.compute, &self.comm_stream)?;
+        let n = self.net.params.data.len();
         self.comm
-            .broadcast_in_place(&mut self.net.params.data, 0)
-            .map_err(|e| nccl_error("broadcast of the parameters", e))?;
+            .broadcast(&mut self.net.params.data, 0..n, 0, &self.comm_stream)?;
         GpuEngine::order(&self.comm_stream, &self.gpu.compute)
     }
 
@@ -218,25 +204,7 @@ impl Engine for GpuEngine {
     }
 
     fn sum_scores(&mut self, values: &mut [f64]) -> Result<()> {
-        if values.len() > self.scores.len() {
-            self.scores = self
-                .comm_stream
-                .alloc_zeros::<f64>(values.len())
-                .map_err(|e| gpu_error("allocate the score buffer", e))?;
-        }
-        let mut view = self.scores.slice_mut(..values.len());
-        self.comm_stream
-            .memcpy_htod(values, &mut view)
-            .map_err(|e| gpu_error("copy scores to the device", e))?;
-        self.comm
-            .all_reduce_in_place(&mut view, &ReduceOp::Sum)
-            .map_err(|e| nccl_error("all-reduce of scores", e))?;
-        self.comm_stream
-            .memcpy_dtoh(&view, values)
-            .map_err(|e| gpu_error("copy scores to the host", e))?;
-        self.comm_stream
-            .synchronize()
-            .map_err(|e| gpu_error("synchronise the communication stream", e))
+        self.comm.sum_f64(values)
     }
 
     fn barrier(&mut self) -> Result<()> {
@@ -246,5 +214,10 @@ impl Engine for GpuEngine {
 
     fn params_to_host(&mut self) -> Result<Params> {
         self.net.params_to_host(&self.gpu)
+    }
+
+    fn finish(self) -> Result<()> {
+        self.gpu.synchronize()?;
+        self.comm.finish()
     }
 }

@@ -80,5 +80,7 @@ const _: fn() = || {
 pub(crate) fn gpu_error(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Comm(format!("CUDA {op}: {e}"))
 }
-pub mod engine;
+pub mod allreduce_bench;
 pub mod bucket;
+pub mod engine;
+pub mod nccl;

@@ -452,7 +452,11 @@ impl GpuNet {
     /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
     /// backward is enqueued (an event recorded on the compute stream there marks its parameter
     /// gradients complete).
-    pub fn backward(&mut self, gpu: &Gpu, on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>)) -> Result<()> {
+    pub fn backward(
+        &mut self,
+        gpu: &Gpu,
+        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
+    ) -> Result<()> {
         self.run_backward(gpu, Grad::Accumulate, on_layer_done)
     }
 

@@ -1,13 +1,19 @@
 //! Process start-up: MPI with thread support (the level granted is checked), world rank and size,
 //! the node-local rank through `MPI_Comm_split_type(SHARED)`, a panic hook that aborts the whole
-//! MPI job, and the agreement steps that let the job end together on a start-up error.
+//! MPI job, and the agreement steps that let the job end together on a start-up error; then what
+//! every multi-replica command shares: a byte broadcast from one rank (the NCCL unique id), the
+//! CPU communicators of the local replicas, and one thread per local replica
+//! ([`run_replicas`]) with a failure in any of them ending the job.
 
+use super::local::LocalGroup;
 use super::mpi_link::MpiLink;
+use super::CpuComm;
 use crate::error::{Error, Result};
-use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::environment::Universe;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::Threading;
+use std::sync::Arc;
 
 /// MPI, initialised, and where this process sits in the job.
 pub struct Bootstrap {
@@ -107,10 +113,27 @@ impl Bootstrap {
             .all_reduce_into(&send[..], values, SystemOperation::sum());
     }
 
-    /// Copies `buf` of process `root` into every process's `buf` (the NCCL unique id).
+    /// Copies `buf` of process `root` into every process's `buf` (the NCCL unique id). Every
+    /// process calls it, from its main thread, with a buffer of the same length.
     pub fn broadcast_bytes(&self, buf: &mut [u8], root: usize) {
-        use mpi::collective::Root;
+        assert!(
+            root < self.size,
+            "broadcast root {root} of {} processes",
+            self.size
+        );
         self.world.process_at_rank(root as i32).broadcast_into(buf);
+    }
+
+    /// The CPU communicators of this process's `k` local replicas, in local order: they share
+    /// one `LocalGroup`, and replica 0 gets the MPI link when there are other processes.
+    pub fn cpu_comms(&self, k: usize) -> Vec<CpuComm> {
+        let group = Arc::new(LocalGroup::new(k));
+        (0..k)
+            .map(|local| {
+                let link = (local == 0 && self.size > 1).then(|| self.link());
+                CpuComm::new(group.clone(), local, self.rank, self.size, link)
+            })
+            .collect()
     }
 
     /// Waits for every process.
@@ -122,6 +145,44 @@ impl Bootstrap {
 /// Prints a fatal error once, prefixed with the rank that found it.
 pub fn report_error(rank: usize, e: &Error) {
     eprintln!("p2ptrain: rank {rank}: error: {e}");
+}
+
+/// Runs `body(local, input)` on one thread per local replica of MPI process `rank` (named
+/// `{name}-{local}`, one per element of `inputs`) and returns the results in local order. A
+/// replica that fails reports its error and ends the whole job: its peers may be waiting for it
+/// inside a collective.
+pub fn run_replicas<T: Send, R: Send>(
+    rank: usize,
+    name: &str,
+    inputs: Vec<T>,
+    body: impl Fn(usize, T) -> Result<R> + Sync,
+) -> Vec<R> {
+    let k = inputs.len();
+    let body = &body;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(local, input)| {
+                std::thread::Builder::new()
+                    .name(format!("{name}-{local}"))
+                    .spawn_scoped(scope, move || match body(local, input) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            report_error(rank, &e);
+                            let universal = rank * k + local;
+                            tracing::error!("replica {universal} failed; aborting the job");
+                            abort_job(e.exit_code())
+                        }
+                    })
+                    .expect("spawning a replica thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| abort_job(1)))
+            .collect()
+    })
 }
 
 /// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective

@@ -53,4 +53,12 @@ pub trait Engine {
     fn barrier(&mut self) -> Result<()>;
     /// A host copy of the parameters (for snapshots).
     fn params_to_host(&mut self) -> Result<Params>;
+    /// Ends the replica's part in the job cleanly, after its last collective (an NCCL
+    /// communicator is finalised rather than aborted).
+    fn finish(self) -> Result<()>
+    where
+        Self: Sized,
+    {
+        Ok(())
+    }
 }

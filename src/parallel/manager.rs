@@ -10,9 +10,8 @@ use crate::backend::Cpu;
 use crate::config::Plan;
 use crate::cuda::engine::GpuEngine;
 use crate::data::DataSplit;
-use crate::dist::bootstrap::{abort_job, report_error};
-use crate::dist::local::LocalGroup;
-use crate::dist::{Bootstrap, CpuComm};
+use crate::dist::bootstrap::run_replicas;
+use crate::dist::Bootstrap;
 use crate::error::Result;
 use crate::params::Params;
 use std::sync::Arc;
@@ -35,7 +34,7 @@ pub enum Devices {
     /// GPUs `first_ordinal + i` for local replica `i`, joined into the NCCL clique `nccl_id`.
     Cuda {
         first_ordinal: usize,
-        nccl_id: [std::ffi::c_char; 128],
+        nccl_id: crate::cuda::nccl::NcclId,
     },
 }
 
@@ -68,66 +67,52 @@ impl P2PManager {
     /// replica 0 when this is MPI rank 0).
     pub fn run(self, boot: &Bootstrap, mode: Mode, outputs: Option<Outputs>) -> Result<RunReport> {
         let k = self.plan.replicas_per_rank;
-        let group = Arc::new(LocalGroup::new(k));
+        let (rank, size) = (boot.rank, boot.size);
+        let shape = self.data.train.record_shape();
         let mut outputs = outputs;
-        let handles: Vec<_> = (0..k)
-            .map(|local| {
-                let plan = self.plan.clone();
-                let data = self.data.clone();
-                let initial = self.initial.clone();
-                let group = group.clone();
-                let cpu_link = matches!(self.devices, Devices::Cpu { .. }) && local == 0 && boot.size > 1;
-                let link = cpu_link.then(|| boot.link());
-                let out = if local == 0 { outputs.take() } else { None };
-                let (rank, size) = (boot.rank, boot.size);
-                let devices = self.devices;
-                std::thread::Builder::new()
-                    .name(format!("p2psync-{local}"))
-                    .spawn(move || {
-                        let universal = rank * k + local;
-                        let shape = data.train.record_shape();
-                        let run = || -> Result<RunReport> {
-                            match devices {
-                                Devices::Cpu { threads_per_replica } => {
-                                    let comm = CpuComm::new(group, local, rank, size, link);
-                                    let cpu = Cpu::new(threads_per_replica);
-                                    let engine = CpuEngine::new(&plan.config, shape, comm, cpu, &initial)?;
-                                    drive(plan, data, engine, out, mode)
-                                }
-                                Devices::Cuda { first_ordinal, nccl_id } => {
-                                    let engine = GpuEngine::new(
-                                        &plan.config,
-                                        shape,
-                                        first_ordinal + local,
-                                        universal,
-                                        size * k,
-                                        nccl_id,
-                                        &initial,
-                                    )?;
-                                    if local == 0 {
-                                        tracing::info!("replica {universal} on GPU {} ({})", first_ordinal + local, engine.device_name());
-                                    }
-                                    drive(plan, data, engine, out, mode)
-                                }
-                            }
-                        };
-                        match run() {
-                            Ok(r) => r,
-                            Err(e) => {
-                                // Peers may be inside a collective: end the whole job.
-                                report_error(rank, &e);
-                                tracing::error!("replica {universal} failed; aborting the job");
-                                abort_job(e.exit_code())
-                            }
-                        }
-                    })
-                    .expect("spawning a replica thread")
-            })
-            .collect();
-        let mut reports: Vec<RunReport> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| abort_job(1)))
-            .collect();
+        let mut reports = match self.devices {
+            Devices::Cpu {
+                threads_per_replica,
+            } => {
+                let inputs = boot
+                    .cpu_comms(k)
+                    .into_iter()
+                    .map(|comm| (comm, outputs.take()))
+                    .collect();
+                run_replicas(rank, "p2psync", inputs, |_, (comm, out)| {
+                    let cpu = Cpu::new(threads_per_replica);
+                    let engine =
+                        CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?;
+                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                })
+            }
+            Devices::Cuda {
+                first_ordinal,
+                nccl_id,
+            } => {
+                let inputs = (0..k).map(|_| outputs.take()).collect();
+                run_replicas(rank, "p2psync", inputs, |local, out| {
+                    let universal = rank * k + local;
+                    let engine = GpuEngine::new(
+                        &self.plan.config,
+                        shape,
+                        first_ordinal + local,
+                        universal,
+                        size * k,
+                        nccl_id,
+                        &self.initial,
+                    )?;
+                    if local == 0 {
+                        tracing::info!(
+                            "replica {universal} on GPU {} ({})",
+                            first_ordinal + local,
+                            engine.device_name()
+                        );
+                    }
+                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                })
+            }
+        };
         Ok(reports.swap_remove(0))
     }
 }

@@ -175,6 +175,7 @@ impl<E: Engine> P2PSync<E> {
         self.snapshot(s.max_iter, &mut report)?;
         drop(reader);
         self.engine.barrier()?;
+        self.engine.finish()?;
         Ok(report)
     }
 
@@ -203,6 +204,7 @@ impl<E: Engine> P2PSync<E> {
             *v /= n * iters.max(1) as f64;
         }
         drop(reader);
+        self.engine.finish()?;
         Ok(ReplicaReport {
             iterations: iters,
             seconds,
