@@ -73,4 +73,8 @@ for math in fp32 tf32; do
     fi
   done
 done
+echo "== bench-allreduce (NCCL, 2 GPUs; every size checked before it is timed)" | tee -a "$OUT/summary.txt"
+"${MPI[@]}" -np 2 "$BIN/p2ptrain" bench-allreduce --backend cuda --min-bytes 1M --max-bytes 1G --iters 20 \
+  >"$OUT/bench-allreduce.log" 2>&1 || fail "bench-allreduce"
+grep -v '^\[' "$OUT/bench-allreduce.log" | tee -a "$OUT/summary.txt"
 exit $failed
