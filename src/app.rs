@@ -337,6 +337,10 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
             );
             if let Some(split) = report.step_seconds {
                 let total: f64 = split.iter().sum();
+                println!(
+                    "step split, {} clock, mean over replicas:",
+                    report.step_clock
+                );
                 println!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
                 for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
                     println!(

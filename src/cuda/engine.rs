@@ -9,12 +9,14 @@
 use super::bucket::{plan_buckets, Bucket};
 use super::nccl::{NcclComm, NcclId};
 use super::net::GpuNet;
+use super::phase_clock::PhaseClock;
 use super::update::GpuSolver;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase, ReduceMode};
 use crate::error::{Error, Result};
 use crate::net::Output;
 use crate::parallel::engine::{Engine, PassCtx};
+use crate::parallel::timing::Phase as Step;
 use crate::params::Params;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -34,6 +36,8 @@ pub struct GpuEngine {
     iter_size: u64,
     /// Index of the current sub-batch within its iteration.
     sub: u64,
+    /// Device time per step phase, for `bench`.
+    clock: PhaseClock,
 }
 
 impl GpuEngine {
@@ -78,6 +82,7 @@ impl GpuEngine {
             launched: false,
             iter_size: cfg.solver.iter_size,
             sub: 0,
+            clock: PhaseClock::default(),
         })
     }
 
@@ -124,7 +129,9 @@ impl Engine for GpuEngine {
     }
 
     fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()> {
-        self.net.load_batch(&self.gpu, data, labels)
+        let (gpu, net) = (&self.gpu, &mut self.net);
+        self.clock
+            .time(gpu, Step::Data, || net.load_batch(gpu, data, labels))
     }
 
     /// Nothing to do: the first backward of an iteration overwrites the gradients.
@@ -135,7 +142,9 @@ impl Engine for GpuEngine {
     fn forward_train(&mut self, ctx: PassCtx, slot: usize, first: bool) -> Result<()> {
         debug_assert_eq!(ctx.phase, Phase::Train);
         self.sub = if first { 0 } else { self.sub + 1 };
-        self.net.forward(&self.gpu, Phase::Train)?;
+        let (gpu, net) = (&self.gpu, &mut self.net);
+        self.clock
+            .time(gpu, Step::Forward, || net.forward(gpu, Phase::Train))?;
         self.net.add_loss_to_slot(&self.gpu, slot, first)
     }
 
@@ -150,6 +159,7 @@ impl Engine for GpuEngine {
             buckets,
             ready_after,
             launched,
+            clock,
             ..
         } = self;
         let overlap = last && buckets.len() > 1;
@@ -167,11 +177,13 @@ impl Engine for GpuEngine {
                 }
             }
         };
-        if first {
-            net.backward_first(gpu, &mut on_layer_done)?;
-        } else {
-            net.backward(gpu, &mut on_layer_done)?;
-        }
+        clock.time(gpu, Step::Backward, || {
+            if first {
+                net.backward_first(gpu, &mut on_layer_done)
+            } else {
+                net.backward(gpu, &mut on_layer_done)
+            }
+        })?;
         if let Some(e) = failure {
             return Err(e);
         }
@@ -192,11 +204,25 @@ impl Engine for GpuEngine {
             }
         }
         self.launched = false;
-        GpuEngine::order(&self.comm_stream, &self.gpu.compute)
+        // On the compute stream, the time of this wait is the communication left exposed.
+        let (gpu, comm_stream) = (&self.gpu, &self.comm_stream);
+        self.clock.time(gpu, Step::AllReduce, || {
+            GpuEngine::order(comm_stream, &gpu.compute)
+        })
     }
 
     fn update(&mut self, iter: u64) -> Result<f32> {
-        self.solver.apply(&self.gpu, iter, &mut self.net.params)
+        let (gpu, solver, params) = (&self.gpu, &mut self.solver, &mut self.net.params);
+        self.clock
+            .time(gpu, Step::Update, || solver.apply(gpu, iter, params))
+    }
+
+    fn time_device_phases(&mut self, on: bool) {
+        self.clock.set(on);
+    }
+
+    fn device_phase_seconds(&mut self) -> Result<Option<[f64; 5]>> {
+        self.clock.seconds().map(Some)
     }
 
     fn loss_window(&mut self) -> Result<Vec<f64>> {

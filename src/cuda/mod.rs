@@ -84,3 +84,4 @@ pub mod allreduce_bench;
 pub mod bucket;
 pub mod engine;
 pub mod nccl;
+pub mod phase_clock;

@@ -53,6 +53,13 @@ pub trait Engine {
     fn barrier(&mut self) -> Result<()>;
     /// A host copy of the parameters (for snapshots).
     fn params_to_host(&mut self) -> Result<Params>;
+    /// Starts (or stops) measuring the device time of each step phase (`bench`).
+    fn time_device_phases(&mut self, _on: bool) {}
+    /// Device seconds per phase (in `timing::Phase::ALL` order) since measuring started; `None`
+    /// when the engine has no device clock (the CPU: the host timings are the device timings).
+    fn device_phase_seconds(&mut self) -> Result<Option<[f64; 5]>> {
+        Ok(None)
+    }
     /// Ends the replica's part in the job cleanly, after its last collective (an NCCL
     /// communicator is finalised rather than aborted).
     fn finish(self) -> Result<()>

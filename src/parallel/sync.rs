@@ -47,6 +47,8 @@ pub struct ReplicaReport {
     pub snapshots: Vec<PathBuf>,
     /// Mean seconds per iteration of each step phase (bench mode), averaged over replicas.
     pub step_seconds: Option<[f64; 5]>,
+    /// Which clock measured `step_seconds`.
+    pub step_clock: &'static str,
 }
 
 /// One replica.
@@ -190,6 +192,7 @@ impl<E: Engine> P2PSync<E> {
         }
         self.engine.barrier()?;
         times.reset();
+        self.engine.time_device_phases(true);
         let started = Instant::now();
         for iter in warmup..warmup + iters {
             self.step(iter, &mut reader, &mut times)?;
@@ -197,7 +200,15 @@ impl<E: Engine> P2PSync<E> {
         let last = warmup + iters.max(1) - 1;
         let loss = self.global_loss(last)?;
         let seconds = started.elapsed().as_secs_f64();
-        let mut split = times.seconds;
+        // A device's own clock where there is one (CUDA events), else the host's.
+        let device = self.engine.device_phase_seconds()?;
+        let step_clock = if device.is_some() {
+            "device (CUDA events)"
+        } else {
+            "host"
+        };
+        let mut split = device.unwrap_or(times.seconds);
+        self.engine.time_device_phases(false);
         self.engine.sum_scores(&mut split)?;
         let n = self.engine.size() as f64;
         for v in &mut split {
@@ -210,6 +221,7 @@ impl<E: Engine> P2PSync<E> {
             seconds,
             last_loss: Some(loss),
             step_seconds: Some(split),
+            step_clock,
             ..Default::default()
         })
     }
