@@ -107,6 +107,10 @@ impl Engine for CpuEngine {
     }
 
     fn all_reduce_gradients(&mut self) -> Result<()> {
+        if self.comm.size() == 1 {
+            // The average over one replica is its own gradient.
+            return Ok(());
+        }
         self.comm.all_reduce_avg(&mut self.params.diff)
     }
 
