@@ -274,3 +274,35 @@ fn a_rank_killed_mid_training_ends_the_whole_job() {
     };
     assert!(!status.success(), "the job must fail when a rank dies");
 }
+
+#[test]
+fn a_panicking_replica_aborts_the_whole_job_naming_its_rank() {
+    // Replica 3 of 4 (np 2 × 2 threads) panics at iteration 5; its peers are then waiting in the
+    // gradient all-reduce. The panic hook must end the whole job, not leave them hanging.
+    let dir = out_dir("panicking");
+    let mut c = mpirun(2);
+    c.env("P2PTRAIN_INJECT_PANIC", "3:5").arg(bin()).args([
+        &equivalence_config(),
+        "--output",
+        dir.to_str().unwrap(),
+        "--set",
+        "cluster.replicas_per_rank=2",
+        "--set",
+        "data.batch_size=8",
+        "--set",
+        "solver.max_iter=100000000",
+    ]);
+    let start = Instant::now();
+    let out = run(&mut c);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "the job took too long to end"
+    );
+    assert!(
+        text(&out).contains("p2ptrain: rank 1: fatal"),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("injected fault"), "{}", text(&out));
+}

@@ -144,7 +144,7 @@ impl Bootstrap {
 
 /// Prints a fatal error once, prefixed with the rank that found it.
 pub fn report_error(rank: usize, e: &Error) {
-    eprintln!("p2ptrain: rank {rank}: error: {e}");
+    say(&format!("p2ptrain: rank {rank}: error: {e}\n"));
 }
 
 /// Runs `body(local, input)` on one thread per local replica of MPI process `rank` (named
@@ -185,6 +185,13 @@ pub fn run_replicas<T: Send, R: Send>(
     })
 }
 
+/// Writes `text` to stderr in one write, so that the launcher, which merges the ranks' streams,
+/// does not interleave it with another rank's output.
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective
 /// must call this, or they would wait forever.
 pub fn abort_job(code: i32) -> ! {
@@ -199,7 +206,7 @@ pub fn abort_job(code: i32) -> ! {
 fn install_abort_on_panic(rank: usize) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        eprintln!("p2ptrain: rank {rank}: fatal: {info}");
+        say(&format!("p2ptrain: rank {rank}: fatal: {info}\n"));
         default(info);
         abort_job(1);
     }));

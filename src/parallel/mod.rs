@@ -5,6 +5,7 @@
 
 pub mod cpu_engine;
 pub mod engine;
+pub mod fault;
 pub mod manager;
 pub mod scores;
 pub mod sync;

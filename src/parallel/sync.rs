@@ -5,6 +5,7 @@
 //! writes metrics and snapshots; the test pass and the displayed loss are global.
 
 use super::engine::{Engine, PassCtx};
+use super::fault::InjectedPanic;
 use super::scores::SharedScores;
 use super::timing::{Phase as Step, StepTimes};
 use crate::config::{Phase, Plan};
@@ -133,7 +134,9 @@ impl<E: Engine> P2PSync<E> {
         let mut times = StepTimes::new(false);
         let started = Instant::now();
         let mut last_display = (started, 0u64);
+        let fault = InjectedPanic::from_env();
         for iter in 0..s.max_iter {
+            InjectedPanic::check(fault, self.engine.rank(), iter);
             if s.test_interval > 0
                 && iter % s.test_interval == 0
                 && (iter > 0 || s.test_initialization)
