@@ -92,6 +92,9 @@ pub struct Net {
     blob_needs_grad: Vec<bool>,
     record_shape: [usize; 3],
     batch: usize,
+    /// The current layer's bottoms and tops, moved out of `blobs` (allocations reused).
+    scratch_bottoms: Vec<Blob>,
+    scratch_tops: Vec<Blob>,
 }
 
 impl Net {
@@ -105,6 +108,8 @@ impl Net {
             blob_needs_grad: vec![false, false],
             record_shape,
             batch,
+            scratch_bottoms: Vec::new(),
+            scratch_tops: Vec::new(),
         };
         let mut latest: HashMap<String, usize> =
             HashMap::from([("data".to_string(), DATA), ("label".to_string(), LABEL)]);
@@ -142,6 +147,9 @@ impl Net {
                     format!("bottom `{b}` is produced by no earlier layer"),
                 )
             })?;
+            if bottoms.contains(&idx) {
+                return Err(Error::net(&lc.name, format!("reads blob `{b}` twice")));
+            }
             bottoms.push(idx);
         }
         let mut tops = Vec::new();
@@ -262,17 +270,10 @@ impl Net {
             }
             let (data, _) = params.layer_views(i);
             let node = &mut self.nodes[i];
-            let bottoms: Vec<Blob> = node
-                .bottoms
-                .iter()
-                .map(|&b| std::mem::take(&mut self.blobs[b]))
-                .collect();
-            let mut tops: Vec<Blob> = node
-                .tops
-                .iter()
-                .map(|&t| std::mem::take(&mut self.blobs[t]))
-                .collect();
-            node.layer.forward(ctx, &bottoms, &data, &mut tops);
+            let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
+            take_blobs(&mut self.blobs, &node.bottoms, bottoms);
+            take_blobs(&mut self.blobs, &node.tops, tops);
+            node.layer.forward(ctx, bottoms, &data, tops);
             if node.layer.is_loss() || !node.layer.has_backward() {
                 for (t, &ti) in tops.iter().zip(&node.tops) {
                     outputs.push(Output {
@@ -283,8 +284,8 @@ impl Net {
                     });
                 }
             }
-            restore(&mut self.blobs, &node.bottoms, bottoms);
-            restore(&mut self.blobs, &node.tops, tops);
+            restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
+            restore_blobs(&mut self.blobs, &node.tops, tops);
         }
         outputs
     }
@@ -316,26 +317,13 @@ impl Net {
                 continue;
             }
             let (data, mut diffs) = params.layer_views(i);
-            let tops: Vec<Blob> = node
-                .tops
-                .iter()
-                .map(|&t| std::mem::take(&mut self.blobs[t]))
-                .collect();
-            let mut bottoms: Vec<Blob> = node
-                .bottoms
-                .iter()
-                .map(|&b| std::mem::take(&mut self.blobs[b]))
-                .collect();
-            node.layer.backward(
-                ctx,
-                &tops,
-                &node.propagate_down,
-                &mut bottoms,
-                &data,
-                &mut diffs,
-            );
-            restore(&mut self.blobs, &node.bottoms, bottoms);
-            restore(&mut self.blobs, &node.tops, tops);
+            let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
+            take_blobs(&mut self.blobs, &node.bottoms, bottoms);
+            take_blobs(&mut self.blobs, &node.tops, tops);
+            node.layer
+                .backward(ctx, tops, &node.propagate_down, bottoms, &data, &mut diffs);
+            restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
+            restore_blobs(&mut self.blobs, &node.tops, tops);
             on_layer_done(i);
         }
     }
@@ -386,12 +374,84 @@ impl Net {
     }
 }
 
-/// Puts taken blobs back. A blob used twice as a bottom was taken once; the second take left an
-/// empty blob that is dropped here.
-fn restore(blobs: &mut [Blob], idx: &[usize], taken: Vec<Blob>) {
-    for (&i, b) in idx.iter().zip(taken) {
-        if !b.shape.is_empty() || blobs[i].shape.is_empty() {
-            blobs[i] = b;
+/// Moves the blobs `idx` out of `blobs` into `into` (kept allocated between layers), so that a
+/// layer can read its bottoms while writing its tops. A layer never names a blob twice (`build`
+/// rejects it), so every taken blob is a real one.
+fn take_blobs(blobs: &mut [Blob], idx: &[usize], into: &mut Vec<Blob>) {
+    into.clear();
+    into.extend(idx.iter().map(|&i| std::mem::take(&mut blobs[i])));
+}
+
+/// Puts the blobs `take_blobs` moved out back in place.
+fn restore_blobs(blobs: &mut [Blob], idx: &[usize], from: &mut Vec<Blob>) {
+    for (&i, b) in idx.iter().zip(from.drain(..)) {
+        blobs[i] = b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use std::path::Path;
+
+    const NET: &str = r#"
+[data]
+format = "digits"
+batch_size = 4
+[solver]
+base_lr = 0.1
+max_iter = 1
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#;
+
+    #[test]
+    fn a_layer_reading_one_blob_twice_is_rejected() {
+        let (mut cfg, _) = load_str("t.toml", NET, Path::new("."), &[]).unwrap();
+        Net::build(&cfg, [1, 8, 8], 4).expect("the valid net builds");
+        cfg.layers[1].bottom = vec!["ip".into(), "ip".into()];
+        let err = Net::build(&cfg, [1, 8, 8], 4).err().expect("an error");
+        assert!(err.to_string().contains("reads blob `ip` twice"), "{err}");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn forward_and_backward_run_repeatedly_with_the_same_results() {
+        let (cfg, _) = load_str("t.toml", NET, Path::new("."), &[]).unwrap();
+        let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+        Net::init_params(&mut params, 3);
+        let cpu = crate::backend::Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 3,
+            first_sample: 0,
+        };
+        let (d, l) = net.inputs_mut();
+        d.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 7) as f32 / 7.0);
+        l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            params.diff.fill(0.0);
+            let out = net.forward(&ctx, &mut params);
+            net.backward(&ctx, &mut params, &mut |_| {});
+            runs.push((out[0].value, params.diff.clone()));
         }
+        assert!(runs[0].0.is_finite() && runs[0].0 > 0.0);
+        assert!(runs[0].1.iter().any(|&g| g != 0.0));
+        assert_eq!(runs[0], runs[1]);
     }
 }

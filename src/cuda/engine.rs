@@ -18,7 +18,7 @@ use crate::net::Output;
 use crate::parallel::engine::{Engine, PassCtx};
 use crate::parallel::timing::Phase as Step;
 use crate::params::Params;
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// One GPU replica.
@@ -38,6 +38,8 @@ pub struct GpuEngine {
     sub: u64,
     /// Device time per step phase, for `bench`.
     clock: PhaseClock,
+    /// The event that orders the compute and communication streams.
+    fence: CudaEvent,
 }
 
 impl GpuEngine {
@@ -61,6 +63,10 @@ impl GpuEngine {
             .ctx
             .new_stream()
             .map_err(|e| gpu_error("create the communication stream", e))?;
+        let fence = gpu
+            .ctx
+            .new_event(None)
+            .map_err(|e| gpu_error("create the stream-ordering event", e))?;
         let comm = NcclComm::from_id(comm_stream.clone(), rank, size, id)?;
         let mode = match cfg.cluster.reduce {
             _ if size == 1 => ReduceMode::Flat,
@@ -83,23 +89,26 @@ impl GpuEngine {
             iter_size: cfg.solver.iter_size,
             sub: 0,
             clock: PhaseClock::default(),
+            fence,
         })
-    }
-
-    /// Makes `waiter` wait for everything enqueued so far on `on`.
-    fn order(on: &CudaStream, waiter: &CudaStream) -> Result<()> {
-        let event = on
-            .record_event(None)
-            .map_err(|e| gpu_error("record an event", e))?;
-        waiter
-            .wait(&event)
-            .map_err(|e| gpu_error("wait for an event", e))
     }
 
     /// The name of the device, e.g. `NVIDIA H200`.
     pub fn device_name(&self) -> String {
         self.gpu.name()
     }
+}
+
+/// Makes `waiter` wait for everything enqueued so far on `on`, through `fence`. One event serves
+/// every ordering: a stream wait captures the event's latest record when it is enqueued, so
+/// recording it again later does not disturb earlier waits (and no event is created per step).
+fn order(fence: &CudaEvent, on: &CudaStream, waiter: &CudaStream) -> Result<()> {
+    fence
+        .record(on)
+        .map_err(|e| gpu_error("record an event", e))?;
+    waiter
+        .wait(fence)
+        .map_err(|e| gpu_error("wait for an event", e))
 }
 
 /// Launches the all-reduce (average) of `bucket` on the communicator's stream.
@@ -117,11 +126,11 @@ impl Engine for GpuEngine {
     }
 
     fn broadcast_params(&mut self) -> Result<()> {
-        GpuEngine::order(&self.gpu.compute, &self.comm_stream)?;
+        order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
         let n = self.net.params.data.len();
         self.comm
             .broadcast(&mut self.net.params.data, 0..n, 0, &self.comm_stream)?;
-        GpuEngine::order(&self.comm_stream, &self.gpu.compute)
+        order(&self.fence, &self.comm_stream, &self.gpu.compute)
     }
 
     fn set_batch(&mut self, n: usize) -> Result<()> {
@@ -160,6 +169,7 @@ impl Engine for GpuEngine {
             ready_after,
             launched,
             clock,
+            fence,
             ..
         } = self;
         let overlap = last && buckets.len() > 1;
@@ -169,7 +179,7 @@ impl Engine for GpuEngine {
                 return;
             }
             for &b in &ready_after[layer] {
-                let r = GpuEngine::order(&gpu.compute, comm_stream)
+                let r = order(fence, &gpu.compute, comm_stream)
                     .and_then(|_| launch(comm, diff, &buckets[b]));
                 if let Err(e) = r {
                     failure = Some(e);
@@ -202,16 +212,16 @@ impl Engine for GpuEngine {
             return Ok(());
         }
         if !self.launched {
-            GpuEngine::order(&self.gpu.compute, &self.comm_stream)?;
+            order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
             for b in &self.buckets {
                 launch(&self.comm, &mut self.net.params.diff, b)?;
             }
         }
         self.launched = false;
         // On the compute stream, the time of this wait is the communication left exposed.
-        let (gpu, comm_stream) = (&self.gpu, &self.comm_stream);
+        let (gpu, comm_stream, fence) = (&self.gpu, &self.comm_stream, &self.fence);
         self.clock.time(gpu, Step::AllReduce, || {
-            GpuEngine::order(comm_stream, &gpu.compute)
+            order(fence, comm_stream, &gpu.compute)
         })
     }
 

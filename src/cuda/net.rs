@@ -209,7 +209,6 @@ impl GpuNet {
     pub fn new(cfg: &Config, record_shape: [usize; 3], batch: usize, gpu: &Gpu) -> Result<GpuNet> {
         gpu.bind()?;
         let (graph, layout) = Net::build(cfg, record_shape, 1)?;
-        check_distinct_blobs(&graph)?;
         let mut shapers = cfg
             .layers
             .iter()
@@ -592,23 +591,6 @@ impl GpuNet {
         }
         self.params.copy_from_host(gpu, params)
     }
-}
-
-/// Checks that no layer names one blob twice among its bottoms and tops (layers borrow them
-/// disjointly).
-fn check_distinct_blobs(graph: &Net) -> Result<()> {
-    for i in 0..graph.len() {
-        let node = graph.node(i);
-        let mut all: Vec<usize> = node.bottoms.iter().chain(node.tops).copied().collect();
-        all.sort_unstable();
-        if all.windows(2).any(|w| w[0] == w[1]) {
-            return Err(Error::net(
-                node.name,
-                "the CUDA backend needs a layer's bottoms to be distinct blobs",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Checks that the learnable tensors' shapes at the real batch are those of the layout built at
