@@ -6,7 +6,9 @@ need=()
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/openmpi/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
   || pkg-config --exists ompi 2>/dev/null || need+=(libopenmpi-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen needs libclang itself (libclang.so / libclang-N.so), not libclang-cpp.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null \
+  || need+=(libclang-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
