@@ -249,6 +249,57 @@ pub enum LayerKind {
     Tanh,
     SoftmaxWithLoss,
     Accuracy,
+    Convolution,
+    Pooling,
+    Dropout,
+    BatchNorm,
+    Scale,
+    Bias,
+    Eltwise,
+    Concat,
+    Flatten,
+    Reshape,
+    Softmax,
+    Power,
+    AbsVal,
+}
+
+/// A spatial size given once for every spatial axis or once per axis: `3` or `[3, 5]`
+/// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Dims {
+    One(usize),
+    PerAxis(Vec<usize>),
+}
+
+impl Dims {
+    /// The value for each of `axes` spatial axes; `None` when a per-axis list has another length.
+    pub fn per_axis(&self, axes: usize) -> Option<Vec<usize>> {
+        match self {
+            Dims::One(v) => Some(vec![*v; axes]),
+            Dims::PerAxis(v) if v.len() == axes => Some(v.clone()),
+            Dims::PerAxis(v) if v.len() == 1 => Some(vec![v[0]; axes]),
+            Dims::PerAxis(_) => None,
+        }
+    }
+}
+
+/// Pooling methods (Caffe's `pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMethod {
+    Max,
+    Ave,
+}
+
+/// Eltwise operations (Caffe's `operation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EltwiseOp {
+    Sum,
+    Prod,
+    Max,
 }
 
 /// Phase in which a layer runs.
@@ -348,6 +399,35 @@ pub struct LayerConfig {
     pub top_k: Option<usize>,
     // softmax_with_loss, accuracy
     pub ignore_label: Option<i64>,
+    // convolution, pooling (also num_output, bias_term, weight_filler, bias_filler)
+    pub kernel_size: Option<Dims>,
+    pub stride: Option<Dims>,
+    pub pad: Option<Dims>,
+    pub dilation: Option<Dims>,
+    pub group: Option<usize>,
+    pub pool: Option<PoolMethod>,
+    pub global_pooling: Option<bool>,
+    // dropout
+    pub dropout_ratio: Option<f32>,
+    // batch_norm
+    pub moving_average_fraction: Option<f32>,
+    pub eps: Option<f32>,
+    pub use_global_stats: Option<bool>,
+    /// Reduce the batch statistics over every replica of the job.
+    pub sync: Option<bool>,
+    // scale, bias (also axis, bias_term, bias_filler)
+    pub num_axes: Option<i64>,
+    pub filler: Option<FillerConfig>,
+    // eltwise
+    pub operation: Option<EltwiseOp>,
+    pub coeff: Option<Vec<f32>>,
+    // flatten, reshape
+    pub end_axis: Option<i64>,
+    pub shape: Option<Vec<i64>>,
+    // power
+    pub power: Option<f32>,
+    pub scale: Option<f32>,
+    pub shift: Option<f32>,
 }
 
 fn one() -> usize {

@@ -641,6 +641,30 @@ impl Validator<'_> {
             LayerKind::Sigmoid | LayerKind::Tanh => &["loss_weight"],
             LayerKind::SoftmaxWithLoss => &["axis", "ignore_label", "loss_weight"],
             LayerKind::Accuracy => &["axis", "top_k", "ignore_label"],
+            LayerKind::Convolution => &[
+                "num_output",
+                "bias_term",
+                "weight_filler",
+                "bias_filler",
+                "kernel_size",
+                "stride",
+                "pad",
+                "dilation",
+                "group",
+                "loss_weight",
+            ],
+            LayerKind::Pooling => &["pool", "kernel_size", "stride", "pad", "global_pooling"],
+            LayerKind::Dropout => &["dropout_ratio"],
+            LayerKind::BatchNorm => &["moving_average_fraction", "eps", "use_global_stats", "sync"],
+            LayerKind::Scale => &["axis", "num_axes", "filler", "bias_term", "bias_filler"],
+            LayerKind::Bias => &["axis", "num_axes", "filler"],
+            LayerKind::Eltwise => &["operation", "coeff"],
+            LayerKind::Concat => &["axis"],
+            LayerKind::Flatten => &["axis", "end_axis"],
+            LayerKind::Reshape => &["axis", "num_axes", "shape"],
+            LayerKind::Softmax => &["axis"],
+            LayerKind::Power => &["power", "scale", "shift"],
+            LayerKind::AbsVal => &[],
         };
         let set = [
             ("num_output", l.num_output.is_some()),
@@ -652,6 +676,30 @@ impl Validator<'_> {
             ("negative_slope", l.negative_slope.is_some()),
             ("top_k", l.top_k.is_some()),
             ("ignore_label", l.ignore_label.is_some()),
+            ("kernel_size", l.kernel_size.is_some()),
+            ("stride", l.stride.is_some()),
+            ("pad", l.pad.is_some()),
+            ("dilation", l.dilation.is_some()),
+            ("group", l.group.is_some()),
+            ("pool", l.pool.is_some()),
+            ("global_pooling", l.global_pooling.is_some()),
+            ("dropout_ratio", l.dropout_ratio.is_some()),
+            (
+                "moving_average_fraction",
+                l.moving_average_fraction.is_some(),
+            ),
+            ("eps", l.eps.is_some()),
+            ("use_global_stats", l.use_global_stats.is_some()),
+            ("sync", l.sync.is_some()),
+            ("num_axes", l.num_axes.is_some()),
+            ("filler", l.filler.is_some()),
+            ("operation", l.operation.is_some()),
+            ("coeff", l.coeff.is_some()),
+            ("end_axis", l.end_axis.is_some()),
+            ("shape", l.shape.is_some()),
+            ("power", l.power.is_some()),
+            ("scale", l.scale.is_some()),
+            ("shift", l.shift.is_some()),
         ];
         if let Some((k, _)) = set.iter().find(|(k, s)| *s && !allowed.contains(k)) {
             return Err(self.err(
@@ -771,6 +819,12 @@ impl Validator<'_> {
                 (1, 1, "1 bottom")
             }
             LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => (2, 1, "2 bottoms (scores, label)"),
+            _ => {
+                return Err(self.err(
+                    &format!("layer[{i}].type"),
+                    format!("layer type {kind} is not built yet"),
+                ))
+            }
         };
         if l.bottom.len() != bottoms {
             return Err(self.err(
@@ -888,6 +942,10 @@ impl Validator<'_> {
                 }
                 Ok(Vec::new())
             }
+            _ => Err(self.err(
+                &key("type"),
+                format!("layer type {} is not built yet", name_of(&l.kind)),
+            )),
         }
     }
 }

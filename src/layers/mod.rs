@@ -97,5 +97,11 @@ pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
         LayerKind::Tanh => Box::new(tanh::TanH::new(cfg)),
         LayerKind::SoftmaxWithLoss => Box::new(softmax_with_loss::SoftmaxWithLoss::new(cfg)),
         LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
+        other => {
+            return Err(crate::error::Error::net(
+                &cfg.name,
+                format!("layer type {other:?} is not built yet"),
+            ))
+        }
     })
 }

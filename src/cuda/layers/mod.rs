@@ -106,6 +106,12 @@ pub fn build(gpu: &Gpu, cfg: &LayerConfig, bottoms: &[&[usize]]) -> Result<Box<d
             Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, cfg)?)
         }
         LayerKind::Accuracy => Box::new(accuracy::GpuAccuracy::new(gpu, cfg)?),
+        other => {
+            return Err(crate::error::Error::net(
+                &cfg.name,
+                format!("layer type {other:?} has no GPU implementation yet"),
+            ))
+        }
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
