@@ -2,10 +2,17 @@
 """PyTorch DDP yardstick for p2ptrain's GPU figures: the same workload, trained the idiomatic PyTorch
 way, timed the same way, so that `p2ptrain bench` numbers have a reference beside them.
 
-Workload `mlp4096` (as config/mlp4096.toml): an MLP 784-4096-4096-4096-10 with ReLU, softmax
-cross-entropy, SGD with momentum 0.9 (lr 0.01), `--batch` samples per GPU of synthetic MNIST-shaped
-data generated once on the GPU (so that no input pipeline is measured), FP32 weights and
-gradients; `--math tf32` lets the matrix products use TF32 tensor cores.
+Workloads, each the same net as the p2ptrain config of the same name, with softmax cross-entropy,
+SGD with momentum 0.9 (lr 0.01), `--batch` samples per GPU of synthetic data of the config's input
+shape generated once on the GPU (so that no input pipeline is measured), FP32 weights and
+gradients; `--math tf32` lets matrix products and convolutions use TF32 tensor cores:
+
+- `mlp4096` (config/mlp4096.toml): an MLP 784-4096-4096-4096-10 with ReLU.
+- `lenet` (config/lenet.toml): Caffe's LeNet on 1x28x28 input.
+- `cifar10_quick` (config/cifar10_quick.toml): Caffe's cifar10_quick on 3x32x32 input.
+- `resnet50` (config/resnet50.toml): ResNet-50 v1 (bottleneck, stride on the 1x1 of each stage's
+  first block as in Caffe's ResNet-50) on 3x224x224 input, 1000 classes. BatchNorm with its affine
+  part stands for p2ptrain's BatchNorm + Scale pair.
 
 How to run (one process per GPU; nothing beyond PyTorch is needed, no network):
 
@@ -40,9 +47,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Workloads: name -> (input features, hidden layer widths, classes).
+# Workloads: name -> (input shape per sample, classes).
 WORKLOADS = {
-    "mlp4096": (784, [4096, 4096, 4096], 10),
+    "mlp4096": ((784,), 10),
+    "lenet": ((1, 28, 28), 10),
+    "cifar10_quick": ((3, 32, 32), 10),
+    "resnet50": ((3, 224, 224), 1000),
 }
 
 # Distinct synthetic batches cycled through during the run (all resident on the GPU).
@@ -91,8 +101,7 @@ def nccl_version() -> str:
     return ".".join(map(str, v))
 
 
-def build_model(workload: str) -> nn.Module:
-    inputs, hidden, classes = WORKLOADS[workload]
+def mlp(inputs: int, hidden: list, classes: int) -> nn.Module:
     layers = []
     width = inputs
     for h in hidden:
@@ -100,6 +109,63 @@ def build_model(workload: str) -> nn.Module:
         width = h
     layers.append(nn.Linear(width, classes))
     return nn.Sequential(*layers)
+
+
+def lenet() -> nn.Module:
+    """Caffe's examples/mnist/lenet_train_test.prototxt."""
+    return nn.Sequential(
+        nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2, ceil_mode=True),
+        nn.Conv2d(20, 50, 5), nn.MaxPool2d(2, 2, ceil_mode=True),
+        nn.Flatten(), nn.Linear(800, 500), nn.ReLU(inplace=True), nn.Linear(500, 10))
+
+
+def cifar10_quick() -> nn.Module:
+    """Caffe's examples/cifar10/cifar10_quick_train_test.prototxt."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True), nn.ReLU(inplace=True),
+        nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
+        nn.Flatten(), nn.Linear(64 * 4 * 4, 64), nn.Linear(64, 10))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, mid: int, stride: int):
+        super().__init__()
+        cout = mid * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, stride=stride, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        s = x if self.shortcut is None else self.shortcut(x)
+        return F.relu(self.body(x) + s, inplace=True)
+
+
+def resnet50(classes: int = 1000) -> nn.Module:
+    layers = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+              nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True)]
+    cin = 64
+    for mid, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+        for b in range(blocks):
+            layers.append(Bottleneck(cin, mid, stride if b == 0 else 1))
+            cin = mid * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def build_model(workload: str) -> nn.Module:
+    if workload == "mlp4096":
+        return mlp(784, [4096, 4096, 4096], 10)
+    if workload == "lenet":
+        return lenet()
+    if workload == "cifar10_quick":
+        return cifar10_quick()
+    return resnet50(WORKLOADS[workload][1])
 
 
 def main() -> int:
@@ -126,10 +192,10 @@ def main() -> int:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    inputs, _, classes = WORKLOADS[args.workload]
+    shape, classes = WORKLOADS[args.workload]
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed * 1000 + rank)
-    data = [torch.randn(args.batch, inputs, device=device, generator=gen) for _ in range(DATA_POOL)]
+    data = [torch.randn(args.batch, *shape, device=device, generator=gen) for _ in range(DATA_POOL)]
     labels = [torch.randint(0, classes, (args.batch,), device=device, generator=gen)
               for _ in range(DATA_POOL)]
 
