@@ -69,6 +69,18 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
         Some(path) => config::load(path, &opts.sets)?,
         None => config::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
     };
+    if let Some(n) = cfg.cluster.world_size {
+        if n != boot.size {
+            return Err(source.error(
+                "cluster.world_size",
+                format!(
+                    "the job must have {n} MPI process(es) but has {} (check the launcher's -np / \
+                     --ntasks)",
+                    boot.size
+                ),
+            ));
+        }
+    }
     let devices = choose_devices(&cfg, &source, boot)?;
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;

@@ -58,6 +58,9 @@ pub struct ClusterConfig {
     /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
     #[serde(default)]
     pub math: MathMode,
+    /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
+    /// differs (a launcher misconfiguration). Unset: any.
+    pub world_size: Option<usize>,
 }
 
 /// Gradient all-reduce schedule on GPUs.
@@ -92,6 +95,7 @@ impl Default for ClusterConfig {
             reduce: ReduceMode::Bucketed,
             bucket_mb: bucket_mb_default(),
             math: MathMode::Fp32,
+            world_size: None,
         }
     }
 }

@@ -143,6 +143,9 @@ impl Validator<'_> {
                 format!("must be between 1 and {MAX_REPLICAS_PER_RANK}, got {r}"),
             ));
         }
+        if let Some(n) = self.cfg.cluster.world_size {
+            self.at_least_one("cluster.world_size", n as u64)?;
+        }
         Ok(())
     }
 

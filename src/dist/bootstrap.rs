@@ -1,10 +1,12 @@
-//! Process start-up: MPI with thread support (the level granted is checked), world rank and size,
-//! the node-local rank through `MPI_Comm_split_type(SHARED)`, a panic hook that aborts the whole
+//! Process start-up: the launcher's environment read before MPI is up ([`LaunchEnv`]), MPI with
+//! thread support (the level granted is checked), world rank and size checked against the
+//! launcher's, the node-local rank (the launcher's, else `MPI_Comm_split_type(SHARED)`), a panic hook that aborts the whole
 //! MPI job, and the agreement steps that let the job end together on a start-up error; then what
 //! every multi-replica command shares: a byte broadcast from one rank (the NCCL unique id), the
 //! CPU communicators of the local replicas, and one thread per local replica
 //! ([`run_replicas`]) with a failure in any of them ending the job.
 
+use super::launch_env::LaunchEnv;
 use super::local::LocalGroup;
 use super::mpi_link::MpiLink;
 use super::CpuComm;
@@ -24,18 +26,23 @@ pub struct Bootstrap {
     pub rank: usize,
     /// Number of MPI processes.
     pub size: usize,
-    /// Rank among the processes on this node.
+    /// Rank among the processes on this node: the launcher's when it says, else MPI's.
     pub local_rank: usize,
     /// Number of processes on this node.
     pub local_size: usize,
     /// The threading level MPI granted.
     pub threading: Threading,
+    /// What the launcher said, if a known one started the process.
+    pub launch: Option<LaunchEnv>,
 }
 
 impl Bootstrap {
     /// Initialises MPI asking for `MPI_THREAD_MULTIPLE`. Replica threads call MPI one at a time
     /// from a thread other than the main one, so at least `MPI_THREAD_SERIALIZED` is required.
+    /// A launcher (srun, mpirun) whose rank and size disagree with MPI's world is an error: the
+    /// processes would each train alone.
     pub fn init() -> Result<Self> {
+        let launch = LaunchEnv::detect();
         let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
         let world = universe.world();
@@ -48,13 +55,22 @@ impl Bootstrap {
                  Serialized (build OpenMPI with thread support)"
             )));
         }
+        if let Some(env) = &launch {
+            env.check_world(rank, size)?;
+        }
         let node = world.split_shared(rank as i32);
+        let local_size = node.size() as usize;
+        let local_rank = launch
+            .and_then(|l| l.local_rank)
+            .filter(|&l| l < local_size)
+            .unwrap_or(node.rank() as usize);
         Ok(Bootstrap {
             rank,
             size,
-            local_rank: node.rank() as usize,
-            local_size: node.size() as usize,
+            local_rank,
+            local_size,
             threading,
+            launch,
             world,
             _universe: universe,
         })

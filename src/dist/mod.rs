@@ -6,6 +6,7 @@
 
 pub mod bootstrap;
 pub mod cpu;
+pub mod launch_env;
 pub mod local;
 pub mod mpi_link;
 
