@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net;
 pub mod parallel;
 pub mod params;
+pub mod plot;
 pub mod snapshot;
 pub mod solver;
 pub mod tensor;

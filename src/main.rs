@@ -5,6 +5,7 @@
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
+//! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure.
@@ -13,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use p2ptrain::allreduce_bench::{self, BenchOptions};
 use p2ptrain::app::{self, Action, Options};
 use p2ptrain::config::BackendKind;
+use p2ptrain::plot::{self, PlotOptions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -63,6 +65,31 @@ enum Command {
             Example: mpirun -np 2 p2ptrain bench-allreduce --backend cuda"
     )]
     BenchAllreduce(AllreduceArgs),
+    /// Draw training loss and test accuracy against iteration and wall time (SVG or PNG).
+    #[command(
+        long_about = "Draw the training loss and the test accuracy of one or more runs against \
+            iteration and against wall time, in one figure of four panels, runs overlaid. Each \
+            run is a metrics.jsonl (or the directory holding it), labelled by its directory \
+            name unless --label names it.\n\n\
+            Example: p2ptrain plot runs/a/metrics.jsonl runs/b/metrics.jsonl -o curves.png"
+    )]
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+struct PlotArgs {
+    /// metrics.jsonl files (or run directories holding one).
+    #[arg(required = true, value_name = "METRICS")]
+    inputs: Vec<PathBuf>,
+    /// The figure to write: its extension (.svg or .png) picks the format.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Label of a run, in the order of the files (default: the file's directory name).
+    #[arg(long = "label", value_name = "NAME")]
+    labels: Vec<String>,
+    /// Logarithmic loss axis.
+    #[arg(long)]
+    log_loss: bool,
 }
 
 #[derive(Args)]
@@ -123,8 +150,9 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 9] = [
+    const KNOWN: [&str; 10] = [
         "train",
+        "plot",
         "check",
         "bench",
         "bench-allreduce",
@@ -153,6 +181,12 @@ fn main() {
             warmup,
             iters,
         }) => (Action::Bench { warmup, iters }, common.into()),
+        Some(Command::Plot(p)) => std::process::exit(plot::run(&PlotOptions {
+            inputs: p.inputs,
+            labels: p.labels,
+            output: p.output,
+            log_loss: p.log_loss,
+        })),
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {
                 min_bytes: a.min_bytes,
