@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
+//!          [--timeline FILE [--timeline-iters N]]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
@@ -36,7 +37,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train the network a config describes (the default command).
-    Train(Common),
+    Train {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        timeline: TimelineArgs,
+    },
     /// Validate a config and print the resolved plan without training.
     Check(Common),
     /// Time training steps: samples/s and the split of a step into its phases.
@@ -74,6 +80,17 @@ enum Command {
             Example: p2ptrain plot runs/a/metrics.jsonl runs/b/metrics.jsonl -o curves.png"
     )]
     Plot(PlotArgs),
+}
+
+#[derive(Args)]
+struct TimelineArgs {
+    /// Write a timeline of the run to FILE (Chrome trace JSON: chrome://tracing, Perfetto).
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// Iterations the timeline records in detail, from the first (test passes are always recorded).
+    #[arg(long, value_name = "N", default_value_t = app::DEFAULT_TIMELINE_ITERS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeline_iters: u64,
 }
 
 #[derive(Args)]
@@ -144,6 +161,7 @@ impl From<Common> for Options {
             weights: c.weights,
             output: c.output,
             progress: !c.no_progress,
+            ..Options::default()
         }
     }
 }
@@ -174,7 +192,14 @@ fn main() {
     let cli = Cli::parse_from(with_default_command(std::env::args().collect()));
     let (action, opts) = match cli.command {
         None => (Action::Train, Options::default()),
-        Some(Command::Train(c)) => (Action::Train, c.into()),
+        Some(Command::Train { common, timeline }) => (
+            Action::Train,
+            Options {
+                timeline: timeline.timeline,
+                timeline_iters: timeline.timeline_iters,
+                ..common.into()
+            },
+        ),
         Some(Command::Check(c)) => (Action::Check, c.into()),
         Some(Command::Bench {
             common,
