@@ -381,7 +381,9 @@ fn draw_on<DB: DrawingBackend>(
         let ylabel = if is_loss { "loss" } else { "accuracy" };
         if is_loss && log_loss {
             let y = (y.start * 0.9)..(y.end * 1.1);
-            panel(area, title, xlabel, ylabel, x, y.log_scale(), series)?;
+            let ticks = log_ticks(y.start, y.end);
+            let y = y.log_scale().with_key_points(ticks);
+            panel(area, title, xlabel, ylabel, x, y, series)?;
         } else {
             let pad = if is_loss {
                 0.05 * (y.end - y.start)
@@ -468,6 +470,38 @@ where
         .border_style(RGBColor(180, 180, 180))
         .label_font(("sans-serif", 15))
         .draw()
+}
+
+/// Ticks of a logarithmic axis over `lo..hi` (0 < lo < hi): 1, 2, 5 × 10^k, or every
+/// 1..9 × 10^k when that gives fewer than three (a range within one decade), or evenly spaced
+/// round values when even that gives fewer than three (a narrow range).
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let within = |mantissas: &[f64]| -> Vec<f64> {
+        let (k0, k1) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        (k0..=k1)
+            .flat_map(|k| mantissas.iter().map(move |m| m * 10f64.powi(k)))
+            .filter(|v| (lo..=hi).contains(v))
+            .collect()
+    };
+    let coarse = within(&[1.0, 2.0, 5.0]);
+    if coarse.len() >= 3 {
+        return coarse;
+    }
+    let fine = within(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    if fine.len() >= 3 {
+        return fine;
+    }
+    // A round step (1, 2 or 5 × 10^k) giving about five ticks.
+    let raw = (hi - lo) / 5.0;
+    let unit = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * unit)
+        .find(|&st| st >= raw)
+        .unwrap_or(10.0 * unit);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
 }
 
 /// An axis tick: at most four significant digits, no trailing zeros (`0.30000000000000004` → `0.3`).
@@ -574,6 +608,23 @@ mod tests {
         assert_eq!(read_run(&run_dir, None).unwrap().label, "lr0.1");
         let run = read_run(&run_dir, Some("baseline".into())).unwrap();
         assert_eq!(run.label, "baseline");
+    }
+
+    #[test]
+    fn a_log_axis_has_ticks_even_within_one_decade() {
+        assert_eq!(log_ticks(0.05, 3.0), vec![0.05, 0.1, 0.2, 0.5, 1.0, 2.0]);
+        let narrow = log_ticks(0.75, 2.5);
+        let want = [0.8, 0.9, 1.0, 2.0];
+        assert_eq!(narrow.len(), want.len(), "{narrow:?}");
+        for (t, w) in narrow.iter().zip(want) {
+            assert!((t - w).abs() < 1e-12, "{narrow:?}");
+        }
+        let tight = log_ticks(1.7, 2.6);
+        let want = [1.8, 2.0, 2.2, 2.4, 2.6];
+        assert_eq!(tight.len(), want.len(), "{tight:?}");
+        for (t, w) in tight.iter().zip(want) {
+            assert!((t - w).abs() < 1e-9, "{tight:?}");
+        }
     }
 
     #[test]
