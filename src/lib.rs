@@ -2,7 +2,8 @@
 //! line of Caffe's P2PManager/P2PSync. The binary (`main.rs`) is glue; the work happens here.
 //!
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
-//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel`.
+//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
+//! `plot` reads only `metrics.jsonl`.
 
 pub mod allreduce_bench;
 pub mod app;
