@@ -1,6 +1,7 @@
 //! Recording a replica's timeline (`p2ptrain train --timeline FILE`): spans of the step phases
 //! (data wait, forward, backward, all-reduce, update) for the first `iters` iterations, every test
-//! pass, and the engine's own finer spans (forward and backward per layer on the CPU; the
+//! pass (the window starts at the first iteration the run executes, so a run that does not
+//! start at iteration 0 is recorded too), and the engine's own finer spans (forward and backward per layer on the CPU; the
 //! device's phases from CUDA events on a GPU) over the same window.
 //!
 //! Cost: nothing when off (`StepTimes` and the engines hold an `Option` checked once per span
@@ -113,8 +114,10 @@ const STEP_SPANS: usize = 8;
 #[derive(Debug)]
 pub struct Timeline {
     log: SpanLog,
-    /// Iterations recorded in detail, from iteration 0.
+    /// Iterations recorded in detail, from the first one the run executes.
     iters: u64,
+    /// The first iteration seen by `begin_iter`.
+    first: Option<u64>,
     iter: u64,
     /// Whether step and engine spans are still recorded (test passes always are).
     detailed: bool,
@@ -130,6 +133,7 @@ impl Timeline {
         Ok(Timeline {
             log: SpanLog::with_capacity(origin, iters as usize * STEP_SPANS + 64),
             iters,
+            first: None,
             iter: 0,
             detailed: true,
         })
@@ -154,7 +158,8 @@ impl Timeline {
     /// detailed recording and collects the engine's spans.
     pub fn begin_iter<E: Engine>(&mut self, iter: u64, engine: &mut E) -> Result<()> {
         self.iter = iter;
-        if self.detailed && iter >= self.iters {
+        let first = *self.first.get_or_insert(iter);
+        if self.detailed && iter >= first.saturating_add(self.iters) {
             self.end_detail(engine)?;
         }
         Ok(())
