@@ -21,6 +21,9 @@ use tracing::info;
 /// The config embedded in the binary for `p2ptrain` without arguments.
 pub const QUICKSTART: &str = include_str!("../config/quickstart.toml");
 
+/// Iterations a timeline records in detail unless `--timeline-iters` says otherwise.
+pub const DEFAULT_TIMELINE_ITERS: u64 = 50;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -42,6 +45,10 @@ pub struct Options {
     pub output: Option<PathBuf>,
     /// Draw a progress bar when stdout is a terminal.
     pub progress: bool,
+    /// `--timeline FILE`: write a Chrome trace of the run (train only).
+    pub timeline: Option<PathBuf>,
+    /// `--timeline-iters N`: iterations recorded in detail, from the start.
+    pub timeline_iters: u64,
 }
 
 impl Default for Options {
@@ -52,6 +59,8 @@ impl Default for Options {
             weights: None,
             output: None,
             progress: true,
+            timeline: None,
+            timeline_iters: DEFAULT_TIMELINE_ITERS,
         }
     }
 }
@@ -287,6 +296,15 @@ pub fn run(action: Action, opts: Options) -> i32 {
         )),
         _ => None,
     };
+    // The timeline file is created now, so that a bad path fails before training.
+    let outputs = match (&opts.timeline, outputs) {
+        (Some(path), Some(Ok(o))) => Some(
+            std::fs::File::create(path)
+                .map(|_| o)
+                .map_err(|e| Error::Usage(format!("--timeline {}: {e}", path.display()))),
+        ),
+        (_, o) => o,
+    };
     let outputs = match boot.agree(outputs.transpose()) {
         Ok(o) => o,
         Err(code) => return code,
@@ -303,6 +321,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         data: prepared.data,
         initial: Arc::new(prepared.initial),
         devices,
+        timeline_iters: opts.timeline.as_ref().map(|_| opts.timeline_iters),
     };
     let mode = match action {
         Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },
@@ -313,7 +332,25 @@ pub fn run(action: Action, opts: Options) -> i32 {
             if boot.rank == 0 {
                 summarize(&plan, &report, mode, &dir);
             }
-            0
+            let Some(path) = opts
+                .timeline
+                .as_ref()
+                .filter(|_| matches!(mode, Mode::Train))
+            else {
+                return 0;
+            };
+            match crate::chrome_trace::write(&boot, &hostname(), &report.traces, path) {
+                Ok(()) => {
+                    if boot.rank == 0 {
+                        println!("timeline: {}", path.display());
+                    }
+                    0
+                }
+                Err(e) => {
+                    report_error(boot.rank, &e);
+                    e.exit_code()
+                }
+            }
         }
         Err(e) => {
             report_error(boot.rank, &e);

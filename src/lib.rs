@@ -2,11 +2,13 @@
 //! line of Caffe's P2PManager/P2PSync. The binary (`main.rs`) is glue; the work happens here.
 //!
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
-//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel`.
+//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
+//! `plot` reads only `metrics.jsonl`.
 
 pub mod allreduce_bench;
 pub mod app;
 pub mod backend;
+pub mod chrome_trace;
 pub mod config;
 pub mod cuda;
 pub mod data;
@@ -18,6 +20,7 @@ pub mod metrics;
 pub mod net;
 pub mod parallel;
 pub mod params;
+pub mod plot;
 pub mod snapshot;
 pub mod solver;
 pub mod tensor;

@@ -2,9 +2,11 @@
 //!
 //! ```text
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
+//!          [--timeline FILE [--timeline-iters N]]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
+//! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure.
@@ -13,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use p2ptrain::allreduce_bench::{self, BenchOptions};
 use p2ptrain::app::{self, Action, Options};
 use p2ptrain::config::BackendKind;
+use p2ptrain::plot::{self, PlotOptions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -34,7 +37,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train the network a config describes (the default command).
-    Train(Common),
+    Train {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        timeline: TimelineArgs,
+    },
     /// Validate a config and print the resolved plan without training.
     Check(Common),
     /// Time training steps: samples/s and the split of a step into its phases.
@@ -63,6 +71,42 @@ enum Command {
             Example: mpirun -np 2 p2ptrain bench-allreduce --backend cuda"
     )]
     BenchAllreduce(AllreduceArgs),
+    /// Draw training loss and test accuracy against iteration and wall time (SVG or PNG).
+    #[command(
+        long_about = "Draw the training loss and the test accuracy of one or more runs against \
+            iteration and against wall time, in one figure of four panels, runs overlaid. Each \
+            run is a metrics.jsonl (or the directory holding it), labelled by its directory \
+            name unless --label names it.\n\n\
+            Example: p2ptrain plot runs/a/metrics.jsonl runs/b/metrics.jsonl -o curves.png"
+    )]
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+struct TimelineArgs {
+    /// Write a timeline of the run to FILE (Chrome trace JSON: chrome://tracing, Perfetto).
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// Iterations the timeline records in detail, from the first (test passes are always recorded).
+    #[arg(long, value_name = "N", default_value_t = app::DEFAULT_TIMELINE_ITERS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeline_iters: u64,
+}
+
+#[derive(Args)]
+struct PlotArgs {
+    /// metrics.jsonl files (or run directories holding one).
+    #[arg(required = true, value_name = "METRICS")]
+    inputs: Vec<PathBuf>,
+    /// The figure to write: its extension (.svg or .png) picks the format.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Label of a run, in the order of the files (default: the file's directory name).
+    #[arg(long = "label", value_name = "NAME")]
+    labels: Vec<String>,
+    /// Logarithmic loss axis.
+    #[arg(long)]
+    log_loss: bool,
 }
 
 #[derive(Args)]
@@ -117,14 +161,16 @@ impl From<Common> for Options {
             weights: c.weights,
             output: c.output,
             progress: !c.no_progress,
+            ..Options::default()
         }
     }
 }
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 9] = [
+    const KNOWN: [&str; 10] = [
         "train",
+        "plot",
         "check",
         "bench",
         "bench-allreduce",
@@ -146,13 +192,26 @@ fn main() {
     let cli = Cli::parse_from(with_default_command(std::env::args().collect()));
     let (action, opts) = match cli.command {
         None => (Action::Train, Options::default()),
-        Some(Command::Train(c)) => (Action::Train, c.into()),
+        Some(Command::Train { common, timeline }) => (
+            Action::Train,
+            Options {
+                timeline: timeline.timeline,
+                timeline_iters: timeline.timeline_iters,
+                ..common.into()
+            },
+        ),
         Some(Command::Check(c)) => (Action::Check, c.into()),
         Some(Command::Bench {
             common,
             warmup,
             iters,
         }) => (Action::Bench { warmup, iters }, common.into()),
+        Some(Command::Plot(p)) => std::process::exit(plot::run(&PlotOptions {
+            inputs: p.inputs,
+            labels: p.labels,
+            output: p.output,
+            log_loss: p.log_loss,
+        })),
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {
                 min_bytes: a.min_bytes,

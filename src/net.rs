@@ -13,6 +13,10 @@ use crate::tensor::Blob;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use std::time::Instant;
+
+/// Called with (layer index, start, end) after each layer of a traced pass.
+pub type LayerClock<'a> = dyn FnMut(usize, Instant, Instant) + 'a;
 
 /// Index of the `data` input blob.
 pub const DATA: usize = 0;
@@ -263,11 +267,22 @@ impl Net {
 
     /// Runs the layers of `phase` forward and returns the loss and accuracy outputs.
     pub fn forward(&mut self, ctx: &Ctx, params: &mut Params) -> Vec<Output> {
+        self.forward_traced(ctx, params, None)
+    }
+
+    /// `forward`, calling `on_layer(i, start, end)` after layer `i` ran (timelines).
+    pub fn forward_traced(
+        &mut self,
+        ctx: &Ctx,
+        params: &mut Params,
+        mut on_layer: Option<&mut LayerClock>,
+    ) -> Vec<Output> {
         let mut outputs = Vec::new();
         for i in 0..self.nodes.len() {
             if !self.nodes[i].runs_in(ctx.phase) {
                 continue;
             }
+            let start = on_layer.is_some().then(Instant::now);
             let (data, _) = params.layer_views(i);
             let node = &mut self.nodes[i];
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
@@ -286,6 +301,9 @@ impl Net {
             }
             restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
             restore_blobs(&mut self.blobs, &node.tops, tops);
+            if let (Some(f), Some(start)) = (on_layer.as_mut(), start) {
+                f(i, start, Instant::now());
+            }
         }
         outputs
     }
@@ -298,6 +316,17 @@ impl Net {
         ctx: &Ctx,
         params: &mut Params,
         on_layer_done: &mut dyn FnMut(usize),
+    ) {
+        self.backward_traced(ctx, params, on_layer_done, None)
+    }
+
+    /// `backward`, calling `on_layer(i, start, end)` after layer `i`'s backward (timelines).
+    pub fn backward_traced(
+        &mut self,
+        ctx: &Ctx,
+        params: &mut Params,
+        on_layer_done: &mut dyn FnMut(usize),
+        mut on_layer: Option<&mut LayerClock>,
     ) {
         for (b, needs) in self.blobs.iter_mut().zip(&self.blob_needs_grad) {
             if *needs {
@@ -316,6 +345,7 @@ impl Net {
             if !node.runs_in(ctx.phase) || !node.needs_backward {
                 continue;
             }
+            let start = on_layer.is_some().then(Instant::now);
             let (data, mut diffs) = params.layer_views(i);
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
@@ -324,6 +354,9 @@ impl Net {
                 .backward(ctx, tops, &node.propagate_down, bottoms, &data, &mut diffs);
             restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
             restore_blobs(&mut self.blobs, &node.tops, tops);
+            if let (Some(f), Some(start)) = (on_layer.as_mut(), start) {
+                f(i, start, Instant::now());
+            }
             on_layer_done(i);
         }
     }

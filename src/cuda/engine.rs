@@ -5,6 +5,10 @@
 //! the compute stream has passed the backward of the bucket's last layer (ordered by CUDA events,
 //! never by host synchronisation); before the update the compute stream waits for the last
 //! bucket.
+//!
+//! Timeline: the device's step phases, from the `PhaseClock`'s CUDA events mapped onto the host
+//! clock through one event recorded when the timeline starts (per-layer and per-bucket device
+//! spans are not recorded).
 
 use super::bucket::{plan_buckets, Bucket};
 use super::nccl::{NcclComm, NcclId};
@@ -16,10 +20,19 @@ use crate::config::{Config, Phase, ReduceMode};
 use crate::error::{Error, Result};
 use crate::net::Output;
 use crate::parallel::engine::{Engine, PassCtx};
+use crate::parallel::timeline::{Name, SpanLog, Track};
 use crate::parallel::timing::Phase as Step;
 use crate::params::Params;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use std::sync::Arc;
+use std::time::Instant;
+
+/// A timeline being recorded: the event that stands for `at_ns` after `origin`.
+struct TimelineZero {
+    origin: Instant,
+    zero: CudaEvent,
+    at_ns: u64,
+}
 
 /// One GPU replica.
 pub struct GpuEngine {
@@ -40,6 +53,8 @@ pub struct GpuEngine {
     clock: PhaseClock,
     /// The event that orders the compute and communication streams.
     fence: CudaEvent,
+    /// Set while a timeline records the device's phases (through `clock`).
+    timeline: Option<TimelineZero>,
 }
 
 impl GpuEngine {
@@ -90,6 +105,7 @@ impl GpuEngine {
             sub: 0,
             clock: PhaseClock::default(),
             fence,
+            timeline: None,
         })
     }
 
@@ -237,6 +253,36 @@ impl Engine for GpuEngine {
 
     fn device_phase_seconds(&mut self) -> Result<Option<[f64; 5]>> {
         self.clock.seconds().map(Some)
+    }
+
+    fn start_spans(&mut self, origin: Instant, _iters: u64) -> Result<()> {
+        // With the stream idle, the event completes as it is recorded: its time is the host's.
+        self.gpu.synchronize()?;
+        let zero = PhaseClock::event(&self.gpu)?;
+        self.gpu.synchronize()?;
+        let at_ns = origin.elapsed().as_nanos() as u64;
+        self.timeline = Some(TimelineZero {
+            origin,
+            zero,
+            at_ns,
+        });
+        self.clock.set(true);
+        Ok(())
+    }
+
+    fn take_spans(&mut self) -> Result<Option<SpanLog>> {
+        let Some(t) = self.timeline.take() else {
+            return Ok(None);
+        };
+        let spans = self.clock.spans(&t.zero)?;
+        self.clock.set(false);
+        let mut log = SpanLog::with_capacity(t.origin, spans.len());
+        for (phase, start_ms, dur_ms) in spans {
+            let start_ns = t.at_ns + (start_ms.max(0.0) * 1e6) as u64;
+            let dur_ns = (dur_ms.max(0.0) * 1e6) as u64;
+            log.push_ns(Name::Step(phase), Track::Device, start_ns, dur_ns, None);
+        }
+        Ok(Some(log))
     }
 
     fn loss_window(&mut self) -> Result<Vec<f64>> {

@@ -1,6 +1,7 @@
 //! `PhaseClock`: the device time of each phase of a training step (data copy, forward, backward,
 //! exposed all-reduce, update), from pairs of timing events recorded on the compute stream. Off
-//! by default; `p2ptrain bench` turns it on. Reading it synchronises.
+//! by default; `p2ptrain bench` turns it on, and so does a timeline (`spans`). Reading it
+//! synchronises.
 
 use super::{gpu_error, Gpu};
 use crate::error::Result;
@@ -22,7 +23,8 @@ impl PhaseClock {
         self.marks.clear();
     }
 
-    fn event(gpu: &Gpu) -> Result<CudaEvent> {
+    /// Records a timing event on the compute stream.
+    pub fn event(gpu: &Gpu) -> Result<CudaEvent> {
         gpu.compute
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| gpu_error("record a timing event", e))
@@ -38,6 +40,20 @@ impl PhaseClock {
         let end = Self::event(gpu)?;
         self.marks.push((phase, start, end));
         Ok(r)
+    }
+
+    /// Each recorded phase as (phase, start, duration) in milliseconds, the start measured from
+    /// `zero` (an earlier event of the compute stream); clears the record.
+    pub fn spans(&mut self, zero: &CudaEvent) -> Result<Vec<(Phase, f64, f64)>> {
+        let read = |a: &CudaEvent, b: &CudaEvent| {
+            a.elapsed_ms(b)
+                .map(|ms| ms as f64)
+                .map_err(|e| gpu_error("read a timing event", e))
+        };
+        self.marks
+            .drain(..)
+            .map(|(phase, start, end)| Ok((phase, read(zero, &start)?, read(&start, &end)?)))
+            .collect()
     }
 
     /// Seconds per phase (in `Phase::ALL` order) since recording started; clears the record.

@@ -12,6 +12,7 @@ use super::mpi_link::MpiLink;
 use super::CpuComm;
 use crate::error::{Error, Result};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::Threading;
@@ -150,6 +151,40 @@ impl Bootstrap {
                 CpuComm::new(group.clone(), local, self.rank, self.size, link)
             })
             .collect()
+    }
+
+    /// Gathers every process's `mine` on process 0, in rank order (`None` elsewhere). Every
+    /// process calls it from its main thread.
+    pub fn gather_bytes(&self, mine: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let root = self.world.process_at_rank(0);
+        let len = i32::try_from(mine.len()).expect("gathered buffer under 2 GiB");
+        if self.rank != 0 {
+            root.gather_into(&len);
+            root.gather_varcount_into(mine);
+            return None;
+        }
+        let mut counts = vec![0i32; self.size];
+        root.gather_into_root(&len, &mut counts[..]);
+        let displs: Vec<i32> = counts
+            .iter()
+            .scan(0i32, |at, &c| {
+                let d = *at;
+                *at += c;
+                Some(d)
+            })
+            .collect();
+        let mut all = vec![0u8; counts.iter().map(|&c| c as usize).sum()];
+        {
+            let mut part = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            root.gather_varcount_into_root(mine, &mut part);
+        }
+        Some(
+            counts
+                .iter()
+                .zip(&displs)
+                .map(|(&c, &d)| all[d as usize..(d + c) as usize].to_vec())
+                .collect(),
+        )
     }
 
     /// Waits for every process.

@@ -2,6 +2,7 @@
 //! and a `CpuComm` — behind the `Engine` seam.
 
 use super::engine::{Engine, PassCtx};
+use super::timeline::{Name, SpanLog, Track};
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
@@ -10,6 +11,7 @@ use crate::layers::Ctx;
 use crate::net::{weighted_loss, Net, Output};
 use crate::params::Params;
 use crate::solver::Solver;
+use std::time::Instant;
 
 /// One CPU replica.
 pub struct CpuEngine {
@@ -21,6 +23,9 @@ pub struct CpuEngine {
     seed: u64,
     /// One slot per iteration of the `average_loss` window: the sum of its sub-batch losses.
     loss_slots: Vec<f64>,
+    iter_size: u64,
+    /// Per-layer spans, while a timeline records them.
+    spans: Option<SpanLog>,
 }
 
 impl CpuEngine {
@@ -42,6 +47,8 @@ impl CpuEngine {
             comm,
             seed: cfg.solver.random_seed,
             loss_slots: vec![0.0; cfg.solver.average_loss as usize],
+            iter_size: cfg.solver.iter_size,
+            spans: None,
         })
     }
 }
@@ -88,7 +95,7 @@ impl Engine for CpuEngine {
     fn forward_train(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
         debug_assert_eq!(c.phase, Phase::Train);
         let ctx = layer_ctx(&self.cpu, self.seed, c);
-        let outputs = self.net.forward(&ctx, &mut self.params);
+        let outputs = forward(&mut self.net, &ctx, &mut self.params, &mut self.spans);
         let loss = weighted_loss(&outputs);
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
@@ -97,13 +104,28 @@ impl Engine for CpuEngine {
 
     fn backward(&mut self, c: PassCtx) -> Result<()> {
         let ctx = layer_ctx(&self.cpu, self.seed, c);
-        self.net.backward(&ctx, &mut self.params, &mut |_| {});
+        match &mut self.spans {
+            None => self.net.backward(&ctx, &mut self.params, &mut |_| {}),
+            Some(log) => self.net.backward_traced(
+                &ctx,
+                &mut self.params,
+                &mut |_| {},
+                Some(&mut |i, start, end| {
+                    log.push(Name::Backward(i as u32), Track::Host, start, end, c.iter)
+                }),
+            ),
+        }
         Ok(())
     }
 
     fn forward_test(&mut self, c: PassCtx) -> Result<Vec<Output>> {
         let ctx = layer_ctx(&self.cpu, self.seed, c);
-        Ok(self.net.forward(&ctx, &mut self.params))
+        Ok(forward(
+            &mut self.net,
+            &ctx,
+            &mut self.params,
+            &mut self.spans,
+        ))
     }
 
     fn all_reduce_gradients(&mut self) -> Result<()> {
@@ -132,6 +154,41 @@ impl Engine for CpuEngine {
 
     fn params_to_host(&mut self) -> Result<Params> {
         Ok(self.params.clone())
+    }
+
+    fn start_spans(&mut self, origin: Instant, iters: u64) -> Result<()> {
+        let layers = self.net.len();
+        // Forward and backward per layer and sub-batch, plus room for a few test batches.
+        let capacity = (iters * self.iter_size) as usize * 2 * layers + 64 * layers;
+        let mut log = SpanLog::with_capacity(origin, capacity);
+        log.layer_names = (0..layers)
+            .map(|i| self.net.layer_name(i).to_string())
+            .collect();
+        self.spans = Some(log);
+        Ok(())
+    }
+
+    fn take_spans(&mut self) -> Result<Option<SpanLog>> {
+        Ok(self.spans.take())
+    }
+}
+
+/// The net's forward, recording per-layer spans into `spans` when there is a log.
+fn forward(
+    net: &mut Net,
+    ctx: &Ctx,
+    params: &mut Params,
+    spans: &mut Option<SpanLog>,
+) -> Vec<Output> {
+    match spans {
+        None => net.forward(ctx, params),
+        Some(log) => net.forward_traced(
+            ctx,
+            params,
+            Some(&mut |i, start, end| {
+                log.push(Name::Forward(i as u32), Track::Host, start, end, ctx.iter)
+            }),
+        ),
     }
 }
 

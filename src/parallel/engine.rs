@@ -8,6 +8,9 @@ use crate::config::Phase;
 use crate::error::Result;
 use crate::net::Output;
 use crate::params::Params;
+use std::time::Instant;
+
+use super::timeline::SpanLog;
 
 /// Where in training a forward/backward pass happens (topology-invariant randomness keys).
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +61,15 @@ pub trait Engine {
     /// Device seconds per phase (in `timing::Phase::ALL` order) since measuring started; `None`
     /// when the engine has no device clock (the CPU: the host timings are the device timings).
     fn device_phase_seconds(&mut self) -> Result<Option<[f64; 5]>> {
+        Ok(None)
+    }
+    /// Timeline: starts recording the engine's own spans (per layer; device phases) against
+    /// `origin`, sized for about `iters` iterations. Off unless called.
+    fn start_spans(&mut self, _origin: Instant, _iters: u64) -> Result<()> {
+        Ok(())
+    }
+    /// Stops recording the engine's spans and hands them back (`None` if it records none).
+    fn take_spans(&mut self) -> Result<Option<SpanLog>> {
         Ok(None)
     }
     /// Ends the replica's part in the job cleanly, after its last collective (an NCCL

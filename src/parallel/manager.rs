@@ -45,6 +45,8 @@ pub struct P2PManager {
     /// Parameters every replica starts from (filled from the seed or `--weights`).
     pub initial: Arc<Params>,
     pub devices: Devices,
+    /// Record a timeline of this many training iterations (`--timeline`).
+    pub timeline_iters: Option<u64>,
 }
 
 /// Runs `mode` on one replica's engine.
@@ -54,8 +56,9 @@ fn drive<E: Engine>(
     engine: E,
     out: Option<Outputs>,
     mode: Mode,
+    timeline_iters: Option<u64>,
 ) -> Result<RunReport> {
-    let sync = P2PSync::new(plan, data, engine, out);
+    let sync = P2PSync::new(plan, data, engine, out).with_timeline(timeline_iters);
     match mode {
         Mode::Train => sync.train(),
         Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
@@ -83,7 +86,14 @@ impl P2PManager {
                     let cpu = Cpu::new(threads_per_replica);
                     let engine =
                         CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?;
-                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                    drive(
+                        self.plan.clone(),
+                        self.data.clone(),
+                        engine,
+                        out,
+                        mode,
+                        self.timeline_iters,
+                    )
                 })
             }
             Devices::Cuda {
@@ -109,10 +119,23 @@ impl P2PManager {
                             engine.device_name()
                         );
                     }
-                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                    drive(
+                        self.plan.clone(),
+                        self.data.clone(),
+                        engine,
+                        out,
+                        mode,
+                        self.timeline_iters,
+                    )
                 })
             }
         };
-        Ok(reports.swap_remove(0))
+        let traces: Vec<_> = reports
+            .iter_mut()
+            .flat_map(|r| r.traces.drain(..))
+            .collect();
+        let mut first = reports.swap_remove(0);
+        first.traces = traces;
+        Ok(first)
     }
 }

@@ -9,6 +9,7 @@ pub mod fault;
 pub mod manager;
 pub mod scores;
 pub mod sync;
+pub mod timeline;
 pub mod timing;
 
 pub use engine::{Engine, PassCtx};

@@ -7,6 +7,7 @@
 use super::engine::{Engine, PassCtx};
 use super::fault::InjectedPanic;
 use super::scores::SharedScores;
+use super::timeline::{ReplicaTrace, Timeline};
 use super::timing::{Phase as Step, StepTimes};
 use crate::config::{Phase, Plan};
 use crate::data::{self, Augment, DataSplit, TrainReader};
@@ -50,6 +51,8 @@ pub struct ReplicaReport {
     pub step_seconds: Option<[f64; 5]>,
     /// Which clock measured `step_seconds`.
     pub step_clock: &'static str,
+    /// Recorded timelines (`--timeline`): this replica's; the manager gathers its process's here.
+    pub traces: Vec<ReplicaTrace>,
 }
 
 /// One replica.
@@ -58,6 +61,8 @@ pub struct P2PSync<E: Engine> {
     data: DataSplit,
     engine: E,
     outputs: Option<Outputs>,
+    /// Record a timeline of this many iterations (`--timeline-iters`).
+    timeline_iters: Option<u64>,
 }
 
 impl<E: Engine> P2PSync<E> {
@@ -67,7 +72,14 @@ impl<E: Engine> P2PSync<E> {
             data,
             engine,
             outputs,
+            timeline_iters: None,
         }
+    }
+
+    /// Records a timeline of the first `iters` iterations of training.
+    pub fn with_timeline(mut self, iters: Option<u64>) -> Self {
+        self.timeline_iters = iters;
+        self
     }
 
     fn reader(&self, first_micro_batch: u64) -> TrainReader {
@@ -131,17 +143,24 @@ impl<E: Engine> P2PSync<E> {
         let s = self.plan.config.solver.clone();
         let mut reader = self.reader(0);
         let mut report = ReplicaReport::default();
-        let mut times = StepTimes::new(false);
+        let timeline = match self.timeline_iters {
+            Some(n) => Some(Timeline::start(&mut self.engine, n)?),
+            None => None,
+        };
+        let mut times = StepTimes::new(false).with_timeline(timeline);
         let started = Instant::now();
         let mut last_display = (started, 0u64);
         let fault = InjectedPanic::from_env();
         for iter in 0..s.max_iter {
             InjectedPanic::check(fault, self.engine.rank(), iter);
+            if let Some(tl) = times.timeline() {
+                tl.begin_iter(iter, &mut self.engine)?;
+            }
             if s.test_interval > 0
                 && iter % s.test_interval == 0
                 && (iter > 0 || s.test_initialization)
             {
-                report.last_test = Some(self.test(iter)?);
+                report.last_test = Some(times.test(|| self.test(iter))?);
             }
             let lr = self.step(iter, &mut reader, &mut times)?;
             if s.display > 0 && iter % s.display == 0 {
@@ -176,7 +195,10 @@ impl<E: Engine> P2PSync<E> {
         if let Some(bar) = self.outputs.as_ref().and_then(|o| o.progress.as_ref()) {
             bar.finish_and_clear();
         }
-        report.last_test = Some(self.test(s.max_iter)?);
+        report.last_test = Some(times.test(|| self.test(s.max_iter))?);
+        if let Some(tl) = times.take_timeline() {
+            report.traces.push(tl.finish(&mut self.engine)?);
+        }
         self.snapshot(s.max_iter, &mut report)?;
         drop(reader);
         self.engine.barrier()?;

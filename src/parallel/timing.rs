@@ -1,6 +1,8 @@
 //! `StepTimes`: where the time of a training step goes (Caffe's `caffe time`): data wait, forward,
-//! backward, all-reduce and update, accumulated per replica and averaged over replicas.
+//! backward, all-reduce and update, accumulated per replica and averaged over replicas. With a
+//! `Timeline` attached, each phase is also recorded as a span (`p2ptrain train --timeline`).
 
+use super::timeline::Timeline;
 use std::time::Instant;
 
 /// The phases of a step.
@@ -34,10 +36,11 @@ impl Phase {
 }
 
 /// Seconds spent per phase.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct StepTimes {
     pub seconds: [f64; 5],
     enabled: bool,
+    timeline: Option<Box<Timeline>>,
 }
 
 impl StepTimes {
@@ -46,17 +49,51 @@ impl StepTimes {
         StepTimes {
             seconds: [0.0; 5],
             enabled,
+            timeline: None,
         }
+    }
+
+    /// Also records every phase into `timeline`, when there is one.
+    pub fn with_timeline(mut self, timeline: Option<Timeline>) -> Self {
+        self.timeline = timeline.map(Box::new);
+        self
+    }
+
+    /// The attached timeline.
+    pub fn timeline(&mut self) -> Option<&mut Timeline> {
+        self.timeline.as_deref_mut()
+    }
+
+    /// Detaches the timeline.
+    pub fn take_timeline(&mut self) -> Option<Timeline> {
+        self.timeline.take().map(|t| *t)
     }
 
     /// Runs `f`, adding its duration to `phase`.
     pub fn time<T>(&mut self, phase: Phase, f: impl FnOnce() -> T) -> T {
-        if !self.enabled {
+        if !self.enabled && self.timeline.is_none() {
             return f();
         }
         let t = Instant::now();
         let r = f();
-        self.seconds[phase as usize] += t.elapsed().as_secs_f64();
+        let end = Instant::now();
+        if self.enabled {
+            self.seconds[phase as usize] += (end - t).as_secs_f64();
+        }
+        if let Some(tl) = &mut self.timeline {
+            tl.step(phase, t, end);
+        }
+        r
+    }
+
+    /// Runs `f`, a test pass, recording it on the timeline if there is one.
+    pub fn test<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let Some(tl) = &mut self.timeline else {
+            return f();
+        };
+        let t = Instant::now();
+        let r = f();
+        tl.test(t, Instant::now());
         r
     }
 

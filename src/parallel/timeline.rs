@@ -1,0 +1,187 @@
+//! Recording a replica's timeline (`p2ptrain train --timeline FILE`): spans of the step phases
+//! (data wait, forward, backward, all-reduce, update) for the first `iters` iterations, every test
+//! pass (the window starts at the first iteration the run executes, so a run that does not
+//! start at iteration 0 is recorded too), and the engine's own finer spans (forward and backward per layer on the CPU; the
+//! device's phases from CUDA events on a GPU) over the same window.
+//!
+//! Cost: nothing when off (`StepTimes` and the engines hold an `Option` checked once per span
+//! site); when on, two clock reads and a push into a pre-allocated vector per span. Times are
+//! nanoseconds since an origin taken right after a barrier of all replicas at the start, so the
+//! spans of ranks on different hosts line up to within that barrier's skew. Rendering into the
+//! Chrome trace format is `crate::chrome_trace`'s.
+
+use super::engine::Engine;
+use super::timing::Phase as Step;
+use crate::error::Result;
+use std::time::Instant;
+
+/// What a span is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Name {
+    /// A phase of the training step.
+    Step(Step),
+    /// A whole test pass.
+    Test,
+    /// The forward of layer `i` (index into `SpanLog::layer_names`).
+    Forward(u32),
+    /// The backward of layer `i`.
+    Backward(u32),
+}
+
+/// Where a span ran: the replica's host thread, or its device's compute stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Track {
+    Host,
+    Device,
+}
+
+/// One recorded span.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    pub name: Name,
+    pub track: Track,
+    /// Nanoseconds since the origin.
+    pub start_ns: u64,
+    pub dur_ns: u64,
+    /// The iteration it belongs to, where known.
+    pub iter: Option<u64>,
+}
+
+/// Spans against one origin, with the names of the layers they refer to.
+#[derive(Debug, Clone)]
+pub struct SpanLog {
+    origin: Instant,
+    pub layer_names: Vec<String>,
+    pub spans: Vec<Span>,
+}
+
+impl SpanLog {
+    /// An empty log with room for `capacity` spans.
+    pub fn with_capacity(origin: Instant, capacity: usize) -> Self {
+        SpanLog {
+            origin,
+            layer_names: Vec::new(),
+            spans: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// The instant that time 0 stands for.
+    pub fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// Records a span that ran from `start` to `end` (host clock).
+    #[inline]
+    pub fn push(&mut self, name: Name, track: Track, start: Instant, end: Instant, iter: u64) {
+        let start_ns = start.saturating_duration_since(self.origin).as_nanos() as u64;
+        let dur_ns = end.saturating_duration_since(start).as_nanos() as u64;
+        self.push_ns(name, track, start_ns, dur_ns, Some(iter));
+    }
+
+    /// Records a span given in nanoseconds since the origin (a device clock mapped onto it).
+    #[inline]
+    pub fn push_ns(
+        &mut self,
+        name: Name,
+        track: Track,
+        start_ns: u64,
+        dur_ns: u64,
+        iter: Option<u64>,
+    ) {
+        self.spans.push(Span {
+            name,
+            track,
+            start_ns,
+            dur_ns,
+            iter,
+        });
+    }
+}
+
+/// The recorded timeline of one replica, as handed back at the end of training.
+#[derive(Debug, Clone)]
+pub struct ReplicaTrace {
+    /// Universal rank of the replica.
+    pub replica: usize,
+    pub log: SpanLog,
+}
+
+/// Spans a step records per iteration (data wait and forward/backward per sub-batch, all-reduce,
+/// update), for the initial capacity.
+const STEP_SPANS: usize = 8;
+
+/// A replica's timeline while it is being recorded.
+#[derive(Debug)]
+pub struct Timeline {
+    log: SpanLog,
+    /// Iterations recorded in detail, from the first one the run executes.
+    iters: u64,
+    /// The first iteration seen by `begin_iter`.
+    first: Option<u64>,
+    iter: u64,
+    /// Whether step and engine spans are still recorded (test passes always are).
+    detailed: bool,
+}
+
+impl Timeline {
+    /// Waits for every replica, takes the origin, and starts the engine's own spans: a
+    /// collective, called by every replica at the same point.
+    pub fn start<E: Engine>(engine: &mut E, iters: u64) -> Result<Timeline> {
+        engine.barrier()?;
+        let origin = Instant::now();
+        engine.start_spans(origin, iters)?;
+        Ok(Timeline {
+            log: SpanLog::with_capacity(origin, iters as usize * STEP_SPANS + 64),
+            iters,
+            first: None,
+            iter: 0,
+            detailed: true,
+        })
+    }
+
+    /// Records a step phase of the current iteration (inside the window).
+    #[inline]
+    pub fn step(&mut self, phase: Step, start: Instant, end: Instant) {
+        if self.detailed {
+            self.log
+                .push(Name::Step(phase), Track::Host, start, end, self.iter);
+        }
+    }
+
+    /// Records a test pass (always).
+    pub fn test(&mut self, start: Instant, end: Instant) {
+        self.log
+            .push(Name::Test, Track::Host, start, end, self.iter);
+    }
+
+    /// Marks the start of iteration `iter`; the first iteration past the window ends the
+    /// detailed recording and collects the engine's spans.
+    pub fn begin_iter<E: Engine>(&mut self, iter: u64, engine: &mut E) -> Result<()> {
+        self.iter = iter;
+        let first = *self.first.get_or_insert(iter);
+        if self.detailed && iter >= first.saturating_add(self.iters) {
+            self.end_detail(engine)?;
+        }
+        Ok(())
+    }
+
+    fn end_detail<E: Engine>(&mut self, engine: &mut E) -> Result<()> {
+        self.detailed = false;
+        if let Some(mut fine) = engine.take_spans()? {
+            self.log.layer_names = std::mem::take(&mut fine.layer_names);
+            self.log.spans.append(&mut fine.spans);
+        }
+        Ok(())
+    }
+
+    /// Ends recording (collecting the engine's spans if the window is still open).
+    pub fn finish<E: Engine>(mut self, engine: &mut E) -> Result<ReplicaTrace> {
+        if self.detailed {
+            self.end_detail(engine)?;
+        }
+        Ok(ReplicaTrace {
+            replica: engine.rank(),
+            log: self.log,
+        })
+    }
+}
