@@ -10,12 +10,15 @@
 //!   order of its `param_specs()`.
 
 pub mod accuracy;
+pub mod convolution;
 pub mod filler;
 pub mod gradient_check;
 pub mod inner_product;
+pub mod pooling;
 pub mod relu;
 pub mod sigmoid;
 pub mod softmax_with_loss;
+pub mod spatial;
 pub mod tanh;
 
 use crate::backend::Cpu;
@@ -97,6 +100,8 @@ pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
         LayerKind::Tanh => Box::new(tanh::TanH::new(cfg)),
         LayerKind::SoftmaxWithLoss => Box::new(softmax_with_loss::SoftmaxWithLoss::new(cfg)),
         LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
+        LayerKind::Convolution => Box::new(convolution::Convolution::new(cfg)?),
+        LayerKind::Pooling => Box::new(pooling::Pooling::new(cfg)?),
         other => {
             return Err(crate::error::Error::net(
                 &cfg.name,
