@@ -110,6 +110,19 @@ impl Convolution {
     }
 }
 
+impl Convolution {
+    /// Sizes the column buffer and the ones for the current geometry; allocates only when the
+    /// geometry grew (reshape itself allocates nothing, so that validation can call it freely).
+    fn buffers(&mut self) {
+        let g = self.geometry;
+        self.col.resize(g.col_rows() * g.col_cols(), 0.0);
+        if self.ones.len() != g.col_cols() {
+            self.ones.clear();
+            self.ones.resize(g.col_cols(), 1.0);
+        }
+    }
+}
+
 impl Layer for Convolution {
     fn type_name(&self) -> &'static str {
         "convolution"
@@ -161,10 +174,6 @@ impl Layer for Convolution {
             output,
         };
         self.num = n;
-        self.col
-            .resize(self.geometry.col_rows() * self.geometry.col_cols(), 0.0);
-        self.ones.clear();
-        self.ones.resize(self.geometry.col_cols(), 1.0);
         Ok(vec![vec![n, self.num_output, output[0], output[1]]])
     }
 
@@ -194,6 +203,7 @@ impl Layer for Convolution {
         let in_len = g.channels * g.input[0] * g.input[1];
         let out_len = self.num_output * p;
         let weight = params[0];
+        self.buffers();
         for n in 0..self.num {
             g.im2col(
                 &bottoms[0].data[n * in_len..(n + 1) * in_len],
@@ -247,6 +257,7 @@ impl Layer for Convolution {
         let in_len = g.channels * g.input[0] * g.input[1];
         let out_len = self.num_output * p;
         let weight = params[0];
+        self.buffers();
         let bottom = &mut bottoms[0];
         for n in 0..self.num {
             let dtop = &tops[0].diff[n * out_len..(n + 1) * out_len];

@@ -9,17 +9,28 @@
 //! - Learnable tensors live in the replica's flat `Params`; a layer sees them as slices in the
 //!   order of its `param_specs()`.
 
+pub mod abs_val;
 pub mod accuracy;
+pub mod bias;
+pub mod concat;
 pub mod convolution;
+pub mod eltwise;
 pub mod filler;
+pub mod flatten;
 pub mod gradient_check;
 pub mod inner_product;
 pub mod pooling;
+pub mod power;
 pub mod relu;
+pub mod reshape;
+pub mod scale;
 pub mod sigmoid;
+pub mod softmax;
 pub mod softmax_with_loss;
 pub mod spatial;
 pub mod tanh;
+#[cfg(test)]
+mod test_util;
 
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, LayerKind, Phase};
@@ -102,6 +113,15 @@ pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
         LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
         LayerKind::Convolution => Box::new(convolution::Convolution::new(cfg)?),
         LayerKind::Pooling => Box::new(pooling::Pooling::new(cfg)?),
+        LayerKind::Scale => Box::new(scale::Scale::new(cfg)?),
+        LayerKind::Bias => Box::new(bias::Bias::new(cfg)?),
+        LayerKind::Eltwise => Box::new(eltwise::Eltwise::new(cfg)?),
+        LayerKind::Concat => Box::new(concat::Concat::new(cfg)),
+        LayerKind::Flatten => Box::new(flatten::Flatten::new(cfg)),
+        LayerKind::Reshape => Box::new(reshape::Reshape::new(cfg)?),
+        LayerKind::Softmax => Box::new(softmax::Softmax::new(cfg)),
+        LayerKind::Power => Box::new(power::Power::new(cfg)),
+        LayerKind::AbsVal => Box::new(abs_val::AbsVal::new(cfg)),
         other => {
             return Err(crate::error::Error::net(
                 &cfg.name,

@@ -140,9 +140,6 @@ impl Layer for Pooling {
         self.planes = n * c;
         self.input = [h, w];
         self.output = output;
-        if self.method == PoolMethod::Max {
-            self.argmax.resize(n * c * output[0] * output[1], 0);
-        }
         Ok(vec![vec![n, c, output[0], output[1]]])
     }
 
@@ -151,6 +148,10 @@ impl Layer for Pooling {
         let [oh, ow] = self.output;
         let x = &bottoms[0].data;
         let y = &mut tops[0].data;
+        if self.method == PoolMethod::Max {
+            // A no-op after the first step at a given batch size.
+            self.argmax.resize(y.len(), 0);
+        }
         for p in 0..self.planes {
             let plane = &x[p * h * w..(p + 1) * h * w];
             for oy in 0..oh {
