@@ -21,16 +21,30 @@
 //!   multi-replica job and `None` otherwise (one replica; test passes, whose batch counts may
 //!   differ between replicas). Layers never see the communicator itself.
 
+pub mod abs_val;
 pub mod accuracy;
 pub mod batch_norm;
+pub mod bias;
+pub mod concat;
+pub mod convolution;
 pub mod dropout;
+pub mod eltwise;
 pub mod filler;
+pub mod flatten;
 pub mod gradient_check;
 pub mod inner_product;
+pub mod pooling;
+pub mod power;
 pub mod relu;
+pub mod reshape;
+pub mod scale;
 pub mod sigmoid;
+pub mod softmax;
 pub mod softmax_with_loss;
+pub mod spatial;
 pub mod tanh;
+#[cfg(test)]
+mod test_util;
 
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, LayerKind, Phase};
@@ -145,11 +159,16 @@ pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
         LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
         LayerKind::Dropout => Box::new(dropout::Dropout::new(cfg)),
         LayerKind::BatchNorm => Box::new(batch_norm::BatchNorm::new(cfg)),
-        other => {
-            return Err(crate::error::Error::net(
-                &cfg.name,
-                format!("layer type {other:?} is not built yet"),
-            ))
-        }
+        LayerKind::Convolution => Box::new(convolution::Convolution::new(cfg)?),
+        LayerKind::Pooling => Box::new(pooling::Pooling::new(cfg)?),
+        LayerKind::Scale => Box::new(scale::Scale::new(cfg)?),
+        LayerKind::Bias => Box::new(bias::Bias::new(cfg)?),
+        LayerKind::Eltwise => Box::new(eltwise::Eltwise::new(cfg)?),
+        LayerKind::Concat => Box::new(concat::Concat::new(cfg)),
+        LayerKind::Flatten => Box::new(flatten::Flatten::new(cfg)),
+        LayerKind::Reshape => Box::new(reshape::Reshape::new(cfg)?),
+        LayerKind::Softmax => Box::new(softmax::Softmax::new(cfg)),
+        LayerKind::Power => Box::new(power::Power::new(cfg)),
+        LayerKind::AbsVal => Box::new(abs_val::AbsVal::new(cfg)),
     })
 }
