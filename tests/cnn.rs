@@ -41,6 +41,35 @@ fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
     // 96.6% (287/297) with the seed of the config; the MLP quickstart reaches about 95%. The
     // bound leaves two test images for GEMM summation-order differences between machines.
     assert!(acc >= 0.955, "test accuracy {acc} below 0.955: {test}");
+
+    // The snapshot's 4-D convolution weights load back: testing them before any step gives
+    // the final test result again.
+    let snapshot = dir.join("snapshots/digits_cnn_iter_2000.safetensors");
+    let shapes = tensors(&snapshot);
+    assert_eq!(shapes["conv1.weight"].0, vec![16, 1, 3, 3]);
+    assert_eq!(shapes["conv2.weight"].0, vec![32, 16, 3, 3]);
+    let again = out_dir("cnn_digits_weights");
+    let out = p2ptrain(&[
+        "train",
+        repo("config/digits_cnn.toml").to_str().unwrap(),
+        "--output",
+        again.to_str().unwrap(),
+        "--weights",
+        snapshot.to_str().unwrap(),
+        "--set",
+        "solver.max_iter=1",
+        "--set",
+        "solver.test_initialization=true",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let first = metrics(&again.join("metrics.jsonl"))
+        .into_iter()
+        .find(|m| m["phase"] == "test")
+        .unwrap();
+    assert_eq!(first["iter"], 0);
+    assert_eq!(first["accuracy"], test["accuracy"], "{first} vs {test}");
+    let (l0, l1) = (first["loss"].as_f64().unwrap(), test["loss"].as_f64().unwrap());
+    assert!((l0 - l1).abs() < 1e-5 * l1.max(1.0), "{first} vs {test}");
 }
 
 /// `config/lenet.toml` with the IDX files replaced by synthetic MNIST-shaped records.
