@@ -68,7 +68,10 @@ fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
         .unwrap();
     assert_eq!(first["iter"], 0);
     assert_eq!(first["accuracy"], test["accuracy"], "{first} vs {test}");
-    let (l0, l1) = (first["loss"].as_f64().unwrap(), test["loss"].as_f64().unwrap());
+    let (l0, l1) = (
+        first["loss"].as_f64().unwrap(),
+        test["loss"].as_f64().unwrap(),
+    );
     assert!((l0 - l1).abs() < 1e-5 * l1.max(1.0), "{first} vs {test}");
 }
 
