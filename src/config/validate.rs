@@ -8,8 +8,8 @@
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 
 use super::{
-    Config, DataFormat, FillerConfig, FillerKind, LayerConfig, LayerKind, LrPolicy, Phase,
-    SolverType, Source,
+    Config, DataFormat, Dims, EltwiseOp, FillerConfig, FillerKind, LayerConfig, LayerKind,
+    LrPolicy, Phase, SolverType, Source,
 };
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -22,6 +22,8 @@ const GIB: u64 = 1 << 30;
 const MAX_TENSOR_BYTES: u64 = 64 * GIB;
 const MAX_REPLICAS_PER_RANK: usize = 1024;
 const MAX_NUM_OUTPUT: usize = 1 << 28;
+/// The largest kernel size, stride, pad or dilation.
+const MAX_SPATIAL: usize = 1 << 20;
 /// Record elements of a synthetic shape must stay below this.
 const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// The bundled digits: 8×8 grey images of 10 classes.
@@ -710,17 +712,48 @@ impl Validator<'_> {
                 format!("`{k}` does not apply to a layer of type {kind}"),
             ));
         }
-        let bias = l.kind == LayerKind::InnerProduct && l.bias_term != Some(false);
-        if l.bias_filler.is_some() && !bias && l.kind == LayerKind::InnerProduct {
+        let bias = match l.kind {
+            LayerKind::InnerProduct | LayerKind::Convolution => l.bias_term != Some(false),
+            LayerKind::Scale => l.bias_term == Some(true),
+            _ => false,
+        };
+        let takes_bias_filler = matches!(
+            l.kind,
+            LayerKind::InnerProduct | LayerKind::Convolution | LayerKind::Scale
+        );
+        if l.bias_filler.is_some() && !bias && takes_bias_filler {
+            let off = if l.kind == LayerKind::Scale {
+                "unless bias_term = true"
+            } else {
+                "when bias_term = false"
+            };
             return Err(self.err(
                 &key("bias_filler"),
-                "`bias_filler` does not apply when bias_term = false",
+                format!("`bias_filler` does not apply {off}"),
             ));
         }
-        let learnable = match l.kind {
-            LayerKind::InnerProduct => 1 + bias as usize,
-            _ => 0,
+        // Scale and Bias learn their tensor only with one bottom; a second bottom provides it.
+        let one_bottom = l.bottom.len() < 2;
+        let (learnable, tensors) = match l.kind {
+            LayerKind::InnerProduct | LayerKind::Convolution if bias => {
+                (2, "2 learnable tensors (weight, bias)")
+            }
+            LayerKind::InnerProduct | LayerKind::Convolution => {
+                (1, "1 learnable tensor (weight; bias_term = false)")
+            }
+            LayerKind::Scale if one_bottom && bias => (2, "2 learnable tensors (scale, bias)"),
+            LayerKind::Scale if one_bottom => (1, "1 learnable tensor (scale)"),
+            LayerKind::Scale if bias => (
+                1,
+                "1 learnable tensor (bias; the scale is the second bottom)",
+            ),
+            LayerKind::Bias if one_bottom => (1, "1 learnable tensor (bias)"),
+            _ => (0, ""),
         };
+        // Dropout and BatchNorm keys.
+        if l.kind == LayerKind::Dropout || l.kind == LayerKind::BatchNorm {
+            self.dropout_batch_norm_keys(i, l)?;
+        }
         for (k, mults) in [("lr_mult", &l.lr_mult), ("decay_mult", &l.decay_mult)] {
             let Some(m) = mults else { continue };
             if learnable == 0 && !m.is_empty() {
@@ -730,14 +763,9 @@ impl Validator<'_> {
                 ));
             }
             if m.len() > learnable {
-                let what = if bias {
-                    "2 learnable tensors (weight, bias)"
-                } else {
-                    "1 learnable tensor (weight; bias_term = false)"
-                };
                 return Err(self.err(
                     &key(k),
-                    format!("has {} values but the layer has {what}", m.len()),
+                    format!("has {} values but the layer has {tensors}", m.len()),
                 ));
             }
             for (j, v) in m.iter().enumerate() {
@@ -781,9 +809,159 @@ impl Validator<'_> {
         for (k, f) in [
             ("weight_filler", &l.weight_filler),
             ("bias_filler", &l.bias_filler),
+            ("filler", &l.filler),
         ] {
             if let Some(f) = f {
                 self.filler(&key(k), f)?;
+            }
+        }
+        self.conv_keys(i, l)
+    }
+
+    /// The ranges of the keys of the convolutional layer types.
+    fn conv_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let kind = name_of(&l.kind);
+        let spatial = |k: &str, dims: &Option<Dims>, min: usize| -> Result<Option<[usize; 2]>> {
+            let Some(d) = dims else { return Ok(None) };
+            let Some(v) = d.per_axis(2) else {
+                return Err(self.err(
+                    &key(k),
+                    "takes 1 or 2 values (one per spatial axis; 2-D only)",
+                ));
+            };
+            for (j, &x) in v.iter().enumerate() {
+                let at = match d {
+                    Dims::PerAxis(list) if list.len() > 1 => format!("layer[{i}].{k}[{j}]"),
+                    _ => key(k),
+                };
+                if x < min || x > MAX_SPATIAL {
+                    return Err(self.src.error_at(
+                        &key(k),
+                        &at,
+                        format!("must be between {min} and {MAX_SPATIAL}, got {x}"),
+                    ));
+                }
+            }
+            Ok(Some([v[0], v[1]]))
+        };
+        match l.kind {
+            LayerKind::Convolution | LayerKind::Pooling => {
+                let conv = l.kind == LayerKind::Convolution;
+                let global = l.global_pooling == Some(true);
+                let kernel = spatial("kernel_size", &l.kernel_size, 1)?;
+                spatial("stride", &l.stride, 1)?;
+                let pad = spatial("pad", &l.pad, 0)?;
+                spatial("dilation", &l.dilation, 1)?;
+                if global {
+                    if let Some(k) = ["kernel_size", "stride", "pad"]
+                        .into_iter()
+                        .zip([l.kernel_size.is_some(), l.stride.is_some(), l.pad.is_some()])
+                        .find_map(|(k, set)| set.then_some(k))
+                    {
+                        return Err(self.err(
+                            &key(k),
+                            format!("`{k}` does not apply with global_pooling = true (the kernel is the whole image)"),
+                        ));
+                    }
+                } else if kernel.is_none() {
+                    let or = if conv {
+                        ""
+                    } else {
+                        " (or global_pooling = true)"
+                    };
+                    return Err(self.err(
+                        &key("kernel_size"),
+                        format!("a layer of type {kind} needs `kernel_size`{or}"),
+                    ));
+                }
+                if let (false, Some(k), Some(p)) = (conv, kernel, pad) {
+                    if p[0] >= k[0] || p[1] >= k[1] {
+                        return Err(self.err(
+                            &key("pad"),
+                            format!("must be smaller than the kernel {k:?}, got {p:?}"),
+                        ));
+                    }
+                }
+                if conv {
+                    let n = match l.num_output {
+                        None => {
+                            return Err(self.err(
+                                &key("num_output"),
+                                "a layer of type convolution needs `num_output`",
+                            ))
+                        }
+                        Some(n) if n == 0 || n > MAX_NUM_OUTPUT => {
+                            return Err(self.err(
+                                &key("num_output"),
+                                format!("must be between 1 and 2^28, got {n}"),
+                            ))
+                        }
+                        Some(n) => n,
+                    };
+                    if let Some(g) = l.group {
+                        if g == 0 || n % g != 0 {
+                            return Err(self.err(
+                                &key("group"),
+                                format!("must be at least 1 and divide num_output {n}, got {g}"),
+                            ));
+                        }
+                    }
+                }
+            }
+            LayerKind::Eltwise => {
+                if let Some(c) = &l.coeff {
+                    if l.operation.is_some_and(|op| op != EltwiseOp::Sum) {
+                        return Err(
+                            self.err(&key("coeff"), "`coeff` applies only to operation \"sum\"")
+                        );
+                    }
+                    if c.len() != l.bottom.len() {
+                        return Err(self.err(
+                            &key("coeff"),
+                            format!(
+                                "has {} values but the layer has {} bottoms (one coefficient each)",
+                                c.len(),
+                                l.bottom.len()
+                            ),
+                        ));
+                    }
+                    for (j, v) in c.iter().enumerate() {
+                        self.finite(&format!("layer[{i}].coeff[{j}]"), *v)?;
+                    }
+                }
+            }
+            LayerKind::Reshape => {
+                let Some(shape) = &l.shape else {
+                    return Err(self.err(
+                        &key("shape"),
+                        "a layer of type reshape needs `shape` (0 copies an axis, -1 infers one)",
+                    ));
+                };
+                if let Some(j) = shape.iter().position(|&d| d < -1) {
+                    return Err(self.src.error_at(
+                        &key("shape"),
+                        &format!("layer[{i}].shape[{j}]"),
+                        format!("must be -1 (infer), 0 (copy) or positive, got {}", shape[j]),
+                    ));
+                }
+                if shape.iter().filter(|&&d| d == -1).count() > 1 {
+                    return Err(self.err(&key("shape"), "may infer (-1) one axis only"));
+                }
+            }
+            _ => {}
+        }
+        if let Some(n) = l.num_axes {
+            if n < -1 {
+                return Err(self.err(
+                    &key("num_axes"),
+                    format!("must be -1 (to the last axis) or at least 0, got {n}"),
+                ));
+            }
+        }
+        for (k, v) in [("power", l.power), ("scale", l.scale), ("shift", l.shift)] {
+            if let Some(v) = v {
+                self.finite(&key(k), v)?;
             }
         }
         Ok(())
@@ -818,18 +996,27 @@ impl Validator<'_> {
     fn layer_arity(&self, i: usize, l: &LayerConfig) -> Result<()> {
         let kind = name_of(&l.kind);
         let (bottoms, tops, what) = match l.kind {
-            LayerKind::InnerProduct | LayerKind::Relu | LayerKind::Sigmoid | LayerKind::Tanh => {
-                (1, 1, "1 bottom")
+            LayerKind::InnerProduct
+            | LayerKind::Relu
+            | LayerKind::Sigmoid
+            | LayerKind::Tanh
+            | LayerKind::Convolution
+            | LayerKind::Pooling
+            | LayerKind::Flatten
+            | LayerKind::Reshape
+            | LayerKind::Softmax
+            | LayerKind::Power
+            | LayerKind::AbsVal => (1..=1, 1, "1 bottom"),
+            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
+                (2..=2, 1, "2 bottoms (scores, label)")
             }
-            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => (2, 1, "2 bottoms (scores, label)"),
-            _ => {
-                return Err(self.err(
-                    &format!("layer[{i}].type"),
-                    format!("layer type {kind} is not built yet"),
-                ))
-            }
+            LayerKind::Scale => (1..=2, 1, "1 bottom, or 2 (data, scale)"),
+            LayerKind::Bias => (1..=2, 1, "1 bottom, or 2 (data, bias)"),
+            LayerKind::Eltwise => (2..=usize::MAX, 1, "2 or more bottoms"),
+            LayerKind::Concat => (1..=usize::MAX, 1, "1 or more bottoms"),
+            LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, 1, "1 bottom"),
         };
-        if l.bottom.len() != bottoms {
+        if !bottoms.contains(&l.bottom.len()) {
             return Err(self.err(
                 &format!("layer[{i}].bottom"),
                 format!(
@@ -945,11 +1132,198 @@ impl Validator<'_> {
                 }
                 Ok(Vec::new())
             }
-            _ => Err(self.err(
-                &key("type"),
-                format!("layer type {} is not built yet", name_of(&l.kind)),
-            )),
+            LayerKind::Dropout => Ok(bottoms[0].clone()),
+            LayerKind::BatchNorm => {
+                if bottoms[0].is_empty() {
+                    return Err(self.err(
+                        &key("bottom"),
+                        format!(
+                            "batch_norm needs a bottom with channels (N, C, ...); `{}` is a scalar per sample",
+                            l.bottom[0]
+                        ),
+                    ));
+                }
+                Ok(bottoms[0].clone())
+            }
+            _ => self.shape_by_layer(i, l, bottoms, data),
         }
+    }
+
+    /// Ranges of the Dropout and BatchNorm keys: `dropout_ratio` in [0, 1),
+    /// `moving_average_fraction` in (0, 1], `eps` > 0; a BatchNorm's tensors are running
+    /// statistics, so `lr_mult` and `decay_mult` are rejected on it.
+    fn dropout_batch_norm_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        if let Some(r) = l.dropout_ratio {
+            if !(0.0..1.0).contains(&r) {
+                return Err(self.err(
+                    &key("dropout_ratio"),
+                    format!("must lie in [0, 1), got {r}"),
+                ));
+            }
+        }
+        if let Some(f) = l.moving_average_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(self.err(
+                    &key("moving_average_fraction"),
+                    format!("must lie in (0, 1], got {f}"),
+                ));
+            }
+        }
+        if let Some(e) = l.eps {
+            if !(e.is_finite() && e > 0.0) {
+                return Err(self.err(&key("eps"), format!("must be a finite number > 0, got {e}")));
+            }
+        }
+        if l.kind == LayerKind::BatchNorm {
+            for (k, set) in [
+                ("lr_mult", l.lr_mult.is_some()),
+                ("decay_mult", l.decay_mult.is_some()),
+            ] {
+                if set {
+                    return Err(self.err(
+                        &key(k),
+                        format!(
+                            "`{k}` does not apply to batch_norm: its tensors (running mean, variance, factor) \
+                             are statistics, never learned or decayed (their lr_mult and decay_mult are always 0)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-sample top shape of a layer computed by the layer's own `reshape` on
+    /// `[batch] + bottom`, its refusal reported at the key that most likely causes it; checks
+    /// the top's and (for a convolution) the weights' and column buffer's sizes.
+    fn shape_by_layer(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<u64>> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        // The key blamed for a shape the layer refuses: the first of these that is set.
+        let suspects: &[(&str, bool)] = match l.kind {
+            LayerKind::Convolution => &[
+                ("group", l.group.is_some()),
+                ("kernel_size", l.kernel_size.is_some()),
+            ],
+            LayerKind::Pooling => &[
+                ("kernel_size", l.kernel_size.is_some()),
+                ("global_pooling", l.global_pooling.is_some()),
+            ],
+            LayerKind::Scale | LayerKind::Bias => &[
+                ("num_axes", l.num_axes.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Flatten => &[
+                ("end_axis", l.end_axis.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Reshape => &[("shape", true)],
+            LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
+            _ => &[],
+        };
+        let blamed = suspects
+            .iter()
+            .find_map(|(k, set)| set.then_some(*k))
+            .unwrap_or("bottom");
+        let fail = |e: Error| match e {
+            Error::Net { msg, .. } => self.err(&key(blamed), msg),
+            other => other,
+        };
+        let rank4 = matches!(l.kind, LayerKind::Convolution | LayerKind::Pooling);
+        if rank4 && bottoms[0].len() != 3 {
+            return Err(self.err(
+                &key("bottom"),
+                format!(
+                    "bottom `{}` of shape {} is not an image (N, C, H, W)",
+                    l.bottom[0],
+                    shape_str(&bottoms[0])
+                ),
+            ));
+        }
+        let batch = data.max_batch;
+        let full: Vec<Vec<usize>> = bottoms
+            .iter()
+            .map(|b| {
+                std::iter::once(batch)
+                    .chain(b.iter().copied())
+                    .map(|d| d as usize)
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[usize]> = full.iter().map(|b| b.as_slice()).collect();
+        if l.kind == LayerKind::Convolution {
+            let c = bottoms[0][0];
+            let g = l.group.unwrap_or(1) as u64;
+            if !c.is_multiple_of(g) {
+                return Err(self.err(
+                    &key("group"),
+                    format!(
+                        "group {g} does not divide the {c} channels of bottom `{}`",
+                        l.bottom[0]
+                    ),
+                ));
+            }
+        }
+        let mut layer = crate::layers::build(l).map_err(fail)?;
+        let top = layer.reshape(&views).map_err(fail)?.remove(0);
+        let sample: Vec<u64> = top.iter().skip(1).map(|&d| d as u64).collect();
+        let (size_key, what) = match l.kind {
+            LayerKind::Convolution => ("num_output", "the top"),
+            _ => ("top", "the top"),
+        };
+        let too_big = |k: &str, what: String, dims: &[u64]| -> Result<()> {
+            match product(dims).and_then(|e| e.checked_mul(4)) {
+                Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+                Some(b) => Err(self.err(
+                    &key(k),
+                    format!(
+                        "{what} would need {} GiB of f32 (limit {} GiB)",
+                        gib(b),
+                        MAX_TENSOR_BYTES / GIB
+                    ),
+                )),
+                None => Err(self.err(&key(k), format!("{what} overflows the size of a tensor"))),
+            }
+        };
+        let with_batch: Vec<u64> = std::iter::once(batch)
+            .chain(sample.iter().copied())
+            .collect();
+        too_big(
+            size_key,
+            format!(
+                "{what} `{}` {}, batch {batch}",
+                l.top[0],
+                shape_str(&sample)
+            ),
+            &with_batch,
+        )?;
+        if l.kind == LayerKind::Convolution {
+            for spec in layer.param_specs() {
+                let dims: Vec<u64> = spec.shape.iter().map(|&d| d as u64).collect();
+                too_big(
+                    "num_output",
+                    format!("the {} {:?}", spec.name, spec.shape),
+                    &dims,
+                )?;
+            }
+            let (c, k) = (bottoms[0][0], layer.param_specs()[0].shape.clone());
+            let col = [c, k[2] as u64, k[3] as u64, sample[1], sample[2]];
+            too_big(
+                "kernel_size",
+                format!(
+                    "the column buffer (C·kh·kw × OH·OW = {c}·{}·{} × {}·{})",
+                    k[2], k[3], sample[1], sample[2]
+                ),
+                &col,
+            )?;
+        }
+        Ok(sample)
     }
 }
 
@@ -1554,5 +1928,290 @@ phase = "test"
             }
         }
         assert!(n >= 1);
+    }
+
+    const CNN: &str = r#"[data]
+format = "digits"
+batch_size = 32
+
+[solver]
+base_lr = 0.05
+max_iter = 10
+
+[[layer]]
+name = "conv1"
+type = "convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 8
+kernel_size = 3
+pad = 1
+
+[[layer]]
+name = "pool1"
+type = "pooling"
+bottom = ["conv1"]
+top = ["pool1"]
+kernel_size = 2
+stride = 2
+
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["pool1"]
+top = ["ip"]
+num_output = 10
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#;
+
+    /// The error of `CNN` with `from` replaced by `to`.
+    fn cnn_err(from: &str, to: &str) -> String {
+        assert!(CNN.contains(from), "{from:?} not in CNN");
+        match check(&CNN.replacen(from, to, 1)) {
+            Ok(()) => panic!("no error with {to:?}"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2);
+                e.to_string()
+            }
+        }
+    }
+
+    /// `CNN` with the layers in `extra` (TOML) inserted before the inner product, which then
+    /// reads `bottom`.
+    fn cnn_with(extra: &str, bottom: &str) -> String {
+        CNN.replace(
+            "[[layer]]\nname = \"ip\"",
+            &format!("{extra}\n\n[[layer]]\nname = \"ip\""),
+        )
+        .replace(
+            "bottom = [\"pool1\"]\ntop = [\"ip\"]",
+            &format!("bottom = [\"{bottom}\"]\ntop = [\"ip\"]"),
+        )
+    }
+
+    #[test]
+    fn the_cnn_config_is_valid() {
+        check(CNN).unwrap();
+        check(&CNN.replace("kernel_size = 2\nstride = 2", "global_pooling = true")).unwrap();
+    }
+
+    #[test]
+    fn spatial_keys_are_checked() {
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 0"),
+            "t.toml:15:1: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+        );
+        has(
+            &cnn_err("kernel_size = 3\n", ""),
+            "t.toml:9:1: `layer[0].kernel_size`: a layer of type convolution needs `kernel_size`",
+        );
+        has(
+            &cnn_err("kernel_size = 2\nstride = 2", "stride = 2"),
+            "`layer[1].kernel_size`: a layer of type pooling needs `kernel_size` (or global_pooling = true)",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 0"),
+            "t.toml:24:1: `layer[1].stride`: must be between 1",
+        );
+        has(
+            &cnn_err("pad = 1", "pad = 1\ndilation = 0"),
+            "t.toml:17:1: `layer[0].dilation`: must be between 1",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 2\npad = 2"),
+            "t.toml:25:1: `layer[1].pad`: must be smaller than the kernel [2, 2], got [2, 2]",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = [3, 3, 3]"),
+            "t.toml:15:1: `layer[0].kernel_size`: takes 1 or 2 values (one per spatial axis; 2-D only)",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = [3, 0]"),
+            "t.toml:15:19: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 11"),
+            "t.toml:15:1: `layer[0].kernel_size`: the kernel spans 11 pixels, more than the padded input (10)",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 2\nglobal_pooling = true"),
+            "t.toml:23:1: `layer[1].kernel_size`: `kernel_size` does not apply with global_pooling = true",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 3\nnegative_slope = 1.0"),
+            "`layer[0].negative_slope`: `negative_slope` does not apply to a layer of type convolution",
+        );
+        // Pooling needs an image: after the inner product there is none.
+        let text = CNN.replace(
+            "[[layer]]\nname = \"loss\"",
+            "[[layer]]\nname = \"p2\"\ntype = \"pooling\"\nbottom = [\"ip\"]\ntop = [\"p2\"]\nkernel_size = 1\n\n[[layer]]\nname = \"loss\"",
+        );
+        has(
+            &check(&text).unwrap_err().to_string(),
+            "`layer[3].bottom`: bottom `ip` of shape (N, 10) is not an image (N, C, H, W)",
+        );
+    }
+
+    #[test]
+    fn convolution_counts_and_groups_are_checked() {
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\ngroup = 3"),
+            "t.toml:15:1: `layer[0].group`: must be at least 1 and divide num_output 8, got 3",
+        );
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\ngroup = 2"),
+            "`layer[0].group`: group 2 does not divide the 1 channels of bottom `data`",
+        );
+        has(
+            &cnn_err("num_output = 8\n", ""),
+            "`layer[0].num_output`: a layer of type convolution needs `num_output`",
+        );
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\nlr_mult = [1, 2, 3]"),
+            "`layer[0].lr_mult`: has 3 values but the layer has 2 learnable tensors (weight, bias)",
+        );
+        has(
+            &cnn_err(
+                "num_output = 8",
+                "num_output = 8\nbias_term = false\ndecay_mult = [1, 0]",
+            ),
+            "`layer[0].decay_mult`: has 2 values but the layer has 1 learnable tensor",
+        );
+        check(&CNN.replace("num_output = 8", "num_output = 8\nlr_mult = [1, 2]")).unwrap();
+    }
+
+    #[test]
+    fn convolution_memory_is_reported_in_gib() {
+        let big = CNN.replace("batch_size = 32", "batch_size = 100000");
+        let e = check(&big.replace("num_output = 8", "num_output = 100000"))
+            .unwrap_err()
+            .to_string();
+        has(
+            &e,
+            "t.toml:14:1: `layer[0].num_output`: the top `conv1` (N, 100000, 8, 8), batch 100000 would need 2384.2 GiB of f32 (limit 64 GiB)",
+        );
+        let synth = CNN.replace(
+            "format = \"digits\"",
+            "format = \"synthetic\"\nshape = [64, 1024, 1024]\ntrain_size = 1\ntest_size = 1",
+        );
+        let e = check(
+            &synth
+                .replace("batch_size = 32", "batch_size = 1")
+                .replace("kernel_size = 3", "kernel_size = 31"),
+        )
+        .unwrap_err()
+        .to_string();
+        has(&e, "`layer[0].kernel_size`: the column buffer");
+        has(&e, "GiB of f32 (limit 64 GiB)");
+    }
+
+    #[test]
+    fn other_layer_types_are_checked() {
+        let eltwise = "[[layer]]\nname = \"sum\"\ntype = \"eltwise\"\nbottom = [\"pool1\", \"pool1b\"]\ntop = [\"sum\"]";
+        let twin = "[[layer]]\nname = \"twin\"\ntype = \"pooling\"\nbottom = [\"conv1\"]\ntop = [\"pool1b\"]\nkernel_size = 2\nstride = 2";
+        check(&cnn_with(
+            &format!("{twin}\n\n{eltwise}\ncoeff = [1.0, -1.0]"),
+            "sum",
+        ))
+        .unwrap();
+        has(
+            &check(&cnn_with(
+                &format!("{twin}\n\n{eltwise}\ncoeff = [1.0]"),
+                "sum",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[3].coeff`: has 1 values but the layer has 2 bottoms",
+        );
+        has(
+            &check(&cnn_with(
+                &format!("{twin}\n\n{eltwise}\noperation = \"max\"\ncoeff = [1.0, 1.0]"),
+                "sum",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[3].coeff`: `coeff` applies only to operation \"sum\"",
+        );
+        let one =
+            "[[layer]]\nname = \"sum\"\ntype = \"eltwise\"\nbottom = [\"pool1\"]\ntop = [\"sum\"]";
+        has(
+            &check(&cnn_with(one, "sum")).unwrap_err().to_string(),
+            "`layer[2].bottom`: a layer of type eltwise takes 2 or more bottoms, got 1",
+        );
+        let cat = "[[layer]]\nname = \"cat\"\ntype = \"concat\"\nbottom = [\"pool1\", \"conv1\"]\ntop = [\"cat\"]";
+        has(
+            &check(&cnn_with(cat, "cat")).unwrap_err().to_string(),
+            "`layer[2].bottom`: bottoms [32, 8, 4, 4] and [32, 8, 8, 8] differ on an axis other than 1",
+        );
+        check(&cnn_with(&format!("{twin}\n\n[[layer]]\nname = \"cat\"\ntype = \"concat\"\nbottom = [\"pool1\", \"pool1b\"]\ntop = [\"cat\"]\naxis = 2"), "cat")).unwrap();
+        let scale =
+            "[[layer]]\nname = \"s\"\ntype = \"scale\"\nbottom = [\"pool1\"]\ntop = [\"s\"]";
+        check(&cnn_with(
+            &format!("{scale}\nbias_term = true\nlr_mult = [1, 2]"),
+            "s",
+        ))
+        .unwrap();
+        has(
+            &check(&cnn_with(&format!("{scale}\nlr_mult = [1, 2]"), "s"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].lr_mult`: has 2 values but the layer has 1 learnable tensor (scale)",
+        );
+        has(
+            &check(&cnn_with(
+                &format!("{scale}\nbias_filler = {{ type = \"constant\" }}"),
+                "s",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[2].bias_filler`: `bias_filler` does not apply unless bias_term = true",
+        );
+        has(
+            &check(&cnn_with(&format!("{scale}\nnum_axes = 4"), "s"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].num_axes`: `num_axes` 4 is out of range",
+        );
+        let reshape =
+            "[[layer]]\nname = \"r\"\ntype = \"reshape\"\nbottom = [\"pool1\"]\ntop = [\"r\"]";
+        check(&cnn_with(&format!("{reshape}\nshape = [0, -1, 2]"), "r")).unwrap();
+        has(
+            &check(&cnn_with(reshape, "r")).unwrap_err().to_string(),
+            "`layer[2].shape`: a layer of type reshape needs `shape`",
+        );
+        has(
+            &check(&cnn_with(&format!("{reshape}\nshape = [0, -1, -1]"), "r"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].shape`: may infer (-1) one axis only",
+        );
+        has(
+            &check(&cnn_with(&format!("{reshape}\nshape = [0, 7, -1]"), "r"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].shape`: cannot infer the −1",
+        );
+        let power =
+            "[[layer]]\nname = \"p\"\ntype = \"power\"\nbottom = [\"pool1\"]\ntop = [\"p\"]";
+        has(
+            &check(&cnn_with(&format!("{power}\npower = nan"), "p"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].power`: must be a finite number",
+        );
+        let flat =
+            "[[layer]]\nname = \"f\"\ntype = \"flatten\"\nbottom = [\"pool1\"]\ntop = [\"f\"]";
+        check(&cnn_with(flat, "f")).unwrap();
+        has(
+            &check(&cnn_with(&format!("{flat}\nend_axis = 7"), "f"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].end_axis`: axes 1 ..= 7 are out of range",
+        );
     }
 }

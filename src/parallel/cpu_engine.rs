@@ -3,6 +3,7 @@
 
 use super::engine::{Engine, PassCtx};
 use super::timeline::{Name, SpanLog, Track};
+use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
@@ -26,6 +27,8 @@ pub struct CpuEngine {
     iter_size: u64,
     /// Per-layer spans, while a timeline records them.
     spans: Option<SpanLog>,
+    /// Scratch of the cross-replica statistics (sync BatchNorm), reused between passes.
+    reduce_scratch: Vec<f64>,
 }
 
 impl CpuEngine {
@@ -49,17 +52,25 @@ impl CpuEngine {
             loss_slots: vec![0.0; cfg.solver.average_loss as usize],
             iter_size: cfg.solver.iter_size,
             spans: None,
+            reduce_scratch: Vec::new(),
         })
     }
 }
 
-fn layer_ctx(cpu: &Cpu, seed: u64, c: PassCtx) -> Ctx<'_> {
+/// The layers' context of a pass; `reducer` only for train passes of a multi-replica job.
+fn layer_ctx<'a>(
+    cpu: &'a Cpu,
+    seed: u64,
+    c: PassCtx,
+    reducer: Option<&'a dyn crate::layers::Reducer>,
+) -> Ctx<'a> {
     Ctx {
         cpu,
         phase: c.phase,
         iter: c.iter,
         seed,
         first_sample: c.first_sample,
+        reducer,
     }
 }
 
@@ -94,8 +105,11 @@ impl Engine for CpuEngine {
 
     fn forward_train(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
         debug_assert_eq!(c.phase, Phase::Train);
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        let multi = self.comm.size() > 1;
+        let reducer = CommReducer::new(&mut self.comm, &mut self.reduce_scratch);
+        let ctx = layer_ctx(&self.cpu, self.seed, c, multi.then_some(&reducer as _));
         let outputs = forward(&mut self.net, &ctx, &mut self.params, &mut self.spans);
+        reducer.finish()?;
         let loss = weighted_loss(&outputs);
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
@@ -103,7 +117,9 @@ impl Engine for CpuEngine {
     }
 
     fn backward(&mut self, c: PassCtx) -> Result<()> {
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        let multi = self.comm.size() > 1;
+        let reducer = CommReducer::new(&mut self.comm, &mut self.reduce_scratch);
+        let ctx = layer_ctx(&self.cpu, self.seed, c, multi.then_some(&reducer as _));
         match &mut self.spans {
             None => self.net.backward(&ctx, &mut self.params, &mut |_| {}),
             Some(log) => self.net.backward_traced(
@@ -115,11 +131,13 @@ impl Engine for CpuEngine {
                 }),
             ),
         }
+        reducer.finish()?;
         Ok(())
     }
 
     fn forward_test(&mut self, c: PassCtx) -> Result<Vec<Output>> {
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        // Test passes never communicate: replicas may run different numbers of test batches.
+        let ctx = layer_ctx(&self.cpu, self.seed, c, None);
         Ok(forward(
             &mut self.net,
             &ctx,
