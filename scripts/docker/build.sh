@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the p2ptrain image (the repository's Dockerfile): makes the Debian base image when it is
+# missing (scripts/docker/base-image.sh), stages this machine's Rust toolchain into the build
+# context (.docker-toolchain/rust, see the Dockerfile for why), then `docker build`.
+#
+#   scripts/docker/build.sh [TAG] [docker build options...]     # default TAG p2ptrain:latest
+#
+# Environment: BASE, an image to build from instead of the debootstrapped one (skips
+# base-image.sh), e.g. BASE=debian:bookworm-slim where a registry is reachable.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tag="${1:-p2ptrain:latest}"
+shift || true
+base="${BASE:-p2ptrain/debian:bookworm}"
+[ -n "${BASE:-}" ] || scripts/docker/base-image.sh "$base"
+
+sysroot="$(rustc --print sysroot)"
+host="$(rustc -vV | sed -n 's/^host: //p')"
+if [ "$host" != x86_64-unknown-linux-gnu ] || [ ! -x "$sysroot/bin/cargo" ] || [ ! -d "$sysroot/lib/rustlib/$host/lib" ]; then
+  echo "cannot stage the Rust toolchain: expected a rustup-style x86_64-unknown-linux-gnu toolchain at $sysroot" >&2
+  exit 2
+fi
+stage=.docker-toolchain/rust
+rm -rf .docker-toolchain
+mkdir -p "$stage/bin" "$stage/lib/rustlib"
+# Hard links when the toolchain is on the same file system (instant), copies otherwise. Only what
+# building needs: cargo, rustc, the compiler's libraries and the host's standard library.
+link() { cp -al "$@" 2>/dev/null || cp -a "$@"; }
+link "$sysroot/bin/cargo" "$sysroot/bin/rustc" "$stage/bin/"
+for f in "$sysroot"/lib/*.so*; do link "$f" "$stage/lib/"; done
+link "$sysroot/lib/rustlib/$host" "$stage/lib/rustlib/"
+echo "staged $(rustc --version) ($(du -sh "$stage" | cut -f1)) for the build"
+
+docker build --build-arg BASE="$base" -t "$tag" "$@" .
