@@ -8,14 +8,14 @@
 # - BASE, a Debian bookworm image. scripts/docker/base-image.sh makes `p2ptrain/debian:bookworm`
 #   from Debian's packages (debootstrap) for engines that cannot pull; where a registry is
 #   reachable, `--build-arg BASE=debian:bookworm-slim` is the same system.
-# - .docker-toolchain/rust: the Rust toolchain (cargo, rustc and the x86_64 standard library)
+# - .docker-stage/rust: the Rust toolchain (cargo, rustc and the x86_64 standard library)
 #   copied from the machine that builds, i.e. the toolchain CI builds and tests with. Debian's own
 #   rustc is too old for the dependencies (bookworm ships 1.63; trixie's 1.85 is below
 #   libloading 0.9's 1.88, which cudarc needs), and rustup's servers may be out of reach, so the
 #   compiler comes from the build machine rather than from a download in here.
-#
-# Crates are fetched from crates.io inside the build (`cargo fetch --locked`: Cargo.lock pins
-# them), in a layer of their own so that editing src/ rebuilds only the crate itself.
+# - .docker-stage/vendor: the crates Cargo.lock pins (`cargo vendor`), so that the build needs no
+#   network access of its own (TLS proxies with their own certificates, offline builders). They
+#   are built in a layer of their own, so that editing src/ rebuilds only the crate itself.
 
 ARG BASE=p2ptrain/debian:bookworm
 
@@ -25,27 +25,27 @@ ENV PATH=/opt/rust/bin:/usr/local/cargo/bin:$PATH \
     CARGO_TERM_COLOR=never
 WORKDIR /src
 # The same system packages as CI (OpenMPI, its headers, libclang for bindgen, pkg-config), plus
-# what CI machines already have: a C toolchain to link with and CA certificates for crates.io.
+# what CI machines already have: a C toolchain to link with.
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN apt-get update -qq \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      ca-certificates gcc libc6-dev \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev \
  && scripts/install-deps.sh \
  && rm -rf /var/lib/apt/lists/*
-COPY .docker-toolchain/rust /opt/rust
-RUN test -x /opt/rust/bin/cargo || { echo "no Rust toolchain in .docker-toolchain/rust: build with scripts/docker/build.sh" >&2; exit 1; } \
+COPY .docker-stage/rust /opt/rust
+RUN test -x /opt/rust/bin/cargo || { echo "no Rust toolchain in .docker-stage/rust: build with scripts/docker/build.sh" >&2; exit 1; } \
  && rustc --version && cargo --version
+COPY .docker-stage/vendor /src/vendor
+RUN mkdir -p .cargo && printf '[source.crates-io]\nreplace-with = "vendored"\n[source.vendored]\ndirectory = "/src/vendor"\n' > .cargo/config.toml
 # Dependencies first (a placeholder crate with the real manifest), then the crate.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
- && cargo fetch --locked \
- && cargo build --release --locked \
+ && cargo build --release --locked --offline \
  && rm -rf src
 COPY src src
 COPY config config
 COPY data data
 RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked \
+ && cargo build --release --locked --offline \
  && ./target/release/p2ptrain --help >/dev/null
 
 FROM ${BASE} AS runtime

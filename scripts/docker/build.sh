@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the p2ptrain image (the repository's Dockerfile): makes the Debian base image when it is
-# missing (scripts/docker/base-image.sh), stages this machine's Rust toolchain into the build
-# context (.docker-toolchain/rust, see the Dockerfile for why), then `docker build`.
+# missing (scripts/docker/base-image.sh), stages this machine's Rust toolchain and the locked crates
+# into the build context (.docker-stage/rust and .docker-stage/vendor; the Dockerfile says why),
+# then `docker build`.
 #
 #   scripts/docker/build.sh [TAG] [docker build options...]     # default TAG p2ptrain:latest
 #
@@ -20,8 +21,8 @@ if [ "$host" != x86_64-unknown-linux-gnu ] || [ ! -x "$sysroot/bin/cargo" ] || [
   echo "cannot stage the Rust toolchain: expected a rustup-style x86_64-unknown-linux-gnu toolchain at $sysroot" >&2
   exit 2
 fi
-stage=.docker-toolchain/rust
-rm -rf .docker-toolchain
+rm -rf .docker-stage
+stage=.docker-stage/rust
 mkdir -p "$stage/bin" "$stage/lib/rustlib"
 # Hard links when the toolchain is on the same file system (instant), copies otherwise. Only what
 # building needs: cargo, rustc, the compiler's libraries and the host's standard library.
@@ -30,5 +31,9 @@ link "$sysroot/bin/cargo" "$sysroot/bin/rustc" "$stage/bin/"
 for f in "$sysroot"/lib/*.so*; do link "$f" "$stage/lib/"; done
 link "$sysroot/lib/rustlib/$host" "$stage/lib/rustlib/"
 echo "staged $(rustc --version) ($(du -sh "$stage" | cut -f1)) for the build"
+# The crates Cargo.lock pins, from cargo's cache when it has them all (no network), else crates.io.
+cargo vendor --locked --offline -q .docker-stage/vendor >/dev/null 2>&1 \
+  || cargo vendor --locked -q .docker-stage/vendor >/dev/null
+echo "staged $(ls .docker-stage/vendor | wc -l) crates ($(du -sh .docker-stage/vendor | cut -f1)) for the build"
 
 docker build --build-arg BASE="$base" -t "$tag" "$@" .
