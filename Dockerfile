@@ -24,13 +24,10 @@ ENV PATH=/opt/rust/bin:/usr/local/cargo/bin:$PATH \
     CARGO_HOME=/usr/local/cargo \
     CARGO_TERM_COLOR=never
 WORKDIR /src
-# The same system packages as CI (OpenMPI, its headers, libclang for bindgen, pkg-config), plus
-# what CI machines already have: a C toolchain to link with.
+# The same set-up script as CI: OpenMPI and its headers, libclang for bindgen, pkg-config, a C
+# compiler and make.
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN apt-get update -qq \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev \
- && scripts/install-deps.sh \
- && rm -rf /var/lib/apt/lists/*
+RUN scripts/install-deps.sh >/dev/null && rm -rf /var/lib/apt/lists/*
 COPY .docker-stage/rust /opt/rust
 RUN test -x /opt/rust/bin/cargo || { echo "no Rust toolchain in .docker-stage/rust: build with scripts/docker/build.sh" >&2; exit 1; } \
  && rustc --version && cargo --version
