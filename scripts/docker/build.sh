@@ -21,19 +21,31 @@ if [ "$host" != x86_64-unknown-linux-gnu ] || [ ! -x "$sysroot/bin/cargo" ] || [
   echo "cannot stage the Rust toolchain: expected a rustup-style x86_64-unknown-linux-gnu toolchain at $sysroot" >&2
   exit 2
 fi
-rm -rf .docker-stage
+# Each part is staged again only when it changed (a stamp records what it was staged from), so
+# that Docker's layer cache keeps the compiled dependencies between builds.
 stage=.docker-stage/rust
-mkdir -p "$stage/bin" "$stage/lib/rustlib"
-# Hard links when the toolchain is on the same file system (instant), copies otherwise. Only what
-# building needs: cargo, rustc, the compiler's libraries and the host's standard library.
-link() { cp -al "$@" 2>/dev/null || cp -a "$@"; }
-link "$sysroot/bin/cargo" "$sysroot/bin/rustc" "$stage/bin/"
-for f in "$sysroot"/lib/*.so*; do link "$f" "$stage/lib/"; done
-link "$sysroot/lib/rustlib/$host" "$stage/lib/rustlib/"
+stamp="$(rustc -vV | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stage.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$stage" "$stage.stamp"
+  mkdir -p "$stage/bin" "$stage/lib/rustlib"
+  # Hard links when the toolchain is on the same file system (instant), copies otherwise. Only
+  # what building needs: cargo, rustc, the compiler's libraries and the host's standard library.
+  link() { cp -al "$@" 2>/dev/null || cp -a "$@"; }
+  link "$sysroot/bin/cargo" "$sysroot/bin/rustc" "$stage/bin/"
+  for f in "$sysroot"/lib/*.so*; do link "$f" "$stage/lib/"; done
+  link "$sysroot/lib/rustlib/$host" "$stage/lib/rustlib/"
+  echo "$stamp" >"$stage.stamp"
+fi
 echo "staged $(rustc --version) ($(du -sh "$stage" | cut -f1)) for the build"
 # The crates Cargo.lock pins, from cargo's cache when it has them all (no network), else crates.io.
-cargo vendor --locked --offline -q .docker-stage/vendor >/dev/null 2>&1 \
-  || cargo vendor --locked -q .docker-stage/vendor >/dev/null
-echo "staged $(ls .docker-stage/vendor | wc -l) crates ($(du -sh .docker-stage/vendor | cut -f1)) for the build"
+vendor=.docker-stage/vendor
+stamp="$(sha256sum Cargo.lock | cut -d' ' -f1)"
+if [ "$(cat "$vendor.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$vendor" "$vendor.stamp"
+  cargo vendor --locked --offline -q "$vendor" >/dev/null 2>&1 \
+    || cargo vendor --locked -q "$vendor" >/dev/null
+  echo "$stamp" >"$vendor.stamp"
+fi
+echo "staged $(ls "$vendor" | wc -l) crates ($(du -sh "$vendor" | cut -f1)) for the build"
 
 docker build --build-arg BASE="$base" -t "$tag" "$@" .
