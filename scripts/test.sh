@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then the unit tests and the integration tests that
-# launch the real binary under mpirun (release build: the tests train real networks).
+# launch the real binary under mpirun (release build: the tests train real networks), then the
+# container test (scripts/docker/test-image.sh) and the multi-node test over a Docker network
+# (scripts/multinode/run.sh). Arguments are passed to `cargo test` and select cargo tests only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo test --release "$@"
+if [ $# -gt 0 ]; then
+  echo "container and multi-node tests not run: arguments select cargo tests only"
+  exit 0
+fi
+if ! docker info >/dev/null 2>&1; then
+  echo "=================================================================================="
+  echo "SKIPPED: container test and multi-node test: no Docker engine reachable (docker info failed)"
+  echo "=================================================================================="
+  exit 0
+fi
+scripts/docker/test-image.sh
+scripts/multinode/run.sh
