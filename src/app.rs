@@ -12,8 +12,11 @@ use crate::metrics::MetricsLog;
 use crate::net::Net;
 use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
+use crate::signals;
 use crate::params::Params;
+use crate::resume::{self, ResumeRules, SnapshotFiles, SolverState};
 use crate::snapshot;
+use crate::solver::Solver;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::info;
@@ -42,6 +45,30 @@ pub struct Options {
     pub output: Option<PathBuf>,
     /// Draw a progress bar when stdout is a terminal.
     pub progress: bool,
+    /// `--resume FILE|latest`: go on from a snapshot.
+    pub resume: Option<ResumeFrom>,
+    /// `--allow-batch-change`: resume with another global batch.
+    pub allow_batch_change: bool,
+}
+
+/// Where `--resume` takes its snapshot from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The newest complete snapshot of the config's `snapshot_prefix` in the output directory.
+    Latest,
+    /// A snapshot named by its `.safetensors` or `.solverstate` file.
+    File(PathBuf),
+}
+
+impl ResumeFrom {
+    /// `latest` or a path.
+    pub fn parse(arg: &str) -> Self {
+        if arg == "latest" {
+            ResumeFrom::Latest
+        } else {
+            ResumeFrom::File(PathBuf::from(arg))
+        }
+    }
 }
 
 impl Default for Options {
@@ -52,6 +79,8 @@ impl Default for Options {
             weights: None,
             output: None,
             progress: true,
+            resume: None,
+            allow_batch_change: false,
         }
     }
 }
@@ -62,6 +91,7 @@ struct Prepared {
     data: DataSplit,
     initial: Params,
     devices: Devices,
+    resume: Option<(SnapshotFiles, SolverState)>,
 }
 
 fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
@@ -82,11 +112,41 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     if let Some(w) = &opts.weights {
         snapshot::load_weights(w, &mut initial)?;
     }
+    let resume = match &opts.resume {
+        None => None,
+        Some(_) if opts.weights.is_some() => {
+            return Err(Error::Usage(
+                "--resume and --weights exclude each other (a snapshot holds the weights)".into(),
+            ))
+        }
+        Some(from) => {
+            let files = match from {
+                ResumeFrom::Latest => {
+                    resume::latest(&output_dir(opts), &plan.config.solver.snapshot_prefix)?
+                }
+                ResumeFrom::File(f) => SnapshotFiles::of(f),
+            };
+            let names = Solver::new(&plan.config.solver, 0).history_names();
+            let rules = ResumeRules {
+                allow_batch_change: opts.allow_batch_change,
+            };
+            let state = resume::load(
+                &files,
+                &plan,
+                &mut initial,
+                names,
+                data.train.len(),
+                rules,
+            )?;
+            Some((files, state))
+        }
+    };
     Ok(Prepared {
         plan: Arc::new(plan),
         data,
         initial,
         devices,
+        resume,
     })
 }
 
@@ -163,10 +223,16 @@ fn output_dir(opts: &Options) -> PathBuf {
     })
 }
 
-fn open_outputs(dir: &Path, max_iter: u64, progress: bool) -> Result<Outputs> {
+/// Opens the output directory; a resumed run appends to `metrics.jsonl` rather than replacing it.
+fn open_outputs(dir: &Path, max_iter: u64, progress: bool, resumed: bool) -> Result<Outputs> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
+    let path = dir.join("metrics.jsonl");
+    let metrics = if resumed {
+        MetricsLog::append(&path)?
+    } else {
+        MetricsLog::create(&path)?
+    };
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
@@ -272,6 +338,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             &dir,
             plan.config.solver.max_iter,
             opts.progress,
+            prepared.resume.is_some(),
         )),
         _ => None,
     };
@@ -286,11 +353,27 @@ pub fn run(action: Action, opts: Options) -> i32 {
             Err(code) => return code,
         }
     }
+    if let Some((files, state)) = &prepared.resume {
+        if boot.rank == 0 {
+            info!(
+                "resuming from {} after iteration {} (data position {})",
+                files.weights.display(),
+                state.iter,
+                state.data_position
+            );
+        }
+    }
+    if let Action::Train = action {
+        if let Err(e) = signals::install(&plan.config.solver) {
+            tracing::warn!("signal handlers not installed ({e}): signals end the process");
+        }
+    }
     let manager = P2PManager {
         plan: plan.clone(),
         data: prepared.data,
         initial: Arc::new(prepared.initial),
         devices,
+        resume: prepared.resume.map(|(_, state)| Arc::new(state)),
     };
     let mode = match action {
         Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },
@@ -301,7 +384,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             if boot.rank == 0 {
                 summarize(&plan, &report, mode, &dir);
             }
-            0
+            report.stopped.unwrap_or(0)
         }
         Err(e) => {
             report_error(boot.rank, &e);
@@ -311,13 +394,21 @@ pub fn run(action: Action, opts: Options) -> i32 {
 }
 
 fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
-    let rate = report.iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
+    let iterations = report.iterations.saturating_sub(report.first_iteration);
+    let rate = iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
     match mode {
         Mode::Train => {
-            println!(
-                "trained {} iterations in {:.2} s ({:.0} samples/s)",
-                report.iterations, report.seconds, rate
-            );
+            if let Some(code) = report.stopped {
+                println!(
+                    "stopped by a signal after iteration {} (exit code {code}); go on with --resume latest",
+                    report.iterations
+                );
+            } else {
+                println!(
+                    "trained to iteration {} in {:.2} s ({:.0} samples/s)",
+                    report.iterations, report.seconds, rate
+                );
+            }
             if let Some(t) = &report.last_test {
                 let acc = t
                     .accuracy

@@ -19,5 +19,7 @@ pub mod net;
 pub mod parallel;
 pub mod params;
 pub mod snapshot;
+pub mod resume;
+pub mod signals;
 pub mod solver;
 pub mod tensor;

@@ -14,6 +14,7 @@ use crate::dist::bootstrap::run_replicas;
 use crate::dist::Bootstrap;
 use crate::error::Result;
 use crate::params::Params;
+use crate::resume::SolverState;
 use std::sync::Arc;
 
 /// What the replicas do.
@@ -45,6 +46,8 @@ pub struct P2PManager {
     /// Parameters every replica starts from (filled from the seed or `--weights`).
     pub initial: Arc<Params>,
     pub devices: Devices,
+    /// The solver state of `--resume` (the weights are in `initial`).
+    pub resume: Option<Arc<SolverState>>,
 }
 
 /// Runs `mode` on one replica's engine.
@@ -54,8 +57,9 @@ fn drive<E: Engine>(
     engine: E,
     out: Option<Outputs>,
     mode: Mode,
+    resume: Option<Arc<SolverState>>,
 ) -> Result<RunReport> {
-    let sync = P2PSync::new(plan, data, engine, out);
+    let sync = P2PSync::new(plan, data, engine, out).resume_from(resume);
     match mode {
         Mode::Train => sync.train(),
         Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
@@ -83,7 +87,14 @@ impl P2PManager {
                     let cpu = Cpu::new(threads_per_replica);
                     let engine =
                         CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?;
-                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                    drive(
+                        self.plan.clone(),
+                        self.data.clone(),
+                        engine,
+                        out,
+                        mode,
+                        self.resume.clone(),
+                    )
                 })
             }
             Devices::Cuda {
@@ -109,7 +120,14 @@ impl P2PManager {
                             engine.device_name()
                         );
                     }
-                    drive(self.plan.clone(), self.data.clone(), engine, out, mode)
+                    drive(
+                        self.plan.clone(),
+                        self.data.clone(),
+                        engine,
+                        out,
+                        mode,
+                        self.resume.clone(),
+                    )
                 })
             }
         };

@@ -10,6 +10,7 @@ pub mod manager;
 pub mod scores;
 pub mod sync;
 pub mod timing;
+pub mod verify;
 
 pub use engine::{Engine, PassCtx};
 pub use manager::{Mode, P2PManager, RunReport};
