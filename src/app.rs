@@ -12,9 +12,9 @@ use crate::metrics::MetricsLog;
 use crate::net::Net;
 use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
-use crate::signals;
 use crate::params::Params;
 use crate::resume::{self, ResumeRules, SnapshotFiles, SolverState};
+use crate::signals;
 use crate::snapshot;
 use crate::solver::Solver;
 use std::path::{Path, PathBuf};
@@ -130,14 +130,7 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
             let rules = ResumeRules {
                 allow_batch_change: opts.allow_batch_change,
             };
-            let state = resume::load(
-                &files,
-                &plan,
-                &mut initial,
-                names,
-                data.train.len(),
-                rules,
-            )?;
+            let state = resume::load(&files, &plan, &mut initial, names, data.train.len(), rules)?;
             Some((files, state))
         }
     };
@@ -393,20 +386,31 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
 }
 
+/// `println!` that ignores a failed write: a launcher shutting down after a signal may have
+/// closed the rank's stdout, and a lost summary line must not turn a clean stop into a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
     let iterations = report.iterations.saturating_sub(report.first_iteration);
     let rate = iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
     match mode {
         Mode::Train => {
             if let Some(code) = report.stopped {
-                println!(
+                outln!(
                     "stopped by a signal after iteration {} (exit code {code}); go on with --resume latest",
                     report.iterations
                 );
             } else {
-                println!(
+                outln!(
                     "trained to iteration {} in {:.2} s ({:.0} samples/s)",
-                    report.iterations, report.seconds, rate
+                    report.iterations,
+                    report.seconds,
+                    rate
                 );
             }
             if let Some(t) = &report.last_test {
@@ -414,27 +418,31 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                     .accuracy
                     .map(|a| format!(", accuracy {:.2}%", 100.0 * a))
                     .unwrap_or_default();
-                println!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
+                outln!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
             }
-            println!("outputs: {}", dir.join("metrics.jsonl").display());
+            outln!("outputs: {}", dir.join("metrics.jsonl").display());
             for s in &report.snapshots {
-                println!("         {}", s.display());
+                outln!("         {}", s.display());
             }
         }
         Mode::Bench { .. } => {
-            println!(
+            outln!(
                 "bench: {} replicas, global batch {}, {} iterations in {:.3} s: {:.1} samples/s",
-                plan.total_replicas, plan.global_batch, report.iterations, report.seconds, rate
+                plan.total_replicas,
+                plan.global_batch,
+                report.iterations,
+                report.seconds,
+                rate
             );
             if let Some(split) = report.step_seconds {
                 let total: f64 = split.iter().sum();
-                println!(
+                outln!(
                     "step split, {} clock, mean over replicas:",
                     report.step_clock
                 );
-                println!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
+                outln!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
                 for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
-                    println!(
+                    outln!(
                         "{:<12} {:>12.3} {:>7.1}%",
                         p.label(),
                         s * 1e3,

@@ -120,7 +120,12 @@ pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Resu
     let names: Vec<String> = state
         .history_names
         .iter()
-        .flat_map(|h| params.spans.iter().map(move |s| format!("{h}/{}", s.full_name)))
+        .flat_map(|h| {
+            params
+                .spans
+                .iter()
+                .map(move |s| format!("{h}/{}", s.full_name))
+        })
         .collect();
     let mut tensors = Vec::with_capacity(names.len());
     let mut name = names.iter();
@@ -272,7 +277,8 @@ pub fn load(
     rules: ResumeRules,
 ) -> Result<SolverState> {
     let path = &files.state;
-    let bytes = snapshot::read(path)?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::snapshot(path, format!("cannot read the solver state: {e}")))?;
     let st = snapshot::parse(path, &bytes)?;
     let (_, header) = SafeTensors::read_metadata(&bytes)
         .map_err(|e| Error::snapshot(path, format!("corrupt header: {e}")))?;
@@ -292,7 +298,10 @@ pub fn load(
     };
     let num = |k: &str| -> Result<u64> {
         get(k)?.parse().map_err(|_| {
-            Error::snapshot(path, format!("metadata `{k}` = {:?} is not a number", meta[k]))
+            Error::snapshot(
+                path,
+                format!("metadata `{k}` = {:?} is not a number", meta[k]),
+            )
         })
     };
     if get("format")? != FORMAT {

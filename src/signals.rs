@@ -4,13 +4,18 @@
 //! The handler is async-signal-safe: it only increments one atomic counter per signal (and, for a
 //! second SIGINT, calls `_exit(130)` unless `sigint_effect = "none"`). Everything else happens at iteration boundaries in the training loop:
 //!
-//! 1. [`SignalWatch::arrived`]: the first replica of each process reads the counters and reports
-//!    which signals arrived since its last look, as four flags `[usr1, hup, int, term]`;
-//!    the other replicas of the process report zeros, so each arrival is counted once.
-//! 2. The replicas sum those flags (one 4-float all-reduce per iteration, skipped with a single
-//!    replica): signals reach ranks at different moments (or only one rank, when sent to it
-//!    directly), and the sum is the same on every replica.
-//! 3. [`Effects::decide`] turns the agreed flags into the same [`Decision`] everywhere: every
+//! 1. [`SignalWatch::counts`]: the first replica of each process reports how many of each signal
+//!    `[usr1, hup, int, term]` its process has received; the other replicas report zeros.
+//! 2. The replicas take the maximum of those counts over the job (a gather through one small
+//!    all-reduce sum of `4 × replicas` floats per iteration, skipped with a single replica), so
+//!    every replica sees the same maxima although signals reach ranks at different moments.
+//! 3. [`SignalWatch::agreed`]: a signal is a new request when its maximum count exceeds the count
+//!    the job has acted on. A signal mpirun or Slurm forwards to every rank raises every rank's
+//!    count by one: one request, even when it reaches the ranks on either side of an iteration
+//!    boundary. A signal sent to one rank directly is a request too (that rank's count rises
+//!    above the others'); signals sent directly to different ranks count by position (the k-th
+//!    signal of any rank is the job's k-th).
+//! 4. [`Effects::decide`] turns the agreed flags into the same [`Decision`] everywhere: every
 //!    replica snapshots (or stops) after the same iteration.
 //!
 //! A stop exits every rank with `128 + signal number` (SIGTERM 143, SIGINT 130, SIGHUP 129),
@@ -72,39 +77,64 @@ pub fn install(cfg: &SolverConfig) -> std::io::Result<()> {
     Ok(())
 }
 
-/// One replica's view of the signal counters.
+/// One replica's view of the signal counters and of the requests the job has acted on.
 #[derive(Debug, Clone)]
 pub struct SignalWatch {
-    /// Only the first replica of a process reads the counters.
+    /// Only the first replica of a process reports the counters.
     reads: bool,
-    seen: [u64; 4],
+    /// Per signal: the job-wide count already acted on.
+    handled: [u64; 4],
 }
 
 impl SignalWatch {
-    /// A watch that reports signals (`reads`, the first replica of its process) or only zeros.
-    /// Signals that arrived before it was made are reported by its first [`Self::arrived`].
+    /// A watch that reports this process's counters (`reads`, the first replica of its process)
+    /// or only zeros.
     pub fn new(reads: bool) -> Self {
         SignalWatch {
             reads,
-            seen: [0; 4],
+            handled: [0; 4],
         }
     }
 
-    /// `[usr1, hup, int, term]`: 1.0 for each signal that arrived since the last call.
-    pub fn arrived(&mut self) -> [f64; 4] {
-        let mut flags = [0.0; 4];
-        if !self.reads {
-            return flags;
-        }
-        for (i, f) in flags.iter_mut().enumerate() {
-            let now = COUNTS[i].load(Ordering::SeqCst);
-            if now > self.seen[i] {
-                *f = 1.0;
-                self.seen[i] = now;
+    /// `[usr1, hup, int, term]`: how many of each signal this process has received (zeros when
+    /// this replica does not read), for the all-reduce max.
+    pub fn counts(&self) -> [f64; 4] {
+        let mut c = [0.0; 4];
+        if self.reads {
+            for (v, n) in c.iter_mut().zip(&COUNTS) {
+                *v = n.load(Ordering::SeqCst) as f64;
             }
         }
-        flags
+        c
     }
+
+    /// From the maxima of every replica's [`Self::counts`]: 1.0 for each signal of which some
+    /// rank has received more than the job has acted on (then counted as acted on). A signal
+    /// forwarded to every rank raises every count to the same value, so it is one request even
+    /// when it reaches the ranks on either side of an iteration boundary.
+    pub fn agreed(&mut self, max: &[f64; 4]) -> [f64; 4] {
+        let mut fresh = [0.0; 4];
+        for i in 0..4 {
+            let m = max[i] as u64;
+            if m > self.handled[i] {
+                fresh[i] = 1.0;
+                self.handled[i] = m;
+            }
+        }
+        fresh
+    }
+}
+
+/// The per-signal maxima of the summed gather slots (`4 × replicas`, replica r's counts at
+/// `4r..4r + 4`).
+pub fn slot_max(slots: &[f64]) -> [f64; 4] {
+    let mut m = [0.0f64; 4];
+    for chunk in slots.chunks_exact(4) {
+        for (a, b) in m.iter_mut().zip(chunk) {
+            *a = a.max(*b);
+        }
+    }
+    m
 }
 
 /// What the agreed signals make every replica do after the current iteration.
@@ -134,7 +164,7 @@ impl Effects {
         }
     }
 
-    /// The decision for the summed flags of every replica (see [`SignalWatch::arrived`]). The
+    /// The decision for the agreed flags (see [`SignalWatch::agreed`]). The
     /// stop code is that of the strongest stopping signal: SIGTERM, then SIGINT, then SIGHUP.
     pub fn decide(&self, arrived: &[f64; 4]) -> Decision {
         let mut d = Decision::default();
@@ -223,13 +253,25 @@ mod tests {
     }
 
     #[test]
-    fn only_the_reading_replica_reports_and_each_arrival_once() {
+    fn a_forwarded_signal_is_one_request_and_a_direct_one_another() {
         let mut reader = SignalWatch::new(true);
-        let mut other = SignalWatch::new(false);
-        reader.arrived();
-        COUNTS[0].fetch_add(1, Ordering::SeqCst);
-        assert_eq!(other.arrived(), [0.0; 4]);
-        assert_eq!(reader.arrived()[0], 1.0);
-        assert_eq!(reader.arrived()[0], 0.0);
+        let other = SignalWatch::new(false);
+        assert_eq!(other.counts(), [0.0; 4]);
+        let base = reader.counts()[1];
+        reader.agreed(&[0.0, base, 0.0, 0.0]);
+        // Rank A has the forwarded SIGHUP, rank B not yet: one request.
+        let a = [0.0, base + 1.0, 0.0, 0.0];
+        let b = [0.0, base, 0.0, 0.0];
+        let mut slots = a.to_vec();
+        slots.extend(b);
+        assert_eq!(reader.agreed(&slot_max(&slots))[1], 1.0);
+        // Next boundary: B has it too; nothing new.
+        slots[5] = base + 1.0;
+        assert_eq!(reader.agreed(&slot_max(&slots))[1], 0.0);
+        // A signal sent to B alone: a new request.
+        slots[5] = base + 2.0;
+        assert_eq!(reader.agreed(&slot_max(&slots))[1], 1.0);
+        COUNTS[1].fetch_add(1, Ordering::SeqCst);
+        assert_eq!(reader.counts()[1], base + 1.0);
     }
 }

@@ -55,7 +55,13 @@ pub fn save_weights(path: &Path, params: &Params, metadata: &[(String, String)])
     let tensors: Vec<_> = params
         .spans
         .iter()
-        .map(|s| (s.full_name.as_str(), s.shape.as_slice(), &params.data[s.range()]))
+        .map(|s| {
+            (
+                s.full_name.as_str(),
+                s.shape.as_slice(),
+                &params.data[s.range()],
+            )
+        })
         .collect();
     save_tensors(path, &tensors, metadata)
 }

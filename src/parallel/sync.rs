@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::weighted_loss;
 use crate::resume::{self, SaveState, SolverState};
-use crate::signals::{Decision, Effects, SignalWatch};
+use crate::signals::{self, Decision, Effects, SignalWatch};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,14 +104,25 @@ impl<E: Engine> P2PSync<E> {
         Ok((state.iter, state.data_position / micro))
     }
 
-    /// Agrees with every replica on what the signals received since the last iteration
-    /// boundary ask for (see `signals`): one 4-float all-reduce, skipped with one replica.
-    fn agree_on_signals(&mut self, watch: &mut SignalWatch, effects: &Effects) -> Result<Decision> {
-        let mut arrived = watch.arrived();
-        if self.engine.size() > 1 {
-            self.engine.sum_scores(&mut arrived)?;
-        }
-        Ok(effects.decide(&arrived))
+    /// Agrees with every replica on what the signals received so far ask for (see `signals`):
+    /// the job-wide maximum of each signal's count, through one all-reduce of `4 × replicas`
+    /// floats (`slots`, reused), skipped with one replica.
+    fn agree_on_signals(
+        &mut self,
+        watch: &mut SignalWatch,
+        effects: &Effects,
+        slots: &mut [f64],
+    ) -> Result<Decision> {
+        let max = if self.engine.size() > 1 {
+            slots.fill(0.0);
+            let r = self.engine.rank();
+            slots[4 * r..4 * r + 4].copy_from_slice(&watch.counts());
+            self.engine.sum_scores(slots)?;
+            signals::slot_max(slots)
+        } else {
+            watch.counts()
+        };
+        Ok(effects.decide(&watch.agreed(&max)))
     }
 
     /// Compares a bit-exact hash of the parameters across every replica (a collective) and
@@ -201,9 +212,15 @@ impl<E: Engine> P2PSync<E> {
         let local = self.engine.rank() % self.plan.replicas_per_rank.max(1);
         let mut watch = SignalWatch::new(local == 0);
         let effects = Effects::new(&s);
+        let mut signal_slots = vec![0.0; 4 * self.engine.size()];
         for iter in first_iter..s.max_iter {
             InjectedPanic::check(fault, self.engine.rank(), iter);
-            if perturb == Some(InjectedPanic { rank: self.engine.rank(), iter }) {
+            if perturb
+                == Some(InjectedPanic {
+                    rank: self.engine.rank(),
+                    iter,
+                })
+            {
                 self.engine.perturb_param()?;
             }
             if s.test_interval > 0
@@ -224,7 +241,13 @@ impl<E: Engine> P2PSync<E> {
             }
             let done = iter + 1;
             self.verify_replicas(done)?;
-            let decision = self.agree_on_signals(&mut watch, &effects)?;
+            let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
+            if decision != Decision::default() {
+                info!(
+                    "replica {}: signal agreed after iteration {done}: {decision:?}",
+                    self.engine.rank()
+                );
+            }
             if done == s.max_iter {
                 break; // the final snapshot follows
             }
@@ -233,7 +256,9 @@ impl<E: Engine> P2PSync<E> {
             }
             if let Some(code) = decision.stop {
                 if self.outputs.is_some() {
-                    tracing::warn!("stopping after iteration {done} on a signal (exit code {code})");
+                    tracing::warn!(
+                        "stopping after iteration {done} on a signal (exit code {code})"
+                    );
                 }
                 report.iterations = done;
                 report.stopped = Some(code);
@@ -438,7 +463,11 @@ impl<E: Engine> P2PSync<E> {
             .collect();
         self.engine.sum_scores(&mut values)?;
         let n = self.engine.size() as f64;
-        Ok(iters.into_iter().zip(values).map(|(j, v)| (j, v / n)).collect())
+        Ok(iters
+            .into_iter()
+            .zip(values)
+            .map(|(j, v)| (j, v / n))
+            .collect())
     }
 
     /// A snapshot after `iter` iterations (every replica calls it at the same iteration): universal

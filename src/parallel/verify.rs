@@ -43,10 +43,11 @@ pub fn check(hashes: &[u64], iter: u64) -> Result<()> {
     }
     let count = |h: u64| hashes.iter().filter(|&&x| x == h).count();
     // The most common hash; the earliest rank's on a tie (rank 0's with two replicas).
-    let reference = hashes
-        .iter()
-        .copied()
-        .fold(first, |best, h| if count(h) > count(best) { h } else { best });
+    let reference =
+        hashes.iter().copied().fold(
+            first,
+            |best, h| if count(h) > count(best) { h } else { best },
+        );
     let bad: Vec<usize> = (0..hashes.len())
         .filter(|&r| hashes[r] != reference)
         .collect();
