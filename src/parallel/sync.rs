@@ -129,7 +129,7 @@ impl<E: Engine> P2PSync<E> {
     /// fails, naming the first diverging universal rank, when they differ.
     fn verify_replicas(&mut self, done: u64) -> Result<()> {
         let every = self.plan.config.cluster.verify_interval;
-        if every == 0 || done % every != 0 {
+        if every == 0 || !done.is_multiple_of(every) {
             return Ok(());
         }
         let hash = self.engine.params_hash()?;
