@@ -486,3 +486,79 @@ fn diff(at: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<St
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), b"x").unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn latest_and_prune_consider_complete_snapshots_only() {
+        let root = tempfile::tempdir().unwrap();
+        let snap = root.path().join("s");
+        assert!(latest(root.path(), "s/m")
+            .unwrap_err()
+            .to_string()
+            .contains("no snapshot to resume"));
+        for n in [10, 20, 30] {
+            touch(&snap, &format!("m_iter_{n}.safetensors"));
+            touch(&snap, &format!("m_iter_{n}.solverstate"));
+        }
+        // Weights without a solver state (a write cut short), another prefix, a temporary.
+        touch(&snap, "m_iter_40.safetensors");
+        touch(&snap, "other_iter_5.solverstate");
+        touch(&snap, ".m_iter_50.safetensors.tmp-1-0");
+        assert_eq!(latest(root.path(), "s/m").unwrap().iter, 30);
+        assert_eq!(prune(root.path(), "s/m", 0), Vec::<PathBuf>::new());
+        let removed = prune(root.path(), "s/m", 2);
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        assert_eq!(
+            names(&snap),
+            [
+                ".m_iter_50.safetensors.tmp-1-0",
+                "m_iter_20.safetensors",
+                "m_iter_20.solverstate",
+                "m_iter_30.safetensors",
+                "m_iter_30.solverstate",
+                "m_iter_40.safetensors",
+                "other_iter_5.solverstate"
+            ]
+        );
+    }
+
+    #[test]
+    fn either_file_names_the_pair() {
+        let a = SnapshotFiles::of(Path::new("d/m_iter_7.solverstate"));
+        let b = SnapshotFiles::of(Path::new("d/m_iter_7.safetensors"));
+        assert_eq!(a, b);
+        assert_eq!(a.iter, 7);
+        assert_eq!(a.state, Path::new("d/m_iter_7.solverstate"));
+    }
+
+    #[test]
+    fn loss_slots_follow_the_new_window() {
+        let s = SolverState {
+            iter: 10,
+            history: vec![],
+            loss_window: vec![(6, 1.0), (7, 2.0), (8, 3.0), (9, 4.0)],
+            data_position: 0,
+        };
+        // Same window, iter_size 2: slot j % 4 holds 2 × the mean of iteration j.
+        assert_eq!(s.loss_slots(4, 2), [6.0, 8.0, 2.0, 4.0]);
+        // A shorter window keeps the newest iterations.
+        assert_eq!(s.loss_slots(2, 1), [3.0, 4.0]);
+    }
+}
