@@ -13,10 +13,22 @@ use crate::net::Net;
 use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
 use crate::params::Params;
+use crate::resume::{self, ResumeRules, SnapshotFiles, SolverState};
+use crate::signals;
 use crate::snapshot;
+use crate::solver::Solver;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::info;
+
+/// `println!` that ignores a failed write: a launcher shutting down after a signal may have
+/// closed the rank's stdout, and a lost summary line must not turn a clean stop into a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 /// The config embedded in the binary for `p2ptrain` without arguments.
 pub const QUICKSTART: &str = include_str!("../config/quickstart.toml");
@@ -49,6 +61,34 @@ pub struct Options {
     pub timeline: Option<PathBuf>,
     /// `--timeline-iters N`: iterations recorded in detail, from the start.
     pub timeline_iters: u64,
+    /// `--resume FILE|latest`: go on from a snapshot.
+    pub resume: Option<ResumeFrom>,
+    /// `--allow-batch-change`: resume with another global batch.
+    pub allow_batch_change: bool,
+}
+
+/// Where `--resume` takes its snapshot from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The newest complete snapshot of the config's `snapshot_prefix` in the output directory.
+    Latest,
+    /// As `Latest` when there is a snapshot, else a fresh start (job scripts that are requeued).
+    Auto,
+    /// A snapshot named by its `.safetensors` or `.solverstate` file.
+    File(PathBuf),
+}
+
+impl ResumeFrom {
+    /// `latest` or a path.
+    pub fn parse(arg: &str) -> Self {
+        if arg == "latest" {
+            ResumeFrom::Latest
+        } else if arg == "auto" {
+            ResumeFrom::Auto
+        } else {
+            ResumeFrom::File(PathBuf::from(arg))
+        }
+    }
 }
 
 impl Default for Options {
@@ -61,6 +101,8 @@ impl Default for Options {
             progress: true,
             timeline: None,
             timeline_iters: DEFAULT_TIMELINE_ITERS,
+            resume: None,
+            allow_batch_change: false,
         }
     }
 }
@@ -71,6 +113,7 @@ struct Prepared {
     data: DataSplit,
     initial: Params,
     devices: Devices,
+    resume: Option<(SnapshotFiles, SolverState)>,
 }
 
 fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
@@ -101,11 +144,45 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     if let Some(w) = &opts.weights {
         snapshot::load_weights(w, &mut initial)?;
     }
+    let from = match &opts.resume {
+        Some(ResumeFrom::Auto) => {
+            let dir = output_dir(opts);
+            let found = resume::latest(&dir, &plan.config.solver.snapshot_prefix).is_ok();
+            if !found && boot.rank == 0 {
+                info!("--resume auto: no snapshot in {}; starting fresh", dir.display());
+            }
+            found.then_some(&ResumeFrom::Latest)
+        }
+        other => other.as_ref(),
+    };
+    let resume = match from {
+        None => None,
+        Some(_) if opts.weights.is_some() => {
+            return Err(Error::Usage(
+                "--resume and --weights exclude each other (a snapshot holds the weights)".into(),
+            ))
+        }
+        Some(from) => {
+            let files = match from {
+                ResumeFrom::Latest | ResumeFrom::Auto => {
+                    resume::latest(&output_dir(opts), &plan.config.solver.snapshot_prefix)?
+                }
+                ResumeFrom::File(f) => SnapshotFiles::of(f),
+            };
+            let names = Solver::new(&plan.config.solver, 0).history_names();
+            let rules = ResumeRules {
+                allow_batch_change: opts.allow_batch_change,
+            };
+            let state = resume::load(&files, &plan, &mut initial, names, data.train.len(), rules)?;
+            Some((files, state))
+        }
+    };
     Ok(Prepared {
         plan: Arc::new(plan),
         data,
         initial,
         devices,
+        resume,
     })
 }
 
@@ -182,10 +259,16 @@ fn output_dir(opts: &Options) -> PathBuf {
     })
 }
 
-fn open_outputs(dir: &Path, max_iter: u64, progress: bool) -> Result<Outputs> {
+/// Opens the output directory; a resumed run appends to `metrics.jsonl` rather than replacing it.
+fn open_outputs(dir: &Path, max_iter: u64, progress: bool, resumed: bool) -> Result<Outputs> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let metrics = MetricsLog::create(&dir.join("metrics.jsonl"))?;
+    let path = dir.join("metrics.jsonl");
+    let metrics = if resumed {
+        MetricsLog::append(&path)?
+    } else {
+        MetricsLog::create(&path)?
+    };
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
@@ -291,6 +374,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             &dir,
             plan.config.solver.max_iter,
             opts.progress,
+            prepared.resume.is_some(),
         )),
         _ => None,
     };
@@ -314,12 +398,28 @@ pub fn run(action: Action, opts: Options) -> i32 {
             Err(code) => return code,
         }
     }
+    if let Some((files, state)) = &prepared.resume {
+        if boot.rank == 0 {
+            info!(
+                "resuming from {} after iteration {} (data position {})",
+                files.weights.display(),
+                state.iter,
+                state.data_position
+            );
+        }
+    }
+    if let Action::Train = action {
+        if let Err(e) = signals::install(&plan.config.solver) {
+            tracing::warn!("signal handlers not installed ({e}): signals end the process");
+        }
+    }
     let manager = P2PManager {
         plan: plan.clone(),
         data: prepared.data,
         initial: Arc::new(prepared.initial),
         devices,
         timeline_iters: opts.timeline.as_ref().map(|_| opts.timeline_iters),
+        resume: prepared.resume.map(|(_, state)| Arc::new(state)),
     };
     let mode = match action {
         Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },
@@ -335,14 +435,14 @@ pub fn run(action: Action, opts: Options) -> i32 {
                 .as_ref()
                 .filter(|_| matches!(mode, Mode::Train))
             else {
-                return 0;
+                return report.stopped.unwrap_or(0);
             };
             match crate::chrome_trace::write(&boot, &hostname(), &report.traces, path) {
                 Ok(()) => {
                     if boot.rank == 0 {
-                        println!("timeline: {}", path.display());
+                        outln!("timeline: {}", path.display());
                     }
-                    0
+                    report.stopped.unwrap_or(0)
                 }
                 Err(e) => {
                     report_error(boot.rank, &e);
@@ -357,40 +457,55 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
 }
 
+
 fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
-    let rate = report.iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
+    let iterations = report.iterations.saturating_sub(report.first_iteration);
+    let rate = iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
     match mode {
         Mode::Train => {
-            println!(
-                "trained {} iterations in {:.2} s ({:.0} samples/s)",
-                report.iterations, report.seconds, rate
-            );
+            if let Some(code) = report.stopped {
+                outln!(
+                    "stopped by a signal after iteration {} (exit code {code}); go on with --resume latest",
+                    report.iterations
+                );
+            } else {
+                outln!(
+                    "trained to iteration {} in {:.2} s ({:.0} samples/s)",
+                    report.iterations,
+                    report.seconds,
+                    rate
+                );
+            }
             if let Some(t) = &report.last_test {
                 let acc = t
                     .accuracy
                     .map(|a| format!(", accuracy {:.2}%", 100.0 * a))
                     .unwrap_or_default();
-                println!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
+                outln!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
             }
-            println!("outputs: {}", dir.join("metrics.jsonl").display());
+            outln!("outputs: {}", dir.join("metrics.jsonl").display());
             for s in &report.snapshots {
-                println!("         {}", s.display());
+                outln!("         {}", s.display());
             }
         }
         Mode::Bench { .. } => {
-            println!(
+            outln!(
                 "bench: {} replicas, global batch {}, {} iterations in {:.3} s: {:.1} samples/s",
-                plan.total_replicas, plan.global_batch, report.iterations, report.seconds, rate
+                plan.total_replicas,
+                plan.global_batch,
+                report.iterations,
+                report.seconds,
+                rate
             );
             if let Some(split) = report.step_seconds {
                 let total: f64 = split.iter().sum();
-                println!(
+                outln!(
                     "step split, {} clock, mean over replicas:",
                     report.step_clock
                 );
-                println!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
+                outln!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
                 for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
-                    println!(
+                    outln!(
                         "{:<12} {:>12.3} {:>7.1}%",
                         p.label(),
                         s * 1e3,

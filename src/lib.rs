@@ -21,6 +21,8 @@ pub mod net;
 pub mod parallel;
 pub mod params;
 pub mod plot;
+pub mod resume;
+pub mod signals;
 pub mod snapshot;
 pub mod solver;
 pub mod tensor;

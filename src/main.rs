@@ -3,13 +3,15 @@
 //! ```text
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
 //!          [--timeline FILE [--timeline-iters N]]
+//!          [--resume FILE|latest|auto] [--allow-batch-change]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain                      # the embedded quickstart
 //! ```
-//! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure.
+//! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure, 128 + signal number
+//! after a stop on SIGTERM (143), SIGINT (130) or SIGHUP (129).
 
 use clap::{Args, Parser, Subcommand};
 use p2ptrain::allreduce_bench::{self, BenchOptions};
@@ -27,7 +29,13 @@ use std::path::PathBuf;
         Launch one process per rank: `mpirun -np 4 p2ptrain cluster.toml`, \
         `srun --mpi=pmix p2ptrain cluster.toml`, or `p2ptrain cluster.toml` alone.\n\
         Without arguments, trains the embedded quickstart (an MLP on bundled digits).\n\n\
-        Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure."
+        Signals (at the next iteration boundary, agreed by every rank): SIGUSR1 writes a \
+        snapshot and training goes on; SIGTERM and SIGINT write a snapshot and stop every rank \
+        ([solver] sigint_effect = \"snapshot_stop\" | \"snapshot\" | \"stop\" | \"none\"); \
+        SIGHUP writes a snapshot (sighup_effect, same choices). A second SIGINT exits at once.\n\n\
+        Exit codes: 0 success, 2 bad usage, config or input (also a snapshot that cannot be \
+        resumed), 1 runtime failure (also a failed replica consistency check), 143 stopped by \
+        SIGTERM, 130 by SIGINT, 129 by SIGHUP (128 + signal number, after the snapshot)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -151,6 +159,16 @@ struct Common {
     /// Never draw the progress bar (drawn by rank 0 when its stdout is a terminal).
     #[arg(long)]
     no_progress: bool,
+    /// Go on from a snapshot: its `.safetensors` or `.solverstate` file, or `latest` (the newest
+    /// complete snapshot of `snapshot_prefix` in the output directory), or `auto` (`latest` when
+    /// there is one, else a fresh start: for job scripts that are requeued). Restores the weights,
+    /// solver history, iteration and data position on every replica.
+    #[arg(long, value_name = "FILE|latest|auto")]
+    resume: Option<String>,
+    /// With --resume: accept a global batch (batch_size x replicas x iter_size) other than the
+    /// snapshot's.
+    #[arg(long)]
+    allow_batch_change: bool,
 }
 
 impl From<Common> for Options {
@@ -161,6 +179,8 @@ impl From<Common> for Options {
             weights: c.weights,
             output: c.output,
             progress: !c.no_progress,
+            resume: c.resume.as_deref().map(app::ResumeFrom::parse),
+            allow_batch_change: c.allow_batch_change,
             ..Options::default()
         }
     }

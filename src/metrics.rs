@@ -24,6 +24,19 @@ impl MetricsLog {
         })
     }
 
+    /// Opens `path` for appending (a resumed run), creating it if needed.
+    pub fn append(path: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        Ok(MetricsLog {
+            path: path.to_path_buf(),
+            out: BufWriter::new(file),
+        })
+    }
+
     /// `{"iter", "phase": "train", "loss", "lr", "samples_per_sec", "elapsed_s"}`.
     pub fn train(
         &mut self,

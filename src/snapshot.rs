@@ -52,23 +52,41 @@ use tracing::warn;
 /// was at `path` before is left as it was, and the error is [`Error::Io`] naming `path`
 /// ([`Error::Snapshot`] if two tensors share a name).
 pub fn save_weights(path: &Path, params: &Params, metadata: &[(String, String)]) -> Result<()> {
-    let mut seen = HashSet::with_capacity(params.spans.len());
-    if let Some(dup) = params.spans.iter().find(|s| !seen.insert(&s.full_name)) {
+    let tensors: Vec<_> = params
+        .spans
+        .iter()
+        .map(|s| {
+            (
+                s.full_name.as_str(),
+                s.shape.as_slice(),
+                &params.data[s.range()],
+            )
+        })
+        .collect();
+    save_tensors(path, &tensors, metadata)
+}
+
+/// Writes named F32 tensors `(name, shape, values)` to `path` as a safetensors file, with
+/// `metadata` as the header's `__metadata__` (omitted when empty), atomically as
+/// [`save_weights`] does. [`Error::Snapshot`] if two tensors share a name.
+pub fn save_tensors(
+    path: &Path,
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: &[(String, String)],
+) -> Result<()> {
+    let mut seen = HashSet::with_capacity(tensors.len());
+    if let Some(dup) = tensors.iter().find(|t| !seen.insert(t.0)) {
         return Err(Error::snapshot(
             path,
-            format!("two tensors are named `{}`", dup.full_name),
+            format!("two tensors are named `{}`", dup.0),
         ));
     }
-    let tensors = params.spans.iter().map(|s| {
-        let view = F32View {
-            shape: &s.shape,
-            data: &params.data[s.range()],
-        };
-        (s.full_name.as_str(), view)
-    });
+    let views = tensors
+        .iter()
+        .map(|&(name, shape, data)| (name, F32View { shape, data }));
     let info = (!metadata.is_empty()).then(|| metadata.iter().cloned().collect::<HashMap<_, _>>());
     write_atomic(path, |tmp| {
-        safetensors::serialize_to_file(tensors, info, tmp).map_err(|e| match e {
+        safetensors::serialize_to_file(views, info, tmp).map_err(|e| match e {
             SafeTensorError::IoError(source) => source,
             other => std::io::Error::other(other),
         })
@@ -172,11 +190,13 @@ pub fn load_metadata(path: &Path) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
+/// The whole file at `path` ([`Error::Snapshot`] naming it when it cannot be read).
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>> {
     fs::read(path).map_err(|e| Error::snapshot(path, format!("cannot read weights: {e}")))
 }
 
-fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+/// `bytes` as a safetensors file ([`Error::Snapshot`] naming `path` when truncated or corrupt).
+pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
     SafeTensors::deserialize(bytes).map_err(|e| corrupt(path, bytes, e))
 }
 

@@ -10,7 +10,7 @@ mod plan;
 mod validate;
 
 pub use load::{load, load_str, Source};
-pub use plan::Plan;
+pub use plan::{fnv1a64, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -61,6 +61,10 @@ pub struct ClusterConfig {
     /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
     /// differs (a launcher misconfiguration). Unset: any.
     pub world_size: Option<usize>,
+    /// Compare a bit-exact hash of every replica's parameters every this many iterations and stop
+    /// the job at the first difference (0: never).
+    #[serde(default)]
+    pub verify_interval: u64,
 }
 
 /// Gradient all-reduce schedule on GPUs.
@@ -96,6 +100,7 @@ impl Default for ClusterConfig {
             bucket_mb: bucket_mb_default(),
             math: MathMode::Fp32,
             world_size: None,
+            verify_interval: 0,
         }
     }
 }
@@ -236,11 +241,34 @@ pub struct SolverConfig {
     pub snapshot: u64,
     #[serde(default = "snapshot_prefix_default")]
     pub snapshot_prefix: String,
+    /// Keep only the newest this many snapshots of `snapshot_prefix` (0: keep all).
+    #[serde(default)]
+    pub snapshot_keep: usize,
+    /// What SIGINT and SIGTERM do (Caffe's `-sigint_effect`).
+    #[serde(default = "sigint_effect_default")]
+    pub sigint_effect: SignalEffect,
+    /// What SIGHUP does (Caffe's `-sighup_effect`).
+    #[serde(default = "sighup_effect_default")]
+    pub sighup_effect: SignalEffect,
     #[serde(default = "one_u64")]
     pub random_seed: u64,
     /// Clip the global L2 norm of the averaged gradient to this value (≤ 0: off).
     #[serde(default = "neg_one")]
     pub clip_gradients: f32,
+}
+
+/// What a signal does to training, at the next iteration boundary agreed by every replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalEffect {
+    /// Snapshot, then stop every rank.
+    SnapshotStop,
+    /// Snapshot, then go on training.
+    Snapshot,
+    /// Stop every rank without a snapshot.
+    Stop,
+    /// Ignore the signal.
+    None,
 }
 
 /// Layer types.
@@ -469,6 +497,12 @@ fn delta_default() -> f32 {
 }
 fn rms_decay_default() -> f32 {
     0.99
+}
+fn sigint_effect_default() -> SignalEffect {
+    SignalEffect::SnapshotStop
+}
+fn sighup_effect_default() -> SignalEffect {
+    SignalEffect::Snapshot
 }
 fn snapshot_prefix_default() -> String {
     "snapshots/model".to_string()

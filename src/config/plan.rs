@@ -24,6 +24,8 @@ pub struct Plan {
     pub global_batch: usize,
     /// [`fingerprint`] of `config`.
     pub fingerprint: u64,
+    /// [`state_fingerprint`] of `config`: what a snapshot must match to resume under this plan.
+    pub state_fingerprint: u64,
 }
 
 /// FNV-1a, 64 bits: stable across processes, builds and machines (unlike std's hasher).
@@ -41,6 +43,48 @@ pub fn fingerprint(config: &Config) -> u64 {
     let canonical =
         serde_json::to_vec(config).unwrap_or_else(|_| format!("{config:?}").into_bytes());
     fnv1a64(&canonical)
+}
+
+/// The keys a resumed run may change: they touch neither the net, nor the solver's state, nor the
+/// data stream the snapshot continues. Everything else must match the snapshot's config.
+///
+/// `[cluster]` (topology, backend, threads, reduce schedule, math, verify_interval),
+/// `data.batch_size` and `solver.iter_size` (the global batch is checked on its own),
+/// `data.test_batch_size`, `data.prefetch`, `data.test_images` / `data.test_labels`, and
+/// `solver.max_iter`, `display`, `average_loss`, `test_interval`, `test_iter`,
+/// `test_initialization`, `snapshot`, `snapshot_prefix`, `snapshot_keep`, `sigint_effect`,
+/// `sighup_effect`.
+pub const RESUME_FREE_KEYS: &str = "[cluster], data.batch_size, data.test_batch_size, \
+    data.prefetch, data.test_images, data.test_labels, solver.iter_size, solver.max_iter, \
+    solver.display, solver.average_loss, solver.test_interval, solver.test_iter, \
+    solver.test_initialization, solver.snapshot, solver.snapshot_prefix, solver.snapshot_keep, \
+    solver.sigint_effect, solver.sighup_effect";
+
+/// The fingerprint of what a snapshot's state depends on: [`fingerprint`] of `config` with the
+/// [`RESUME_FREE_KEYS`] set to fixed values. A snapshot resumes under a config only when the two
+/// state fingerprints are equal.
+pub fn state_fingerprint(config: &Config) -> u64 {
+    let mut c = config.clone();
+    c.cluster = Default::default();
+    let (d, s) = (&mut c.data, &mut c.solver);
+    d.batch_size = 1;
+    d.test_batch_size = None;
+    d.prefetch = 1;
+    d.test_images = None;
+    d.test_labels = None;
+    s.iter_size = 1;
+    s.max_iter = 1;
+    s.display = 0;
+    s.average_loss = 1;
+    s.test_interval = 0;
+    s.test_iter = None;
+    s.test_initialization = false;
+    s.snapshot = 0;
+    s.snapshot_prefix = String::new();
+    s.snapshot_keep = 0;
+    s.sigint_effect = super::SignalEffect::SnapshotStop;
+    s.sighup_effect = super::SignalEffect::Snapshot;
+    fingerprint(&c)
 }
 
 impl Plan {
@@ -70,6 +114,7 @@ impl Plan {
                 )
             })?;
         let fingerprint = fingerprint(&config);
+        let state_fingerprint = state_fingerprint(&config);
         Ok(Plan {
             config,
             source,
@@ -78,6 +123,7 @@ impl Plan {
             total_replicas,
             global_batch,
             fingerprint,
+            state_fingerprint,
         })
     }
 

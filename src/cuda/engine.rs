@@ -302,6 +302,29 @@ impl Engine for GpuEngine {
         self.net.params_to_host(&self.gpu)
     }
 
+    fn solver_history(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.solver.history_to_host(&self.gpu)
+    }
+
+    fn history_names(&self) -> &'static [&'static str] {
+        self.solver.history_names()
+    }
+
+    fn restore_state(&mut self, history: &[Vec<f32>], loss_slots: &[f64]) -> Result<()> {
+        self.solver.history_from_host(&self.gpu, history)?;
+        self.net.set_loss_window(&self.gpu, loss_slots)?;
+        self.gpu.synchronize()
+    }
+
+    fn perturb_param(&mut self) -> Result<()> {
+        let mut host = self.net.params_to_host(&self.gpu)?;
+        if let Some(w) = host.data.first_mut() {
+            *w = crate::parallel::cpu_engine::next_float(*w);
+        }
+        self.net.params_from_host(&self.gpu, &host)?;
+        self.gpu.synchronize()
+    }
+
     fn finish(self) -> Result<()> {
         self.gpu.synchronize()?;
         self.comm.finish()

@@ -447,6 +447,21 @@ impl GpuNet {
         Ok(v)
     }
 
+    /// Replaces the loss window (a resumed run's slots; `slots.len()` must be `average_loss`).
+    pub fn set_loss_window(&mut self, gpu: &Gpu, slots: &[f64]) -> Result<()> {
+        self.check_gpu(gpu);
+        if slots.len() != self.loss_slots.len() {
+            return Err(Error::Comm(format!(
+                "CUDA: a loss window of {} slots for {}",
+                slots.len(),
+                self.loss_slots.len()
+            )));
+        }
+        gpu.compute
+            .memcpy_htod(slots, &mut self.loss_slots)
+            .map_err(|e| gpu_error("copy the loss window to the device", e))
+    }
+
     /// Runs backward through the layers of the last forward's phase in reverse order,
     /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
     /// backward is enqueued (an event recorded on the compute stream there marks its parameter

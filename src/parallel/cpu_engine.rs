@@ -7,7 +7,7 @@ use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layers::Ctx;
 use crate::net::{weighted_loss, Net, Output};
 use crate::params::Params;
@@ -174,6 +174,43 @@ impl Engine for CpuEngine {
         Ok(self.params.clone())
     }
 
+    fn solver_history(&mut self) -> Result<Vec<Vec<f32>>> {
+        Ok(self.solver.history().to_vec())
+    }
+
+    fn history_names(&self) -> &'static [&'static str] {
+        self.solver.history_names()
+    }
+
+    fn restore_state(&mut self, history: &[Vec<f32>], loss_slots: &[f64]) -> Result<()> {
+        let mine = self.solver.history_mut();
+        if mine.len() != history.len() || mine.iter().zip(history).any(|(a, b)| a.len() != b.len())
+        {
+            return Err(Error::Comm(format!(
+                "restoring {} history buffer(s) into a solver with {}",
+                history.len(),
+                mine.len()
+            )));
+        }
+        for (dst, src) in mine.iter_mut().zip(history) {
+            dst.copy_from_slice(src);
+        }
+        self.loss_slots.clear();
+        self.loss_slots.extend_from_slice(loss_slots);
+        Ok(())
+    }
+
+    fn params_hash(&mut self) -> Result<u64> {
+        Ok(super::verify::hash_params(&self.params.data))
+    }
+
+    fn perturb_param(&mut self) -> Result<()> {
+        if let Some(w) = self.params.data.first_mut() {
+            *w = next_float(*w);
+        }
+        Ok(())
+    }
+
     fn start_spans(&mut self, origin: Instant, iters: u64) -> Result<()> {
         let layers = self.net.len();
         // Forward and backward per layer and sub-batch, plus room for a few test batches.
@@ -188,6 +225,17 @@ impl Engine for CpuEngine {
 
     fn take_spans(&mut self) -> Result<Option<SpanLog>> {
         Ok(self.spans.take())
+    }
+}
+
+/// The float after `x` (a one-ulp change).
+pub(crate) fn next_float(x: f32) -> f32 {
+    if x == 0.0 {
+        f32::from_bits(1)
+    } else if x > 0.0 {
+        f32::from_bits(x.to_bits() + 1)
+    } else {
+        f32::from_bits(x.to_bits() - 1)
     }
 }
 

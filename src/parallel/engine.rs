@@ -56,6 +56,18 @@ pub trait Engine {
     fn barrier(&mut self) -> Result<()>;
     /// A host copy of the parameters (for snapshots).
     fn params_to_host(&mut self) -> Result<Params>;
+    /// A host copy of the solver's history buffers (for snapshots), in `Solver::history` order.
+    fn solver_history(&mut self) -> Result<Vec<Vec<f32>>>;
+    /// The names of the solver's history buffers (`Solver::history_names`).
+    fn history_names(&self) -> &'static [&'static str];
+    /// Restores a resumed run's solver history and loss slots (the weights come in at build).
+    fn restore_state(&mut self, history: &[Vec<f32>], loss_slots: &[f64]) -> Result<()>;
+    /// A bit-exact hash of the parameters (`verify::hash_params`), for replica checks.
+    fn params_hash(&mut self) -> Result<u64> {
+        Ok(super::verify::hash_params(&self.params_to_host()?.data))
+    }
+    /// Changes one parameter (the first, to its next float): failure injection only.
+    fn perturb_param(&mut self) -> Result<()>;
     /// Starts (or stops) measuring the device time of each step phase (`bench`).
     fn time_device_phases(&mut self, _on: bool) {}
     /// Device seconds per phase (in `timing::Phase::ALL` order) since measuring started; `None`

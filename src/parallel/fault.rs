@@ -1,10 +1,15 @@
 //! Failure injection for testing the job's failure paths: `P2PTRAIN_INJECT_PANIC=RANK:ITER` makes
 //! the replica of universal rank `RANK` panic at the start of iteration `ITER`, as a bug would. The
 //! panic hook must then abort the whole MPI job; the other replicas, waiting in a collective, must
-//! not hang. Unset (the normal case), it costs one comparison per iteration.
+//! not hang. `P2PTRAIN_INJECT_PERTURB=RANK:ITER` changes one parameter of that replica (by one
+//! ulp) at the start of iteration `ITER`, as silent corruption would, for the replica consistency
+//! check (`[cluster] verify_interval`) to find. Unset (the normal case), each costs one comparison
+//! per iteration.
 
 /// The environment variable read once at start.
 pub const INJECT_PANIC: &str = "P2PTRAIN_INJECT_PANIC";
+/// The environment variable of the parameter perturbation.
+pub const INJECT_PERTURB: &str = "P2PTRAIN_INJECT_PERTURB";
 
 /// Where to panic, if anywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,10 +21,16 @@ pub struct InjectedPanic {
 impl InjectedPanic {
     /// Reads `P2PTRAIN_INJECT_PANIC`; a malformed value is ignored with a warning.
     pub fn from_env() -> Option<Self> {
-        let v = std::env::var(INJECT_PANIC).ok()?;
+        Self::from_var(INJECT_PANIC)
+    }
+
+    /// Reads `RANK:ITER` from the environment variable `var` (the perturbation uses the same
+    /// form); a malformed value is ignored with a warning.
+    pub fn from_var(var: &str) -> Option<Self> {
+        let v = std::env::var(var).ok()?;
         let parsed = Self::parse(&v);
         if parsed.is_none() {
-            tracing::warn!("{INJECT_PANIC}={v:?} ignored: expected RANK:ITER");
+            tracing::warn!("{var}={v:?} ignored: expected RANK:ITER");
         }
         parsed
     }

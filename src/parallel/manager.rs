@@ -14,6 +14,7 @@ use crate::dist::bootstrap::run_replicas;
 use crate::dist::Bootstrap;
 use crate::error::Result;
 use crate::params::Params;
+use crate::resume::SolverState;
 use std::sync::Arc;
 
 /// What the replicas do.
@@ -47,6 +48,8 @@ pub struct P2PManager {
     pub devices: Devices,
     /// Record a timeline of this many training iterations (`--timeline`).
     pub timeline_iters: Option<u64>,
+    /// The solver state of `--resume` (the weights are in `initial`).
+    pub resume: Option<Arc<SolverState>>,
 }
 
 /// Runs `mode` on one replica's engine.
@@ -57,8 +60,11 @@ fn drive<E: Engine>(
     out: Option<Outputs>,
     mode: Mode,
     timeline_iters: Option<u64>,
+    resume: Option<Arc<SolverState>>,
 ) -> Result<RunReport> {
-    let sync = P2PSync::new(plan, data, engine, out).with_timeline(timeline_iters);
+    let sync = P2PSync::new(plan, data, engine, out)
+        .with_timeline(timeline_iters)
+        .resume_from(resume);
     match mode {
         Mode::Train => sync.train(),
         Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
@@ -93,6 +99,7 @@ impl P2PManager {
                         out,
                         mode,
                         self.timeline_iters,
+                        self.resume.clone(),
                     )
                 })
             }
@@ -126,6 +133,7 @@ impl P2PManager {
                         out,
                         mode,
                         self.timeline_iters,
+                        self.resume.clone(),
                     )
                 })
             }

@@ -12,6 +12,7 @@ pub mod scores;
 pub mod sync;
 pub mod timeline;
 pub mod timing;
+pub mod verify;
 
 pub use engine::{Engine, PassCtx};
 pub use manager::{Mode, P2PManager, RunReport};

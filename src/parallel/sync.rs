@@ -5,7 +5,7 @@
 //! writes metrics and snapshots; the test pass and the displayed loss are global.
 
 use super::engine::{Engine, PassCtx};
-use super::fault::InjectedPanic;
+use super::fault::{InjectedPanic, INJECT_PERTURB};
 use super::scores::SharedScores;
 use super::timeline::{ReplicaTrace, Timeline};
 use super::timing::{Phase as Step, StepTimes};
@@ -14,7 +14,8 @@ use crate::data::{self, Augment, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::weighted_loss;
-use crate::snapshot;
+use crate::resume::{self, SaveState, SolverState};
+use crate::signals::{self, Decision, Effects, SignalWatch};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,6 +54,10 @@ pub struct ReplicaReport {
     pub step_clock: &'static str,
     /// Recorded timelines (`--timeline`): this replica's; the manager gathers its process's here.
     pub traces: Vec<ReplicaTrace>,
+    /// Stopped early by a signal, with this exit code (see `signals`).
+    pub stopped: Option<i32>,
+    /// The iteration training started from (a resumed run's snapshot; else 0).
+    pub first_iteration: u64,
 }
 
 /// One replica.
@@ -63,6 +68,8 @@ pub struct P2PSync<E: Engine> {
     outputs: Option<Outputs>,
     /// Record a timeline of this many iterations (`--timeline-iters`).
     timeline_iters: Option<u64>,
+    /// The state a resumed run starts from.
+    resume: Option<Arc<SolverState>>,
 }
 
 impl<E: Engine> P2PSync<E> {
@@ -73,6 +80,7 @@ impl<E: Engine> P2PSync<E> {
             engine,
             outputs,
             timeline_iters: None,
+            resume: None,
         }
     }
 
@@ -80,6 +88,66 @@ impl<E: Engine> P2PSync<E> {
     pub fn with_timeline(mut self, iters: Option<u64>) -> Self {
         self.timeline_iters = iters;
         self
+    }
+
+    /// Starts training from a snapshot's state instead of iteration 0.
+    pub fn resume_from(mut self, state: Option<Arc<SolverState>>) -> Self {
+        self.resume = state;
+        self
+    }
+
+    /// Restores the solver history and loss window of a resumed run; returns the first
+    /// iteration to run and the first micro-batch to read.
+    fn restore(&mut self) -> Result<(u64, u64)> {
+        let Some(state) = self.resume.clone() else {
+            return Ok((0, 0));
+        };
+        let s = &self.plan.config.solver;
+        let slots = state.loss_slots(s.average_loss, s.iter_size);
+        self.engine.restore_state(&state.history, &slots)?;
+        let micro = (self.plan.config.data.batch_size * self.engine.size()) as u64;
+        if state.data_position % micro != 0 && self.engine.rank() == 0 {
+            tracing::warn!(
+                "the data stream resumes at record {} instead of {} (the global batch changed)",
+                state.data_position / micro * micro,
+                state.data_position
+            );
+        }
+        Ok((state.iter, state.data_position / micro))
+    }
+
+    /// Agrees with every replica on what the signals received so far ask for (see `signals`):
+    /// the job-wide maximum of each signal's count, through one all-reduce of `4 × replicas`
+    /// floats (`slots`, reused), skipped with one replica.
+    fn agree_on_signals(
+        &mut self,
+        watch: &mut SignalWatch,
+        effects: &Effects,
+        slots: &mut [f64],
+    ) -> Result<Decision> {
+        let max = if self.engine.size() > 1 {
+            slots.fill(0.0);
+            let r = self.engine.rank();
+            slots[4 * r..4 * r + 4].copy_from_slice(&watch.counts());
+            self.engine.sum_scores(slots)?;
+            signals::slot_max(slots)
+        } else {
+            watch.counts()
+        };
+        Ok(effects.decide(&watch.agreed(&max)))
+    }
+
+    /// Compares a bit-exact hash of the parameters across every replica (a collective) and
+    /// fails, naming the first diverging universal rank, when they differ.
+    fn verify_replicas(&mut self, done: u64) -> Result<()> {
+        let every = self.plan.config.cluster.verify_interval;
+        if every == 0 || !done.is_multiple_of(every) {
+            return Ok(());
+        }
+        let hash = self.engine.params_hash()?;
+        let mut slots = super::verify::gather_slots(hash, self.engine.rank(), self.engine.size());
+        self.engine.sum_scores(&mut slots)?;
+        super::verify::check(&super::verify::hashes(&slots), done)
     }
 
     fn reader(&self, first_micro_batch: u64) -> TrainReader {
@@ -137,24 +205,42 @@ impl<E: Engine> P2PSync<E> {
         Ok(sum[0] / self.engine.size() as f64)
     }
 
-    /// Trains for `max_iter` iterations with tests, display and snapshots as configured.
+    /// Trains for `max_iter` iterations with tests, display and snapshots as configured (from a
+    /// snapshot's iteration when resumed), stopping early when a signal asks for it.
     pub fn train(mut self) -> Result<ReplicaReport> {
         self.engine.broadcast_params()?;
         let s = self.plan.config.solver.clone();
-        let mut reader = self.reader(0);
-        let mut report = ReplicaReport::default();
+        let (first_iter, first_micro_batch) = self.restore()?;
+        let mut reader = self.reader(first_micro_batch);
+        let mut report = ReplicaReport {
+            first_iteration: first_iter,
+            ..Default::default()
+        };
         let timeline = match self.timeline_iters {
             Some(n) => Some(Timeline::start(&mut self.engine, n)?),
             None => None,
         };
         let mut times = StepTimes::new(false).with_timeline(timeline);
         let started = Instant::now();
-        let mut last_display = (started, 0u64);
+        let mut last_display = (started, first_iter);
         let fault = InjectedPanic::from_env();
-        for iter in 0..s.max_iter {
+        let perturb = InjectedPanic::from_var(INJECT_PERTURB);
+        let local = self.engine.rank() % self.plan.replicas_per_rank.max(1);
+        let mut watch = SignalWatch::new(local == 0);
+        let effects = Effects::new(&s);
+        let mut signal_slots = vec![0.0; 4 * self.engine.size()];
+        for iter in first_iter..s.max_iter {
             InjectedPanic::check(fault, self.engine.rank(), iter);
             if let Some(tl) = times.timeline() {
                 tl.begin_iter(iter, &mut self.engine)?;
+            }
+            if perturb
+                == Some(InjectedPanic {
+                    rank: self.engine.rank(),
+                    iter,
+                })
+            {
+                self.engine.perturb_param()?;
             }
             if s.test_interval > 0
                 && iter % s.test_interval == 0
@@ -170,40 +256,76 @@ impl<E: Engine> P2PSync<E> {
                 let samples = (iter + 1 - last_display.1) * self.plan.global_batch as u64;
                 let rate = samples as f64 / (now - last_display.0).as_secs_f64().max(1e-9);
                 last_display = (now, iter + 1);
-                if let Some(out) = &mut self.outputs {
-                    let elapsed = (now - started).as_secs_f64();
-                    let line =
-                        format!("iter {iter}: loss {loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
-                    match &out.progress {
-                        Some(bar) => {
-                            bar.set_position(iter + 1);
-                            bar.set_message(format!("loss {loss:.4}"));
-                            bar.suspend(|| info!("{line}"));
-                        }
-                        None => info!("{line}"),
-                    }
-                    out.metrics.train(iter, loss, lr, rate, elapsed)?;
-                }
+                self.log_train(iter, loss, lr, rate, (now - started).as_secs_f64())?;
             }
             let done = iter + 1;
-            if s.snapshot > 0 && done % s.snapshot == 0 && done < s.max_iter {
+            self.verify_replicas(done)?;
+            let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
+            if decision != Decision::default() {
+                info!(
+                    "replica {}: signal agreed after iteration {done}: {decision:?}",
+                    self.engine.rank()
+                );
+            }
+            if done == s.max_iter {
+                break; // the final snapshot follows
+            }
+            if (s.snapshot > 0 && done % s.snapshot == 0) || decision.snapshot {
                 self.snapshot(done, &mut report)?;
+            }
+            if let Some(code) = decision.stop {
+                if self.outputs.is_some() {
+                    tracing::warn!(
+                        "stopping after iteration {done} on a signal (exit code {code})"
+                    );
+                }
+                report.iterations = done;
+                report.stopped = Some(code);
+                return self.finish_run(report, reader, times, started);
             }
         }
         report.iterations = s.max_iter;
+        report.last_test = Some(times.test(|| self.test(s.max_iter))?);
+        self.snapshot(s.max_iter, &mut report)?;
+        self.finish_run(report, reader, times, started)
+    }
+
+    /// Ends training: the progress bar, the timeline, the reader, a last barrier, the engine.
+    fn finish_run(
+        mut self,
+        mut report: ReplicaReport,
+        reader: TrainReader,
+        mut times: StepTimes,
+        started: Instant,
+    ) -> Result<ReplicaReport> {
         report.seconds = started.elapsed().as_secs_f64();
         if let Some(bar) = self.outputs.as_ref().and_then(|o| o.progress.as_ref()) {
             bar.finish_and_clear();
         }
-        report.last_test = Some(times.test(|| self.test(s.max_iter))?);
         if let Some(tl) = times.take_timeline() {
             report.traces.push(tl.finish(&mut self.engine)?);
         }
-        self.snapshot(s.max_iter, &mut report)?;
         drop(reader);
         self.engine.barrier()?;
         self.engine.finish()?;
         Ok(report)
+    }
+
+    /// Universal rank 0 logs a display line and writes it to `metrics.jsonl`.
+    fn log_train(&mut self, iter: u64, loss: f64, lr: f32, rate: f64, elapsed: f64) -> Result<()> {
+        let Some(out) = &mut self.outputs else {
+            return Ok(());
+        };
+        let line = format!("iter {iter}: loss {loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
+        match &out.progress {
+            Some(bar) => {
+                bar.set_position(iter + 1);
+                bar.set_message(format!("loss {loss:.4}"));
+                bar.suspend(|| info!("{line}"));
+            }
+            None => info!("{line}"),
+        }
+        out.metrics.train(iter, loss, lr, rate, elapsed)
     }
 
     /// Runs `warmup` untimed and `iters` timed iterations (no tests, no snapshots) and reports
@@ -351,27 +473,56 @@ impl<E: Engine> P2PSync<E> {
         Ok(SharedScores::new(names))
     }
 
-    /// Universal rank 0 writes `<prefix>_iter_<iter>.safetensors` into the output directory.
+    /// The displayed-loss window after `done` iterations, global: `(iteration, loss averaged over
+    /// the replicas and sub-batches)` for the last `average_loss` iterations (a collective).
+    fn global_loss_window(&mut self, done: u64) -> Result<Vec<(u64, f64)>> {
+        let s = &self.plan.config.solver;
+        let (avg, iter_size) = (s.average_loss.max(1), s.iter_size.max(1) as f64);
+        let slots = self.engine.loss_window()?;
+        let iters: Vec<u64> = (done.saturating_sub(avg)..done).collect();
+        let mut values: Vec<f64> = iters
+            .iter()
+            .map(|j| slots[(j % avg) as usize] / iter_size)
+            .collect();
+        self.engine.sum_scores(&mut values)?;
+        let n = self.engine.size() as f64;
+        Ok(iters
+            .into_iter()
+            .zip(values)
+            .map(|(j, v)| (j, v / n))
+            .collect())
+    }
+
+    /// A snapshot after `iter` iterations (every replica calls it at the same iteration): universal
+    /// rank 0 writes `<prefix>_iter_<iter>.safetensors` (weights) and `.solverstate` (solver
+    /// history, data position, loss window; see `resume`) into the output directory, then deletes
+    /// snapshots beyond `snapshot_keep`.
     fn snapshot(&mut self, iter: u64, report: &mut ReplicaReport) -> Result<()> {
+        let window = self.global_loss_window(iter)?;
         if self.outputs.is_none() {
             return Ok(());
         }
         let params = self.engine.params_to_host()?;
+        let history = self.engine.solver_history()?;
+        let history_names = self.engine.history_names();
         let Some(out) = &self.outputs else {
             return Ok(());
         };
-        let prefix = &self.plan.config.solver.snapshot_prefix;
-        let path = out.dir.join(format!("{prefix}_iter_{iter}.safetensors"));
-        let meta = vec![
-            ("iter".to_string(), iter.to_string()),
-            (
-                "fingerprint".to_string(),
-                format!("{:016x}", self.plan.fingerprint),
-            ),
-        ];
-        snapshot::save_weights(&path, &params, &meta)?;
-        info!("snapshot {}", path.display());
-        report.snapshots.push(path);
+        let state = SaveState {
+            iter,
+            history_names,
+            history: &history,
+            loss_window: &window,
+            train_records: self.data.train.len(),
+        };
+        let files = resume::save(&out.dir, &self.plan, &params, &state)?;
+        info!("snapshot {}", files.weights.display());
+        let s = &self.plan.config.solver;
+        for old in resume::prune(&out.dir, &s.snapshot_prefix, s.snapshot_keep) {
+            tracing::debug!("snapshot_keep: removed {}", old.display());
+            report.snapshots.retain(|p| p != &old);
+        }
+        report.snapshots.push(files.weights);
         Ok(())
     }
 }

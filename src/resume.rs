@@ -1,0 +1,564 @@
+//! Resumable snapshots: everything a run needs to go on exactly where it stopped, in two files
+//! written by universal rank 0 after the same iteration on every replica:
+//!
+//! - `<prefix>_iter_<N>.safetensors`: the weights, as before (PyTorch-loadable), metadata `iter`
+//!   and `fingerprint`;
+//! - `<prefix>_iter_<N>.solverstate`: a safetensors file too, holding the solver history as
+//!   tensors `<buffer>/<tensor>` (`momentum/ip1.weight`, or `m/…` and `v/…` for Adam; see
+//!   `Solver::history_names`) and, in its metadata, the iteration, the data-stream position
+//!   (records consumed, `iter × global batch`), the global batch and how it was made, the seed,
+//!   shuffle flag and training-set size that key the data order and augmentation, the loss
+//!   window of the displayed loss, the config's state fingerprint and its canonical JSON (to name
+//!   the keys that differ when a resume is refused).
+//!
+//! The weights are written first, then the solver state, each atomically; a snapshot counts
+//! (for `--resume latest` and for `snapshot_keep`) only when both files exist. Loading checks
+//! the pair against the run before anything is trained: same state fingerprint (only
+//! [`RESUME_FREE_KEYS`] may change), same global batch (unless allowed), same training set,
+//! matching shapes; every refusal is an [`Error::Snapshot`] naming the file (exit code 2).
+
+use crate::config::{Config, Plan, RESUME_FREE_KEYS};
+use crate::error::{Error, Result};
+use crate::params::Params;
+use crate::snapshot;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The `format` metadata of a solver-state file.
+pub const FORMAT: &str = "p2ptrain-solverstate-1";
+const WEIGHTS_EXT: &str = "safetensors";
+const STATE_EXT: &str = "solverstate";
+
+/// What a run resumes from besides the weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SolverState {
+    /// Iterations done; training goes on with iteration `iter`.
+    pub iter: u64,
+    /// The solver's history buffers, each `Params::len()` long, in `Solver::history` order.
+    pub history: Vec<Vec<f32>>,
+    /// The displayed-loss window: `(iteration, loss)` with the loss averaged over the replicas
+    /// and sub-batches of that iteration, oldest first.
+    pub loss_window: Vec<(u64, f64)>,
+    /// Training records consumed before iteration `iter` (the data-stream position).
+    pub data_position: u64,
+}
+
+impl SolverState {
+    /// The `average_loss` slots of one replica restored from the window, each the sum of
+    /// `iter_size` sub-batch losses as the engines keep them. Every replica gets the global
+    /// mean, so the global displayed loss comes out the same (up to rounding).
+    pub fn loss_slots(&self, average_loss: u64, iter_size: u64) -> Vec<f64> {
+        let mut slots = vec![0.0; average_loss.max(1) as usize];
+        for &(j, v) in &self.loss_window {
+            if j + average_loss >= self.iter {
+                slots[(j % average_loss.max(1)) as usize] = v * iter_size as f64;
+            }
+        }
+        slots
+    }
+}
+
+/// The two files of snapshot `iter`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotFiles {
+    pub iter: u64,
+    pub weights: PathBuf,
+    pub state: PathBuf,
+}
+
+impl SnapshotFiles {
+    /// The files of snapshot `iter` of `prefix` (relative to `dir`, may contain `/`).
+    pub fn new(dir: &Path, prefix: &str, iter: u64) -> Self {
+        let base = dir.join(format!("{prefix}_iter_{iter}"));
+        SnapshotFiles {
+            iter,
+            weights: base.with_extension(WEIGHTS_EXT),
+            state: base.with_extension(STATE_EXT),
+        }
+    }
+
+    /// The pair a user names by either file (`.safetensors` or `.solverstate`).
+    pub fn of(path: &Path) -> Self {
+        let iter = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.rsplit_once("_iter_"))
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap_or(0);
+        SnapshotFiles {
+            iter,
+            weights: path.with_extension(WEIGHTS_EXT),
+            state: path.with_extension(STATE_EXT),
+        }
+    }
+}
+
+/// What universal rank 0 writes at a snapshot, beyond the weights.
+pub struct SaveState<'a> {
+    pub iter: u64,
+    pub history_names: &'a [&'a str],
+    pub history: &'a [Vec<f32>],
+    pub loss_window: &'a [(u64, f64)],
+    pub train_records: usize,
+}
+
+/// Writes snapshot `state.iter` of `plan` into `dir`: the weights, then the solver state.
+pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Result<SnapshotFiles> {
+    let cfg = &plan.config;
+    let files = SnapshotFiles::new(dir, &cfg.solver.snapshot_prefix, state.iter);
+    let fingerprint = format!("{:016x}", plan.fingerprint);
+    snapshot::save_weights(
+        &files.weights,
+        params,
+        &[
+            ("iter".into(), state.iter.to_string()),
+            ("fingerprint".into(), fingerprint.clone()),
+        ],
+    )?;
+
+    let names: Vec<String> = state
+        .history_names
+        .iter()
+        .flat_map(|h| {
+            params
+                .spans
+                .iter()
+                .map(move |s| format!("{h}/{}", s.full_name))
+        })
+        .collect();
+    let mut tensors = Vec::with_capacity(names.len());
+    let mut name = names.iter();
+    for buf in state.history {
+        for s in &params.spans {
+            let n = name.next().map(String::as_str).unwrap_or_default();
+            tensors.push((n, s.shape.as_slice(), &buf[s.range()]));
+        }
+    }
+    let window = serde_json::to_string(state.loss_window).unwrap_or_default();
+    let meta: Vec<(String, String)> = [
+        ("format", FORMAT.to_string()),
+        ("iter", state.iter.to_string()),
+        ("fingerprint", fingerprint),
+        (
+            "state_fingerprint",
+            format!("{:016x}", plan.state_fingerprint),
+        ),
+        ("config", canonical(&cfg_for_state(cfg)).to_string()),
+        ("history", state.history_names.join(",")),
+        ("global_batch", plan.global_batch.to_string()),
+        ("batch_size", cfg.data.batch_size.to_string()),
+        ("replicas", plan.total_replicas.to_string()),
+        ("iter_size", cfg.solver.iter_size.to_string()),
+        (
+            "data_position",
+            (state.iter * plan.global_batch as u64).to_string(),
+        ),
+        ("random_seed", cfg.solver.random_seed.to_string()),
+        ("shuffle", cfg.data.shuffle.to_string()),
+        ("train_records", state.train_records.to_string()),
+        ("loss_window", window),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    snapshot::save_tensors(&files.state, &tensors, &meta)?;
+    Ok(files)
+}
+
+/// The config as stored in a solver state, `[cluster]` left out (free keys elsewhere are kept and
+/// skipped when naming differences).
+fn cfg_for_state(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    c.cluster = Default::default();
+    c
+}
+
+fn canonical(cfg: &Config) -> serde_json::Value {
+    serde_json::to_value(cfg).unwrap_or(serde_json::Value::Null)
+}
+
+/// Every complete snapshot (both files) of `prefix` in `dir`, oldest first.
+pub fn list(dir: &Path, prefix: &str) -> Vec<SnapshotFiles> {
+    let base = dir.join(prefix);
+    let (Some(parent), Some(stem)) = (base.parent(), base.file_name().and_then(|s| s.to_str()))
+    else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let start = format!("{stem}_iter_");
+    let mut found: Vec<SnapshotFiles> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u64 = name
+                .strip_prefix(&start)?
+                .strip_suffix(&format!(".{STATE_EXT}"))?
+                .parse()
+                .ok()?;
+            let files = SnapshotFiles::new(dir, prefix, n);
+            files.weights.is_file().then_some(files)
+        })
+        .collect();
+    found.sort_by_key(|f| f.iter);
+    found
+}
+
+/// The newest complete snapshot of `prefix` in `dir` (`--resume latest`).
+pub fn latest(dir: &Path, prefix: &str) -> Result<SnapshotFiles> {
+    list(dir, prefix).pop().ok_or_else(|| {
+        let base = dir.join(prefix);
+        Error::snapshot(
+            base.parent().unwrap_or(dir),
+            format!(
+                "--resume latest: no snapshot to resume (no `{}_iter_<N>.{STATE_EXT}` with its `.{WEIGHTS_EXT}`)",
+                base.file_name().map(|s| s.to_string_lossy()).unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// Deletes the complete snapshots of `prefix` in `dir` older than the newest `keep` (and any
+/// half-written one older than those), after the newest is durable. `keep = 0` keeps all.
+/// Returns the files removed.
+pub fn prune(dir: &Path, prefix: &str, keep: usize) -> Vec<PathBuf> {
+    if keep == 0 {
+        return Vec::new();
+    }
+    let all = list(dir, prefix);
+    if all.len() <= keep {
+        return Vec::new();
+    }
+    let oldest_kept = all[all.len() - keep].iter;
+    let mut removed = Vec::new();
+    let base = dir.join(prefix);
+    let (Some(parent), Some(stem)) = (base.parent(), base.file_name().and_then(|s| s.to_str()))
+    else {
+        return removed;
+    };
+    let start = format!("{stem}_iter_");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return removed;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let n = name.strip_prefix(&start).and_then(|rest| {
+            let (n, ext) = rest.split_once('.')?;
+            (ext == STATE_EXT || ext == WEIGHTS_EXT).then_some(n.parse::<u64>().ok()?)
+        });
+        if matches!(n, Some(n) if n < oldest_kept) && std::fs::remove_file(e.path()).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// How a resume may differ from the run that wrote the snapshot.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResumeRules {
+    /// `--allow-batch-change`: accept another global batch.
+    pub allow_batch_change: bool,
+}
+
+/// Loads snapshot `files` for `plan`: the weights into `params` (shaped by the net), the solver
+/// state returned. `history_names` are the solver's buffers; `train_records` the size of the
+/// training set. Every check failure is an [`Error::Snapshot`] naming the file.
+pub fn load(
+    files: &SnapshotFiles,
+    plan: &Plan,
+    params: &mut Params,
+    history_names: &[&str],
+    train_records: usize,
+    rules: ResumeRules,
+) -> Result<SolverState> {
+    let path = &files.state;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::snapshot(path, format!("cannot read the solver state: {e}")))?;
+    let st = snapshot::parse(path, &bytes)?;
+    let (_, header) = SafeTensors::read_metadata(&bytes)
+        .map_err(|e| Error::snapshot(path, format!("corrupt header: {e}")))?;
+    let meta: BTreeMap<String, String> = header
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let get = |k: &str| {
+        meta.get(k).ok_or_else(|| {
+            Error::snapshot(
+                path,
+                format!("not a p2ptrain solver state: metadata `{k}` is missing"),
+            )
+        })
+    };
+    let num = |k: &str| -> Result<u64> {
+        get(k)?.parse().map_err(|_| {
+            Error::snapshot(
+                path,
+                format!("metadata `{k}` = {:?} is not a number", meta[k]),
+            )
+        })
+    };
+    if get("format")? != FORMAT {
+        return Err(Error::snapshot(
+            path,
+            format!("format {:?}, expected {FORMAT:?}", meta["format"]),
+        ));
+    }
+    let iter = num("iter")?;
+    let cfg = &plan.config;
+
+    let theirs = format!("{:016x}", plan.state_fingerprint);
+    if get("state_fingerprint")? != &theirs {
+        let keys = differing_keys(get("config")?, cfg);
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "written under another config (state fingerprint {} here {theirs}); differing: {}. \
+                 Only these may change on resume: {RESUME_FREE_KEYS}",
+                meta["state_fingerprint"],
+                if keys.is_empty() {
+                    "(could not tell which keys)".to_string()
+                } else {
+                    keys.join(", ")
+                },
+            ),
+        ));
+    }
+
+    let (g, b, r, k) = (
+        num("global_batch")?,
+        num("batch_size")?,
+        num("replicas")?,
+        num("iter_size")?,
+    );
+    if g != plan.global_batch as u64 && !rules.allow_batch_change {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "global batch {g} (batch_size {b} × {r} replicas × iter_size {k}) in the snapshot, \
+                 {} (batch_size {} × {} replicas × iter_size {}) in this run; resuming with another \
+                 global batch changes the training: pass --allow-batch-change to do it anyway",
+                plan.global_batch,
+                cfg.data.batch_size,
+                plan.total_replicas,
+                cfg.solver.iter_size
+            ),
+        ));
+    }
+    let records = num("train_records")?;
+    if records != train_records as u64 {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "trained on {records} records, this run's training set has {train_records}: \
+                 the data order would differ"
+            ),
+        ));
+    }
+    let position = num("data_position")?;
+    if position != iter * g {
+        return Err(Error::snapshot(
+            path,
+            format!("data position {position} is not iter {iter} × global batch {g}"),
+        ));
+    }
+    if iter >= cfg.solver.max_iter {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "taken after iteration {iter}, and solver.max_iter is {}: nothing left to train",
+                cfg.solver.max_iter
+            ),
+        ));
+    }
+    let names = get("history")?;
+    if names.split(',').ne(history_names.iter().copied()) {
+        return Err(Error::snapshot(
+            path,
+            format!("solver history {names:?}, this solver keeps {history_names:?}"),
+        ));
+    }
+    let loss_window: Vec<(u64, f64)> = serde_json::from_str(get("loss_window")?)
+        .map_err(|e| Error::snapshot(path, format!("metadata `loss_window`: {e}")))?;
+
+    let mut history = vec![vec![0.0f32; params.len()]; history_names.len()];
+    let mut problems = Vec::new();
+    for (h, buf) in history_names.iter().zip(history.iter_mut()) {
+        for s in &params.spans {
+            let name = format!("{h}/{}", s.full_name);
+            match st.tensor(&name) {
+                Ok(t) if t.dtype() == Dtype::F32 && t.shape() == s.shape.as_slice() => {
+                    for (w, b) in buf[s.range()].iter_mut().zip(t.data().chunks_exact(4)) {
+                        *w = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
+                Ok(t) => problems.push(format!(
+                    "`{name}`: {} {:?}, expected F32 {:?}",
+                    t.dtype(),
+                    t.shape(),
+                    s.shape
+                )),
+                Err(_) => problems.push(format!("`{name}` is missing")),
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "the solver history does not fit the net:\n  {}",
+                problems.join("\n  ")
+            ),
+        ));
+    }
+
+    snapshot::load_weights(&files.weights, params)?;
+    let weights_iter = snapshot::load_metadata(&files.weights)?
+        .into_iter()
+        .find(|(k, _)| k == "iter")
+        .map(|(_, v)| v);
+    if weights_iter.as_deref() != Some(iter.to_string().as_str()) {
+        return Err(Error::snapshot(
+            &files.weights,
+            format!(
+                "weights of iteration {}, solver state {} of iteration {iter}: not one snapshot",
+                weights_iter.as_deref().unwrap_or("(none)"),
+                path.display()
+            ),
+        ));
+    }
+    Ok(SolverState {
+        iter,
+        history,
+        loss_window,
+        data_position: position,
+    })
+}
+
+/// The dotted keys whose values differ between the snapshot's config (JSON) and `cfg`, free keys
+/// excluded.
+fn differing_keys(snapshot_json: &str, cfg: &Config) -> Vec<String> {
+    let Ok(theirs) = serde_json::from_str::<serde_json::Value>(snapshot_json) else {
+        return Vec::new();
+    };
+    let ours = canonical(&cfg_for_state(cfg));
+    let mut out = Vec::new();
+    diff("", &theirs, &ours, &mut out);
+    // A key of the free list is not a difference that refused the resume.
+    out.retain(|k| {
+        let short = k.split(" (").next().unwrap_or(k);
+        !RESUME_FREE_KEYS
+            .split(", ")
+            .any(|f| f == short || f.trim_matches(['[', ']']) == short)
+    });
+    out
+}
+
+fn diff(at: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let sub = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => diff(&sub, p, q, out),
+                    _ => out.push(sub),
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                diff(&format!("{at}[{i}]"), p, q, out);
+            }
+        }
+        _ if a != b => out.push(format!("{at} (snapshot {a}, here {b})")),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), b"x").unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn latest_and_prune_consider_complete_snapshots_only() {
+        let root = tempfile::tempdir().unwrap();
+        let snap = root.path().join("s");
+        assert!(latest(root.path(), "s/m")
+            .unwrap_err()
+            .to_string()
+            .contains("no snapshot to resume"));
+        for n in [10, 20, 30] {
+            touch(&snap, &format!("m_iter_{n}.safetensors"));
+            touch(&snap, &format!("m_iter_{n}.solverstate"));
+        }
+        // Weights without a solver state (a write cut short), another prefix, a temporary.
+        touch(&snap, "m_iter_40.safetensors");
+        touch(&snap, "other_iter_5.solverstate");
+        touch(&snap, ".m_iter_50.safetensors.tmp-1-0");
+        assert_eq!(latest(root.path(), "s/m").unwrap().iter, 30);
+        assert_eq!(prune(root.path(), "s/m", 0), Vec::<PathBuf>::new());
+        let removed = prune(root.path(), "s/m", 2);
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        assert_eq!(
+            names(&snap),
+            [
+                ".m_iter_50.safetensors.tmp-1-0",
+                "m_iter_20.safetensors",
+                "m_iter_20.solverstate",
+                "m_iter_30.safetensors",
+                "m_iter_30.solverstate",
+                "m_iter_40.safetensors",
+                "other_iter_5.solverstate"
+            ]
+        );
+    }
+
+    #[test]
+    fn either_file_names_the_pair() {
+        let a = SnapshotFiles::of(Path::new("d/m_iter_7.solverstate"));
+        let b = SnapshotFiles::of(Path::new("d/m_iter_7.safetensors"));
+        assert_eq!(a, b);
+        assert_eq!(a.iter, 7);
+        assert_eq!(a.state, Path::new("d/m_iter_7.solverstate"));
+    }
+
+    #[test]
+    fn loss_slots_follow_the_new_window() {
+        let s = SolverState {
+            iter: 10,
+            history: vec![],
+            loss_window: vec![(6, 1.0), (7, 2.0), (8, 3.0), (9, 4.0)],
+            data_position: 0,
+        };
+        // Same window, iter_size 2: slot j % 4 holds 2 × the mean of iteration j.
+        assert_eq!(s.loss_slots(4, 2), [6.0, 8.0, 2.0, 4.0]);
+        // A shorter window keeps the newest iterations.
+        assert_eq!(s.loss_slots(2, 1), [3.0, 4.0]);
+    }
+}
