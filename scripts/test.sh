@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then the unit tests and the integration tests that
 # launch the real binary under mpirun (release build: the tests train real networks), then the
+# Slurm requeue test on a one-node Slurm cluster (scripts/slurm/test-requeue.sh, as root), the
 # container test (scripts/docker/test-image.sh) and the multi-node test over a Docker network
 # (scripts/multinode/run.sh). Arguments are passed to `cargo test` and select cargo tests only.
 set -euo pipefail
@@ -8,8 +9,15 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo test --release "$@"
 if [ $# -gt 0 ]; then
-  echo "container and multi-node tests not run: arguments select cargo tests only"
+  echo "Slurm, container and multi-node tests not run: arguments select cargo tests only"
   exit 0
+fi
+if [ "$(id -u)" -eq 0 ]; then
+  scripts/slurm/test-requeue.sh
+else
+  echo "=================================================================================="
+  echo "SKIPPED: Slurm requeue test: it installs and starts slurmctld/slurmd and needs root"
+  echo "=================================================================================="
 fi
 if ! docker info >/dev/null 2>&1; then
   echo "=================================================================================="

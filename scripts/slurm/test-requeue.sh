@@ -55,9 +55,15 @@ run_template() { # template launcher-args
   echo "job $job is training; signalling it as at its time limit"
   scancel --signal=USR1 --batch "$job"
   wait_for "$job" '[ "$(restarts '"$job"')" -ge 1 ]' "the requeue" 120
-  # A requeued job waits (BeginTime) before it may start again; let it start now.
+  # A requeued job waits (BeginTime, about 2 minutes) before it may start again; once the node
+  # has cleaned up the first start's step, let it start now.
+  wait_for "$job" '[ "$(state '"$job"')" = PENDING ] && ! pgrep -f "slurmstepd: \[$job\." >/dev/null' \
+    "the first start to be cleaned up" 60
+  sleep 2
   scontrol update jobid="$job" StartTime=now
-  wait_for "$job" '[ "$(state '"$job"')" = COMPLETED ]' "the resumed job to complete" 300
+  wait_for "$job" 'case "$(state '"$job"')" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) true;; *) false;; esac' \
+    "the resumed job to end" 300
+  [ "$(state "$job")" = COMPLETED ] || { cat "$WORK/$name.out"; echo "FAIL: $name: job ended $(state "$job")"; exit 1; }
   cat "$WORK/$name.out"
   grep -q "snapshot taken; requeueing" "$WORK/$name.out" || { echo "FAIL: the job did not snapshot and requeue"; exit 1; }
   grep -q "resum" "$WORK/$name.out" || { echo "FAIL: the second start did not resume"; exit 1; }
