@@ -75,7 +75,7 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
     let (_, mut initial) = Net::build(
         &plan.config,
-        data.train.record_shape(),
+        data.input_shape(),
         plan.config.data.batch_size,
     )?;
     Net::init_params(&mut initial, plan.config.solver.random_seed);

@@ -9,7 +9,7 @@ use super::fault::InjectedPanic;
 use super::scores::SharedScores;
 use super::timing::{Phase as Step, StepTimes};
 use crate::config::{Phase, Plan};
-use crate::data::{self, Augment, DataSplit, TrainReader};
+use crate::data::{self, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::weighted_loss;
@@ -81,11 +81,7 @@ impl<E: Engine> P2PSync<E> {
             self.engine.size(),
             first_micro_batch,
             cfg.data.prefetch,
-            Augment {
-                shift: cfg.data.shift,
-                seed: cfg.solver.random_seed,
-                fill: -cfg.data.mean * cfg.data.scale,
-            },
+            self.data.transform.clone(),
         )
     }
 
@@ -242,6 +238,7 @@ impl<E: Engine> P2PSync<E> {
         for range in data::test_batches(shard, tb, cfg.solver.test_iter) {
             data::fill_test_batch(
                 self.data.test.as_ref(),
+                &self.data.transform,
                 range.clone(),
                 &mut data,
                 &mut labels,
