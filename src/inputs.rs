@@ -26,21 +26,30 @@ pub fn config(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// IDX bytes as an image file, as a label file, and (split at the offset that the first byte
-/// names, in units of 16 bytes) as an image file followed by its label file, reading the
-/// records back.
+/// IDX bytes as an image file, as a label file, and as a raw image file followed by its label
+/// file (split where the image header says the images end), reading the records back. Ok when
+/// the bytes are an image or a label file.
 pub fn idx(bytes: &[u8]) -> Result<()> {
     let images = idx::parse_images("images.idx", bytes);
     let labels = idx::parse_labels("labels.idx", bytes);
-    let split = bytes
-        .first()
-        .map_or(0, |&b| (usize::from(b) * 16).min(bytes.len()));
+    let dim = |i: usize| {
+        bytes
+            .get(4 + 4 * i..8 + 4 * i)
+            .map_or(0, |d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize)
+    };
+    let split = dim(0)
+        .saturating_mul(dim(1))
+        .saturating_mul(dim(2))
+        .saturating_add(16)
+        .min(bytes.len());
     let (a, b) = bytes.split_at(split);
     if let Ok(s) = IdxSource::from_bytes("images.idx", a, "labels.idx", b, 10, 0.0, 1.0) {
         read_back(&s);
     }
-    images.map(|_| ())?;
-    labels.map(|_| ())
+    match (images, labels) {
+        (Err(e), Err(_)) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// CIFAR-10 bytes as one batch file of 10 classes (and of 3: other label bounds), reading the
