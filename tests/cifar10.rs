@@ -141,7 +141,11 @@ fn a_truncated_cifar10_file_exits_2_naming_it() {
     let data = tempfile::tempdir().unwrap();
     let cfg = dataset(data.path(), "");
     let full = std::fs::read(data.path().join("data_batch_2.bin")).unwrap();
-    std::fs::write(data.path().join("data_batch_2.bin"), &full[..full.len() - 100]).unwrap();
+    std::fs::write(
+        data.path().join("data_batch_2.bin"),
+        &full[..full.len() - 100],
+    )
+    .unwrap();
     let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
@@ -151,7 +155,11 @@ fn a_truncated_cifar10_file_exits_2_naming_it() {
             && t.contains("not a positive multiple of the CIFAR-10 record size 3073"),
         "{t}"
     );
-    assert_eq!(t.matches("p2ptrain: rank").count(), 1, "reported once:\n{t}");
+    assert_eq!(
+        t.matches("p2ptrain: rank").count(),
+        1,
+        "reported once:\n{t}"
+    );
     assert!(!t.contains("panicked"), "{t}");
 }
 

@@ -46,7 +46,7 @@ pub fn check(name: &str, bytes: &[u8], classes: usize) -> Result<usize> {
             format!("empty: a CIFAR-10 file holds records of {RECORD_BYTES} bytes"),
         ));
     }
-    if bytes.len() % RECORD_BYTES != 0 {
+    if !bytes.len().is_multiple_of(RECORD_BYTES) {
         return Err(Error::data(
             name,
             format!(
