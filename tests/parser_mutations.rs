@@ -2,8 +2,8 @@
 //! IDX and CIFAR-10 inputs (bit flips, interesting bytes, truncations, insertions, deletions,
 //! duplicated ranges, random bytes), drawn from a fixed-seed generator, go through the entry
 //! points the fuzz targets use (`p2ptrain::inputs`). Deterministic and fast: it runs in
-//! `cargo test`, so CI covers the parsers without cargo-fuzz. Inputs that once made a parser
-//! panic are kept below as regressions.
+//! `cargo test`, so CI covers the parsers without cargo-fuzz. An input that makes a parser panic
+//! (a cargo-fuzz artifact) belongs here as a regression test named after the bug; none so far.
 
 use p2ptrain::inputs;
 use rand::{Rng, SeedableRng};
