@@ -139,7 +139,7 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
     // The parameter layout does not depend on the batch: build with batch 1 so that a large net
     // (ResNet-50 at 224²) does not allocate a full batch of activations here as well.
-    let (_, mut initial) = Net::build(&plan.config, data.train.record_shape(), 1)?;
+    let (_, mut initial) = Net::build(&plan.config, data.input_shape(), 1)?;
     Net::init_params(&mut initial, plan.config.solver.random_seed);
     if let Some(w) = &opts.weights {
         snapshot::load_weights(w, &mut initial)?;

@@ -14,6 +14,7 @@ pub mod cuda;
 pub mod data;
 pub mod dist;
 pub mod error;
+pub mod inputs;
 pub mod layers;
 pub mod logging;
 pub mod metrics;

@@ -48,15 +48,42 @@ pub fn load(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
             path.display()
         ))
     })?;
-    let text = match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => return Err(utf8_error(path, e.as_bytes(), e.utf8_error().valid_up_to())),
-    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    load_text(path.to_path_buf(), text, dir, sets)
+    load_owned(path.to_path_buf(), bytes, dir, sets)
+}
+
+/// Like [`load`], for a config file's bytes held in memory (which need not be UTF-8: that is
+/// reported as for a file): `name` stands for the file in messages and relative data paths are
+/// resolved against `base_dir`. Never panics, whatever the bytes (the fuzz targets' entry).
+pub fn load_bytes(
+    name: &str,
+    bytes: &[u8],
+    base_dir: &Path,
+    sets: &[String],
+) -> Result<(Config, Source)> {
+    load_owned(PathBuf::from(name), bytes.to_vec(), base_dir, sets)
+}
+
+fn load_owned(
+    path: PathBuf,
+    bytes: Vec<u8>,
+    base_dir: &Path,
+    sets: &[String],
+) -> Result<(Config, Source)> {
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            return Err(utf8_error(
+                &path,
+                e.as_bytes(),
+                e.utf8_error().valid_up_to(),
+            ))
+        }
+    };
+    load_text(path, text, base_dir, sets)
 }
 
 /// Like [`load`], for a config held in memory: `name` stands for the file in messages and
@@ -394,7 +421,7 @@ fn replace_value(old: &mut Value, mut new: Value) {
     *old = new;
 }
 
-/// Makes the four data paths absolute: relative to `base_dir` when they come from the file,
+/// Makes the data paths (the four IDX paths, the CIFAR-10 file lists) absolute: relative to `base_dir` when they come from the file,
 /// to the current directory when they come from `--set`.
 fn resolve_paths(config: &mut Config, source: &Source, base_dir: &Path) {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
@@ -408,6 +435,20 @@ fn resolve_paths(config: &mut Config, source: &Source, base_dir: &Path) {
     ] {
         if let Some(p) = slot.as_mut().filter(|p| p.is_relative()) {
             let from_set = source.override_of(&format!("data.{name}")).is_some();
+            let joined = if from_set {
+                cwd.join(&*p)
+            } else {
+                base.join(&*p)
+            };
+            *p = std::fs::canonicalize(&joined).unwrap_or_else(|_| normalize(&joined));
+        }
+    }
+    for (name, list) in [
+        ("train_files", &mut d.train_files),
+        ("test_files", &mut d.test_files),
+    ] {
+        let from_set = source.override_of(&format!("data.{name}")).is_some();
+        for p in list.iter_mut().flatten().filter(|p| p.is_relative()) {
             let joined = if from_set {
                 cwd.join(&*p)
             } else {

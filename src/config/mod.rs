@@ -9,7 +9,7 @@ mod locate;
 mod plan;
 mod validate;
 
-pub use load::{load, load_str, Source};
+pub use load::{load, load_bytes, load_str, Source};
 pub use plan::{fnv1a64, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
 use serde::{Deserialize, Serialize};
@@ -115,6 +115,8 @@ pub enum DataFormat {
     Synthetic,
     /// The handwritten-digit set bundled in the binary (1500 train, 297 test, 1×8×8, 10 classes).
     Digits,
+    /// CIFAR-10 binary batches: records of 1 label byte and 3×32×32 pixel bytes.
+    Cifar10,
 }
 
 /// `[data]`: feeds the net the blobs `data` (N, C, H, W) and `label` (N).
@@ -127,6 +129,9 @@ pub struct DataConfig {
     pub train_labels: Option<PathBuf>,
     pub test_images: Option<PathBuf>,
     pub test_labels: Option<PathBuf>,
+    /// CIFAR-10 batch files (`data_batch_*.bin`, `test_batch.bin`), relative to the config file.
+    pub train_files: Option<Vec<PathBuf>>,
+    pub test_files: Option<Vec<PathBuf>>,
     /// Per-replica batch.
     pub batch_size: usize,
     /// Per-replica batch of the test pass; default `batch_size`.
@@ -136,9 +141,18 @@ pub struct DataConfig {
     /// Pixel value multiplier applied after mean subtraction.
     #[serde(default = "unit")]
     pub scale: f32,
-    /// Subtracted from every pixel before scaling.
+    /// Subtracted from every pixel before scaling (all channels; see `mean_value`).
     #[serde(default)]
     pub mean: f32,
+    /// Per-channel mean subtracted before scaling: one value for every channel or one per
+    /// channel (Caffe's `mean_value`); excludes a non-zero `mean`.
+    pub mean_value: Option<Vec<f32>>,
+    /// Square crop side: random crops in training, the centre crop in tests; 0 = no crop.
+    #[serde(default)]
+    pub crop_size: usize,
+    /// Random horizontal flips in training.
+    #[serde(default)]
+    pub mirror: bool,
     /// Number of classes; labels must be below it. Default: 10 for IDX.
     pub classes: Option<usize>,
     /// Synthetic: record shape `[C, H, W]`.

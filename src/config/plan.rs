@@ -172,7 +172,17 @@ impl Plan {
         } else {
             "not shuffled"
         };
-        let pixels = format!("(x - {}) × {}", d.mean, d.scale);
+        let mean = match &d.mean_value {
+            Some(m) => format!("{m:?}"),
+            None => d.mean.to_string(),
+        };
+        let mut pixels = format!("(x - {mean}) × {}", d.scale);
+        if d.crop_size > 0 {
+            pixels = format!("crop {}, {pixels}", d.crop_size);
+        }
+        if d.mirror {
+            pixels = format!("mirror, {pixels}");
+        }
         match d.format {
             DataFormat::Idx => {
                 row("data", format!("idx, {order}, {pixels}"));
@@ -199,6 +209,18 @@ impl Plan {
                     d.test_size.unwrap_or(0)
                 ),
             ),
+            DataFormat::Cifar10 => {
+                row("data", format!("cifar10, {order}, {pixels}"));
+                let show = |p: &Option<Vec<std::path::PathBuf>>| {
+                    p.iter()
+                        .flatten()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                row("  train", show(&d.train_files));
+                row("  test", show(&d.test_files));
+            }
             DataFormat::Digits => row(
                 "data",
                 format!(

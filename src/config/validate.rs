@@ -171,6 +171,10 @@ impl Validator<'_> {
             ("test_images", &d.test_images),
             ("test_labels", &d.test_labels),
         ];
+        let files = [
+            ("train_files", &d.train_files),
+            ("test_files", &d.test_files),
+        ];
         let synthetic_keys = [
             ("shape", d.shape.is_some()),
             ("train_size", d.train_size.is_some()),
@@ -180,7 +184,15 @@ impl Validator<'_> {
             if let Some((k, _)) = paths.iter().find(|(_, p)| p.is_some()) {
                 return Err(self.err(
                     &format!("data.{k}"),
-                    format!("does not apply to format {format} (only \"idx\" reads files)"),
+                    format!("does not apply to format {format} (only to \"idx\")"),
+                ));
+            }
+        }
+        if d.format != DataFormat::Cifar10 {
+            if let Some((k, _)) = files.iter().find(|(_, p)| p.is_some()) {
+                return Err(self.err(
+                    &format!("data.{k}"),
+                    format!("does not apply to format {format} (only to \"cifar10\")"),
                 ));
             }
         }
@@ -195,6 +207,15 @@ impl Validator<'_> {
         let (record, classes) = match d.format {
             DataFormat::Idx => (self.idx_files()?, d.classes.unwrap_or(DEFAULT_CLASSES)),
             DataFormat::Synthetic => self.synthetic()?,
+            DataFormat::Cifar10 => {
+                for (k, list) in files {
+                    self.cifar10_files(k, list.as_deref())?;
+                }
+                (
+                    crate::data::cifar10::SHAPE.map(|d| d as u64).to_vec(),
+                    d.classes.unwrap_or(DEFAULT_CLASSES),
+                )
+            }
             DataFormat::Digits => {
                 let classes = d.classes.unwrap_or(DIGITS_CLASSES);
                 if classes < DIGITS_CLASSES {
@@ -206,13 +227,15 @@ impl Validator<'_> {
                 (DIGITS_SHAPE.to_vec(), classes)
             }
         };
+        let record = self.transform(record)?;
         let w = record.last().copied().unwrap_or(1);
         let h = record.iter().rev().nth(1).copied().unwrap_or(1);
         if d.shift as u64 >= h.min(w) {
+            let what = if d.crop_size > 0 { "crop" } else { "record" };
             return Err(self.err(
                 "data.shift",
                 format!(
-                    "must be smaller than the record's height and width ({h}×{w}), got {}",
+                    "must be smaller than the {what}'s height and width ({h}×{w}), got {}",
                     d.shift
                 ),
             ));
@@ -257,6 +280,87 @@ impl Validator<'_> {
             classes,
             max_batch,
         })
+    }
+
+    /// Checks the transform keys (`mean`, `mean_value`, `crop_size`) against the source's record
+    /// shape `(C, H, W)` and returns the shape of the net's input.
+    fn transform(&self, mut record: Vec<u64>) -> Result<Vec<u64>> {
+        let d = &self.cfg.data;
+        let (c, h, w) = (record[0], record[1], record[2]);
+        if let Some(m) = &d.mean_value {
+            if d.mean != 0.0 {
+                return Err(self.err(
+                    "data.mean_value",
+                    "set `mean` (one value for every channel) or `mean_value`, not both",
+                ));
+            }
+            if m.len() != 1 && m.len() as u64 != c {
+                return Err(self.err(
+                    "data.mean_value",
+                    format!(
+                        "{} values given for records of {c} channels: give 1 or {c}",
+                        m.len()
+                    ),
+                ));
+            }
+            for (i, &v) in m.iter().enumerate() {
+                self.finite(&format!("data.mean_value[{i}]"), v)?;
+            }
+        }
+        let crop = d.crop_size as u64;
+        if crop > h.min(w) {
+            return Err(self.err(
+                "data.crop_size",
+                format!("must not exceed the records' height and width ({h}×{w}), got {crop}"),
+            ));
+        }
+        if crop > 0 {
+            record[1] = crop;
+            record[2] = crop;
+        }
+        Ok(record)
+    }
+
+    /// Checks one CIFAR-10 file list: present, not empty, every file a regular file whose size is
+    /// a positive multiple of the record size (labels are checked when the data are opened).
+    fn cifar10_files(&self, key: &str, list: Option<&[std::path::PathBuf]>) -> Result<()> {
+        use crate::data::cifar10::RECORD_BYTES;
+        let key = format!("data.{key}");
+        let Some(list) = list else {
+            return Err(self.err(
+                &key,
+                "format \"cifar10\" needs this list of files, e.g. [\"data_batch_1.bin\"]",
+            ));
+        };
+        if list.is_empty() {
+            return Err(self.err(&key, "lists no files"));
+        }
+        for (i, path) in list.iter().enumerate() {
+            let k = format!("{key}[{i}]");
+            let shown = path.display();
+            let meta = match std::fs::metadata(path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(self.err(&k, format!("file not found: {shown}")))
+                }
+                Err(e) => return Err(self.err(&k, format!("cannot read {shown}: {e}"))),
+            };
+            if !meta.is_file() {
+                return Err(self.err(&k, format!("not a file: {shown}")));
+            }
+            let len = meta.len();
+            if len == 0 || len % RECORD_BYTES as u64 != 0 {
+                return Err(self.err(
+                    &k,
+                    format!(
+                        "{shown}: size {len} is not a positive multiple of the CIFAR-10 record \
+                         size {RECORD_BYTES} (1 label byte + 3×32×32 pixels): truncated or not \
+                         a CIFAR-10 binary batch"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks the four IDX files (present, IDX headers, matching counts and image sizes) and
@@ -1855,6 +1959,76 @@ phase = "test"
                 &idx(".", "train-labels-idx1-ubyte.gz"),
             ),
             "not a file: ",
+        );
+    }
+
+    #[test]
+    fn cifar10_files_and_transform_keys_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = crate::data::cifar10::RECORD_BYTES;
+        let good = dir.path().join("data_batch_1.bin");
+        std::fs::write(&good, vec![0u8; 2 * record]).unwrap();
+        let short = dir.path().join("short.bin");
+        std::fs::write(&short, vec![0u8; 2 * record - 1]).unwrap();
+        let cifar = |train: &str, extra: &str| {
+            format!(
+                "format = \"cifar10\"\ntrain_files = [\"{}\", \"{}\"]\ntest_files = [\"{}\"]\n{extra}",
+                good.display(),
+                dir.path().join(train).display(),
+                good.display()
+            )
+        };
+        let e = |train: &str, extra: &str| err("format = \"digits\"", &cifar(train, extra));
+        check(&BASE.replace("format = \"digits\"", &cifar("data_batch_1.bin", ""))).unwrap();
+        has(
+            &e("gone.bin", ""),
+            "`data.train_files[1]`: file not found: ",
+        );
+        has(&e("gone.bin", ""), "gone.bin");
+        has(&e("short.bin", ""), "`data.train_files[1]`: ");
+        has(
+            &e("short.bin", ""),
+            "short.bin: size 6145 is not a positive multiple of the CIFAR-10 record size 3073",
+        );
+        has(
+            &err("format = \"digits\"", "format = \"cifar10\""),
+            "`data.train_files`: format \"cifar10\" needs this list of files",
+        );
+        has(
+            &err("batch_size = 32", "batch_size = 32\ntrain_files = []"),
+            "`data.train_files`: does not apply to format \"digits\"",
+        );
+        // Transform keys against the 3×32×32 records.
+        let ok = "data_batch_1.bin";
+        has(
+            &e(ok, "crop_size = 33"),
+            "`data.crop_size`: must not exceed the records' height and width (32×32), got 33",
+        );
+        has(
+            &e(ok, "mean_value = [1.0, 2.0]"),
+            "`data.mean_value`: 2 values given for records of 3 channels: give 1 or 3",
+        );
+        has(
+            &e(ok, "mean_value = [1.0]\nmean = 3.0"),
+            "`data.mean_value`: set `mean`",
+        );
+        has(
+            &e(ok, "crop_size = 8\nshift = 8"),
+            "`data.shift`: must be smaller than the crop's height and width (8×8), got 8",
+        );
+        check(&BASE.replace(
+            "format = \"digits\"",
+            &cifar(
+                ok,
+                "crop_size = 28\nmirror = true\nmean_value = [125.3, 123.0, 113.9]\nscale = 0.017",
+            ),
+        ))
+        .unwrap();
+        check(&BASE.replace("format = \"digits\"", &cifar(ok, "mean_value = [128]"))).unwrap();
+        // The digits are one channel.
+        has(
+            &err("batch_size = 32", "batch_size = 32\nmean_value = [1, 2, 3]"),
+            "give 1 or 1",
         );
     }
 

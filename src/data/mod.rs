@@ -1,6 +1,7 @@
-//! Training and test data: the [`RecordSource`] trait and its sources (MNIST IDX files, the bundled
-//! digits, deterministic synthetic records), the topology-independent record order, test-set
-//! sharding, and the per-replica prefetching reader.
+//! Training and test data: the [`RecordSource`] trait and its sources (MNIST IDX files, CIFAR-10
+//! binary batches, the bundled digits, deterministic synthetic records), the per-record
+//! [`Transform`] (crop, mirror, shift, per-channel mean and scale), the topology-independent record
+//! order, test-set sharding, and the per-replica prefetching reader.
 //!
 //! # Which replica reads which records
 //!
@@ -19,17 +20,21 @@
 //! each other: reduce test metrics once per pass, not once per batch.
 
 pub mod augment;
+pub mod cifar10;
 mod digits;
 pub mod idx;
 pub mod order;
 pub mod reader;
 pub mod synthetic;
+pub mod transform;
 
 pub use augment::Augment;
+pub use cifar10::Cifar10Source;
 pub use idx::IdxSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
 pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
 pub use synthetic::SyntheticSource;
+pub use transform::Transform;
 
 use crate::config::{DataConfig, DataFormat};
 use crate::error::{Error, Result};
@@ -71,11 +76,20 @@ pub fn record_size(source: &dyn RecordSource) -> usize {
     source.record_shape().iter().product()
 }
 
-/// The two halves of a data set.
+/// The two halves of a data set and the transform between their records and the net.
 #[derive(Clone)]
 pub struct DataSplit {
     pub train: Arc<dyn RecordSource>,
     pub test: Arc<dyn RecordSource>,
+    /// Applied to both halves (train mode to `train`, test mode to `test`).
+    pub transform: Transform,
+}
+
+impl DataSplit {
+    /// `(C, H, W)` of the net's `data` blob per record: the records after the transform.
+    pub fn input_shape(&self) -> [usize; 3] {
+        self.transform.output_shape()
+    }
 }
 
 impl std::fmt::Debug for DataSplit {
@@ -92,6 +106,7 @@ impl std::fmt::Debug for DataSplit {
         f.debug_struct("DataSplit")
             .field("train", &side(&self.train))
             .field("test", &side(&self.test))
+            .field("input", &fmt_shape(self.input_shape()))
             .finish()
     }
 }
@@ -113,16 +128,18 @@ pub const DEFAULT_SYNTHETIC_TRAIN: usize = 60_000;
 pub const DEFAULT_SYNTHETIC_TEST: usize = 10_000;
 
 /// Opens the training and test sets that `cfg` describes. `seed` keys the synthetic generator
-/// (and only it: the record order is keyed separately by [`TrainOrder`]).
+/// and the random crops, flips and shifts (the record order is keyed separately by
+/// [`TrainOrder`]).
 ///
 /// Checks that both sets are non-empty, that every label is below the class count
-/// (`cfg.classes`, default 10) and that train and test records have the same shape.
+/// (`cfg.classes`, default 10), that train and test records have the same shape and that the
+/// transform keys fit it. Sources are opened raw; the transform normalises.
 pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
     let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES);
     if classes == 0 {
         return Err(config_error("data.classes", "must be at least 1"));
     }
-    let split = match cfg.format {
+    let (train, test): (Arc<dyn RecordSource>, Arc<dyn RecordSource>) = match cfg.format {
         DataFormat::Idx => {
             let path = |p: &Option<std::path::PathBuf>, key: &str| {
                 p.clone().ok_or_else(|| {
@@ -133,20 +150,34 @@ pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
             let train_labels = path(&cfg.train_labels, "train_labels")?;
             let test_images = path(&cfg.test_images, "test_images")?;
             let test_labels = path(&cfg.test_labels, "test_labels")?;
-            let train =
-                IdxSource::open(&train_images, &train_labels, classes, cfg.mean, cfg.scale)?;
-            let test = IdxSource::open(&test_images, &test_labels, classes, cfg.mean, cfg.scale)?;
-            DataSplit {
-                train: Arc::new(train),
-                test: Arc::new(test),
-            }
+            let train = IdxSource::open(&train_images, &train_labels, classes, 0.0, 1.0)?;
+            let test = IdxSource::open(&test_images, &test_labels, classes, 0.0, 1.0)?;
+            (
+                Arc::new(train) as Arc<dyn RecordSource>,
+                Arc::new(test) as Arc<dyn RecordSource>,
+            )
+        }
+        DataFormat::Cifar10 => {
+            let files = |p: &Option<Vec<std::path::PathBuf>>, key: &str| {
+                p.clone().ok_or_else(|| {
+                    config_error(&format!("data.{key}"), "required when format = \"cifar10\"")
+                })
+            };
+            let train_files = files(&cfg.train_files, "train_files")?;
+            let test_files = files(&cfg.test_files, "test_files")?;
+            let train = Cifar10Source::open("data.train_files", &train_files, classes)?;
+            let test = Cifar10Source::open("data.test_files", &test_files, classes)?;
+            (
+                Arc::new(train) as Arc<dyn RecordSource>,
+                Arc::new(test) as Arc<dyn RecordSource>,
+            )
         }
         DataFormat::Digits => {
-            let (train, test) = digits::open(classes, cfg.mean, cfg.scale)?;
-            DataSplit {
-                train: Arc::new(train),
-                test: Arc::new(test),
-            }
+            let (train, test) = digits::open(classes, 0.0, 1.0)?;
+            (
+                Arc::new(train) as Arc<dyn RecordSource>,
+                Arc::new(test) as Arc<dyn RecordSource>,
+            )
         }
         DataFormat::Synthetic => {
             let shape = match &cfg.shape {
@@ -161,35 +192,84 @@ pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
             if test_size == 0 {
                 return Err(config_error("data.test_size", "must be at least 1"));
             }
-            let make = |split, len| {
-                SyntheticSource::new(shape, classes, len, seed, split)
-                    .with_normalization(cfg.mean, cfg.scale)
-            };
-            DataSplit {
-                train: Arc::new(make(Split::Train, train_size)),
-                test: Arc::new(make(Split::Test, test_size)),
-            }
+            let make = |split, len| SyntheticSource::new(shape, classes, len, seed, split);
+            (
+                Arc::new(make(Split::Train, train_size)) as Arc<dyn RecordSource>,
+                Arc::new(make(Split::Test, test_size)) as Arc<dyn RecordSource>,
+            )
         }
     };
-    check_split(&split)?;
-    Ok(split)
+    check_split(&train, &test)?;
+    let transform = transform_of(cfg, train.record_shape(), seed)?;
+    Ok(DataSplit {
+        train,
+        test,
+        transform,
+    })
 }
 
-/// Both halves non-empty, same record shape, same classes.
-fn check_split(split: &DataSplit) -> Result<()> {
-    for s in [&split.train, &split.test] {
+/// The transform of `cfg` for records of `shape`, its keys checked against the shape.
+fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transform> {
+    let [c, h, w] = shape;
+    let mean = match &cfg.mean_value {
+        Some(m) if m.len() == 1 || m.len() == c => m.clone(),
+        Some(m) => {
+            return Err(config_error(
+                "data.mean_value",
+                format!(
+                    "{} values for records of {c} channels: give 1 or {c}",
+                    m.len()
+                ),
+            ))
+        }
+        None => vec![cfg.mean],
+    };
+    if cfg.crop_size > h.min(w) {
+        return Err(config_error(
+            "data.crop_size",
+            format!("{} exceeds the records' {h}×{w}", cfg.crop_size),
+        ));
+    }
+    let side = if cfg.crop_size > 0 {
+        cfg.crop_size
+    } else {
+        h.min(w)
+    };
+    if cfg.shift > 0 && cfg.shift >= side {
+        return Err(config_error(
+            "data.shift",
+            format!(
+                "must be smaller than the input's side {side}, got {}",
+                cfg.shift
+            ),
+        ));
+    }
+    Ok(Transform::new(
+        shape,
+        cfg.crop_size,
+        cfg.mirror,
+        &mean,
+        cfg.scale,
+        cfg.shift,
+        seed,
+    ))
+}
+
+/// Both halves non-empty, same record shape.
+fn check_split(train: &Arc<dyn RecordSource>, test: &Arc<dyn RecordSource>) -> Result<()> {
+    for s in [train, test] {
         if s.is_empty() {
             return Err(Error::data(s.name(), "contains no records"));
         }
     }
-    let (a, b) = (split.train.record_shape(), split.test.record_shape());
+    let (a, b) = (train.record_shape(), test.record_shape());
     if a != b {
         return Err(Error::data(
-            split.test.name(),
+            test.name(),
             format!(
                 "records are {} but the training set's ({}) are {}",
                 fmt_shape(b),
-                split.train.name(),
+                train.name(),
                 fmt_shape(a)
             ),
         ));
@@ -293,11 +373,16 @@ mod tests {
             train_labels: None,
             test_images: None,
             test_labels: None,
+            train_files: None,
+            test_files: None,
             batch_size: 8,
             test_batch_size: None,
             shuffle: true,
             scale: 1.0,
             mean: 0.0,
+            mean_value: None,
+            crop_size: 0,
+            mirror: false,
             classes: None,
             shape: None,
             train_size: None,
@@ -316,8 +401,10 @@ mod tests {
         assert_eq!(s.train.record_shape(), [1, 8, 8]);
         assert_eq!(s.train.classes(), 10);
         let mut out = vec![0.0; 64];
-        s.train.fill(0, &mut out);
+        s.transform.test(&*s.train, 0, &mut out, &mut Vec::new());
         assert!(out.iter().all(|&v| (0.0..1.0).contains(&v)));
+        s.train.fill(0, &mut out); // sources are raw
+        assert!(out.iter().any(|&v| v > 1.0));
         c.classes = Some(5);
         let e = open(&c, 1).unwrap_err().to_string();
         assert!(e.contains("not below classes = 5"), "{e}");
@@ -341,6 +428,46 @@ mod tests {
         c.shape = None;
         c.test_size = Some(0);
         assert!(open(&c, 9).is_err());
+    }
+
+    #[test]
+    fn open_cifar10_with_crop_mirror_and_channel_means() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, n: usize, first: usize| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, cifar10::tests::batch_bytes(n, first)).unwrap();
+            p
+        };
+        let mut c = cfg(DataFormat::Cifar10);
+        let e = open(&c, 1).unwrap_err().to_string();
+        assert!(e.contains("data.train_files"), "{e}");
+        c.train_files = Some(vec![write("b1.bin", 4, 0), write("b2.bin", 3, 4)]);
+        c.test_files = Some(vec![write("t.bin", 5, 0)]);
+        c.crop_size = 28;
+        c.mirror = true;
+        c.mean_value = Some(vec![1.0, 2.0, 3.0]);
+        c.scale = 0.5;
+        let s = open(&c, 3).unwrap();
+        assert_eq!((s.train.len(), s.test.len()), (7, 5));
+        assert_eq!(s.train.record_shape(), [3, 32, 32]);
+        assert_eq!(s.input_shape(), [3, 28, 28]);
+        // Test record 1, centre crop at (2, 2): pixel (c, y, x) = (3 + c·1024 + 32(y+2) + x+2) mod 256.
+        let mut out = vec![0.0; 3 * 28 * 28];
+        s.transform.test(&*s.test, 1, &mut out, &mut Vec::new());
+        for (ch, m) in [1.0f32, 2.0, 3.0].iter().enumerate() {
+            let raw = (3 + ch * 1024 + 2 * 32 + 2) % 256;
+            assert_eq!(out[ch * 784], (raw as f32 - m) * 0.5);
+        }
+        c.mean_value = Some(vec![1.0, 2.0]);
+        let e = open(&c, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("data.mean_value") && e.contains("give 1 or 3"),
+            "{e}"
+        );
+        c.mean_value = None;
+        c.crop_size = 33;
+        let e = open(&c, 3).unwrap_err().to_string();
+        assert!(e.contains("data.crop_size"), "{e}");
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! that panics (say, in a source's `fill`) makes [`TrainReader::next`] return an error with the
 //! panic message instead of blocking forever.
 
-use super::augment::Augment;
 use super::order::{micro_batch_positions, TrainOrder};
-use super::{record_size, RecordSource};
+use super::transform::Transform;
+use super::RecordSource;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -36,7 +36,8 @@ pub struct Batch {
 
 /// Fills `data` and `labels` (resized, allocations kept) with replica `rank`'s part of
 /// micro-batch `m`: `batch` records from the stream positions of
-/// [`micro_batch_positions`]. Returns the first position.
+/// [`micro_batch_positions`], each transformed by `transform` (train mode). Returns the first
+/// position.
 #[allow(clippy::too_many_arguments)]
 pub fn fill_train_batch(
     source: &dyn RecordSource,
@@ -45,20 +46,18 @@ pub fn fill_train_batch(
     batch: usize,
     rank: usize,
     replicas: usize,
-    augment: &Augment,
+    transform: &Transform,
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
 ) -> u64 {
-    let size = record_size(source);
-    let shape = source.record_shape();
+    let size = transform.output_size();
     let positions = micro_batch_positions(m, batch, rank, replicas);
     data.resize(batch * size, 0.0);
     labels.resize(batch, 0.0);
     let first = positions.start;
     let records: Vec<(u64, usize)> = positions.map(|p| (p, order.record(p))).collect();
     let fill = |((p, rec), out): (&(u64, usize), &mut [f32]), scratch: &mut Vec<f32>| {
-        source.fill(*rec, out);
-        augment.apply(*p, shape, out, scratch);
+        transform.train(source, *rec, *p, out, scratch);
     };
     if batch * size >= PARALLEL_FILL_MIN {
         // Large batches (a GPU's): the records are independent, fill them on all cores.
@@ -79,21 +78,24 @@ pub fn fill_train_batch(
     first
 }
 
-/// Fills `data` and `labels` (resized, allocations kept) with the test records `range`, in order.
+/// Fills `data` and `labels` (resized, allocations kept) with the test records `range`, in order,
+/// each transformed by `transform` (test mode: centre crop, no flip).
 pub fn fill_test_batch(
     source: &dyn RecordSource,
+    transform: &Transform,
     range: Range<usize>,
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
 ) {
-    let size = record_size(source);
+    let size = transform.output_size();
     data.resize(range.len() * size, 0.0);
     labels.resize(range.len(), 0.0);
+    let mut scratch = Vec::new();
     for ((i, out), label) in range
         .zip(data.chunks_exact_mut(size))
         .zip(labels.iter_mut())
     {
-        source.fill(i, out);
+        transform.test(source, i, out, &mut scratch);
         *label = source.label(i) as f32;
     }
 }
@@ -110,7 +112,7 @@ pub struct TrainReader {
 impl TrainReader {
     /// Starts the thread that produces replica `rank` of `replicas`'s batches of `batch` records
     /// for micro-batches `first_micro_batch`, `first_micro_batch + 1`, …, over the training order
-    /// of (`seed`, `shuffle`), each record transformed by `augment`, keeping up to `capacity` (at
+    /// of (`seed`, `shuffle`), each record transformed by `transform`, keeping up to `capacity` (at
     /// least 1) batches ready.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
@@ -122,7 +124,7 @@ impl TrainReader {
         replicas: usize,
         first_micro_batch: u64,
         capacity: usize,
-        augment: Augment,
+        transform: Transform,
     ) -> Self {
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
@@ -135,7 +137,7 @@ impl TrainReader {
             batch,
             rank,
             replicas,
-            augment,
+            transform,
             next: first_micro_batch,
             stop: Arc::clone(&stop),
             tx,
@@ -216,7 +218,7 @@ struct Producer {
     batch: usize,
     rank: usize,
     replicas: usize,
-    augment: Augment,
+    transform: Transform,
     next: u64,
     stop: Arc<AtomicBool>,
     tx: SyncSender<Batch>,
@@ -235,7 +237,7 @@ impl Producer {
                 self.batch,
                 self.rank,
                 self.replicas,
-                &self.augment,
+                &self.transform,
                 &mut b.data,
                 &mut b.labels,
             );
@@ -278,7 +280,7 @@ mod tests {
             b,
             r,
             replicas,
-            &Augment::none(),
+            &Transform::identity(source.record_shape()),
             &mut batch.data,
             &mut batch.labels,
         );
@@ -359,7 +361,7 @@ mod tests {
                 replicas,
                 first,
                 2,
-                Augment::none(),
+                Transform::identity(source.record_shape()),
             );
             for m in first..first + 60 {
                 let got = reader.next().unwrap();
@@ -374,7 +376,8 @@ mod tests {
     #[test]
     fn dropping_a_reader_with_a_full_queue_returns_promptly() {
         let source = digits();
-        let reader = TrainReader::start(source, 1, true, 4, 0, 1, 0, 1, Augment::none());
+        let identity = Transform::identity(source.record_shape());
+        let reader = TrainReader::start(source, 1, true, 4, 0, 1, 0, 1, identity);
         std::thread::sleep(Duration::from_millis(100)); // the producer now blocks on a full queue
         let t = Instant::now();
         drop(reader);
@@ -416,7 +419,7 @@ mod tests {
             1,
             0,
             4,
-            Augment::none(),
+            Transform::identity([1, 1, 1]),
         );
         let mut ok = 0;
         let err = loop {
@@ -442,7 +445,8 @@ mod tests {
     fn test_batches_are_read_in_file_order() {
         let source = digits();
         let (mut data, mut labels) = (Vec::new(), Vec::new());
-        fill_test_batch(&*source, 30..35, &mut data, &mut labels);
+        let identity = Transform::identity(source.record_shape());
+        fill_test_batch(&*source, &identity, 30..35, &mut data, &mut labels);
         assert_eq!((data.len(), labels.len()), (5 * 64, 5));
         let mut rec = vec![0.0; 64];
         for (k, i) in (30..35).enumerate() {
@@ -450,7 +454,7 @@ mod tests {
             assert_eq!(&data[k * 64..(k + 1) * 64], rec.as_slice());
             assert_eq!(labels[k], source.label(i) as f32);
         }
-        fill_test_batch(&*source, 0..2, &mut data, &mut labels);
+        fill_test_batch(&*source, &identity, 0..2, &mut data, &mut labels);
         assert_eq!((data.len(), labels.len()), (2 * 64, 2));
     }
 }

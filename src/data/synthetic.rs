@@ -1,13 +1,17 @@
-//! Deterministic synthetic records for benchmarks and tests: record i of a split is computed from
-//! (seed, split, i) by a counter-based hash, so a source takes O(1) memory and any record reads the
-//! same whatever the order or topology. The data are learnable: each class has a prototype image
-//! shared by both splits, and a record is half its class's prototype and half noise.
+//! Deterministic synthetic records for benchmarks and tests: pool record s of a split is computed
+//! from (seed, split, s) by a counter-based hash, and record i of the split is pool record
+//! `i mod P`, so any record reads the same whatever the order or topology. The pool of P records is
+//! generated once when the source is made (P = the split's size, at most [`POOL_BYTES`] of f32:
+//! e.g. all 60 000 records of 1×28×28, 2 730 of 3×32×32, 55 of 3×224×224), so reading a record is
+//! a copy and costs a benchmark no more than reading a file would. The data are learnable: each
+//! class has a prototype image shared by both splits, and a record is half its class's prototype
+//! and half noise.
 //!
 //! Definitions (wrapping u64 arithmetic, `h` = [`splitmix64`](super::order::splitmix64),
 //! γ = [`GAMMA`], `unit(x) = (x >> 40) / 2²⁴` in [0, 1)):
 //!
 //! - `k = h(seed ^ SYNTH_SALT)`; split tag t = 1 for train, 2 for test;
-//! - record key `rk(i) = h(k ^ h(t·γ ^ h(i)))`, label `= h(rk(i) ^ LABEL_SALT) mod classes`;
+//! - record key `rk(i) = h(k ^ h(t·γ ^ h(i mod P)))`, label `= h(rk(i) ^ LABEL_SALT) mod classes`;
 //! - prototype key `pk(c) = h(k ^ PROTO_SALT ^ h(c))`;
 //! - pixel j (0-based) of record i, before normalisation:
 //!   `0.5·unit(h(pk(label) + (j+1)·γ)) + 0.5·unit(h(rk(i) + (j+1)·γ))`.
@@ -16,13 +20,18 @@ use super::order::{splitmix64 as h, GAMMA};
 use super::{config_error, Split};
 use crate::data::RecordSource;
 use crate::error::Result;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// The most memory a split's pool of generated records takes (f32 bytes).
+pub const POOL_BYTES: usize = 32 << 20;
 
 const SYNTH_SALT: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
 const LABEL_SALT: u64 = 0x4c41_4245_4c53_414c; // "LABELSAL"
 const PROTO_SALT: u64 = 0x5052_4f54_4f54_5950; // "PROTOTYP"
 
-/// Records of shape `[C, H, W]` in `classes` classes, computed on demand.
-#[derive(Debug, Clone)]
+/// Records of shape `[C, H, W]` in `classes` classes, read from a pool generated once.
+#[derive(Clone)]
 pub struct SyntheticSource {
     shape: [usize; 3],
     size: usize,
@@ -33,6 +42,27 @@ pub struct SyntheticSource {
     mean: f32,
     scale: f32,
     name: String,
+    /// `(P, C, H, W)` raw pixels of the pool records, shared by clones.
+    pool: Arc<[f32]>,
+    /// `(P)` their labels.
+    pool_labels: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for SyntheticSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyntheticSource")
+            .field("name", &self.name)
+            .field("shape", &self.shape)
+            .field("len", &self.len)
+            .field("pool", &self.pool_labels.len())
+            .field("classes", &self.classes)
+            .finish()
+    }
+}
+
+/// Pool records for `len` records of `size` floats: all of them, up to [`POOL_BYTES`], at least 1.
+pub fn pool_records(size: usize, len: usize) -> usize {
+    (POOL_BYTES / size.max(1).saturating_mul(4)).clamp(1, len.max(1))
 }
 
 /// A config `shape` of 1 to 3 positive dimensions as `[C, H, W]`: `[W]` → `[1, 1, W]`,
@@ -74,6 +104,7 @@ pub fn pad_shape(shape: &[usize]) -> Result<[usize; 3]> {
 impl SyntheticSource {
     /// `len` records of `shape` (positive dimensions) in `classes` (≥ 1) classes, keyed by
     /// (seed, split). Pixels lie in [0, 1) until [`SyntheticSource::with_normalization`].
+    /// Generates the pool (on all cores).
     pub fn new(shape: [usize; 3], classes: usize, len: usize, seed: u64, split: Split) -> Self {
         assert!(classes > 0, "synthetic data with no classes");
         assert!(!shape.contains(&0), "synthetic shape {shape:?}");
@@ -81,9 +112,10 @@ impl SyntheticSource {
             Split::Train => 1,
             Split::Test => 2,
         };
-        SyntheticSource {
+        let size: usize = shape.iter().product();
+        let mut s = SyntheticSource {
             shape,
-            size: shape.iter().product(),
+            size,
             classes,
             len,
             key: h(seed ^ SYNTH_SALT),
@@ -98,7 +130,34 @@ impl SyntheticSource {
                     "test"
                 }
             ),
+            pool: Arc::from(Vec::new()),
+            pool_labels: Arc::from(Vec::new()),
+        };
+        let p = pool_records(size, len);
+        let mut pool = vec![0.0f32; p * size];
+        pool.par_chunks_mut(size)
+            .enumerate()
+            .for_each(|(i, out)| s.generate(i, out));
+        s.pool_labels = (0..p).map(|i| s.label_of_key(s.record_key(i))).collect();
+        s.pool = Arc::from(pool);
+        s
+    }
+
+    /// Pool record `i`, raw.
+    fn generate(&self, i: usize, out: &mut [f32]) {
+        let rk = self.record_key(i);
+        let label = self.label_of_key(rk);
+        let pk = h(self.key ^ PROTO_SALT ^ h(u64::from(label)));
+        let mut step = 0u64;
+        for o in out.iter_mut() {
+            step = step.wrapping_add(GAMMA);
+            *o = 0.5 * unit(h(pk.wrapping_add(step))) + 0.5 * unit(h(rk.wrapping_add(step)));
         }
+    }
+
+    /// Number of distinct records P; record i is pool record i mod P.
+    pub fn pool_len(&self) -> usize {
+        self.pool_labels.len()
     }
 
     /// Records come out as `(pixel − mean) · scale`.
@@ -137,20 +196,20 @@ impl RecordSource for SyntheticSource {
     fn fill(&self, index: usize, out: &mut [f32]) {
         assert!(index < self.len, "record {index} of {}", self.len);
         assert_eq!(out.len(), self.size, "record buffer of {}", self.name);
-        let rk = self.record_key(index);
-        let label = self.label_of_key(rk);
-        let pk = h(self.key ^ PROTO_SALT ^ h(u64::from(label)));
-        let mut step = 0u64;
-        for o in out.iter_mut() {
-            step = step.wrapping_add(GAMMA);
-            let v = 0.5 * unit(h(pk.wrapping_add(step))) + 0.5 * unit(h(rk.wrapping_add(step)));
-            *o = (v - self.mean) * self.scale;
+        let s = index % self.pool_len();
+        let src = &self.pool[s * self.size..(s + 1) * self.size];
+        if self.mean == 0.0 && self.scale == 1.0 {
+            out.copy_from_slice(src);
+        } else {
+            for (o, &v) in out.iter_mut().zip(src) {
+                *o = (v - self.mean) * self.scale;
+            }
         }
     }
 
     fn label(&self, index: usize) -> u32 {
         assert!(index < self.len, "record {index} of {}", self.len);
-        self.label_of_key(self.record_key(index))
+        self.pool_labels[index % self.pool_len()]
     }
 
     fn name(&self) -> &str {
@@ -198,6 +257,30 @@ mod tests {
         for (x, y) in x.iter().zip(&y) {
             assert_eq!(*y, (x - 0.5) * 2.0);
         }
+    }
+
+    #[test]
+    fn large_records_repeat_a_bounded_pool() {
+        let shape = [3, 224, 224];
+        let size = 3 * 224 * 224;
+        let a = SyntheticSource::new(shape, 1000, 1_000_000, 5, Split::Train);
+        let p = a.pool_len();
+        assert_eq!(p, POOL_BYTES / (size * 4));
+        assert!(p > 1 && p * size * 4 <= POOL_BYTES);
+        let (mut x, mut y) = (vec![0.0; size], vec![0.0; size]);
+        a.fill(7, &mut x);
+        a.fill(7 + 3 * p, &mut y);
+        assert_eq!(x, y);
+        assert_eq!(a.label(7), a.label(7 + 3 * p));
+        a.fill(8, &mut y);
+        assert_ne!(x, y);
+        // Small sets are generated whole.
+        assert_eq!(pool_records(3 * 32 * 32, 100), 100);
+        assert_eq!(
+            pool_records(3 * 32 * 32, 50_000),
+            POOL_BYTES / (3 * 32 * 32 * 4)
+        );
+        assert_eq!(pool_records(usize::MAX / 8, 10), 1);
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl P2PManager {
     pub fn run(self, boot: &Bootstrap, mode: Mode, outputs: Option<Outputs>) -> Result<RunReport> {
         let k = self.plan.replicas_per_rank;
         let (rank, size) = (boot.rank, boot.size);
-        let shape = self.data.train.record_shape();
+        let shape = self.data.input_shape();
         let mut outputs = outputs;
         let mut reports = match self.devices {
             Devices::Cpu {

@@ -10,7 +10,7 @@ use super::scores::SharedScores;
 use super::timeline::{ReplicaTrace, Timeline};
 use super::timing::{Phase as Step, StepTimes};
 use crate::config::{Phase, Plan};
-use crate::data::{self, Augment, DataSplit, TrainReader};
+use crate::data::{self, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::weighted_loss;
@@ -161,11 +161,7 @@ impl<E: Engine> P2PSync<E> {
             self.engine.size(),
             first_micro_batch,
             cfg.data.prefetch,
-            Augment {
-                shift: cfg.data.shift,
-                seed: cfg.solver.random_seed,
-                fill: -cfg.data.mean * cfg.data.scale,
-            },
+            self.data.transform.clone(),
         )
     }
 
@@ -386,6 +382,7 @@ impl<E: Engine> P2PSync<E> {
         for range in data::test_batches(shard, tb, cfg.solver.test_iter) {
             data::fill_test_batch(
                 self.data.test.as_ref(),
+                &self.data.transform,
                 range.clone(),
                 &mut data,
                 &mut labels,

@@ -1,0 +1,356 @@
+//! Caffe's `transform_param` applied between a [`RecordSource`] and the net: a square crop
+//! (random in training, the centre in tests), a random horizontal flip in training, the `shift`
+//! translation ([`Augment`]), then `(x − mean[c]) · scale` per channel, in Caffe's order.
+//!
+//! Sources are opened without normalisation (raw pixel values) and the transform does it, so a
+//! per-channel mean applies to every format. A shift's uncovered border takes the raw value 0
+//! before normalisation, i.e. `(0 − mean[c]) · scale`, as before per-channel means existed.
+//!
+//! Randomness: the crop offsets and the flip of the record at training stream position `p` come
+//! from a hash of (seed, p) alone, like the shift, so a sample is cropped and flipped the same way
+//! whatever the number of replicas or their batch split.
+//!
+//! Shapes: input records are `(C, H, W)`; outputs are `(C, crop, crop)` with a crop, else
+//! `(C, H, W)`.
+
+use super::augment::Augment;
+use super::order::splitmix64;
+use super::RecordSource;
+
+const CROP_SALT: u64 = 0x4352_4f50_4d49_5231; // "CROPMIR1"
+
+/// The per-record transform of one data set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transform {
+    /// `(C, H, W)` of the source's records.
+    input: [usize; 3],
+    /// Square crop side; 0 = no crop.
+    crop: usize,
+    mirror: bool,
+    /// One mean per channel.
+    mean: Vec<f32>,
+    scale: f32,
+    seed: u64,
+    /// Translation after crop and flip, on raw values (fill 0).
+    shift: Augment,
+}
+
+impl Transform {
+    /// The identity on records of `input`.
+    pub fn identity(input: [usize; 3]) -> Self {
+        Transform {
+            input,
+            crop: 0,
+            mirror: false,
+            mean: vec![0.0; input[0]],
+            scale: 1.0,
+            seed: 0,
+            shift: Augment::none(),
+        }
+    }
+
+    /// A transform of records of `input` (C, H, W). `crop` (0 = none) must not exceed H or W,
+    /// `mean` has one value or C, `shift` is below the output's H and W (the config validation
+    /// guarantees all three).
+    pub fn new(
+        input: [usize; 3],
+        crop: usize,
+        mirror: bool,
+        mean: &[f32],
+        scale: f32,
+        shift: usize,
+        seed: u64,
+    ) -> Self {
+        let [c, h, w] = input;
+        assert!(crop <= h.min(w), "crop {crop} of records {h}×{w}");
+        let mean = match mean.len() {
+            1 => vec![mean[0]; c],
+            n if n == c => mean.to_vec(),
+            n => panic!("{n} mean values for {c} channels"),
+        };
+        Transform {
+            input,
+            crop,
+            mirror,
+            mean,
+            scale,
+            seed,
+            shift: Augment {
+                shift,
+                seed,
+                fill: 0.0,
+            },
+        }
+    }
+
+    /// `(C, H, W)` of the records the source provides.
+    pub fn input_shape(&self) -> [usize; 3] {
+        self.input
+    }
+
+    /// `(C, H, W)` of the records the net receives.
+    pub fn output_shape(&self) -> [usize; 3] {
+        let [c, h, w] = self.input;
+        if self.crop > 0 {
+            [c, self.crop, self.crop]
+        } else {
+            [c, h, w]
+        }
+    }
+
+    /// Floats per output record.
+    pub fn output_size(&self) -> usize {
+        self.output_shape().iter().product()
+    }
+
+    /// The crop's top-left corner `(y, x)` and whether to flip, for the training record at
+    /// stream position `position`.
+    pub fn train_window(&self, position: u64) -> (usize, usize, bool) {
+        let [_, h, w] = self.input;
+        let [_, oh, ow] = self.output_shape();
+        let r = splitmix64(splitmix64(self.seed ^ CROP_SALT) ^ position);
+        let y = (r % (h - oh + 1) as u64) as usize;
+        let x = ((r >> 32) % (w - ow + 1) as u64) as usize;
+        let flip = self.mirror && splitmix64(r) & 1 == 1;
+        (y, x, flip)
+    }
+
+    /// The centre crop's top-left corner `(y, x)` (Caffe's `(H − crop) / 2`).
+    pub fn test_window(&self) -> (usize, usize) {
+        let [_, h, w] = self.input;
+        let [_, oh, ow] = self.output_shape();
+        ((h - oh) / 2, (w - ow) / 2)
+    }
+
+    /// Writes training record `index` of `source`, seen at stream position `position`, into
+    /// `out` (the output size). `scratch` is reused between calls.
+    pub fn train(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        position: u64,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let (y, x, flip) = self.train_window(position);
+        self.window(source, index, (y, x, flip), out, scratch);
+        self.shift
+            .apply(position, self.output_shape(), out, scratch);
+        self.normalize(out);
+    }
+
+    /// Writes test record `index` of `source` into `out` (the output size): centre crop, no
+    /// flip, no shift.
+    pub fn test(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let (y, x) = self.test_window();
+        self.window(source, index, (y, x, false), out, scratch);
+        self.normalize(out);
+    }
+
+    /// Copies the `output_shape` window at `(y, x)` of the raw record, flipped along W if asked.
+    fn window(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        (y0, x0, flip): (usize, usize, bool),
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let [_, h, w] = self.input;
+        let [_, oh, ow] = self.output_shape();
+        if oh == h && ow == w && !flip {
+            source.fill(index, out);
+            return;
+        }
+        scratch.resize(self.input.iter().product(), 0.0);
+        source.fill(index, scratch);
+        for (src, dst) in scratch
+            .chunks_exact(h * w)
+            .zip(out.chunks_exact_mut(oh * ow))
+        {
+            for (y, row) in dst.chunks_exact_mut(ow).enumerate() {
+                let start = (y0 + y) * w + x0;
+                let from = &src[start..start + ow];
+                if flip {
+                    row.iter_mut()
+                        .zip(from.iter().rev())
+                        .for_each(|(d, s)| *d = *s);
+                } else {
+                    row.copy_from_slice(from);
+                }
+            }
+        }
+    }
+
+    /// `x ← (x − mean[c]) · scale`, skipped when it is the identity.
+    fn normalize(&self, out: &mut [f32]) {
+        if self.scale == 1.0 && self.mean.iter().all(|&m| m == 0.0) {
+            return;
+        }
+        let [_, oh, ow] = self.output_shape();
+        for (plane, &m) in out.chunks_exact_mut(oh * ow).zip(&self.mean) {
+            plane.iter_mut().for_each(|v| *v = (*v - m) * self.scale);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::order::micro_batch_positions;
+
+    /// A 2×4×5 source whose pixel (c, y, x) of record i is 1000·i + 100·c + 10·y + x.
+    struct Ramp;
+
+    impl RecordSource for Ramp {
+        fn len(&self) -> usize {
+            50
+        }
+        fn record_shape(&self) -> [usize; 3] {
+            [2, 4, 5]
+        }
+        fn classes(&self) -> usize {
+            2
+        }
+        fn fill(&self, index: usize, out: &mut [f32]) {
+            let mut k = 0;
+            for c in 0..2 {
+                for y in 0..4 {
+                    for x in 0..5 {
+                        out[k] = (1000 * index + 100 * c + 10 * y + x) as f32;
+                        k += 1;
+                    }
+                }
+            }
+        }
+        fn label(&self, index: usize) -> u32 {
+            (index % 2) as u32
+        }
+    }
+
+    fn pixel(i: usize, c: usize, y: usize, x: usize) -> f32 {
+        (1000 * i + 100 * c + 10 * y + x) as f32
+    }
+
+    #[test]
+    fn centre_crop_at_test() {
+        let t = Transform::new([2, 4, 5], 3, true, &[0.0], 1.0, 0, 7);
+        assert_eq!(t.output_shape(), [2, 3, 3]);
+        assert_eq!(t.test_window(), (0, 1));
+        let mut out = vec![0.0; 18];
+        t.test(&Ramp, 3, &mut out, &mut Vec::new());
+        let mut want = Vec::new();
+        for c in 0..2 {
+            for y in 0..3 {
+                for x in 1..4 {
+                    want.push(pixel(3, c, y, x));
+                }
+            }
+        }
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn random_crop_and_flip_take_the_window_the_hash_names() {
+        let t = Transform::new([2, 4, 5], 2, true, &[0.0], 1.0, 0, 3);
+        let mut seen = std::collections::HashSet::new();
+        let mut scratch = Vec::new();
+        for p in 0..400u64 {
+            let (y0, x0, flip) = t.train_window(p);
+            assert!(y0 <= 2 && x0 <= 3);
+            seen.insert((y0, x0, flip));
+            let mut out = vec![0.0; 8];
+            t.train(&Ramp, 5, p, &mut out, &mut scratch);
+            let mut want = Vec::new();
+            for c in 0..2 {
+                for y in 0..2 {
+                    for x in 0..2 {
+                        let sx = if flip { x0 + 1 - x } else { x0 + x };
+                        want.push(pixel(5, c, y0 + y, sx));
+                    }
+                }
+            }
+            assert_eq!(out, want, "position {p}: window ({y0}, {x0}), flip {flip}");
+        }
+        // Every corner (3 rows × 4 columns) with and without a flip occurs.
+        assert_eq!(seen.len(), 24);
+    }
+
+    #[test]
+    fn mirror_without_crop_reverses_rows() {
+        let t = Transform::new([2, 4, 5], 0, true, &[0.0], 1.0, 0, 1);
+        let p = (0..100u64).find(|&p| t.train_window(p).2).expect("a flip");
+        let mut out = vec![0.0; 40];
+        t.train(&Ramp, 0, p, &mut out, &mut Vec::new());
+        assert_eq!(&out[..5], &[4.0, 3.0, 2.0, 1.0, 0.0]);
+        assert_eq!(&out[20..25], &[104.0, 103.0, 102.0, 101.0, 100.0]);
+        let q = (0..100u64)
+            .find(|&p| !t.train_window(p).2)
+            .expect("no flip");
+        t.train(&Ramp, 0, q, &mut out, &mut Vec::new());
+        assert_eq!(&out[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn per_channel_mean_then_scale() {
+        let t = Transform::new([2, 4, 5], 0, false, &[1.0, 100.0], 0.5, 0, 1);
+        let mut out = vec![0.0; 40];
+        t.test(&Ramp, 0, &mut out, &mut Vec::new());
+        assert_eq!(out[3], (3.0 - 1.0) * 0.5);
+        assert_eq!(out[20 + 3], (103.0 - 100.0) * 0.5);
+        let one = Transform::new([2, 4, 5], 0, false, &[2.0], 0.5, 0, 1);
+        one.test(&Ramp, 0, &mut out, &mut Vec::new());
+        assert_eq!((out[0], out[20]), (-1.0, 49.0));
+    }
+
+    #[test]
+    fn shift_border_is_a_normalised_zero_per_channel() {
+        let t = Transform::new([2, 4, 5], 0, false, &[10.0, 20.0], 2.0, 1, 5);
+        let p = (0..1000u64)
+            .find(|&p| t.shift.offsets(p) == (1, 0))
+            .expect("offset (1, 0)");
+        let mut out = vec![0.0; 40];
+        t.train(&Ramp, 0, p, &mut out, &mut Vec::new());
+        assert!(out[..5].iter().all(|&v| v == -20.0), "{:?}", &out[..5]);
+        assert!(out[20..25].iter().all(|&v| v == -40.0));
+        assert_eq!(out[5], (0.0 - 10.0) * 2.0); // row 1 holds row 0
+        assert_eq!(out[25], (100.0 - 20.0) * 2.0);
+    }
+
+    /// A sample gets the same crop and flip whatever the replica split: the window depends on
+    /// its stream position only, and R replicas of batch b cover the positions one replica of
+    /// batch R·b covers.
+    #[test]
+    fn windows_depend_on_the_global_position_only() {
+        let t = Transform::new([2, 4, 5], 2, true, &[0.0], 1.0, 0, 11);
+        for m in 0..5u64 {
+            let one: Vec<_> = micro_batch_positions(m, 12, 0, 1)
+                .map(|p| t.train_window(p))
+                .collect();
+            for replicas in [2usize, 3, 4] {
+                let split: Vec<_> = (0..replicas)
+                    .flat_map(|r| micro_batch_positions(m, 12 / replicas, r, replicas))
+                    .map(|p| t.train_window(p))
+                    .collect();
+                assert_eq!(split, one, "micro-batch {m}, {replicas} replicas");
+            }
+        }
+        let other = Transform::new([2, 4, 5], 2, true, &[0.0], 1.0, 0, 12);
+        assert!((0..50).any(|p| t.train_window(p) != other.train_window(p)));
+    }
+
+    #[test]
+    fn identity_leaves_records_alone() {
+        let t = Transform::identity([2, 4, 5]);
+        let (mut a, mut b) = (vec![0.0; 40], vec![0.0; 40]);
+        t.train(&Ramp, 2, 9, &mut a, &mut Vec::new());
+        Ramp.fill(2, &mut b);
+        assert_eq!(a, b);
+    }
+}

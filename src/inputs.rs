@@ -1,0 +1,80 @@
+//! Whole-input entry points for the parsers of untrusted bytes, shared by the fuzz targets
+//! (`fuzz/`) and the mutation tests (`tests/parser_mutations.rs`): a config file (load, `--set`
+//! free, validate, plan), an IDX image or label file (raw or gzip) and a CIFAR-10 batch file.
+//! Each returns the parser's verdict; none may panic, whatever the bytes.
+
+use crate::config::{self, Plan};
+use crate::data::{cifar10, idx, Cifar10Source, IdxSource, RecordSource};
+use crate::error::Result;
+use std::path::Path;
+
+/// Records read back from a parsed source, at most (bounds the work per input).
+const READ_BACK: usize = 64;
+
+/// A config file's bytes through `config::load_bytes` (syntax, types, unknown keys, whole-config
+/// validation; relative data paths resolve under a directory that does not exist) and
+/// [`Plan::new`] for 4 processes, then the plan's summary.
+pub fn config(bytes: &[u8]) -> Result<()> {
+    let (cfg, source) = config::load_bytes(
+        "fuzz.toml",
+        bytes,
+        Path::new("/nonexistent/p2ptrain-inputs"),
+        &[],
+    )?;
+    let plan = Plan::new(cfg, source, 4)?;
+    let _ = plan.describe(&[]);
+    Ok(())
+}
+
+/// IDX bytes as an image file, as a label file, and as a raw image file followed by its label
+/// file (split where the image header says the images end), reading the records back. Ok when
+/// the bytes are an image or a label file.
+pub fn idx(bytes: &[u8]) -> Result<()> {
+    let images = idx::parse_images("images.idx", bytes);
+    let labels = idx::parse_labels("labels.idx", bytes);
+    let dim = |i: usize| {
+        bytes
+            .get(4 + 4 * i..8 + 4 * i)
+            .map_or(0, |d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize)
+    };
+    let split = dim(0)
+        .saturating_mul(dim(1))
+        .saturating_mul(dim(2))
+        .saturating_add(16)
+        .min(bytes.len());
+    let (a, b) = bytes.split_at(split);
+    if let Ok(s) = IdxSource::from_bytes("images.idx", a, "labels.idx", b, 10, 0.0, 1.0) {
+        read_back(&s);
+    }
+    match (images, labels) {
+        (Err(e), Err(_)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// CIFAR-10 bytes as one batch file of 10 classes (and of 3: other label bounds), reading the
+/// records back.
+pub fn cifar10(bytes: &[u8]) -> Result<()> {
+    let _ = cifar10::check("batch.bin", bytes, 3);
+    let s = Cifar10Source::from_bytes(vec![("batch.bin".to_string(), bytes.to_vec())], 10)?;
+    read_back(&s);
+    Ok(())
+}
+
+/// Reads up to [`READ_BACK`] records and labels of `s`, spread over the set.
+fn read_back(s: &dyn RecordSource) {
+    let n = s.len();
+    if n == 0 {
+        return;
+    }
+    let mut out = vec![0.0; s.record_shape().iter().product()];
+    let step = n.div_ceil(READ_BACK).max(1);
+    for i in (0..n).step_by(step).chain([n - 1]) {
+        s.fill(i, &mut out);
+        assert!(
+            (s.label(i) as usize) < s.classes(),
+            "label of record {i} not below {}",
+            s.classes()
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! CIFAR-10 binary batches through the real binary under `mpirun`: training with Caffe's
+//! transform keys (crop, mirror, per-channel mean) on files generated here, the same weights
+//! from 1 replica × batch 8 and 2 replicas × batch 4 (crops and flips keyed by stream position),
+//! and bad files reported with exit code 2, naming the file.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+const RECORD: usize = 3073;
+
+/// `n` records in the CIFAR-10 binary layout: label (first + i) mod 10, pixels a class pattern
+/// plus noise from a fixed-seed generator.
+fn batch(n: usize, first: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u8
+    };
+    let mut b = Vec::with_capacity(n * RECORD);
+    for i in 0..n {
+        let label = (first + i) % 10;
+        b.push(label as u8);
+        for j in 0..3072 {
+            let pattern = if (j / 97) % 10 == label { 160u8 } else { 40 };
+            b.push(pattern.wrapping_add(next() % 64));
+        }
+    }
+    b
+}
+
+/// Writes `data_batch_1.bin`, `data_batch_2.bin` and `test_batch.bin` and a config reading them
+/// by relative paths; returns the config's path.
+fn dataset(dir: &Path, extra_data: &str) -> PathBuf {
+    std::fs::write(dir.join("data_batch_1.bin"), batch(40, 0, 1)).unwrap();
+    std::fs::write(dir.join("data_batch_2.bin"), batch(24, 3, 2)).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), batch(30, 0, 3)).unwrap();
+    let cfg = format!(
+        r#"[data]
+format = "cifar10"
+train_files = ["data_batch_1.bin", "data_batch_2.bin"]
+test_files = ["test_batch.bin"]
+batch_size = 8
+crop_size = 28
+mirror = true
+mean_value = [100.0, 110.0, 120.0]
+scale = 0.0125
+{extra_data}
+
+[solver]
+base_lr = 0.05
+momentum = 0.9
+max_iter = 6
+display = 1
+test_interval = 3
+snapshot_prefix = "snapshots/cifar"
+random_seed = 5
+
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip"]
+num_output = 10
+weight_filler = {{ type = "gaussian", std = 0.01 }}
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+
+[[layer]]
+name = "accuracy"
+type = "accuracy"
+bottom = ["ip", "label"]
+top = ["accuracy"]
+phase = "test"
+"#
+    );
+    let path = dir.join("cifar.toml");
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+fn train(np: usize, batch: usize, name: &str) -> PathBuf {
+    let data = tempfile::tempdir().unwrap();
+    let cfg = dataset(data.path(), "");
+    let out = out_dir(name);
+    let o = mpi_p2ptrain(
+        np,
+        &[
+            cfg.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--set",
+            &format!("data.batch_size={batch}"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    out
+}
+
+#[test]
+fn trains_on_cifar10_files_with_crop_mirror_and_means_the_same_on_any_topology() {
+    let one = train(1, 8, "cifar_np1_b8");
+    let two = train(2, 4, "cifar_np2_b4");
+    let m = metrics(&one.join("metrics.jsonl"));
+    let train_lines: Vec<_> = m.iter().filter(|l| l["phase"] == "train").collect();
+    assert_eq!(train_lines.len(), 6);
+    for l in &train_lines {
+        assert!(l["loss"].as_f64().unwrap().is_finite(), "{l}");
+    }
+    let test = m.iter().rev().find(|l| l["phase"] == "test").unwrap();
+    let acc = test["accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc), "{test}");
+    // The net's input is the 3×28×28 crop: the inner product has 10 × 2352 weights.
+    let weights = tensors(&one.join("snapshots/cifar_iter_6.safetensors"));
+    let shapes: Vec<&Vec<usize>> = weights.values().map(|(s, _)| s).collect();
+    assert!(shapes.contains(&&vec![10, 3 * 28 * 28]), "{shapes:?}");
+    // Crops and flips depend on the sample's stream position only.
+    let diff = max_rel_diff(
+        &one.join("snapshots/cifar_iter_6.safetensors"),
+        &two.join("snapshots/cifar_iter_6.safetensors"),
+    );
+    assert!(diff < 2e-4, "1×8 and 2×4 differ by {diff:e}");
+    let (a, b) = (
+        metrics(&one.join("metrics.jsonl")),
+        metrics(&two.join("metrics.jsonl")),
+    );
+    for (x, y) in a.iter().zip(&b).filter(|(x, _)| x["phase"] == "test") {
+        assert_eq!(x["accuracy"], y["accuracy"]);
+    }
+}
+
+#[test]
+fn a_truncated_cifar10_file_exits_2_naming_it() {
+    let data = tempfile::tempdir().unwrap();
+    let cfg = dataset(data.path(), "");
+    let full = std::fs::read(data.path().join("data_batch_2.bin")).unwrap();
+    std::fs::write(
+        data.path().join("data_batch_2.bin"),
+        &full[..full.len() - 100],
+    )
+    .unwrap();
+    let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("data_batch_2.bin")
+            && t.contains("data.train_files[1]")
+            && t.contains("not a positive multiple of the CIFAR-10 record size 3073"),
+        "{t}"
+    );
+    assert_eq!(
+        t.matches("p2ptrain: rank").count(),
+        1,
+        "reported once:\n{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+#[test]
+fn a_bad_cifar10_label_exits_2_naming_the_file_and_record() {
+    let data = tempfile::tempdir().unwrap();
+    let cfg = dataset(data.path(), "");
+    let path = data.path().join("test_batch.bin");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[17 * RECORD] = 12;
+    std::fs::write(&path, bytes).unwrap();
+    let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("test_batch.bin") && t.contains("label 12 of record 17"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+}
