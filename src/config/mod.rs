@@ -58,6 +58,10 @@ pub struct ClusterConfig {
     /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
     #[serde(default)]
     pub math: MathMode,
+    /// Seconds any rank waits in one collective (gradient all-reduce, score sum, barrier,
+    /// broadcast, start-up agreement) before it names the missing ranks and aborts the job.
+    #[serde(default = "collective_timeout_default")]
+    pub collective_timeout_s: f64,
 }
 
 /// Gradient all-reduce schedule on GPUs.
@@ -92,6 +96,7 @@ impl Default for ClusterConfig {
             reduce: ReduceMode::Bucketed,
             bucket_mb: bucket_mb_default(),
             math: MathMode::Fp32,
+            collective_timeout_s: collective_timeout_default(),
         }
     }
 }
@@ -447,6 +452,9 @@ fn neg_one() -> f32 {
 }
 fn bucket_mb_default() -> f64 {
     25.0
+}
+fn collective_timeout_default() -> f64 {
+    600.0
 }
 fn prefetch_default() -> usize {
     4

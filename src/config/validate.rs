@@ -136,6 +136,13 @@ impl Validator<'_> {
                 format!("must be a positive number of MiB, got {mb}"),
             ));
         }
+        let t = self.cfg.cluster.collective_timeout_s;
+        if !(t.is_finite() && t > 0.0 && t <= 1e9) {
+            return Err(self.err(
+                "cluster.collective_timeout_s",
+                format!("must be a number of seconds > 0 (at most 1e9), got {t}"),
+            ));
+        }
         let r = self.cfg.cluster.replicas_per_rank;
         if r == 0 || r > MAX_REPLICAS_PER_RANK {
             return Err(self.err(

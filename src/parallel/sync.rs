@@ -136,6 +136,7 @@ impl<E: Engine> P2PSync<E> {
         let mut last_display = (started, 0u64);
         let fault = InjectedPanic::from_env();
         for iter in 0..s.max_iter {
+            crate::dist::deadline::set_iteration(iter);
             InjectedPanic::check(fault, self.engine.rank(), iter);
             if s.test_interval > 0
                 && iter % s.test_interval == 0
