@@ -168,6 +168,18 @@ pub fn expire(op: &str, wait: &Wait, missing: Option<String>) -> ! {
     super::bootstrap::abort_job(EXIT_CODE)
 }
 
+/// Reports that collective `op` failed (`why`, e.g. NCCL's asynchronous error) and aborts the
+/// whole job.
+pub fn fail(op: &str, why: &str) -> ! {
+    let text = format!(
+        "p2ptrain: rank {}: error: collective `{op}` {} failed: {why}; aborting the job\n",
+        rank(),
+        describe_iteration(iteration_word())
+    );
+    super::bootstrap::say(&text);
+    super::bootstrap::abort_job(EXIT_CODE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
