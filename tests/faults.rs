@@ -430,3 +430,59 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
     );
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// Every config of `tests/configs/bad/` (with the `--set` options of its `.sets` file), run
+/// through the real binary: exit code 2, the `.expect` text (which names the key) in the
+/// message, reported once, and no panic or backtrace.
+#[test]
+fn every_bad_config_exits_2_naming_the_key_without_a_panic() {
+    let dir = repo("tests/configs/bad");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 30, "only {} bad configs", files.len());
+    let out = out_dir("faults_bad_configs");
+    // Four at a time: each run is an MPI singleton start-up.
+    let chunks: Vec<&[PathBuf]> = files.chunks(files.len().div_ceil(4)).collect();
+    std::thread::scope(|s| {
+        for chunk in chunks {
+            let out = &out;
+            s.spawn(move || chunk.iter().for_each(|f| bad_config_fails_cleanly(f, out)));
+        }
+    });
+}
+
+/// Runs `p2ptrain train FILE` (with its `.sets`) and checks the failure (see above).
+fn bad_config_fails_cleanly(file: &Path, out: &Path) {
+    let dir = file.parent().unwrap();
+    let expect = std::fs::read_to_string(file.with_extension("expect"))
+        .unwrap_or_else(|e| panic!("{}: no .expect file: {e}", file.display()));
+    let mut c = Command::new(bin());
+    mpi_env(&mut c);
+    c.current_dir(dir)
+        .env("RUST_BACKTRACE", "1")
+        .args(["train", file.file_name().unwrap().to_str().unwrap()])
+        .args(["--output", out.to_str().unwrap()]);
+    if let Ok(sets) = std::fs::read_to_string(file.with_extension("sets")) {
+        for s in sets.lines().filter(|l| !l.trim().is_empty()) {
+            c.args(["--set", s]);
+        }
+    }
+    let result = c.output().expect("starting p2ptrain");
+    let all = text(&result);
+    let name = file.display();
+    assert_eq!(result.status.code(), Some(2), "{name}:\n{all}");
+    for want in expect.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(all.contains(want), "{name}: lacks `{want}`:\n{all}");
+    }
+    assert!(expect.contains('`'), "{name}: the .expect names no key");
+    assert_eq!(all.matches("p2ptrain: rank").count(), 1, "{name}:\n{all}");
+    no_panic(&all);
+    assert!(
+        !out.join("metrics.jsonl").exists(),
+        "{name}: training started"
+    );
+}
