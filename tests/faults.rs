@@ -20,8 +20,10 @@ fn equivalence_config() -> String {
     repo("tests/configs/equivalence.toml").display().to_string()
 }
 
-/// A training job of `np` ranks that runs until stopped, with the short deadline.
+/// A training job of `np` ranks that runs until stopped, with the short deadline. Its output goes
+/// to `dir/job.log` (a pipe nobody reads while waiting would fill and stall the job).
 fn endless_job(np: usize, dir: &Path, launcher: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join("job.log")).unwrap();
     let mut c = mpirun(np);
     c.args(launcher)
         .arg(bin())
@@ -32,10 +34,12 @@ fn endless_job(np: usize, dir: &Path, launcher: &[&str]) -> Child {
             "--set",
             "solver.max_iter=100000000",
             "--set",
+            "solver.display=100",
+            "--set",
             &format!("cluster.collective_timeout_s={DEADLINE_S}"),
         ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log));
     c.spawn().expect("starting mpirun")
 }
 
@@ -81,26 +85,23 @@ fn signal(pid: u32, sig: &str) {
         .expect("kill");
 }
 
-/// Waits for the job to end, at most `END_WITHIN`; a job still running then is killed and the
-/// test fails (it would have hung). Returns the exit status and the output.
-fn end_of(mut job: Child, what: &str) -> (ExitStatus, String) {
+/// Waits for the job of `dir` to end, at most `END_WITHIN`; a job still running then is killed
+/// and the test fails (it would have hung). Returns the exit status and the output.
+fn end_of(mut job: Child, dir: &Path, what: &str) -> (ExitStatus, String) {
     let since = Instant::now();
+    let log = || String::from_utf8_lossy(&std::fs::read(dir.join("job.log")).unwrap()).into_owned();
     let status = loop {
         if let Some(s) = job.try_wait().unwrap() {
             break s;
         }
         if since.elapsed() > END_WITHIN {
             let _ = job.kill();
-            let out = job.wait_with_output().unwrap();
-            panic!(
-                "the job still ran {END_WITHIN:?} after {what}:\n{}",
-                text(&out)
-            );
+            let _ = job.wait();
+            panic!("the job still ran {END_WITHIN:?} after {what}:\n{}", log());
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let out = job.wait_with_output().unwrap();
-    let all = text(&out);
+    let all = log();
     eprintln!("--- job after {what}: {status}\n{all}");
     (status, all)
 }
@@ -125,7 +126,7 @@ fn a_rank_killed_mid_training_ends_the_job_naming_it() {
     wait_for_training(&dir, &mut job);
     let victim = rank_pid(job.id(), 2);
     signal(victim, "-KILL");
-    let (status, all) = end_of(job, "kill -9 of rank 2");
+    let (status, all) = end_of(job, &dir, "kill -9 of rank 2");
     assert!(!status.success(), "{all}");
     assert!(all.contains("rank 2"), "the lost rank is named:\n{all}");
 }
@@ -139,7 +140,7 @@ fn a_rank_killed_is_named_by_p2ptrain_when_the_launcher_keeps_going() {
     wait_for_training(&dir, &mut job);
     let victim = rank_pid(job.id(), 2);
     signal(victim, "-KILL");
-    let (_, all) = end_of(job, "kill -9 of rank 2 (launcher recovery on)");
+    let (_, all) = end_of(job, &dir, "kill -9 of rank 2 (launcher recovery on)");
     // OpenMPI 4 exits 0 from a recovering job even after MPI_Abort; the ranks' reports and the
     // abort are what show the failure here.
     assert!(
@@ -161,7 +162,7 @@ fn a_stopped_rank_is_named_by_the_deadline_and_the_job_ends() {
     wait_for_training(&dir, &mut job);
     let victim = rank_pid(job.id(), 1);
     signal(victim, "-STOP");
-    let (status, all) = end_of(job, "SIGSTOP of rank 1");
+    let (status, all) = end_of(job, &dir, "SIGSTOP of rank 1");
     // Whatever happened, leave no stopped process behind.
     if alive(victim) {
         signal(victim, "-CONT");

@@ -199,6 +199,7 @@ impl<E: Engine> P2PSync<E> {
         self.engine.time_device_phases(true);
         let started = Instant::now();
         for iter in warmup..warmup + iters {
+            crate::dist::deadline::set_iteration(iter);
             self.step(iter, &mut reader, &mut times)?;
         }
         let last = warmup + iters.max(1) - 1;
