@@ -316,6 +316,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    boot.set_collective_timeout(prepared.plan.config.cluster.collective_timeout_s);
     let fingerprint = boot
         .check_same_fingerprint(prepared.plan.fingerprint)
         .map_err(|e| {

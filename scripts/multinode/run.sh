@@ -10,18 +10,19 @@
 # 2. Lost host: node1 is killed mid-run (`docker kill`); the job must end with a non-zero exit
 #    within LOST_HOST_LIMIT_S seconds, and the message is checked for the lost host's name.
 # 3. Silent host: node1 is frozen mid-run (`docker pause`: its connections stay open, nothing
-#    answers; where the engine cannot pause, its link is cut with `docker network disconnect`). Unless p2ptrain is given a collective deadline (PAUSE_SETS below), OpenMPI's TCP
-#    transport waits on it forever: the run is bounded by PAUSED_HOST_LIMIT_S and a hang is
-#    reported as a known limitation, not a failure. With PAUSE_EXPECT_END=1 the job must end.
+#    answers; where the engine cannot pause, its link is cut with `docker network disconnect`).
+#    OpenMPI's TCP transport would wait on it forever; p2ptrain's collective deadline
+#    (PAUSE_SETS: collective_timeout_s = 15) must end the job within PAUSED_HOST_LIMIT_S, with a
+#    message naming the expired collective. PAUSE_EXPECT_END=0 (with PAUSE_SETS emptied) shows the
+#    behaviour without a deadline: a hang, reported and ended by the script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 image="${1:-p2ptrain:latest}"
 LOST_HOST_LIMIT_S="${LOST_HOST_LIMIT_S:-60}"
 PAUSED_HOST_LIMIT_S="${PAUSED_HOST_LIMIT_S:-45}"
-# A deadline on every collective makes a silent peer an error; set it here when p2ptrain has it:
-#   PAUSE_SETS=(--set cluster.collective_timeout_s=20); PAUSE_EXPECT_END=1
-PAUSE_SETS=()
-PAUSE_EXPECT_END="${PAUSE_EXPECT_END:-0}"
+# A deadline on every collective makes a silent peer an error.
+PAUSE_SETS=(--set cluster.collective_timeout_s=15)
+PAUSE_EXPECT_END="${PAUSE_EXPECT_END:-1}"
 
 t() { date +%s; }
 say() { echo "multinode: $*"; }
@@ -180,6 +181,9 @@ if [ "$rc" = hang ]; then
   wait "$pid" 2>/dev/null || true
 else
   [ "$rc" -ne 0 ] || fail "the job exited 0 with node1 $silenced"
+  if [ "$PAUSE_EXPECT_END" = 1 ]; then
+    grep -q "did not complete within" "$log" || fail "no deadline message from p2ptrain"
+  fi
   say "silent host: the job ended with exit $rc $((t1 - t0)) s after node1 was $silenced"
 fi
 say "passed in $(($(t) - t_start)) s"

@@ -65,6 +65,10 @@ pub struct ClusterConfig {
     /// the job at the first difference (0: never).
     #[serde(default)]
     pub verify_interval: u64,
+    /// Seconds any rank waits in one collective (gradient all-reduce, score sum, barrier,
+    /// broadcast, start-up agreement) before it names the missing ranks and aborts the job.
+    #[serde(default = "collective_timeout_default")]
+    pub collective_timeout_s: f64,
 }
 
 /// Gradient all-reduce schedule on GPUs.
@@ -101,6 +105,7 @@ impl Default for ClusterConfig {
             math: MathMode::Fp32,
             world_size: None,
             verify_interval: 0,
+            collective_timeout_s: collective_timeout_default(),
         }
     }
 }
@@ -493,6 +498,9 @@ fn neg_one() -> f32 {
 }
 fn bucket_mb_default() -> f64 {
     25.0
+}
+fn collective_timeout_default() -> f64 {
+    600.0
 }
 fn prefetch_default() -> usize {
     4

@@ -20,6 +20,8 @@ use std::path::Path;
 const GIB: u64 = 1 << 30;
 /// The largest single f32 tensor a replica may hold.
 const MAX_TENSOR_BYTES: u64 = 64 * GIB;
+/// The most records one replica may read in a run (`max_iter × iter_size × batch_size`).
+const MAX_SAMPLES: u64 = 1 << 62;
 const MAX_REPLICAS_PER_RANK: usize = 1024;
 const MAX_NUM_OUTPUT: usize = 1 << 28;
 /// The largest kernel size, stride, pad or dilation.
@@ -136,6 +138,13 @@ impl Validator<'_> {
             return Err(self.err(
                 "cluster.bucket_mb",
                 format!("must be a positive number of MiB, got {mb}"),
+            ));
+        }
+        let t = self.cfg.cluster.collective_timeout_s;
+        if !(t.is_finite() && t > 0.0 && t <= 1e9) {
+            return Err(self.err(
+                "cluster.collective_timeout_s",
+                format!("must be a number of seconds > 0 (at most 1e9), got {t}"),
             ));
         }
         let r = self.cfg.cluster.replicas_per_rank;
@@ -504,6 +513,21 @@ impl Validator<'_> {
         self.at_least_one("solver.max_iter", s.max_iter)?;
         self.at_least_one("solver.iter_size", s.iter_size)?;
         self.at_least_one("solver.average_loss", s.average_loss)?;
+        // Record positions are 64-bit counts: the samples one replica reads must fit well within.
+        let samples = s
+            .max_iter
+            .checked_mul(s.iter_size)
+            .and_then(|v| v.checked_mul(self.cfg.data.batch_size as u64))
+            .filter(|&v| v <= MAX_SAMPLES);
+        if samples.is_none() {
+            return Err(self.err(
+                "solver.max_iter",
+                format!(
+                    "max_iter {} × iter_size {} × batch_size {} records per replica exceeds 2^62",
+                    s.max_iter, s.iter_size, self.cfg.data.batch_size
+                ),
+            ));
+        }
         if let Some(t) = s.test_iter {
             self.at_least_one("solver.test_iter", t)?;
         }
@@ -2042,7 +2066,8 @@ phase = "test"
     }
 
     /// Every `tests/configs/bad/<name>.toml` fails with exit code 2 and a message holding each line
-    /// of `<name>.expect` (the key, the message, and the `name.toml:line:col:` where one applies).
+    /// of `<name>.expect` (the key, the message, and the `name.toml:line:col:` where one applies);
+    /// `<name>.sets`, where present, holds `--set` options, one a line.
     #[test]
     fn the_bad_config_corpus_fails_as_expected() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bad");
@@ -2061,7 +2086,10 @@ phase = "test"
         for file in files {
             let expect = std::fs::read_to_string(file.with_extension("expect"))
                 .unwrap_or_else(|e| panic!("{}: no .expect file: {e}", file.display()));
-            let e = match crate::config::load(&file, &[]) {
+            let sets: Vec<String> = std::fs::read_to_string(file.with_extension("sets"))
+                .map(|t| t.lines().map(str::to_string).collect())
+                .unwrap_or_default();
+            let e = match crate::config::load(&file, &sets) {
                 Ok(_) => panic!("{} loads without error", file.display()),
                 Err(e) => e,
             };

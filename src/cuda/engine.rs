@@ -4,7 +4,9 @@
 //! last backward of an iteration, each bucket is launched on the communication stream as soon as
 //! the compute stream has passed the backward of the bucket's last layer (ordered by CUDA events,
 //! never by host synchronisation); before the update the compute stream waits for the last
-//! bucket.
+//! bucket. Where the host waits for the device (display, test, snapshot, the end of a run), it
+//! waits through [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the
+//! collective deadline.
 //!
 //! Timeline: the device's step phases, from the `PhaseClock`'s CUDA events mapped onto the host
 //! clock through one event recorded when the timeline starts (per-layer and per-bucket device
@@ -107,6 +109,12 @@ impl GpuEngine {
             fence,
             timeline: None,
         })
+    }
+
+    /// Waits for the compute stream (ordered after every collective launched so far), watching
+    /// NCCL's asynchronous error and the deadline; `op` names what is awaited in a report.
+    fn wait_for_device(&self, op: &str) -> Result<()> {
+        self.comm.synchronize(&self.gpu.compute, op)
     }
 
     /// The name of the device, e.g. `NVIDIA H200`.
@@ -219,6 +227,7 @@ impl Engine for GpuEngine {
 
     fn forward_test(&mut self, _ctx: PassCtx) -> Result<Vec<Output>> {
         self.net.forward(&self.gpu, Phase::Test)?;
+        self.wait_for_device("test pass")?;
         self.net.outputs(&self.gpu)
     }
 
@@ -286,6 +295,7 @@ impl Engine for GpuEngine {
     }
 
     fn loss_window(&mut self) -> Result<Vec<f64>> {
+        self.wait_for_device("gradient all-reduce")?;
         self.net.loss_window(&self.gpu)
     }
 
@@ -299,6 +309,7 @@ impl Engine for GpuEngine {
     }
 
     fn params_to_host(&mut self) -> Result<Params> {
+        self.wait_for_device("gradient all-reduce")?;
         self.net.params_to_host(&self.gpu)
     }
 
@@ -326,6 +337,8 @@ impl Engine for GpuEngine {
     }
 
     fn finish(self) -> Result<()> {
+        self.wait_for_device("end of run")?;
+        self.comm.synchronize(&self.comm_stream, "end of run")?;
         self.gpu.synchronize()?;
         self.comm.finish()
     }

@@ -4,6 +4,13 @@
 //! device buffer on a given stream, in-place broadcast, and a synchronising sum of host `f64`
 //! (scores, timings).
 //!
+//! Where the host waits for NCCL work ([`NcclComm::synchronize`]: the score sums, and the
+//! engine's display, test, snapshot and end-of-run points), it polls an event together with
+//! `ncclCommGetAsyncError` and the collective deadline (`[cluster] collective_timeout_s`); on an
+//! asynchronous error or at the deadline it aborts the communicator (`ncclCommAbort`) and ends
+//! the whole job, naming the collective, the iteration and the silent ranks
+//! ([`crate::dist::deadline`]).
+//!
 //! Each replica creates its communicator on its own thread, with its universal rank
 //! (`MPI rank × replicas_per_rank + local index`); [`NcclComm`] is not `Send`, so it stays there.
 //! Replicas of one process initialise concurrently from their own threads, which needs no NCCL
@@ -48,10 +55,11 @@
 //! # }
 //! ```
 
+use crate::dist::deadline::{self, Wait};
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
@@ -428,6 +436,8 @@ pub struct NcclComm {
     size: usize,
     /// Device buffer of [`Self::sum_f64`], grown on demand.
     scratch: Option<CudaSlice<f64>>,
+    /// Recorded where the host waits ([`Self::synchronize`]) and polled.
+    done: CudaEvent,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -470,6 +480,16 @@ impl NcclComm {
             rc,
             None,
         )?;
+        let done = match stream.context().new_event(None) {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: the communicator was just created and is released once.
+                let _ = unsafe { (lib.comm_abort)(raw) };
+                return Err(Error::Comm(format!(
+                    "CUDA: creating an event for NCCL: {e}"
+                )));
+            }
+        };
         Ok(NcclComm {
             lib,
             raw,
@@ -477,6 +497,7 @@ impl NcclComm {
             rank,
             size,
             scratch: None,
+            done,
         })
     }
 
@@ -622,9 +643,44 @@ impl NcclComm {
         stream
             .memcpy_dtoh(&scratch.slice(..n), values)
             .map_err(|e| cuda("copy to host", e))?;
-        stream.synchronize().map_err(|e| cuda("synchronize", e))?;
+        self.synchronize(&stream, "score sum")?;
         self.scratch = Some(scratch);
-        self.check()
+        Ok(())
+    }
+
+    /// Waits until everything enqueued so far on `stream` (a stream of this device, ordered after
+    /// the NCCL work to wait for) is done, polling the communicator's asynchronous error and the
+    /// collective deadline. On an asynchronous error or at the deadline the communicator is
+    /// aborted and the whole job ends, the report naming collective `op`; CUDA errors return.
+    pub fn synchronize(&self, stream: &CudaStream, op: &str) -> Result<()> {
+        let cuda = |what: &str, e: cudarc::driver::DriverError| {
+            Error::Comm(format!("CUDA {what} (waiting for `{op}`): {e}"))
+        };
+        self.done
+            .record(stream)
+            .map_err(|e| cuda("record an event", e))?;
+        let mut wait = Wait::new();
+        loop {
+            if self.done.try_is_complete().map_err(|e| cuda("query", e))? {
+                return self.check();
+            }
+            if let Err(e) = self.check() {
+                self.abort();
+                deadline::fail(op, &e.to_string());
+            }
+            if !wait.pause() {
+                self.abort();
+                deadline::expire(op, &wait, None);
+            }
+        }
+    }
+
+    /// `ncclCommAbort` before the job ends: never waits for peers. The communicator is not
+    /// used again (the caller ends the process).
+    fn abort(&self) {
+        let _ = self.stream.context().bind_to_thread();
+        // SAFETY: live communicator; the process ends right after, so it is not used again.
+        let _ = unsafe { (self.lib.comm_abort)(self.raw) };
     }
 
     /// Ends the communicator cleanly once its operations are complete: `ncclCommFinalize` (which

@@ -4,12 +4,14 @@
 //! MPI job, and the agreement steps that let the job end together on a start-up error; then what
 //! every multi-replica command shares: a byte broadcast from one rank (the NCCL unique id), the
 //! CPU communicators of the local replicas, and one thread per local replica
-//! ([`run_replicas`]) with a failure in any of them ending the job.
+//! ([`run_replicas`]) with a failure in any of them ending the job. Every collective here is
+//! polled under the collective deadline ([`super::deadline`]), and the heartbeat
+//! ([`super::heartbeat`]) starts with MPI and stops before it is finalised.
 
 use super::launch_env::LaunchEnv;
 use super::local::LocalGroup;
-use super::mpi_link::MpiLink;
-use super::CpuComm;
+use super::mpi_link::{complete, MpiLink};
+use super::{deadline, heartbeat, CpuComm};
 use crate::error::{Error, Result};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::datatype::PartitionMut;
@@ -20,9 +22,11 @@ use std::sync::Arc;
 
 /// MPI, initialised, and where this process sits in the job.
 pub struct Bootstrap {
+    /// Stops the heartbeat before MPI is finalised (dropped before `_universe`).
+    _heartbeat: HeartbeatGuard,
+    world: SimpleCommunicator,
     /// Keeps MPI alive; dropping it finalises MPI.
     _universe: Universe,
-    world: SimpleCommunicator,
     /// MPI rank of this process.
     pub rank: usize,
     /// Number of MPI processes.
@@ -50,6 +54,7 @@ impl Bootstrap {
         let rank = world.rank() as usize;
         let size = world.size() as usize;
         install_abort_on_panic(rank);
+        deadline::set_rank(rank);
         if threading < Threading::Serialized {
             return Err(Error::Comm(format!(
                 "rank {rank}: MPI granted thread level {threading:?}; p2ptrain needs at least \
@@ -65,6 +70,7 @@ impl Bootstrap {
             .and_then(|l| l.local_rank)
             .filter(|&l| l < local_size)
             .unwrap_or(node.rank() as usize);
+        let beats = heartbeat::start(&world, threading == Threading::Multiple);
         Ok(Bootstrap {
             rank,
             size,
@@ -72,6 +78,7 @@ impl Bootstrap {
             local_size,
             threading,
             launch,
+            _heartbeat: HeartbeatGuard(Some(beats)),
             world,
             _universe: universe,
         })
@@ -91,8 +98,7 @@ impl Bootstrap {
             Err(_) => self.rank as i32,
         };
         let mut first = i32::MAX;
-        self.world
-            .all_reduce_into(&mine, &mut first, SystemOperation::min());
+        self.all_reduce_i32(&mine, &mut first, SystemOperation::min());
         if first == i32::MAX {
             return outcome.map_err(|_| unreachable!("a failed rank was not seen"));
         }
@@ -104,15 +110,30 @@ impl Bootstrap {
             _ => 0,
         };
         let mine = code;
-        self.world
-            .all_reduce_into(&mine, &mut code, SystemOperation::max());
+        self.all_reduce_i32(&mine, &mut code, SystemOperation::max());
         Err(code)
+    }
+
+    /// One integer reduced over the processes, under the deadline.
+    fn all_reduce_i32(&self, mine: &i32, out: &mut i32, op: SystemOperation) {
+        mpi::request::scope(|scope| {
+            complete(
+                self.world.immediate_all_reduce_into(scope, mine, out, op),
+                "start-up agreement",
+            )
+        });
     }
 
     /// Checks that every rank resolved the same config; names the first rank that differs.
     pub fn check_same_fingerprint(&self, fingerprint: u64) -> Result<()> {
         let mut all = vec![0u64; self.size];
-        self.world.all_gather_into(&fingerprint, &mut all[..]);
+        mpi::request::scope(|scope| {
+            complete(
+                self.world
+                    .immediate_all_gather_into(scope, &fingerprint, &mut all[..]),
+                "config fingerprint exchange",
+            )
+        });
         match all.iter().position(|&f| f != all[0]) {
             None => Ok(()),
             Some(r) => Err(Error::Comm(format!(
@@ -126,8 +147,17 @@ impl Bootstrap {
     /// Sums a few numbers over the processes (the main thread's own small collectives).
     pub fn sum_f64(&self, values: &mut [f64]) {
         let send = values.to_vec();
-        self.world
-            .all_reduce_into(&send[..], values, SystemOperation::sum());
+        mpi::request::scope(|scope| {
+            complete(
+                self.world.immediate_all_reduce_into(
+                    scope,
+                    &send[..],
+                    values,
+                    SystemOperation::sum(),
+                ),
+                "score sum",
+            )
+        });
     }
 
     /// Copies `buf` of process `root` into every process's `buf` (the NCCL unique id). Every
@@ -138,7 +168,10 @@ impl Bootstrap {
             "broadcast root {root} of {} processes",
             self.size
         );
-        self.world.process_at_rank(root as i32).broadcast_into(buf);
+        let root = self.world.process_at_rank(root as i32);
+        mpi::request::scope(|scope| {
+            complete(root.immediate_broadcast_into(scope, buf), "byte broadcast")
+        });
     }
 
     /// The CPU communicators of this process's `k` local replicas, in local order: they share
@@ -189,7 +222,24 @@ impl Bootstrap {
 
     /// Waits for every process.
     pub fn barrier(&self) {
-        self.world.barrier();
+        complete(self.world.immediate_barrier(), "barrier");
+    }
+
+    /// Applies `[cluster] collective_timeout_s` to every later wait of this process.
+    pub fn set_collective_timeout(&self, seconds: f64) {
+        deadline::set_timeout(std::time::Duration::from_secs_f64(seconds));
+    }
+}
+
+/// Stops the heartbeat (its thread, if any) when the bootstrap is dropped, before MPI is
+/// finalised.
+struct HeartbeatGuard(Option<Option<std::thread::JoinHandle<()>>>);
+
+impl Drop for HeartbeatGuard {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            heartbeat::stop(thread);
+        }
     }
 }
 
@@ -238,7 +288,7 @@ pub fn run_replicas<T: Send, R: Send>(
 
 /// Writes `text` to stderr in one write, so that the launcher, which merges the ranks' streams,
 /// does not interleave it with another rank's output.
-fn say(text: &str) {
+pub(crate) fn say(text: &str) {
     use std::io::Write;
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

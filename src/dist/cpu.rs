@@ -1,6 +1,8 @@
 //! `CpuComm`: the `Communicator` of one replica on the CPU backend. Local replicas reduce through
 //! a shared `LocalGroup`; the leader (local index 0) combines the processes' sums through MPI;
-//! the result fans back out to the local replicas.
+//! the result fans back out to the local replicas. Every wait is under the collective deadline
+//! and names its collective (`gradient all-reduce`, `score sum`, `parameter broadcast`,
+//! `barrier`) when it expires.
 
 use super::local::LocalGroup;
 use super::mpi_link::MpiLink;
@@ -59,55 +61,62 @@ impl Communicator for CpuComm {
     }
 
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
-        let k = self.group.len();
+        const OP: &str = "parameter broadcast";
+        let (k, local) = (self.group.len(), self.local);
         if self.rank == root {
             self.group.publish(buf);
         }
-        self.group.wait();
+        self.group.wait(local, OP);
         if let Some(mpi) = &mut self.mpi {
-            self.group.with_published(|shared| {
-                shared.resize(buf.len(), 0.0);
-                mpi.broadcast_f32(shared, root / k);
+            let g = &self.group;
+            g.in_mpi(|| {
+                g.with_published(|shared| {
+                    shared.resize(buf.len(), 0.0);
+                    mpi.broadcast_f32(shared, root / k, OP);
+                })
             });
         }
-        self.group.wait();
-        self.group.read_published(buf);
+        self.group.wait(local, OP);
+        self.group.read_published(local, OP, buf);
         Ok(())
     }
 
     fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
+        const OP: &str = "gradient all-reduce";
         let g = &self.group;
-        g.reduce_into_chunks(&g.f32s, self.local, buf);
+        g.reduce_into_chunks(&g.f32s, self.local, buf, OP);
         if let Some(mpi) = &mut self.mpi {
             g.gather_chunks(&g.f32s, &mut self.gathered_f32);
-            mpi.sum_f32(&mut self.gathered_f32);
+            g.in_mpi(|| mpi.sum_f32(&mut self.gathered_f32, OP));
             g.scatter_chunks(&g.f32s, &self.gathered_f32);
         }
-        g.wait();
+        g.wait(self.local, OP);
         let inv = 1.0 / self.size as f32;
-        g.copy_out(&g.f32s, buf, |v| v * inv);
+        g.copy_out(&g.f32s, self.local, OP, buf, |v| v * inv);
         Ok(())
     }
 
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
+        const OP: &str = "score sum";
         let g = &self.group;
-        g.reduce_into_chunks(&g.f64s, self.local, buf);
+        g.reduce_into_chunks(&g.f64s, self.local, buf, OP);
         if let Some(mpi) = &mut self.mpi {
             g.gather_chunks(&g.f64s, &mut self.gathered_f64);
-            mpi.sum_f64(&mut self.gathered_f64);
+            g.in_mpi(|| mpi.sum_f64(&mut self.gathered_f64, OP));
             g.scatter_chunks(&g.f64s, &self.gathered_f64);
         }
-        g.wait();
-        g.copy_out(&g.f64s, buf, |v| v);
+        g.wait(self.local, OP);
+        g.copy_out(&g.f64s, self.local, OP, buf, |v| v);
         Ok(())
     }
 
     fn barrier(&mut self) -> Result<()> {
-        self.group.wait();
+        const OP: &str = "barrier";
+        self.group.wait(self.local, OP);
         if let Some(mpi) = &mut self.mpi {
-            mpi.barrier();
+            self.group.in_mpi(|| mpi.barrier(OP));
         }
-        self.group.wait();
+        self.group.wait(self.local, OP);
         Ok(())
     }
 }

@@ -5,9 +5,16 @@
 //! result; the process leader (local replica 0) may then combine the result with other processes;
 //! finally every replica copies the result out. Phases are separated by barriers, so the locks
 //! below are never contended; they only make the sharing safe.
+//!
+//! The barrier has a deadline (`[cluster] collective_timeout_s`): a replica that waits longer
+//! names the local replicas that did not arrive and aborts the job — unless the leader is inside
+//! an MPI collective, whose own deadline then reports the missing ranks.
 
+use super::deadline::{self, Wait};
 use std::ops::{AddAssign, Range};
-use std::sync::{Barrier, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, RwLock};
+use std::time::Duration;
 
 /// Shared buffers of one element type for `k` local replicas.
 pub struct LocalReducer<T> {
@@ -25,10 +32,78 @@ impl<T: Copy + Default + AddAssign> LocalReducer<T> {
     }
 }
 
+/// A barrier of `k` threads whose waits time out, knowing who arrived.
+struct TimedBarrier {
+    state: Mutex<BarrierState>,
+    turn: Condvar,
+}
+
+struct BarrierState {
+    /// Which replicas have arrived in the current generation.
+    arrived: Vec<bool>,
+    count: usize,
+    generation: u64,
+}
+
+impl TimedBarrier {
+    fn new(k: usize) -> Self {
+        TimedBarrier {
+            state: Mutex::new(BarrierState {
+                arrived: vec![false; k],
+                count: 0,
+                generation: 0,
+            }),
+            turn: Condvar::new(),
+        }
+    }
+
+    /// Waits until all `k` replicas arrived, or until `limit` passed: then `Err` with the local
+    /// indices of the replicas that did not arrive. `patient()` asked at expiry may extend the
+    /// wait by another `limit`.
+    fn wait(
+        &self,
+        local: usize,
+        limit: Duration,
+        patient: impl Fn() -> bool,
+    ) -> std::result::Result<(), Vec<usize>> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = s.generation;
+        s.arrived[local] = true;
+        s.count += 1;
+        if s.count == s.arrived.len() {
+            s.count = 0;
+            s.arrived.iter_mut().for_each(|a| *a = false);
+            s.generation += 1;
+            self.turn.notify_all();
+            return Ok(());
+        }
+        let mut wait = Wait::with_limit(limit);
+        while s.generation == generation {
+            let left = wait.remaining();
+            if left.is_zero() {
+                if patient() {
+                    wait = Wait::with_limit(limit);
+                    continue;
+                }
+                let missing = (0..s.arrived.len()).filter(|&i| !s.arrived[i]).collect();
+                return Err(missing);
+            }
+            s = self
+                .turn
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+}
+
 /// The replicas of one process.
 pub struct LocalGroup {
     k: usize,
-    barrier: Barrier,
+    barrier: TimedBarrier,
+    /// Set while the leader waits in an MPI collective (its deadline reports then).
+    leader_in_mpi: AtomicBool,
     pub(crate) f32s: LocalReducer<f32>,
     pub(crate) f64s: LocalReducer<f64>,
 }
@@ -46,7 +121,8 @@ impl LocalGroup {
     pub fn new(k: usize) -> Self {
         LocalGroup {
             k,
-            barrier: Barrier::new(k),
+            barrier: TimedBarrier::new(k),
+            leader_in_mpi: AtomicBool::new(false),
             f32s: LocalReducer::new(k),
             f64s: LocalReducer::new(k),
         }
@@ -61,9 +137,27 @@ impl LocalGroup {
         self.k == 0
     }
 
-    /// Waits for every local replica.
-    pub fn wait(&self) {
-        self.barrier.wait();
+    /// Waits for every local replica; `local` is the caller's index, `op` the collective (for
+    /// the report when the deadline passes).
+    pub fn wait(&self, local: usize, op: &str) {
+        let started = Wait::new();
+        let patient = || self.leader_in_mpi.load(Ordering::Relaxed);
+        if let Err(missing) = self.barrier.wait(local, deadline::timeout(), patient) {
+            let names: Vec<String> = missing.iter().map(|i| i.to_string()).collect();
+            let what = format!(
+                "local replica(s) {} of this process did not arrive (stuck in their own work)",
+                names.join(", ")
+            );
+            deadline::expire(op, &started, Some(what));
+        }
+    }
+
+    /// Runs `f` (the leader's MPI collective) with the local waits deferring to its deadline.
+    pub(crate) fn in_mpi<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.leader_in_mpi.store(true, Ordering::Relaxed);
+        let r = f();
+        self.leader_in_mpi.store(false, Ordering::Relaxed);
+        r
     }
 
     /// Sums `buf` over the local replicas into the shared result (phases 1–2). Every local
@@ -73,13 +167,14 @@ impl LocalGroup {
         r: &LocalReducer<T>,
         local: usize,
         buf: &[T],
+        op: &str,
     ) {
         {
             let mut slot = r.slots[local].write().expect("local slot poisoned");
             slot.clear();
             slot.extend_from_slice(buf);
         }
-        self.wait();
+        self.wait(local, op);
         let range = chunk(buf.len(), local, self.k);
         {
             let mut out = r.chunks[local].write().expect("local chunk poisoned");
@@ -92,7 +187,7 @@ impl LocalGroup {
                 }
             }
         }
-        self.wait();
+        self.wait(local, op);
     }
 
     /// Gives the leader the whole result as one vector (for a cross-process reduction).
@@ -116,7 +211,14 @@ impl LocalGroup {
 
     /// Copies the result out into `buf`, mapping each element through `f` (phase 4), then waits
     /// so that the shared buffers may be reused.
-    pub(crate) fn copy_out<T: Copy>(&self, r: &LocalReducer<T>, buf: &mut [T], f: impl Fn(T) -> T) {
+    pub(crate) fn copy_out<T: Copy>(
+        &self,
+        r: &LocalReducer<T>,
+        local: usize,
+        op: &str,
+        buf: &mut [T],
+        f: impl Fn(T) -> T,
+    ) {
         let mut start = 0;
         for c in &r.chunks {
             let c = c.read().expect("local chunk poisoned");
@@ -125,7 +227,7 @@ impl LocalGroup {
             }
             start += c.len();
         }
-        self.wait();
+        self.wait(local, op);
     }
 
     /// Replica `local` (the root) publishes `buf` in slot 0 of the f32 buffers; others wait.
@@ -141,9 +243,9 @@ impl LocalGroup {
     }
 
     /// Copies the published buffer into `buf`, then waits so that slot 0 may be reused.
-    pub(crate) fn read_published(&self, buf: &mut [f32]) {
+    pub(crate) fn read_published(&self, local: usize, op: &str, buf: &mut [f32]) {
         buf.copy_from_slice(&self.f32s.slots[0].read().expect("local slot poisoned"));
-        self.wait();
+        self.wait(local, op);
     }
 }
 
@@ -177,8 +279,8 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut buf: Vec<f32> = (0..10).map(|j| (i * 100 + j) as f32).collect();
                     for _ in 0..3 {
-                        g.reduce_into_chunks(&g.f32s, i, &buf.clone());
-                        g.copy_out(&g.f32s, &mut buf, |v| v);
+                        g.reduce_into_chunks(&g.f32s, i, &buf.clone(), "test");
+                        g.copy_out(&g.f32s, i, "test", &mut buf, |v| v);
                         let expect: Vec<f32> = (0..10).map(|j| (300 + 3 * j) as f32).collect();
                         assert_eq!(buf, expect);
                         buf = (0..10).map(|j| (i * 100 + j) as f32).collect();
@@ -189,5 +291,34 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_barrier_wait_times_out_naming_who_did_not_arrive() {
+        let b = TimedBarrier::new(3);
+        let limit = Duration::from_millis(50);
+        assert_eq!(b.wait(1, limit, || false), Err(vec![0, 2]));
+        // The timed-out arrival stays counted: the two others complete the generation.
+        let b = Arc::new(b);
+        let other = {
+            let b = b.clone();
+            std::thread::spawn(move || b.wait(0, Duration::from_secs(60), || false))
+        };
+        assert_eq!(b.wait(2, Duration::from_secs(60), || false), Ok(()));
+        assert_eq!(other.join().unwrap(), Ok(()));
+    }
+
+    #[test]
+    fn a_patient_barrier_waits_past_its_limit() {
+        let b = Arc::new(TimedBarrier::new(2));
+        let late = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                b.wait(1, Duration::from_secs(60), || false)
+            })
+        };
+        assert_eq!(b.wait(0, Duration::from_millis(10), || true), Ok(()));
+        assert_eq!(late.join().unwrap(), Ok(()));
     }
 }

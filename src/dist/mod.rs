@@ -1,12 +1,15 @@
 //! Communication between replicas: the `Communicator` seam (broadcast, all-reduce-average, sums of
 //! scores, barrier) that every replica thread talks through, its CPU implementation (local threads
-//! reduce through shared memory, one thread per process talks to MPI), and the MPI bootstrap.
+//! reduce through shared memory, one thread per process talks to MPI), the MPI bootstrap, and the
+//! deadline and heartbeat that keep every wait bounded.
 //!
 //! Universal rank of a replica = MPI rank × replicas_per_rank + local index.
 
 pub mod bootstrap;
 pub mod cpu;
 pub mod launch_env;
+pub mod deadline;
+pub mod heartbeat;
 pub mod local;
 pub mod mpi_link;
 

@@ -1,7 +1,11 @@
 //! `MpiLink`: the one MPI communicator through which a process's leader replica exchanges
-//! reductions and broadcasts with the other processes.
+//! reductions and broadcasts with the other processes. Every operation is an immediate
+//! (non-blocking) collective polled under the deadline of [`super::deadline`]: on expiry the
+//! process names the collective and the silent ranks and aborts the job.
 
+use super::deadline::{self, Wait};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
 /// A duplicate of `MPI_COMM_WORLD` owned by the leader replica thread of a process.
@@ -15,6 +19,21 @@ pub struct MpiLink {
 // was initialised with `MPI_THREAD_SERIALIZED` or higher, which `Bootstrap::init` checks. The link
 // moves to the leader thread once and only that thread calls MPI through it.
 unsafe impl Send for MpiLink {}
+
+/// Polls `req` until it completes; past the deadline, reports collective `op` and aborts the job
+/// (so an incomplete request is never dropped).
+pub fn complete<'a, D: ?Sized, S: Scope<'a>>(mut req: Request<'a, D, S>, op: &str) {
+    let mut wait = Wait::new();
+    loop {
+        match req.test() {
+            Ok(_) => return,
+            Err(r) => req = r,
+        }
+        if !wait.pause() {
+            deadline::expire(op, &wait, None);
+        }
+    }
+}
 
 impl MpiLink {
     pub fn new(comm: SimpleCommunicator) -> Self {
@@ -31,27 +50,40 @@ impl MpiLink {
     }
 
     /// `buf ← Σ over processes of buf` (MPI has no in-place all-reduce here: one scratch copy).
-    pub fn sum_f32(&mut self, buf: &mut [f32]) {
+    /// `op` names the collective in a deadline report.
+    pub fn sum_f32(&mut self, buf: &mut [f32], op: &str) {
         self.scratch_f32.clear();
         self.scratch_f32.extend_from_slice(buf);
-        self.comm
-            .all_reduce_into(&self.scratch_f32[..], buf, SystemOperation::sum());
+        let (comm, send) = (&self.comm, &self.scratch_f32[..]);
+        mpi::request::scope(|scope| {
+            complete(
+                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
+                op,
+            )
+        });
     }
 
     /// `buf ← Σ over processes of buf`.
-    pub fn sum_f64(&mut self, buf: &mut [f64]) {
+    pub fn sum_f64(&mut self, buf: &mut [f64], op: &str) {
         self.scratch_f64.clear();
         self.scratch_f64.extend_from_slice(buf);
-        self.comm
-            .all_reduce_into(&self.scratch_f64[..], buf, SystemOperation::sum());
+        let (comm, send) = (&self.comm, &self.scratch_f64[..]);
+        mpi::request::scope(|scope| {
+            complete(
+                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
+                op,
+            )
+        });
     }
 
     /// Broadcasts `buf` from process `root`.
-    pub fn broadcast_f32(&mut self, buf: &mut [f32], root: usize) {
-        self.comm.process_at_rank(root as i32).broadcast_into(buf);
+    pub fn broadcast_f32(&mut self, buf: &mut [f32], root: usize, op: &str) {
+        let root = self.comm.process_at_rank(root as i32);
+        mpi::request::scope(|scope| complete(root.immediate_broadcast_into(scope, buf), op));
     }
 
-    pub fn barrier(&mut self) {
-        self.comm.barrier();
+    /// Waits for every process.
+    pub fn barrier(&mut self, op: &str) {
+        complete(self.comm.immediate_barrier(), op);
     }
 }

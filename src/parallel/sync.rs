@@ -226,6 +226,7 @@ impl<E: Engine> P2PSync<E> {
         let effects = Effects::new(&s);
         let mut signal_slots = vec![0.0; 4 * self.engine.size()];
         for iter in first_iter..s.max_iter {
+            crate::dist::deadline::set_iteration(iter);
             InjectedPanic::check(fault, self.engine.rank(), iter);
             if let Some(tl) = times.timeline() {
                 tl.begin_iter(iter, &mut self.engine)?;
@@ -338,6 +339,7 @@ impl<E: Engine> P2PSync<E> {
         self.engine.time_device_phases(true);
         let started = Instant::now();
         for iter in warmup..warmup + iters {
+            crate::dist::deadline::set_iteration(iter);
             self.step(iter, &mut reader, &mut times)?;
         }
         let last = warmup + iters.max(1) - 1;
