@@ -365,8 +365,7 @@ const _: () = assert!(
     std::mem::size_of::<RawPerf>() == std::mem::size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>()
 );
 const _: () = assert!(
-    std::mem::size_of::<RawPerf>()
-        == std::mem::size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>()
+    std::mem::size_of::<RawPerf>() == std::mem::size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>()
 );
 const _: () = assert!(
     std::mem::size_of::<RawPerf>()

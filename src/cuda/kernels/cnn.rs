@@ -75,8 +75,18 @@ impl Kernels {
         if rows * cols == 0 {
             return Ok(());
         }
-        check_len(op, "src", src.len(), (rows - 1) * src_stride + src_off + cols);
-        check_len(op, "dst", dst.len(), (rows - 1) * dst_stride + dst_off + cols);
+        check_len(
+            op,
+            "src",
+            src.len(),
+            (rows - 1) * src_stride + src_off + cols,
+        );
+        check_len(
+            op,
+            "dst",
+            dst.len(),
+            (rows - 1) * dst_stride + dst_off + cols,
+        );
         let (r, c) = (to_i32(op, rows), to_i32(op, cols));
         to_i32(op, rows * cols);
         let (ss, so) = (to_i32(op, src_stride), to_i32(op, src_off));
@@ -383,7 +393,17 @@ impl Kernels {
             s,
             dropout_forward,
             self.grid(n),
-            [&xp, &yp, &ni, &pi, &seed, &iter, &first_sample, &ratio, &scale]
+            [
+                &xp,
+                &yp,
+                &ni,
+                &pi,
+                &seed,
+                &iter,
+                &first_sample,
+                &ratio,
+                &scale
+            ]
         )
     }
 
@@ -416,7 +436,18 @@ impl Kernels {
             s,
             dropout_backward,
             self.grid(n),
-            [&dyp, &dxp, &ni, &pi, &seed, &iter, &first_sample, &ratio, &scale, &acc]
+            [
+                &dyp,
+                &dxp,
+                &ni,
+                &pi,
+                &seed,
+                &iter,
+                &first_sample,
+                &ratio,
+                &scale,
+                &acc
+            ]
         )
     }
 
@@ -589,7 +620,11 @@ impl Kernels {
     ) -> Result<()> {
         let op = "bn_batch_stats";
         check_len(op, "sums", sums.len(), 2 * c + 1);
-        for (what, len) in [("mean", mean.len()), ("var", var.len()), ("stdv", stdv.len())] {
+        for (what, len) in [
+            ("mean", mean.len()),
+            ("var", var.len()),
+            ("stdv", stdv.len()),
+        ] {
             check_len(op, what, len, c);
         }
         if c == 0 {
@@ -624,7 +659,11 @@ impl Kernels {
     ) -> Result<()> {
         let op = "bn_global_stats";
         check_len(op, "params", params.len(), 2 * c + 1);
-        for (what, len) in [("mean", mean.len()), ("var", var.len()), ("stdv", stdv.len())] {
+        for (what, len) in [
+            ("mean", mean.len()),
+            ("var", var.len()),
+            ("stdv", stdv.len()),
+        ] {
             check_len(op, what, len, c);
         }
         if c == 0 {

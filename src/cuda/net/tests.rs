@@ -46,6 +46,15 @@ fn ctx(cpu: &Cpu, phase: Phase) -> Ctx<'_> {
     }
 }
 
+/// The GPU pass of [`ctx`].
+fn pass(phase: Phase) -> PassCtx {
+    PassCtx {
+        phase,
+        iter: 0,
+        first_sample: 0,
+    }
+}
+
 /// Losses agree closely; accuracies of a batch of `n` to within one sample, since two scores
 /// a rounding apart may rank differently (the layer tests check the counting itself exactly).
 fn assert_outputs(what: &str, got: &[Output], want: &[Output], n: usize) {
@@ -169,11 +178,12 @@ fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) 
         cpu_order.push(i)
     });
     net.params.zero_grad(gpu).unwrap();
-    net.forward(gpu, Phase::Train).unwrap();
+    net.forward(gpu, pass(Phase::Train), None).unwrap();
     net.add_loss_to_slot(gpu, 0, true).unwrap();
     net.add_loss_to_slot(gpu, 0, false).unwrap();
     let mut gpu_order = Vec::new();
-    net.backward(gpu, &mut |i, _| gpu_order.push(i)).unwrap();
+    net.backward(gpu, None, &mut |i, _| gpu_order.push(i))
+        .unwrap();
     assert_eq!(gpu_order, cpu_order);
     let got = net.outputs(gpu).unwrap();
     assert_outputs(&format!("batch {n}, train"), &got, &want, n);
@@ -194,7 +204,7 @@ fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) 
 
     // Test: loss and both accuracies.
     let want = cpu_net.forward(&ctx(&cpu, Phase::Test), &mut params);
-    net.forward(gpu, Phase::Test).unwrap();
+    net.forward(gpu, pass(Phase::Test), None).unwrap();
     assert_outputs(
         &format!("batch {n}, test"),
         &net.outputs(gpu).unwrap(),
@@ -239,8 +249,8 @@ fn training_steps_match_cpu() {
         // No zero_grad: the first backward of an iteration overwrites the gradient, which
         // holds the last step's effective gradient here.
         net.load_batch(&gpu, &data, &labels).unwrap();
-        net.forward(&gpu, Phase::Train).unwrap();
-        net.backward_first(&gpu, &mut |_, _| {}).unwrap();
+        net.forward(&gpu, pass(Phase::Train), None).unwrap();
+        net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
         let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
         assert_eq!(gpu_lr, cpu_lr);
     }
@@ -264,7 +274,7 @@ fn tf32_math_stays_close_to_fp32() {
     let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
     net.params_from_host(&gpu, &params).unwrap();
     net.load_batch(&gpu, &data, &labels).unwrap();
-    net.forward(&gpu, Phase::Train).unwrap();
+    net.forward(&gpu, pass(Phase::Train), None).unwrap();
     let got = net.outputs(&gpu).unwrap();
     // TF32 keeps 10 mantissa bits: the loss moves by about 1e-3 relative, not more.
     assert_close("tf32 loss", &[got[0].value], &[want[0].value], 1e-2);
