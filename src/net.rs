@@ -120,8 +120,16 @@ impl Net {
         net.mark_backward();
         let mut spans = Vec::new();
         for (i, (node, lc)) in net.nodes.iter().zip(&cfg.layers).enumerate() {
+            // State tensors (BatchNorm's running statistics) are never learned or decayed.
+            let fixed = node.layer.has_state();
             for (j, spec) in node.layer.param_specs().into_iter().enumerate() {
-                let mult = |v: &Option<Vec<f32>>| v.as_ref().and_then(|m| m.get(j)).copied();
+                let mult = |v: &Option<Vec<f32>>| {
+                    if fixed {
+                        Some(0.0)
+                    } else {
+                        v.as_ref().and_then(|m| m.get(j)).copied()
+                    }
+                };
                 spans.push(ParamSpan {
                     layer: i,
                     full_name: format!("{}.{}", node.name, spec.name),
@@ -274,6 +282,9 @@ impl Net {
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
             take_blobs(&mut self.blobs, &node.tops, tops);
             node.layer.forward(ctx, bottoms, &data, tops);
+            if node.layer.has_state() {
+                node.layer.update_state(ctx, &mut params.layer_data_mut(i));
+            }
             if node.layer.is_loss() || !node.layer.has_backward() {
                 for (t, &ti) in tops.iter().zip(&node.tops) {
                     outputs.push(Output {
@@ -437,6 +448,7 @@ top = ["loss"]
             iter: 0,
             seed: 3,
             first_sample: 0,
+            reducer: None,
         };
         let (d, l) = net.inputs_mut();
         d.iter_mut()

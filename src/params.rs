@@ -103,6 +103,24 @@ impl Params {
         (data, diffs)
     }
 
+    /// Mutable views of `layer`'s tensors' data (the state of a stateful layer, see
+    /// [`Layer::has_state`](crate::layers::Layer::has_state)).
+    pub fn layer_data_mut(&mut self, layer: usize) -> Vec<&mut [f32]> {
+        let spans = &self.spans[self.layer_spans(layer)];
+        let mut views = Vec::with_capacity(spans.len());
+        let mut rest: &mut [f32] = &mut self.data[..];
+        let mut consumed = 0;
+        for s in spans {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(s.offset - consumed);
+            let (view, tail) = tail.split_at_mut(s.len);
+            views.push(view);
+            rest = tail;
+            consumed = s.offset + s.len;
+        }
+        views
+    }
+
     /// Looks a tensor up by its snapshot name.
     pub fn find(&self, full_name: &str) -> Option<&ParamSpan> {
         self.spans.iter().find(|s| s.full_name == full_name)

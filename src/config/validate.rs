@@ -718,6 +718,10 @@ impl Validator<'_> {
             LayerKind::InnerProduct => 1 + bias as usize,
             _ => 0,
         };
+        // Dropout and BatchNorm keys.
+        if l.kind == LayerKind::Dropout || l.kind == LayerKind::BatchNorm {
+            self.dropout_batch_norm_keys(i, l)?;
+        }
         for (k, mults) in [("lr_mult", &l.lr_mult), ("decay_mult", &l.decay_mult)] {
             let Some(m) = mults else { continue };
             if learnable == 0 && !m.is_empty() {
@@ -819,6 +823,7 @@ impl Validator<'_> {
                 (1, 1, "1 bottom")
             }
             LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => (2, 1, "2 bottoms (scores, label)"),
+            LayerKind::Dropout | LayerKind::BatchNorm => (1, 1, "1 bottom"),
             _ => {
                 return Err(self.err(
                     &format!("layer[{i}].type"),
@@ -942,11 +947,69 @@ impl Validator<'_> {
                 }
                 Ok(Vec::new())
             }
+            LayerKind::Dropout => Ok(bottoms[0].clone()),
+            LayerKind::BatchNorm => {
+                if bottoms[0].is_empty() {
+                    return Err(self.err(
+                        &key("bottom"),
+                        format!(
+                            "batch_norm needs a bottom with channels (N, C, ...); `{}` is a scalar per sample",
+                            l.bottom[0]
+                        ),
+                    ));
+                }
+                Ok(bottoms[0].clone())
+            }
             _ => Err(self.err(
                 &key("type"),
                 format!("layer type {} is not built yet", name_of(&l.kind)),
             )),
         }
+    }
+
+    /// Ranges of the Dropout and BatchNorm keys: `dropout_ratio` in [0, 1),
+    /// `moving_average_fraction` in (0, 1], `eps` > 0; a BatchNorm's tensors are running
+    /// statistics, so `lr_mult` and `decay_mult` are rejected on it.
+    fn dropout_batch_norm_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        if let Some(r) = l.dropout_ratio {
+            if !(0.0..1.0).contains(&r) {
+                return Err(self.err(
+                    &key("dropout_ratio"),
+                    format!("must lie in [0, 1), got {r}"),
+                ));
+            }
+        }
+        if let Some(f) = l.moving_average_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(self.err(
+                    &key("moving_average_fraction"),
+                    format!("must lie in (0, 1], got {f}"),
+                ));
+            }
+        }
+        if let Some(e) = l.eps {
+            if !(e.is_finite() && e > 0.0) {
+                return Err(self.err(&key("eps"), format!("must be a finite number > 0, got {e}")));
+            }
+        }
+        if l.kind == LayerKind::BatchNorm {
+            for (k, set) in [
+                ("lr_mult", l.lr_mult.is_some()),
+                ("decay_mult", l.decay_mult.is_some()),
+            ] {
+                if set {
+                    return Err(self.err(
+                        &key(k),
+                        format!(
+                            "`{k}` does not apply to batch_norm: its tensors (running mean, variance, factor) \
+                             are statistics, never learned or decayed (their lr_mult and decay_mult are always 0)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

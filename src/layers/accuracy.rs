@@ -173,6 +173,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         layer.forward(&ctx, &[scores, labels], &[], &mut top);
         top[0].data[0]

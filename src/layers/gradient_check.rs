@@ -233,6 +233,7 @@ fn train_ctx(cpu: &Cpu, seed: u64) -> Ctx<'_> {
         iter: 0,
         seed,
         first_sample: 0,
+        reducer: None,
     }
 }
 
@@ -441,11 +442,13 @@ impl GradientChecker {
             }
         }
 
-        // Central differences.
+        // Central differences. A stateful layer's tensors (running statistics) are not learned
+        // and get no gradient: only its bottoms are differentiated.
+        let stateful = pb.layer.has_state();
         let targets = (0..grad_b.len())
             .filter(|&i| check_bottom[i])
             .map(Wrt::Bottom)
-            .chain((0..grad_p.len()).map(Wrt::Param));
+            .chain((0..grad_p.len()).filter(|_| !stateful).map(Wrt::Param));
         for wrt in targets {
             let analytic = match wrt {
                 Wrt::Bottom(i) => &grad_b[i],

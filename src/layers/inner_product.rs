@@ -221,6 +221,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         }
     }
 

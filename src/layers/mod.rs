@@ -8,15 +8,43 @@
 //!   start of an iteration. A blob consumed by several layers therefore gets the sum.
 //! - Learnable tensors live in the replica's flat `Params`; a layer sees them as slices in the
 //!   order of its `param_specs()`.
+//! - **State.** A layer whose `has_state()` is true (BatchNorm) declares in `param_specs()` tensors
+//!   that are not learned but updated by the layer itself (running statistics). They live in the
+//!   flat `Params` like weights, so snapshots, resume and the start-up broadcast carry them, but
+//!   the net gives them `lr_mult = decay_mult = 0` (the solver never moves them; backward leaves
+//!   their diffs at zero, so the gradient all-reduce averages zeros). After each forward pass of
+//!   such a layer the net calls `update_state` with mutable views of these tensors; the layer
+//!   keeps whatever forward computed (batch statistics) until then.
+//! - **Cross-replica statistics.** `Ctx::reducer`, when present, sums small f64 buffers over every
+//!   replica of the job (local threads and MPI ranks) in universal-rank order; BatchNorm with
+//!   `sync = true` uses it for its per-channel sums. The engine supplies it in train passes of a
+//!   multi-replica job and `None` otherwise (one replica; test passes, whose batch counts may
+//!   differ between replicas). Layers never see the communicator itself.
 
+pub mod abs_val;
 pub mod accuracy;
+pub mod batch_norm;
+pub mod bias;
+pub mod concat;
+pub mod convolution;
+pub mod dropout;
+pub mod eltwise;
 pub mod filler;
+pub mod flatten;
 pub mod gradient_check;
 pub mod inner_product;
+pub mod pooling;
+pub mod power;
 pub mod relu;
+pub mod reshape;
+pub mod scale;
 pub mod sigmoid;
+pub mod softmax;
 pub mod softmax_with_loss;
+pub mod spatial;
 pub mod tanh;
+#[cfg(test)]
+mod test_util;
 
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, LayerKind, Phase};
@@ -35,6 +63,25 @@ pub struct Ctx<'a> {
     pub seed: u64,
     /// Global index (in the epoch's record order) of this replica's first sample of the batch.
     pub first_sample: u64,
+    /// Sums over every replica of the job, when the pass is collective (see the module docs).
+    pub reducer: Option<&'a dyn Reducer>,
+}
+
+/// Sums small buffers over every replica of the job (a collective: every replica calls it the
+/// same number of times with buffers of the same length, in the same order of layers). The
+/// engine implements it over its communicator, so layers do not depend on MPI or NCCL.
+pub trait Reducer {
+    /// Replaces `buf` by the element-wise sum of every replica's `buf`, added in universal-rank
+    /// order: every replica gets the same bits, and replicas grouped differently into processes
+    /// (np 2 × 1 replica or np 1 × 2 replicas) get the same bits too. A communication failure
+    /// is reported by the engine after the pass.
+    fn sum_f64(&self, buf: &mut [f64]);
+}
+
+impl std::fmt::Debug for dyn Reducer + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reducer")
+    }
 }
 
 /// A differentiable operation from bottom blobs to top blobs.
@@ -60,6 +107,19 @@ pub trait Layer: Send {
     fn is_loss(&self) -> bool {
         false
     }
+
+    /// Whether the tensors of `param_specs()` are state the layer updates itself (BatchNorm's
+    /// running statistics) rather than learnable weights: the net fixes their `lr_mult` and
+    /// `decay_mult` at 0 and calls `update_state` after every forward pass of the layer.
+    fn has_state(&self) -> bool {
+        false
+    }
+
+    /// Updates the state tensors (in `param_specs()` order) from what the last `forward` computed.
+    /// Called by the net right after each forward pass of a layer with `has_state()`, in either
+    /// phase; the layer decides what to do (BatchNorm: only in a train pass with batch
+    /// statistics).
+    fn update_state(&mut self, _ctx: &Ctx, _state: &mut [&mut [f32]]) {}
 
     /// Computes `tops` from `bottoms` and `params`; `tops` are already shaped.
     fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]);
@@ -97,11 +157,18 @@ pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
         LayerKind::Tanh => Box::new(tanh::TanH::new(cfg)),
         LayerKind::SoftmaxWithLoss => Box::new(softmax_with_loss::SoftmaxWithLoss::new(cfg)),
         LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
-        other => {
-            return Err(crate::error::Error::net(
-                &cfg.name,
-                format!("layer type {other:?} is not built yet"),
-            ))
-        }
+        LayerKind::Dropout => Box::new(dropout::Dropout::new(cfg)),
+        LayerKind::BatchNorm => Box::new(batch_norm::BatchNorm::new(cfg)),
+        LayerKind::Convolution => Box::new(convolution::Convolution::new(cfg)?),
+        LayerKind::Pooling => Box::new(pooling::Pooling::new(cfg)?),
+        LayerKind::Scale => Box::new(scale::Scale::new(cfg)?),
+        LayerKind::Bias => Box::new(bias::Bias::new(cfg)?),
+        LayerKind::Eltwise => Box::new(eltwise::Eltwise::new(cfg)?),
+        LayerKind::Concat => Box::new(concat::Concat::new(cfg)),
+        LayerKind::Flatten => Box::new(flatten::Flatten::new(cfg)),
+        LayerKind::Reshape => Box::new(reshape::Reshape::new(cfg)?),
+        LayerKind::Softmax => Box::new(softmax::Softmax::new(cfg)),
+        LayerKind::Power => Box::new(power::Power::new(cfg)),
+        LayerKind::AbsVal => Box::new(abs_val::AbsVal::new(cfg)),
     })
 }

@@ -95,6 +95,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         layer.forward(&ctx, &[bottom], &[], &mut top);
         top.remove(0).data

@@ -90,6 +90,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         layer.forward(&ctx, &[bottom], &[], &mut top);
         let want = [0.5, 0.731_058_6, 0.119_202_92, 1.0, 0.0];

@@ -218,6 +218,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         layer.forward(&ctx, &[s, l], &[], &mut top);
         top[0].data[0]
@@ -295,6 +296,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         let mut top = vec![Blob::new(&[])];
         let mut bottoms = [scores, labels];

@@ -89,6 +89,7 @@ mod tests {
             iter: 0,
             seed: 1,
             first_sample: 0,
+            reducer: None,
         };
         layer.forward(&ctx, &[bottom], &[], &mut top);
         let want = [0.0, 0.462_117_16, -0.761_594_2, 1.0, -1.0];

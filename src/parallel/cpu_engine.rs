@@ -2,6 +2,7 @@
 //! and a `CpuComm` — behind the `Engine` seam.
 
 use super::engine::{Engine, PassCtx};
+use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
@@ -21,6 +22,8 @@ pub struct CpuEngine {
     seed: u64,
     /// One slot per iteration of the `average_loss` window: the sum of its sub-batch losses.
     loss_slots: Vec<f64>,
+    /// Scratch of the cross-replica statistics (sync BatchNorm), reused between passes.
+    reduce_scratch: Vec<f64>,
 }
 
 impl CpuEngine {
@@ -42,17 +45,25 @@ impl CpuEngine {
             comm,
             seed: cfg.solver.random_seed,
             loss_slots: vec![0.0; cfg.solver.average_loss as usize],
+            reduce_scratch: Vec::new(),
         })
     }
 }
 
-fn layer_ctx(cpu: &Cpu, seed: u64, c: PassCtx) -> Ctx<'_> {
+/// The layers' context of a pass; `reducer` only for train passes of a multi-replica job.
+fn layer_ctx<'a>(
+    cpu: &'a Cpu,
+    seed: u64,
+    c: PassCtx,
+    reducer: Option<&'a dyn crate::layers::Reducer>,
+) -> Ctx<'a> {
     Ctx {
         cpu,
         phase: c.phase,
         iter: c.iter,
         seed,
         first_sample: c.first_sample,
+        reducer,
     }
 }
 
@@ -87,8 +98,11 @@ impl Engine for CpuEngine {
 
     fn forward_train(&mut self, c: PassCtx, slot: usize, first: bool) -> Result<()> {
         debug_assert_eq!(c.phase, Phase::Train);
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        let multi = self.comm.size() > 1;
+        let reducer = CommReducer::new(&mut self.comm, &mut self.reduce_scratch);
+        let ctx = layer_ctx(&self.cpu, self.seed, c, multi.then_some(&reducer as _));
         let outputs = self.net.forward(&ctx, &mut self.params);
+        reducer.finish()?;
         let loss = weighted_loss(&outputs);
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
@@ -96,13 +110,17 @@ impl Engine for CpuEngine {
     }
 
     fn backward(&mut self, c: PassCtx) -> Result<()> {
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        let multi = self.comm.size() > 1;
+        let reducer = CommReducer::new(&mut self.comm, &mut self.reduce_scratch);
+        let ctx = layer_ctx(&self.cpu, self.seed, c, multi.then_some(&reducer as _));
         self.net.backward(&ctx, &mut self.params, &mut |_| {});
+        reducer.finish()?;
         Ok(())
     }
 
     fn forward_test(&mut self, c: PassCtx) -> Result<Vec<Output>> {
-        let ctx = layer_ctx(&self.cpu, self.seed, c);
+        // Test passes never communicate: replicas may run different numbers of test batches.
+        let ctx = layer_ctx(&self.cpu, self.seed, c, None);
         Ok(self.net.forward(&ctx, &mut self.params))
     }
 

@@ -92,6 +92,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
         iter: 0,
         seed: 1,
         first_sample: 0,
+        reducer: None,
     };
     let mut cpu_layer = layers::build(&case.cfg).unwrap();
     let shapes: Vec<&[usize]> = case.bottoms.iter().map(Vec::as_slice).collect();

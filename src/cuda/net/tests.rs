@@ -43,6 +43,7 @@ fn ctx(cpu: &Cpu, phase: Phase) -> Ctx<'_> {
         iter: 0,
         seed: 7,
         first_sample: 0,
+        reducer: None,
     }
 }
 

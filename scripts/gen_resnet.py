@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Writes the ResNet configs of p2ptrain (Caffe's layer names and semantics).
+
+    python3 scripts/gen_resnet.py resnet20 > config/resnet20.toml
+    python3 scripts/gen_resnet.py resnet50 > config/resnet50.toml
+
+resnet20: the CIFAR ResNet of He et al. (2016, sec. 4.2): a 3x3 convolution with 16 channels, three
+stages of three basic blocks (two 3x3 convolutions) with 16/32/64 channels, global average pooling,
+inner product 10. Where the shape changes (first block of stages 2 and 3) the shortcut is a 1x1
+convolution with stride 2 plus BatchNorm/Scale (projection); elsewhere the identity.
+
+resnet50: the ImageNet ResNet-50 v1 of Kaiming He's Caffe release (ResNet-50-deploy.prototxt):
+7x7/2 convolution, 3x3/2 max pooling, bottleneck stages of 3, 4, 6, 3 blocks (1x1, 3x3, 1x1 with
+64/128/256/512 channels, 4x wider output), the stride on the first 1x1 convolution of a stage
+(branch2a) and on the projection shortcut (branch1), global average pooling, inner product 1000.
+
+Every convolution has no bias and is followed by batch_norm (sync = true) and scale (with bias),
+as in Caffe. Only the standard library is used.
+"""
+
+import sys
+
+
+class Net:
+    def __init__(self, sync):
+        self.out = []
+        self.sync = sync
+
+    def layer(self, **kv):
+        lines = ["[[layer]]"]
+        for k, v in kv.items():
+            lines.append(f"{k} = {fmt(v)}")
+        self.out.append("\n".join(lines))
+
+    def conv_bn(self, name, bn, scale, bottom, top, num_output, k, stride=1, pad=0):
+        kv = dict(name=name, type="convolution", bottom=[bottom], top=[top],
+                  num_output=num_output, kernel_size=k)
+        if stride != 1:
+            kv["stride"] = stride
+        if pad:
+            kv["pad"] = pad
+        kv.update(bias_term=False, weight_filler=Raw('{ type = "msra" }'))
+        self.layer(**kv)
+        bn_kv = dict(name=bn, type="batch_norm", bottom=[top], top=[top])
+        if self.sync:
+            bn_kv["sync"] = True
+        self.layer(**bn_kv)
+        self.layer(name=scale, type="scale", bottom=[top], top=[top], bias_term=True)
+
+    def relu(self, name, blob):
+        self.layer(name=name, type="relu", bottom=[blob], top=[blob])
+
+    def text(self):
+        return "\n\n".join(self.out) + "\n"
+
+
+class Raw(str):
+    """A TOML value written as given."""
+
+
+def fmt(v):
+    if isinstance(v, Raw):
+        return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(fmt(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def head(net, scores):
+    net.layer(name="loss", type="softmax_with_loss", bottom=[scores, "label"], top=["loss"])
+    net.layer(name="accuracy", type="accuracy", bottom=[scores, "label"], top=["accuracy"],
+              phase="test")
+
+
+def resnet20():
+    net = Net(sync=True)
+    net.conv_bn("conv1", "bn_conv1", "scale_conv1", "data", "conv1", 16, 3, pad=1)
+    net.relu("conv1_relu", "conv1")
+    bottom = "conv1"
+    for s, width in enumerate([16, 32, 64]):
+        for b in range(3):
+            name = f"res{s + 2}{chr(ord('a') + b)}"
+            stride = 2 if s > 0 and b == 0 else 1
+            if stride != 1:
+                net.conv_bn(f"{name}_branch1", f"bn{name[3:]}_branch1", f"scale{name[3:]}_branch1",
+                            bottom, f"{name}_branch1", width, 1, stride=stride)
+                shortcut = f"{name}_branch1"
+            else:
+                shortcut = bottom
+            tag = name[3:]
+            net.conv_bn(f"{name}_branch2a", f"bn{tag}_branch2a", f"scale{tag}_branch2a", bottom,
+                        f"{name}_branch2a", width, 3, stride=stride, pad=1)
+            net.relu(f"{name}_branch2a_relu", f"{name}_branch2a")
+            net.conv_bn(f"{name}_branch2b", f"bn{tag}_branch2b", f"scale{tag}_branch2b",
+                        f"{name}_branch2a", f"{name}_branch2b", width, 3, pad=1)
+            net.layer(name=name, type="eltwise", bottom=[shortcut, f"{name}_branch2b"], top=[name])
+            net.relu(f"{name}_relu", name)
+            bottom = name
+    net.layer(name="pool5", type="pooling", bottom=[bottom], top=["pool5"], pool="ave",
+              global_pooling=True)
+    net.layer(name="fc10", type="inner_product", bottom=["pool5"], top=["fc10"], num_output=10,
+              weight_filler=Raw('{ type = "msra" }'))
+    head(net, "fc10")
+    return RESNET20_HEADER + net.text()
+
+
+def resnet50():
+    net = Net(sync=True)
+    net.conv_bn("conv1", "bn_conv1", "scale_conv1", "data", "conv1", 64, 7, stride=2, pad=3)
+    net.relu("conv1_relu", "conv1")
+    net.layer(name="pool1", type="pooling", bottom=["conv1"], top=["pool1"], pool="max",
+              kernel_size=3, stride=2)
+    bottom = "pool1"
+    for s, (blocks, width) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512])):
+        for b in range(blocks):
+            tag = f"{s + 2}{chr(ord('a') + b)}"
+            name = f"res{tag}"
+            stride = 2 if s > 0 and b == 0 else 1
+            if b == 0:
+                net.conv_bn(f"{name}_branch1", f"bn{tag}_branch1", f"scale{tag}_branch1", bottom,
+                            f"{name}_branch1", 4 * width, 1, stride=stride)
+                shortcut = f"{name}_branch1"
+            else:
+                shortcut = bottom
+            net.conv_bn(f"{name}_branch2a", f"bn{tag}_branch2a", f"scale{tag}_branch2a", bottom,
+                        f"{name}_branch2a", width, 1, stride=stride)
+            net.relu(f"{name}_branch2a_relu", f"{name}_branch2a")
+            net.conv_bn(f"{name}_branch2b", f"bn{tag}_branch2b", f"scale{tag}_branch2b",
+                        f"{name}_branch2a", f"{name}_branch2b", width, 3, pad=1)
+            net.relu(f"{name}_branch2b_relu", f"{name}_branch2b")
+            net.conv_bn(f"{name}_branch2c", f"bn{tag}_branch2c", f"scale{tag}_branch2c",
+                        f"{name}_branch2b", f"{name}_branch2c", 4 * width, 1)
+            net.layer(name=name, type="eltwise", bottom=[shortcut, f"{name}_branch2c"], top=[name])
+            net.relu(f"{name}_relu", name)
+            bottom = name
+    net.layer(name="pool5", type="pooling", bottom=[bottom], top=["pool5"], pool="ave",
+              global_pooling=True)
+    net.layer(name="fc1000", type="inner_product", bottom=["pool5"], top=["fc1000"],
+              num_output=1000, weight_filler=Raw('{ type = "msra" }'))
+    head(net, "fc1000")
+    return RESNET50_HEADER + net.text()
+
+
+RESNET20_HEADER = """\
+# ResNet-20 for CIFAR-10 (He et al., "Deep Residual Learning for Image Recognition", sec. 4.2):
+# 3 stages x 3 basic blocks, 16/32/64 channels, conv-BatchNorm-Scale-ReLU, projection shortcuts
+# (1x1 convolution, stride 2, + BatchNorm/Scale) where the shape changes, global average pooling,
+# inner product 10. SGD lr 0.1, momentum 0.9, weight decay 1e-4, x0.1 at 32k and 48k, 64k iterations,
+# batch 128 (global: batch_size is per replica, so 128 = e.g. 2 replicas x 64 -- set batch_size to
+# 128 / replicas). BatchNorm has sync = true: statistics over the global batch of every replica.
+#
+# Generated by `python3 scripts/gen_resnet.py resnet20 > config/resnet20.toml`; edit the script,
+# not this file.
+#
+# Data: synthetic 3x32x32 records in 10 classes until the CIFAR-10 reader exists
+# (format = "cifar10" with its files will be the real data; mean/scale as for CIFAR pixels).
+
+[cluster]
+backend = "auto"
+replicas_per_rank = 1
+
+[data]
+format = "synthetic"
+shape = [3, 32, 32]
+classes = 10
+train_size = 50000
+test_size = 10000
+batch_size = 128
+shuffle = true
+
+[solver]
+type = "sgd"
+base_lr = 0.1
+momentum = 0.9
+weight_decay = 1e-4
+lr_policy = "multistep"
+gamma = 0.1
+stepvalue = [32000, 48000]
+max_iter = 64000
+display = 100
+test_interval = 2000
+snapshot = 10000
+snapshot_prefix = "snapshots/resnet20"
+random_seed = 1
+
+"""
+
+RESNET50_HEADER = """\
+# ResNet-50 v1 for ImageNet (Kaiming He's Caffe model, ResNet-50-deploy.prototxt): 7x7/2
+# convolution, 3x3/2 max pooling, bottleneck stages of 3/4/6/3 blocks (64/128/256/512 channels,
+# 4x wider outputs; stride on branch2a and on the projection branch1), conv-BatchNorm-Scale-ReLU,
+# global average pooling, inner product 1000. For benchmarks: synthetic 3x224x224 records in 1000
+# classes, batch 64 per replica, SGD lr 0.1 momentum 0.9 weight decay 1e-4 (test_size is small:
+# the test pass at the end only shows that the net evaluates). BatchNorm has sync = true.
+#
+# Generated by `python3 scripts/gen_resnet.py resnet50 > config/resnet50.toml`; edit the script,
+# not this file.
+
+[cluster]
+backend = "auto"
+replicas_per_rank = 1
+
+[data]
+format = "synthetic"
+shape = [3, 224, 224]
+classes = 1000
+train_size = 1281167
+test_size = 1024
+batch_size = 64
+shuffle = true
+prefetch = 4
+
+[solver]
+type = "sgd"
+base_lr = 0.1
+momentum = 0.9
+weight_decay = 1e-4
+lr_policy = "fixed"
+max_iter = 100
+display = 10
+test_interval = 0
+snapshot = 0
+snapshot_prefix = "snapshots/resnet50"
+random_seed = 1
+
+"""
+
+
+def main():
+    gens = {"resnet20": resnet20, "resnet50": resnet50}
+    if len(sys.argv) != 2 or sys.argv[1] not in gens:
+        sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(gens)}}}")
+    sys.stdout.write(gens[sys.argv[1]]())
+
+
+if __name__ == "__main__":
+    main()

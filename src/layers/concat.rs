@@ -1,0 +1,168 @@
+//! `Concat`: Caffe's concatenation of one or more bottoms along `axis` (default 1, channels).
+//!
+//! Shapes: bottoms `(d0, …, a_b, …)` that agree on every axis but `axis`; top the same with
+//! `Σ_b a_b` at `axis`. Viewing each bottom as `(outer, a_b·inner)`, the top row `o` is the
+//! concatenation of the bottoms' rows `o`; backward adds each slice of `dtop` back to its bottom.
+
+use crate::config::LayerConfig;
+use crate::error::{Error, Result};
+use crate::layers::{Ctx, Layer};
+use crate::tensor::Blob;
+
+/// The concatenation layer; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Concat {
+    name: String,
+    axis: usize,
+    outer: usize,
+    /// Per bottom: elements per outer row (`a_b · inner`).
+    widths: Vec<usize>,
+}
+
+impl Concat {
+    /// Reads `axis` (default 1).
+    pub fn new(cfg: &LayerConfig) -> Self {
+        Concat {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            outer: 0,
+            widths: Vec::new(),
+        }
+    }
+}
+
+impl Layer for Concat {
+    fn type_name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+        let err = |msg: String| Err(Error::net(&self.name, msg));
+        let Some(first) = bottoms.first() else {
+            return err("takes 1 or more bottoms, got 0".into());
+        };
+        let axis = self.axis;
+        if axis >= first.len() {
+            return err(format!(
+                "`axis` {axis} is out of range for bottom {first:?}"
+            ));
+        }
+        let mut top = first.to_vec();
+        top[axis] = 0;
+        for b in bottoms {
+            let agree = b.len() == first.len()
+                && b.iter()
+                    .zip(first.iter())
+                    .enumerate()
+                    .all(|(i, (x, y))| i == axis || x == y);
+            if !agree {
+                return err(format!(
+                    "bottoms {first:?} and {b:?} differ on an axis other than {axis}"
+                ));
+            }
+            top[axis] += b[axis];
+        }
+        self.outer = first[..axis].iter().product();
+        let inner: usize = first[axis + 1..].iter().product();
+        self.widths = bottoms.iter().map(|b| b[axis] * inner).collect();
+        Ok(vec![top])
+    }
+
+    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+        let total: usize = self.widths.iter().sum();
+        let y = &mut tops[0].data;
+        let mut start = 0;
+        for (bottom, &w) in bottoms.iter().zip(&self.widths) {
+            for o in 0..self.outer {
+                y[o * total + start..o * total + start + w]
+                    .copy_from_slice(&bottom.data[o * w..(o + 1) * w]);
+            }
+            start += w;
+        }
+    }
+
+    fn backward(
+        &mut self,
+        _ctx: &Ctx,
+        tops: &[Blob],
+        propagate_down: &[bool],
+        bottoms: &mut [Blob],
+        _params: &[&[f32]],
+        _param_diffs: &mut [&mut [f32]],
+    ) {
+        let total: usize = self.widths.iter().sum();
+        let dy = &tops[0].diff;
+        let mut start = 0;
+        for ((bottom, &w), &down) in bottoms.iter_mut().zip(&self.widths).zip(propagate_down) {
+            if down {
+                for o in 0..self.outer {
+                    let src = &dy[o * total + start..o * total + start + w];
+                    for (d, &g) in bottom.diff[o * w..(o + 1) * w].iter_mut().zip(src) {
+                        *d += g;
+                    }
+                }
+            }
+            start += w;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward};
+
+    fn concat(extra: &str) -> Concat {
+        Concat::new(&layer_config(&format!(
+            "name = \"c\"\ntype = \"concat\"\n{extra}"
+        )))
+    }
+
+    #[test]
+    fn forward_by_hand() {
+        let a = blob(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let b = blob(&[2, 2, 2], &[5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]);
+        let top = forward(&mut concat(""), &[a.clone(), b], &[]);
+        assert_eq!(top[0].shape, vec![2, 3, 2]);
+        assert_eq!(
+            top[0].data,
+            vec![1.0, 2.0, 5.0, 6.0, 7.0, 8.0, 3.0, 4.0, 9.0, 10.0, 11.0, 12.0]
+        );
+        let c = blob(&[2, 1, 1], &[0.5, 0.25]);
+        let top = forward(&mut concat("axis = 2"), &[a, c], &[]);
+        assert_eq!(top[0].data, vec![1.0, 2.0, 0.5, 3.0, 4.0, 0.25]);
+    }
+
+    #[test]
+    fn gradient_axis_1() {
+        let bottoms = [
+            uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 81),
+            uniform_blob(&[2, 1, 2, 2], -1.0, 1.0, 82),
+            uniform_blob(&[2, 2, 2, 2], -1.0, 1.0, 83),
+        ];
+        GradientChecker::default()
+            .check(&mut concat(""), &bottoms, &[true, false, true])
+            .unwrap()
+            .assert_ok();
+    }
+
+    #[test]
+    fn gradient_axis_2() {
+        let bottoms = [
+            uniform_blob(&[2, 3, 1, 2], -1.0, 1.0, 84),
+            uniform_blob(&[2, 3, 3, 2], -1.0, 1.0, 85),
+        ];
+        GradientChecker::default()
+            .check(&mut concat("axis = 2"), &bottoms, &[true, true])
+            .unwrap()
+            .assert_ok();
+    }
+
+    #[test]
+    fn rejects_mismatched_bottoms() {
+        assert!(concat("").reshape(&[&[2, 3, 4], &[2, 3, 5]]).is_err());
+        assert!(concat("axis = 3").reshape(&[&[2, 3, 4]]).is_err());
+        assert!(concat("").reshape(&[]).is_err());
+    }
+}

@@ -1,0 +1,540 @@
+//! `Convolution`: Caffe's 2-D convolution (cross-correlation) through `im2col` and GEMM, with
+//! `group`, `dilation`, `pad`, `stride` and an optional bias.
+//!
+//! Shapes: bottom `(N, C, H, W)`, top `(N, num_output, OH, OW)` with
+//! `OH = (H + 2·ph − (dh·(kh − 1) + 1)) / sh + 1` (floor), likewise `OW`.
+//!
+//! Learnable tensors, in order: `weight` `(num_output, C/group, kh, kw)` (PyTorch's layout),
+//! filled by `weight_filler` (default xavier), and `bias` `(num_output)` when `bias_term`
+//! (default true), filled by `bias_filler` (default constant 0). `C` is fixed by the first reshape.
+//!
+//! Per sample and group `g` (`M = num_output/group`, `K = C/group·kh·kw`, `P = OH·OW`):
+//! `top_g (M, P) = W_g (M, K) · col_g (K, P)` where `col = im2col(bottom)`; the bias adds
+//! `b (M·group, 1) · ones (1, P)`. Backward recomputes `col` per sample (as Caffe) and computes
+//! `dW_g += dtop_g · col_gᵀ`, `db += dtop · ones`, `dcol_g = W_gᵀ · dtop_g`, `dbottom += col2im(dcol)`.
+//! The column buffers are kept in the layer and reused across steps.
+
+use crate::config::{FillerConfig, LayerConfig};
+use crate::error::{Error, Result};
+use crate::layers::spatial::{pair, Geometry, Pair};
+use crate::layers::{filler, Ctx, Layer};
+use crate::params::ParamSpec;
+use crate::tensor::Blob;
+
+/// The convolution layer; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Convolution {
+    name: String,
+    num_output: usize,
+    bias_term: bool,
+    group: usize,
+    kernel: Pair,
+    stride: Pair,
+    pad: Pair,
+    dilation: Pair,
+    weight_filler: FillerConfig,
+    bias_filler: FillerConfig,
+    /// Input channels, fixed by the first reshape.
+    channels: Option<usize>,
+    /// Batch of the current bottom.
+    num: usize,
+    geometry: Geometry,
+    /// `(C·kh·kw, OH·OW)` column buffer (forward: im2col of the bottom; backward: its gradient).
+    col: Vec<f32>,
+    /// `(OH·OW)` ones for the bias.
+    ones: Vec<f32>,
+}
+
+impl Convolution {
+    /// Reads `num_output` (required, > 0), `kernel_size` (required, ≥ 1), `stride` (≥ 1,
+    /// default 1), `pad` (default 0), `dilation` (≥ 1, default 1), `group` (≥ 1, dividing
+    /// `num_output`), `bias_term`, `weight_filler`, `bias_filler`.
+    pub fn new(cfg: &LayerConfig) -> Result<Self> {
+        let name = &cfg.name;
+        let err = |msg: String| Err(Error::net(name, msg));
+        let num_output = match cfg.num_output {
+            Some(n) if n > 0 => n,
+            Some(_) => return err("`num_output` must be positive".into()),
+            None => return err("`num_output` is required".into()),
+        };
+        if cfg.kernel_size.is_none() {
+            return err("`kernel_size` is required".into());
+        }
+        let kernel = pair(name, "kernel_size", &cfg.kernel_size, 1)?;
+        let stride = pair(name, "stride", &cfg.stride, 1)?;
+        let pad = pair(name, "pad", &cfg.pad, 0)?;
+        let dilation = pair(name, "dilation", &cfg.dilation, 1)?;
+        for (key, v) in [
+            ("kernel_size", kernel),
+            ("stride", stride),
+            ("dilation", dilation),
+        ] {
+            if v.contains(&0) {
+                return err(format!("`{key}` must be at least 1, got {v:?}"));
+            }
+        }
+        let group = cfg.group.unwrap_or(1);
+        if group == 0 || num_output % group != 0 {
+            return err(format!(
+                "`group` {group} must be at least 1 and divide num_output {num_output}"
+            ));
+        }
+        let weight_filler = cfg.weight_filler.clone().unwrap_or_else(filler::xavier);
+        let bias_filler = cfg
+            .bias_filler
+            .clone()
+            .unwrap_or_else(|| FillerConfig::constant(0.0));
+        for (key, f) in [
+            ("weight_filler", &weight_filler),
+            ("bias_filler", &bias_filler),
+        ] {
+            filler::check(f).map_err(|msg| Error::net(name, format!("`{key}`: {msg}")))?;
+        }
+        Ok(Convolution {
+            name: name.clone(),
+            num_output,
+            bias_term: cfg.bias_term.unwrap_or(true),
+            group,
+            kernel,
+            stride,
+            pad,
+            dilation,
+            weight_filler,
+            bias_filler,
+            channels: None,
+            num: 0,
+            geometry: Geometry::default(),
+            col: Vec::new(),
+            ones: Vec::new(),
+        })
+    }
+}
+
+impl Convolution {
+    /// Sizes the column buffer and the ones for the current geometry; allocates only when the
+    /// geometry grew (reshape itself allocates nothing, so that validation can call it freely).
+    fn buffers(&mut self) {
+        let g = self.geometry;
+        self.col.resize(g.col_rows() * g.col_cols(), 0.0);
+        if self.ones.len() != g.col_cols() {
+            self.ones.clear();
+            self.ones.resize(g.col_cols(), 1.0);
+        }
+    }
+}
+
+impl Layer for Convolution {
+    fn type_name(&self) -> &'static str {
+        "convolution"
+    }
+
+    /// One bottom `(N, C, H, W)`; top `(N, num_output, OH, OW)`.
+    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+        let err = |msg: String| Err(Error::net(&self.name, msg));
+        let [shape] = bottoms else {
+            return err(format!("takes 1 bottom, got {}", bottoms.len()));
+        };
+        let &[n, c, h, w] = *shape else {
+            return err(format!(
+                "takes a bottom (N, C, H, W), got {shape:?} (2-D convolution only)"
+            ));
+        };
+        if c % self.group != 0 {
+            return err(format!(
+                "`group` {} does not divide the {c} channels of the bottom",
+                self.group
+            ));
+        }
+        match self.channels {
+            Some(c0) if c0 != c => {
+                return err(format!(
+                    "bottom {shape:?} has {c} channels, the weight expects {c0}"
+                ))
+            }
+            _ => self.channels = Some(c),
+        }
+        let mut output = [0; 2];
+        for (a, size) in [h, w].into_iter().enumerate() {
+            let span = self.dilation[a] * (self.kernel[a] - 1) + 1;
+            let padded = size + 2 * self.pad[a];
+            if padded < span {
+                return err(format!(
+                    "the kernel spans {span} pixels, more than the padded input ({padded}) of bottom {shape:?}"
+                ));
+            }
+            output[a] = (padded - span) / self.stride[a] + 1;
+        }
+        self.geometry = Geometry {
+            channels: c,
+            input: [h, w],
+            kernel: self.kernel,
+            stride: self.stride,
+            pad: self.pad,
+            dilation: self.dilation,
+            output,
+        };
+        self.num = n;
+        Ok(vec![vec![n, self.num_output, output[0], output[1]]])
+    }
+
+    /// `weight` `(num_output, C/group, kh, kw)`, then `bias` `(num_output)` if `bias_term`.
+    fn param_specs(&self) -> Vec<ParamSpec> {
+        let c = self.channels.unwrap_or(0) / self.group;
+        let mut specs = vec![ParamSpec {
+            name: "weight".into(),
+            shape: vec![self.num_output, c, self.kernel[0], self.kernel[1]],
+            filler: self.weight_filler.clone(),
+        }];
+        if self.bias_term {
+            specs.push(ParamSpec {
+                name: "bias".into(),
+                shape: vec![self.num_output],
+                filler: self.bias_filler.clone(),
+            });
+        }
+        specs
+    }
+
+    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
+        let g = self.geometry;
+        let (groups, p) = (self.group, g.col_cols());
+        let m = self.num_output / groups;
+        let k = g.col_rows() / groups;
+        let in_len = g.channels * g.input[0] * g.input[1];
+        let out_len = self.num_output * p;
+        let weight = params[0];
+        self.buffers();
+        for n in 0..self.num {
+            g.im2col(
+                &bottoms[0].data[n * in_len..(n + 1) * in_len],
+                &mut self.col,
+            );
+            let top = &mut tops[0].data[n * out_len..(n + 1) * out_len];
+            for gi in 0..groups {
+                ctx.cpu.gemm(
+                    false,
+                    false,
+                    m,
+                    p,
+                    k,
+                    1.0,
+                    &weight[gi * m * k..(gi + 1) * m * k],
+                    &self.col[gi * k * p..(gi + 1) * k * p],
+                    0.0,
+                    &mut top[gi * m * p..(gi + 1) * m * p],
+                );
+            }
+            if self.bias_term {
+                ctx.cpu.gemm(
+                    false,
+                    false,
+                    self.num_output,
+                    p,
+                    1,
+                    1.0,
+                    params[1],
+                    &self.ones,
+                    1.0,
+                    top,
+                );
+            }
+        }
+    }
+
+    fn backward(
+        &mut self,
+        ctx: &Ctx,
+        tops: &[Blob],
+        propagate_down: &[bool],
+        bottoms: &mut [Blob],
+        params: &[&[f32]],
+        param_diffs: &mut [&mut [f32]],
+    ) {
+        let g = self.geometry;
+        let (groups, p) = (self.group, g.col_cols());
+        let m = self.num_output / groups;
+        let k = g.col_rows() / groups;
+        let in_len = g.channels * g.input[0] * g.input[1];
+        let out_len = self.num_output * p;
+        let weight = params[0];
+        self.buffers();
+        let bottom = &mut bottoms[0];
+        for n in 0..self.num {
+            let dtop = &tops[0].diff[n * out_len..(n + 1) * out_len];
+            if self.bias_term {
+                ctx.cpu.gemm(
+                    false,
+                    false,
+                    self.num_output,
+                    1,
+                    p,
+                    1.0,
+                    dtop,
+                    &self.ones,
+                    1.0,
+                    param_diffs[1],
+                );
+            }
+            g.im2col(&bottom.data[n * in_len..(n + 1) * in_len], &mut self.col);
+            for gi in 0..groups {
+                ctx.cpu.gemm(
+                    false,
+                    true,
+                    m,
+                    k,
+                    p,
+                    1.0,
+                    &dtop[gi * m * p..(gi + 1) * m * p],
+                    &self.col[gi * k * p..(gi + 1) * k * p],
+                    1.0,
+                    &mut param_diffs[0][gi * m * k..(gi + 1) * m * k],
+                );
+            }
+            if propagate_down[0] {
+                for gi in 0..groups {
+                    ctx.cpu.gemm(
+                        true,
+                        false,
+                        k,
+                        p,
+                        m,
+                        1.0,
+                        &weight[gi * m * k..(gi + 1) * m * k],
+                        &dtop[gi * m * p..(gi + 1) * m * p],
+                        0.0,
+                        &mut self.col[gi * k * p..(gi + 1) * k * p],
+                    );
+                }
+                g.col2im_add(&self.col, &mut bottom.diff[n * in_len..(n + 1) * in_len]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::config::Phase;
+    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+
+    fn conv(extra: &str) -> Convolution {
+        Convolution::new(&layer_config(&format!(
+            "name = \"conv\"\ntype = \"convolution\"\n{extra}"
+        )))
+        .unwrap()
+    }
+
+    fn ctx(cpu: &Cpu) -> Ctx<'_> {
+        Ctx {
+            cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        }
+    }
+
+    /// A direct 6-loop convolution with groups: `(N, C, H, W)` → `(N, M, OH, OW)`.
+    #[allow(clippy::too_many_arguments)]
+    fn direct(
+        x: &Blob,
+        w: &[f32],
+        b: Option<&[f32]>,
+        m: usize,
+        group: usize,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        d: [usize; 2],
+        out: [usize; 2],
+    ) -> Vec<f32> {
+        let [n, c, h, wd] = x.shape[..] else { panic!() };
+        let (cg, mg) = (c / group, m / group);
+        let mut y = vec![0.0f64; n * m * out[0] * out[1]];
+        for ni in 0..n {
+            for mi in 0..m {
+                let gi = mi / mg;
+                for oy in 0..out[0] {
+                    for ox in 0..out[1] {
+                        let mut acc = b.map_or(0.0, |b| b[mi] as f64);
+                        for ci in 0..cg {
+                            for ki in 0..k[0] {
+                                for kj in 0..k[1] {
+                                    let iy = (oy * s[0] + ki * d[0]) as isize - p[0] as isize;
+                                    let ix = (ox * s[1] + kj * d[1]) as isize - p[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                        continue;
+                                    }
+                                    let xc = gi * cg + ci;
+                                    let xv = x.data
+                                        [((ni * c + xc) * h + iy as usize) * wd + ix as usize];
+                                    let wv = w[((mi * cg + ci) * k[0] + ki) * k[1] + kj];
+                                    acc += xv as f64 * wv as f64;
+                                }
+                            }
+                        }
+                        y[((ni * m + mi) * out[0] + oy) * out[1] + ox] = acc;
+                    }
+                }
+            }
+        }
+        y.into_iter().map(|v| v as f32).collect()
+    }
+
+    fn against_direct(extra: &str, shape: [usize; 4], m: usize, group: usize, seed: u64) {
+        let mut layer = conv(&format!("num_output = {m}\n{extra}"));
+        let tops = layer.reshape(&[&shape]).unwrap();
+        let specs = layer.param_specs();
+        let w = uniform_blob(&specs[0].shape, -1.0, 1.0, seed).data;
+        let b = uniform_blob(&[m], -1.0, 1.0, seed + 1).data;
+        let x = uniform_blob(&shape, -1.0, 1.0, seed + 2);
+        let mut top = vec![Blob::new(&tops[0])];
+        top[0].data.fill(f32::NAN);
+        let cpu = Cpu::new(1);
+        let with_bias = specs.len() == 2;
+        let params: Vec<&[f32]> = if with_bias { vec![&w, &b] } else { vec![&w] };
+        layer.forward(&ctx(&cpu), std::slice::from_ref(&x), &params, &mut top);
+        let g = layer.geometry;
+        let want = direct(
+            &x,
+            &w,
+            with_bias.then_some(&b[..]),
+            m,
+            group,
+            g.kernel,
+            g.stride,
+            g.pad,
+            g.dilation,
+            g.output,
+        );
+        assert_eq!(top[0].data.len(), want.len());
+        for (i, (a, e)) in top[0].data.iter().zip(&want).enumerate() {
+            assert!((a - e).abs() < 1e-4, "{extra}: [{i}] {a} vs {e}");
+        }
+    }
+
+    #[test]
+    fn output_size_follows_caffe() {
+        let mut layer = conv("num_output = 4\nkernel_size = 3\npad = 1\nstride = 2");
+        assert_eq!(
+            layer.reshape(&[&[2, 3, 7, 8]]).unwrap(),
+            vec![vec![2, 4, 4, 4]]
+        );
+        let mut layer = conv("num_output = 4\nkernel_size = [3, 2]\ndilation = 2");
+        // span 5 × 3: (7 − 5) + 1 = 3, (8 − 3) + 1 = 6.
+        assert_eq!(
+            layer.reshape(&[&[1, 2, 7, 8]]).unwrap(),
+            vec![vec![1, 4, 3, 6]]
+        );
+        let specs = layer.param_specs();
+        assert_eq!(specs[0].shape, vec![4, 2, 3, 2]);
+        assert_eq!(specs[1].shape, vec![4]);
+    }
+
+    #[test]
+    fn forward_by_hand() {
+        // 1×1×3×3 input, 2×2 kernel of ones, bias 0.5: each output is a 2×2 window sum + 0.5.
+        let mut layer = conv("num_output = 1\nkernel_size = 2");
+        let tops = layer.reshape(&[&[1, 1, 3, 3]]).unwrap();
+        let mut x = Blob::new(&[1, 1, 3, 3]);
+        x.data = (1..=9).map(|v| v as f32).collect();
+        let mut top = vec![Blob::new(&tops[0])];
+        let cpu = Cpu::new(1);
+        layer.forward(&ctx(&cpu), &[x], &[&[1.0; 4], &[0.5]], &mut top);
+        assert_eq!(top[0].data, vec![12.5, 16.5, 24.5, 28.5]);
+    }
+
+    #[test]
+    fn forward_matches_a_direct_loop() {
+        against_direct("kernel_size = 3", [2, 3, 5, 6], 4, 1, 1);
+        against_direct("kernel_size = 3\npad = 1", [2, 3, 5, 6], 4, 1, 2);
+        against_direct(
+            "kernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 0]",
+            [1, 2, 7, 5],
+            3,
+            1,
+            3,
+        );
+        against_direct(
+            "kernel_size = 3\ndilation = 2\npad = 2",
+            [2, 2, 6, 6],
+            2,
+            1,
+            4,
+        );
+        against_direct(
+            "kernel_size = 2\ngroup = 2\nbias_term = false",
+            [2, 4, 4, 5],
+            6,
+            2,
+            5,
+        );
+    }
+
+    fn gradient(extra: &str, shape: [usize; 4]) {
+        let bottom = uniform_blob(&shape, -1.0, 1.0, 31);
+        let mut layer = conv(extra);
+        let report = GradientChecker::default()
+            .check(&mut layer, &[bottom], &[true])
+            .unwrap();
+        report.assert_ok();
+        assert!(report.checked > 0);
+    }
+
+    #[test]
+    fn gradient_plain() {
+        gradient("num_output = 3\nkernel_size = 3", [2, 2, 5, 5]);
+    }
+
+    #[test]
+    fn gradient_pad_and_stride() {
+        gradient(
+            "num_output = 3\nkernel_size = 3\npad = 1\nstride = 2",
+            [2, 2, 6, 5],
+        );
+    }
+
+    #[test]
+    fn gradient_rectangular_kernel_and_dilation() {
+        gradient(
+            "num_output = 2\nkernel_size = [2, 3]\ndilation = [2, 1]\npad = [1, 2]",
+            [1, 3, 6, 5],
+        );
+    }
+
+    #[test]
+    fn gradient_groups_without_bias() {
+        gradient(
+            "num_output = 4\nkernel_size = 2\ngroup = 2\nbias_term = false",
+            [2, 4, 4, 4],
+        );
+    }
+
+    #[test]
+    fn rejects_bad_settings() {
+        let new = |extra: &str| {
+            Convolution::new(&layer_config(&format!(
+                "name = \"c\"\ntype = \"convolution\"\n{extra}"
+            )))
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(new("kernel_size = 3").contains("num_output"));
+        assert!(new("num_output = 2").contains("kernel_size"));
+        assert!(new("num_output = 2\nkernel_size = 0").contains("kernel_size"));
+        assert!(new("num_output = 2\nkernel_size = 1\nstride = 0").contains("stride"));
+        assert!(new("num_output = 3\nkernel_size = 1\ngroup = 2").contains("group"));
+        let mut layer = conv("num_output = 2\nkernel_size = 1\ngroup = 2");
+        assert!(layer.reshape(&[&[1, 3, 4, 4]]).is_err());
+        assert!(layer.reshape(&[&[1, 4, 4]]).is_err());
+        let mut big = conv("num_output = 2\nkernel_size = 5");
+        let err = big.reshape(&[&[1, 1, 4, 4]]).unwrap_err().to_string();
+        assert!(err.contains("spans 5"), "{err}");
+        let mut fixed = conv("num_output = 2\nkernel_size = 1");
+        fixed.reshape(&[&[1, 2, 4, 4]]).unwrap();
+        assert!(fixed.reshape(&[&[3, 2, 5, 5]]).is_ok());
+        assert!(fixed.reshape(&[&[3, 3, 5, 5]]).is_err());
+    }
+}

@@ -1,0 +1,426 @@
+//! `Pooling`: Caffe's 2-D max and average pooling, optionally global.
+//!
+//! Shapes: bottom `(N, C, H, W)`, top `(N, C, OH, OW)` with Caffe's ceil rule
+//! `OH = ceil((H + 2·ph − kh) / sh) + 1`, minus 1 when `ph > 0` and the last window would start at
+//! or beyond `H + ph` (`(OH − 1)·sh ≥ H + ph`); likewise `OW`. `global_pooling` takes the whole
+//! `H×W` as the kernel, with pad 0 and stride 1 (top `(N, C, 1, 1)`).
+//!
+//! Window of output `(oy, ox)`: rows `[oy·sh − ph, oy·sh − ph + kh)`.
+//! - `max`: the largest input of the window clipped to the image; the first maximum (row-major)
+//!   wins ties and is the one that receives the gradient (its index is kept, Caffe's mask).
+//! - `ave`: the sum of the clipped window divided by the size of the window clipped to
+//!   `[−pad, H + pad)` (padding counts, the part beyond `H + pad` does not), exactly as Caffe.
+
+use crate::config::{LayerConfig, PoolMethod};
+use crate::error::{Error, Result};
+use crate::layers::spatial::{pair, Pair};
+use crate::layers::{Ctx, Layer};
+use crate::tensor::Blob;
+
+/// The pooling layer; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Pooling {
+    name: String,
+    method: PoolMethod,
+    global: bool,
+    kernel: Pair,
+    stride: Pair,
+    pad: Pair,
+    /// `(N·C)` planes of the current bottom.
+    planes: usize,
+    input: Pair,
+    output: Pair,
+    /// Max: for each top element, the index within its input plane of the winning input.
+    argmax: Vec<u32>,
+}
+
+/// Caffe's pooled size of one axis; `None` when the window does not fit.
+pub fn pooled_size(input: usize, kernel: usize, stride: usize, pad: usize) -> Option<usize> {
+    let padded = input + 2 * pad;
+    if padded < kernel {
+        return None;
+    }
+    let mut out = (padded - kernel).div_ceil(stride) + 1;
+    if pad > 0 && (out - 1) * stride >= input + pad {
+        out -= 1;
+    }
+    Some(out)
+}
+
+impl Pooling {
+    /// Reads `pool` (default max), `kernel_size` (required unless `global_pooling`, ≥ 1),
+    /// `stride` (≥ 1, default 1), `pad` (< kernel, default 0), `global_pooling` (default false).
+    pub fn new(cfg: &LayerConfig) -> Result<Self> {
+        let name = &cfg.name;
+        let err = |msg: String| Err(Error::net(name, msg));
+        let global = cfg.global_pooling.unwrap_or(false);
+        if global {
+            if cfg.kernel_size.is_some() || cfg.stride.is_some() || cfg.pad.is_some() {
+                return err(
+                    "`global_pooling` takes the whole image: leave out kernel_size, stride and pad"
+                        .into(),
+                );
+            }
+        } else if cfg.kernel_size.is_none() {
+            return err("`kernel_size` is required (or set global_pooling = true)".into());
+        }
+        let kernel = pair(name, "kernel_size", &cfg.kernel_size, 1)?;
+        let stride = pair(name, "stride", &cfg.stride, 1)?;
+        let pad = pair(name, "pad", &cfg.pad, 0)?;
+        for (key, v) in [("kernel_size", kernel), ("stride", stride)] {
+            if v.contains(&0) {
+                return err(format!("`{key}` must be at least 1, got {v:?}"));
+            }
+        }
+        if pad[0] >= kernel[0] || pad[1] >= kernel[1] {
+            return err(format!(
+                "`pad` {pad:?} must be smaller than the kernel {kernel:?}"
+            ));
+        }
+        Ok(Pooling {
+            name: name.clone(),
+            method: cfg.pool.unwrap_or(PoolMethod::Max),
+            global,
+            kernel,
+            stride,
+            pad,
+            planes: 0,
+            input: [0; 2],
+            output: [0; 2],
+            argmax: Vec::new(),
+        })
+    }
+
+    /// The clipped window of output `o` on one axis: `(start, end, divisor extent)`.
+    #[inline]
+    fn window(&self, a: usize, o: usize) -> (usize, usize, usize) {
+        let start = (o * self.stride[a]) as isize - self.pad[a] as isize;
+        let end_padded =
+            (start + self.kernel[a] as isize).min((self.input[a] + self.pad[a]) as isize);
+        let extent = (end_padded - start) as usize;
+        let end = end_padded.min(self.input[a] as isize) as usize;
+        (start.max(0) as usize, end, extent)
+    }
+}
+
+impl Layer for Pooling {
+    fn type_name(&self) -> &'static str {
+        "pooling"
+    }
+
+    /// One bottom `(N, C, H, W)`; top `(N, C, OH, OW)`.
+    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+        let err = |msg: String| Err(Error::net(&self.name, msg));
+        let [shape] = bottoms else {
+            return err(format!("takes 1 bottom, got {}", bottoms.len()));
+        };
+        let &[n, c, h, w] = *shape else {
+            return err(format!(
+                "takes a bottom (N, C, H, W), got {shape:?} (2-D pooling only)"
+            ));
+        };
+        if self.global {
+            self.kernel = [h, w];
+        }
+        let mut output = [0; 2];
+        for (a, size) in [h, w].into_iter().enumerate() {
+            match pooled_size(size, self.kernel[a], self.stride[a], self.pad[a]) {
+                Some(o) => output[a] = o,
+                None => {
+                    return err(format!(
+                        "the kernel {:?} is larger than the padded input of bottom {shape:?}",
+                        self.kernel
+                    ))
+                }
+            }
+        }
+        if (h * w) as u64 > u32::MAX as u64 {
+            return err(format!("bottom {shape:?}: an image plane is too large"));
+        }
+        self.planes = n * c;
+        self.input = [h, w];
+        self.output = output;
+        Ok(vec![vec![n, c, output[0], output[1]]])
+    }
+
+    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+        let [h, w] = self.input;
+        let [oh, ow] = self.output;
+        let x = &bottoms[0].data;
+        let y = &mut tops[0].data;
+        if self.method == PoolMethod::Max {
+            // A no-op after the first step at a given batch size.
+            self.argmax.resize(y.len(), 0);
+        }
+        for p in 0..self.planes {
+            let plane = &x[p * h * w..(p + 1) * h * w];
+            for oy in 0..oh {
+                let (y0, y1, ey) = self.window(0, oy);
+                for ox in 0..ow {
+                    let (x0, x1, ex) = self.window(1, ox);
+                    let t = (p * oh + oy) * ow + ox;
+                    match self.method {
+                        PoolMethod::Max => {
+                            let mut best = f32::NEG_INFINITY;
+                            let mut at = y0 * w + x0;
+                            for iy in y0..y1 {
+                                for ix in x0..x1 {
+                                    let v = plane[iy * w + ix];
+                                    if v > best {
+                                        best = v;
+                                        at = iy * w + ix;
+                                    }
+                                }
+                            }
+                            y[t] = best;
+                            self.argmax[t] = at as u32;
+                        }
+                        PoolMethod::Ave => {
+                            let mut sum = 0.0;
+                            for iy in y0..y1 {
+                                sum += plane[iy * w + x0..iy * w + x1].iter().sum::<f32>();
+                            }
+                            y[t] = sum / (ey * ex) as f32;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Max: `dx[argmax] += dy`; ave: every input of the window gets `dy / divisor`.
+    fn backward(
+        &mut self,
+        _ctx: &Ctx,
+        tops: &[Blob],
+        propagate_down: &[bool],
+        bottoms: &mut [Blob],
+        _params: &[&[f32]],
+        _param_diffs: &mut [&mut [f32]],
+    ) {
+        if !propagate_down[0] {
+            return;
+        }
+        let [h, w] = self.input;
+        let [oh, ow] = self.output;
+        let dy = &tops[0].diff;
+        let dx = &mut bottoms[0].diff;
+        for p in 0..self.planes {
+            let plane = &mut dx[p * h * w..(p + 1) * h * w];
+            for oy in 0..oh {
+                let (y0, y1, ey) = self.window(0, oy);
+                for ox in 0..ow {
+                    let t = (p * oh + oy) * ow + ox;
+                    match self.method {
+                        PoolMethod::Max => plane[self.argmax[t] as usize] += dy[t],
+                        PoolMethod::Ave => {
+                            let (x0, x1, ex) = self.window(1, ox);
+                            let g = dy[t] / (ey * ex) as f32;
+                            for iy in y0..y1 {
+                                plane[iy * w + x0..iy * w + x1]
+                                    .iter_mut()
+                                    .for_each(|v| *v += g);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::config::Phase;
+    use crate::layers::gradient_check::{layer_config, GradientChecker};
+
+    fn pool(extra: &str) -> Pooling {
+        Pooling::new(&layer_config(&format!(
+            "name = \"pool\"\ntype = \"pooling\"\n{extra}"
+        )))
+        .unwrap()
+    }
+
+    fn forward(layer: &mut Pooling, x: Blob) -> Blob {
+        let tops = layer.reshape(&[&x.shape]).unwrap();
+        let mut top = vec![Blob::new(&tops[0])];
+        top[0].data.fill(f32::NAN);
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        };
+        layer.forward(&ctx, &[x], &[], &mut top);
+        top.remove(0)
+    }
+
+    /// Distinct values (a shuffled ramp) so that max pooling has no ties.
+    fn distinct_blob(shape: &[usize], seed: u64) -> Blob {
+        let mut b = Blob::new(shape);
+        let n = b.count();
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut s = seed;
+        for i in (1..n).rev() {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            order.swap(i, (s >> 33) as usize % (i + 1));
+        }
+        for (v, o) in b.data.iter_mut().zip(order) {
+            // Steps of 2/n ≫ the checker's step of 0.01 for the sizes used here.
+            *v = -1.0 + 2.0 * o as f32 / n as f32;
+        }
+        b
+    }
+
+    #[test]
+    fn pooled_size_follows_caffe() {
+        assert_eq!(pooled_size(28, 2, 2, 0), Some(14));
+        assert_eq!(pooled_size(32, 3, 2, 0), Some(16)); // ceil(29/2) + 1
+        assert_eq!(pooled_size(5, 2, 2, 0), Some(3)); // ceil rule keeps a partial window
+        assert_eq!(pooled_size(4, 3, 2, 1), Some(3)); // ceil(3/2)+1 = 3; (3−1)·2 = 4 < 4+1
+        assert_eq!(pooled_size(5, 3, 2, 1), Some(3));
+        assert_eq!(pooled_size(6, 2, 2, 1), Some(4)); // 4, (4−1)·2 = 6 ≥ 7? no
+        assert_eq!(pooled_size(4, 2, 2, 1), Some(3));
+        assert_eq!(pooled_size(1, 2, 2, 1), Some(1)); // ceil(1/2)+1 = 2; (2−1)·2 = 2 ≥ 1+1: 1
+        assert_eq!(pooled_size(3, 3, 3, 2), Some(2)); // ceil(4/3)+1 = 3; (3−1)·3 = 6 ≥ 3+2: 2
+        assert_eq!(pooled_size(2, 3, 1, 0), None);
+    }
+
+    #[test]
+    fn max_forward_by_hand() {
+        let mut x = Blob::new(&[1, 1, 3, 4]);
+        x.data = vec![
+            1.0, 5.0, 2.0, 0.0, //
+            3.0, 4.0, 8.0, 7.0, //
+            9.0, 6.0, -1.0, -2.0,
+        ];
+        let top = forward(&mut pool("kernel_size = 2\nstride = 2"), x.clone());
+        // ceil((3−2)/2)+1 = 2 rows: the second window is clipped to row 2.
+        assert_eq!(top.shape, vec![1, 1, 2, 2]);
+        assert_eq!(top.data, vec![5.0, 8.0, 9.0, -1.0]);
+    }
+
+    #[test]
+    fn ave_forward_by_hand_with_padding() {
+        // 1×1×2×2 of ones, kernel 2, stride 2, pad 1: output 2×2 (ceil(2/2)+1 = 2; (2−1)·2 = 2
+        // < 2 + 1). Window (0,0) covers rows −1..1: one pixel, divisor 2·2 = 4.
+        let mut x = Blob::new(&[1, 1, 2, 2]);
+        x.data = vec![1.0, 2.0, 3.0, 4.0];
+        let top = forward(
+            &mut pool("pool = \"ave\"\nkernel_size = 2\nstride = 2\npad = 1"),
+            x,
+        );
+        assert_eq!(top.shape, vec![1, 1, 2, 2]);
+        assert_eq!(top.data, vec![0.25, 0.5, 0.75, 1.0]);
+        // Kernel 3, stride 2, pad 1 on 4 wide: 3 outputs. Window 0 spans −1..2 (divisor 3,
+        // padding counts), window 1 spans 1..4, window 2 spans 3..6 cut at 4 + pad = 5
+        // (divisor 2, holding the one pixel 4).
+        let mut x = Blob::new(&[1, 1, 1, 4]);
+        x.data = vec![1.0, 2.0, 3.0, 4.0];
+        let top = forward(
+            &mut pool("pool = \"ave\"\nkernel_size = [1, 3]\nstride = [1, 2]\npad = [0, 1]"),
+            x,
+        );
+        assert_eq!(top.shape, vec![1, 1, 1, 3]);
+        assert_eq!(top.data, vec![1.0, 3.0, 2.0]);
+    }
+
+    #[test]
+    fn global_pooling_by_hand() {
+        let mut x = Blob::new(&[2, 1, 2, 3]);
+        x.data = (0..12).map(|v| v as f32).collect();
+        let top = forward(
+            &mut pool("global_pooling = true\npool = \"ave\""),
+            x.clone(),
+        );
+        assert_eq!(top.shape, vec![2, 1, 1, 1]);
+        assert_eq!(top.data, vec![2.5, 8.5]);
+        let top = forward(&mut pool("global_pooling = true"), x);
+        assert_eq!(top.data, vec![5.0, 11.0]);
+    }
+
+    #[test]
+    fn max_ties_go_to_the_first() {
+        let mut layer = pool("kernel_size = 2");
+        let mut x = Blob::new(&[1, 1, 2, 2]);
+        x.data = vec![1.0, 3.0, 3.0, 0.0];
+        let top = forward(&mut layer, x.clone());
+        assert_eq!(top.data, vec![3.0]);
+        let mut bottoms = vec![x];
+        let mut t = top;
+        t.diff = vec![1.0];
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        };
+        layer.backward(&ctx, &[t], &[true], &mut bottoms, &[], &mut []);
+        assert_eq!(bottoms[0].diff, vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    fn gradient(extra: &str, shape: &[usize]) {
+        let bottom = distinct_blob(shape, 41);
+        let report = GradientChecker::default()
+            .check(&mut pool(extra), &[bottom], &[true])
+            .unwrap();
+        report.assert_ok();
+        assert!(report.checked > 0);
+    }
+
+    #[test]
+    fn gradient_max() {
+        gradient("kernel_size = 2\nstride = 2", &[2, 2, 4, 5]);
+        gradient("kernel_size = 3\nstride = 2", &[1, 2, 7, 6]);
+    }
+
+    #[test]
+    fn gradient_max_with_padding() {
+        gradient("kernel_size = 3\nstride = 2\npad = 1", &[2, 2, 5, 6]);
+    }
+
+    #[test]
+    fn gradient_ave_with_padding() {
+        gradient(
+            "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
+            &[2, 2, 5, 6],
+        );
+        gradient(
+            "pool = \"ave\"\nkernel_size = [2, 3]\nstride = [1, 2]",
+            &[1, 3, 4, 7],
+        );
+    }
+
+    #[test]
+    fn gradient_global() {
+        gradient("global_pooling = true", &[2, 3, 3, 4]);
+        gradient("global_pooling = true\npool = \"ave\"", &[2, 3, 3, 4]);
+    }
+
+    #[test]
+    fn rejects_bad_settings() {
+        let new = |extra: &str| {
+            Pooling::new(&layer_config(&format!(
+                "name = \"p\"\ntype = \"pooling\"\n{extra}"
+            )))
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(new("stride = 2").contains("kernel_size"));
+        assert!(new("kernel_size = 2\npad = 2").contains("pad"));
+        assert!(new("kernel_size = 2\nstride = 0").contains("stride"));
+        assert!(new("global_pooling = true\nkernel_size = 2").contains("global_pooling"));
+        assert!(pool("kernel_size = 2").reshape(&[&[1, 4, 4]]).is_err());
+        assert!(pool("kernel_size = 5").reshape(&[&[1, 1, 4, 4]]).is_err());
+    }
+}

@@ -1,0 +1,181 @@
+//! `Reshape`: Caffe's reshape. The axes `axis .. axis + num_axes` of the bottom (`axis` default
+//! 0, `num_axes` default −1 = to the end) are replaced by `shape`, where 0 copies the bottom's
+//! dimension at the same position and −1 (at most once) is inferred from the element count. The
+//! batch axis must come out unchanged (`shape = [0, -1]` flattens a sample). The data is copied;
+//! the gradient passes through unchanged.
+
+use crate::config::LayerConfig;
+use crate::error::{Error, Result};
+use crate::layers::{Ctx, Layer};
+use crate::tensor::Blob;
+
+/// The reshape layer; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Reshape {
+    name: String,
+    axis: usize,
+    num_axes: i64,
+    shape: Vec<i64>,
+}
+
+impl Reshape {
+    /// Reads `shape` (required), `axis` (default 0) and `num_axes` (default −1).
+    pub fn new(cfg: &LayerConfig) -> Result<Self> {
+        let Some(shape) = cfg.shape.clone() else {
+            return Err(Error::net(&cfg.name, "`shape` is required"));
+        };
+        if let Some(d) = shape.iter().find(|&&d| d < -1) {
+            return Err(Error::net(
+                &cfg.name,
+                format!("`shape` values must be ≥ −1, got {d}"),
+            ));
+        }
+        if shape.iter().filter(|&&d| d == -1).count() > 1 {
+            return Err(Error::net(
+                &cfg.name,
+                "`shape` may infer (−1) one axis only",
+            ));
+        }
+        Ok(Reshape {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(0),
+            num_axes: cfg.num_axes.unwrap_or(-1),
+            shape,
+        })
+    }
+}
+
+impl Layer for Reshape {
+    fn type_name(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+        let err = |msg: String| Err(Error::net(&self.name, msg));
+        let [bottom] = bottoms else {
+            return err(format!("takes 1 bottom, got {}", bottoms.len()));
+        };
+        let axis = self.axis;
+        let end = match self.num_axes {
+            -1 => bottom.len(),
+            n if n >= 0 && axis + n as usize <= bottom.len() => axis + n as usize,
+            n => {
+                return err(format!(
+                    "`num_axes` {n} from axis {axis} is out of range for bottom {bottom:?}"
+                ))
+            }
+        };
+        if axis > bottom.len() {
+            return err(format!(
+                "`axis` {axis} is out of range for bottom {bottom:?}"
+            ));
+        }
+        let mut top = bottom[..axis].to_vec();
+        let mut infer = None;
+        for (i, &d) in self.shape.iter().enumerate() {
+            match d {
+                0 => match bottom.get(axis + i) {
+                    Some(&b) => top.push(b),
+                    None => {
+                        return err(format!(
+                            "`shape[{i}]` = 0 copies axis {} that bottom {bottom:?} lacks",
+                            axis + i
+                        ))
+                    }
+                },
+                -1 => {
+                    infer = Some(top.len());
+                    top.push(1);
+                }
+                d => top.push(d as usize),
+            }
+        }
+        top.extend_from_slice(&bottom[end..]);
+        let count: usize = bottom.iter().product();
+        if let Some(at) = infer {
+            let rest: usize = top.iter().product();
+            if rest == 0 || count % rest != 0 {
+                return err(format!(
+                    "cannot infer the −1 of `shape` {:?}: bottom {bottom:?} has {count} elements",
+                    self.shape
+                ));
+            }
+            top[at] = count / rest;
+        }
+        if top.iter().product::<usize>() != count {
+            return err(format!(
+                "`shape` {:?} gives {top:?}, which does not hold the {count} elements of bottom {bottom:?}",
+                self.shape
+            ));
+        }
+        if top.first() != bottom.first() {
+            return err(format!(
+                "`shape` {:?} gives {top:?}: the batch axis of bottom {bottom:?} must stay first and unchanged",
+                self.shape
+            ));
+        }
+        Ok(vec![top])
+    }
+
+    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+        tops[0].data.copy_from_slice(&bottoms[0].data);
+    }
+
+    fn backward(
+        &mut self,
+        _ctx: &Ctx,
+        tops: &[Blob],
+        propagate_down: &[bool],
+        bottoms: &mut [Blob],
+        _params: &[&[f32]],
+        _param_diffs: &mut [&mut [f32]],
+    ) {
+        if propagate_down[0] {
+            for (d, &g) in bottoms[0].diff.iter_mut().zip(&tops[0].diff) {
+                *d += g;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+
+    fn reshape(extra: &str) -> Reshape {
+        Reshape::new(&layer_config(&format!(
+            "name = \"r\"\ntype = \"reshape\"\n{extra}"
+        )))
+        .unwrap()
+    }
+
+    #[test]
+    fn shapes_with_0_and_minus_1() {
+        let s: &[usize] = &[2, 3, 4, 5];
+        let top = |extra: &str| reshape(extra).reshape(&[s]).map(|mut t| t.remove(0));
+        assert_eq!(top("shape = [0, -1]").unwrap(), vec![2, 60]);
+        assert_eq!(top("shape = [0, 0, -1, 10]").unwrap(), vec![2, 3, 2, 10]);
+        assert_eq!(top("shape = [-1, 2]\naxis = 2").unwrap(), vec![2, 3, 10, 2]);
+        assert_eq!(
+            top("shape = [2, 2]\naxis = 2\nnum_axes = 1").unwrap(),
+            vec![2, 3, 2, 2, 5]
+        );
+        assert!(top("shape = [-1, 6]").is_err()); // batch 20
+        assert!(top("shape = [0, 7, -1]").is_err());
+        assert!(top("shape = [0, 59]").is_err());
+        assert!(Reshape::new(&layer_config(
+            "name = \"r\"\ntype = \"reshape\"\nshape = [-1, -1]"
+        ))
+        .is_err());
+    }
+
+    #[test]
+    fn gradient() {
+        let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 92);
+        GradientChecker::default()
+            .check(&mut reshape("shape = [0, -1, 3]"), &[x], &[true])
+            .unwrap()
+            .assert_ok();
+    }
+}

@@ -1,0 +1,109 @@
+//! Dropout and `sync = true` BatchNorm under the real launcher: N replicas × batch b train to the
+//! same weights, running statistics and per-iteration losses as 1 replica × batch N·b, whether
+//! the replicas are processes (np 2) or threads of one process (replicas_per_rank = 2); and a
+//! control showing that without `sync` the per-replica statistics make np 2 differ.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+const CONFIG: &str = "tests/configs/bn_equivalence.toml";
+/// Index of the BatchNorm layer that has `sync = true` in the config.
+const BN_LAYERS: &[usize] = &[1];
+
+/// Trains the config with `np` processes × `replicas` threads × `batch`; returns the output dir.
+fn train(name: &str, np: usize, replicas: usize, batch: usize, sets: &[String]) -> PathBuf {
+    let dir = out_dir(name);
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        repo(CONFIG).display().to_string(),
+        "--output".into(),
+        dir.display().to_string(),
+        "--set".into(),
+        format!("data.batch_size={batch}"),
+        "--set".into(),
+        format!("cluster.replicas_per_rank={replicas}"),
+    ];
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = mpi_p2ptrain(np, &args);
+    assert!(out.status.success(), "{name} failed:\n{}", text(&out));
+    dir
+}
+
+fn final_snapshot(dir: &Path) -> PathBuf {
+    dir.join("snapshots/bn_iter_20.safetensors")
+}
+
+fn no_sync() -> Vec<String> {
+    BN_LAYERS
+        .iter()
+        .map(|i| format!("layer[{i}].sync=false"))
+        .collect()
+}
+
+/// Weights and running statistics within 2e-4 (relative), same per-iteration losses and test
+/// accuracy. Returns the worst weight difference.
+fn assert_equivalent(reference: &Path, other: &Path, what: &str) {
+    let snap = tensors(&final_snapshot(reference));
+    for name in ["bn1.mean", "bn1.variance", "bn1.factor"] {
+        let (_, v) = &snap[name];
+        assert!(
+            v.iter().any(|&x| x != 0.0),
+            "{what}: {name} never moved from 0"
+        );
+    }
+    let diff = max_rel_diff(&final_snapshot(reference), &final_snapshot(other));
+    assert!(
+        diff < 2e-4,
+        "{what}: weights or running statistics differ by {diff:e} (relative)"
+    );
+    let (a, b) = (
+        metrics(&reference.join("metrics.jsonl")),
+        metrics(&other.join("metrics.jsonl")),
+    );
+    assert_eq!(a.len(), b.len(), "{what}: metrics lines");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["iter"], y["iter"]);
+        assert_eq!(x["phase"], y["phase"]);
+        let (lx, ly) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
+        assert!(
+            (lx - ly).abs() < 2e-4 * lx.abs().max(1.0),
+            "{what}: loss at {x} vs {y}"
+        );
+        if x["phase"] == "test" {
+            assert_eq!(x["accuracy"], y["accuracy"], "{what}: test accuracy");
+        }
+    }
+    assert_eq!(a.iter().filter(|x| x["phase"] == "test").count(), 2);
+}
+
+#[test]
+fn sync_batch_norm_and_dropout_match_across_processes_and_threads() {
+    let reference = train("bn_np1_r1_b16", 1, 1, 16, &[]);
+    let processes = train("bn_np2_r1_b8", 2, 1, 8, &[]);
+    assert_equivalent(&reference, &processes, "np 2 × batch 8");
+    let threads = train("bn_np1_r2_b8", 1, 2, 8, &[]);
+    assert_equivalent(&reference, &threads, "np 1 × 2 replicas × batch 8");
+    // Processes and threads sum the per-replica statistics in the same rank order.
+    assert_eq!(
+        tensors(&final_snapshot(&processes)),
+        tensors(&final_snapshot(&threads)),
+        "np 2 and 2 threads should agree bit for bit"
+    );
+}
+
+#[test]
+fn without_sync_two_processes_normalise_per_replica_and_differ() {
+    let reference = train("nosync_np1_r1_b16", 1, 1, 16, &no_sync());
+    let split = train("nosync_np2_r1_b8", 2, 1, 8, &no_sync());
+    let diff = max_rel_diff(&final_snapshot(&reference), &final_snapshot(&split));
+    assert!(
+        diff > 1e-3,
+        "per-replica statistics should change the training (diff {diff:e})"
+    );
+}
