@@ -8,8 +8,8 @@
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 
 use super::{
-    Config, DataFormat, FillerConfig, FillerKind, LayerConfig, LayerKind, LrPolicy, Phase,
-    SolverType, Source,
+    Config, DataFormat, Dims, EltwiseOp, FillerConfig, FillerKind, LayerConfig, LayerKind,
+    LrPolicy, Phase, SolverType, Source,
 };
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -22,6 +22,8 @@ const GIB: u64 = 1 << 30;
 const MAX_TENSOR_BYTES: u64 = 64 * GIB;
 const MAX_REPLICAS_PER_RANK: usize = 1024;
 const MAX_NUM_OUTPUT: usize = 1 << 28;
+/// The largest kernel size, stride, pad or dilation.
+const MAX_SPATIAL: usize = 1 << 20;
 /// Record elements of a synthetic shape must stay below this.
 const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// The bundled digits: 8×8 grey images of 10 classes.
@@ -707,16 +709,43 @@ impl Validator<'_> {
                 format!("`{k}` does not apply to a layer of type {kind}"),
             ));
         }
-        let bias = l.kind == LayerKind::InnerProduct && l.bias_term != Some(false);
-        if l.bias_filler.is_some() && !bias && l.kind == LayerKind::InnerProduct {
+        let bias = match l.kind {
+            LayerKind::InnerProduct | LayerKind::Convolution => l.bias_term != Some(false),
+            LayerKind::Scale => l.bias_term == Some(true),
+            _ => false,
+        };
+        let takes_bias_filler = matches!(
+            l.kind,
+            LayerKind::InnerProduct | LayerKind::Convolution | LayerKind::Scale
+        );
+        if l.bias_filler.is_some() && !bias && takes_bias_filler {
+            let off = if l.kind == LayerKind::Scale {
+                "unless bias_term = true"
+            } else {
+                "when bias_term = false"
+            };
             return Err(self.err(
                 &key("bias_filler"),
-                "`bias_filler` does not apply when bias_term = false",
+                format!("`bias_filler` does not apply {off}"),
             ));
         }
-        let learnable = match l.kind {
-            LayerKind::InnerProduct => 1 + bias as usize,
-            _ => 0,
+        // Scale and Bias learn their tensor only with one bottom; a second bottom provides it.
+        let one_bottom = l.bottom.len() < 2;
+        let (learnable, tensors) = match l.kind {
+            LayerKind::InnerProduct | LayerKind::Convolution if bias => {
+                (2, "2 learnable tensors (weight, bias)")
+            }
+            LayerKind::InnerProduct | LayerKind::Convolution => {
+                (1, "1 learnable tensor (weight; bias_term = false)")
+            }
+            LayerKind::Scale if one_bottom && bias => (2, "2 learnable tensors (scale, bias)"),
+            LayerKind::Scale if one_bottom => (1, "1 learnable tensor (scale)"),
+            LayerKind::Scale if bias => (
+                1,
+                "1 learnable tensor (bias; the scale is the second bottom)",
+            ),
+            LayerKind::Bias if one_bottom => (1, "1 learnable tensor (bias)"),
+            _ => (0, ""),
         };
         // Dropout and BatchNorm keys.
         if l.kind == LayerKind::Dropout || l.kind == LayerKind::BatchNorm {
@@ -731,14 +760,9 @@ impl Validator<'_> {
                 ));
             }
             if m.len() > learnable {
-                let what = if bias {
-                    "2 learnable tensors (weight, bias)"
-                } else {
-                    "1 learnable tensor (weight; bias_term = false)"
-                };
                 return Err(self.err(
                     &key(k),
-                    format!("has {} values but the layer has {what}", m.len()),
+                    format!("has {} values but the layer has {tensors}", m.len()),
                 ));
             }
             for (j, v) in m.iter().enumerate() {
@@ -782,9 +806,159 @@ impl Validator<'_> {
         for (k, f) in [
             ("weight_filler", &l.weight_filler),
             ("bias_filler", &l.bias_filler),
+            ("filler", &l.filler),
         ] {
             if let Some(f) = f {
                 self.filler(&key(k), f)?;
+            }
+        }
+        self.conv_keys(i, l)
+    }
+
+    /// The ranges of the keys of the convolutional layer types.
+    fn conv_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let kind = name_of(&l.kind);
+        let spatial = |k: &str, dims: &Option<Dims>, min: usize| -> Result<Option<[usize; 2]>> {
+            let Some(d) = dims else { return Ok(None) };
+            let Some(v) = d.per_axis(2) else {
+                return Err(self.err(
+                    &key(k),
+                    "takes 1 or 2 values (one per spatial axis; 2-D only)",
+                ));
+            };
+            for (j, &x) in v.iter().enumerate() {
+                let at = match d {
+                    Dims::PerAxis(list) if list.len() > 1 => format!("layer[{i}].{k}[{j}]"),
+                    _ => key(k),
+                };
+                if x < min || x > MAX_SPATIAL {
+                    return Err(self.src.error_at(
+                        &key(k),
+                        &at,
+                        format!("must be between {min} and {MAX_SPATIAL}, got {x}"),
+                    ));
+                }
+            }
+            Ok(Some([v[0], v[1]]))
+        };
+        match l.kind {
+            LayerKind::Convolution | LayerKind::Pooling => {
+                let conv = l.kind == LayerKind::Convolution;
+                let global = l.global_pooling == Some(true);
+                let kernel = spatial("kernel_size", &l.kernel_size, 1)?;
+                spatial("stride", &l.stride, 1)?;
+                let pad = spatial("pad", &l.pad, 0)?;
+                spatial("dilation", &l.dilation, 1)?;
+                if global {
+                    if let Some(k) = ["kernel_size", "stride", "pad"]
+                        .into_iter()
+                        .zip([l.kernel_size.is_some(), l.stride.is_some(), l.pad.is_some()])
+                        .find_map(|(k, set)| set.then_some(k))
+                    {
+                        return Err(self.err(
+                            &key(k),
+                            format!("`{k}` does not apply with global_pooling = true (the kernel is the whole image)"),
+                        ));
+                    }
+                } else if kernel.is_none() {
+                    let or = if conv {
+                        ""
+                    } else {
+                        " (or global_pooling = true)"
+                    };
+                    return Err(self.err(
+                        &key("kernel_size"),
+                        format!("a layer of type {kind} needs `kernel_size`{or}"),
+                    ));
+                }
+                if let (false, Some(k), Some(p)) = (conv, kernel, pad) {
+                    if p[0] >= k[0] || p[1] >= k[1] {
+                        return Err(self.err(
+                            &key("pad"),
+                            format!("must be smaller than the kernel {k:?}, got {p:?}"),
+                        ));
+                    }
+                }
+                if conv {
+                    let n = match l.num_output {
+                        None => {
+                            return Err(self.err(
+                                &key("num_output"),
+                                "a layer of type convolution needs `num_output`",
+                            ))
+                        }
+                        Some(n) if n == 0 || n > MAX_NUM_OUTPUT => {
+                            return Err(self.err(
+                                &key("num_output"),
+                                format!("must be between 1 and 2^28, got {n}"),
+                            ))
+                        }
+                        Some(n) => n,
+                    };
+                    if let Some(g) = l.group {
+                        if g == 0 || n % g != 0 {
+                            return Err(self.err(
+                                &key("group"),
+                                format!("must be at least 1 and divide num_output {n}, got {g}"),
+                            ));
+                        }
+                    }
+                }
+            }
+            LayerKind::Eltwise => {
+                if let Some(c) = &l.coeff {
+                    if l.operation.is_some_and(|op| op != EltwiseOp::Sum) {
+                        return Err(
+                            self.err(&key("coeff"), "`coeff` applies only to operation \"sum\"")
+                        );
+                    }
+                    if c.len() != l.bottom.len() {
+                        return Err(self.err(
+                            &key("coeff"),
+                            format!(
+                                "has {} values but the layer has {} bottoms (one coefficient each)",
+                                c.len(),
+                                l.bottom.len()
+                            ),
+                        ));
+                    }
+                    for (j, v) in c.iter().enumerate() {
+                        self.finite(&format!("layer[{i}].coeff[{j}]"), *v)?;
+                    }
+                }
+            }
+            LayerKind::Reshape => {
+                let Some(shape) = &l.shape else {
+                    return Err(self.err(
+                        &key("shape"),
+                        "a layer of type reshape needs `shape` (0 copies an axis, -1 infers one)",
+                    ));
+                };
+                if let Some(j) = shape.iter().position(|&d| d < -1) {
+                    return Err(self.src.error_at(
+                        &key("shape"),
+                        &format!("layer[{i}].shape[{j}]"),
+                        format!("must be -1 (infer), 0 (copy) or positive, got {}", shape[j]),
+                    ));
+                }
+                if shape.iter().filter(|&&d| d == -1).count() > 1 {
+                    return Err(self.err(&key("shape"), "may infer (-1) one axis only"));
+                }
+            }
+            _ => {}
+        }
+        if let Some(n) = l.num_axes {
+            if n < -1 {
+                return Err(self.err(
+                    &key("num_axes"),
+                    format!("must be -1 (to the last axis) or at least 0, got {n}"),
+                ));
+            }
+        }
+        for (k, v) in [("power", l.power), ("scale", l.scale), ("shift", l.shift)] {
+            if let Some(v) = v {
+                self.finite(&key(k), v)?;
             }
         }
         Ok(())
@@ -819,19 +993,27 @@ impl Validator<'_> {
     fn layer_arity(&self, i: usize, l: &LayerConfig) -> Result<()> {
         let kind = name_of(&l.kind);
         let (bottoms, tops, what) = match l.kind {
-            LayerKind::InnerProduct | LayerKind::Relu | LayerKind::Sigmoid | LayerKind::Tanh => {
-                (1, 1, "1 bottom")
+            LayerKind::InnerProduct
+            | LayerKind::Relu
+            | LayerKind::Sigmoid
+            | LayerKind::Tanh
+            | LayerKind::Convolution
+            | LayerKind::Pooling
+            | LayerKind::Flatten
+            | LayerKind::Reshape
+            | LayerKind::Softmax
+            | LayerKind::Power
+            | LayerKind::AbsVal => (1..=1, 1, "1 bottom"),
+            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
+                (2..=2, 1, "2 bottoms (scores, label)")
             }
-            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => (2, 1, "2 bottoms (scores, label)"),
-            LayerKind::Dropout | LayerKind::BatchNorm => (1, 1, "1 bottom"),
-            _ => {
-                return Err(self.err(
-                    &format!("layer[{i}].type"),
-                    format!("layer type {kind} is not built yet"),
-                ))
-            }
+            LayerKind::Scale => (1..=2, 1, "1 bottom, or 2 (data, scale)"),
+            LayerKind::Bias => (1..=2, 1, "1 bottom, or 2 (data, bias)"),
+            LayerKind::Eltwise => (2..=usize::MAX, 1, "2 or more bottoms"),
+            LayerKind::Concat => (1..=usize::MAX, 1, "1 or more bottoms"),
+            LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, 1, "1 bottom"),
         };
-        if l.bottom.len() != bottoms {
+        if !bottoms.contains(&l.bottom.len()) {
             return Err(self.err(
                 &format!("layer[{i}].bottom"),
                 format!(
@@ -960,10 +1142,7 @@ impl Validator<'_> {
                 }
                 Ok(bottoms[0].clone())
             }
-            _ => Err(self.err(
-                &key("type"),
-                format!("layer type {} is not built yet", name_of(&l.kind)),
-            )),
+            _ => self.shape_by_layer(i, l, bottoms, data),
         }
     }
 
@@ -1010,6 +1189,138 @@ impl Validator<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The per-sample top shape of a layer computed by the layer's own `reshape` on
+    /// `[batch] + bottom`, its refusal reported at the key that most likely causes it; checks
+    /// the top's and (for a convolution) the weights' and column buffer's sizes.
+    fn shape_by_layer(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<u64>> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        // The key blamed for a shape the layer refuses: the first of these that is set.
+        let suspects: &[(&str, bool)] = match l.kind {
+            LayerKind::Convolution => &[
+                ("group", l.group.is_some()),
+                ("kernel_size", l.kernel_size.is_some()),
+            ],
+            LayerKind::Pooling => &[
+                ("kernel_size", l.kernel_size.is_some()),
+                ("global_pooling", l.global_pooling.is_some()),
+            ],
+            LayerKind::Scale | LayerKind::Bias => &[
+                ("num_axes", l.num_axes.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Flatten => &[
+                ("end_axis", l.end_axis.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Reshape => &[("shape", true)],
+            LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
+            _ => &[],
+        };
+        let blamed = suspects
+            .iter()
+            .find_map(|(k, set)| set.then_some(*k))
+            .unwrap_or("bottom");
+        let fail = |e: Error| match e {
+            Error::Net { msg, .. } => self.err(&key(blamed), msg),
+            other => other,
+        };
+        let rank4 = matches!(l.kind, LayerKind::Convolution | LayerKind::Pooling);
+        if rank4 && bottoms[0].len() != 3 {
+            return Err(self.err(
+                &key("bottom"),
+                format!(
+                    "bottom `{}` of shape {} is not an image (N, C, H, W)",
+                    l.bottom[0],
+                    shape_str(&bottoms[0])
+                ),
+            ));
+        }
+        let batch = data.max_batch;
+        let full: Vec<Vec<usize>> = bottoms
+            .iter()
+            .map(|b| {
+                std::iter::once(batch)
+                    .chain(b.iter().copied())
+                    .map(|d| d as usize)
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[usize]> = full.iter().map(|b| b.as_slice()).collect();
+        if l.kind == LayerKind::Convolution {
+            let c = bottoms[0][0];
+            let g = l.group.unwrap_or(1) as u64;
+            if c % g != 0 {
+                return Err(self.err(
+                    &key("group"),
+                    format!(
+                        "group {g} does not divide the {c} channels of bottom `{}`",
+                        l.bottom[0]
+                    ),
+                ));
+            }
+        }
+        let mut layer = crate::layers::build(l).map_err(fail)?;
+        let top = layer.reshape(&views).map_err(fail)?.remove(0);
+        let sample: Vec<u64> = top.iter().skip(1).map(|&d| d as u64).collect();
+        let (size_key, what) = match l.kind {
+            LayerKind::Convolution => ("num_output", "the top"),
+            _ => ("top", "the top"),
+        };
+        let too_big = |k: &str, what: String, dims: &[u64]| -> Result<()> {
+            match product(dims).and_then(|e| e.checked_mul(4)) {
+                Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+                Some(b) => Err(self.err(
+                    &key(k),
+                    format!(
+                        "{what} would need {} GiB of f32 (limit {} GiB)",
+                        gib(b),
+                        MAX_TENSOR_BYTES / GIB
+                    ),
+                )),
+                None => Err(self.err(&key(k), format!("{what} overflows the size of a tensor"))),
+            }
+        };
+        let with_batch: Vec<u64> = std::iter::once(batch)
+            .chain(sample.iter().copied())
+            .collect();
+        too_big(
+            size_key,
+            format!(
+                "{what} `{}` {}, batch {batch}",
+                l.top[0],
+                shape_str(&sample)
+            ),
+            &with_batch,
+        )?;
+        if l.kind == LayerKind::Convolution {
+            for spec in layer.param_specs() {
+                let dims: Vec<u64> = spec.shape.iter().map(|&d| d as u64).collect();
+                too_big(
+                    "num_output",
+                    format!("the {} {:?}", spec.name, spec.shape),
+                    &dims,
+                )?;
+            }
+            let (c, k) = (bottoms[0][0], layer.param_specs()[0].shape.clone());
+            let col = [c, k[2] as u64, k[3] as u64, sample[1], sample[2]];
+            too_big(
+                "kernel_size",
+                format!(
+                    "the column buffer (C·kh·kw × OH·OW = {c}·{}·{} × {}·{})",
+                    k[2], k[3], sample[1], sample[2]
+                ),
+                &col,
+            )?;
+        }
+        Ok(sample)
     }
 }
 

@@ -129,12 +129,12 @@ impl Layer for Eltwise {
                     }
                 }
                 EltwiseOp::Prod => {
-                    for i in 0..dy.len() {
+                    for (i, &g) in dy.iter().enumerate() {
                         let others: f32 = (0..bottoms.len())
                             .filter(|&c| c != b)
                             .map(|c| bottoms[c].data[i])
                             .product();
-                        bottoms[b].diff[i] += dy[i] * others;
+                        bottoms[b].diff[i] += g * others;
                     }
                 }
                 EltwiseOp::Max => {

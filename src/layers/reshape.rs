@@ -94,7 +94,7 @@ impl Layer for Reshape {
         let count: usize = bottom.iter().product();
         if let Some(at) = infer {
             let rest: usize = top.iter().product();
-            if rest == 0 || count % rest != 0 {
+            if rest == 0 || !count.is_multiple_of(rest) {
                 return err(format!(
                     "cannot infer the −1 of `shape` {:?}: bottom {bottom:?} has {count} elements",
                     self.shape

@@ -195,7 +195,8 @@ __device__ __forceinline__ float dropout_uniform(unsigned long long seed, unsign
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
-// y = u >= ratio ? x * scale : 0, element e of sample n at stream position first_sample + n.
+// y = x * (u >= ratio ? scale : 0), element e of sample n at stream position first_sample + n
+// (the CPU's product with its mask, so even the sign of a dropped zero agrees).
 extern "C" __global__ void dropout_forward(const float* x, float* y, int n, int per_sample,
                                            unsigned long long seed, unsigned long long iter,
                                            unsigned long long first_sample, float ratio,
@@ -205,11 +206,11 @@ extern "C" __global__ void dropout_forward(const float* x, float* y, int n, int 
         const int e = i - s * per_sample;
         const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
                                         (unsigned long long)e);
-        y[i] = u >= ratio ? x[i] * scale : 0.0f;
+        y[i] = x[i] * (u >= ratio ? scale : 0.0f);
     }
 }
 
-// dx (+)= u >= ratio ? dy * scale : 0, the forward's mask recomputed.
+// dx (+)= dy * (u >= ratio ? scale : 0), the forward's mask recomputed.
 extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, int per_sample,
                                             unsigned long long seed, unsigned long long iter,
                                             unsigned long long first_sample, float ratio,
@@ -219,7 +220,7 @@ extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, i
         const int e = i - s * per_sample;
         const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
                                         (unsigned long long)e);
-        const float g = u >= ratio ? dy[i] * scale : 0.0f;
+        const float g = dy[i] * (u >= ratio ? scale : 0.0f);
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
@@ -295,9 +296,9 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
 }
 
 // Batch statistics from the sums of x and x^2 over m = sums[2C] values: mean, biased variance,
-// stdv = sqrt(var + eps).
+// inv_std = 1 / sqrt(var + eps).
 extern "C" __global__ void bn_batch_stats(const double* sums, int c, float eps, float* mean,
-                                          float* var, float* stdv) {
+                                          float* var, float* inv_std) {
     GRID_STRIDE_INT(ch, c) {
         const double m = sums[2 * c];
         const double mu = sums[ch] / m;
@@ -305,29 +306,29 @@ extern "C" __global__ void bn_batch_stats(const double* sums, int c, float eps, 
         if (v < 0.0) v = 0.0;
         mean[ch] = (float)mu;
         var[ch] = (float)v;
-        stdv[ch] = sqrtf((float)v + eps);
+        inv_std[ch] = 1.0f / sqrtf((float)v + eps);
     }
 }
 
 // Global statistics from the running ones in params = [mean (C), var (C), factor (1)]:
 // s = factor == 0 ? 0 : 1 / factor; mean = running_mean * s, var = running_var * s.
 extern "C" __global__ void bn_global_stats(const float* params, int c, float eps, float* mean,
-                                           float* var, float* stdv) {
+                                           float* var, float* inv_std) {
     const float f = params[2 * c];
     const float s = f == 0.0f ? 0.0f : 1.0f / f;
     GRID_STRIDE_INT(ch, c) {
         mean[ch] = params[ch] * s;
         var[ch] = params[c + ch] * s;
-        stdv[ch] = sqrtf(var[ch] + eps);
+        inv_std[ch] = 1.0f / sqrtf(var[ch] + eps);
     }
 }
 
-// y = (x - mean[c]) / stdv[c]
-extern "C" __global__ void bn_normalize(const float* x, const float* mean, const float* stdv,
+// y = (x - mean[c]) * inv_std[c]
+extern "C" __global__ void bn_normalize(const float* x, const float* mean, const float* inv_std,
                                         float* y, int n, int c, int s) {
     GRID_STRIDE_INT(i, n) {
         const int ch = (i / s) % c;
-        y[i] = (x[i] - mean[ch]) / stdv[ch];
+        y[i] = (x[i] - mean[ch]) * inv_std[ch];
     }
 }
 
@@ -336,7 +337,7 @@ extern "C" __global__ void bn_normalize(const float* x, const float* mean, const
 extern "C" __global__ void bn_update_running(float* params, const float* mean, const float* var,
                                              const double* sums, int c, float maf) {
     const double m = sums[2 * c];
-    const float corr = m > 1.0 ? (float)m / (float)(m - 1.0) : 1.0f;
+    const float corr = m > 1.0 ? (float)(m / (m - 1.0)) : 1.0f;
     GRID_STRIDE_INT(ch, c) {
         params[ch] = params[ch] * maf + mean[ch];
         params[c + ch] = params[c + ch] * maf + corr * var[ch];
@@ -344,26 +345,26 @@ extern "C" __global__ void bn_update_running(float* params, const float* mean, c
     }
 }
 
-// Batch statistics: dx (+)= (dy - mean(dy) - mean(dy * y) * y) / stdv, the means over
+// Batch statistics: dx (+)= (dy - mean(dy) - mean(dy * y) * y) * inv_std, the means over
 // m = sums[2C] values from sums = [sum dy (C), sum dy*y (C), m].
 extern "C" __global__ void bn_backward(const float* dy, const float* y, const double* sums,
-                                       const float* stdv, float* dx, int n, int c, int s,
+                                       const float* inv_std, float* dx, int n, int c, int s,
                                        int accumulate) {
     const double m = sums[2 * c];
     GRID_STRIDE_INT(i, n) {
         const int ch = (i / s) % c;
         const float mean_dy = (float)(sums[ch] / m);
         const float mean_dyy = (float)(sums[c + ch] / m);
-        const float g = (dy[i] - mean_dy - mean_dyy * y[i]) / stdv[ch];
+        const float g = (dy[i] - mean_dy - mean_dyy * y[i]) * inv_std[ch];
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
 
-// Global statistics: dx (+)= dy / stdv
-extern "C" __global__ void bn_backward_global(const float* dy, const float* stdv, float* dx,
+// Global statistics: dx (+)= dy * inv_std
+extern "C" __global__ void bn_backward_global(const float* dy, const float* inv_std, float* dx,
                                               int n, int c, int s, int accumulate) {
     GRID_STRIDE_INT(i, n) {
-        const float g = dy[i] / stdv[(i / s) % c];
+        const float g = dy[i] * inv_std[(i / s) % c];
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }

@@ -606,7 +606,7 @@ impl Kernels {
         )
     }
 
-    /// Batch statistics `mean, var, stdv (C)` from `sums (2C + 1)` of x and x².
+    /// Batch statistics `mean, var, inv_std (C)` from `sums (2C + 1)` of x and x².
     #[allow(clippy::too_many_arguments)]
     pub fn bn_batch_stats(
         &self,
@@ -616,14 +616,14 @@ impl Kernels {
         eps: f32,
         mean: &mut CudaSlice<f32>,
         var: &mut CudaSlice<f32>,
-        stdv: &mut CudaSlice<f32>,
+        inv_std: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let op = "bn_batch_stats";
         check_len(op, "sums", sums.len(), 2 * c + 1);
         for (what, len) in [
             ("mean", mean.len()),
             ("var", var.len()),
-            ("stdv", stdv.len()),
+            ("inv_std", inv_std.len()),
         ] {
             check_len(op, what, len, c);
         }
@@ -634,17 +634,17 @@ impl Kernels {
         let (sump, _sum) = sums.device_ptr(s);
         let (mp, _m) = mean.device_ptr_mut(s);
         let (vp, _v) = var.device_ptr_mut(s);
-        let (sdp, _sd) = stdv.device_ptr_mut(s);
+        let (isp, _is) = inv_std.device_ptr_mut(s);
         launch!(
             self,
             s,
             bn_batch_stats,
             self.grid(c),
-            [&sump, &ci, &eps, &mp, &vp, &sdp]
+            [&sump, &ci, &eps, &mp, &vp, &isp]
         )
     }
 
-    /// Global statistics `mean, var, stdv (C)` from `params (2C + 1)` = running mean, running
+    /// Global statistics `mean, var, inv_std (C)` from `params (2C + 1)` = running mean, running
     /// variance, factor.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_global_stats(
@@ -655,14 +655,14 @@ impl Kernels {
         eps: f32,
         mean: &mut CudaSlice<f32>,
         var: &mut CudaSlice<f32>,
-        stdv: &mut CudaSlice<f32>,
+        inv_std: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let op = "bn_global_stats";
         check_len(op, "params", params.len(), 2 * c + 1);
         for (what, len) in [
             ("mean", mean.len()),
             ("var", var.len()),
-            ("stdv", stdv.len()),
+            ("inv_std", inv_std.len()),
         ] {
             check_len(op, what, len, c);
         }
@@ -673,24 +673,24 @@ impl Kernels {
         let (pp, _p) = params.device_ptr(s);
         let (mp, _m) = mean.device_ptr_mut(s);
         let (vp, _v) = var.device_ptr_mut(s);
-        let (sdp, _sd) = stdv.device_ptr_mut(s);
+        let (isp, _is) = inv_std.device_ptr_mut(s);
         launch!(
             self,
             s,
             bn_global_stats,
             self.grid(c),
-            [&pp, &ci, &eps, &mp, &vp, &sdp]
+            [&pp, &ci, &eps, &mp, &vp, &isp]
         )
     }
 
-    /// `y = (x − mean[c]) / stdv[c]` over `(N, C, S)`.
+    /// `y = (x − mean[c]) · inv_std[c]` over `(N, C, S)`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_normalize(
         &self,
         s: &CudaStream,
         x: &impl DevicePtr<f32>,
         mean: &CudaSlice<f32>,
-        stdv: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
         y: &mut impl DevicePtrMut<f32>,
         (n, c, sp): (usize, usize, usize),
     ) -> Result<()> {
@@ -699,21 +699,21 @@ impl Kernels {
         check_len(op, "x", x.len(), count);
         check_len(op, "y", y.len(), count);
         check_len(op, "mean", mean.len(), c);
-        check_len(op, "stdv", stdv.len(), c);
+        check_len(op, "inv_std", inv_std.len(), c);
         if count == 0 {
             return Ok(());
         }
         let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
         let (xp, _x) = x.device_ptr(s);
         let (mp, _m) = mean.device_ptr(s);
-        let (sdp, _sd) = stdv.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
         let (yp, _y) = y.device_ptr_mut(s);
         launch!(
             self,
             s,
             bn_normalize,
             self.grid(count),
-            [&xp, &mp, &sdp, &yp, &ni, &ci, &si]
+            [&xp, &mp, &isp, &yp, &ni, &ci, &si]
         )
     }
 
@@ -752,8 +752,8 @@ impl Kernels {
         )
     }
 
-    /// Batch-statistics backward over `(N, C, S)`: `dx (+)= (dy − mean(dy) − mean(dy·y)·y) /
-    /// stdv`, the means from `sums (2C + 1)` = `[Σ dy, Σ dy·y, m]`.
+    /// Batch-statistics backward over `(N, C, S)`: `dx (+)= (dy − mean(dy) − mean(dy·y)·y) ·
+    /// inv_std`, the means from `sums (2C + 1)` = `[Σ dy, Σ dy·y, m]`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_backward(
         &self,
@@ -761,7 +761,7 @@ impl Kernels {
         dy: &impl DevicePtr<f32>,
         y: &impl DevicePtr<f32>,
         sums: &CudaSlice<f64>,
-        stdv: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
         dx: &mut impl DevicePtrMut<f32>,
         (n, c, sp): (usize, usize, usize),
         accumulate: bool,
@@ -772,7 +772,7 @@ impl Kernels {
         check_len(op, "y", y.len(), count);
         check_len(op, "dx", dx.len(), count);
         check_len(op, "sums", sums.len(), 2 * c + 1);
-        check_len(op, "stdv", stdv.len(), c);
+        check_len(op, "inv_std", inv_std.len(), c);
         if count == 0 {
             return Ok(());
         }
@@ -781,24 +781,24 @@ impl Kernels {
         let (dyp, _dy) = dy.device_ptr(s);
         let (yp, _y) = y.device_ptr(s);
         let (sump, _sum) = sums.device_ptr(s);
-        let (sdp, _sd) = stdv.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
             self,
             s,
             bn_backward,
             self.grid(count),
-            [&dyp, &yp, &sump, &sdp, &dxp, &ni, &ci, &si, &acc]
+            [&dyp, &yp, &sump, &isp, &dxp, &ni, &ci, &si, &acc]
         )
     }
 
-    /// Global-statistics backward: `dx (+)= dy / stdv[c]` over `(N, C, S)`.
+    /// Global-statistics backward: `dx (+)= dy · inv_std[c]` over `(N, C, S)`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_backward_global(
         &self,
         s: &CudaStream,
         dy: &impl DevicePtr<f32>,
-        stdv: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
         dx: &mut impl DevicePtrMut<f32>,
         (n, c, sp): (usize, usize, usize),
         accumulate: bool,
@@ -807,21 +807,21 @@ impl Kernels {
         let count = n * c * sp;
         check_len(op, "dy", dy.len(), count);
         check_len(op, "dx", dx.len(), count);
-        check_len(op, "stdv", stdv.len(), c);
+        check_len(op, "inv_std", inv_std.len(), c);
         if count == 0 {
             return Ok(());
         }
         let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
         let acc = accumulate as i32;
         let (dyp, _dy) = dy.device_ptr(s);
-        let (sdp, _sd) = stdv.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
             self,
             s,
             bn_backward_global,
             self.grid(count),
-            [&dyp, &sdp, &dxp, &ni, &ci, &si, &acc]
+            [&dyp, &isp, &dxp, &ni, &ci, &si, &acc]
         )
     }
 

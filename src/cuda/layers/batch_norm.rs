@@ -9,7 +9,7 @@
 //! Train (batch statistics): per-channel `Σx` and `Σx²` in double (one block per channel, a
 //! fixed summation tree), all-reduced (`2C + 1` doubles, the count included) on the compute
 //! stream when `sync`; `mean = Σx / m`, biased `var = Σx² / m − mean²`,
-//! `y = (x − mean) / √(var + eps)`. Then [`GpuLayer::update_state`] updates the running
+//! `y = (x − mean) · inv_std`, `inv_std = 1/√(var + eps)` (as the CPU layer). Then [`GpuLayer::update_state`] updates the running
 //! statistics: `factor = factor·maf + 1`, `mean_r = mean_r·maf + mean`,
 //! `var_r = var_r·maf + m/(m−1)·var`. Backward: `Σdy` and `Σdy·y` likewise (all-reduced when
 //! `sync`), `dx = (dy − mean(dy) − mean(dy·y)·y) / √(var + eps)`, so that N replicas × batch b
@@ -45,7 +45,7 @@ pub struct GpuBatchNorm {
     /// `(C)` the statistics the last forward normalised with.
     mean: CudaSlice<f32>,
     var: CudaSlice<f32>,
-    stdv: CudaSlice<f32>,
+    inv_std: CudaSlice<f32>,
     /// Whether the last forward used batch statistics (so that state and backward follow it).
     batch_stats: bool,
 }
@@ -65,7 +65,7 @@ impl GpuBatchNorm {
             sums: scratch(gpu, 1)?,
             mean: scratch(gpu, 1)?,
             var: scratch(gpu, 1)?,
-            stdv: scratch(gpu, 1)?,
+            inv_std: scratch(gpu, 1)?,
             batch_stats: false,
         })
     }
@@ -121,7 +121,7 @@ impl GpuLayer for GpuBatchNorm {
                 self.sums = scratch(gpu, 2 * c + 1)?;
                 self.mean = scratch(gpu, c)?;
                 self.var = scratch(gpu, c)?;
-                self.stdv = scratch(gpu, c)?;
+                self.inv_std = scratch(gpu, c)?;
             }
         }
         self.dims = (shape[0], c, shape[2..].iter().product());
@@ -152,7 +152,7 @@ impl GpuLayer for GpuBatchNorm {
                 self.eps,
                 &mut self.mean,
                 &mut self.var,
-                &mut self.stdv,
+                &mut self.inv_std,
             )?;
         } else {
             gpu.kernels.bn_global_stats(
@@ -162,14 +162,14 @@ impl GpuLayer for GpuBatchNorm {
                 self.eps,
                 &mut self.mean,
                 &mut self.var,
-                &mut self.stdv,
+                &mut self.inv_std,
             )?;
         }
         gpu.kernels.bn_normalize(
             s,
             &x.data(),
             &self.mean,
-            &self.stdv,
+            &self.inv_std,
             &mut y.data_mut(),
             self.dims,
         )
@@ -223,7 +223,7 @@ impl GpuLayer for GpuBatchNorm {
             return gpu.kernels.bn_backward_global(
                 s,
                 &y.diff(),
-                &self.stdv,
+                &self.inv_std,
                 &mut x.diff_mut(),
                 self.dims,
                 acc,
@@ -238,7 +238,7 @@ impl GpuLayer for GpuBatchNorm {
             &y.diff(),
             &top,
             &self.sums,
-            &self.stdv,
+            &self.inv_std,
             &mut x.diff_mut(),
             self.dims,
             acc,

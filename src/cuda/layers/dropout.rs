@@ -174,6 +174,7 @@ mod tests {
             iter: 12345,
             seed: 987,
             first_sample: 4242,
+            reducer: None,
         };
         let mut cpu_layer = layers::build(&cfg).unwrap();
         let tops = cpu_layer.reshape(&[&shape]).unwrap();
