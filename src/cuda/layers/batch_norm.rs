@@ -245,3 +245,239 @@ impl GpuLayer for GpuBatchNorm {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::layers::Collective;
+    use crate::cuda::nccl::{nccl_available, NcclComm, NcclId};
+    use crate::cuda::test_util::{assert_close, gpu_or_skip, skip_loudly};
+    use crate::layers::gradient_check::{layer_config, uniform_blob};
+    use crate::layers::{self, Ctx};
+    use crate::tensor::Blob;
+
+    const RTOL: f32 = 1e-5;
+
+    /// Top data, bottom diff (overwritten) and state after forward, state update and backward.
+    type Run = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn cfg(extra: &str) -> LayerConfig {
+        layer_config(&format!("name = \"bn\"\ntype = \"batch_norm\"\n{extra}"))
+    }
+
+    fn cpu_run(extra: &str, phase: Phase, x: &Blob, dy: &[f32], state: &[f32]) -> Run {
+        let c = x.shape[1];
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        };
+        let mut layer = layers::build(&cfg(extra)).unwrap();
+        let tops = layer.reshape(&[&x.shape]).unwrap();
+        let mut st = vec![
+            state[..c].to_vec(),
+            state[c..2 * c].to_vec(),
+            state[2 * c..].to_vec(),
+        ];
+        let mut top = vec![Blob::new(&tops[0])];
+        {
+            let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
+            layer.forward(&ctx, std::slice::from_ref(x), &p, &mut top);
+        }
+        {
+            let mut v: Vec<&mut [f32]> = st.iter_mut().map(Vec::as_mut_slice).collect();
+            layer.update_state(&ctx, &mut v);
+        }
+        top[0].diff.copy_from_slice(dy);
+        let mut bottom = vec![x.clone()];
+        bottom[0].diff.fill(0.0);
+        let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
+        layer.backward(&ctx, &top, &[true], &mut bottom, &p, &mut []);
+        (top[0].data.clone(), bottom[0].diff.clone(), st.concat())
+    }
+
+    fn gpu_run(
+        gpu: &Gpu,
+        collective: Option<Collective<'_>>,
+        extra: &str,
+        phase: Phase,
+        x: &Blob,
+        dy: &[f32],
+        state: &[f32],
+    ) -> Run {
+        let ctx = GpuCtx {
+            phase,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            collective,
+        };
+        let mut layer = GpuBatchNorm::new(gpu, &cfg(extra)).unwrap();
+        layer.reshape(gpu, &[&x.shape]).unwrap();
+        let len = state.len();
+        let n = x.count();
+        let mut blobs = vec![
+            GpuBlob::from_host(gpu, x).unwrap(),
+            GpuBlob::new(gpu, &x.shape, 0).unwrap(),
+        ];
+        let mut params = gpu.compute.clone_htod(state).unwrap();
+        layer
+            .forward(gpu, &ctx, &mut blobs, &[0], &[1], &params.slice(..len))
+            .unwrap();
+        layer
+            .update_state(gpu, &ctx, &mut params.slice_mut(..len))
+            .unwrap();
+        gpu.compute
+            .memcpy_htod(dy, &mut blobs[1].diff.slice_mut(..n))
+            .unwrap();
+        let mut pdiff = gpu.compute.clone_htod(&vec![f32::NAN; len]).unwrap();
+        layer
+            .backward(
+                gpu,
+                &ctx,
+                &mut blobs,
+                &[0],
+                &[1],
+                &[Grad::Overwrite],
+                &params.slice(..len),
+                Grad::Overwrite,
+                &mut pdiff.slice_mut(..len),
+            )
+            .unwrap();
+        let top = blobs[1].to_host(gpu).unwrap().data;
+        let dx = blobs[0].to_host(gpu).unwrap().diff;
+        let st = gpu.compute.clone_dtoh(&params).unwrap();
+        let pd = gpu.compute.clone_dtoh(&pdiff).unwrap();
+        gpu.synchronize().unwrap();
+        assert!(pd.iter().all(|&g| g == 0.0), "state gradient {pd:?}");
+        (top, dx, st)
+    }
+
+    fn compare(what: &str, got: &Run, want: &Run) {
+        assert_close(&format!("{what}: top"), &got.0, &want.0, RTOL);
+        assert_close(&format!("{what}: bottom diff"), &got.1, &want.1, RTOL);
+        assert_close(&format!("{what}: state"), &got.2, &want.2, RTOL);
+    }
+
+    /// Train: batch statistics, the running statistics' update (from a non-trivial state) and
+    /// the backward through the statistics, against the CPU layer.
+    #[test]
+    fn train_matches_cpu() {
+        let gpu = gpu_or_skip!("train_matches_cpu");
+        let x = uniform_blob(&[4, 3, 5, 6], -2.0, 3.0, 1301);
+        let dy = uniform_blob(&[4, 3, 5, 6], -1.0, 1.0, 1302).data;
+        let state = [0.1, -0.2, 0.3, 0.5, 0.7, 0.9, 2.0];
+        for extra in ["", "moving_average_fraction = 0.9\neps = 1e-3"] {
+            let want = cpu_run(extra, Phase::Train, &x, &dy, &state);
+            let got = gpu_run(&gpu, None, extra, Phase::Train, &x, &dy, &state);
+            compare(&format!("train `{extra}`"), &got, &want);
+        }
+    }
+
+    /// Test phase (global statistics by default) and `use_global_stats = true` in training:
+    /// the scaled running statistics, no state change.
+    #[test]
+    fn global_stats_match_cpu() {
+        let gpu = gpu_or_skip!("global_stats_match_cpu");
+        let x = uniform_blob(&[3, 4, 2, 5], -2.0, 3.0, 1311);
+        let dy = uniform_blob(&[3, 4, 2, 5], -1.0, 1.0, 1312).data;
+        let state = [0.4, -0.6, 0.2, 1.0, 2.0, 0.5, 1.5, 3.0, 2.5];
+        for (extra, phase) in [
+            ("", Phase::Test),
+            ("use_global_stats = true", Phase::Train),
+        ] {
+            let want = cpu_run(extra, phase, &x, &dy, &state);
+            let got = gpu_run(&gpu, None, extra, phase, &x, &dy, &state);
+            compare(&format!("global `{extra}`"), &got, &want);
+            assert_eq!(got.2, state, "global statistics leave the state alone");
+        }
+    }
+
+    /// Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
+    /// overwriting gradients).
+    #[test]
+    fn train_on_features_matches_cpu_in_the_harness() {
+        let gpu = gpu_or_skip!("train_on_features_matches_cpu_in_the_harness");
+        let case = LayerCase::new("name = \"bn\"\ntype = \"batch_norm\"", vec![vec![16, 7]]);
+        check_against_cpu(&gpu, &case, 1321);
+    }
+
+    /// `sync = true` on two GPUs (NCCL) with half the batch each equals one GPU with the whole
+    /// batch: tops, bottom gradients and the running statistics, the latter bit-identical on
+    /// both replicas.
+    #[test]
+    fn sync_over_two_gpus_equals_one_gpu_with_the_whole_batch() {
+        let name = concat!(
+            module_path!(),
+            "::sync_over_two_gpus_equals_one_gpu_with_the_whole_batch"
+        );
+        let have = if crate::cuda::available() {
+            crate::cuda::device_count().unwrap_or(0)
+        } else {
+            0
+        };
+        if have < 2 || !nccl_available() {
+            skip_loudly(&format!(
+                "SKIPPED (needs 2 CUDA devices and NCCL; {have} device(s)): {name}"
+            ));
+            return;
+        }
+        let shape = [6, 3, 4, 4];
+        let x = uniform_blob(&shape, -1.0, 2.0, 1331);
+        let dy = uniform_blob(&shape, -1.0, 1.0, 1332).data;
+        let state = [0.0; 7];
+        let extra = "sync = true\nmoving_average_fraction = 0.9";
+        let gpu0 = Gpu::new(0, crate::config::MathMode::Fp32).unwrap();
+        let whole = gpu_run(&gpu0, None, extra, Phase::Train, &x, &dy, &state);
+        drop(gpu0);
+        let id = NcclId::new().unwrap();
+        let bytes = *id.as_bytes();
+        let half = x.count() / 2;
+        let halves: Vec<Run> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|r| {
+                    let (x, dy) = (&x, &dy);
+                    s.spawn(move || {
+                        let gpu = Gpu::new(r, crate::config::MathMode::Fp32).unwrap();
+                        let comm =
+                            NcclComm::from_id(gpu.compute.clone(), r, 2, NcclId::from_bytes(bytes))
+                                .unwrap();
+                        let mut part = Blob::new(&[3, 3, 4, 4]);
+                        part.data
+                            .copy_from_slice(&x.data[r * half..(r + 1) * half]);
+                        let coll = Collective {
+                            comm: &comm,
+                            other: None,
+                        };
+                        let out = gpu_run(
+                            &gpu,
+                            Some(coll),
+                            extra,
+                            Phase::Train,
+                            &part,
+                            &dy[r * half..(r + 1) * half],
+                            &state,
+                        );
+                        gpu.synchronize().unwrap();
+                        comm.finish().unwrap();
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let joined = (
+            [halves[0].0.clone(), halves[1].0.clone()].concat(),
+            [halves[0].1.clone(), halves[1].1.clone()].concat(),
+            halves[0].2.clone(),
+        );
+        compare("2 GPUs × 3 vs 1 GPU × 6", &joined, &whole);
+        assert_eq!(halves[0].2, halves[1].2, "both replicas hold the same state");
+    }
+}

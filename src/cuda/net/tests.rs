@@ -317,3 +317,90 @@ top = ["loss"]
     assert!(err.contains("acc") && err.contains("twice"), "{err}");
     Net::build(&equivalence_config(), RECORD, 4).unwrap();
 }
+
+/// `tests/configs/cnn_equivalence.toml` (convolution, synced BatchNorm + Scale, max and average
+/// pooling, Dropout), embedded like [`equivalence_config`].
+fn cnn_config() -> Config {
+    let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
+    load_str("cnn_equivalence.toml", text, Path::new("."), &[])
+        .unwrap()
+        .0
+}
+
+/// The CNN against the CPU net over a few training steps (dropout masks keyed by iteration and
+/// sample position, BatchNorm's running statistics moved by each forward): the first step's
+/// loss and gradient, then the weights and running statistics after every step, then a test
+/// pass with the global statistics.
+#[test]
+fn cnn_training_steps_match_cpu() {
+    let gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
+    let cfg = cnn_config();
+    let n = 16;
+    let cpu = Cpu::new(1);
+    let (mut cpu_net, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    Net::init_params(&mut params, cfg.solver.random_seed);
+    let mut cpu_solver = Solver::new(&cfg.solver, params.len());
+    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
+    net.params_from_host(&gpu, &params).unwrap();
+    let mut gpu_solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans).unwrap();
+    let seed = cfg.solver.random_seed;
+    for iter in 0..4u64 {
+        let (data, labels) = batch(n, 840 + iter);
+        let (d, l) = cpu_net.inputs_mut();
+        d.copy_from_slice(&data);
+        l.copy_from_slice(&labels);
+        let pass = PassCtx {
+            phase: Phase::Train,
+            iter,
+            first_sample: 1000 + iter * n as u64,
+        };
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter,
+            seed,
+            first_sample: pass.first_sample,
+            reducer: None,
+        };
+        crate::solver::zero_grad(&mut params);
+        let want = cpu_net.forward(&ctx, &mut params);
+        cpu_net.backward(&ctx, &mut params, &mut |_| {});
+
+        net.load_batch(&gpu, &data, &labels).unwrap();
+        net.forward(&gpu, pass, None).unwrap();
+        net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
+        if iter == 0 {
+            let got = net.outputs(&gpu).unwrap();
+            assert_outputs("cnn, first step", &got, &want, n);
+            let grads = net.params_to_host(&gpu).unwrap();
+            assert_close("cnn: first gradient", &grads.diff, &params.diff, RTOL);
+            assert_close("cnn: running statistics", &grads.data, &params.data, RTOL);
+        }
+        let cpu_lr = cpu_solver.apply(&cpu, iter, &mut params);
+        let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
+        assert_eq!(gpu_lr, cpu_lr);
+        let got = net.params_to_host(&gpu).unwrap();
+        assert_close(
+            &format!("cnn: weights and statistics after step {iter}"),
+            &got.data,
+            &params.data,
+            RTOL,
+        );
+    }
+    let test = PassCtx {
+        phase: Phase::Test,
+        iter: 4,
+        first_sample: 0,
+    };
+    let ctx = Ctx {
+        cpu: &cpu,
+        phase: Phase::Test,
+        iter: 4,
+        seed,
+        first_sample: 0,
+        reducer: None,
+    };
+    let want = cpu_net.forward(&ctx, &mut params);
+    net.forward(&gpu, test, None).unwrap();
+    assert_outputs("cnn, test", &net.outputs(&gpu).unwrap(), &want, n);
+}
