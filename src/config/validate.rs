@@ -1257,7 +1257,7 @@ impl Validator<'_> {
         if l.kind == LayerKind::Convolution {
             let c = bottoms[0][0];
             let g = l.group.unwrap_or(1) as u64;
-            if c % g != 0 {
+            if !c.is_multiple_of(g) {
                 return Err(self.err(
                     &key("group"),
                     format!(

@@ -280,7 +280,7 @@ mod tests {
         };
         let mut layer = layers::build(&cfg(extra)).unwrap();
         let tops = layer.reshape(&[&x.shape]).unwrap();
-        let mut st = vec![
+        let mut st = [
             state[..c].to_vec(),
             state[c..2 * c].to_vec(),
             state[2 * c..].to_vec(),
@@ -388,10 +388,7 @@ mod tests {
         let x = uniform_blob(&[3, 4, 2, 5], -2.0, 3.0, 1311);
         let dy = uniform_blob(&[3, 4, 2, 5], -1.0, 1.0, 1312).data;
         let state = [0.4, -0.6, 0.2, 1.0, 2.0, 0.5, 1.5, 3.0, 2.5];
-        for (extra, phase) in [
-            ("", Phase::Test),
-            ("use_global_stats = true", Phase::Train),
-        ] {
+        for (extra, phase) in [("", Phase::Test), ("use_global_stats = true", Phase::Train)] {
             let want = cpu_run(extra, phase, &x, &dy, &state);
             let got = gpu_run(&gpu, None, extra, phase, &x, &dy, &state);
             compare(&format!("global `{extra}`"), &got, &want);
@@ -449,8 +446,7 @@ mod tests {
                             NcclComm::from_id(gpu.compute.clone(), r, 2, NcclId::from_bytes(bytes))
                                 .unwrap();
                         let mut part = Blob::new(&[3, 3, 4, 4]);
-                        part.data
-                            .copy_from_slice(&x.data[r * half..(r + 1) * half]);
+                        part.data.copy_from_slice(&x.data[r * half..(r + 1) * half]);
                         let coll = Collective {
                             comm: &comm,
                             other: None,
@@ -478,6 +474,9 @@ mod tests {
             halves[0].2.clone(),
         );
         compare("2 GPUs × 3 vs 1 GPU × 6", &joined, &whole);
-        assert_eq!(halves[0].2, halves[1].2, "both replicas hold the same state");
+        assert_eq!(
+            halves[0].2, halves[1].2,
+            "both replicas hold the same state"
+        );
     }
 }
