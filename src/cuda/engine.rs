@@ -261,6 +261,9 @@ impl Engine for GpuEngine {
     }
 
     fn sum_scores(&mut self, values: &mut [f64]) -> Result<()> {
+        // Collectives of this communicator may still run on the compute stream (BatchNorm's
+        // sync): the communication stream waits for them, so that two never run at once.
+        order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
         self.comm.sum_f64(values)
     }
 
