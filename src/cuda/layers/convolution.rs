@@ -100,8 +100,10 @@ impl GpuConvolution {
                 format!("`num_output` {num_output} is not a multiple of `group` {group}"),
             ));
         }
+        // A missing cuDNN is the machine's problem, not the config's: a runtime error (exit 1)
+        // that names the library and the layer.
         gpu.cudnn()
-            .map_err(|e| Error::net(&cfg.name, format!("convolution on the GPU: {e}")))?;
+            .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", cfg.name)))?;
         Ok(GpuConvolution {
             name: cfg.name.clone(),
             num_output,
@@ -188,7 +190,7 @@ impl GpuLayer for GpuConvolution {
         let b = TensorDesc::new([1, k, 1, 1])?;
         let conv = ConvDesc::new(self.geometry, gpu.math)?;
         let algos = ConvAlgos::choose(dnn, &x, &wd, &conv, &y)
-            .map_err(|e| Error::net(&self.name, e.to_string()))?;
+            .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
         self.plans.push(Plan {
             bottom,
