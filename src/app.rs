@@ -73,11 +73,9 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
-    let (_, mut initial) = Net::build(
-        &plan.config,
-        data.train.record_shape(),
-        plan.config.data.batch_size,
-    )?;
+    // The parameter layout does not depend on the batch: build with batch 1 so that a large net
+    // (ResNet-50 at 224²) does not allocate a full batch of activations here as well.
+    let (_, mut initial) = Net::build(&plan.config, data.train.record_shape(), 1)?;
     Net::init_params(&mut initial, plan.config.solver.random_seed);
     if let Some(w) = &opts.weights {
         snapshot::load_weights(w, &mut initial)?;

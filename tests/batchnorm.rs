@@ -9,8 +9,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 const CONFIG: &str = "tests/configs/bn_equivalence.toml";
-/// Index of the BatchNorm layer that has `sync = true` in the config.
-const BN_LAYERS: &[usize] = &[1];
+/// Indices of the BatchNorm layers (`sync = true` in the config).
+const BN_LAYERS: &[usize] = &[1, 6];
 
 /// Trains the config with `np` processes × `replicas` threads × `batch`; returns the output dir.
 fn train(name: &str, np: usize, replicas: usize, batch: usize, sets: &[String]) -> PathBuf {
@@ -50,7 +50,13 @@ fn no_sync() -> Vec<String> {
 /// accuracy. Returns the worst weight difference.
 fn assert_equivalent(reference: &Path, other: &Path, what: &str) {
     let snap = tensors(&final_snapshot(reference));
-    for name in ["bn1.mean", "bn1.variance", "bn1.factor"] {
+    for name in [
+        "bn1.mean",
+        "bn1.variance",
+        "bn1.factor",
+        "bn2.mean",
+        "bn2.variance",
+    ] {
         let (_, v) = &snap[name];
         assert!(
             v.iter().any(|&x| x != 0.0),
@@ -58,6 +64,7 @@ fn assert_equivalent(reference: &Path, other: &Path, what: &str) {
         );
     }
     let diff = max_rel_diff(&final_snapshot(reference), &final_snapshot(other));
+    eprintln!("{what}: largest relative difference of weights and statistics {diff:e}");
     assert!(
         diff < 2e-4,
         "{what}: weights or running statistics differ by {diff:e} (relative)"
@@ -102,8 +109,61 @@ fn without_sync_two_processes_normalise_per_replica_and_differ() {
     let reference = train("nosync_np1_r1_b16", 1, 1, 16, &no_sync());
     let split = train("nosync_np2_r1_b8", 2, 1, 8, &no_sync());
     let diff = max_rel_diff(&final_snapshot(&reference), &final_snapshot(&split));
+    eprintln!("without sync, np 2 × 8 against np 1 × 16: {diff:e}");
     assert!(
         diff > 1e-3,
         "per-replica statistics should change the training (diff {diff:e})"
     );
+}
+
+/// The shipped ResNet configs pass `p2ptrain check`; ResNet-20 trains a few iterations on the CPU
+/// with two processes (sync BatchNorm over MPI), with finite losses and running statistics that
+/// moved as often as the formula says.
+#[test]
+fn resnet_configs_check_and_resnet20_trains_on_the_cpu() {
+    for config in ["config/resnet20.toml", "config/resnet50.toml"] {
+        let out = run(std::process::Command::new(bin())
+            .arg("check")
+            .arg(repo(config)));
+        assert!(out.status.success(), "{config}:\n{}", text(&out));
+    }
+    let dir = out_dir("resnet20_cpu");
+    let sets = [
+        "data.batch_size=4",
+        "data.train_size=64",
+        "data.test_size=8",
+        "solver.max_iter=3",
+        "solver.display=1",
+        "solver.test_interval=0",
+        "cluster.backend=\"cpu\"",
+    ];
+    let mut args = vec![
+        "train".to_string(),
+        repo("config/resnet20.toml").display().to_string(),
+        "--output".into(),
+        dir.display().to_string(),
+    ];
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.into());
+    }
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = mpi_p2ptrain(2, &args);
+    assert!(out.status.success(), "resnet20:\n{}", text(&out));
+    let lines = metrics(&dir.join("metrics.jsonl"));
+    let train: Vec<f64> = lines
+        .iter()
+        .filter(|l| l["phase"] == "train")
+        .map(|l| l["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(train.len(), 3, "{lines:?}");
+    assert!(train.iter().all(|l| l.is_finite() && *l > 0.0), "{train:?}");
+    let snap = tensors(&dir.join("snapshots/resnet20_iter_3.safetensors"));
+    let (shape, factor) = &snap["bn4c_branch2b.factor"];
+    assert_eq!(shape, &vec![1]);
+    // Three train passes with maf 0.999: 1, 1.999, 2.997001.
+    assert!((factor[0] - 2.997001).abs() < 1e-5, "factor {factor:?}");
+    let (shape, var) = &snap["bn_conv1.variance"];
+    assert_eq!(shape, &vec![16]);
+    assert!(var.iter().all(|&v| v > 0.0), "{var:?}");
 }

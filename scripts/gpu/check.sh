@@ -59,24 +59,30 @@ done
 $CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
   || fail "GPU and CPU training differ"
 
-echo "== convolutional net (cuDNN convolution, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
-CNN=tests/configs/cnn_equivalence.toml
-train_cnn() { # name np replicas batch backend
-  local name=$1 np=$2 r=$3 b=$4 backend=$5
-  "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train $CNN --no-progress --output "$OUT/runs/$name" \
+echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
+train_cfg() { # config name np replicas batch backend
+  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6
+  "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train "$cfg" --no-progress --output "$OUT/runs/$name" \
     --set "data.batch_size=$b" --set "cluster.replicas_per_rank=$r" --set "cluster.backend=\"$backend\"" \
     >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
 }
-cnn_snap() { echo "$OUT/runs/$1/snapshots/cnn_iter_20.safetensors"; }
-train_cnn cnn_gpu_1x1_b32 1 1 32 cuda
-train_cnn cnn_gpu_2x1_b16 2 1 16 cuda
-train_cnn cnn_cpu_1x1_b32 1 1 32 cpu
-$CMP "$(cnn_snap cnn_gpu_1x1_b32)" "$(cnn_snap cnn_gpu_2x1_b16)" --tol 2e-4 \
-  --label "CNN np 2 x 1 GPU (b16, sync BN) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
-  || fail "CNN topologies differ"
-$CMP "$(cnn_snap cnn_gpu_1x1_b32)" "$(cnn_snap cnn_cpu_1x1_b32)" --tol 1e-3 \
-  --label "CNN GPU vs CPU, 20 iterations" | tee -a "$OUT/summary.txt" \
-  || fail "CNN GPU and CPU training differ"
+# tests/configs/cnn_bn_dropout.toml: conv (padded, grouped), sync BatchNorm + Scale, max and ave
+# pooling, Dropout; 20 iterations. tests/configs/cnn_equivalence.toml: branches joined by concat,
+# eltwise, strided conv; 30 iterations.
+for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
+  set -- $w
+  cfg=tests/configs/$1.toml
+  s() { echo "$OUT/runs/$1/snapshots/$2.safetensors"; }
+  train_cfg "$cfg" "$1_gpu_1x1_b32" 1 1 32 cuda
+  train_cfg "$cfg" "$1_gpu_2x1_b16" 2 1 16 cuda
+  train_cfg "$cfg" "$1_cpu_1x1_b32" 1 1 32 cpu
+  $CMP "$(s "$1_gpu_1x1_b32" "$2")" "$(s "$1_gpu_2x1_b16" "$2")" --tol 2e-4 \
+    --label "$1: np 2 x 1 GPU (b16) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
+    || fail "$1: GPU topologies differ"
+  $CMP "$(s "$1_gpu_1x1_b32" "$2")" "$(s "$1_cpu_1x1_b32" "$2")" --tol 1e-3 \
+    --label "$1: GPU vs CPU" | tee -a "$OUT/summary.txt" \
+    || fail "$1: GPU and CPU training differ"
+done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
 
 if [ "$failed" -ne 0 ]; then

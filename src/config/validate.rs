@@ -1926,4 +1926,289 @@ phase = "test"
         }
         assert!(n >= 1);
     }
+
+    const CNN: &str = r#"[data]
+format = "digits"
+batch_size = 32
+
+[solver]
+base_lr = 0.05
+max_iter = 10
+
+[[layer]]
+name = "conv1"
+type = "convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 8
+kernel_size = 3
+pad = 1
+
+[[layer]]
+name = "pool1"
+type = "pooling"
+bottom = ["conv1"]
+top = ["pool1"]
+kernel_size = 2
+stride = 2
+
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["pool1"]
+top = ["ip"]
+num_output = 10
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#;
+
+    /// The error of `CNN` with `from` replaced by `to`.
+    fn cnn_err(from: &str, to: &str) -> String {
+        assert!(CNN.contains(from), "{from:?} not in CNN");
+        match check(&CNN.replacen(from, to, 1)) {
+            Ok(()) => panic!("no error with {to:?}"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2);
+                e.to_string()
+            }
+        }
+    }
+
+    /// `CNN` with the layers in `extra` (TOML) inserted before the inner product, which then
+    /// reads `bottom`.
+    fn cnn_with(extra: &str, bottom: &str) -> String {
+        CNN.replace(
+            "[[layer]]\nname = \"ip\"",
+            &format!("{extra}\n\n[[layer]]\nname = \"ip\""),
+        )
+        .replace(
+            "bottom = [\"pool1\"]\ntop = [\"ip\"]",
+            &format!("bottom = [\"{bottom}\"]\ntop = [\"ip\"]"),
+        )
+    }
+
+    #[test]
+    fn the_cnn_config_is_valid() {
+        check(CNN).unwrap();
+        check(&CNN.replace("kernel_size = 2\nstride = 2", "global_pooling = true")).unwrap();
+    }
+
+    #[test]
+    fn spatial_keys_are_checked() {
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 0"),
+            "t.toml:15:1: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+        );
+        has(
+            &cnn_err("kernel_size = 3\n", ""),
+            "t.toml:9:1: `layer[0].kernel_size`: a layer of type convolution needs `kernel_size`",
+        );
+        has(
+            &cnn_err("kernel_size = 2\nstride = 2", "stride = 2"),
+            "`layer[1].kernel_size`: a layer of type pooling needs `kernel_size` (or global_pooling = true)",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 0"),
+            "t.toml:24:1: `layer[1].stride`: must be between 1",
+        );
+        has(
+            &cnn_err("pad = 1", "pad = 1\ndilation = 0"),
+            "t.toml:17:1: `layer[0].dilation`: must be between 1",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 2\npad = 2"),
+            "t.toml:25:1: `layer[1].pad`: must be smaller than the kernel [2, 2], got [2, 2]",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = [3, 3, 3]"),
+            "t.toml:15:1: `layer[0].kernel_size`: takes 1 or 2 values (one per spatial axis; 2-D only)",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = [3, 0]"),
+            "t.toml:15:19: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 11"),
+            "t.toml:15:1: `layer[0].kernel_size`: the kernel spans 11 pixels, more than the padded input (10)",
+        );
+        has(
+            &cnn_err("stride = 2", "stride = 2\nglobal_pooling = true"),
+            "t.toml:23:1: `layer[1].kernel_size`: `kernel_size` does not apply with global_pooling = true",
+        );
+        has(
+            &cnn_err("kernel_size = 3", "kernel_size = 3\nnegative_slope = 1.0"),
+            "`layer[0].negative_slope`: `negative_slope` does not apply to a layer of type convolution",
+        );
+        // Pooling needs an image: after the inner product there is none.
+        let text = CNN.replace(
+            "[[layer]]\nname = \"loss\"",
+            "[[layer]]\nname = \"p2\"\ntype = \"pooling\"\nbottom = [\"ip\"]\ntop = [\"p2\"]\nkernel_size = 1\n\n[[layer]]\nname = \"loss\"",
+        );
+        has(
+            &check(&text).unwrap_err().to_string(),
+            "`layer[3].bottom`: bottom `ip` of shape (N, 10) is not an image (N, C, H, W)",
+        );
+    }
+
+    #[test]
+    fn convolution_counts_and_groups_are_checked() {
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\ngroup = 3"),
+            "t.toml:15:1: `layer[0].group`: must be at least 1 and divide num_output 8, got 3",
+        );
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\ngroup = 2"),
+            "`layer[0].group`: group 2 does not divide the 1 channels of bottom `data`",
+        );
+        has(
+            &cnn_err("num_output = 8\n", ""),
+            "`layer[0].num_output`: a layer of type convolution needs `num_output`",
+        );
+        has(
+            &cnn_err("num_output = 8", "num_output = 8\nlr_mult = [1, 2, 3]"),
+            "`layer[0].lr_mult`: has 3 values but the layer has 2 learnable tensors (weight, bias)",
+        );
+        has(
+            &cnn_err(
+                "num_output = 8",
+                "num_output = 8\nbias_term = false\ndecay_mult = [1, 0]",
+            ),
+            "`layer[0].decay_mult`: has 2 values but the layer has 1 learnable tensor",
+        );
+        check(&CNN.replace("num_output = 8", "num_output = 8\nlr_mult = [1, 2]")).unwrap();
+    }
+
+    #[test]
+    fn convolution_memory_is_reported_in_gib() {
+        let big = CNN.replace("batch_size = 32", "batch_size = 100000");
+        let e = check(&big.replace("num_output = 8", "num_output = 100000"))
+            .unwrap_err()
+            .to_string();
+        has(
+            &e,
+            "t.toml:14:1: `layer[0].num_output`: the top `conv1` (N, 100000, 8, 8), batch 100000 would need 2384.2 GiB of f32 (limit 64 GiB)",
+        );
+        let synth = CNN.replace(
+            "format = \"digits\"",
+            "format = \"synthetic\"\nshape = [64, 1024, 1024]\ntrain_size = 1\ntest_size = 1",
+        );
+        let e = check(
+            &synth
+                .replace("batch_size = 32", "batch_size = 1")
+                .replace("kernel_size = 3", "kernel_size = 31"),
+        )
+        .unwrap_err()
+        .to_string();
+        has(&e, "`layer[0].kernel_size`: the column buffer");
+        has(&e, "GiB of f32 (limit 64 GiB)");
+    }
+
+    #[test]
+    fn other_layer_types_are_checked() {
+        let eltwise = "[[layer]]\nname = \"sum\"\ntype = \"eltwise\"\nbottom = [\"pool1\", \"pool1b\"]\ntop = [\"sum\"]";
+        let twin = "[[layer]]\nname = \"twin\"\ntype = \"pooling\"\nbottom = [\"conv1\"]\ntop = [\"pool1b\"]\nkernel_size = 2\nstride = 2";
+        check(&cnn_with(
+            &format!("{twin}\n\n{eltwise}\ncoeff = [1.0, -1.0]"),
+            "sum",
+        ))
+        .unwrap();
+        has(
+            &check(&cnn_with(
+                &format!("{twin}\n\n{eltwise}\ncoeff = [1.0]"),
+                "sum",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[3].coeff`: has 1 values but the layer has 2 bottoms",
+        );
+        has(
+            &check(&cnn_with(
+                &format!("{twin}\n\n{eltwise}\noperation = \"max\"\ncoeff = [1.0, 1.0]"),
+                "sum",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[3].coeff`: `coeff` applies only to operation \"sum\"",
+        );
+        let one =
+            "[[layer]]\nname = \"sum\"\ntype = \"eltwise\"\nbottom = [\"pool1\"]\ntop = [\"sum\"]";
+        has(
+            &check(&cnn_with(one, "sum")).unwrap_err().to_string(),
+            "`layer[2].bottom`: a layer of type eltwise takes 2 or more bottoms, got 1",
+        );
+        let cat = "[[layer]]\nname = \"cat\"\ntype = \"concat\"\nbottom = [\"pool1\", \"conv1\"]\ntop = [\"cat\"]";
+        has(
+            &check(&cnn_with(cat, "cat")).unwrap_err().to_string(),
+            "`layer[2].bottom`: bottoms [32, 8, 4, 4] and [32, 8, 8, 8] differ on an axis other than 1",
+        );
+        check(&cnn_with(&format!("{twin}\n\n[[layer]]\nname = \"cat\"\ntype = \"concat\"\nbottom = [\"pool1\", \"pool1b\"]\ntop = [\"cat\"]\naxis = 2"), "cat")).unwrap();
+        let scale =
+            "[[layer]]\nname = \"s\"\ntype = \"scale\"\nbottom = [\"pool1\"]\ntop = [\"s\"]";
+        check(&cnn_with(
+            &format!("{scale}\nbias_term = true\nlr_mult = [1, 2]"),
+            "s",
+        ))
+        .unwrap();
+        has(
+            &check(&cnn_with(&format!("{scale}\nlr_mult = [1, 2]"), "s"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].lr_mult`: has 2 values but the layer has 1 learnable tensor (scale)",
+        );
+        has(
+            &check(&cnn_with(
+                &format!("{scale}\nbias_filler = {{ type = \"constant\" }}"),
+                "s",
+            ))
+            .unwrap_err()
+            .to_string(),
+            "`layer[2].bias_filler`: `bias_filler` does not apply unless bias_term = true",
+        );
+        has(
+            &check(&cnn_with(&format!("{scale}\nnum_axes = 4"), "s"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].num_axes`: `num_axes` 4 is out of range",
+        );
+        let reshape =
+            "[[layer]]\nname = \"r\"\ntype = \"reshape\"\nbottom = [\"pool1\"]\ntop = [\"r\"]";
+        check(&cnn_with(&format!("{reshape}\nshape = [0, -1, 2]"), "r")).unwrap();
+        has(
+            &check(&cnn_with(reshape, "r")).unwrap_err().to_string(),
+            "`layer[2].shape`: a layer of type reshape needs `shape`",
+        );
+        has(
+            &check(&cnn_with(&format!("{reshape}\nshape = [0, -1, -1]"), "r"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].shape`: may infer (-1) one axis only",
+        );
+        has(
+            &check(&cnn_with(&format!("{reshape}\nshape = [0, 7, -1]"), "r"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].shape`: cannot infer the −1",
+        );
+        let power =
+            "[[layer]]\nname = \"p\"\ntype = \"power\"\nbottom = [\"pool1\"]\ntop = [\"p\"]";
+        has(
+            &check(&cnn_with(&format!("{power}\npower = nan"), "p"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].power`: must be a finite number",
+        );
+        let flat =
+            "[[layer]]\nname = \"f\"\ntype = \"flatten\"\nbottom = [\"pool1\"]\ntop = [\"f\"]";
+        check(&cnn_with(flat, "f")).unwrap();
+        has(
+            &check(&cnn_with(&format!("{flat}\nend_axis = 7"), "f"))
+                .unwrap_err()
+                .to_string(),
+            "`layer[2].end_axis`: axes 1 ..= 7 are out of range",
+        );
+    }
 }

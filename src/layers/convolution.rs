@@ -12,7 +12,8 @@
 //! `top_g (M, P) = W_g (M, K) · col_g (K, P)` where `col = im2col(bottom)`; the bias adds
 //! `b (M·group, 1) · ones (1, P)`. Backward recomputes `col` per sample (as Caffe) and computes
 //! `dW_g += dtop_g · col_gᵀ`, `db += dtop · ones`, `dcol_g = W_gᵀ · dtop_g`, `dbottom += col2im(dcol)`.
-//! The column buffers are kept in the layer and reused across steps.
+//! The column buffers are kept in the layer and reused across steps. A 1×1 kernel with stride 1
+//! and no pad reads the image itself as its columns (Caffe's `is_1x1_`).
 
 use crate::config::{FillerConfig, LayerConfig};
 use crate::error::{Error, Result};
@@ -115,7 +116,9 @@ impl Convolution {
     /// geometry grew (reshape itself allocates nothing, so that validation can call it freely).
     fn buffers(&mut self) {
         let g = self.geometry;
-        self.col.resize(g.col_rows() * g.col_cols(), 0.0);
+        if !g.is_identity() {
+            self.col.resize(g.col_rows() * g.col_cols(), 0.0);
+        }
         if self.ones.len() != g.col_cols() {
             self.ones.clear();
             self.ones.resize(g.col_cols(), 1.0);
@@ -204,11 +207,15 @@ impl Layer for Convolution {
         let out_len = self.num_output * p;
         let weight = params[0];
         self.buffers();
+        let direct = g.is_identity();
         for n in 0..self.num {
-            g.im2col(
-                &bottoms[0].data[n * in_len..(n + 1) * in_len],
-                &mut self.col,
-            );
+            let image = &bottoms[0].data[n * in_len..(n + 1) * in_len];
+            let col: &[f32] = if direct {
+                image
+            } else {
+                g.im2col(image, &mut self.col);
+                &self.col
+            };
             let top = &mut tops[0].data[n * out_len..(n + 1) * out_len];
             for gi in 0..groups {
                 ctx.cpu.gemm(
@@ -219,7 +226,7 @@ impl Layer for Convolution {
                     k,
                     1.0,
                     &weight[gi * m * k..(gi + 1) * m * k],
-                    &self.col[gi * k * p..(gi + 1) * k * p],
+                    &col[gi * k * p..(gi + 1) * k * p],
                     0.0,
                     &mut top[gi * m * p..(gi + 1) * m * p],
                 );
@@ -258,6 +265,7 @@ impl Layer for Convolution {
         let out_len = self.num_output * p;
         let weight = params[0];
         self.buffers();
+        let direct = g.is_identity();
         let bottom = &mut bottoms[0];
         for n in 0..self.num {
             let dtop = &tops[0].diff[n * out_len..(n + 1) * out_len];
@@ -275,7 +283,13 @@ impl Layer for Convolution {
                     param_diffs[1],
                 );
             }
-            g.im2col(&bottom.data[n * in_len..(n + 1) * in_len], &mut self.col);
+            let image = &bottom.data[n * in_len..(n + 1) * in_len];
+            let col: &[f32] = if direct {
+                image
+            } else {
+                g.im2col(image, &mut self.col);
+                &self.col
+            };
             for gi in 0..groups {
                 ctx.cpu.gemm(
                     false,
@@ -285,12 +299,29 @@ impl Layer for Convolution {
                     p,
                     1.0,
                     &dtop[gi * m * p..(gi + 1) * m * p],
-                    &self.col[gi * k * p..(gi + 1) * k * p],
+                    &col[gi * k * p..(gi + 1) * k * p],
                     1.0,
                     &mut param_diffs[0][gi * m * k..(gi + 1) * m * k],
                 );
             }
-            if propagate_down[0] {
+            if propagate_down[0] && direct {
+                // The columns are the image: accumulate straight into the bottom's diff.
+                let dx = &mut bottom.diff[n * in_len..(n + 1) * in_len];
+                for gi in 0..groups {
+                    ctx.cpu.gemm(
+                        true,
+                        false,
+                        k,
+                        p,
+                        m,
+                        1.0,
+                        &weight[gi * m * k..(gi + 1) * m * k],
+                        &dtop[gi * m * p..(gi + 1) * m * p],
+                        1.0,
+                        &mut dx[gi * k * p..(gi + 1) * k * p],
+                    );
+                }
+            } else if propagate_down[0] {
                 for gi in 0..groups {
                     ctx.cpu.gemm(
                         true,
@@ -502,6 +533,17 @@ mod tests {
             "num_output = 2\nkernel_size = [2, 3]\ndilation = [2, 1]\npad = [1, 2]",
             [1, 3, 6, 5],
         );
+    }
+
+    #[test]
+    fn one_by_one_reads_the_image_directly() {
+        against_direct("kernel_size = 1", [2, 4, 3, 5], 6, 1, 6);
+        against_direct("kernel_size = 1\ngroup = 2", [2, 4, 3, 5], 6, 2, 7);
+        against_direct("kernel_size = 1\nstride = 2", [1, 2, 5, 5], 3, 1, 8);
+        let mut layer = conv("num_output = 3\nkernel_size = 1");
+        layer.reshape(&[&[1, 2, 3, 3]]).unwrap();
+        assert!(layer.geometry.is_identity());
+        gradient("num_output = 4\nkernel_size = 1\ngroup = 2", [2, 4, 3, 3]);
     }
 
     #[test]

@@ -50,6 +50,11 @@ impl Geometry {
         self.output[0] * self.output[1]
     }
 
+    /// Whether the column buffer equals the image (a 1×1 kernel, stride 1, no pad).
+    pub fn is_identity(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad == [0, 0]
+    }
+
     /// Walks every `(row, column, input index or None)` of the column buffer; `f` gets the
     /// flat column-buffer index and the flat input index (within the sample) or `None` for padding.
     #[inline]

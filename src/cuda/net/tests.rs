@@ -318,11 +318,11 @@ top = ["loss"]
     Net::build(&equivalence_config(), RECORD, 4).unwrap();
 }
 
-/// `tests/configs/cnn_equivalence.toml` (convolution, synced BatchNorm + Scale, max and average
+/// `tests/configs/cnn_bn_dropout.toml` (convolution, synced BatchNorm + Scale, max and average
 /// pooling, Dropout), embedded like [`equivalence_config`].
 fn cnn_config() -> Config {
-    let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
-    load_str("cnn_equivalence.toml", text, Path::new("."), &[])
+    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+    load_str("cnn_bn_dropout.toml", text, Path::new("."), &[])
         .unwrap()
         .0
 }
