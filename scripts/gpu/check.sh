@@ -7,14 +7,21 @@
 # `cargo test --release --no-run`, then copy target/release/deps/p2ptrain-<hash>); see
 # scripts/gpu/package.sh. Correctness first — the CUDA unit tests (every GPU layer and update rule
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
-# np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch), all reduce modes, and CPU–GPU agreement of a
-# whole training run — then the benchmarks beside PyTorch DDP. Exits non-zero if a check fails.
+# np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch), all reduce modes, CPU–GPU agreement of a
+# whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
+# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU) — then the benchmarks beside PyTorch DDP.
+# Exits non-zero if a check fails.
 set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
 OUT=$(realpath -m "${2:?OUT_DIR}")
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# cuDNN (the convolution layer loads it): the system's, else a pip wheel's (nvidia-cudnn-cu*).
+if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9' && [ ! -e /usr/local/cuda/lib64/libcudnn.so.9 ]; then
+  d=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null) \
+    && export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH
+fi
 MPI=(mpirun --bind-to none --oversubscribe)
 CMP="python3 scripts/gpu/compare_snapshots.py"
 failed=0
@@ -51,6 +58,31 @@ for other in gpu_2x1_b16 gpu_1x2_b16 gpu_2x1_b16_flat gpu_2x1_b16_layerwise gpu_
 done
 $CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
   || fail "GPU and CPU training differ"
+
+echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
+train_cfg() { # config name np replicas batch backend
+  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6
+  "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train "$cfg" --no-progress --output "$OUT/runs/$name" \
+    --set "data.batch_size=$b" --set "cluster.replicas_per_rank=$r" --set "cluster.backend=\"$backend\"" \
+    >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
+}
+# tests/configs/cnn_bn_dropout.toml: conv (padded, grouped), sync BatchNorm + Scale, max and ave
+# pooling, Dropout; 20 iterations. tests/configs/cnn_equivalence.toml: branches joined by concat,
+# eltwise, strided conv; 30 iterations.
+for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
+  set -- $w
+  cfg=tests/configs/$1.toml
+  s() { echo "$OUT/runs/$1/snapshots/$2.safetensors"; }
+  train_cfg "$cfg" "$1_gpu_1x1_b32" 1 1 32 cuda
+  train_cfg "$cfg" "$1_gpu_2x1_b16" 2 1 16 cuda
+  train_cfg "$cfg" "$1_cpu_1x1_b32" 1 1 32 cpu
+  $CMP "$(s "$1_gpu_1x1_b32" "$2")" "$(s "$1_gpu_2x1_b16" "$2")" --tol 2e-4 \
+    --label "$1: np 2 x 1 GPU (b16) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
+    || fail "$1: GPU topologies differ"
+  $CMP "$(s "$1_gpu_1x1_b32" "$2")" "$(s "$1_cpu_1x1_b32" "$2")" --tol 1e-3 \
+    --label "$1: GPU vs CPU" | tee -a "$OUT/summary.txt" \
+    || fail "$1: GPU and CPU training differ"
+done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
 
 if [ "$failed" -ne 0 ]; then

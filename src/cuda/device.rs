@@ -1,7 +1,9 @@
 //! [`Gpu`]: one CUDA device as a replica uses it — its context, its own compute stream (never the
 //! legacy default stream, so that communication on other streams can overlap), a cuBLAS handle
-//! bound to that stream in the configured math mode, and the loaded [`Kernels`] — plus row-major
-//! GEMM and GEMV wrappers over cuBLAS with the semantics of `crate::backend::Cpu::gemm`.
+//! bound to that stream in the configured math mode, the loaded [`Kernels`], and a cuDNN handle
+//! on the same stream created on first use ([`Gpu::cudnn`], so that nets without convolutions
+//! never load cuDNN) — plus row-major GEMM and GEMV wrappers over cuBLAS with the semantics of
+//! `crate::backend::Cpu::gemm`.
 //!
 //! Stream ordering is explicit: [`Gpu::new`] turns cudarc's per-buffer event tracking off for
 //! the context, so a buffer used on another stream (NCCL's) must be ordered with events recorded
@@ -9,6 +11,7 @@
 //! record and wait on events, and a communication stream reading one span of the gradient buffer
 //! would serialise with the backward pass writing another span of it.
 
+use super::cudnn::Cudnn;
 use super::gpu_error;
 use super::kernels::Kernels;
 use crate::config::MathMode;
@@ -16,7 +19,7 @@ use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One device, as one replica drives it. Not meant to be shared between replicas: each builds
 /// its own on its own thread.
@@ -31,6 +34,8 @@ pub struct Gpu {
     pub blas: CudaBlas,
     pub kernels: Arc<Kernels>,
     pub math: MathMode,
+    /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
+    dnn: OnceLock<Cudnn>,
 }
 
 fn op(trans: bool) -> cublasOperation_t {
@@ -90,7 +95,19 @@ impl Gpu {
             blas,
             kernels,
             math,
+            dnn: OnceLock::new(),
         })
+    }
+
+    /// The cuDNN handle of this device, bound to the compute stream in the configured math mode;
+    /// loads cuDNN and creates the handle on the first call. An error naming the library where
+    /// cuDNN is missing.
+    pub fn cudnn(&self) -> Result<&Cudnn> {
+        if let Some(h) = self.dnn.get() {
+            return Ok(h);
+        }
+        let h = Cudnn::new(self.compute.clone(), self.math)?;
+        Ok(self.dnn.get_or_init(|| h))
     }
 
     /// The device's name, e.g. `NVIDIA H200`.

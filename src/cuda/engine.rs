@@ -13,6 +13,7 @@
 //! spans are not recorded).
 
 use super::bucket::{plan_buckets, Bucket};
+use super::layers::Collective;
 use super::nccl::{NcclComm, NcclId};
 use super::net::GpuNet;
 use super::phase_clock::PhaseClock;
@@ -123,6 +124,19 @@ impl GpuEngine {
     }
 }
 
+/// The communicator as the layers use it (BatchNorm's `sync`), ordered after the gradient
+/// all-reduce's stream; `None` for a replica alone.
+fn collective<'a>(
+    comm: &'a NcclComm,
+    fence: &'a CudaEvent,
+    comm_stream: &'a CudaStream,
+) -> Option<Collective<'a>> {
+    (comm.size() > 1).then_some(Collective {
+        comm,
+        other: Some((fence, comm_stream)),
+    })
+}
+
 /// Makes `waiter` wait for everything enqueued so far on `on`, through `fence`. One event serves
 /// every ordering: a stream wait captures the event's latest record when it is enqueued, so
 /// recording it again later does not disturb earlier waits (and no event is created per step).
@@ -176,8 +190,9 @@ impl Engine for GpuEngine {
         debug_assert_eq!(ctx.phase, Phase::Train);
         self.sub = if first { 0 } else { self.sub + 1 };
         let (gpu, net) = (&self.gpu, &mut self.net);
+        let coll = collective(&self.comm, &self.fence, &self.comm_stream);
         self.clock
-            .time(gpu, Step::Forward, || net.forward(gpu, Phase::Train))?;
+            .time(gpu, Step::Forward, || net.forward(gpu, ctx, coll))?;
         self.net.add_loss_to_slot(&self.gpu, slot, first)
     }
 
@@ -197,6 +212,7 @@ impl Engine for GpuEngine {
             ..
         } = self;
         let overlap = last && buckets.len() > 1;
+        let coll = collective(comm, fence, comm_stream);
         let mut failure: Option<Error> = None;
         let mut on_layer_done = |layer: usize, diff: &mut CudaSlice<f32>| {
             if !overlap || failure.is_some() {
@@ -213,9 +229,9 @@ impl Engine for GpuEngine {
         };
         clock.time(gpu, Step::Backward, || {
             if first {
-                net.backward_first(gpu, &mut on_layer_done)
+                net.backward_first(gpu, coll, &mut on_layer_done)
             } else {
-                net.backward(gpu, &mut on_layer_done)
+                net.backward(gpu, coll, &mut on_layer_done)
             }
         })?;
         if let Some(e) = failure {
@@ -225,8 +241,9 @@ impl Engine for GpuEngine {
         Ok(())
     }
 
-    fn forward_test(&mut self, _ctx: PassCtx) -> Result<Vec<Output>> {
-        self.net.forward(&self.gpu, Phase::Test)?;
+    fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>> {
+        let coll = collective(&self.comm, &self.fence, &self.comm_stream);
+        self.net.forward(&self.gpu, ctx, coll)?;
         self.wait_for_device("test pass")?;
         self.net.outputs(&self.gpu)
     }
@@ -300,6 +317,9 @@ impl Engine for GpuEngine {
     }
 
     fn sum_scores(&mut self, values: &mut [f64]) -> Result<()> {
+        // Collectives of this communicator may still run on the compute stream (BatchNorm's
+        // sync): the communication stream waits for them, so that two never run at once.
+        order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
         self.comm.sum_f64(values)
     }
 

@@ -22,8 +22,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The CUDA C source of every kernel.
-pub const SOURCE: &str = include_str!("kernels.cu");
+/// The CUDA C source of every kernel: `kernels.cu` (elementwise, loss, update) followed by
+/// `kernels/cnn.cu` (the convolutional-net layers), compiled as one program.
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("kernels/cnn.cu"));
 
 /// Threads per block of the grid-stride kernels; a multiple of the warp size.
 const BLOCK: u32 = 256;
@@ -85,6 +86,34 @@ kernel_set!(
     adagrad_update,
     rmsprop_update,
     adam_update,
+    copy_strided,
+    scaled_copy,
+    mul_into,
+    mul_inplace,
+    eltwise_max_step,
+    eltwise_max_backward,
+    max_pool_forward,
+    ave_pool_forward,
+    max_pool_backward,
+    ave_pool_backward,
+    dropout_forward,
+    dropout_backward,
+    channel_reduce,
+    channel_affine,
+    channel_scale_backward,
+    bn_sums,
+    bn_batch_stats,
+    bn_global_stats,
+    bn_normalize,
+    bn_update_running,
+    bn_backward,
+    bn_backward_global,
+    softmax_forward,
+    softmax_backward,
+    power_forward,
+    power_backward,
+    abs_forward,
+    abs_backward,
 );
 
 /// Launches `$func` of `$k` on `$stream` with the given arguments (references to values that
@@ -101,6 +130,9 @@ macro_rules! launch {
             .map_err(|e| gpu_error(concat!("launch ", stringify!($func)), e))
     }};
 }
+
+mod cnn;
+pub use cnn::PoolGeom;
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and

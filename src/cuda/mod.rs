@@ -3,7 +3,9 @@
 //! enqueued without host synchronisation, except the calls documented as synchronising (host
 //! copies of outputs, loss windows and parameters).
 //!
-//! - [`device`]: [`Gpu`], a device with its context, compute stream, cuBLAS handle and kernels.
+//! - [`device`]: [`Gpu`], a device with its context, compute stream, cuBLAS handle and kernels
+//!   (and a cuDNN handle, loaded only when a net has a convolution).
+//! - [`cudnn`]: the thin safe layer over cuDNN the convolution layer uses.
 //! - [`blob`], [`params`]: activations and the flat learnable tensors in device memory.
 //! - [`kernels`]: the elementwise, reduction and update kernels (one CUDA C source, compiled by
 //!   NVRTC once per process and architecture).
@@ -31,6 +33,7 @@
 //! ```
 
 pub mod blob;
+pub mod cudnn;
 pub mod device;
 pub mod kernels;
 pub mod layers;

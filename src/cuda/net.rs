@@ -5,6 +5,12 @@
 //!
 //! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by [`GpuNet::load_batch`].
 //!
+//! A pass knows its place in training ([`PassCtx`]: phase, iteration, first sample — the keys of
+//! dropout's mask) and, in a job of several replicas, the [`Collective`] that BatchNorm's `sync`
+//! sums statistics with. After each layer's training forward the net calls
+//! [`GpuLayer::update_state`] with the layer's range of the parameters (BatchNorm's running
+//! statistics live there).
+//!
 //! Everything a training step does — [`GpuNet::load_batch`], [`GpuNet::forward`],
 //! [`GpuNet::add_loss_to_slot`], [`GpuNet::backward`] — is enqueued on the compute stream without
 //! host synchronisation or device allocation. [`GpuNet::outputs`], [`GpuNet::loss_window`] and
@@ -18,26 +24,29 @@
 //! ```no_run
 //! # use p2ptrain::config::{MathMode, Phase};
 //! # use p2ptrain::cuda::{Gpu, net::GpuNet};
+//! # use p2ptrain::parallel::engine::PassCtx;
 //! # fn run(cfg: &p2ptrain::config::Config, data: &[f32], labels: &[f32]) -> p2ptrain::error::Result<()> {
 //! let gpu = Gpu::new(0, MathMode::Fp32)?;
 //! let mut net = GpuNet::new(cfg, [1, 28, 28], cfg.data.batch_size, &gpu)?;
 //! net.params.zero_grad(&gpu)?;
 //! net.load_batch(&gpu, data, labels)?;
-//! net.forward(&gpu, Phase::Train)?;
+//! let pass = PassCtx { phase: Phase::Train, iter: 0, first_sample: 0 };
+//! net.forward(&gpu, pass, None)?;
 //! net.add_loss_to_slot(&gpu, 0, true)?;
-//! net.backward(&gpu, &mut |_layer, _diff| {})?;
+//! net.backward(&gpu, None, &mut |_layer, _diff| {})?;
 //! let window = net.loss_window(&gpu)?; // synchronises
 //! # Ok(()) }
 //! ```
 
 use super::blob::GpuBlob;
-use super::layers::{self as gpu_layers, GpuLayer, Grad};
+use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
 use crate::net::{Net, Output, DATA, LABEL};
+use crate::parallel::engine::PassCtx;
 use crate::params::{ParamSpan, Params};
 use cudarc::driver::{result as driver, sys, CudaEvent, CudaSlice, DevicePtrMut, PinnedHostSlice};
 
@@ -164,8 +173,10 @@ pub struct GpuNet {
     pub params: GpuParams,
     record_shape: [usize; 3],
     batch: usize,
-    /// Phase of the last forward, which backward and `outputs` follow.
-    phase: Phase,
+    /// The last forward's pass, which backward and `outputs` follow.
+    pass: PassCtx,
+    /// The run's `random_seed` (dropout's masks).
+    seed: u64,
     plans: [BackwardPlan; 2],
     /// Per layer, the config names of its tops.
     top_names: Vec<Vec<String>>,
@@ -263,7 +274,12 @@ impl GpuNet {
             params,
             record_shape,
             batch,
-            phase: Phase::Train,
+            pass: PassCtx {
+                phase: Phase::Train,
+                iter: 0,
+                first_sample: 0,
+            },
+            seed: cfg.solver.random_seed,
             plans,
             top_names,
             loss_total,
@@ -382,20 +398,38 @@ impl GpuNet {
             .map_err(|e| gpu_error("record the input copy", e))
     }
 
-    /// Runs the layers of `phase` forward and leaves the summed weighted loss of its loss layers
-    /// in [`GpuNet::loss_device`]; loss and accuracy tops stay on the device until
-    /// [`GpuNet::outputs`].
-    pub fn forward(&mut self, gpu: &Gpu, phase: Phase) -> Result<()> {
+    /// Runs the layers of `pass.phase` forward and leaves the summed weighted loss of its loss
+    /// layers in [`GpuNet::loss_device`]; loss and accuracy tops stay on the device until
+    /// [`GpuNet::outputs`]. `collective`: the replicas' all-reduce (BatchNorm's `sync`), `None`
+    /// for a replica alone. In the train phase, each layer's state update follows its forward.
+    pub fn forward(
+        &mut self,
+        gpu: &Gpu,
+        pass: PassCtx,
+        collective: Option<Collective<'_>>,
+    ) -> Result<()> {
         self.check_gpu(gpu);
         gpu.bind()?;
+        let phase = pass.phase;
+        let ctx = GpuCtx {
+            phase,
+            iter: pass.iter,
+            seed: self.seed,
+            first_sample: pass.first_sample,
+            collective,
+        };
         let mut reset = true;
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let node = self.graph.node(i);
             if !node.runs_in(phase) {
                 continue;
             }
-            let params = self.params.data.slice(self.params.layer_range(i));
-            layer.forward(gpu, &mut self.blobs, node.bottoms, node.tops, &params)?;
+            let range = self.params.layer_range(i);
+            let params = self.params.data.slice(range.clone());
+            layer.forward(gpu, &ctx, &mut self.blobs, node.bottoms, node.tops, &params)?;
+            if phase == Phase::Train {
+                layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
+            }
             if node.is_loss {
                 for &t in node.tops {
                     gpu.kernels.weighted_sum(
@@ -413,7 +447,7 @@ impl GpuNet {
             gpu.kernels
                 .fill(&gpu.compute, &mut self.loss_total, 0.0, 1)?;
         }
-        self.phase = phase;
+        self.pass = pass;
         Ok(())
     }
 
@@ -465,13 +499,14 @@ impl GpuNet {
     /// Runs backward through the layers of the last forward's phase in reverse order,
     /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
     /// backward is enqueued (an event recorded on the compute stream there marks its parameter
-    /// gradients complete).
+    /// gradients complete). `collective` as in [`GpuNet::forward`].
     pub fn backward(
         &mut self,
         gpu: &Gpu,
+        collective: Option<Collective<'_>>,
         on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
     ) -> Result<()> {
-        self.run_backward(gpu, Grad::Accumulate, on_layer_done)
+        self.run_backward(gpu, Grad::Accumulate, collective, on_layer_done)
     }
 
     /// [`GpuNet::backward`] for the first (or only) sub-batch of an iteration: it writes
@@ -482,20 +517,29 @@ impl GpuNet {
     pub fn backward_first(
         &mut self,
         gpu: &Gpu,
+        collective: Option<Collective<'_>>,
         on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
     ) -> Result<()> {
-        self.run_backward(gpu, Grad::Overwrite, on_layer_done)
+        self.run_backward(gpu, Grad::Overwrite, collective, on_layer_done)
     }
 
     fn run_backward(
         &mut self,
         gpu: &Gpu,
         param_grad: Grad,
+        collective: Option<Collective<'_>>,
         on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
     ) -> Result<()> {
         self.check_gpu(gpu);
         gpu.bind()?;
-        let phase = self.phase;
+        let phase = self.pass.phase;
+        let ctx = GpuCtx {
+            phase,
+            iter: self.pass.iter,
+            seed: self.seed,
+            first_sample: self.pass.first_sample,
+            collective,
+        };
         let plan = &self.plans[phase_index(phase)];
         for &b in &plan.zero {
             let blob = &mut self.blobs[b];
@@ -528,6 +572,7 @@ impl GpuNet {
                 let mut diff = self.params.diff.slice_mut(range);
                 layer.backward(
                     gpu,
+                    &ctx,
                     &mut self.blobs,
                     node.bottoms,
                     node.tops,
@@ -550,7 +595,7 @@ impl GpuNet {
         for i in 0..self.layers.len() {
             let node = self.graph.node(i);
             let reported = node.is_loss || !node.has_backward;
-            if !node.runs_in(self.phase) || !reported {
+            if !node.runs_in(self.pass.phase) || !reported {
                 continue;
             }
             for (j, &t) in node.tops.iter().enumerate() {

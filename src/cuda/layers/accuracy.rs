@@ -7,7 +7,7 @@
 //! is recovered exactly by `crate::layers::accuracy::count_from_fraction`. One warp per row counts
 //! the classes scoring strictly higher than the label; a one-block reduction writes the top.
 
-use super::{pick, rows_and_classes, GpuLayer, Grad};
+use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
@@ -79,6 +79,7 @@ impl GpuLayer for GpuAccuracy {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -102,6 +103,7 @@ impl GpuLayer for GpuAccuracy {
     fn backward(
         &mut self,
         _gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         _blobs: &mut [GpuBlob],
         _bottoms: &[usize],
         _tops: &[usize],

@@ -10,7 +10,7 @@
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
 
-use super::{pick, GpuLayer, Grad};
+use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
@@ -103,6 +103,7 @@ impl GpuLayer for GpuInnerProduct {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -125,6 +126,7 @@ impl GpuLayer for GpuInnerProduct {
     fn backward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],

@@ -13,19 +13,102 @@
 //! - A layer sees its learnable tensors as one view of its contiguous range of the flat buffers,
 //!   in the order of the CPU layer's `param_specs()`.
 //! - Everything is enqueued on [`Gpu::compute`]; nothing synchronises.
+//! - [`GpuCtx`] tells a layer the pass it runs in (phase, iteration, seed, first sample: what
+//!   `crate::layers::Ctx` tells the CPU layer) and, for a job of several replicas, the
+//!   [`Collective`] that BatchNorm's `sync` reduces its statistics with.
+//! - Layers with state in the flat parameters (BatchNorm's running statistics) write it in
+//!   [`GpuLayer::update_state`], which the net calls after a training forward.
 
+pub mod abs_val;
 pub mod accuracy;
+pub mod batch_norm;
+pub mod bias;
+pub mod concat;
+pub mod convolution;
+pub mod dropout;
+pub mod eltwise;
+pub mod flatten;
 pub mod inner_product;
+pub mod pooling;
+pub mod power;
 pub mod relu;
+pub mod reshape;
+pub mod scale;
 pub mod sigmoid;
+pub mod softmax;
 pub mod softmax_with_loss;
 pub mod tanh;
 
 use super::blob::GpuBlob;
-use super::Gpu;
-use crate::config::{LayerConfig, LayerKind};
+use super::nccl::{NcclComm, ReduceOp};
+use super::{gpu_error, Gpu};
+use crate::config::{LayerConfig, LayerKind, Phase};
 use crate::error::Result;
-use cudarc::driver::{CudaView, CudaViewMut};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
+
+/// The pass a layer runs in: the device twin of `crate::layers::Ctx`.
+#[derive(Clone, Copy)]
+pub struct GpuCtx<'a> {
+    pub phase: Phase,
+    /// Iteration number (for topology-invariant randomness).
+    pub iter: u64,
+    /// The run's `random_seed`.
+    pub seed: u64,
+    /// Global index (in the epoch's record order) of this replica's first sample of the batch.
+    pub first_sample: u64,
+    /// The replicas' all-reduce; `None` for a replica alone (tests, single-replica jobs).
+    pub collective: Option<Collective<'a>>,
+}
+
+impl GpuCtx<'_> {
+    /// A context without collectives (a replica alone).
+    pub fn local(phase: Phase, iter: u64, seed: u64, first_sample: u64) -> GpuCtx<'static> {
+        GpuCtx {
+            phase,
+            iter,
+            seed,
+            first_sample,
+            collective: None,
+        }
+    }
+}
+
+/// The replica group's communicator as a layer uses it: sums on the compute stream.
+///
+/// Another stream (the gradient all-reduce's) may have collectives of the same communicator in
+/// flight; two collectives of one communicator must never run at once, so before each of its
+/// collectives the compute stream waits for that stream (through `fence`). Every replica issues
+/// the same collectives in the same order, as NCCL requires, because every replica runs the
+/// same layers in the same order.
+#[derive(Clone, Copy)]
+pub struct Collective<'a> {
+    pub comm: &'a NcclComm,
+    /// The other stream that runs collectives of `comm`, and the event that orders it.
+    pub other: Option<(&'a CudaEvent, &'a CudaStream)>,
+}
+
+impl Collective<'_> {
+    /// Replaces `buf[..n]` by its element-wise sum over every replica, on the compute stream.
+    pub fn sum_f64(&self, gpu: &Gpu, buf: &mut CudaSlice<f64>, n: usize) -> Result<()> {
+        if self.comm.size() == 1 {
+            return Ok(());
+        }
+        if let Some((fence, stream)) = self.other {
+            fence
+                .record(stream)
+                .map_err(|e| gpu_error("record an event", e))?;
+            gpu.compute
+                .wait(fence)
+                .map_err(|e| gpu_error("wait for an event", e))?;
+        }
+        self.comm.all_reduce(buf, 0..n, ReduceOp::Sum, &gpu.compute)
+    }
+
+    /// Number of replicas.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+}
 
 /// What a layer's backward does to one gradient buffer (a bottom's diff, or its parameters').
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +156,7 @@ pub trait GpuLayer: Send {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -85,6 +169,7 @@ pub trait GpuLayer: Send {
     fn backward(
         &mut self,
         gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -93,6 +178,17 @@ pub trait GpuLayer: Send {
         param_grad: Grad,
         param_diff: &mut CudaViewMut<'_, f32>,
     ) -> Result<()>;
+
+    /// After a training forward: writes the layer's state kept in its range of the flat
+    /// parameters `params` (BatchNorm's running statistics). Nothing for most layers.
+    fn update_state(
+        &mut self,
+        _gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        _params: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Builds the GPU layer a validated `[[layer]]` table describes, for the given bottom shapes.
@@ -106,12 +202,19 @@ pub fn build(gpu: &Gpu, cfg: &LayerConfig, bottoms: &[&[usize]]) -> Result<Box<d
             Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, cfg)?)
         }
         LayerKind::Accuracy => Box::new(accuracy::GpuAccuracy::new(gpu, cfg)?),
-        other => {
-            return Err(crate::error::Error::net(
-                &cfg.name,
-                format!("layer type {other:?} has no GPU implementation yet"),
-            ))
-        }
+        LayerKind::Convolution => Box::new(convolution::GpuConvolution::new(gpu, cfg)?),
+        LayerKind::Pooling => Box::new(pooling::GpuPooling::new(gpu, cfg)?),
+        LayerKind::Dropout => Box::new(dropout::GpuDropout::new(cfg)),
+        LayerKind::BatchNorm => Box::new(batch_norm::GpuBatchNorm::new(gpu, cfg)?),
+        LayerKind::Scale => Box::new(scale::GpuScale::new(gpu, cfg)),
+        LayerKind::Bias => Box::new(bias::GpuBias::new(gpu, cfg)),
+        LayerKind::Eltwise => Box::new(eltwise::GpuEltwise::new(gpu, cfg)?),
+        LayerKind::Concat => Box::new(concat::GpuConcat::new(cfg)),
+        LayerKind::Flatten => Box::new(flatten::GpuFlatten),
+        LayerKind::Reshape => Box::new(reshape::GpuReshape),
+        LayerKind::Softmax => Box::new(softmax::GpuSoftmax::new(cfg)),
+        LayerKind::Power => Box::new(power::GpuPower::new(cfg)),
+        LayerKind::AbsVal => Box::new(abs_val::GpuAbsVal),
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
@@ -134,6 +237,48 @@ pub(crate) fn rows_and_classes(shape: &[usize], axis: usize) -> (usize, usize) {
         shape[..axis].iter().product(),
         shape[axis..].iter().product(),
     )
+}
+
+/// `(n)` elements of scratch on the device, zeroed (allocated at build or when the batch grows,
+/// never in a step).
+pub(crate) fn scratch<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    gpu.compute
+        .alloc_zeros::<T>(n.max(1))
+        .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} elements"), e))
+}
+
+/// Grows `buf` to at least `n` elements (contents unspecified afterwards).
+pub(crate) fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    buf: &mut CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    if buf.len() < n {
+        *buf = scratch(gpu, n)?;
+    }
+    Ok(())
+}
+
+/// The `(N, C, H, W)` of a 4-D bottom, or an error naming the layer.
+pub(crate) fn nchw(layer: &str, shape: &[usize]) -> Result<[usize; 4]> {
+    match shape {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        _ => Err(crate::error::Error::net(
+            layer,
+            format!("needs a 4-D (N, C, H, W) bottom, got {shape:?}"),
+        )),
+    }
+}
+
+/// `x (n) → y (n)` copy on the compute stream (views: flatten, reshape).
+pub(crate) fn copy_data(gpu: &Gpu, x: &GpuBlob, y: &mut GpuBlob) -> Result<()> {
+    let n = x.count();
+    gpu.compute
+        .memcpy_dtod(&x.data.slice(..n), &mut y.data.slice_mut(..n))
+        .map_err(|e| gpu_error("copy a blob", e))
 }
 
 #[cfg(test)]

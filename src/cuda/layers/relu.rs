@@ -3,7 +3,7 @@
 //!
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
-use super::{pick, GpuLayer, Grad};
+use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
@@ -37,6 +37,7 @@ impl GpuLayer for GpuRelu {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -56,6 +57,7 @@ impl GpuLayer for GpuRelu {
     fn backward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],

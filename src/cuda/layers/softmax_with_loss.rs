@@ -12,7 +12,7 @@
 //! here that row is skipped like an ignored one (the data readers reject such labels before
 //! they reach a net).
 
-use super::{pick, rows_and_classes, GpuLayer, Grad};
+use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
@@ -103,6 +103,7 @@ impl GpuLayer for GpuSoftmaxWithLoss {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -128,6 +129,7 @@ impl GpuLayer for GpuSoftmaxWithLoss {
     fn backward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],

@@ -3,7 +3,7 @@
 //!
 //! Backward: `dx (+)= dy · (1 − y²)`, from the top's data.
 
-use super::{pick, GpuLayer, Grad};
+use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -25,6 +25,7 @@ impl GpuLayer for GpuTanH {
     fn forward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],
@@ -39,6 +40,7 @@ impl GpuLayer for GpuTanH {
     fn backward(
         &mut self,
         gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
         blobs: &mut [GpuBlob],
         bottoms: &[usize],
         tops: &[usize],

@@ -3,7 +3,7 @@
 //! gradients, and compare the tops, the bottom diffs (accumulated and overwritten) and the
 //! parameter diffs (accumulated and overwritten).
 
-use super::{build, Grad};
+use super::{build, GpuCtx, Grad};
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
@@ -78,7 +78,13 @@ fn download(gpu: &Gpu, v: &CudaSlice<f32>, n: usize) -> Vec<f32> {
 /// Runs `case` on the CPU and the GPU from the same random state drawn from `seed` and asserts
 /// that they agree (see the module docs).
 pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
+    check_against_cpu_rtol(gpu, case, seed, RTOL);
+}
+
+/// [`check_against_cpu`] with another relative tolerance (TF32 math).
+pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32) {
     let name = &case.cfg.name;
+    let gctx = GpuCtx::local(Phase::Train, 0, 1, 0);
     let cpu = Cpu::new(1);
     let ctx = Ctx {
         cpu: &cpu,
@@ -170,6 +176,7 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
     gpu_layer
         .forward(
             gpu,
+            &gctx,
             &mut blobs,
             &bottom_idx,
             &top_idx,
@@ -183,7 +190,7 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
             &format!("{name}: top {j} data"),
             &got.data,
             &cpu_tops[j].data,
-            RTOL,
+            rtol,
         );
     }
     if !cpu_layer.has_backward() {
@@ -225,6 +232,7 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
     gpu_layer
         .backward(
             gpu,
+            &gctx,
             &mut blobs,
             &bottom_idx,
             &top_idx,
@@ -240,14 +248,14 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
             &format!("{name}: bottom {i} diff (accumulated)"),
             &got.diff,
             &cpu_bottoms[i].diff,
-            RTOL,
+            rtol,
         );
     }
     assert_close(
         &format!("{name}: parameter diff"),
         &download(gpu, &p_diff, p_len),
         &cpu_p_diff,
-        RTOL,
+        rtol,
     );
 
     // Overwriting backward (bottoms and parameters): equals the CPU's accumulation into zeroed
@@ -287,6 +295,7 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
     gpu_layer
         .backward(
             gpu,
+            &gctx,
             &mut blobs,
             &bottom_idx,
             &top_idx,
@@ -303,7 +312,7 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
                 &format!("{name}: bottom {i} diff (overwritten)"),
                 &got.diff,
                 &cpu_zeroed[i].diff,
-                RTOL,
+                rtol,
             );
         }
     }
@@ -311,6 +320,6 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
         &format!("{name}: parameter diff (overwritten)"),
         &download(gpu, &p_diff, p_len),
         &scratch.concat(),
-        RTOL,
+        rtol,
     );
 }

@@ -47,6 +47,15 @@ fn ctx(cpu: &Cpu, phase: Phase) -> Ctx<'_> {
     }
 }
 
+/// The GPU pass of [`ctx`].
+fn pass(phase: Phase) -> PassCtx {
+    PassCtx {
+        phase,
+        iter: 0,
+        first_sample: 0,
+    }
+}
+
 /// Losses agree closely; accuracies of a batch of `n` to within one sample, since two scores
 /// a rounding apart may rank differently (the layer tests check the counting itself exactly).
 fn assert_outputs(what: &str, got: &[Output], want: &[Output], n: usize) {
@@ -170,11 +179,12 @@ fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) 
         cpu_order.push(i)
     });
     net.params.zero_grad(gpu).unwrap();
-    net.forward(gpu, Phase::Train).unwrap();
+    net.forward(gpu, pass(Phase::Train), None).unwrap();
     net.add_loss_to_slot(gpu, 0, true).unwrap();
     net.add_loss_to_slot(gpu, 0, false).unwrap();
     let mut gpu_order = Vec::new();
-    net.backward(gpu, &mut |i, _| gpu_order.push(i)).unwrap();
+    net.backward(gpu, None, &mut |i, _| gpu_order.push(i))
+        .unwrap();
     assert_eq!(gpu_order, cpu_order);
     let got = net.outputs(gpu).unwrap();
     assert_outputs(&format!("batch {n}, train"), &got, &want, n);
@@ -195,7 +205,7 @@ fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) 
 
     // Test: loss and both accuracies.
     let want = cpu_net.forward(&ctx(&cpu, Phase::Test), &mut params);
-    net.forward(gpu, Phase::Test).unwrap();
+    net.forward(gpu, pass(Phase::Test), None).unwrap();
     assert_outputs(
         &format!("batch {n}, test"),
         &net.outputs(gpu).unwrap(),
@@ -240,8 +250,8 @@ fn training_steps_match_cpu() {
         // No zero_grad: the first backward of an iteration overwrites the gradient, which
         // holds the last step's effective gradient here.
         net.load_batch(&gpu, &data, &labels).unwrap();
-        net.forward(&gpu, Phase::Train).unwrap();
-        net.backward_first(&gpu, &mut |_, _| {}).unwrap();
+        net.forward(&gpu, pass(Phase::Train), None).unwrap();
+        net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
         let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
         assert_eq!(gpu_lr, cpu_lr);
     }
@@ -265,7 +275,7 @@ fn tf32_math_stays_close_to_fp32() {
     let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
     net.params_from_host(&gpu, &params).unwrap();
     net.load_batch(&gpu, &data, &labels).unwrap();
-    net.forward(&gpu, Phase::Train).unwrap();
+    net.forward(&gpu, pass(Phase::Train), None).unwrap();
     let got = net.outputs(&gpu).unwrap();
     // TF32 keeps 10 mantissa bits: the loss moves by about 1e-3 relative, not more.
     assert_close("tf32 loss", &[got[0].value], &[want[0].value], 1e-2);
@@ -306,4 +316,91 @@ top = ["loss"]
         .to_string();
     assert!(err.contains("acc") && err.contains("twice"), "{err}");
     Net::build(&equivalence_config(), RECORD, 4).unwrap();
+}
+
+/// `tests/configs/cnn_bn_dropout.toml` (convolution, synced BatchNorm + Scale, max and average
+/// pooling, Dropout), embedded like [`equivalence_config`].
+fn cnn_config() -> Config {
+    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+    load_str("cnn_bn_dropout.toml", text, Path::new("."), &[])
+        .unwrap()
+        .0
+}
+
+/// The CNN against the CPU net over a few training steps (dropout masks keyed by iteration and
+/// sample position, BatchNorm's running statistics moved by each forward): the first step's
+/// loss and gradient, then the weights and running statistics after every step, then a test
+/// pass with the global statistics.
+#[test]
+fn cnn_training_steps_match_cpu() {
+    let gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
+    let cfg = cnn_config();
+    let n = 16;
+    let cpu = Cpu::new(1);
+    let (mut cpu_net, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    Net::init_params(&mut params, cfg.solver.random_seed);
+    let mut cpu_solver = Solver::new(&cfg.solver, params.len());
+    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
+    net.params_from_host(&gpu, &params).unwrap();
+    let mut gpu_solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans).unwrap();
+    let seed = cfg.solver.random_seed;
+    for iter in 0..4u64 {
+        let (data, labels) = batch(n, 840 + iter);
+        let (d, l) = cpu_net.inputs_mut();
+        d.copy_from_slice(&data);
+        l.copy_from_slice(&labels);
+        let pass = PassCtx {
+            phase: Phase::Train,
+            iter,
+            first_sample: 1000 + iter * n as u64,
+        };
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter,
+            seed,
+            first_sample: pass.first_sample,
+            reducer: None,
+        };
+        crate::solver::zero_grad(&mut params);
+        let want = cpu_net.forward(&ctx, &mut params);
+        cpu_net.backward(&ctx, &mut params, &mut |_| {});
+
+        net.load_batch(&gpu, &data, &labels).unwrap();
+        net.forward(&gpu, pass, None).unwrap();
+        net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
+        if iter == 0 {
+            let got = net.outputs(&gpu).unwrap();
+            assert_outputs("cnn, first step", &got, &want, n);
+            let grads = net.params_to_host(&gpu).unwrap();
+            assert_close("cnn: first gradient", &grads.diff, &params.diff, RTOL);
+            assert_close("cnn: running statistics", &grads.data, &params.data, RTOL);
+        }
+        let cpu_lr = cpu_solver.apply(&cpu, iter, &mut params);
+        let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
+        assert_eq!(gpu_lr, cpu_lr);
+        let got = net.params_to_host(&gpu).unwrap();
+        assert_close(
+            &format!("cnn: weights and statistics after step {iter}"),
+            &got.data,
+            &params.data,
+            RTOL,
+        );
+    }
+    let test = PassCtx {
+        phase: Phase::Test,
+        iter: 4,
+        first_sample: 0,
+    };
+    let ctx = Ctx {
+        cpu: &cpu,
+        phase: Phase::Test,
+        iter: 4,
+        seed,
+        first_sample: 0,
+        reducer: None,
+    };
+    let want = cpu_net.forward(&ctx, &mut params);
+    net.forward(&gpu, test, None).unwrap();
+    assert_outputs("cnn, test", &net.outputs(&gpu).unwrap(), &want, n);
 }

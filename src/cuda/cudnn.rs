@@ -1,0 +1,745 @@
+//! A thin safe layer over cuDNN's C API (`cudarc::cudnn::sys`, loaded at run time) for what the
+//! convolution layer needs: [`Cudnn`], one handle per [`Gpu`](super::Gpu) bound to its compute
+//! stream; RAII [`TensorDesc`], [`FilterDesc`] and [`ConvDesc`]; the choice of convolution
+//! algorithms per shape ([`ConvAlgos::choose`]); and the forward, backward-data,
+//! backward-filter, bias-add and bias-gradient calls.
+//!
+//! cuDNN is optional: nothing here is touched unless a net has a convolution layer, so a net
+//! without one runs on a machine without libcudnn. [`Cudnn::new`] checks that the library loads
+//! and exports every function used here, and otherwise answers an error naming the library
+//! (a missing symbol would otherwise panic inside cudarc at the first call).
+//!
+//! Layouts: every tensor is NCHW, fully packed, FP32; filters are KCRS (`(num_output,
+//! C/group, kh, kw)`, the CPU layer's weight layout), so parameters need no conversion.
+//!
+//! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and only
+//! the GEMM-like algorithms, whose rounding error is that of a plain dot product (the FFT and
+//! Winograd algorithms trade accuracy for speed and would not agree with the CPU to FP32
+//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed. Among
+//! the allowed algorithms the first of cuDNN's own heuristic ranking (`*_v7`) that is
+//! deterministic and fits the workspace limit is taken, so the choice costs no benchmarking and
+//! is the same on every replica and every run.
+
+use super::gpu_error;
+use crate::config::MathMode;
+use crate::error::{Error, Result};
+use cudarc::cudnn::sys::{
+    self, cudnnConvolutionBwdDataAlgo_t as BwdDataAlgo,
+    cudnnConvolutionBwdFilterAlgo_t as BwdFilterAlgo, cudnnConvolutionFwdAlgo_t as FwdAlgo,
+    cudnnDataType_t, cudnnMathType_t, cudnnStatus_t, cudnnTensorFormat_t,
+};
+use cudarc::driver::CudaStream;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// The functions of libcudnn this module calls: checked once when a handle is created.
+const SYMBOLS: &[&str] = &[
+    "cudnnGetVersion",
+    "cudnnCreate",
+    "cudnnDestroy",
+    "cudnnSetStream",
+    "cudnnGetErrorString",
+    "cudnnCreateTensorDescriptor",
+    "cudnnSetTensor4dDescriptor",
+    "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor",
+    "cudnnSetFilter4dDescriptor",
+    "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor",
+    "cudnnSetConvolution2dDescriptor",
+    "cudnnSetConvolutionGroupCount",
+    "cudnnSetConvolutionMathType",
+    "cudnnDestroyConvolutionDescriptor",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnGetConvolutionForwardWorkspaceSize",
+    "cudnnGetConvolutionBackwardDataWorkspaceSize",
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+    "cudnnConvolutionForward",
+    "cudnnConvolutionBackwardData",
+    "cudnnConvolutionBackwardFilter",
+    "cudnnConvolutionBackwardBias",
+    "cudnnAddTensor",
+];
+
+/// The largest workspace (bytes) an algorithm may ask for.
+pub const WORKSPACE_LIMIT: usize = 256 << 20;
+
+/// A cuDNN status as an error naming the call.
+fn check(op: &str, status: cudnnStatus_t) -> Result<()> {
+    if status == cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
+    let text = unsafe {
+        let p = sys::cudnnGetErrorString(status);
+        if p.is_null() {
+            format!("{status:?}")
+        } else {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    Err(Error::Comm(format!("cuDNN {op}: {text}")))
+}
+
+fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Comm(format!("cuDNN {op}: dimension {v} exceeds int")))
+}
+
+/// Whether libcudnn can be loaded and exports every function used here; the error names the
+/// library and what is missing.
+pub fn load_check() -> Result<()> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Comm(
+            "CUDA: the cuDNN library (libcudnn.so.9 or libcudnn.so) cannot be loaded; the \
+             convolution layer needs it: install cuDNN 9 and add the directory that holds it to \
+             LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    // SAFETY: the library is present (checked above); looking a symbol up has no side effect.
+    let lib = unsafe { sys::culib() };
+    for name in SYMBOLS {
+        // SAFETY: only the lookup; the pointer is never called through this type.
+        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
+            return Err(Error::Comm(format!(
+                "CUDA: the loaded cuDNN library lacks `{name}`; cuDNN 8 or 9 is needed"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A cuDNN handle bound to one replica's compute stream.
+#[derive(Debug)]
+pub struct Cudnn {
+    raw: sys::cudnnHandle_t,
+    /// Keeps the stream (and its context) alive as long as the handle.
+    stream: Arc<CudaStream>,
+    math: MathMode,
+}
+
+// SAFETY: the handle is used only by the thread that owns the `Gpu` (a replica's thread); cuDNN
+// handles may move between threads as long as they are not used concurrently.
+unsafe impl Send for Cudnn {}
+// SAFETY: every call through `&Cudnn` goes to the one stream the handle is bound to, from the
+// replica's thread; `Gpu` is never driven from two threads at once.
+unsafe impl Sync for Cudnn {}
+
+impl Cudnn {
+    /// Loads cuDNN (see [`load_check`]), creates a handle in the stream's context and binds it
+    /// to `stream`.
+    pub fn new(stream: Arc<CudaStream>, math: MathMode) -> Result<Cudnn> {
+        load_check()?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| gpu_error("bind the context for cuDNN", e))?;
+        let mut raw: sys::cudnnHandle_t = std::ptr::null_mut();
+        // SAFETY: `raw` is writable; the context is current.
+        check("cudnnCreate", unsafe { sys::cudnnCreate(&mut raw) })?;
+        let handle = Cudnn { raw, stream, math };
+        // SAFETY: live handle and stream of the same context.
+        check("cudnnSetStream", unsafe {
+            sys::cudnnSetStream(handle.raw, handle.stream.cu_stream() as sys::cudaStream_t)
+        })?;
+        Ok(handle)
+    }
+
+    /// The library's version, e.g. 90100 for 9.1.0.
+    pub fn version() -> usize {
+        // SAFETY: a pure query of a loaded library (callers have a handle, so it is loaded).
+        unsafe { sys::cudnnGetVersion() }
+    }
+
+    /// The stream every call of this handle runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn math(&self) -> MathMode {
+        self.math
+    }
+}
+
+impl Drop for Cudnn {
+    fn drop(&mut self) {
+        let _ = self.stream.context().bind_to_thread();
+        // SAFETY: live handle, destroyed once.
+        let _ = unsafe { sys::cudnnDestroy(self.raw) };
+    }
+}
+
+/// A packed NCHW FP32 tensor descriptor.
+#[derive(Debug)]
+pub struct TensorDesc {
+    raw: sys::cudnnTensorDescriptor_t,
+    /// `(N, C, H, W)` it describes.
+    pub dims: [usize; 4],
+}
+
+// SAFETY: a descriptor is plain host memory owned by this value.
+unsafe impl Send for TensorDesc {}
+
+impl TensorDesc {
+    /// A descriptor of `(n, c, h, w)`.
+    pub fn new(dims: [usize; 4]) -> Result<TensorDesc> {
+        let mut raw: sys::cudnnTensorDescriptor_t = std::ptr::null_mut();
+        // SAFETY: `raw` is writable.
+        check("cudnnCreateTensorDescriptor", unsafe {
+            sys::cudnnCreateTensorDescriptor(&mut raw)
+        })?;
+        let d = TensorDesc { raw, dims };
+        let op = "cudnnSetTensor4dDescriptor";
+        let [n, c, h, w] = dims;
+        let (n, c, h, w) = (int(op, n)?, int(op, c)?, int(op, h)?, int(op, w)?);
+        // SAFETY: live descriptor.
+        check(op, unsafe {
+            sys::cudnnSetTensor4dDescriptor(
+                d.raw,
+                cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                cudnnDataType_t::CUDNN_DATA_FLOAT,
+                n,
+                c,
+                h,
+                w,
+            )
+        })?;
+        Ok(d)
+    }
+
+    /// Elements it describes.
+    pub fn count(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+impl Drop for TensorDesc {
+    fn drop(&mut self) {
+        // SAFETY: live descriptor, destroyed once.
+        let _ = unsafe { sys::cudnnDestroyTensorDescriptor(self.raw) };
+    }
+}
+
+/// A KCRS FP32 filter descriptor: `(k, c, r, s)` = `(num_output, C/group, kh, kw)`.
+#[derive(Debug)]
+pub struct FilterDesc {
+    raw: sys::cudnnFilterDescriptor_t,
+    pub dims: [usize; 4],
+}
+
+// SAFETY: as for `TensorDesc`.
+unsafe impl Send for FilterDesc {}
+
+impl FilterDesc {
+    pub fn new(dims: [usize; 4]) -> Result<FilterDesc> {
+        let mut raw: sys::cudnnFilterDescriptor_t = std::ptr::null_mut();
+        // SAFETY: `raw` is writable.
+        check("cudnnCreateFilterDescriptor", unsafe {
+            sys::cudnnCreateFilterDescriptor(&mut raw)
+        })?;
+        let d = FilterDesc { raw, dims };
+        let op = "cudnnSetFilter4dDescriptor";
+        let [k, c, r, s] = dims;
+        let (k, c, r, s) = (int(op, k)?, int(op, c)?, int(op, r)?, int(op, s)?);
+        // SAFETY: live descriptor.
+        check(op, unsafe {
+            sys::cudnnSetFilter4dDescriptor(
+                d.raw,
+                cudnnDataType_t::CUDNN_DATA_FLOAT,
+                cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                k,
+                c,
+                r,
+                s,
+            )
+        })?;
+        Ok(d)
+    }
+
+    pub fn count(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+impl Drop for FilterDesc {
+    fn drop(&mut self) {
+        // SAFETY: live descriptor, destroyed once.
+        let _ = unsafe { sys::cudnnDestroyFilterDescriptor(self.raw) };
+    }
+}
+
+/// The geometry of a 2-D convolution (Caffe's cross-correlation), per spatial axis `[h, w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    pub pad: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    pub group: usize,
+}
+
+/// A convolution descriptor: cross-correlation with FP32 accumulation, the group count and the
+/// math type of the configured [`MathMode`].
+#[derive(Debug)]
+pub struct ConvDesc {
+    raw: sys::cudnnConvolutionDescriptor_t,
+    pub geometry: ConvGeometry,
+    pub math: MathMode,
+}
+
+// SAFETY: as for `TensorDesc`.
+unsafe impl Send for ConvDesc {}
+
+impl ConvDesc {
+    pub fn new(geometry: ConvGeometry, math: MathMode) -> Result<ConvDesc> {
+        let mut raw: sys::cudnnConvolutionDescriptor_t = std::ptr::null_mut();
+        // SAFETY: `raw` is writable.
+        check("cudnnCreateConvolutionDescriptor", unsafe {
+            sys::cudnnCreateConvolutionDescriptor(&mut raw)
+        })?;
+        let d = ConvDesc {
+            raw,
+            geometry,
+            math,
+        };
+        let op = "cudnnSetConvolution2dDescriptor";
+        let g = geometry;
+        // SAFETY: live descriptor.
+        check(op, unsafe {
+            sys::cudnnSetConvolution2dDescriptor(
+                d.raw,
+                int(op, g.pad[0])?,
+                int(op, g.pad[1])?,
+                int(op, g.stride[0])?,
+                int(op, g.stride[1])?,
+                int(op, g.dilation[0])?,
+                int(op, g.dilation[1])?,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+        })?;
+        let op = "cudnnSetConvolutionGroupCount";
+        // SAFETY: live descriptor.
+        check(op, unsafe {
+            sys::cudnnSetConvolutionGroupCount(d.raw, int(op, g.group)?)
+        })?;
+        // SAFETY: live descriptor.
+        check("cudnnSetConvolutionMathType", unsafe {
+            sys::cudnnSetConvolutionMathType(d.raw, math_type(math))
+        })?;
+        Ok(d)
+    }
+}
+
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: live descriptor, destroyed once.
+        let _ = unsafe { sys::cudnnDestroyConvolutionDescriptor(self.raw) };
+    }
+}
+
+fn math_type(math: MathMode) -> cudnnMathType_t {
+    match math {
+        MathMode::Fp32 => cudnnMathType_t::CUDNN_FMA_MATH,
+        MathMode::Tf32 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    }
+}
+
+/// cuDNN's `cudnnConvolution*AlgoPerf_t` with plain integers where the C struct has enums, so
+/// that no value the library writes can be an invalid Rust enum.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RawPerf {
+    algo: i32,
+    status: i32,
+    time: f32,
+    memory: usize,
+    determinism: i32,
+    math_type: i32,
+    reserved: [i32; 3],
+}
+
+const _: () = assert!(
+    std::mem::size_of::<RawPerf>() == std::mem::size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>()
+);
+const _: () = assert!(
+    std::mem::size_of::<RawPerf>() == std::mem::size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>()
+);
+const _: () = assert!(
+    std::mem::size_of::<RawPerf>()
+        == std::mem::size_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>()
+);
+
+/// Maximum number of ranked algorithms asked for per direction.
+const RANKED: usize = 16;
+
+fn fwd_algo(v: i32) -> Option<FwdAlgo> {
+    use FwdAlgo::*;
+    Some(match v {
+        0 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        7 => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+        _ => return None,
+    })
+}
+
+fn bwd_data_algo(v: i32) -> Option<BwdDataAlgo> {
+    use BwdDataAlgo::*;
+    Some(match v {
+        0 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        1 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+        2 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+        3 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+        4 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+        5 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+        _ => return None,
+    })
+}
+
+fn bwd_filter_algo(v: i32) -> Option<BwdFilterAlgo> {
+    use BwdFilterAlgo::*;
+    Some(match v {
+        0 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        1 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+        2 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+        3 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+        4 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+        5 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+        6 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+        _ => return None,
+    })
+}
+
+/// Whether an algorithm (by its integer value) is allowed in `math`: in FP32, only the
+/// GEMM-like ones (forward 0–3, backward-data 0–1, backward-filter 0, 1, 3).
+fn allowed(direction: usize, algo: i32, math: MathMode) -> bool {
+    if math == MathMode::Tf32 {
+        return true;
+    }
+    match direction {
+        0 => (0..=3).contains(&algo),
+        1 => (0..=1).contains(&algo),
+        _ => matches!(algo, 0 | 1 | 3),
+    }
+}
+
+/// Picks from cuDNN's ranking: the first successful, allowed, deterministic algorithm within
+/// the workspace limit; failing that, the first successful allowed one within the limit.
+fn pick(direction: usize, ranked: &[RawPerf], math: MathMode) -> Option<RawPerf> {
+    let usable = |p: &&RawPerf| {
+        p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
+            && allowed(direction, p.algo, math)
+            && p.memory <= WORKSPACE_LIMIT
+    };
+    ranked
+        .iter()
+        .filter(usable)
+        .find(|p| p.determinism == 1)
+        .or_else(|| ranked.iter().find(usable))
+        .copied()
+}
+
+/// The algorithms of one convolution shape and the workspace (bytes) the largest needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvAlgos {
+    pub fwd: FwdAlgo,
+    pub bwd_data: BwdDataAlgo,
+    pub bwd_filter: BwdFilterAlgo,
+    pub workspace: usize,
+}
+
+/// The conservative algorithms every shape supports, used when the ranking offers none.
+const FALLBACK: (FwdAlgo, BwdDataAlgo, BwdFilterAlgo) = (
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+);
+
+impl ConvAlgos {
+    /// Chooses the forward, backward-data and backward-filter algorithms for `x * w -> y` from
+    /// cuDNN's heuristics (see the module docs) and sizes their workspace. Synchronises nothing.
+    pub fn choose(
+        dnn: &Cudnn,
+        x: &TensorDesc,
+        w: &FilterDesc,
+        conv: &ConvDesc,
+        y: &TensorDesc,
+    ) -> Result<ConvAlgos> {
+        let mut ranked = [RawPerf::default(); RANKED];
+        let mut got: i32 = 0;
+        let math = conv.math;
+
+        // SAFETY: live descriptors; `ranked` holds RANKED entries of the C struct's layout.
+        check("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
+            sys::cudnnGetConvolutionForwardAlgorithm_v7(
+                dnn.raw,
+                x.raw,
+                w.raw,
+                conv.raw,
+                y.raw,
+                RANKED as i32,
+                &mut got,
+                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionFwdAlgoPerf_t,
+            )
+        })?;
+        let fwd = pick(0, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
+            .and_then(|p| fwd_algo(p.algo))
+            .unwrap_or(FALLBACK.0);
+
+        // SAFETY: as above.
+        check("cudnnGetConvolutionBackwardDataAlgorithm_v7", unsafe {
+            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                dnn.raw,
+                w.raw,
+                y.raw,
+                conv.raw,
+                x.raw,
+                RANKED as i32,
+                &mut got,
+                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionBwdDataAlgoPerf_t,
+            )
+        })?;
+        let bwd_data = pick(1, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
+            .and_then(|p| bwd_data_algo(p.algo))
+            .unwrap_or(FALLBACK.1);
+
+        // SAFETY: as above.
+        check("cudnnGetConvolutionBackwardFilterAlgorithm_v7", unsafe {
+            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                dnn.raw,
+                x.raw,
+                y.raw,
+                conv.raw,
+                w.raw,
+                RANKED as i32,
+                &mut got,
+                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+            )
+        })?;
+        let bwd_filter = pick(2, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
+            .and_then(|p| bwd_filter_algo(p.algo))
+            .unwrap_or(FALLBACK.2);
+
+        let (mut a, mut b, mut c) = (0usize, 0usize, 0usize);
+        // SAFETY: live descriptors, writable sizes.
+        check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+            sys::cudnnGetConvolutionForwardWorkspaceSize(
+                dnn.raw, x.raw, w.raw, conv.raw, y.raw, fwd, &mut a,
+            )
+        })?;
+        // SAFETY: as above.
+        check("cudnnGetConvolutionBackwardDataWorkspaceSize", unsafe {
+            sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
+                dnn.raw, w.raw, y.raw, conv.raw, x.raw, bwd_data, &mut b,
+            )
+        })?;
+        // SAFETY: as above.
+        check("cudnnGetConvolutionBackwardFilterWorkspaceSize", unsafe {
+            sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                dnn.raw, x.raw, y.raw, conv.raw, w.raw, bwd_filter, &mut c,
+            )
+        })?;
+        Ok(ConvAlgos {
+            fwd,
+            bwd_data,
+            bwd_filter,
+            workspace: a.max(b).max(c),
+        })
+    }
+}
+
+/// Device addresses and sizes of one call's buffers (raw, so that the layer can pass views of
+/// blobs and of the flat parameters alike). The caller guarantees that every address holds the
+/// elements its descriptor describes, on the handle's device, and stays alive for the call's
+/// stream work.
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+/// `y = alpha · conv(x, w) + beta · y`.
+///
+/// # Safety
+/// Every pointer must address the elements its descriptor describes on the handle's device
+/// (`workspace` at least `ws.bytes` bytes), alive until the stream has run the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_forward(
+    dnn: &Cudnn,
+    x: (&TensorDesc, u64),
+    w: (&FilterDesc, u64),
+    conv: &ConvDesc,
+    algo: FwdAlgo,
+    ws: Workspace,
+    beta: f32,
+    y: (&TensorDesc, u64),
+) -> Result<()> {
+    let alpha = 1.0f32;
+    check(
+        "cudnnConvolutionForward",
+        sys::cudnnConvolutionForward(
+            dnn.raw,
+            &alpha as *const f32 as *const c_void,
+            x.0.raw,
+            x.1 as *const c_void,
+            w.0.raw,
+            w.1 as *const c_void,
+            conv.raw,
+            algo,
+            ws.ptr as *mut c_void,
+            ws.bytes,
+            &beta as *const f32 as *const c_void,
+            y.0.raw,
+            y.1 as *mut c_void,
+        ),
+    )
+}
+
+/// `dx = conv_transpose(dy, w) + beta · dx`.
+///
+/// # Safety
+/// As [`conv_forward`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_backward_data(
+    dnn: &Cudnn,
+    w: (&FilterDesc, u64),
+    dy: (&TensorDesc, u64),
+    conv: &ConvDesc,
+    algo: BwdDataAlgo,
+    ws: Workspace,
+    beta: f32,
+    dx: (&TensorDesc, u64),
+) -> Result<()> {
+    let alpha = 1.0f32;
+    check(
+        "cudnnConvolutionBackwardData",
+        sys::cudnnConvolutionBackwardData(
+            dnn.raw,
+            &alpha as *const f32 as *const c_void,
+            w.0.raw,
+            w.1 as *const c_void,
+            dy.0.raw,
+            dy.1 as *const c_void,
+            conv.raw,
+            algo,
+            ws.ptr as *mut c_void,
+            ws.bytes,
+            &beta as *const f32 as *const c_void,
+            dx.0.raw,
+            dx.1 as *mut c_void,
+        ),
+    )
+}
+
+/// `dw = corr(x, dy) + beta · dw`.
+///
+/// # Safety
+/// As [`conv_forward`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_backward_filter(
+    dnn: &Cudnn,
+    x: (&TensorDesc, u64),
+    dy: (&TensorDesc, u64),
+    conv: &ConvDesc,
+    algo: BwdFilterAlgo,
+    ws: Workspace,
+    beta: f32,
+    dw: (&FilterDesc, u64),
+) -> Result<()> {
+    let alpha = 1.0f32;
+    check(
+        "cudnnConvolutionBackwardFilter",
+        sys::cudnnConvolutionBackwardFilter(
+            dnn.raw,
+            &alpha as *const f32 as *const c_void,
+            x.0.raw,
+            x.1 as *const c_void,
+            dy.0.raw,
+            dy.1 as *const c_void,
+            conv.raw,
+            algo,
+            ws.ptr as *mut c_void,
+            ws.bytes,
+            &beta as *const f32 as *const c_void,
+            dw.0.raw,
+            dw.1 as *mut c_void,
+        ),
+    )
+}
+
+/// `y += b` broadcast, with `b` described as `(1, C, 1, 1)`.
+///
+/// # Safety
+/// As [`conv_forward`].
+pub unsafe fn add_bias(dnn: &Cudnn, b: (&TensorDesc, u64), y: (&TensorDesc, u64)) -> Result<()> {
+    let one = 1.0f32;
+    check(
+        "cudnnAddTensor",
+        sys::cudnnAddTensor(
+            dnn.raw,
+            &one as *const f32 as *const c_void,
+            b.0.raw,
+            b.1 as *const c_void,
+            &one as *const f32 as *const c_void,
+            y.0.raw,
+            y.1 as *mut c_void,
+        ),
+    )
+}
+
+/// `db = Σ_{n,h,w} dy + beta · db`, with `db` described as `(1, C, 1, 1)`.
+///
+/// # Safety
+/// As [`conv_forward`].
+pub unsafe fn bias_grad(
+    dnn: &Cudnn,
+    dy: (&TensorDesc, u64),
+    beta: f32,
+    db: (&TensorDesc, u64),
+) -> Result<()> {
+    let one = 1.0f32;
+    check(
+        "cudnnConvolutionBackwardBias",
+        sys::cudnnConvolutionBackwardBias(
+            dnn.raw,
+            &one as *const f32 as *const c_void,
+            dy.0.raw,
+            dy.1 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            db.0.raw,
+            db.1 as *mut c_void,
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs without cuDNN: the FP32 filter keeps only the GEMM-like algorithms and prefers a
+    /// deterministic one.
+    #[test]
+    fn fp32_choice_skips_fft_and_winograd_and_prefers_deterministic() {
+        let perf = |algo, determinism, memory| RawPerf {
+            algo,
+            status: 0,
+            memory,
+            determinism,
+            ..Default::default()
+        };
+        let ranked = [perf(6, 1, 0), perf(4, 1, 0), perf(0, 0, 0), perf(1, 1, 0)];
+        assert_eq!(pick(0, &ranked, MathMode::Fp32).unwrap().algo, 1);
+        assert_eq!(pick(0, &ranked, MathMode::Tf32).unwrap().algo, 6);
+        let nondeterministic = [perf(5, 1, 0), perf(0, 0, 0)];
+        assert_eq!(pick(1, &nondeterministic, MathMode::Fp32).unwrap().algo, 0);
+        let too_big = [perf(1, 1, WORKSPACE_LIMIT + 1)];
+        assert!(pick(2, &too_big, MathMode::Fp32).is_none());
+    }
+}

@@ -1,0 +1,456 @@
+
+// ---------------------------------------------------------------------------------------------
+// The kernels of the convolutional-net layers (src/cuda/kernels/cnn.cu, appended to kernels.cu
+// into one NVRTC program; the conventions at the top of kernels.cu hold here too). Blobs are
+// NCHW; a "channel view" of a blob is (outer, dim, inner) with the channel index
+// (i / inner) % dim.
+
+// dst[r * dst_stride + dst_off + c] (+)= src[r * src_stride + src_off + c] for r < rows,
+// c < cols: concat, slices and plain copies.
+extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, int cols,
+                                        int src_stride, int src_off, int dst_stride, int dst_off,
+                                        int accumulate) {
+    GRID_STRIDE_INT(i, rows * cols) {
+        const int r = i / cols;
+        const int c = i - r * cols;
+        const float v = src[r * src_stride + src_off + c];
+        float* d = dst + r * dst_stride + dst_off + c;
+        *d = accumulate ? *d + v : v;
+    }
+}
+
+// y (+)= alpha * x
+extern "C" __global__ void scaled_copy(const float* x, float* y, float alpha, int n,
+                                       int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = alpha * x[i];
+        y[i] = accumulate ? y[i] + v : v;
+    }
+}
+
+// y = a * b
+extern "C" __global__ void mul_into(const float* a, const float* b, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = a[i] * b[i];
+}
+
+// y *= x
+extern "C" __global__ void mul_inplace(float* y, const float* x, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = y[i] * x[i];
+}
+
+// Eltwise MAX, one bottom at a time: bottom k = 0 initialises; later bottoms replace the
+// running maximum only when strictly greater (the first maximum wins).
+extern "C" __global__ void eltwise_max_step(const float* x, float* y, int* mask, int k, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        if (k == 0 || v > y[i]) {
+            y[i] = v;
+            mask[i] = k;
+        }
+    }
+}
+
+// dx (+)= mask == k ? dy : 0
+extern "C" __global__ void eltwise_max_backward(const float* dy, const int* mask, float* dx,
+                                                int k, int n, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = mask[i] == k ? dy[i] : 0.0f;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pooling, Caffe's kernels (BVLC pooling_layer.cu) with its output sizes.
+
+struct PoolGeom {
+    int channels, height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
+        pad_h, pad_w;
+};
+
+// One thread per top element: the maximum of the window clipped to the image, and its index
+// h * width + w in the (n, c) plane (the first maximum in row-major order wins).
+extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
+                                            PoolGeom g) {
+    GRID_STRIDE_INT(index, top_count) {
+        const int pw = index % g.pooled_w;
+        const int ph = (index / g.pooled_w) % g.pooled_h;
+        const int c = (index / g.pooled_w / g.pooled_h) % g.channels;
+        const int n = index / g.pooled_w / g.pooled_h / g.channels;
+        int hstart = ph * g.stride_h - g.pad_h;
+        int wstart = pw * g.stride_w - g.pad_w;
+        const int hend = min(hstart + g.kernel_h, g.height);
+        const int wend = min(wstart + g.kernel_w, g.width);
+        hstart = max(hstart, 0);
+        wstart = max(wstart, 0);
+        float maxval = -3.402823466e+38f;
+        int maxidx = -1;
+        const float* slice = x + (n * g.channels + c) * g.height * g.width;
+        for (int h = hstart; h < hend; ++h) {
+            for (int w = wstart; w < wend; ++w) {
+                if (slice[h * g.width + w] > maxval) {
+                    maxidx = h * g.width + w;
+                    maxval = slice[maxidx];
+                }
+            }
+        }
+        y[index] = maxval;
+        mask[index] = maxidx;
+    }
+}
+
+// One thread per top element: the window's sum divided by its size clipped to
+// [-pad, size + pad) (padding counts, the part beyond the padded image does not).
+extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g) {
+    GRID_STRIDE_INT(index, top_count) {
+        const int pw = index % g.pooled_w;
+        const int ph = (index / g.pooled_w) % g.pooled_h;
+        const int c = (index / g.pooled_w / g.pooled_h) % g.channels;
+        const int n = index / g.pooled_w / g.pooled_h / g.channels;
+        int hstart = ph * g.stride_h - g.pad_h;
+        int wstart = pw * g.stride_w - g.pad_w;
+        int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
+        int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
+        const int pool_size = (hend - hstart) * (wend - wstart);
+        hstart = max(hstart, 0);
+        wstart = max(wstart, 0);
+        hend = min(hend, g.height);
+        wend = min(wend, g.width);
+        float aveval = 0.0f;
+        const float* slice = x + (n * g.channels + c) * g.height * g.width;
+        for (int h = hstart; h < hend; ++h) {
+            for (int w = wstart; w < wend; ++w) aveval += slice[h * g.width + w];
+        }
+        y[index] = aveval / pool_size;
+    }
+}
+
+// One thread per bottom element: the sum of the top diffs whose argmax it is (no atomics).
+extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, float* dx,
+                                             int bottom_count, PoolGeom g, int accumulate) {
+    GRID_STRIDE_INT(index, bottom_count) {
+        const int w = index % g.width;
+        const int h = (index / g.width) % g.height;
+        const int c = (index / g.width / g.height) % g.channels;
+        const int n = index / g.width / g.height / g.channels;
+        const int phstart =
+            (h + g.pad_h < g.kernel_h) ? 0 : (h + g.pad_h - g.kernel_h) / g.stride_h + 1;
+        const int phend = min((h + g.pad_h) / g.stride_h + 1, g.pooled_h);
+        const int pwstart =
+            (w + g.pad_w < g.kernel_w) ? 0 : (w + g.pad_w - g.kernel_w) / g.stride_w + 1;
+        const int pwend = min((w + g.pad_w) / g.stride_w + 1, g.pooled_w);
+        float gradient = 0.0f;
+        const int offset = (n * g.channels + c) * g.pooled_h * g.pooled_w;
+        const float* dy_slice = dy + offset;
+        const int* mask_slice = mask + offset;
+        for (int ph = phstart; ph < phend; ++ph) {
+            for (int pw = pwstart; pw < pwend; ++pw) {
+                if (mask_slice[ph * g.pooled_w + pw] == h * g.width + w) {
+                    gradient += dy_slice[ph * g.pooled_w + pw];
+                }
+            }
+        }
+        dx[index] = accumulate ? dx[index] + gradient : gradient;
+    }
+}
+
+// One thread per bottom element: the sum over the windows covering it of top diff / pool size.
+extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
+                                             PoolGeom g, int accumulate) {
+    GRID_STRIDE_INT(index, bottom_count) {
+        const int w = index % g.width + g.pad_w;
+        const int h = (index / g.width) % g.height + g.pad_h;
+        const int c = (index / g.width / g.height) % g.channels;
+        const int n = index / g.width / g.height / g.channels;
+        const int phstart = (h < g.kernel_h) ? 0 : (h - g.kernel_h) / g.stride_h + 1;
+        const int phend = min(h / g.stride_h + 1, g.pooled_h);
+        const int pwstart = (w < g.kernel_w) ? 0 : (w - g.kernel_w) / g.stride_w + 1;
+        const int pwend = min(w / g.stride_w + 1, g.pooled_w);
+        float gradient = 0.0f;
+        const float* dy_slice = dy + (n * g.channels + c) * g.pooled_h * g.pooled_w;
+        for (int ph = phstart; ph < phend; ++ph) {
+            for (int pw = pwstart; pw < pwend; ++pw) {
+                const int hstart = ph * g.stride_h - g.pad_h;
+                const int wstart = pw * g.stride_w - g.pad_w;
+                const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
+                const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
+                const int pool_size = (hend - hstart) * (wend - wstart);
+                gradient += dy_slice[ph * g.pooled_w + pw] / pool_size;
+            }
+        }
+        dx[index] = accumulate ? dx[index] + gradient : gradient;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout: the counter-based hash of crate::layers::dropout (the layer contract), bit for bit.
+
+__device__ __forceinline__ float dropout_uniform(unsigned long long seed, unsigned long long iter,
+                                                 unsigned long long sample,
+                                                 unsigned long long elem) {
+    unsigned long long z = seed ^ (iter * 0x9E3779B97F4A7C15ull) ^
+                           (sample * 0xC2B2AE3D27D4EB4Full) ^ (elem * 0x165667B19E3779F9ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+// y = x * (u >= ratio ? scale : 0), element e of sample n at stream position first_sample + n
+// (the CPU's product with its mask, so even the sign of a dropped zero agrees).
+extern "C" __global__ void dropout_forward(const float* x, float* y, int n, int per_sample,
+                                           unsigned long long seed, unsigned long long iter,
+                                           unsigned long long first_sample, float ratio,
+                                           float scale) {
+    GRID_STRIDE_INT(i, n) {
+        const int s = i / per_sample;
+        const int e = i - s * per_sample;
+        const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
+                                        (unsigned long long)e);
+        y[i] = x[i] * (u >= ratio ? scale : 0.0f);
+    }
+}
+
+// dx (+)= dy * (u >= ratio ? scale : 0), the forward's mask recomputed.
+extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, int per_sample,
+                                            unsigned long long seed, unsigned long long iter,
+                                            unsigned long long first_sample, float ratio,
+                                            float scale, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const int s = i / per_sample;
+        const int e = i - s * per_sample;
+        const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
+                                        (unsigned long long)e);
+        const float g = dy[i] * (u >= ratio ? scale : 0.0f);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-channel reductions (one block per channel d of the view (outer, dim, inner), in double,
+// fixed summation tree: deterministic).
+
+// out[d] (+)= sum over (o, i) of a * (b ? b : 1) at (o, d, i).
+extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b, float* out,
+                                          int outer, int dim, int inner, int accumulate) {
+    for (int d = blockIdx.x; d < dim; d += gridDim.x) {
+        double s = 0.0;
+        const int per = outer * inner;
+        for (int j = threadIdx.x; j < per; j += blockDim.x) {
+            const int o = j / inner;
+            const int i = j - o * inner;
+            const int idx = (o * dim + d) * inner + i;
+            s += has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx];
+        }
+        s = block_sum(s);
+        if (threadIdx.x == 0) out[d] = accumulate ? out[d] + (float)s : (float)s;
+    }
+}
+
+// y = x * s[d] (+ b[d]) over the view (n / (dim * inner), dim, inner); has_s/has_b select.
+extern "C" __global__ void channel_affine(const float* x, const float* s, int has_s,
+                                          const float* b, int has_b, float* y, int n, int dim,
+                                          int inner) {
+    GRID_STRIDE_INT(i, n) {
+        const int d = (i / inner) % dim;
+        float v = x[i];
+        if (has_s) v = v * s[d];
+        if (has_b) v = v + b[d];
+        y[i] = v;
+    }
+}
+
+// dx (+)= dy * s[d]
+extern "C" __global__ void channel_scale_backward(const float* dy, const float* s, float* dx,
+                                                  int n, int dim, int inner, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = dy[i] * s[(i / inner) % dim];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchNorm over (N, C, S = H * W), statistics in double. sums holds 2C + 1 doubles:
+// [sum a (C), sum a*b or a*a (C), count].
+
+// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (has_b ? b : a); sums[2C] = n * s.
+extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* sums,
+                                   int n, int c, int s) {
+    for (int ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        double s1 = 0.0, s2 = 0.0;
+        const int per = n * s;
+        for (int j = threadIdx.x; j < per; j += blockDim.x) {
+            const int k = j / s;
+            const int idx = (k * c + ch) * s + (j - k * s);
+            const double v = (double)a[idx];
+            s1 += v;
+            s2 += v * (has_b ? (double)b[idx] : v);
+        }
+        s1 = block_sum(s1);
+        s2 = block_sum(s2);
+        if (threadIdx.x == 0) {
+            sums[ch] = s1;
+            sums[c + ch] = s2;
+            if (ch == 0) sums[2 * c] = (double)per;
+        }
+    }
+}
+
+// Batch statistics from the sums of x and x^2 over m = sums[2C] values: mean, biased variance,
+// inv_std = 1 / sqrt(var + eps).
+extern "C" __global__ void bn_batch_stats(const double* sums, int c, float eps, float* mean,
+                                          float* var, float* inv_std) {
+    GRID_STRIDE_INT(ch, c) {
+        const double m = sums[2 * c];
+        const double mu = sums[ch] / m;
+        double v = sums[c + ch] / m - mu * mu;
+        if (v < 0.0) v = 0.0;
+        mean[ch] = (float)mu;
+        var[ch] = (float)v;
+        inv_std[ch] = 1.0f / sqrtf((float)v + eps);
+    }
+}
+
+// Global statistics from the running ones in params = [mean (C), var (C), factor (1)]:
+// s = factor == 0 ? 0 : 1 / factor; mean = running_mean * s, var = running_var * s.
+extern "C" __global__ void bn_global_stats(const float* params, int c, float eps, float* mean,
+                                           float* var, float* inv_std) {
+    const float f = params[2 * c];
+    const float s = f == 0.0f ? 0.0f : 1.0f / f;
+    GRID_STRIDE_INT(ch, c) {
+        mean[ch] = params[ch] * s;
+        var[ch] = params[c + ch] * s;
+        inv_std[ch] = 1.0f / sqrtf(var[ch] + eps);
+    }
+}
+
+// y = (x - mean[c]) * inv_std[c]
+extern "C" __global__ void bn_normalize(const float* x, const float* mean, const float* inv_std,
+                                        float* y, int n, int c, int s) {
+    GRID_STRIDE_INT(i, n) {
+        const int ch = (i / s) % c;
+        y[i] = (x[i] - mean[ch]) * inv_std[ch];
+    }
+}
+
+// factor = factor * maf + 1; running_mean = running_mean * maf + mean;
+// running_var = running_var * maf + (m / (m - 1)) * var, m = sums[2C] (correction 1 if m <= 1).
+extern "C" __global__ void bn_update_running(float* params, const float* mean, const float* var,
+                                             const double* sums, int c, float maf) {
+    const double m = sums[2 * c];
+    const float corr = m > 1.0 ? (float)(m / (m - 1.0)) : 1.0f;
+    GRID_STRIDE_INT(ch, c) {
+        params[ch] = params[ch] * maf + mean[ch];
+        params[c + ch] = params[c + ch] * maf + corr * var[ch];
+        if (ch == 0) params[2 * c] = params[2 * c] * maf + 1.0f;
+    }
+}
+
+// Batch statistics: dx (+)= (dy - mean(dy) - mean(dy * y) * y) * inv_std, the means over
+// m = sums[2C] values from sums = [sum dy (C), sum dy*y (C), m].
+extern "C" __global__ void bn_backward(const float* dy, const float* y, const double* sums,
+                                       const float* inv_std, float* dx, int n, int c, int s,
+                                       int accumulate) {
+    const double m = sums[2 * c];
+    GRID_STRIDE_INT(i, n) {
+        const int ch = (i / s) % c;
+        const float mean_dy = (float)(sums[ch] / m);
+        const float mean_dyy = (float)(sums[c + ch] / m);
+        const float g = (dy[i] - mean_dy - mean_dyy * y[i]) * inv_std[ch];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// Global statistics: dx (+)= dy * inv_std
+extern "C" __global__ void bn_backward_global(const float* dy, const float* inv_std, float* dx,
+                                              int n, int c, int s, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = dy[i] * inv_std[(i / s) % c];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax over the channel axis of (outer, channels, inner): one thread per (outer, inner).
+
+extern "C" __global__ void softmax_forward(const float* x, float* y, int outer, int channels,
+                                           int inner) {
+    GRID_STRIDE_INT(t, outer * inner) {
+        const int o = t / inner;
+        const int i = t - o * inner;
+        const float* xs = x + o * channels * inner + i;
+        float* ys = y + o * channels * inner + i;
+        float m = neg_infinity();
+        for (int c = 0; c < channels; ++c) m = fmaxf(m, xs[c * inner]);
+        float sum = 0.0f;
+        for (int c = 0; c < channels; ++c) {
+            const float e = expf(xs[c * inner] - m);
+            ys[c * inner] = e;
+            sum += e;
+        }
+        for (int c = 0; c < channels; ++c) ys[c * inner] = ys[c * inner] / sum;
+    }
+}
+
+// dx (+)= (dy - sum_c dy * y) * y
+extern "C" __global__ void softmax_backward(const float* y, const float* dy, float* dx,
+                                            int outer, int channels, int inner, int accumulate) {
+    GRID_STRIDE_INT(t, outer * inner) {
+        const int o = t / inner;
+        const int i = t - o * inner;
+        const int base = o * channels * inner + i;
+        float dot = 0.0f;
+        for (int c = 0; c < channels; ++c) dot += dy[base + c * inner] * y[base + c * inner];
+        for (int c = 0; c < channels; ++c) {
+            const int k = base + c * inner;
+            const float g = (dy[k] - dot) * y[k];
+            dx[k] = accumulate ? dx[k] + g : g;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Power and absolute value.
+
+// y = (shift + scale * x)^power (1 when power is 0).
+extern "C" __global__ void power_forward(const float* x, float* y, int n, float power,
+                                         float scale, float shift) {
+    GRID_STRIDE_INT(i, n) {
+        const float t = shift + scale * x[i];
+        y[i] = power == 0.0f ? 1.0f : (power == 1.0f ? t : powf(t, power));
+    }
+}
+
+// dx (+)= dy * power * scale * (shift + scale * x)^(power - 1)
+extern "C" __global__ void power_backward(const float* x, const float* dy, float* dx, int n,
+                                          float power, float scale, float shift,
+                                          int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float t = shift + scale * x[i];
+        float d;
+        if (power == 0.0f || scale == 0.0f) {
+            d = 0.0f;
+        } else if (power == 1.0f) {
+            d = scale;
+        } else if (power == 2.0f) {
+            d = 2.0f * scale * t;
+        } else {
+            d = power * scale * powf(t, power - 1.0f);
+        }
+        const float g = dy[i] * d;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+extern "C" __global__ void abs_forward(const float* x, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = fabsf(x[i]);
+}
+
+// dx (+)= sign(x) * dy (0 at 0)
+extern "C" __global__ void abs_backward(const float* x, const float* dy, float* dx, int n,
+                                        int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        const float g = v > 0.0f ? dy[i] : (v < 0.0f ? -dy[i] : 0.0f);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,0 +1,981 @@
+//! Launchers of the convolutional-net kernels (`kernels/cnn.cu`): copies and elementwise
+//! products, Caffe's pooling kernels, dropout's counter-based mask, per-channel affine maps and
+//! reductions, BatchNorm's statistics, softmax, power and absolute value.
+//!
+//! Shapes are in the docs of each method; a "channel view" `(outer, dim, inner)` of a blob has
+//! the channel index `(i / inner) % dim`. As in the parent module, every method enqueues on the
+//! stream it is given, checks buffer lengths (panicking on a caller's bug) and returns at once.
+
+use super::{check_len, to_i32, Kernels, BLOCK};
+use crate::cuda::gpu_error;
+use crate::error::Result;
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+
+/// The geometry of a 2-D pooling over `(N, channels, height, width)` into
+/// `(N, channels, pooled_h, pooled_w)`, as the kernels' `PoolGeom` struct (passed by value).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolGeom {
+    pub channels: i32,
+    pub height: i32,
+    pub width: i32,
+    pub pooled_h: i32,
+    pub pooled_w: i32,
+    pub kernel_h: i32,
+    pub kernel_w: i32,
+    pub stride_h: i32,
+    pub stride_w: i32,
+    pub pad_h: i32,
+    pub pad_w: i32,
+}
+
+// SAFETY: `#[repr(C)]` of eleven i32, the layout of the C struct of the same fields.
+unsafe impl DeviceRepr for PoolGeom {}
+
+impl PoolGeom {
+    /// Elements of one sample of the bottom.
+    fn bottom_per_sample(&self) -> usize {
+        (self.channels * self.height * self.width) as usize
+    }
+
+    /// Elements of one sample of the top.
+    fn top_per_sample(&self) -> usize {
+        (self.channels * self.pooled_h * self.pooled_w) as usize
+    }
+}
+
+impl Kernels {
+    /// One block per channel, at most one wave.
+    fn grid_channels(&self, channels: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (channels.clamp(1, self.max_blocks as usize) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// `dst[r·dst_stride + dst_off + c] (+)= src[r·src_stride + src_off + c]` for `r < rows`,
+    /// `c < cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_strided(
+        &self,
+        s: &CudaStream,
+        src: &impl DevicePtr<f32>,
+        dst: &mut impl DevicePtrMut<f32>,
+        rows: usize,
+        cols: usize,
+        (src_stride, src_off): (usize, usize),
+        (dst_stride, dst_off): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "copy_strided";
+        if rows * cols == 0 {
+            return Ok(());
+        }
+        check_len(
+            op,
+            "src",
+            src.len(),
+            (rows - 1) * src_stride + src_off + cols,
+        );
+        check_len(
+            op,
+            "dst",
+            dst.len(),
+            (rows - 1) * dst_stride + dst_off + cols,
+        );
+        let (r, c) = (to_i32(op, rows), to_i32(op, cols));
+        to_i32(op, rows * cols);
+        let (ss, so) = (to_i32(op, src_stride), to_i32(op, src_off));
+        let (ds, doff) = (to_i32(op, dst_stride), to_i32(op, dst_off));
+        to_i32(op, src.len().max(dst.len()));
+        let acc = accumulate as i32;
+        let (sp, _s) = src.device_ptr(s);
+        let (dp, _d) = dst.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            copy_strided,
+            self.grid(rows * cols),
+            [&sp, &dp, &r, &c, &ss, &so, &ds, &doff, &acc]
+        )
+    }
+
+    /// `y (+)= alpha · x` over `(n)`.
+    pub fn scaled_copy(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        alpha: f32,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "scaled_copy";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(op, n);
+        let acc = accumulate as i32;
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            scaled_copy,
+            self.grid(n),
+            [&xp, &yp, &alpha, &ni, &acc]
+        )
+    }
+
+    /// `y = a · b` over `(n)`.
+    pub fn mul_into(
+        &self,
+        s: &CudaStream,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let op = "mul_into";
+        check_len(op, "a", a.len(), n);
+        check_len(op, "b", b.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(op, n);
+        let (ap, _a) = a.device_ptr(s);
+        let (bp, _b) = b.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(self, s, mul_into, self.grid(n), [&ap, &bp, &yp, &ni])
+    }
+
+    /// `y *= x` over `(n)`.
+    pub fn mul_inplace(
+        &self,
+        s: &CudaStream,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let op = "mul_inplace";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(op, n);
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(self, s, mul_inplace, self.grid(n), [&yp, &xp, &ni])
+    }
+
+    /// Eltwise MAX with bottom `k`: `k = 0` sets `y = x, mask = 0`; later bottoms replace where
+    /// strictly greater (`mask = k`). `(n)` each.
+    pub fn eltwise_max_step(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        mask: &mut CudaSlice<i32>,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let op = "eltwise_max_step";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        check_len(op, "mask", mask.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, ki) = (to_i32(op, n), to_i32(op, k));
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        let (mp, _m) = mask.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            eltwise_max_step,
+            self.grid(n),
+            [&xp, &yp, &mp, &ki, &ni]
+        )
+    }
+
+    /// `dx (+)= mask == k ? dy : 0` over `(n)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn eltwise_max_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        mask: &CudaSlice<i32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "eltwise_max_backward";
+        check_len(op, "dy", dy.len(), n);
+        check_len(op, "mask", mask.len(), n);
+        check_len(op, "dx", dx.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, ki, acc) = (to_i32(op, n), to_i32(op, k), accumulate as i32);
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (mp, _m) = mask.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            eltwise_max_backward,
+            self.grid(n),
+            [&dyp, &mp, &dxp, &ki, &ni, &acc]
+        )
+    }
+
+    /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
+    /// `mask` (same shape) from `x (N, C, H, W)`.
+    pub fn max_pool_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        mask: &mut CudaSlice<i32>,
+        batch: usize,
+        g: PoolGeom,
+    ) -> Result<()> {
+        let op = "max_pool_forward";
+        let top = batch * g.top_per_sample();
+        check_len(op, "x", x.len(), batch * g.bottom_per_sample());
+        check_len(op, "y", y.len(), top);
+        check_len(op, "mask", mask.len(), top);
+        if top == 0 {
+            return Ok(());
+        }
+        let ti = to_i32(op, top);
+        to_i32(op, batch * g.bottom_per_sample());
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        let (mp, _m) = mask.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            max_pool_forward,
+            self.grid(top),
+            [&xp, &yp, &mp, &ti, &g]
+        )
+    }
+
+    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel).
+    pub fn ave_pool_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        batch: usize,
+        g: PoolGeom,
+    ) -> Result<()> {
+        let op = "ave_pool_forward";
+        let top = batch * g.top_per_sample();
+        check_len(op, "x", x.len(), batch * g.bottom_per_sample());
+        check_len(op, "y", y.len(), top);
+        if top == 0 {
+            return Ok(());
+        }
+        let ti = to_i32(op, top);
+        to_i32(op, batch * g.bottom_per_sample());
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            ave_pool_forward,
+            self.grid(top),
+            [&xp, &yp, &ti, &g]
+        )
+    }
+
+    /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn max_pool_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        mask: &CudaSlice<i32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        batch: usize,
+        g: PoolGeom,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "max_pool_backward";
+        let bottom = batch * g.bottom_per_sample();
+        check_len(op, "dy", dy.len(), batch * g.top_per_sample());
+        check_len(op, "mask", mask.len(), batch * g.top_per_sample());
+        check_len(op, "dx", dx.len(), bottom);
+        if bottom == 0 {
+            return Ok(());
+        }
+        let bi = to_i32(op, bottom);
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (mp, _m) = mask.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            max_pool_backward,
+            self.grid(bottom),
+            [&dyp, &mp, &dxp, &bi, &g, &acc]
+        )
+    }
+
+    /// Average pooling backward: `dx (+)= Σ over covering windows of dy / pool_size`.
+    pub fn ave_pool_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        batch: usize,
+        g: PoolGeom,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "ave_pool_backward";
+        let bottom = batch * g.bottom_per_sample();
+        check_len(op, "dy", dy.len(), batch * g.top_per_sample());
+        check_len(op, "dx", dx.len(), bottom);
+        if bottom == 0 {
+            return Ok(());
+        }
+        let bi = to_i32(op, bottom);
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            ave_pool_backward,
+            self.grid(bottom),
+            [&dyp, &dxp, &bi, &g, &acc]
+        )
+    }
+
+    /// Dropout forward over `(n)` = samples × `per_sample`: `y = u ≥ ratio ? x · scale : 0`,
+    /// `u` the contract's hash of `(seed, iter, first_sample + sample, element)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dropout_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        per_sample: usize,
+        (seed, iter, first_sample): (u64, u64, u64),
+        ratio: f32,
+        scale: f32,
+    ) -> Result<()> {
+        let op = "dropout_forward";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            dropout_forward,
+            self.grid(n),
+            [
+                &xp,
+                &yp,
+                &ni,
+                &pi,
+                &seed,
+                &iter,
+                &first_sample,
+                &ratio,
+                &scale
+            ]
+        )
+    }
+
+    /// Dropout backward: `dx (+)= u ≥ ratio ? dy · scale : 0` with the forward's mask.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dropout_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        per_sample: usize,
+        (seed, iter, first_sample): (u64, u64, u64),
+        ratio: f32,
+        scale: f32,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "dropout_backward";
+        check_len(op, "dy", dy.len(), n);
+        check_len(op, "dx", dx.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            dropout_backward,
+            self.grid(n),
+            [
+                &dyp,
+                &dxp,
+                &ni,
+                &pi,
+                &seed,
+                &iter,
+                &first_sample,
+                &ratio,
+                &scale,
+                &acc
+            ]
+        )
+    }
+
+    /// `out[d] (+)= Σ_{o,i} a · (b or 1)` at `(o, d, i)` of the view `(outer, dim, inner)`, in
+    /// double with a fixed summation tree. `use_b = false` ignores `b`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_reduce(
+        &self,
+        s: &CudaStream,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        use_b: bool,
+        out: &mut impl DevicePtrMut<f32>,
+        (outer, dim, inner): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_reduce";
+        let n = outer * dim * inner;
+        check_len(op, "a", a.len(), n);
+        if use_b {
+            check_len(op, "b", b.len(), n);
+        }
+        check_len(op, "out", out.len(), dim);
+        if dim == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
+        let (hb, acc) = (use_b as i32, accumulate as i32);
+        let (ap, _a) = a.device_ptr(s);
+        let (bp, _b) = b.device_ptr(s);
+        let (outp, _out) = out.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            channel_reduce,
+            self.grid_channels(dim),
+            [&ap, &bp, &hb, &outp, &o, &d, &i, &acc]
+        )
+    }
+
+    /// `y = x · scale[d] + bias[d]` over `(n)` viewed as `(n / (dim·inner), dim, inner)`; an
+    /// absent `scale` or `bias` is skipped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_affine(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        scale: Option<&CudaView<'_, f32>>,
+        bias: Option<&CudaView<'_, f32>>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+    ) -> Result<()> {
+        let op = "channel_affine";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        for (what, v) in [("scale", scale), ("bias", bias)] {
+            if let Some(v) = v {
+                check_len(op, what, v.len(), dim);
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        // An absent operand passes x's address, never read (its flag is 0).
+        let (sp, _s) = match scale {
+            Some(v) => v.device_ptr(s),
+            None => x.device_ptr(s),
+        };
+        let (bp, _b) = match bias {
+            Some(v) => v.device_ptr(s),
+            None => x.device_ptr(s),
+        };
+        let (hs, hb) = (scale.is_some() as i32, bias.is_some() as i32);
+        launch!(
+            self,
+            s,
+            channel_affine,
+            self.grid(n),
+            [&xp, &sp, &hs, &bp, &hb, &yp, &ni, &d, &i]
+        )
+    }
+
+    /// `dx (+)= dy · scale[d]` over `(n)` viewed as `(·, dim, inner)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_scale_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        scale: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_scale_backward";
+        check_len(op, "dy", dy.len(), n);
+        check_len(op, "scale", scale.len(), dim);
+        check_len(op, "dx", dx.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (sp, _s) = scale.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            channel_scale_backward,
+            self.grid(n),
+            [&dyp, &sp, &dxp, &ni, &d, &i, &acc]
+        )
+    }
+
+    /// BatchNorm sums over `a (N, C, S)`: `sums (2C + 1)` = `[Σ a (C), Σ a·b (C), N·S]`, with
+    /// `b = a` when `b` is `None`; per channel in double.
+    pub fn bn_sums(
+        &self,
+        s: &CudaStream,
+        a: &impl DevicePtr<f32>,
+        b: Option<&CudaView<'_, f32>>,
+        sums: &mut CudaSlice<f64>,
+        (n, c, sp): (usize, usize, usize),
+    ) -> Result<()> {
+        let op = "bn_sums";
+        let count = n * c * sp;
+        check_len(op, "a", a.len(), count);
+        if let Some(b) = b {
+            check_len(op, "b", b.len(), count);
+        }
+        check_len(op, "sums", sums.len(), 2 * c + 1);
+        if c == 0 {
+            return Ok(());
+        }
+        to_i32(op, count);
+        let (ni, ci, si) = (to_i32(op, n), to_i32(op, c), to_i32(op, sp));
+        let (ap, _a) = a.device_ptr(s);
+        let (bp, _b) = match b {
+            Some(v) => v.device_ptr(s),
+            None => a.device_ptr(s),
+        };
+        let hb = b.is_some() as i32;
+        let (sump, _sum) = sums.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_sums,
+            self.grid_channels(c),
+            [&ap, &bp, &hb, &sump, &ni, &ci, &si]
+        )
+    }
+
+    /// Batch statistics `mean, var, inv_std (C)` from `sums (2C + 1)` of x and x².
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_batch_stats(
+        &self,
+        s: &CudaStream,
+        sums: &CudaSlice<f64>,
+        c: usize,
+        eps: f32,
+        mean: &mut CudaSlice<f32>,
+        var: &mut CudaSlice<f32>,
+        inv_std: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let op = "bn_batch_stats";
+        check_len(op, "sums", sums.len(), 2 * c + 1);
+        for (what, len) in [
+            ("mean", mean.len()),
+            ("var", var.len()),
+            ("inv_std", inv_std.len()),
+        ] {
+            check_len(op, what, len, c);
+        }
+        if c == 0 {
+            return Ok(());
+        }
+        let ci = to_i32(op, c);
+        let (sump, _sum) = sums.device_ptr(s);
+        let (mp, _m) = mean.device_ptr_mut(s);
+        let (vp, _v) = var.device_ptr_mut(s);
+        let (isp, _is) = inv_std.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_batch_stats,
+            self.grid(c),
+            [&sump, &ci, &eps, &mp, &vp, &isp]
+        )
+    }
+
+    /// Global statistics `mean, var, inv_std (C)` from `params (2C + 1)` = running mean, running
+    /// variance, factor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_global_stats(
+        &self,
+        s: &CudaStream,
+        params: &impl DevicePtr<f32>,
+        c: usize,
+        eps: f32,
+        mean: &mut CudaSlice<f32>,
+        var: &mut CudaSlice<f32>,
+        inv_std: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let op = "bn_global_stats";
+        check_len(op, "params", params.len(), 2 * c + 1);
+        for (what, len) in [
+            ("mean", mean.len()),
+            ("var", var.len()),
+            ("inv_std", inv_std.len()),
+        ] {
+            check_len(op, what, len, c);
+        }
+        if c == 0 {
+            return Ok(());
+        }
+        let ci = to_i32(op, c);
+        let (pp, _p) = params.device_ptr(s);
+        let (mp, _m) = mean.device_ptr_mut(s);
+        let (vp, _v) = var.device_ptr_mut(s);
+        let (isp, _is) = inv_std.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_global_stats,
+            self.grid(c),
+            [&pp, &ci, &eps, &mp, &vp, &isp]
+        )
+    }
+
+    /// `y = (x − mean[c]) · inv_std[c]` over `(N, C, S)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_normalize(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        mean: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        (n, c, sp): (usize, usize, usize),
+    ) -> Result<()> {
+        let op = "bn_normalize";
+        let count = n * c * sp;
+        check_len(op, "x", x.len(), count);
+        check_len(op, "y", y.len(), count);
+        check_len(op, "mean", mean.len(), c);
+        check_len(op, "inv_std", inv_std.len(), c);
+        if count == 0 {
+            return Ok(());
+        }
+        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
+        let (xp, _x) = x.device_ptr(s);
+        let (mp, _m) = mean.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_normalize,
+            self.grid(count),
+            [&xp, &mp, &isp, &yp, &ni, &ci, &si]
+        )
+    }
+
+    /// The running statistics update of a training forward, in `params (2C + 1)`, with the count
+    /// `m = sums[2C]` for the variance correction `m / (m − 1)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_update_running(
+        &self,
+        s: &CudaStream,
+        params: &mut impl DevicePtrMut<f32>,
+        mean: &CudaSlice<f32>,
+        var: &CudaSlice<f32>,
+        sums: &CudaSlice<f64>,
+        c: usize,
+        maf: f32,
+    ) -> Result<()> {
+        let op = "bn_update_running";
+        check_len(op, "params", params.len(), 2 * c + 1);
+        check_len(op, "mean", mean.len(), c);
+        check_len(op, "var", var.len(), c);
+        check_len(op, "sums", sums.len(), 2 * c + 1);
+        if c == 0 {
+            return Ok(());
+        }
+        let ci = to_i32(op, c);
+        let (pp, _p) = params.device_ptr_mut(s);
+        let (mp, _m) = mean.device_ptr(s);
+        let (vp, _v) = var.device_ptr(s);
+        let (sump, _sum) = sums.device_ptr(s);
+        launch!(
+            self,
+            s,
+            bn_update_running,
+            self.grid(c),
+            [&pp, &mp, &vp, &sump, &ci, &maf]
+        )
+    }
+
+    /// Batch-statistics backward over `(N, C, S)`: `dx (+)= (dy − mean(dy) − mean(dy·y)·y) ·
+    /// inv_std`, the means from `sums (2C + 1)` = `[Σ dy, Σ dy·y, m]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        y: &impl DevicePtr<f32>,
+        sums: &CudaSlice<f64>,
+        inv_std: &CudaSlice<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        (n, c, sp): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "bn_backward";
+        let count = n * c * sp;
+        check_len(op, "dy", dy.len(), count);
+        check_len(op, "y", y.len(), count);
+        check_len(op, "dx", dx.len(), count);
+        check_len(op, "sums", sums.len(), 2 * c + 1);
+        check_len(op, "inv_std", inv_std.len(), c);
+        if count == 0 {
+            return Ok(());
+        }
+        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (yp, _y) = y.device_ptr(s);
+        let (sump, _sum) = sums.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_backward,
+            self.grid(count),
+            [&dyp, &yp, &sump, &isp, &dxp, &ni, &ci, &si, &acc]
+        )
+    }
+
+    /// Global-statistics backward: `dx (+)= dy · inv_std[c]` over `(N, C, S)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_backward_global(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        inv_std: &CudaSlice<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        (n, c, sp): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "bn_backward_global";
+        let count = n * c * sp;
+        check_len(op, "dy", dy.len(), count);
+        check_len(op, "dx", dx.len(), count);
+        check_len(op, "inv_std", inv_std.len(), c);
+        if count == 0 {
+            return Ok(());
+        }
+        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
+        let acc = accumulate as i32;
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (isp, _is) = inv_std.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_backward_global,
+            self.grid(count),
+            [&dyp, &isp, &dxp, &ni, &ci, &si, &acc]
+        )
+    }
+
+    /// Softmax over the channels of `x (outer, channels, inner)` into `y` (same shape).
+    pub fn softmax_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        (outer, channels, inner): (usize, usize, usize),
+    ) -> Result<()> {
+        let op = "softmax_forward";
+        let n = outer * channels * inner;
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            softmax_forward,
+            self.grid(outer * inner),
+            [&xp, &yp, &o, &c, &i]
+        )
+    }
+
+    /// Softmax backward from the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
+    pub fn softmax_backward(
+        &self,
+        s: &CudaStream,
+        y: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        (outer, channels, inner): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "softmax_backward";
+        let n = outer * channels * inner;
+        for (what, len) in [("y", y.len()), ("dy", dy.len()), ("dx", dx.len())] {
+            check_len(op, what, len, n);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
+        let acc = accumulate as i32;
+        let (yp, _y) = y.device_ptr(s);
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            softmax_backward,
+            self.grid(outer * inner),
+            [&yp, &dyp, &dxp, &o, &c, &i, &acc]
+        )
+    }
+
+    /// `y = (shift + scale · x)^power` over `(n)`; `(power, scale, shift)`.
+    pub fn power_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (power, scale, shift): (f32, f32, f32),
+    ) -> Result<()> {
+        let op = "power_forward";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(op, n);
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            power_forward,
+            self.grid(n),
+            [&xp, &yp, &ni, &power, &scale, &shift]
+        )
+    }
+
+    /// `dx (+)= dy · power · scale · (shift + scale · x)^(power − 1)` over `(n)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn power_backward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (power, scale, shift): (f32, f32, f32),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "power_backward";
+        for (what, len) in [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())] {
+            check_len(op, what, len, n);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(op, n);
+        let acc = accumulate as i32;
+        let (xp, _x) = x.device_ptr(s);
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            power_backward,
+            self.grid(n),
+            [&xp, &dyp, &dxp, &ni, &power, &scale, &shift, &acc]
+        )
+    }
+
+    /// `y = |x|` over `(n)`.
+    pub fn abs_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+    ) -> Result<()> {
+        self.unary("abs_forward", &self.abs_forward, s, x, y, n)
+    }
+
+    /// `dx (+)= sign(x) · dy` over `(n)`, from the bottom's data `x`.
+    pub fn abs_backward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.unary_backward(
+            "abs_backward",
+            &self.abs_backward,
+            s,
+            x,
+            dy,
+            dx,
+            n,
+            accumulate,
+        )
+    }
+}

@@ -1,0 +1,482 @@
+//! `GpuBatchNorm`: Caffe's BatchNorm (no affine part) on the project's own kernels, the device
+//! twin of `crate::layers::batch_norm`, including `sync` over the replicas.
+//!
+//! Shapes: bottom and top `(N, C, ...)`, statistics per channel over `m = N · S` values
+//! (`S` the product of the axes after C) — over every replica's batch when `sync = true`.
+//! State, three non-learnable tensors in the flat parameters: running mean `(C)`, running
+//! variance `(C)`, moving-average factor `(1)`.
+//!
+//! Train (batch statistics): per-channel `Σx` and `Σx²` in double (one block per channel, a
+//! fixed summation tree), all-reduced (`2C + 1` doubles, the count included) on the compute
+//! stream when `sync`; `mean = Σx / m`, biased `var = Σx² / m − mean²`,
+//! `y = (x − mean) · inv_std`, `inv_std = 1/√(var + eps)` (as the CPU layer). Then [`GpuLayer::update_state`] updates the running
+//! statistics: `factor = factor·maf + 1`, `mean_r = mean_r·maf + mean`,
+//! `var_r = var_r·maf + m/(m−1)·var`. Backward: `Σdy` and `Σdy·y` likewise (all-reduced when
+//! `sync`), `dx = (dy − mean(dy) − mean(dy·y)·y) / √(var + eps)`, so that N replicas × batch b
+//! equal one replica × batch N·b.
+//!
+//! Global statistics (`use_global_stats`, default in the test phase): `s = factor == 0 ? 0 :
+//! 1/factor`, `mean = mean_r·s`, `var = var_r·s`; backward `dx = dy / √(var + eps)`. No state
+//! update, no communication.
+//!
+//! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
+//! this layer to overwrite the parameter gradient).
+
+use super::{pick, scratch, GpuCtx, GpuLayer, Grad};
+use crate::config::{LayerConfig, Phase};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::{gpu_error, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// BatchNorm; see the module docs.
+#[derive(Debug)]
+pub struct GpuBatchNorm {
+    name: String,
+    maf: f32,
+    eps: f32,
+    use_global_stats: Option<bool>,
+    sync: bool,
+    /// `(N, C, S)` of the current bottom; C fixed by the first reshape.
+    dims: (usize, usize, usize),
+    channels: Option<usize>,
+    /// `(2C + 1)`: `[Σa, Σa·b, m]` of the last forward or backward (after the all-reduce).
+    sums: CudaSlice<f64>,
+    /// `(C)` the statistics the last forward normalised with.
+    mean: CudaSlice<f32>,
+    var: CudaSlice<f32>,
+    inv_std: CudaSlice<f32>,
+    /// Whether the last forward used batch statistics (so that state and backward follow it).
+    batch_stats: bool,
+}
+
+impl GpuBatchNorm {
+    /// Reads `moving_average_fraction` (0.999), `eps` (1e-5), `use_global_stats` and `sync`
+    /// (false).
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+        Ok(GpuBatchNorm {
+            name: cfg.name.clone(),
+            maf: cfg.moving_average_fraction.unwrap_or(0.999),
+            eps: cfg.eps.unwrap_or(1e-5),
+            use_global_stats: cfg.use_global_stats,
+            sync: cfg.sync.unwrap_or(false),
+            dims: (0, 0, 0),
+            channels: None,
+            sums: scratch(gpu, 1)?,
+            mean: scratch(gpu, 1)?,
+            var: scratch(gpu, 1)?,
+            inv_std: scratch(gpu, 1)?,
+            batch_stats: false,
+        })
+    }
+
+    fn global(&self, phase: Phase) -> bool {
+        self.use_global_stats.unwrap_or(phase == Phase::Test)
+    }
+
+    /// Sums over every replica when `sync` in the train phase (never in test passes, whose
+    /// batch counts may differ between replicas).
+    fn reduce(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>) -> Result<()> {
+        if !(self.sync && ctx.phase == Phase::Train) {
+            return Ok(());
+        }
+        if let Some(coll) = ctx.collective {
+            let n = 2 * self.dims.1 + 1;
+            coll.sum_f64(gpu, &mut self.sums, n)?;
+        }
+        Ok(())
+    }
+}
+
+impl GpuLayer for GpuBatchNorm {
+    fn type_name(&self) -> &'static str {
+        "batch_norm"
+    }
+
+    /// One bottom `(N, C, ...)` with the C of the first call.
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [shape] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 1 bottom, got {}", bottoms.len()),
+            ));
+        };
+        if shape.len() < 2 {
+            return Err(Error::net(
+                &self.name,
+                format!("needs a bottom with a channel axis (N, C, ...), got {shape:?}"),
+            ));
+        }
+        let c = shape[1];
+        match self.channels {
+            Some(c0) if c0 != c => {
+                return Err(Error::net(
+                    &self.name,
+                    format!("bottom {shape:?} has {c} channels, the statistics {c0}"),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                self.channels = Some(c);
+                self.sums = scratch(gpu, 2 * c + 1)?;
+                self.mean = scratch(gpu, c)?;
+                self.var = scratch(gpu, c)?;
+                self.inv_std = scratch(gpu, c)?;
+            }
+        }
+        self.dims = (shape[0], c, shape[2..].iter().product());
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let (_, c, _) = self.dims;
+        let s = &gpu.compute;
+        self.batch_stats = !self.global(ctx.phase);
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        if self.batch_stats {
+            gpu.kernels
+                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims)?;
+            self.reduce(gpu, ctx)?;
+            gpu.kernels.bn_batch_stats(
+                s,
+                &self.sums,
+                c,
+                self.eps,
+                &mut self.mean,
+                &mut self.var,
+                &mut self.inv_std,
+            )?;
+        } else {
+            gpu.kernels.bn_global_stats(
+                s,
+                params,
+                c,
+                self.eps,
+                &mut self.mean,
+                &mut self.var,
+                &mut self.inv_std,
+            )?;
+        }
+        gpu.kernels.bn_normalize(
+            s,
+            &x.data(),
+            &self.mean,
+            &self.inv_std,
+            &mut y.data_mut(),
+            self.dims,
+        )
+    }
+
+    /// The running statistics of a training forward with batch statistics (the sums still hold
+    /// the forward's count `m`).
+    fn update_state(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        params: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        if ctx.phase != Phase::Train || !self.batch_stats {
+            return Ok(());
+        }
+        gpu.kernels.bn_update_running(
+            &gpu.compute,
+            params,
+            &self.mean,
+            &self.var,
+            &self.sums,
+            self.dims.1,
+            self.maf,
+        )
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        param_grad: Grad,
+        param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let s = &gpu.compute;
+        if param_grad == Grad::Overwrite {
+            s.memset_zeros(param_diff)
+                .map_err(|e| gpu_error("zero the batch-norm state gradient", e))?;
+        }
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        let acc = grads[0].accumulate();
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        if !self.batch_stats {
+            return gpu.kernels.bn_backward_global(
+                s,
+                &y.diff(),
+                &self.inv_std,
+                &mut x.diff_mut(),
+                self.dims,
+                acc,
+            );
+        }
+        let top = y.data();
+        gpu.kernels
+            .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims)?;
+        self.reduce(gpu, ctx)?;
+        gpu.kernels.bn_backward(
+            s,
+            &y.diff(),
+            &top,
+            &self.sums,
+            &self.inv_std,
+            &mut x.diff_mut(),
+            self.dims,
+            acc,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::layers::Collective;
+    use crate::cuda::nccl::{nccl_available, NcclComm, NcclId};
+    use crate::cuda::test_util::{assert_close, gpu_or_skip, skip_loudly};
+    use crate::layers::gradient_check::{layer_config, uniform_blob};
+    use crate::layers::{self, Ctx};
+    use crate::tensor::Blob;
+
+    const RTOL: f32 = 1e-5;
+
+    /// Top data, bottom diff (overwritten) and state after forward, state update and backward.
+    type Run = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn cfg(extra: &str) -> LayerConfig {
+        layer_config(&format!("name = \"bn\"\ntype = \"batch_norm\"\n{extra}"))
+    }
+
+    fn cpu_run(extra: &str, phase: Phase, x: &Blob, dy: &[f32], state: &[f32]) -> Run {
+        let c = x.shape[1];
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        };
+        let mut layer = layers::build(&cfg(extra)).unwrap();
+        let tops = layer.reshape(&[&x.shape]).unwrap();
+        let mut st = [
+            state[..c].to_vec(),
+            state[c..2 * c].to_vec(),
+            state[2 * c..].to_vec(),
+        ];
+        let mut top = vec![Blob::new(&tops[0])];
+        {
+            let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
+            layer.forward(&ctx, std::slice::from_ref(x), &p, &mut top);
+        }
+        {
+            let mut v: Vec<&mut [f32]> = st.iter_mut().map(Vec::as_mut_slice).collect();
+            layer.update_state(&ctx, &mut v);
+        }
+        top[0].diff.copy_from_slice(dy);
+        let mut bottom = vec![x.clone()];
+        bottom[0].diff.fill(0.0);
+        let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
+        layer.backward(&ctx, &top, &[true], &mut bottom, &p, &mut []);
+        (top[0].data.clone(), bottom[0].diff.clone(), st.concat())
+    }
+
+    fn gpu_run(
+        gpu: &Gpu,
+        collective: Option<Collective<'_>>,
+        extra: &str,
+        phase: Phase,
+        x: &Blob,
+        dy: &[f32],
+        state: &[f32],
+    ) -> Run {
+        let ctx = GpuCtx {
+            phase,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            collective,
+        };
+        let mut layer = GpuBatchNorm::new(gpu, &cfg(extra)).unwrap();
+        layer.reshape(gpu, &[&x.shape]).unwrap();
+        let len = state.len();
+        let n = x.count();
+        let mut blobs = vec![
+            GpuBlob::from_host(gpu, x).unwrap(),
+            GpuBlob::new(gpu, &x.shape, 0).unwrap(),
+        ];
+        let mut params = gpu.compute.clone_htod(state).unwrap();
+        layer
+            .forward(gpu, &ctx, &mut blobs, &[0], &[1], &params.slice(..len))
+            .unwrap();
+        layer
+            .update_state(gpu, &ctx, &mut params.slice_mut(..len))
+            .unwrap();
+        gpu.compute
+            .memcpy_htod(dy, &mut blobs[1].diff.slice_mut(..n))
+            .unwrap();
+        let mut pdiff = gpu.compute.clone_htod(&vec![f32::NAN; len]).unwrap();
+        layer
+            .backward(
+                gpu,
+                &ctx,
+                &mut blobs,
+                &[0],
+                &[1],
+                &[Grad::Overwrite],
+                &params.slice(..len),
+                Grad::Overwrite,
+                &mut pdiff.slice_mut(..len),
+            )
+            .unwrap();
+        let top = blobs[1].to_host(gpu).unwrap().data;
+        let dx = blobs[0].to_host(gpu).unwrap().diff;
+        let st = gpu.compute.clone_dtoh(&params).unwrap();
+        let pd = gpu.compute.clone_dtoh(&pdiff).unwrap();
+        gpu.synchronize().unwrap();
+        assert!(pd.iter().all(|&g| g == 0.0), "state gradient {pd:?}");
+        (top, dx, st)
+    }
+
+    fn compare(what: &str, got: &Run, want: &Run) {
+        assert_close(&format!("{what}: top"), &got.0, &want.0, RTOL);
+        assert_close(&format!("{what}: bottom diff"), &got.1, &want.1, RTOL);
+        assert_close(&format!("{what}: state"), &got.2, &want.2, RTOL);
+    }
+
+    /// Train: batch statistics, the running statistics' update (from a non-trivial state) and
+    /// the backward through the statistics, against the CPU layer.
+    #[test]
+    fn train_matches_cpu() {
+        let gpu = gpu_or_skip!("train_matches_cpu");
+        let x = uniform_blob(&[4, 3, 5, 6], -2.0, 3.0, 1301);
+        let dy = uniform_blob(&[4, 3, 5, 6], -1.0, 1.0, 1302).data;
+        let state = [0.1, -0.2, 0.3, 0.5, 0.7, 0.9, 2.0];
+        for extra in ["", "moving_average_fraction = 0.9\neps = 1e-3"] {
+            let want = cpu_run(extra, Phase::Train, &x, &dy, &state);
+            let got = gpu_run(&gpu, None, extra, Phase::Train, &x, &dy, &state);
+            compare(&format!("train `{extra}`"), &got, &want);
+        }
+    }
+
+    /// Test phase (global statistics by default) and `use_global_stats = true` in training:
+    /// the scaled running statistics, no state change.
+    #[test]
+    fn global_stats_match_cpu() {
+        let gpu = gpu_or_skip!("global_stats_match_cpu");
+        let x = uniform_blob(&[3, 4, 2, 5], -2.0, 3.0, 1311);
+        let dy = uniform_blob(&[3, 4, 2, 5], -1.0, 1.0, 1312).data;
+        let state = [0.4, -0.6, 0.2, 1.0, 2.0, 0.5, 1.5, 3.0, 2.5];
+        for (extra, phase) in [("", Phase::Test), ("use_global_stats = true", Phase::Train)] {
+            let want = cpu_run(extra, phase, &x, &dy, &state);
+            let got = gpu_run(&gpu, None, extra, phase, &x, &dy, &state);
+            compare(&format!("global `{extra}`"), &got, &want);
+            assert_eq!(got.2, state, "global statistics leave the state alone");
+        }
+    }
+
+    /// Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
+    /// overwriting gradients).
+    #[test]
+    fn train_on_features_matches_cpu_in_the_harness() {
+        let gpu = gpu_or_skip!("train_on_features_matches_cpu_in_the_harness");
+        let case = LayerCase::new("name = \"bn\"\ntype = \"batch_norm\"", vec![vec![16, 7]]);
+        check_against_cpu(&gpu, &case, 1321);
+    }
+
+    /// `sync = true` on two GPUs (NCCL) with half the batch each equals one GPU with the whole
+    /// batch: tops, bottom gradients and the running statistics, the latter bit-identical on
+    /// both replicas.
+    #[test]
+    fn sync_over_two_gpus_equals_one_gpu_with_the_whole_batch() {
+        let name = concat!(
+            module_path!(),
+            "::sync_over_two_gpus_equals_one_gpu_with_the_whole_batch"
+        );
+        let have = if crate::cuda::available() {
+            crate::cuda::device_count().unwrap_or(0)
+        } else {
+            0
+        };
+        if have < 2 || !nccl_available() {
+            skip_loudly(&format!(
+                "SKIPPED (needs 2 CUDA devices and NCCL; {have} device(s)): {name}"
+            ));
+            return;
+        }
+        let shape = [6, 3, 4, 4];
+        let x = uniform_blob(&shape, -1.0, 2.0, 1331);
+        let dy = uniform_blob(&shape, -1.0, 1.0, 1332).data;
+        let state = [0.0; 7];
+        let extra = "sync = true\nmoving_average_fraction = 0.9";
+        let gpu0 = Gpu::new(0, crate::config::MathMode::Fp32).unwrap();
+        let whole = gpu_run(&gpu0, None, extra, Phase::Train, &x, &dy, &state);
+        drop(gpu0);
+        let id = NcclId::new().unwrap();
+        let bytes = *id.as_bytes();
+        let half = x.count() / 2;
+        let halves: Vec<Run> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|r| {
+                    let (x, dy) = (&x, &dy);
+                    s.spawn(move || {
+                        let gpu = Gpu::new(r, crate::config::MathMode::Fp32).unwrap();
+                        let comm =
+                            NcclComm::from_id(gpu.compute.clone(), r, 2, NcclId::from_bytes(bytes))
+                                .unwrap();
+                        let mut part = Blob::new(&[3, 3, 4, 4]);
+                        part.data.copy_from_slice(&x.data[r * half..(r + 1) * half]);
+                        let coll = Collective {
+                            comm: &comm,
+                            other: None,
+                        };
+                        let out = gpu_run(
+                            &gpu,
+                            Some(coll),
+                            extra,
+                            Phase::Train,
+                            &part,
+                            &dy[r * half..(r + 1) * half],
+                            &state,
+                        );
+                        gpu.synchronize().unwrap();
+                        comm.finish().unwrap();
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let joined = (
+            [halves[0].0.clone(), halves[1].0.clone()].concat(),
+            [halves[0].1.clone(), halves[1].1.clone()].concat(),
+            halves[0].2.clone(),
+        );
+        compare("2 GPUs × 3 vs 1 GPU × 6", &joined, &whole);
+        assert_eq!(
+            halves[0].2, halves[1].2,
+            "both replicas hold the same state"
+        );
+    }
+}

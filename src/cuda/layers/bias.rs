@@ -1,0 +1,183 @@
+//! `GpuBias`: Caffe's Bias layer, the device twin of `crate::layers::bias`:
+//! `y = x + b[d]` over the view `(outer, dim, inner)` of the bottom, `d` over the axes
+//! `axis .. axis + num_axes` (default 1 and 1). One bottom: `b` is learnable (the layer's only
+//! tensor); two bottoms: `b` is the second bottom and gets a gradient like a bottom.
+//!
+//! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (one block per `d`, double).
+
+use super::scale::channel_view;
+use super::{pick, GpuCtx, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// The bias layer; see the module docs.
+#[derive(Debug)]
+pub struct GpuBias {
+    name: String,
+    axis: usize,
+    num_axes: i64,
+    view: (usize, usize, usize),
+    two_bottoms: bool,
+}
+
+impl GpuBias {
+    /// Reads `axis` (1) and `num_axes` (1).
+    pub fn new(_gpu: &Gpu, cfg: &LayerConfig) -> Self {
+        GpuBias {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            num_axes: cfg.num_axes.unwrap_or(1),
+            view: (0, 0, 0),
+            two_bottoms: false,
+        }
+    }
+}
+
+impl GpuLayer for GpuBias {
+    fn type_name(&self) -> &'static str {
+        "bias"
+    }
+
+    fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        match bottoms {
+            [x] => {
+                self.two_bottoms = false;
+                self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;
+            }
+            [x, b] => {
+                self.two_bottoms = true;
+                self.view = channel_view(&self.name, x, self.axis, b.len() as i64)?;
+            }
+            _ => {
+                return Err(Error::net(
+                    &self.name,
+                    format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let (_, d, inner) = self.view;
+        let s = &gpu.compute;
+        if self.two_bottoms {
+            let [x, b, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let n = x.count();
+            gpu.kernels.channel_affine(
+                s,
+                &x.data(),
+                None,
+                Some(&b.data()),
+                &mut y.data_mut(),
+                n,
+                (d, inner),
+            )
+        } else {
+            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let n = x.count();
+            gpu.kernels.channel_affine(
+                s,
+                &x.data(),
+                None,
+                Some(&params.slice(..d)),
+                &mut y.data_mut(),
+                n,
+                (d, inner),
+            )
+        }
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        param_grad: Grad,
+        param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let view = self.view;
+        let d = view.1;
+        let s = &gpu.compute;
+        let k = &gpu.kernels;
+        let x_idx = bottoms[0];
+        if self.two_bottoms {
+            let [b, y] = pick(blobs, [bottoms[1], tops[0]]);
+            if grads[1].wanted() {
+                let dy = y.diff();
+                k.channel_reduce(
+                    s,
+                    &dy,
+                    &dy,
+                    false,
+                    &mut b.diff_mut(),
+                    view,
+                    grads[1].accumulate(),
+                )?;
+            }
+        } else {
+            let y = &blobs[tops[0]];
+            let dy = y.diff();
+            k.channel_reduce(
+                s,
+                &dy,
+                &dy,
+                false,
+                &mut param_diff.slice_mut(..d),
+                view,
+                param_grad.accumulate(),
+            )?;
+        }
+        if grads[0].wanted() {
+            let [x, y] = pick(blobs, [x_idx, tops[0]]);
+            let n = x.count();
+            k.scaled_copy(
+                s,
+                &y.diff(),
+                &mut x.diff_mut(),
+                1.0,
+                n,
+                grads[0].accumulate(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    #[test]
+    fn learnable_matches_cpu() {
+        let gpu = gpu_or_skip!("learnable_matches_cpu");
+        let case = LayerCase::new("name = \"b\"\ntype = \"bias\"", vec![vec![3, 4, 5, 2]]);
+        check_against_cpu(&gpu, &case, 611);
+    }
+
+    #[test]
+    fn second_bottom_matches_cpu() {
+        let gpu = gpu_or_skip!("second_bottom_matches_cpu");
+        let case = LayerCase::new(
+            "name = \"b\"\ntype = \"bias\"",
+            vec![vec![2, 3, 4, 4], vec![3]],
+        );
+        check_against_cpu(&gpu, &case, 612);
+    }
+}

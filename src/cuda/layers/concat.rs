@@ -1,0 +1,144 @@
+//! `GpuConcat`: bottoms concatenated along `axis` (default 1), the device twin of
+//! `crate::layers::concat`. Viewing each bottom as `(outer, dim_k · inner)` and the top as
+//! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
+//! copies (or adds) the same range of the top's diff back.
+
+use super::{pick, GpuCtx, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// Concatenation; see the module docs.
+#[derive(Debug)]
+pub struct GpuConcat {
+    name: String,
+    axis: usize,
+    outer: usize,
+    /// Per bottom, `dim_k · inner` (its columns).
+    cols: Vec<usize>,
+}
+
+impl GpuConcat {
+    /// Reads `axis` (1).
+    pub fn new(cfg: &LayerConfig) -> Self {
+        GpuConcat {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            outer: 0,
+            cols: Vec::new(),
+        }
+    }
+}
+
+impl GpuLayer for GpuConcat {
+    fn type_name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let Some(first) = bottoms.first() else {
+            return Err(Error::net(&self.name, "takes at least 1 bottom"));
+        };
+        if self.axis >= first.len() {
+            return Err(Error::net(
+                &self.name,
+                format!("`axis` {} out of range for bottom {first:?}", self.axis),
+            ));
+        }
+        self.outer = first[..self.axis].iter().product();
+        self.cols = bottoms
+            .iter()
+            .map(|b| b[self.axis..].iter().product())
+            .collect();
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let total: usize = self.cols.iter().sum();
+        let mut off = 0;
+        for (&b, &cols) in bottoms.iter().zip(&self.cols) {
+            let [x, y] = pick(blobs, [b, tops[0]]);
+            gpu.kernels.copy_strided(
+                &gpu.compute,
+                &x.data(),
+                &mut y.data_mut(),
+                self.outer,
+                cols,
+                (cols, 0),
+                (total, off),
+                false,
+            )?;
+            off += cols;
+        }
+        Ok(())
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let total: usize = self.cols.iter().sum();
+        let mut off = 0;
+        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(grads) {
+            if g.wanted() {
+                let [x, y] = pick(blobs, [b, tops[0]]);
+                gpu.kernels.copy_strided(
+                    &gpu.compute,
+                    &y.diff(),
+                    &mut x.diff_mut(),
+                    self.outer,
+                    cols,
+                    (total, off),
+                    (cols, 0),
+                    g.accumulate(),
+                )?;
+            }
+            off += cols;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    #[test]
+    fn channels_match_cpu() {
+        let gpu = gpu_or_skip!("channels_match_cpu");
+        let case = LayerCase::new(
+            "name = \"c\"\ntype = \"concat\"",
+            vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]],
+        );
+        check_against_cpu(&gpu, &case, 801);
+    }
+
+    #[test]
+    fn axis_2_matches_cpu() {
+        let gpu = gpu_or_skip!("axis_2_matches_cpu");
+        let case = LayerCase::new(
+            "name = \"c\"\ntype = \"concat\"\naxis = 2",
+            vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]],
+        );
+        check_against_cpu(&gpu, &case, 802);
+    }
+}

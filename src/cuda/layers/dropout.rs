@@ -1,0 +1,207 @@
+//! `GpuDropout`: the device twin of `crate::layers::dropout`, with the same counter-based mask
+//! bit for bit (the layer contract): element `e` of the sample at global stream position
+//! `s = first_sample + n` is kept, times `1 / (1 − ratio)`, iff
+//! `dropout_uniform(seed ^ fnv1a64(name), iter, s, e) ≥ ratio`. The mask therefore depends only
+//! on the seed, the layer, the iteration and the sample's position — the same for any topology.
+//! Backward recomputes it (no mask buffer). Test phase: identity.
+//!
+//! Shapes: bottom and top `(N, ...)`; `e` runs over the `count / N` elements of a sample.
+
+use super::{copy_data, pick, GpuCtx, GpuLayer, Grad};
+use crate::config::{LayerConfig, Phase};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::Gpu;
+use crate::error::Result;
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// FNV-1a, 64 bits, of `bytes` (the contract's per-layer seed).
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Dropout; see the module docs.
+#[derive(Debug, Clone)]
+pub struct GpuDropout {
+    ratio: f32,
+    scale: f32,
+    /// `fnv1a64(name)`, xored with the run's seed at each pass.
+    name_hash: u64,
+}
+
+impl GpuDropout {
+    /// Reads `dropout_ratio` (default 0.5).
+    pub fn new(cfg: &LayerConfig) -> Self {
+        let ratio = cfg.dropout_ratio.unwrap_or(0.5);
+        GpuDropout {
+            ratio,
+            scale: 1.0 / (1.0 - ratio),
+            name_hash: fnv1a64(cfg.name.as_bytes()),
+        }
+    }
+
+    /// `(layer seed, iteration, first sample)` of a pass.
+    fn stream_key(&self, ctx: &GpuCtx<'_>) -> (u64, u64, u64) {
+        (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample)
+    }
+}
+
+/// Elements per sample of a `(N, ...)` blob.
+fn per_sample(shape: &[usize]) -> usize {
+    shape.iter().skip(1).product()
+}
+
+impl GpuLayer for GpuDropout {
+    fn type_name(&self) -> &'static str {
+        "dropout"
+    }
+
+    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        if ctx.phase == Phase::Test {
+            return copy_data(gpu, x, y);
+        }
+        let n = x.count();
+        gpu.kernels.dropout_forward(
+            &gpu.compute,
+            &x.data(),
+            &mut y.data_mut(),
+            n,
+            per_sample(&x.shape),
+            self.stream_key(ctx),
+            self.ratio,
+            self.scale,
+        )
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let n = x.count();
+        let acc = grads[0].accumulate();
+        if ctx.phase == Phase::Test {
+            return gpu.kernels.scaled_copy(
+                &gpu.compute,
+                &y.diff(),
+                &mut x.diff_mut(),
+                1.0,
+                n,
+                acc,
+            );
+        }
+        let per = per_sample(&x.shape);
+        gpu.kernels.dropout_backward(
+            &gpu.compute,
+            &y.diff(),
+            &mut x.diff_mut(),
+            n,
+            per,
+            self.stream_key(ctx),
+            self.ratio,
+            self.scale,
+            acc,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::layers::gradient_check::{layer_config, uniform_blob};
+    use crate::layers::{self, Ctx};
+    use crate::tensor::Blob;
+
+    /// Runs without a GPU: the contract's FNV-1a constants.
+    #[test]
+    fn fnv1a64_of_known_strings() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn matches_cpu() {
+        let gpu = gpu_or_skip!("matches_cpu");
+        let case = LayerCase::new(
+            "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = 0.3",
+            vec![vec![4, 3, 5, 5]],
+        );
+        check_against_cpu(&gpu, &case, 501);
+    }
+
+    /// The kept elements are exactly the CPU's, at a later iteration and sample offset, and
+    /// the kept values are bit-identical.
+    #[test]
+    fn mask_is_bit_identical_to_cpu() {
+        let gpu = gpu_or_skip!("mask_is_bit_identical_to_cpu");
+        let cfg = layer_config("name = \"fc6/drop\"\ntype = \"dropout\"");
+        let shape = vec![6, 100];
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Train,
+            iter: 12345,
+            seed: 987,
+            first_sample: 4242,
+            reducer: None,
+        };
+        let mut cpu_layer = layers::build(&cfg).unwrap();
+        let tops = cpu_layer.reshape(&[&shape]).unwrap();
+        // Strictly positive inputs, so a dropped element (0) is never a kept one.
+        let mut x = uniform_blob(&shape, 0.5, 2.0, 7);
+        x.diff.fill(0.0);
+        let mut want = vec![Blob::new(&tops[0])];
+        cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
+
+        let gctx = GpuCtx::local(Phase::Train, 12345, 987, 4242);
+        let mut layer = GpuDropout::new(&cfg);
+        let mut blobs = vec![
+            GpuBlob::from_host(&gpu, &x).unwrap(),
+            GpuBlob::new(&gpu, &tops[0], 0).unwrap(),
+        ];
+        let none = gpu.compute.alloc_zeros::<f32>(1).unwrap();
+        layer
+            .forward(&gpu, &gctx, &mut blobs, &[0], &[1], &none.slice(..0))
+            .unwrap();
+        let got = blobs[1].to_host(&gpu).unwrap();
+        let kept = want[0].data.iter().filter(|&&v| v != 0.0).count();
+        assert!(
+            kept > 200 && kept < 400,
+            "about half kept, got {kept} of 600"
+        );
+        for (i, (g, w)) in got.data.iter().zip(&want[0].data).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "element {i}: GPU {g}, CPU {w}");
+        }
+    }
+}

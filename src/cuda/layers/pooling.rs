@@ -1,0 +1,291 @@
+//! `GpuPooling`: 2-D max and average pooling with Caffe's output sizes and divisor, the device
+//! twin of `crate::layers::pooling`, on the project's own kernels (Caffe's pooling kernels):
+//! cuDNN pools with floor output sizes and another average divisor, so it cannot match.
+//!
+//! Shapes: bottom `(N, C, H, W)`, top `(N, C, PH, PW)` with
+//! `PH = ceil((H + 2·pad_h − kh) / stride_h) + 1`, minus one when `pad_h > 0` and the last
+//! window would start at or beyond `H + pad_h`; likewise `PW`. `global_pooling`: the kernel is
+//! the whole `H × W`, pad 0, stride 1.
+//!
+//! Max: one thread per top element keeps the window's maximum and its index (the first maximum
+//! in row-major order wins); backward gives each bottom element the sum of the top diffs whose
+//! index it is — no atomics, deterministic. Ave: the window sum divided by the window clipped to
+//! `[−pad, size + pad)`; backward spreads `dy / pool_size` back the same way.
+
+use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
+use crate::config::{LayerConfig, PoolMethod};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::kernels::PoolGeom;
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// Max or average pooling; see the module docs.
+#[derive(Debug)]
+pub struct GpuPooling {
+    name: String,
+    method: PoolMethod,
+    global: bool,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    batch: usize,
+    geom: PoolGeom,
+    /// `(capacity ≥ N·C·PH·PW)` argmax plane indices of the last max forward.
+    mask: CudaSlice<i32>,
+}
+
+fn dims2(
+    name: &str,
+    key: &str,
+    v: &Option<crate::config::Dims>,
+    default: usize,
+) -> Result<[usize; 2]> {
+    match v {
+        None => Ok([default; 2]),
+        Some(d) => d.per_axis(2).map(|v| [v[0], v[1]]).ok_or_else(|| {
+            Error::net(
+                name,
+                format!("`{key}` must give one value or one per spatial axis (2)"),
+            )
+        }),
+    }
+}
+
+/// Caffe's pooled size of one axis.
+pub(crate) fn pooled_size(size: usize, kernel: usize, stride: usize, pad: usize) -> usize {
+    let span = (size + 2 * pad).saturating_sub(kernel);
+    let mut out = span.div_ceil(stride) + 1;
+    if pad > 0 && (out - 1) * stride >= size + pad {
+        out -= 1;
+    }
+    out
+}
+
+fn int(name: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::net(name, format!("pooling size {v} exceeds int")))
+}
+
+impl GpuPooling {
+    /// Reads `pool` (max), `kernel_size` (required unless `global_pooling`), `stride` (1),
+    /// `pad` (0), `global_pooling` (false).
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+        let name = &cfg.name;
+        let global = cfg.global_pooling.unwrap_or(false);
+        if !global && cfg.kernel_size.is_none() {
+            return Err(Error::net(
+                name,
+                "`kernel_size` is required (or `global_pooling`)",
+            ));
+        }
+        let kernel = dims2(name, "kernel_size", &cfg.kernel_size, 1)?;
+        let stride = dims2(name, "stride", &cfg.stride, 1)?;
+        let pad = dims2(name, "pad", &cfg.pad, 0)?;
+        if kernel.contains(&0) || stride.contains(&0) {
+            return Err(Error::net(
+                name,
+                "`kernel_size` and `stride` must be positive",
+            ));
+        }
+        Ok(GpuPooling {
+            name: name.clone(),
+            method: cfg.pool.unwrap_or(PoolMethod::Max),
+            global,
+            kernel,
+            stride,
+            pad,
+            batch: 0,
+            geom: PoolGeom::default(),
+            mask: scratch(gpu, 1)?,
+        })
+    }
+}
+
+impl GpuLayer for GpuPooling {
+    fn type_name(&self) -> &'static str {
+        "pooling"
+    }
+
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [shape] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 1 bottom, got {}", bottoms.len()),
+            ));
+        };
+        let [n, c, h, w] = nchw(&self.name, shape)?;
+        let (kernel, stride, pad) = if self.global {
+            ([h, w], [1, 1], [0, 0])
+        } else {
+            (self.kernel, self.stride, self.pad)
+        };
+        let ph = pooled_size(h, kernel[0], stride[0], pad[0]);
+        let pw = pooled_size(w, kernel[1], stride[1], pad[1]);
+        let name = &self.name;
+        self.geom = PoolGeom {
+            channels: int(name, c)?,
+            height: int(name, h)?,
+            width: int(name, w)?,
+            pooled_h: int(name, ph)?,
+            pooled_w: int(name, pw)?,
+            kernel_h: int(name, kernel[0])?,
+            kernel_w: int(name, kernel[1])?,
+            stride_h: int(name, stride[0])?,
+            stride_w: int(name, stride[1])?,
+            pad_h: int(name, pad[0])?,
+            pad_w: int(name, pad[1])?,
+        };
+        self.batch = n;
+        if self.method == PoolMethod::Max {
+            grow(gpu, &mut self.mask, n * c * ph * pw)?;
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let s = &gpu.compute;
+        match self.method {
+            PoolMethod::Max => gpu.kernels.max_pool_forward(
+                s,
+                &x.data(),
+                &mut y.data_mut(),
+                &mut self.mask,
+                self.batch,
+                self.geom,
+            ),
+            PoolMethod::Ave => {
+                gpu.kernels
+                    .ave_pool_forward(s, &x.data(), &mut y.data_mut(), self.batch, self.geom)
+            }
+        }
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let s = &gpu.compute;
+        let acc = grads[0].accumulate();
+        match self.method {
+            PoolMethod::Max => gpu.kernels.max_pool_backward(
+                s,
+                &y.diff(),
+                &self.mask,
+                &mut x.diff_mut(),
+                self.batch,
+                self.geom,
+                acc,
+            ),
+            PoolMethod::Ave => gpu.kernels.ave_pool_backward(
+                s,
+                &y.diff(),
+                &mut x.diff_mut(),
+                self.batch,
+                self.geom,
+                acc,
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pooled_size;
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    fn case(extra: &str, bottom: &[usize]) -> LayerCase {
+        LayerCase::new(
+            &format!("name = \"pool\"\ntype = \"pooling\"\n{extra}"),
+            vec![bottom.to_vec()],
+        )
+    }
+
+    /// Runs without a GPU: Caffe's ceil rule and its correction for padding.
+    #[test]
+    fn pooled_size_follows_caffe() {
+        assert_eq!(pooled_size(6, 3, 2, 0), 3); // ceil(3/2) + 1
+        assert_eq!(pooled_size(7, 3, 2, 0), 3);
+        assert_eq!(pooled_size(5, 2, 2, 1), 3); // ceil(5/2) + 1 = 4, last starts at 6 ≥ 6: 3
+        assert_eq!(pooled_size(4, 4, 1, 0), 1);
+        assert_eq!(pooled_size(112, 3, 2, 1), 57); // ceil(111/2) + 1; 56·2 < 113 keeps it
+    }
+
+    #[test]
+    fn max_matches_cpu_with_ceil_sizes() {
+        let gpu = gpu_or_skip!("max_matches_cpu_with_ceil_sizes");
+        check_against_cpu(
+            &gpu,
+            &case("kernel_size = 3\nstride = 2", &[2, 3, 8, 7]),
+            401,
+        );
+    }
+
+    #[test]
+    fn max_matches_cpu_padded_rectangular() {
+        let gpu = gpu_or_skip!("max_matches_cpu_padded_rectangular");
+        check_against_cpu(
+            &gpu,
+            &case(
+                "kernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]",
+                &[2, 4, 9, 6],
+            ),
+            402,
+        );
+    }
+
+    #[test]
+    fn ave_matches_cpu_padded() {
+        let gpu = gpu_or_skip!("ave_matches_cpu_padded");
+        check_against_cpu(
+            &gpu,
+            &case(
+                "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
+                &[2, 3, 7, 7],
+            ),
+            403,
+        );
+    }
+
+    #[test]
+    fn ave_matches_cpu_overlapping_unpadded() {
+        let gpu = gpu_or_skip!("ave_matches_cpu_overlapping_unpadded");
+        check_against_cpu(
+            &gpu,
+            &case("pool = \"ave\"\nkernel_size = 3\nstride = 2", &[3, 2, 8, 9]),
+            404,
+        );
+    }
+
+    #[test]
+    fn global_ave_and_max_match_cpu() {
+        let gpu = gpu_or_skip!("global_ave_and_max_match_cpu");
+        check_against_cpu(
+            &gpu,
+            &case("pool = \"ave\"\nglobal_pooling = true", &[4, 5, 6, 6]),
+            405,
+        );
+        check_against_cpu(&gpu, &case("global_pooling = true", &[4, 5, 3, 7]), 406);
+    }
+}

@@ -1,0 +1,120 @@
+//! `GpuSoftmax`: softmax over `axis` (default 1), the device twin of `crate::layers::softmax`.
+//! The bottom is viewed as `(outer, channels, inner)`; one thread per `(outer, inner)` pair
+//! subtracts the maximum over the channels, exponentiates and divides by the sum. Backward from
+//! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
+
+use super::{pick, GpuCtx, GpuLayer, Grad};
+use crate::config::LayerConfig;
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// Softmax; see the module docs.
+#[derive(Debug)]
+pub struct GpuSoftmax {
+    name: String,
+    axis: usize,
+    view: (usize, usize, usize),
+}
+
+impl GpuSoftmax {
+    /// Reads `axis` (1).
+    pub fn new(cfg: &LayerConfig) -> Self {
+        GpuSoftmax {
+            name: cfg.name.clone(),
+            axis: cfg.axis.unwrap_or(1),
+            view: (0, 0, 0),
+        }
+    }
+}
+
+impl GpuLayer for GpuSoftmax {
+    fn type_name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        let [shape] = bottoms else {
+            return Err(Error::net(
+                &self.name,
+                format!("takes 1 bottom, got {}", bottoms.len()),
+            ));
+        };
+        if self.axis >= shape.len() {
+            return Err(Error::net(
+                &self.name,
+                format!("`axis` {} out of range for bottom {shape:?}", self.axis),
+            ));
+        }
+        self.view = (
+            shape[..self.axis].iter().product(),
+            shape[self.axis],
+            shape[self.axis + 1..].iter().product(),
+        );
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        gpu.kernels
+            .softmax_forward(&gpu.compute, &x.data(), &mut y.data_mut(), self.view)
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        gpu.kernels.softmax_backward(
+            &gpu.compute,
+            &y.data(),
+            &y.diff(),
+            &mut x.diff_mut(),
+            self.view,
+            grads[0].accumulate(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::test_util::gpu_or_skip;
+
+    #[test]
+    fn over_channels_matches_cpu() {
+        let gpu = gpu_or_skip!("over_channels_matches_cpu");
+        let case = LayerCase::new("name = \"s\"\ntype = \"softmax\"", vec![vec![3, 5, 4, 2]]);
+        check_against_cpu(&gpu, &case, 1001);
+    }
+
+    #[test]
+    fn over_last_axis_matches_cpu() {
+        let gpu = gpu_or_skip!("over_last_axis_matches_cpu");
+        let case = LayerCase::new(
+            "name = \"s\"\ntype = \"softmax\"\naxis = 2",
+            vec![vec![4, 3, 10]],
+        );
+        check_against_cpu(&gpu, &case, 1002);
+    }
+}
