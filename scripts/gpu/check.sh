@@ -31,7 +31,7 @@ nvidia-smi -L | tee "$OUT/summary.txt"
 
 echo "== CUDA unit tests" | tee -a "$OUT/summary.txt"
 "$BIN/p2ptrain-unittests" cuda:: --test-threads=1 >"$OUT/unittests.log" 2>&1 || fail "CUDA unit tests"
-grep -E "^test result" "$OUT/unittests.log" | tee -a "$OUT/summary.txt"
+grep -E "^test result|^test .*FAILED|^    cuda::" "$OUT/unittests.log" | tee -a "$OUT/summary.txt"
 if grep -q SKIPPED "$OUT/unittests.log"; then fail "a CUDA test skipped on a GPU machine"; fi
 
 echo "== topology equivalence and reduce modes on GPUs" | tee -a "$OUT/summary.txt"
@@ -90,6 +90,14 @@ if [ "$failed" -ne 0 ]; then
   exit 1
 fi
 
+# P2PTRAIN_BENCH: all (default), cnn (the convolutional nets only), mlp, none.
+BENCH=${P2PTRAIN_BENCH:-all}
+if [ "$BENCH" = all ] || [ "$BENCH" = cnn ]; then
+  scripts/gpu/bench_cnn.sh "$BIN" "$OUT" || failed=1
+fi
+if [ "$BENCH" != all ] && [ "$BENCH" != mlp ]; then
+  exit $failed
+fi
 echo "== benchmarks: mlp4096, batch 512 per GPU" | tee -a "$OUT/summary.txt"
 for math in fp32 tf32; do
   for np in 1 2; do

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The convolutional-net benchmarks on a GPU machine, each beside PyTorch (2.11, DDP for 2 GPUs) in
+# the same run: LeNet (batch 64 per GPU), cifar10_quick (100 and 512), ResNet-50 (64, fp32 and
+# tf32), on 1 and 2 GPUs, synthetic data of each net's input shape on both sides.
+#
+#   scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR
+#   ONLY="lenet resnet50" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # some of them
+#
+# Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
+set -uo pipefail
+BIN=$(realpath "${1:?BIN_DIR}")
+OUT=$(realpath -m "${2:?OUT_DIR}")
+mkdir -p "$OUT"
+MPI=(mpirun --bind-to none --oversubscribe)
+failed=0
+# LeNet reads MNIST IDX files; for timing, the same net on synthetic 1x28x28 records.
+lenet="$OUT/lenet_synthetic.toml"
+python3 - config/lenet.toml "$lenet" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r'format = "idx"\n(?:(?:train|test)_(?:images|labels) = .*\n)+',
+              'format = "synthetic"\nshape = [1, 28, 28]\nclasses = 10\ntrain_size = 60000\ntest_size = 10000\n',
+              text)
+open(sys.argv[2], "w").write(text)
+PY
+# name config batch math warmup iters
+ALL=("lenet $lenet 64 fp32 50 500"
+  "cifar10_quick config/cifar10_quick.toml 100 fp32 50 500"
+  "cifar10_quick config/cifar10_quick.toml 512 fp32 20 200"
+  "resnet50 config/resnet50.toml 64 fp32 5 30"
+  "resnet50 config/resnet50.toml 64 tf32 5 30")
+for w in "${ALL[@]}"; do
+  set -- $w
+  name=$1 cfg=$2 batch=$3 math=$4 warmup=$5 iters=$6
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
+  for np in 1 2; do
+    log="$OUT/bench-$name-$batch-$math-$np.log"
+    timeout 300 "${MPI[@]}" -np $np "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
+      --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch" \
+      >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
+    echo "p2ptrain $name b$batch $math ${np} GPU(s): $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
+    if [ $np -eq 1 ]; then
+      timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \
+        --warmup "$warmup" --iters "$iters" 2>"$OUT/torch-$name-$batch-$math-$np.err" | tee -a "$OUT/summary.txt"
+    else
+      timeout 300 python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --workload "$name" \
+        --batch "$batch" --math "$math" --warmup "$warmup" --iters "$iters" \
+        2>"$OUT/torch-$name-$batch-$math-$np.err" | tee -a "$OUT/summary.txt"
+    fi
+  done
+done
+exit $failed
