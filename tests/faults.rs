@@ -162,13 +162,15 @@ fn a_stopped_rank_is_named_by_the_deadline_and_the_job_ends() {
     wait_for_training(&dir, &mut job);
     let victim = rank_pid(job.id(), 1);
     signal(victim, "-STOP");
-    let (status, all) = end_of(job, &dir, "SIGSTOP of rank 1");
+    let (_status, all) = end_of(job, &dir, "SIGSTOP of rank 1");
     // Whatever happened, leave no stopped process behind.
     if alive(victim) {
         signal(victim, "-CONT");
         signal(victim, "-KILL");
     }
-    assert!(!status.success(), "{all}");
+    // mpirun's own exit status is not checked here: OpenMPI 4 was seen exiting 0 after an
+    // MPI_Abort racing with a stopped process; the reports and the job's end are checked.
+    assert!(all.contains("MPI_ABORT was invoked"), "{all}");
     assert!(
         all.contains("did not complete within 3.0 s"),
         "the deadline fired:\n{all}"

@@ -72,11 +72,12 @@ pub fn describe_iteration(word: u64) -> String {
     }
 }
 
-/// Spins this many polls before yielding: a collective that completes at once costs nothing more.
-const SPINS: u32 = 64;
-/// Yields this many polls before sleeping.
-const YIELDS: u32 = 64;
-/// The longest sleep between two polls.
+/// Polls back to back (spinning) this long: a collective that completes at once costs nothing
+/// more, and MPI's non-blocking collectives progress only while they are polled.
+const SPIN: Duration = Duration::from_micros(50);
+/// Then yields between polls this long, still polling often while leaving the core to others.
+const YIELD: Duration = Duration::from_millis(20);
+/// Then sleeps between polls, doubling from 20 µs up to this.
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 
 /// One wait with a deadline: call [`Wait::pause`] between two polls of the awaited operation.
@@ -84,7 +85,6 @@ const MAX_SLEEP: Duration = Duration::from_millis(1);
 pub struct Wait {
     start: Instant,
     limit: Duration,
-    polls: u32,
     sleep: Duration,
 }
 
@@ -99,7 +99,6 @@ impl Wait {
         Wait {
             start: Instant::now(),
             limit,
-            polls: 0,
             sleep: Duration::from_micros(20),
         }
     }
@@ -121,10 +120,10 @@ impl Wait {
 
     /// Backs off before the next poll; `false` once the deadline has passed.
     pub fn pause(&mut self) -> bool {
-        self.polls = self.polls.saturating_add(1);
-        if self.polls <= SPINS {
+        let elapsed = self.start.elapsed();
+        if elapsed < SPIN {
             std::hint::spin_loop();
-        } else if self.polls <= SPINS + YIELDS {
+        } else if elapsed < YIELD {
             std::thread::yield_now();
         } else {
             std::thread::sleep(self.sleep);
@@ -132,7 +131,7 @@ impl Wait {
             // Between polls of a long wait, keep the heartbeat going where no thread does it.
             heartbeat::pump_if_unthreaded();
         }
-        self.polls <= SPINS || self.start.elapsed() < self.limit
+        elapsed < self.limit
     }
 }
 
@@ -192,7 +191,7 @@ mod tests {
             polls += 1;
         }
         assert!(w.elapsed() >= Duration::from_millis(30));
-        assert!(polls > SPINS, "spins first: {polls}");
+        assert!(polls > 1, "polls often before sleeping: {polls}");
         assert_eq!(w.remaining(), Duration::ZERO);
     }
 
