@@ -226,23 +226,38 @@ extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-channel reductions (one block per channel d of the view (outer, dim, inner), in double,
-// fixed summation tree: deterministic).
+// Per-channel reductions in two deterministic stages: blockIdx.y is the channel d of the view
+// (outer, dim, inner), blockIdx.x one of `splits` equal chunks of its outer * inner values; each
+// block writes its double sum to `partial`, and a finishing kernel adds a channel's partials in
+// chunk order. The chunking depends only on the shape, so the result is the same on every run.
 
-// out[d] (+)= sum over (o, i) of a * (b ? b : 1) at (o, d, i).
-extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b, float* out,
-                                          int outer, int dim, int inner, int accumulate) {
-    for (int d = blockIdx.x; d < dim; d += gridDim.x) {
+// partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1).
+extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b,
+                                          double* partial, int outer, int dim, int inner,
+                                          int splits) {
+    const int d = blockIdx.y, k = blockIdx.x;
+    const int per = outer * inner;
+    const int chunk = (per + splits - 1) / splits;
+    const int begin = k * chunk;
+    const int end = min(per, begin + chunk);
+    double s = 0.0;
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const int o = j / inner;
+        const int i = j - o * inner;
+        const int idx = (o * dim + d) * inner + i;
+        s += has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx];
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[d * splits + k] = s;
+}
+
+// out[d] (+)= sum over k of partial[d * splits + k], in order.
+extern "C" __global__ void channel_reduce_finish(const double* partial, float* out, int dim,
+                                                 int splits, int accumulate) {
+    GRID_STRIDE_INT(d, dim) {
         double s = 0.0;
-        const int per = outer * inner;
-        for (int j = threadIdx.x; j < per; j += blockDim.x) {
-            const int o = j / inner;
-            const int i = j - o * inner;
-            const int idx = (o * dim + d) * inner + i;
-            s += has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx];
-        }
-        s = block_sum(s);
-        if (threadIdx.x == 0) out[d] = accumulate ? out[d] + (float)s : (float)s;
+        for (int k = 0; k < splits; ++k) s += partial[d * splits + k];
+        out[d] = accumulate ? out[d] + (float)s : (float)s;
     }
 }
 
@@ -272,26 +287,44 @@ extern "C" __global__ void channel_scale_backward(const float* dy, const float* 
 // BatchNorm over (N, C, S = H * W), statistics in double. sums holds 2C + 1 doubles:
 // [sum a (C), sum a*b or a*a (C), count].
 
-// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (has_b ? b : a); sums[2C] = n * s.
-extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* sums,
-                                   int n, int c, int s) {
-    for (int ch = blockIdx.x; ch < c; ch += gridDim.x) {
+// Stage 1 of the sums (see the per-channel reductions above): over chunk k of channel ch,
+// partial[(ch * splits + k) * 2] = sum a, partial[... + 1] = sum a * (has_b ? b : a).
+extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
+                                   int n, int c, int s, int splits) {
+    const int ch = blockIdx.y, k = blockIdx.x;
+    const int per = n * s;
+    const int chunk = (per + splits - 1) / splits;
+    const int begin = k * chunk;
+    const int end = min(per, begin + chunk);
+    double s1 = 0.0, s2 = 0.0;
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const int q = j / s;
+        const int idx = (q * c + ch) * s + (j - q * s);
+        const double v = (double)a[idx];
+        s1 += v;
+        s2 += v * (has_b ? (double)b[idx] : v);
+    }
+    s1 = block_sum(s1);
+    s2 = block_sum(s2);
+    if (threadIdx.x == 0) {
+        partial[(ch * splits + k) * 2] = s1;
+        partial[(ch * splits + k) * 2 + 1] = s2;
+    }
+}
+
+// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials in chunk
+// order; sums[2C] = n * s.
+extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, int c, int splits,
+                                          int per) {
+    GRID_STRIDE_INT(ch, c) {
         double s1 = 0.0, s2 = 0.0;
-        const int per = n * s;
-        for (int j = threadIdx.x; j < per; j += blockDim.x) {
-            const int k = j / s;
-            const int idx = (k * c + ch) * s + (j - k * s);
-            const double v = (double)a[idx];
-            s1 += v;
-            s2 += v * (has_b ? (double)b[idx] : v);
+        for (int k = 0; k < splits; ++k) {
+            s1 += partial[(ch * splits + k) * 2];
+            s2 += partial[(ch * splits + k) * 2 + 1];
         }
-        s1 = block_sum(s1);
-        s2 = block_sum(s2);
-        if (threadIdx.x == 0) {
-            sums[ch] = s1;
-            sums[c + ch] = s2;
-            if (ch == 0) sums[2 * c] = (double)per;
-        }
+        sums[ch] = s1;
+        sums[c + ch] = s2;
+        if (ch == 0) sums[2 * c] = (double)per;
     }
 }
 

@@ -9,6 +9,7 @@
 use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
+use std::sync::Arc;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
@@ -48,10 +49,18 @@ impl PoolGeom {
 }
 
 impl Kernels {
-    /// One block per channel, at most one wave.
-    fn grid_channels(&self, channels: usize) -> LaunchConfig {
+    /// The chunks per channel of a two-stage channel reduction over `per` values per channel:
+    /// enough blocks to fill the device a few times, none smaller than a few thousand values.
+    fn reduce_splits(&self, channels: usize, per: usize) -> usize {
+        const MIN_CHUNK: usize = 4096;
+        let want = (4 * self.max_blocks as usize).div_ceil(channels.max(1));
+        want.min(per.div_ceil(MIN_CHUNK)).clamp(1, 1024)
+    }
+
+    /// Stage 1 of a channel reduction: `splits` blocks along x for each of `channels` along y.
+    fn grid_split_channels(&self, channels: usize, splits: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (channels.clamp(1, self.max_blocks as usize) as u32, 1, 1),
+            grid_dim: (splits as u32, channels as u32, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         }
@@ -456,7 +465,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn channel_reduce(
         &self,
-        s: &CudaStream,
+        s: &Arc<CudaStream>,
         a: &impl DevicePtr<f32>,
         b: &impl DevicePtr<f32>,
         use_b: bool,
@@ -477,15 +486,32 @@ impl Kernels {
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
         let (hb, acc) = (use_b as i32, accumulate as i32);
-        let (ap, _a) = a.device_ptr(s);
-        let (bp, _b) = b.device_ptr(s);
+        let splits = self.reduce_splits(dim, outer * inner);
+        let sp = to_i32(op, splits);
+        // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
+        let mut partial = s
+            .alloc_zeros::<f64>(dim * splits)
+            .map_err(|e| gpu_error("channel_reduce scratch", e))?;
+        {
+            let (ap, _a) = a.device_ptr(s);
+            let (bp, _b) = b.device_ptr(s);
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(
+                self,
+                s,
+                channel_reduce,
+                self.grid_split_channels(dim, splits),
+                [&ap, &bp, &hb, &pp, &o, &d, &i, &sp]
+            )?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
         let (outp, _out) = out.device_ptr_mut(s);
         launch!(
             self,
             s,
-            channel_reduce,
-            self.grid_channels(dim),
-            [&ap, &bp, &hb, &outp, &o, &d, &i, &acc]
+            channel_reduce_finish,
+            self.grid(dim),
+            [&pp, &outp, &d, &sp, &acc]
         )
     }
 
@@ -572,7 +598,7 @@ impl Kernels {
     /// `b = a` when `b` is `None`; per channel in double.
     pub fn bn_sums(
         &self,
-        s: &CudaStream,
+        s: &Arc<CudaStream>,
         a: &impl DevicePtr<f32>,
         b: Option<&CudaView<'_, f32>>,
         sums: &mut CudaSlice<f64>,
@@ -596,13 +622,30 @@ impl Kernels {
             None => a.device_ptr(s),
         };
         let hb = b.is_some() as i32;
+        let splits = self.reduce_splits(c, n * sp);
+        let spl = to_i32(op, splits);
+        let per = to_i32(op, n * sp);
+        let mut partial = s
+            .alloc_zeros::<f64>(2 * c * splits)
+            .map_err(|e| gpu_error("bn_sums scratch", e))?;
+        {
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(
+                self,
+                s,
+                bn_sums,
+                self.grid_split_channels(c, splits),
+                [&ap, &bp, &hb, &pp, &ni, &ci, &si, &spl]
+            )?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
         let (sump, _sum) = sums.device_ptr_mut(s);
         launch!(
             self,
             s,
-            bn_sums,
-            self.grid_channels(c),
-            [&ap, &bp, &hb, &sump, &ni, &ci, &si]
+            bn_sums_finish,
+            self.grid(c),
+            [&pp, &sump, &ci, &spl, &per]
         )
     }
 
