@@ -149,7 +149,10 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
             let dir = output_dir(opts);
             let found = resume::latest(&dir, &plan.config.solver.snapshot_prefix).is_ok();
             if !found && boot.rank == 0 {
-                info!("--resume auto: no snapshot in {}; starting fresh", dir.display());
+                info!(
+                    "--resume auto: no snapshot in {}; starting fresh",
+                    dir.display()
+                );
             }
             found.then_some(&ResumeFrom::Latest)
         }
@@ -457,7 +460,6 @@ pub fn run(action: Action, opts: Options) -> i32 {
         }
     }
 }
-
 
 fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
     let iterations = report.iterations.saturating_sub(report.first_iteration);

@@ -7,9 +7,9 @@
 
 pub mod bootstrap;
 pub mod cpu;
-pub mod launch_env;
 pub mod deadline;
 pub mod heartbeat;
+pub mod launch_env;
 pub mod local;
 pub mod mpi_link;
 

@@ -2,8 +2,8 @@
 //! and a `CpuComm` — behind the `Engine` seam.
 
 use super::engine::{Engine, PassCtx};
-use super::timeline::{Name, SpanLog, Track};
 use super::reducer::CommReducer;
+use super::timeline::{Name, SpanLog, Track};
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};

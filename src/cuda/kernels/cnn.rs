@@ -9,11 +9,11 @@
 use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
-use std::sync::Arc;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
+use std::sync::Arc;
 
 /// The geometry of a 2-D pooling over `(N, channels, height, width)` into
 /// `(N, channels, pooled_h, pooled_w)`, as the kernels' `PoolGeom` struct (passed by value).
