@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BIN=$(realpath "${1:-target/release/p2ptrain}")
 WORK=$(mktemp -d /tmp/p2ptrain-slurm.XXXXXX)
-ITERS=${P2PTRAIN_SLURM_ITERS:-20000}
+ITERS=${P2PTRAIN_SLURM_ITERS:-40000}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 SETS="--set solver.max_iter=$ITERS --set solver.display=100 --set cluster.threads_per_replica=1"
@@ -51,7 +51,9 @@ run_template() { # template launcher-args
   job=$(cd "$WORK" && CONFIG="$ROOT/config/quickstart.toml" P2PTRAIN="$BIN" OUTPUT="$out" \
     P2PTRAIN_ARGS="$SETS" MPIRUN_ARGS="--oversubscribe --bind-to none" \
     sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --output="$WORK/$name.out" "$script")
-  wait_for "$job" "grep -q '\"phase\":\"train\"' '$out/metrics.jsonl' 2>/dev/null" "training to start" 120
+  # The job's log (rank 0's unbuffered stderr) shows training under way; then signal it, well
+  # before the end of its run.
+  wait_for "$job" "grep -q 'INFO iter 200:' '$WORK/$name.out' 2>/dev/null" "training to start" 120
   echo "job $job is training; signalling it as at its time limit"
   scancel --signal=USR1 --batch "$job"
   wait_for "$job" '[ "$(restarts '"$job"')" -ge 1 ]' "the requeue" 120
