@@ -15,12 +15,10 @@
 //! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and only
 //! the GEMM-like algorithms, whose rounding error is that of a plain dot product (the FFT and
 //! Winograd algorithms trade accuracy for speed and would not agree with the CPU to FP32
-//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed. In
-//! fp32 the first of cuDNN's own heuristic ranking (`*_v7`) that is deterministic and fits the
-//! workspace limit is taken, so runs repeat bit for bit; in tf32 the first that fits, as PyTorch
-//! does: the deterministic ones are mostly legacy SIMT kernels (measured on an H200: they took
-//! two thirds of a ResNet-50 step), and a tf32 run is not bit-reproducible anyway. The choice
-//! costs no benchmarking and is the same on every replica.
+//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed. Among
+//! the allowed algorithms the first of cuDNN's own heuristic ranking (`*_v7`) that is
+//! deterministic and fits the workspace limit is taken, so the choice costs no benchmarking and
+//! is the same on every replica and every run.
 
 use super::gpu_error;
 use crate::config::MathMode;
@@ -432,20 +430,20 @@ fn allowed(direction: usize, algo: i32, math: MathMode) -> bool {
     }
 }
 
-/// Picks from cuDNN's ranking: in fp32 the first successful, allowed, deterministic algorithm
-/// within the workspace limit, failing that the first successful allowed one within the limit;
-/// in tf32 the first successful one within the limit.
+/// Picks from cuDNN's ranking: the first successful, allowed, deterministic algorithm within
+/// the workspace limit; failing that, the first successful allowed one within the limit.
 fn pick(direction: usize, ranked: &[RawPerf], math: MathMode) -> Option<RawPerf> {
     let usable = |p: &&RawPerf| {
         p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
             && allowed(direction, p.algo, math)
             && p.memory <= WORKSPACE_LIMIT
     };
-    let deterministic = match math {
-        MathMode::Fp32 => ranked.iter().filter(usable).find(|p| p.determinism == 1),
-        MathMode::Tf32 => None,
-    };
-    deterministic.or_else(|| ranked.iter().find(usable)).copied()
+    ranked
+        .iter()
+        .filter(usable)
+        .find(|p| p.determinism == 1)
+        .or_else(|| ranked.iter().find(usable))
+        .copied()
 }
 
 /// The algorithms of one convolution shape and the workspace (bytes) the largest needs.
@@ -726,7 +724,7 @@ mod tests {
     use super::*;
 
     /// Runs without cuDNN: the FP32 filter keeps only the GEMM-like algorithms and prefers a
-    /// deterministic one; TF32 follows cuDNN's ranking.
+    /// deterministic one.
     #[test]
     fn fp32_choice_skips_fft_and_winograd_and_prefers_deterministic() {
         let perf = |algo, determinism, memory| RawPerf {
@@ -741,10 +739,6 @@ mod tests {
         assert_eq!(pick(0, &ranked, MathMode::Tf32).unwrap().algo, 6);
         let nondeterministic = [perf(5, 1, 0), perf(0, 0, 0)];
         assert_eq!(pick(1, &nondeterministic, MathMode::Fp32).unwrap().algo, 0);
-        // TF32 takes cuDNN's first choice, deterministic or not.
-        let fast_first = [perf(0, 0, 0), perf(1, 1, 0)];
-        assert_eq!(pick(0, &fast_first, MathMode::Tf32).unwrap().algo, 0);
-        assert_eq!(pick(0, &fast_first, MathMode::Fp32).unwrap().algo, 1);
         let too_big = [perf(1, 1, WORKSPACE_LIMIT + 1)];
         assert!(pick(2, &too_big, MathMode::Fp32).is_none());
     }
