@@ -141,8 +141,8 @@ fn a_rank_killed_is_named_by_p2ptrain_when_the_launcher_keeps_going() {
     let victim = rank_pid(job.id(), 2);
     signal(victim, "-KILL");
     let (_, all) = end_of(job, &dir, "kill -9 of rank 2 (launcher recovery on)");
-    // OpenMPI 4 exits 0 from a recovering job even after MPI_Abort; the ranks' reports and the
-    // abort are what show the failure here.
+    // OpenMPI 4 exits 0 from a recovering job even after MPI_Abort, and its own abort notice is
+    // sometimes lost ("Out of resource" in its help printer): the ranks' reports show the failure.
     assert!(
         all.contains("did not complete within 3.0 s"),
         "the deadline fired:\n{all}"
@@ -151,7 +151,7 @@ fn a_rank_killed_is_named_by_p2ptrain_when_the_launcher_keeps_going() {
         all.contains("not heard from: rank 2 ("),
         "the dead rank is named:\n{all}"
     );
-    assert!(all.contains("MPI_ABORT was invoked"), "{all}");
+    assert!(all.contains("aborting the job"), "{all}");
     no_panic(&all);
 }
 
@@ -169,8 +169,9 @@ fn a_stopped_rank_is_named_by_the_deadline_and_the_job_ends() {
         signal(victim, "-KILL");
     }
     // mpirun's own exit status is not checked here: OpenMPI 4 was seen exiting 0 after an
-    // MPI_Abort racing with a stopped process; the reports and the job's end are checked.
-    assert!(all.contains("MPI_ABORT was invoked"), "{all}");
+    // MPI_Abort racing with a stopped process, and its abort notice can be lost; the reports and
+    // the job's end (end_of returned) are checked.
+    assert!(all.contains("aborting the job"), "{all}");
     assert!(
         all.contains("did not complete within 3.0 s"),
         "the deadline fired:\n{all}"
