@@ -39,6 +39,7 @@ RUN mkdir -p src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
  && cargo build --release --locked --offline \
  && rm -rf src
 COPY src src
+COPY assets assets
 COPY config config
 COPY data data
 RUN touch src/main.rs src/lib.rs \
