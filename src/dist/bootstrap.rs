@@ -293,9 +293,21 @@ pub(crate) fn say(text: &str) {
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
+/// Seconds a process waits for `MPI_Abort` to end it before it exits by itself.
+const ABORT_GRACE_S: u64 = 10;
+
 /// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective
 /// must call this, or they would wait forever.
+
 pub fn abort_job(code: i32) -> ! {
+    // MPI_Abort asks the launcher to end every process; a launcher that cannot reach a silent
+    // host may never answer. The process then ends itself after a grace period, so that no
+    // rank is left waiting (the launcher sees it exit with `code`).
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(ABORT_GRACE_S));
+        // SAFETY: _exit only ends the process; nothing is unwound or flushed.
+        unsafe { libc::_exit(code) }
+    });
     // SAFETY: MPI_Abort may be called from any thread at any time after MPI_Init.
     unsafe {
         mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
