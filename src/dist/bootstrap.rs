@@ -298,7 +298,6 @@ const ABORT_GRACE_S: u64 = 10;
 
 /// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective
 /// must call this, or they would wait forever.
-
 pub fn abort_job(code: i32) -> ! {
     // MPI_Abort asks the launcher to end every process; a launcher that cannot reach a silent
     // host may never answer. The process then ends itself after a grace period, so that no
