@@ -1,9 +1,17 @@
 //! `Params`: every learnable tensor of a replica in one contiguous data buffer and one diff buffer
 //! (Caffe's `Params`), so that a broadcast or an all-reduce is one call over one slice. Layers get
 //! views; tensors are laid out in layer order, so a layer's tensors form one contiguous span.
+//!
+//! Each layer's span starts at a multiple of [`LAYER_ALIGN`] floats (256 bytes): cuDNN and cuBLAS
+//! take their tensor-core kernels only for suitably aligned operands, and a BatchNorm's `2C + 1`
+//! state floats would otherwise shift every later weight off alignment. The gaps between layers
+//! hold zeros in both buffers and stay zero (their gradient is never written).
 
 use crate::config::FillerConfig;
 use std::ops::Range;
+
+/// Alignment, in floats, of the start of every layer's span in the flat buffers.
+pub const LAYER_ALIGN: usize = 64;
 
 /// What a layer declares about one learnable tensor.
 #[derive(Debug, Clone)]
@@ -45,10 +53,16 @@ pub struct Params {
 }
 
 impl Params {
-    /// Lays out `spans` (offsets and lengths are recomputed) and allocates zeroed buffers.
+    /// Lays out `spans` (offsets and lengths are recomputed; each layer's first tensor at a
+    /// multiple of [`LAYER_ALIGN`]) and allocates zeroed buffers.
     pub fn new(mut spans: Vec<ParamSpan>) -> Self {
-        let mut offset = 0;
+        let mut offset = 0usize;
+        let mut previous_layer = None;
         for s in &mut spans {
+            if previous_layer != Some(s.layer) {
+                offset = offset.next_multiple_of(LAYER_ALIGN);
+                previous_layer = Some(s.layer);
+            }
             s.len = s.shape.iter().product();
             s.offset = offset;
             offset += s.len;
@@ -60,13 +74,18 @@ impl Params {
         }
     }
 
-    /// Total number of learnable floats.
+    /// Length of the flat buffers: the learnable floats and the alignment gaps between layers.
     pub fn len(&self) -> usize {
         self.data.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
+    }
+
+    /// Number of learnable floats (the tensors, without the alignment gaps).
+    pub fn count(&self) -> usize {
+        self.spans.iter().map(|s| s.len).sum()
     }
 
     /// Indices into `spans` of the tensors of `layer`.
@@ -124,5 +143,42 @@ impl Params {
     /// Looks a tensor up by its snapshot name.
     pub fn find(&self, full_name: &str) -> Option<&ParamSpan> {
         self.spans.iter().find(|s| s.full_name == full_name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(layer: usize, name: &str, shape: &[usize]) -> ParamSpan {
+        ParamSpan {
+            layer,
+            full_name: format!("l{layer}.{name}"),
+            shape: shape.to_vec(),
+            offset: 0,
+            len: 0,
+            lr_mult: 1.0,
+            decay_mult: 1.0,
+            filler: FillerConfig::constant(0.0),
+        }
+    }
+
+    /// A layer's tensors stay contiguous; every layer starts on the alignment; the buffers hold
+    /// the gaps, the count does not.
+    #[test]
+    fn layers_start_aligned_and_their_tensors_stay_contiguous() {
+        let p = Params::new(vec![
+            spec(0, "mean", &[3]),
+            spec(0, "variance", &[3]),
+            spec(0, "factor", &[1]),
+            spec(2, "weight", &[5, 2]),
+            spec(2, "bias", &[5]),
+            spec(3, "weight", &[70]),
+        ]);
+        let offsets: Vec<usize> = p.spans.iter().map(|s| s.offset).collect();
+        assert_eq!(offsets, [0, 3, 6, 64, 74, 128]);
+        assert_eq!(p.len(), 198);
+        assert_eq!(p.count(), 3 + 3 + 1 + 10 + 5 + 70);
+        assert_eq!(p.layer_range(2), 64..79);
     }
 }

@@ -88,21 +88,28 @@ pub struct BucketPlan {
 }
 
 /// Merges the tensors of each layer into one span, in layer order, skipping nothing: every
-/// layer that owns parameters appears once.
+/// layer that owns parameters appears once. The alignment gap before a layer (see
+/// [`crate::params::LAYER_ALIGN`]) joins the previous layer's span, so the spans tile
+/// `0..total`; a gap before the first layer joins the first.
 ///
 /// # Panics
-/// If `spans` do not tile `0..total` in layer order (what [`crate::params::Params::new`] lays
-/// out).
+/// If `spans` overlap, leave a gap inside a layer, or are not in layer order (what
+/// [`crate::params::Params::new`] lays out never does).
 pub fn layer_spans(spans: &[ParamSpan]) -> Vec<LayerSpan> {
     let mut out: Vec<LayerSpan> = Vec::new();
     let mut next = 0;
     for s in spans {
-        assert_eq!(
-            s.offset, next,
+        let same_layer = out.last().is_some_and(|l| l.layer == s.layer);
+        assert!(
+            s.offset == next || (!same_layer && s.offset > next),
             "parameter `{}` starts at {} but the previous one ended at {next}: spans must tile \
              the flat buffer in order",
-            s.full_name, s.offset
+            s.full_name,
+            s.offset
         );
+        if let Some(last) = out.last_mut() {
+            last.range.end = s.offset;
+        }
         next = s.offset + s.len;
         match out.last_mut() {
             Some(last) if last.layer == s.layer => last.range.end = next,
@@ -112,7 +119,7 @@ pub fn layer_spans(spans: &[ParamSpan]) -> Vec<LayerSpan> {
             ),
             _ => out.push(LayerSpan {
                 layer: s.layer,
-                range: s.offset..next,
+                range: if out.is_empty() { 0 } else { s.offset }..next,
             }),
         }
     }
@@ -516,7 +523,25 @@ mod tests {
 
     #[test]
     #[should_panic(expected = "must tile")]
-    fn a_gap_between_spans_is_refused() {
-        layer_spans(&[span(0, "weight", 0, 4), span(1, "weight", 5, 4)]);
+    fn a_gap_inside_a_layer_is_refused() {
+        layer_spans(&[span(0, "weight", 0, 4), span(0, "bias", 5, 4)]);
+    }
+
+    #[test]
+    fn an_alignment_gap_joins_the_previous_layer() {
+        let spans = [span(0, "weight", 0, 4), span(2, "weight", 64, 4)];
+        assert_eq!(
+            layer_spans(&spans),
+            vec![
+                LayerSpan {
+                    layer: 0,
+                    range: 0..64
+                },
+                LayerSpan {
+                    layer: 2,
+                    range: 64..68
+                }
+            ]
+        );
     }
 }

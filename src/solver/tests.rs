@@ -13,13 +13,14 @@ fn cfg(solver_type: SolverType) -> SolverConfig {
     c
 }
 
-/// Tensors `t0`, `t1`, … of the given lengths and `(lr_mult, decay_mult)`, weights set to `w`.
+/// Tensors `t0`, `t1`, … of one layer (so laid out back to back) of the given lengths and
+/// `(lr_mult, decay_mult)`, weights set to `w`.
 fn params(tensors: &[(usize, f32, f32)], w: &[f32]) -> Params {
     let spans = tensors
         .iter()
         .enumerate()
         .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            layer: i,
+            layer: 0,
             full_name: format!("t{i}"),
             shape: vec![len],
             offset: 0,

@@ -48,7 +48,19 @@ fn params(tensors: &[(usize, f32, f32)], seed: u64) -> Params {
     for w in p.data.iter_mut().step_by(97) {
         *w = 0.0;
     }
+    zero_gaps(&p.spans, &mut p.data);
     p
+}
+
+/// Zeroes the alignment gaps between layers (as `Params::new` leaves them).
+fn zero_gaps(spans: &[ParamSpan], buf: &mut [f32]) {
+    let mut inside = vec![false; buf.len()];
+    for s in spans {
+        inside[s.range()].iter_mut().for_each(|b| *b = true);
+    }
+    for (v, _) in buf.iter_mut().zip(&inside).filter(|(_, &i)| !i) {
+        *v = 0.0;
+    }
 }
 
 /// Several tensors with distinct multipliers, one large enough that every thread of the
@@ -74,9 +86,10 @@ fn compare(gpu: &Gpu, cfg: &SolverConfig, steps: u64, grad_scale: f32, seed: u64
     assert_eq!(gpu_solver.history_names(), cpu_solver.history_names());
     let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
     for iter in 0..steps {
-        let grad: Vec<f32> = (0..n)
+        let mut grad: Vec<f32> = (0..n)
             .map(|_| rng.gen_range(-1.0f32..1.0) * grad_scale)
             .collect();
+        zero_gaps(&host.spans, &mut grad);
         host.diff.copy_from_slice(&grad);
         let cpu_lr = cpu_solver.apply(&cpu, iter, &mut host);
         gpu.compute
@@ -87,6 +100,14 @@ fn compare(gpu: &Gpu, cfg: &SolverConfig, steps: u64, grad_scale: f32, seed: u64
         let got = dev.to_host(gpu).unwrap();
         let what = |x: &str| format!("{:?} iteration {iter}: {x}", cfg.solver_type);
         assert_close(&what("weights"), &got.data, &host.data, RTOL);
+        let mut gaps = got.data.clone();
+        zero_gaps(&host.spans, &mut gaps);
+        assert_eq!(
+            gaps,
+            got.data,
+            "{}",
+            what("the gaps between layers stay zero")
+        );
         assert_close(&what("effective gradient"), &got.diff, &host.diff, RTOL);
         let history = gpu_solver.history_to_host(gpu).unwrap();
         for (j, (g, c)) in history.iter().zip(cpu_solver.history()).enumerate() {
@@ -164,7 +185,7 @@ fn history_round_trips_through_the_host() {
     let gpu = gpu_or_skip!("history_round_trips_through_the_host");
     let host = params(&[(10, 1.0, 1.0), (3, 1.0, 1.0)], 740);
     let mut s = GpuSolver::new(&gpu, &rule_cfg(SolverType::Adam), &host.spans).unwrap();
-    let h = vec![(0..13).map(|i| i as f32).collect::<Vec<_>>(); 2];
+    let h = vec![(0..host.len()).map(|i| i as f32).collect::<Vec<_>>(); 2];
     s.history_from_host(&gpu, &h).unwrap();
     assert_eq!(s.history_to_host(&gpu).unwrap(), h);
     assert!(s.history_from_host(&gpu, &h[..1]).is_err());
