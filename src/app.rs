@@ -350,7 +350,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         ),
     };
     let extra = [
-        ("parameters", prepared.initial.len().to_string()),
+        ("parameters", prepared.initial.count().to_string()),
         ("devices", devices_line),
     ];
     if let Action::Check = action {
@@ -369,7 +369,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             plan.config.data.batch_size,
             plan.total_replicas,
             plan.config.solver.iter_size,
-            prepared.initial.len()
+            prepared.initial.count()
         );
     }
     let dir = output_dir(&opts);

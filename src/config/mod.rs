@@ -58,6 +58,9 @@ pub struct ClusterConfig {
     /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
     #[serde(default)]
     pub math: MathMode,
+    /// How cuDNN convolution algorithms are chosen per shape on GPUs.
+    #[serde(default)]
+    pub conv_algorithm: ConvAlgorithm,
     /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
     /// differs (a launcher misconfiguration). Unset: any.
     pub world_size: Option<usize>,
@@ -94,6 +97,19 @@ pub enum MathMode {
     Tf32,
 }
 
+/// How the GPU convolution layer chooses cuDNN's algorithms for each input shape. Either way only
+/// deterministic algorithms are taken, and in `fp32` only the GEMM-like ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvAlgorithm {
+    /// Time every candidate once per shape at the first step (`cudnnFind*`) and keep the
+    /// fastest: the choice may differ between runs and replicas (results then differ by rounding).
+    #[default]
+    Measured,
+    /// Take cuDNN's heuristic ranking without timing anything: the same algorithms every run.
+    Heuristic,
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
@@ -103,6 +119,7 @@ impl Default for ClusterConfig {
             reduce: ReduceMode::Bucketed,
             bucket_mb: bucket_mb_default(),
             math: MathMode::Fp32,
+            conv_algorithm: ConvAlgorithm::Measured,
             world_size: None,
             verify_interval: 0,
             collective_timeout_s: collective_timeout_default(),

@@ -2,7 +2,7 @@
 //! convolution layer needs: [`Cudnn`], one handle per [`Gpu`](super::Gpu) bound to its compute
 //! stream; RAII [`TensorDesc`], [`FilterDesc`] and [`ConvDesc`]; the choice of convolution
 //! algorithms per shape ([`ConvAlgos::choose`]); and the forward, backward-data,
-//! backward-filter, bias-add and bias-gradient calls.
+//! backward-filter and bias-add calls.
 //!
 //! cuDNN is optional: nothing here is touched unless a net has a convolution layer, so a net
 //! without one runs on a machine without libcudnn. [`Cudnn::new`] checks that the library loads
@@ -15,13 +15,18 @@
 //! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and only
 //! the GEMM-like algorithms, whose rounding error is that of a plain dot product (the FFT and
 //! Winograd algorithms trade accuracy for speed and would not agree with the CPU to FP32
-//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed. Among
-//! the allowed algorithms the first of cuDNN's own heuristic ranking (`*_v7`) that is
-//! deterministic and fits the workspace limit is taken, so the choice costs no benchmarking and
-//! is the same on every replica and every run.
+//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed.
+//!
+//! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate once per
+//! shape (`cudnnFind*`, host-blocking, at the first step of a shape) and keeps the fastest allowed
+//! deterministic one that fits the workspace limit; `heuristic` takes the first such one of cuDNN's
+//! ranking (`*_v7`), which costs no timing and is the same every run. Each direction runs with the
+//! math type cuDNN reported for its algorithm (a descriptor per direction): the legacy API picks
+//! the kernel by algorithm *and* math type, and the tensor-core kernels of an algorithm are only
+//! reached with the math type they were ranked or timed with.
 
 use super::gpu_error;
-use crate::config::MathMode;
+use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
     self, cudnnConvolutionBwdDataAlgo_t as BwdDataAlgo,
@@ -53,13 +58,15 @@ const SYMBOLS: &[&str] = &[
     "cudnnGetConvolutionForwardAlgorithm_v7",
     "cudnnGetConvolutionBackwardDataAlgorithm_v7",
     "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnFindConvolutionForwardAlgorithm",
+    "cudnnFindConvolutionBackwardDataAlgorithm",
+    "cudnnFindConvolutionBackwardFilterAlgorithm",
     "cudnnGetConvolutionForwardWorkspaceSize",
     "cudnnGetConvolutionBackwardDataWorkspaceSize",
     "cudnnGetConvolutionBackwardFilterWorkspaceSize",
     "cudnnConvolutionForward",
     "cudnnConvolutionBackwardData",
     "cudnnConvolutionBackwardFilter",
-    "cudnnConvolutionBackwardBias",
     "cudnnAddTensor",
 ];
 
@@ -293,7 +300,17 @@ pub struct ConvDesc {
 unsafe impl Send for ConvDesc {}
 
 impl ConvDesc {
+    /// A descriptor in the default math type of `math`.
     pub fn new(geometry: ConvGeometry, math: MathMode) -> Result<ConvDesc> {
+        ConvDesc::with_math_type(geometry, math, math_type(math))
+    }
+
+    /// A descriptor with an explicit cuDNN math type (the one an algorithm was chosen with).
+    pub fn with_math_type(
+        geometry: ConvGeometry,
+        math: MathMode,
+        math_type: cudnnMathType_t,
+    ) -> Result<ConvDesc> {
         let mut raw: sys::cudnnConvolutionDescriptor_t = std::ptr::null_mut();
         // SAFETY: `raw` is writable.
         check("cudnnCreateConvolutionDescriptor", unsafe {
@@ -327,7 +344,7 @@ impl ConvDesc {
         })?;
         // SAFETY: live descriptor.
         check("cudnnSetConvolutionMathType", unsafe {
-            sys::cudnnSetConvolutionMathType(d.raw, math_type(math))
+            sys::cudnnSetConvolutionMathType(d.raw, math_type)
         })?;
         Ok(d)
     }
@@ -430,8 +447,9 @@ fn allowed(direction: usize, algo: i32, math: MathMode) -> bool {
     }
 }
 
-/// Picks from cuDNN's ranking: the first successful, allowed, deterministic algorithm within
-/// the workspace limit; failing that, the first successful allowed one within the limit.
+/// Picks from a ranking (cuDNN's heuristic order, or measured time ascending): the first
+/// successful, allowed, deterministic algorithm within the workspace limit; failing that, the
+/// first successful allowed one within the limit.
 fn pick(direction: usize, ranked: &[RawPerf], math: MathMode) -> Option<RawPerf> {
     let usable = |p: &&RawPerf| {
         p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
@@ -446,12 +464,31 @@ fn pick(direction: usize, ranked: &[RawPerf], math: MathMode) -> Option<RawPerf>
         .copied()
 }
 
+/// The math type to run an algorithm with: FMA in `fp32` whatever cuDNN reports; in `tf32` the
+/// reported one, except that down-conversion to half precision is never allowed.
+fn run_math_type(math: MathMode, reported: i32) -> cudnnMathType_t {
+    use cudnnMathType_t::*;
+    match (math, reported) {
+        (MathMode::Fp32, _) => CUDNN_FMA_MATH,
+        (MathMode::Tf32, 0) => CUDNN_DEFAULT_MATH,
+        (MathMode::Tf32, 3) => CUDNN_FMA_MATH,
+        (MathMode::Tf32, _) => CUDNN_TENSOR_OP_MATH,
+    }
+}
+
+/// One direction's algorithm and the convolution descriptor (math type) to run it with.
+#[derive(Debug)]
+pub struct Chosen<A> {
+    pub algo: A,
+    pub conv: ConvDesc,
+}
+
 /// The algorithms of one convolution shape and the workspace (bytes) the largest needs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct ConvAlgos {
-    pub fwd: FwdAlgo,
-    pub bwd_data: BwdDataAlgo,
-    pub bwd_filter: BwdFilterAlgo,
+    pub fwd: Chosen<FwdAlgo>,
+    pub bwd_data: Chosen<BwdDataAlgo>,
+    pub bwd_filter: Chosen<BwdFilterAlgo>,
     pub workspace: usize,
 }
 
@@ -462,88 +499,151 @@ const FALLBACK: (FwdAlgo, BwdDataAlgo, BwdFilterAlgo) = (
     BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
 );
 
+/// The candidates of one direction (0 forward, 1 backward data, 2 backward filter) for
+/// `x * w -> y`, in cuDNN's heuristic order or timed (fastest first).
+fn rank(
+    dnn: &Cudnn,
+    direction: usize,
+    how: ConvAlgorithm,
+    (x, w, conv, y): (&TensorDesc, &FilterDesc, &ConvDesc, &TensorDesc),
+) -> Result<Vec<RawPerf>> {
+    use ConvAlgorithm::{Heuristic, Measured};
+    let mut ranked = [RawPerf::default(); RANKED];
+    let mut got: i32 = 0;
+    let (h, n, out, got_p) = (dnn.raw, RANKED as i32, ranked.as_mut_ptr(), &mut got);
+    let (x, w, c, y) = (x.raw, w.raw, conv.raw, y.raw);
+    // SAFETY: live descriptors of one convolution; `ranked` holds RANKED entries laid out as the
+    // C structs (asserted above). The Find calls allocate and free their own device buffers and
+    // block the host until timed.
+    let (op, status) = unsafe {
+        match (direction, how) {
+            (0, Heuristic) => (
+                "cudnnGetConvolutionForwardAlgorithm_v7",
+                sys::cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, n, got_p, out.cast()),
+            ),
+            (0, Measured) => (
+                "cudnnFindConvolutionForwardAlgorithm",
+                sys::cudnnFindConvolutionForwardAlgorithm(h, x, w, c, y, n, got_p, out.cast()),
+            ),
+            (1, Heuristic) => (
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    h,
+                    w,
+                    y,
+                    c,
+                    x,
+                    n,
+                    got_p,
+                    out.cast(),
+                ),
+            ),
+            (1, Measured) => (
+                "cudnnFindConvolutionBackwardDataAlgorithm",
+                sys::cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, got_p, out.cast()),
+            ),
+            (_, Heuristic) => (
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    h,
+                    x,
+                    y,
+                    c,
+                    w,
+                    n,
+                    got_p,
+                    out.cast(),
+                ),
+            ),
+            (_, Measured) => (
+                "cudnnFindConvolutionBackwardFilterAlgorithm",
+                sys::cudnnFindConvolutionBackwardFilterAlgorithm(
+                    h,
+                    x,
+                    y,
+                    c,
+                    w,
+                    n,
+                    got_p,
+                    out.cast(),
+                ),
+            ),
+        }
+    };
+    check(op, status)?;
+    Ok(ranked[..got.clamp(0, RANKED as i32) as usize].to_vec())
+}
+
 impl ConvAlgos {
-    /// Chooses the forward, backward-data and backward-filter algorithms for `x * w -> y` from
-    /// cuDNN's heuristics (see the module docs) and sizes their workspace. Synchronises nothing.
+    /// Chooses the forward, backward-data and backward-filter algorithms for `x * w -> y` (see
+    /// the module docs), with a descriptor per direction in the math type each is to run with,
+    /// and sizes their workspace. `Measured` blocks the host while cuDNN times the candidates.
     pub fn choose(
         dnn: &Cudnn,
+        how: ConvAlgorithm,
         x: &TensorDesc,
         w: &FilterDesc,
-        conv: &ConvDesc,
+        geometry: ConvGeometry,
         y: &TensorDesc,
     ) -> Result<ConvAlgos> {
-        let mut ranked = [RawPerf::default(); RANKED];
-        let mut got: i32 = 0;
-        let math = conv.math;
-
-        // SAFETY: live descriptors; `ranked` holds RANKED entries of the C struct's layout.
-        check("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
-            sys::cudnnGetConvolutionForwardAlgorithm_v7(
-                dnn.raw,
-                x.raw,
-                w.raw,
-                conv.raw,
-                y.raw,
-                RANKED as i32,
-                &mut got,
-                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionFwdAlgoPerf_t,
-            )
-        })?;
-        let fwd = pick(0, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
-            .and_then(|p| fwd_algo(p.algo))
-            .unwrap_or(FALLBACK.0);
-
-        // SAFETY: as above.
-        check("cudnnGetConvolutionBackwardDataAlgorithm_v7", unsafe {
-            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                dnn.raw,
-                w.raw,
-                y.raw,
-                conv.raw,
-                x.raw,
-                RANKED as i32,
-                &mut got,
-                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionBwdDataAlgoPerf_t,
-            )
-        })?;
-        let bwd_data = pick(1, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
-            .and_then(|p| bwd_data_algo(p.algo))
-            .unwrap_or(FALLBACK.1);
-
-        // SAFETY: as above.
-        check("cudnnGetConvolutionBackwardFilterAlgorithm_v7", unsafe {
-            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                dnn.raw,
-                x.raw,
-                y.raw,
-                conv.raw,
-                w.raw,
-                RANKED as i32,
-                &mut got,
-                ranked.as_mut_ptr() as *mut sys::cudnnConvolutionBwdFilterAlgoPerf_t,
-            )
-        })?;
-        let bwd_filter = pick(2, &ranked[..got.clamp(0, RANKED as i32) as usize], math)
-            .and_then(|p| bwd_filter_algo(p.algo))
-            .unwrap_or(FALLBACK.2);
+        let math = dnn.math;
+        let query = ConvDesc::new(geometry, math)?;
+        let descs = (x, w, &query, y);
+        let mut chosen = [(0i32, math_type(math)); 3];
+        for (direction, slot) in chosen.iter_mut().enumerate() {
+            if let Some(p) = pick(direction, &rank(dnn, direction, how, descs)?, math) {
+                *slot = (p.algo, run_math_type(math, p.math_type));
+            }
+        }
+        let desc = |d: usize| ConvDesc::with_math_type(geometry, math, chosen[d].1);
+        let fwd = Chosen {
+            algo: fwd_algo(chosen[0].0).unwrap_or(FALLBACK.0),
+            conv: desc(0)?,
+        };
+        let bwd_data = Chosen {
+            algo: bwd_data_algo(chosen[1].0).unwrap_or(FALLBACK.1),
+            conv: desc(1)?,
+        };
+        let bwd_filter = Chosen {
+            algo: bwd_filter_algo(chosen[2].0).unwrap_or(FALLBACK.2),
+            conv: desc(2)?,
+        };
 
         let (mut a, mut b, mut c) = (0usize, 0usize, 0usize);
         // SAFETY: live descriptors, writable sizes.
         check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
             sys::cudnnGetConvolutionForwardWorkspaceSize(
-                dnn.raw, x.raw, w.raw, conv.raw, y.raw, fwd, &mut a,
+                dnn.raw,
+                x.raw,
+                w.raw,
+                fwd.conv.raw,
+                y.raw,
+                fwd.algo,
+                &mut a,
             )
         })?;
         // SAFETY: as above.
         check("cudnnGetConvolutionBackwardDataWorkspaceSize", unsafe {
             sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
-                dnn.raw, w.raw, y.raw, conv.raw, x.raw, bwd_data, &mut b,
+                dnn.raw,
+                w.raw,
+                y.raw,
+                bwd_data.conv.raw,
+                x.raw,
+                bwd_data.algo,
+                &mut b,
             )
         })?;
         // SAFETY: as above.
         check("cudnnGetConvolutionBackwardFilterWorkspaceSize", unsafe {
             sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                dnn.raw, x.raw, y.raw, conv.raw, w.raw, bwd_filter, &mut c,
+                dnn.raw,
+                x.raw,
+                y.raw,
+                bwd_filter.conv.raw,
+                w.raw,
+                bwd_filter.algo,
+                &mut c,
             )
         })?;
         Ok(ConvAlgos {
@@ -694,30 +794,8 @@ pub unsafe fn add_bias(dnn: &Cudnn, b: (&TensorDesc, u64), y: (&TensorDesc, u64)
     )
 }
 
-/// `db = Σ_{n,h,w} dy + beta · db`, with `db` described as `(1, C, 1, 1)`.
-///
-/// # Safety
-/// As [`conv_forward`].
-pub unsafe fn bias_grad(
-    dnn: &Cudnn,
-    dy: (&TensorDesc, u64),
-    beta: f32,
-    db: (&TensorDesc, u64),
-) -> Result<()> {
-    let one = 1.0f32;
-    check(
-        "cudnnConvolutionBackwardBias",
-        sys::cudnnConvolutionBackwardBias(
-            dnn.raw,
-            &one as *const f32 as *const c_void,
-            dy.0.raw,
-            dy.1 as *const c_void,
-            &beta as *const f32 as *const c_void,
-            db.0.raw,
-            db.1 as *mut c_void,
-        ),
-    )
-}
+#[cfg(test)]
+mod survey;
 
 #[cfg(test)]
 mod tests {

@@ -14,12 +14,12 @@
 use super::cudnn::Cudnn;
 use super::gpu_error;
 use super::kernels::Kernels;
-use crate::config::MathMode;
+use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig};
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use std::sync::{Arc, OnceLock};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One device, as one replica drives it. Not meant to be shared between replicas: each builds
 /// its own on its own thread.
@@ -34,8 +34,13 @@ pub struct Gpu {
     pub blas: CudaBlas,
     pub kernels: Arc<Kernels>,
     pub math: MathMode,
+    /// How convolution layers choose cuDNN algorithms (measured unless the config says otherwise).
+    pub conv_algorithm: ConvAlgorithm,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
+    /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
+    /// shared by every convolution of the replica: they run one after another on `compute`.
+    conv_scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
 }
 
 fn op(trans: bool) -> cublasOperation_t {
@@ -95,7 +100,9 @@ impl Gpu {
             blas,
             kernels,
             math,
+            conv_algorithm: ConvAlgorithm::Measured,
             dnn: OnceLock::new(),
+            conv_scratch: Mutex::new([None, None]),
         })
     }
 
@@ -108,6 +115,33 @@ impl Gpu {
         }
         let h = Cudnn::new(self.compute.clone(), self.math)?;
         Ok(self.dnn.get_or_init(|| h))
+    }
+
+    /// Runs `f` on the shared convolution scratch, grown to at least `col` and `dyt` floats
+    /// (a growth frees the old buffers in stream order, after the work that uses them).
+    pub(crate) fn with_conv_scratch<R>(
+        &self,
+        (col, dyt): (usize, usize),
+        f: impl FnOnce(&mut CudaSlice<f32>, &mut CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let mut guard = self
+            .conv_scratch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let [a, b] = &mut *guard;
+        for (buf, n) in [(&mut *a, col), (&mut *b, dyt)] {
+            if buf.as_ref().is_none_or(|s| s.len() < n) {
+                // SAFETY: scratch; every user writes what it reads.
+                let fresh = unsafe { self.compute.alloc::<f32>(n.max(1)) }.map_err(|e| {
+                    gpu_error(&format!("allocate {n} floats of convolution scratch"), e)
+                })?;
+                *buf = Some(fresh);
+            }
+        }
+        f(
+            a.as_mut().expect("allocated"),
+            b.as_mut().expect("allocated"),
+        )
     }
 
     /// The device's name, e.g. `NVIDIA H200`.

@@ -73,7 +73,8 @@ impl GpuEngine {
         id: NcclId,
         initial: &Params,
     ) -> Result<Self> {
-        let gpu = Gpu::new(ordinal, cfg.cluster.math)?;
+        let mut gpu = Gpu::new(ordinal, cfg.cluster.math)?;
+        gpu.conv_algorithm = cfg.cluster.conv_algorithm;
         let mut net = GpuNet::new(cfg, record_shape, cfg.data.batch_size, &gpu)?;
         net.params_from_host(&gpu, initial)?;
         let solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans)?;

@@ -100,6 +100,13 @@ kernel_set!(
     dropout_backward,
     channel_reduce,
     channel_reduce_finish,
+    pair_reduce_finish,
+    bn_scale_relu_forward,
+    bn_scale_relu_sums,
+    bn_scale_relu_finish,
+    bn_scale_relu_backward,
+    im2col_batch,
+    swap_outer,
     channel_affine,
     channel_scale_backward,
     bn_sums,
@@ -134,7 +141,11 @@ macro_rules! launch {
 }
 
 mod cnn;
+mod fused;
+mod im2col;
 pub use cnn::PoolGeom;
+pub use fused::BnScaleRelu;
+pub use im2col::ConvGeom;
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and

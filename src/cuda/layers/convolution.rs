@@ -7,21 +7,40 @@
 //! — cuDNN's KCRS filter layout, so the flat parameters are used as they are.
 //!
 //! Forward: `cudnnConvolutionForward` (β = 0) then `cudnnAddTensor` for the bias.
-//! Backward: `cudnnConvolutionBackwardBias` and `cudnnConvolutionBackwardFilter` into the
-//! parameter gradient (β = 1 to accumulate, 0 to overwrite), `cudnnConvolutionBackwardData`
-//! into the bottom's diff (likewise). Groups through `cudnnSetConvolutionGroupCount`.
+//! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient
+//! by `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at
+//! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
+//! ([`gemm_wgrad`]); `cudnnConvolutionBackwardData` into the bottom's diff. Parameter and bottom
+//! gradients are accumulated (β = 1) or overwritten (β = 0) as the net says. Groups through
+//! `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
-//! [`crate::cuda::cudnn`] for how algorithms are chosen in each math mode.
+//! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
+//! heuristic) in each math mode.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
+use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
-use crate::cuda::cudnn::{self, ConvAlgos, ConvDesc, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::Gpu;
+use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
+use crate::cuda::kernels::ConvGeom;
+use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+
+/// How a plan computes the weight gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wgrad {
+    /// `cudnnConvolutionBackwardFilter` with the chosen algorithm.
+    Cudnn,
+    /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
+    Gemm,
+}
+
+/// The largest column matrix (floats) the GEMM weight gradient may use: 1 GiB.
+const GEMM_WGRAD_LIMIT: usize = 1 << 28;
 
 /// The descriptors and algorithms of one bottom shape.
 #[derive(Debug)]
@@ -31,8 +50,96 @@ struct Plan {
     y: TensorDesc,
     w: FilterDesc,
     b: TensorDesc,
-    conv: ConvDesc,
     algos: ConvAlgos,
+    geom: ConvGeom,
+    wgrad: Wgrad,
+}
+
+/// `dw (K, C·kh·kw) (+)= swap(dy) (K, N·OH·OW) · col(x)ᵀ`: the weight gradient of an ungrouped
+/// convolution as im2col and one cuBLAS GEMM (deterministic, FP32 or TF32 as the handle's math),
+/// through the device's shared convolution scratch.
+fn gemm_wgrad(
+    gpu: &Gpu,
+    geom: ConvGeom,
+    k: usize,
+    x: &impl DevicePtr<f32>,
+    dy: &impl DevicePtr<f32>,
+    beta: f32,
+    dw: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let col_len = geom.col_len().expect("checked when the plan was made");
+    let u = |v: i32| v as usize;
+    let (n, p) = (u(geom.n), u(geom.oh) * u(geom.ow));
+    let rows = u(geom.c) * u(geom.kh) * u(geom.kw);
+    gpu.with_conv_scratch((col_len, n * k * p), |col, dyt| {
+        gpu.kernels.im2col_batch(&gpu.compute, x, geom, col)?;
+        gpu.kernels.swap_outer(&gpu.compute, dy, dyt, (n, k, p))?;
+        gpu.gemm(false, true, k, rows, n * p, 1.0, dyt, col, beta, dw)
+    })
+}
+
+/// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`
+/// (`ws`: the layer's cuDNN workspace).
+#[allow(clippy::too_many_arguments)]
+fn weight_gradient(
+    gpu: &Gpu,
+    plan: &Plan,
+    path: Wgrad,
+    num_output: usize,
+    ws: cudnn::Workspace,
+    x: &impl DevicePtr<f32>,
+    dy: &impl DevicePtr<f32>,
+    beta: f32,
+    dw: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    if path == Wgrad::Gemm {
+        return gemm_wgrad(gpu, plan.geom, num_output, x, dy, beta, dw);
+    }
+    let s = &gpu.compute;
+    let (xp, _gx) = x.device_ptr(s);
+    let (dyp, _gdy) = dy.device_ptr(s);
+    let (dwp, _gdw) = dw.device_ptr_mut(s);
+    let chosen = &plan.algos.bwd_filter;
+    // SAFETY: the caller passes buffers of the plan's shapes on this device and the layer's
+    // workspace of `ws.bytes`, all alive while the enqueued work runs.
+    unsafe {
+        cudnn::conv_backward_filter(
+            gpu.cudnn()?,
+            (&plan.x, xp),
+            (&plan.y, dyp),
+            &chosen.conv,
+            chosen.algo,
+            ws,
+            beta,
+            (&plan.w, dwp),
+        )
+    }
+}
+
+/// Mean milliseconds of three runs of `f` on the compute stream, after one untimed run.
+/// Synchronises.
+fn time_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
+    f()?;
+    let event = || {
+        gpu.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gpu_error("create a timing event", e))
+    };
+    let (start, end) = (event()?, event()?);
+    start
+        .record(&gpu.compute)
+        .map_err(|e| gpu_error("record a timing event", e))?;
+    for _ in 0..3 {
+        f()?;
+    }
+    end.record(&gpu.compute)
+        .map_err(|e| gpu_error("record a timing event", e))?;
+    end.synchronize()
+        .map_err(|e| gpu_error("wait for a timing event", e))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(|e| gpu_error("read a timing event", e))?;
+    Ok(ms / 3.0)
 }
 
 /// 2-D convolution on cuDNN; see the module docs.
@@ -127,6 +234,44 @@ impl GpuConvolution {
         self.num_output * (c / self.geometry.group) * self.kernel[0] * self.kernel[1]
     }
 
+    /// Times cuDNN's chosen backward-filter algorithm against [`gemm_wgrad`] on scratch buffers
+    /// of `plan`'s shapes and answers the faster. Synchronises.
+    fn faster_wgrad(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Wgrad> {
+        let s = &gpu.compute;
+        let zeros = |n: usize| {
+            s.alloc_zeros::<f32>(n.max(1))
+                .map_err(|e| gpu_error("allocate buffers to time the weight gradient", e))
+        };
+        let (x, dy, mut dw) = (
+            zeros(plan.x.count())?,
+            zeros(plan.y.count())?,
+            zeros(plan.w.count())?,
+        );
+        let bytes = self.workspace.len();
+        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
+        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let k = self.num_output;
+        let mut time = |path| {
+            time_ms(gpu, || {
+                weight_gradient(gpu, plan, path, k, ws, &x, &dy, 0.0, &mut dw)
+            })
+        };
+        let cudnn_ms = time(Wgrad::Cudnn)?;
+        let gemm_ms = time(Wgrad::Gemm)?;
+        tracing::debug!(
+            layer = %self.name,
+            bottom = ?plan.bottom,
+            cudnn_ms,
+            gemm_ms,
+            "convolution weight gradient timed"
+        );
+        Ok(if gemm_ms < cudnn_ms {
+            Wgrad::Gemm
+        } else {
+            Wgrad::Cudnn
+        })
+    }
+
     /// The output size of one spatial axis, or an error when the kernel does not fit.
     fn out_size(&self, axis: usize, size: usize) -> Result<usize> {
         let g = &self.geometry;
@@ -188,19 +333,43 @@ impl GpuLayer for GpuConvolution {
         let y = TensorDesc::new([nd, k, oh, ow])?;
         let wd = FilterDesc::new([k, c / self.geometry.group, self.kernel[0], self.kernel[1]])?;
         let b = TensorDesc::new([1, k, 1, 1])?;
-        let conv = ConvDesc::new(self.geometry, gpu.math)?;
-        let algos = ConvAlgos::choose(dnn, &x, &wd, &conv, &y)
+        let algos = ConvAlgos::choose(dnn, gpu.conv_algorithm, &x, &wd, self.geometry, &y)
             .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
-        self.plans.push(Plan {
+        let g = &self.geometry;
+        // Every value fits an int: cuDNN's descriptors above were made from them.
+        let int = |v: usize| v as i32;
+        let geom = ConvGeom {
+            n: int(n),
+            c: int(c),
+            h: int(h),
+            w: int(w),
+            kh: int(self.kernel[0]),
+            kw: int(self.kernel[1]),
+            ph: int(g.pad[0]),
+            pw: int(g.pad[1]),
+            sh: int(g.stride[0]),
+            sw: int(g.stride[1]),
+            dh: int(g.dilation[0]),
+            dw: int(g.dilation[1]),
+            oh: int(oh),
+            ow: int(ow),
+        };
+        let mut plan = Plan {
             bottom,
             x,
             y,
             w: wd,
             b,
-            conv,
             algos,
-        });
+            geom,
+            wgrad: Wgrad::Cudnn,
+        };
+        let gemm_fits = geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT);
+        if g.group == 1 && n > 0 && gemm_fits && gpu.conv_algorithm == ConvAlgorithm::Measured {
+            plan.wgrad = self.faster_wgrad(gpu, &plan)?;
+        }
+        self.plans.push(plan);
         self.current = self.plans.len() - 1;
         Ok(())
     }
@@ -239,8 +408,8 @@ impl GpuLayer for GpuConvolution {
                 dnn,
                 (&plan.x, xp),
                 (&plan.w, wp),
-                &plan.conv,
-                plan.algos.fwd,
+                &plan.algos.fwd.conv,
+                plan.algos.fwd.algo,
                 ws,
                 0.0,
                 (&plan.y, yp),
@@ -285,30 +454,26 @@ impl GpuLayer for GpuConvolution {
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(s);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
-        let (dyp, _gdy) = y.diff.device_ptr(s);
         if self.bias_term {
-            let mut db = param_diff.slice_mut(wlen..wlen + k);
-            let (dbp, _gdb) = db.device_ptr_mut(s);
-            // SAFETY: dy holds the top's elements, db K floats.
-            unsafe { cudnn::bias_grad(dnn, (&plan.y, dyp), beta, (&plan.b, dbp))? };
+            // The project's two-stage channel sum: deterministic, and several times faster than
+            // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
+            let [_, _, oh, ow] = plan.y.dims;
+            let dy = y.diff();
+            gpu.kernels.channel_reduce(
+                s,
+                &dy,
+                &dy,
+                false,
+                &mut param_diff.slice_mut(wlen..wlen + k),
+                (plan.bottom[0], k, oh * ow),
+                param_grad.accumulate(),
+            )?;
         }
+        let (dyp, _gdy) = y.diff.device_ptr(s);
         {
-            let (xp, _gx) = x.data.device_ptr(s);
             let mut dw = param_diff.slice_mut(..wlen);
-            let (dwp, _gdw) = dw.device_ptr_mut(s);
-            // SAFETY: x, dy and dw hold their descriptors' elements; workspace as in forward.
-            unsafe {
-                cudnn::conv_backward_filter(
-                    dnn,
-                    (&plan.x, xp),
-                    (&plan.y, dyp),
-                    &plan.conv,
-                    plan.algos.bwd_filter,
-                    ws,
-                    beta,
-                    (&plan.w, dwp),
-                )?;
-            }
+            let path = plan.wgrad;
+            weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, beta, &mut dw)?;
         }
         if grads[0].wanted() {
             let w = params.slice(..wlen);
@@ -320,8 +485,8 @@ impl GpuLayer for GpuConvolution {
                     dnn,
                     (&plan.w, wp),
                     (&plan.y, dyp),
-                    &plan.conv,
-                    plan.algos.bwd_data,
+                    &plan.algos.bwd_data.conv,
+                    plan.algos.bwd_data.algo,
                     ws,
                     grads[0].beta(),
                     (&plan.x, dxp),
@@ -401,6 +566,68 @@ mod tests {
             &gpu,
             &case("num_output = 64\nkernel_size = 1", &[8, 32, 16, 16]),
             305,
+        );
+    }
+
+    /// The GEMM weight gradient (im2col and cuBLAS) agrees with cuDNN's on the same plan, with
+    /// padding, stride and dilation, and accumulates with beta = 1.
+    #[test]
+    fn gemm_weight_gradient_matches_cudnn() {
+        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
+        use crate::cuda::layers::GpuLayer;
+        use crate::cuda::test_util::assert_close;
+        use crate::layers::gradient_check::layer_config;
+        use cudarc::driver::DevicePtrMut;
+        use rand::{Rng, SeedableRng};
+        let gpu = gpu_or_skip!("gemm_weight_gradient_matches_cudnn");
+        let cases = [
+            ("num_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 0]\ndilation = [1, 2]", [3, 4, 11, 9]),
+            ("num_output = 16\nkernel_size = 1", [2, 24, 7, 7]),
+            ("num_output = 8\nkernel_size = 5\npad = 2", [4, 3, 12, 12]),
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(308);
+        for (extra, shape) in cases {
+            let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
+            let mut layer = GpuConvolution::new(&gpu, &cfg).unwrap();
+            layer.reshape(&gpu, &[&shape]).unwrap();
+            let plan = &layer.plans[layer.current];
+            let mut random = |n: usize| {
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                gpu.compute.clone_htod(&v).unwrap()
+            };
+            let (x, dy) = (random(plan.x.count()), random(plan.y.count()));
+            let start = random(plan.w.count());
+            let bytes = layer.workspace.len();
+            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
+            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let run = |path, beta| {
+                let mut dw = gpu.compute.clone_dtod(&start).unwrap();
+                let k = layer.num_output;
+                weight_gradient(&gpu, plan, path, k, ws, &x, &dy, beta, &mut dw).unwrap();
+                let host = gpu.compute.clone_dtoh(&dw).unwrap();
+                gpu.synchronize().unwrap();
+                host
+            };
+            for beta in [0.0, 1.0] {
+                let want = run(Wgrad::Cudnn, beta);
+                let got = run(Wgrad::Gemm, beta);
+                assert_close(&format!("{extra}, beta {beta}"), &got, &want, 1e-5);
+            }
+        }
+    }
+
+    /// cuDNN's heuristic choice (no timing) computes the same convolution.
+    #[test]
+    fn matches_cpu_with_heuristic_algorithms() {
+        let mut gpu = gpu_or_skip!("matches_cpu_with_heuristic_algorithms");
+        gpu.conv_algorithm = crate::config::ConvAlgorithm::Heuristic;
+        check_against_cpu(
+            &gpu,
+            &case(
+                "num_output = 8\nkernel_size = 3\npad = 1\nstride = 2",
+                &[4, 6, 13, 11],
+            ),
+            307,
         );
     }
 

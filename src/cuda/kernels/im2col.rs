@@ -1,0 +1,101 @@
+//! Launch wrappers of the kernels behind the convolution's GEMM weight gradient (source in
+//! cnn.cu): [`Kernels::im2col_batch`] lays a batch out as one matrix and
+//! [`Kernels::swap_outer`] brings the top's gradient into the matching order, so that
+//! `dW (K, C·kh·kw) = swap(dy) (K, N·OH·OW) · colᵀ` is one cuBLAS GEMM.
+
+use super::{check_len, to_i32, Kernels};
+use crate::cuda::gpu_error;
+use crate::error::Result;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+
+/// A convolution's geometry as the kernels' `ConvGeom` (passed by value): input `(n, c, h, w)`,
+/// kernel `kh × kw`, padding, stride and dilation per axis, output `oh × ow`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConvGeom {
+    pub n: i32,
+    pub c: i32,
+    pub h: i32,
+    pub w: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub oh: i32,
+    pub ow: i32,
+}
+
+// SAFETY: `#[repr(C)]` of fourteen i32, the layout of the C struct of the same fields.
+unsafe impl DeviceRepr for ConvGeom {}
+
+impl ConvGeom {
+    /// Elements of the column matrix: `(C·kh·kw, N·OH·OW)`; `None` beyond the kernels' int range.
+    pub fn col_len(&self) -> Option<usize> {
+        let u = |v: i32| v as usize;
+        let rows = u(self.c) * u(self.kh) * u(self.kw);
+        let cols = u(self.n) * u(self.oh) * u(self.ow);
+        rows.checked_mul(cols)
+            .filter(|&len| i32::try_from(len).is_ok())
+    }
+
+    fn input_len(&self) -> usize {
+        [self.n, self.c, self.h, self.w]
+            .iter()
+            .map(|&v| v as usize)
+            .product()
+    }
+}
+
+impl Kernels {
+    /// `col (C·kh·kw, N, OH·OW)` of the batch `x (N, C, H, W)`; see cnn.cu.
+    ///
+    /// # Panics
+    /// If the column matrix exceeds the kernels' int range ([`ConvGeom::col_len`]) or a buffer
+    /// is too short.
+    pub fn im2col_batch(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        geom: ConvGeom,
+        col: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let op = "im2col_batch";
+        let len = geom
+            .col_len()
+            .unwrap_or_else(|| panic!("{op}: the column matrix exceeds the int range"));
+        check_len(op, "x", x.len(), geom.input_len());
+        check_len(op, "col", col.len(), len);
+        if len == 0 {
+            return Ok(());
+        }
+        let (xp, _x) = x.device_ptr(s);
+        let (cp, _c) = col.device_ptr_mut(s);
+        launch!(self, s, im2col_batch, self.grid(len), [&xp, &cp, &geom])
+    }
+
+    /// `y (b, a, p) = x (a, b, p)`.
+    pub fn swap_outer(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        (a, b, p): (usize, usize, usize),
+    ) -> Result<()> {
+        let op = "swap_outer";
+        let n = a * b * p;
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (ai, bi, pi) = (to_i32(op, a), to_i32(op, b), to_i32(op, p));
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(self, s, swap_outer, self.grid(n), [&xp, &yp, &ai, &bi, &pi])
+    }
+}
