@@ -16,6 +16,11 @@
 //! host synchronisation or device allocation. [`GpuNet::outputs`], [`GpuNet::loss_window`] and
 //! the parameter copies synchronise, and say so.
 //!
+//! Where nothing else reads their intermediate blobs, BatchNorm → Scale (→ ReLU) chains run as one
+//! fused layer (the `fusion` module plans which): its forward at the chain's first layer, its
+//! backward at the last; the other layers of the chain are skipped and the blobs only they
+//! write are left empty.
+//!
 //! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
 //! weight, then layers run in reverse and accumulate. Where a blob's gradient has exactly one
 //! contributor, that layer overwrites instead of the net zero-filling first (same result, one
@@ -49,6 +54,7 @@ use crate::net::{Net, Output, DATA, LABEL};
 use crate::parallel::engine::PassCtx;
 use crate::params::{ParamSpan, Params};
 use cudarc::driver::{result as driver, sys, CudaEvent, CudaSlice, DevicePtrMut, PinnedHostSlice};
+use fusion::Slot;
 
 /// What backward does in one phase, fixed when the net is built.
 #[derive(Debug)]
@@ -168,6 +174,10 @@ pub struct GpuNet {
     /// CPU layers used only to infer blob shapes when the batch changes.
     shapers: Vec<Box<dyn Layer>>,
     layers: Vec<Box<dyn GpuLayer>>,
+    /// Per layer, whether it runs itself or as part of a fused chain.
+    slots: Vec<Slot>,
+    /// Per blob, whether only the skipped layers of fused chains touch it (kept empty).
+    idle_blobs: Vec<bool>,
     blobs: Vec<GpuBlob>,
     /// The learnable tensors and their gradient, one allocation each.
     pub params: GpuParams,
@@ -227,9 +237,12 @@ impl GpuNet {
             .collect::<Result<Vec<_>>>()?;
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
+        let layer_slots = fusion::plan(&cfg.layers, &graph, &layout.spans);
+        let idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
         let blobs = shapes
             .iter()
-            .map(|s| GpuBlob::new(gpu, s, 0))
+            .zip(&idle_blobs)
+            .map(|(s, &idle)| GpuBlob::new(gpu, if idle { &[0] } else { s }, 0))
             .collect::<Result<Vec<_>>>()?;
         let layers = cfg
             .layers
@@ -242,7 +255,12 @@ impl GpuNet {
                     .iter()
                     .map(|&b| &shapes[b][..])
                     .collect();
-                gpu_layers::build(gpu, lc, &bottoms)
+                match layer_slots[i] {
+                    Slot::Head { last, .. } => {
+                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, bottoms[0])
+                    }
+                    _ => gpu_layers::build(gpu, lc, &bottoms),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         let plans = [
@@ -270,6 +288,8 @@ impl GpuNet {
             graph,
             shapers,
             layers,
+            slots: layer_slots,
+            idle_blobs,
             blobs,
             params,
             record_shape,
@@ -304,6 +324,18 @@ impl GpuNet {
         &self.graph
     }
 
+    /// The `(first, last)` layers of every chain the net runs fused (see the `fusion` module).
+    pub fn fused_chains(&self) -> Vec<(usize, usize)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match slot {
+                Slot::Head { last, .. } => Some((i, *last)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Current batch size.
     pub fn batch(&self) -> usize {
         self.batch
@@ -327,8 +359,10 @@ impl GpuNet {
             return Ok(());
         }
         let shapes = infer_shapes(&self.graph, &mut self.shapers, self.record_shape, batch)?;
-        for (blob, s) in self.blobs.iter_mut().zip(&shapes) {
-            blob.reshape(gpu, s)?;
+        for ((blob, s), &idle) in self.blobs.iter_mut().zip(&shapes).zip(&self.idle_blobs) {
+            if !idle {
+                blob.reshape(gpu, s)?;
+            }
         }
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let bottoms: Vec<&[usize]> = self
@@ -424,9 +458,13 @@ impl GpuNet {
             if !node.runs_in(phase) {
                 continue;
             }
-            let range = self.params.layer_range(i);
+            let (range, tops) = match &self.slots[i] {
+                Slot::Own => (self.params.layer_range(i), node.tops),
+                Slot::Head { last, params } => (params.clone(), self.graph.node(*last).tops),
+                Slot::Absorbed { .. } => continue,
+            };
             let params = self.params.data.slice(range.clone());
-            layer.forward(gpu, &ctx, &mut self.blobs, node.bottoms, node.tops, &params)?;
+            layer.forward(gpu, &ctx, &mut self.blobs, node.bottoms, tops, &params)?;
             if phase == Phase::Train {
                 layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
             }
@@ -561,28 +599,42 @@ impl GpuNet {
                     .map_err(|e| gpu_error("zero an idle layer's gradient", e))?;
             }
         }
-        for (i, layer) in self.layers.iter_mut().enumerate().rev() {
+        for i in (0..self.layers.len()).rev() {
             let node = self.graph.node(i);
-            if !node.runs_in(phase) || !node.needs_backward {
+            if !node.runs_in(phase) {
                 continue;
             }
-            {
-                let range = self.params.layer_range(i);
+            // A fused chain runs its backward at its last layer, so that the gradients of all
+            // its layers are complete from there on.
+            let run = match &self.slots[i] {
+                Slot::Own if node.needs_backward => Some((i, self.params.layer_range(i))),
+                Slot::Own | Slot::Head { .. } => None,
+                &Slot::Absorbed { head } => match &self.slots[head] {
+                    Slot::Head { last, params } if *last == i => {
+                        let chain_needs = (head..=i).any(|j| self.graph.node(j).needs_backward);
+                        chain_needs.then(|| (head, params.clone()))
+                    }
+                    _ => None,
+                },
+            };
+            if let Some((at, range)) = run {
                 let data = self.params.data.slice(range.clone());
                 let mut diff = self.params.diff.slice_mut(range);
-                layer.backward(
+                self.layers[at].backward(
                     gpu,
                     &ctx,
                     &mut self.blobs,
-                    node.bottoms,
+                    self.graph.node(at).bottoms,
                     node.tops,
-                    &plan.grads[i],
+                    &plan.grads[at],
                     &data,
                     param_grad,
                     &mut diff,
                 )?;
             }
-            on_layer_done(i, &mut self.params.diff);
+            if node.needs_backward {
+                on_layer_done(i, &mut self.params.diff);
+            }
         }
         Ok(())
     }
@@ -675,6 +727,8 @@ fn check_layout(spans: &[ParamSpan], shapers: &[Box<dyn Layer>]) -> Result<()> {
     }
     Ok(())
 }
+
+mod fusion;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,48 @@
 // The kernels of the convolutional-net layers (src/cuda/kernels/cnn.cu, appended to kernels.cu
 // into one NVRTC program; the conventions at the top of kernels.cu hold here too). Blobs are
 // NCHW; a "channel view" of a blob is (outer, dim, inner) with the channel index
-// (i / inner) % dim.
+// (i / inner) % dim, computed with FastDiv (a multiply-high and a shift instead of the ~20
+// instructions of an integer division, which would otherwise bound these memory-bound kernels).
+
+// Division of non-negative ints below 2^31 by a fixed positive divisor d: q = (hi(n * m) + n) >> s
+// with s = ceil(log2 d) and m = floor(2^32 * (2^s - d) / d) + 1 (Granlund and Montgomery). Each
+// thread builds its divisors once; the grid-stride loops amortise that over many elements.
+struct FastDiv {
+    unsigned d, m, s;
+};
+
+__device__ __forceinline__ FastDiv fast_div(int d) {
+    FastDiv f;
+    f.d = (unsigned)d;
+    f.s = 0;
+    while ((1u << f.s) < f.d) ++f.s;
+    f.m = (unsigned)(((1ull << 32) * ((1ull << f.s) - f.d)) / f.d + 1);
+    return f;
+}
+
+__device__ __forceinline__ int div_by(int n, FastDiv f) {
+    const unsigned t = __umulhi((unsigned)n, f.m);
+    return (int)((t + (unsigned)n) >> f.s);
+}
+
+// (i / inner) % dim
+__device__ __forceinline__ int channel_of(int i, FastDiv inner, FastDiv dim) {
+    const int q = div_by(i, inner);
+    return q - div_by(q, dim) * (int)dim.d;
+}
+
+// The two sums of channel ch from stage-1 partials laid out [(ch * splits + k) * 2 + {0, 1}],
+// added in chunk order.
+__device__ __forceinline__ void pair_sums(const double* partial, int ch, int splits, double* s1,
+                                          double* s2) {
+    double a = 0.0, b = 0.0;
+    for (int k = 0; k < splits; ++k) {
+        a += partial[(ch * splits + k) * 2];
+        b += partial[(ch * splits + k) * 2 + 1];
+    }
+    *s1 = a;
+    *s2 = b;
+}
 
 // dst[r * dst_stride + dst_off + c] (+)= src[r * src_stride + src_off + c] for r < rows,
 // c < cols: concat, slices and plain copies.
@@ -240,9 +281,10 @@ extern "C" __global__ void channel_reduce(const float* a, const float* b, int ha
     const int chunk = (per + splits - 1) / splits;
     const int begin = k * chunk;
     const int end = min(per, begin + chunk);
+    const FastDiv by_inner = fast_div(inner);
     double s = 0.0;
     for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const int o = j / inner;
+        const int o = div_by(j, by_inner);
         const int i = j - o * inner;
         const int idx = (o * dim + d) * inner + i;
         s += has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx];
@@ -261,12 +303,26 @@ extern "C" __global__ void channel_reduce_finish(const double* partial, float* o
     }
 }
 
+// From bn_sums' partials of (a, b) over a channel view: out[d] (+)= sum a*b and
+// out[dim + d] (+)= sum a, each over its chunks in order (a Scale layer's [scale, bias] gradient
+// in one pass over dy and x).
+extern "C" __global__ void pair_reduce_finish(const double* partial, float* out, int dim,
+                                              int splits, int accumulate) {
+    GRID_STRIDE_INT(d, dim) {
+        double sa, sab;
+        pair_sums(partial, d, splits, &sa, &sab);
+        out[d] = accumulate ? out[d] + (float)sab : (float)sab;
+        out[dim + d] = accumulate ? out[dim + d] + (float)sa : (float)sa;
+    }
+}
+
 // y = x * s[d] (+ b[d]) over the view (n / (dim * inner), dim, inner); has_s/has_b select.
 extern "C" __global__ void channel_affine(const float* x, const float* s, int has_s,
                                           const float* b, int has_b, float* y, int n, int dim,
                                           int inner) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
     GRID_STRIDE_INT(i, n) {
-        const int d = (i / inner) % dim;
+        const int d = channel_of(i, by_inner, by_dim);
         float v = x[i];
         if (has_s) v = v * s[d];
         if (has_b) v = v + b[d];
@@ -277,8 +333,9 @@ extern "C" __global__ void channel_affine(const float* x, const float* s, int ha
 // dx (+)= dy * s[d]
 extern "C" __global__ void channel_scale_backward(const float* dy, const float* s, float* dx,
                                                   int n, int dim, int inner, int accumulate) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
     GRID_STRIDE_INT(i, n) {
-        const float g = dy[i] * s[(i / inner) % dim];
+        const float g = dy[i] * s[channel_of(i, by_inner, by_dim)];
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
@@ -296,9 +353,10 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
     const int chunk = (per + splits - 1) / splits;
     const int begin = k * chunk;
     const int end = min(per, begin + chunk);
+    const FastDiv by_s = fast_div(s);
     double s1 = 0.0, s2 = 0.0;
     for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const int q = j / s;
+        const int q = div_by(j, by_s);
         const int idx = (q * c + ch) * s + (j - q * s);
         const double v = (double)a[idx];
         s1 += v;
@@ -317,11 +375,8 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
 extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, int c, int splits,
                                           int per) {
     GRID_STRIDE_INT(ch, c) {
-        double s1 = 0.0, s2 = 0.0;
-        for (int k = 0; k < splits; ++k) {
-            s1 += partial[(ch * splits + k) * 2];
-            s2 += partial[(ch * splits + k) * 2 + 1];
-        }
+        double s1, s2;
+        pair_sums(partial, ch, splits, &s1, &s2);
         sums[ch] = s1;
         sums[c + ch] = s2;
         if (ch == 0) sums[2 * c] = (double)per;
@@ -359,8 +414,9 @@ extern "C" __global__ void bn_global_stats(const float* params, int c, float eps
 // y = (x - mean[c]) * inv_std[c]
 extern "C" __global__ void bn_normalize(const float* x, const float* mean, const float* inv_std,
                                         float* y, int n, int c, int s) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     GRID_STRIDE_INT(i, n) {
-        const int ch = (i / s) % c;
+        const int ch = channel_of(i, by_s, by_c);
         y[i] = (x[i] - mean[ch]) * inv_std[ch];
     }
 }
@@ -383,11 +439,12 @@ extern "C" __global__ void bn_update_running(float* params, const float* mean, c
 extern "C" __global__ void bn_backward(const float* dy, const float* y, const double* sums,
                                        const float* inv_std, float* dx, int n, int c, int s,
                                        int accumulate) {
-    const double m = sums[2 * c];
+    const double inv_m = 1.0 / sums[2 * c];
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     GRID_STRIDE_INT(i, n) {
-        const int ch = (i / s) % c;
-        const float mean_dy = (float)(sums[ch] / m);
-        const float mean_dyy = (float)(sums[c + ch] / m);
+        const int ch = channel_of(i, by_s, by_c);
+        const float mean_dy = (float)(sums[ch] * inv_m);
+        const float mean_dyy = (float)(sums[c + ch] * inv_m);
         const float g = (dy[i] - mean_dy - mean_dyy * y[i]) * inv_std[ch];
         dx[i] = accumulate ? dx[i] + g : g;
     }
@@ -396,9 +453,163 @@ extern "C" __global__ void bn_backward(const float* dy, const float* y, const do
 // Global statistics: dx (+)= dy * inv_std
 extern "C" __global__ void bn_backward_global(const float* dy, const float* inv_std, float* dx,
                                               int n, int c, int s, int accumulate) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     GRID_STRIDE_INT(i, n) {
-        const float g = dy[i] * inv_std[(i / s) % c];
+        const float g = dy[i] * inv_std[channel_of(i, by_s, by_c)];
         dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchNorm -> Scale -> ReLU fused over (N, C, S): y = (x - mean[c]) * inv_std[c] (BatchNorm),
+// v = y * gamma[c] (+ beta[c]) (Scale), z = v > 0 ? v : slope * v (ReLU when relu != 0,
+// slope >= 0, so that z > 0 exactly where v > 0). Only z is stored; backward recomputes y from x.
+
+__device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, float gamma,
+                                          const float* beta, int has_beta, int c) {
+    float v = (x - mean) * inv_std;
+    v = v * gamma;
+    if (has_beta) v = v + beta[c];
+    return v;
+}
+
+extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* mean,
+                                                 const float* inv_std, const float* gamma,
+                                                 const float* beta, int has_beta, int relu,
+                                                 float slope, float* z, int n, int c, int s) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    GRID_STRIDE_INT(i, n) {
+        const int ch = channel_of(i, by_s, by_c);
+        const float v = bsr_value(x[i], mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch);
+        z[i] = (relu && !(v > 0.0f)) ? slope * v : v;
+    }
+}
+
+// The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
+__device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slope) {
+    return (relu && !(z > 0.0f)) ? dz * slope : dz;
+}
+
+// Stage 1 of the backward sums, chunked as bn_sums: partial[(ch * splits + k) * 2] = sum g,
+// partial[... + 1] = sum g * y.
+extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
+                                              const float* mean, const float* inv_std, int relu,
+                                              float slope, double* partial, int n, int c, int s,
+                                              int splits) {
+    const int ch = blockIdx.y, k = blockIdx.x;
+    const int per = n * s;
+    const int chunk = (per + splits - 1) / splits;
+    const int begin = k * chunk;
+    const int end = min(per, begin + chunk);
+    const FastDiv by_s = fast_div(s);
+    const float mu = mean[ch], is = inv_std[ch];
+    double s1 = 0.0, s2 = 0.0;
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const int q = div_by(j, by_s);
+        const int idx = (q * c + ch) * s + (j - q * s);
+        const float g = bsr_grad(dz[idx], z[idx], relu, slope);
+        const float y = (x[idx] - mu) * is;
+        s1 += (double)g;
+        s2 += (double)g * (double)y;
+    }
+    s1 = block_sum(s1);
+    s2 = block_sum(s2);
+    if (threadIdx.x == 0) {
+        partial[(ch * splits + k) * 2] = s1;
+        partial[(ch * splits + k) * 2 + 1] = s2;
+    }
+}
+
+// Per channel, from the partials in chunk order: sums = [sum g (C), sum g*y (C), n * s] (the
+// BatchNorm sums, before any all-reduce) and the Scale's local gradient
+// dgamma[c] (+)= sum g*y, dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]).
+extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* sums,
+                                                float* dparams, int has_beta, int c, int splits,
+                                                int per, int accumulate) {
+    GRID_STRIDE_INT(ch, c) {
+        double s1, s2;
+        pair_sums(partial, ch, splits, &s1, &s2);
+        sums[ch] = s1;
+        sums[c + ch] = s2;
+        if (ch == 0) sums[2 * c] = (double)per;
+        dparams[ch] = accumulate ? dparams[ch] + (float)s2 : (float)s2;
+        if (has_beta) dparams[c + ch] = accumulate ? dparams[c + ch] + (float)s1 : (float)s1;
+    }
+}
+
+// dx (+)= BatchNorm's backward of dy = gamma * g: with batch statistics
+// (dy - gamma * sums[c] / m - gamma * sums[C + c] / m * y) * inv_std (m = sums[2C]), with global
+// ones dy * inv_std.
+extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* z, const float* x,
+                                                  const float* mean, const float* inv_std,
+                                                  const float* gamma, const double* sums,
+                                                  int batch_stats, int relu, float slope,
+                                                  float* dx, int n, int c, int s,
+                                                  int accumulate) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
+    GRID_STRIDE_INT(i, n) {
+        const int ch = channel_of(i, by_s, by_c);
+        const float gm = gamma[ch];
+        const float dy = gm * bsr_grad(dz[i], z[i], relu, slope);
+        float d;
+        if (batch_stats) {
+            const float mean_dy = gm * (float)(sums[ch] * inv_m);
+            const float mean_dyy = gm * (float)(sums[c + ch] * inv_m);
+            const float y = (x[i] - mean[ch]) * inv_std[ch];
+            d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
+        } else {
+            d = dy * inv_std[ch];
+        }
+        dx[i] = accumulate ? dx[i] + d : d;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The convolution's weight gradient as one GEMM (Caffe's im2col): for x (N, C, H, W) and a
+// kh x kw kernel, col (C * kh * kw, N, OH * OW) holds in row q = (c, i, j), for sample n and
+// output position p = (oy, ox), the input x[n, c, oy * sh - ph + i * dh, ox * sw - pw + j * dw]
+// (0 outside the image). Then dW (K, C*kh*kw) = dy' (K, N * OH*OW) . col^T with
+// dy' = dy (N, K, OH*OW) with its first two axes swapped.
+
+struct ConvGeom {
+    int n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow;
+};
+
+extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) {
+    const int p_count = g.oh * g.ow;
+    const int total = g.c * g.kh * g.kw * g.n * p_count;
+    const FastDiv by_p = fast_div(p_count), by_n = fast_div(g.n), by_kw = fast_div(g.kw),
+                  by_kh = fast_div(g.kh), by_ow = fast_div(g.ow);
+    GRID_STRIDE_INT(t, total) {
+        const int np = div_by(t, by_p);
+        const int p = t - np * p_count;
+        const int q = div_by(np, by_n);
+        const int n = np - q * g.n;
+        const int qk = div_by(q, by_kw);
+        const int j = q - qk * g.kw;
+        const int c = div_by(qk, by_kh);
+        const int i = qk - c * g.kh;
+        const int oy = div_by(p, by_ow);
+        const int ox = p - oy * g.ow;
+        const int y = oy * g.sh - g.ph + i * g.dh;
+        const int xx = ox * g.sw - g.pw + j * g.dw;
+        col[t] = (y >= 0 && y < g.h && xx >= 0 && xx < g.w)
+                     ? x[((n * g.c + c) * g.h + y) * g.w + xx]
+                     : 0.0f;
+    }
+}
+
+// y (b, a, p) = x (a, b, p) with its first two axes swapped.
+extern "C" __global__ void swap_outer(const float* x, float* y, int a, int b, int p) {
+    const int total = a * b * p;
+    const FastDiv by_p = fast_div(p), by_b = fast_div(b);
+    GRID_STRIDE_INT(t, total) {
+        const int ij = div_by(t, by_p);
+        const int q = t - ij * p;
+        const int i = div_by(ij, by_b);
+        const int j = ij - i * b;
+        y[(j * a + i) * p + q] = x[t];
     }
 }
 

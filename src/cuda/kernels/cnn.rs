@@ -51,14 +51,14 @@ impl PoolGeom {
 impl Kernels {
     /// The chunks per channel of a two-stage channel reduction over `per` values per channel:
     /// enough blocks to fill the device a few times, none smaller than a few thousand values.
-    fn reduce_splits(&self, channels: usize, per: usize) -> usize {
+    pub(super) fn reduce_splits(&self, channels: usize, per: usize) -> usize {
         const MIN_CHUNK: usize = 4096;
         let want = (4 * self.max_blocks as usize).div_ceil(channels.max(1));
         want.min(per.div_ceil(MIN_CHUNK)).clamp(1, 1024)
     }
 
     /// Stage 1 of a channel reduction: `splits` blocks along x for each of `channels` along y.
-    fn grid_split_channels(&self, channels: usize, splits: usize) -> LaunchConfig {
+    pub(super) fn grid_split_channels(&self, channels: usize, splits: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (splits as u32, channels as u32, 1),
             block_dim: (BLOCK, 1, 1),
@@ -510,6 +510,58 @@ impl Kernels {
             self,
             s,
             channel_reduce_finish,
+            self.grid(dim),
+            [&pp, &outp, &d, &sp, &acc]
+        )
+    }
+
+    /// Both sums of a Scale layer's gradient in one pass over a channel view
+    /// `(outer, dim, inner)`: `out[d] (+)= Σ a·b`, `out[dim + d] (+)= Σ a` (`out` at least
+    /// `2·dim`); the same chunking, and so the same values, as two [`Kernels::channel_reduce`]
+    /// calls.
+    pub fn channel_reduce_pair(
+        &self,
+        s: &Arc<CudaStream>,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        (outer, dim, inner): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_reduce_pair";
+        let n = outer * dim * inner;
+        check_len(op, "a", a.len(), n);
+        check_len(op, "b", b.len(), n);
+        check_len(op, "out", out.len(), 2 * dim);
+        if dim == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
+        let splits = self.reduce_splits(dim, outer * inner);
+        let sp = to_i32(op, splits);
+        let (has_b, acc) = (1i32, accumulate as i32);
+        let mut partial = s
+            .alloc_zeros::<f64>(2 * dim * splits)
+            .map_err(|e| gpu_error("channel_reduce_pair scratch", e))?;
+        {
+            let (ap, _a) = a.device_ptr(s);
+            let (bp, _b) = b.device_ptr(s);
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(
+                self,
+                s,
+                bn_sums,
+                self.grid_split_channels(dim, splits),
+                [&ap, &bp, &has_b, &pp, &o, &d, &i, &sp]
+            )?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
+        let (outp, _out) = out.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            pair_reduce_finish,
             self.grid(dim),
             [&pp, &outp, &d, &sp, &acc]
         )

@@ -76,7 +76,7 @@ impl GpuBatchNorm {
 
     /// Sums over every replica when `sync` in the train phase (never in test passes, whose
     /// batch counts may differ between replicas).
-    fn reduce(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>) -> Result<()> {
+    pub(super) fn reduce(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>) -> Result<()> {
         if !(self.sync && ctx.phase == Phase::Train) {
             return Ok(());
         }
@@ -85,6 +85,62 @@ impl GpuBatchNorm {
             coll.sum_f64(gpu, &mut self.sums, n)?;
         }
         Ok(())
+    }
+
+    /// The statistics half of forward: `mean`, `var` and `inv_std` of the bottom `x` (batch
+    /// statistics, all-reduced when `sync`) or of the running statistics in `state`, as the
+    /// phase and `use_global_stats` say.
+    pub(super) fn statistics(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        x: &GpuBlob,
+        state: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let (_, c, _) = self.dims;
+        let s = &gpu.compute;
+        self.batch_stats = !self.global(ctx.phase);
+        if self.batch_stats {
+            gpu.kernels
+                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims)?;
+            self.reduce(gpu, ctx)?;
+        }
+        let (mean, var, inv_std) = (&mut self.mean, &mut self.var, &mut self.inv_std);
+        if self.batch_stats {
+            gpu.kernels
+                .bn_batch_stats(s, &self.sums, c, self.eps, mean, var, inv_std)
+        } else {
+            gpu.kernels
+                .bn_global_stats(s, state, c, self.eps, mean, var, inv_std)
+        }
+    }
+
+    /// `(N, C, S)` of the current bottom.
+    pub(super) fn dims(&self) -> (usize, usize, usize) {
+        self.dims
+    }
+
+    /// Whether the last forward normalised with batch statistics.
+    pub(super) fn batch_stats(&self) -> bool {
+        self.batch_stats
+    }
+
+    /// `(C)` the mean and `1/√(var + eps)` the last forward normalised with.
+    pub(super) fn mean_and_inv_std(&self) -> (&CudaSlice<f32>, &CudaSlice<f32>) {
+        (&self.mean, &self.inv_std)
+    }
+
+    /// The statistics of the last forward and the sums buffer `(2C + 1)`, for a fused backward
+    /// to fill before [`Self::reduce`].
+    pub(super) fn stats_and_sums_mut(
+        &mut self,
+    ) -> (&CudaSlice<f32>, &CudaSlice<f32>, &mut CudaSlice<f64>) {
+        (&self.mean, &self.inv_std, &mut self.sums)
+    }
+
+    /// The sums after [`Self::reduce`].
+    pub(super) fn sums(&self) -> &CudaSlice<f64> {
+        &self.sums
     }
 }
 
@@ -137,36 +193,10 @@ impl GpuLayer for GpuBatchNorm {
         tops: &[usize],
         params: &CudaView<'_, f32>,
     ) -> Result<()> {
-        let (_, c, _) = self.dims;
-        let s = &gpu.compute;
-        self.batch_stats = !self.global(ctx.phase);
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        if self.batch_stats {
-            gpu.kernels
-                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims)?;
-            self.reduce(gpu, ctx)?;
-            gpu.kernels.bn_batch_stats(
-                s,
-                &self.sums,
-                c,
-                self.eps,
-                &mut self.mean,
-                &mut self.var,
-                &mut self.inv_std,
-            )?;
-        } else {
-            gpu.kernels.bn_global_stats(
-                s,
-                params,
-                c,
-                self.eps,
-                &mut self.mean,
-                &mut self.var,
-                &mut self.inv_std,
-            )?;
-        }
+        self.statistics(gpu, ctx, x, params)?;
         gpu.kernels.bn_normalize(
-            s,
+            &gpu.compute,
             &x.data(),
             &self.mean,
             &self.inv_std,

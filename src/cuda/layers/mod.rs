@@ -23,6 +23,7 @@ pub mod abs_val;
 pub mod accuracy;
 pub mod batch_norm;
 pub mod bias;
+pub mod bn_scale_relu;
 pub mod concat;
 pub mod convolution;
 pub mod dropout;

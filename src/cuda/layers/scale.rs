@@ -201,22 +201,23 @@ impl GpuLayer for GpuScale {
             let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
             let n = x.count();
             let dy = y.diff();
-            k.channel_reduce(
-                s,
-                &dy,
-                &x.data(),
-                true,
-                &mut param_diff.slice_mut(..d),
-                view,
-                acc,
-            )?;
             if self.bias_term {
+                // [Σ dy·x, Σ dy] in one pass.
+                k.channel_reduce_pair(
+                    s,
+                    &dy,
+                    &x.data(),
+                    &mut param_diff.slice_mut(..2 * d),
+                    view,
+                    acc,
+                )?;
+            } else {
                 k.channel_reduce(
                     s,
                     &dy,
-                    &dy,
-                    false,
-                    &mut param_diff.slice_mut(d..2 * d),
+                    &x.data(),
+                    true,
+                    &mut param_diff.slice_mut(..d),
                     view,
                     acc,
                 )?;

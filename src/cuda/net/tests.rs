@@ -334,15 +334,38 @@ fn cnn_config() -> Config {
 #[test]
 fn cnn_training_steps_match_cpu() {
     let gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
-    let cfg = cnn_config();
+    // bn1 → scale1 → relu1 run fused.
+    cnn_steps_match_cpu(&gpu, &cnn_config(), &[(1, 3)]);
+}
+
+/// As [`cnn_training_steps_match_cpu`] without the ReLU after the Scale: the fused chain is
+/// BatchNorm → Scale (as before a residual sum).
+#[test]
+fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
+    let gpu = gpu_or_skip!("cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu");
+    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+    let relu =
+        "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
+    assert!(text.contains(relu), "the config has relu1 as expected");
+    let text = text.replace(relu, "");
+    let cfg = load_str("no_relu.toml", &text, Path::new("."), &[])
+        .unwrap()
+        .0;
+    cnn_steps_match_cpu(&gpu, &cfg, &[(1, 2)]);
+}
+
+/// A CNN config against the CPU net; `fused` are the (first, last) layers of the chains the GPU
+/// net is expected to fuse.
+fn cnn_steps_match_cpu(gpu: &Gpu, cfg: &Config, fused: &[(usize, usize)]) {
     let n = 16;
     let cpu = Cpu::new(1);
-    let (mut cpu_net, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    let (mut cpu_net, mut params) = Net::build(cfg, RECORD, n).unwrap();
     Net::init_params(&mut params, cfg.solver.random_seed);
     let mut cpu_solver = Solver::new(&cfg.solver, params.len());
-    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
-    net.params_from_host(&gpu, &params).unwrap();
-    let mut gpu_solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans).unwrap();
+    let mut net = GpuNet::new(cfg, RECORD, n, gpu).unwrap();
+    assert_eq!(net.fused_chains(), fused);
+    net.params_from_host(gpu, &params).unwrap();
+    let mut gpu_solver = GpuSolver::new(gpu, &cfg.solver, &net.params.spans).unwrap();
     let seed = cfg.solver.random_seed;
     for iter in 0..4u64 {
         let (data, labels) = batch(n, 840 + iter);
@@ -366,20 +389,20 @@ fn cnn_training_steps_match_cpu() {
         let want = cpu_net.forward(&ctx, &mut params);
         cpu_net.backward(&ctx, &mut params, &mut |_| {});
 
-        net.load_batch(&gpu, &data, &labels).unwrap();
-        net.forward(&gpu, pass, None).unwrap();
-        net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
+        net.load_batch(gpu, &data, &labels).unwrap();
+        net.forward(gpu, pass, None).unwrap();
+        net.backward_first(gpu, None, &mut |_, _| {}).unwrap();
         if iter == 0 {
-            let got = net.outputs(&gpu).unwrap();
+            let got = net.outputs(gpu).unwrap();
             assert_outputs("cnn, first step", &got, &want, n);
-            let grads = net.params_to_host(&gpu).unwrap();
+            let grads = net.params_to_host(gpu).unwrap();
             assert_close("cnn: first gradient", &grads.diff, &params.diff, RTOL);
             assert_close("cnn: running statistics", &grads.data, &params.data, RTOL);
         }
         let cpu_lr = cpu_solver.apply(&cpu, iter, &mut params);
-        let gpu_lr = gpu_solver.apply(&gpu, iter, &mut net.params).unwrap();
+        let gpu_lr = gpu_solver.apply(gpu, iter, &mut net.params).unwrap();
         assert_eq!(gpu_lr, cpu_lr);
-        let got = net.params_to_host(&gpu).unwrap();
+        let got = net.params_to_host(gpu).unwrap();
         assert_close(
             &format!("cnn: weights and statistics after step {iter}"),
             &got.data,
@@ -401,6 +424,6 @@ fn cnn_training_steps_match_cpu() {
         reducer: None,
     };
     let want = cpu_net.forward(&ctx, &mut params);
-    net.forward(&gpu, test, None).unwrap();
-    assert_outputs("cnn, test", &net.outputs(&gpu).unwrap(), &want, n);
+    net.forward(gpu, test, None).unwrap();
+    assert_outputs("cnn, test", &net.outputs(gpu).unwrap(), &want, n);
 }

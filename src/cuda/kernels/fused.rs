@@ -1,0 +1,196 @@
+//! Launch wrappers of the fused BatchNorm → Scale → ReLU kernels (their source is in cnn.cu):
+//! what [`crate::cuda::layers::bn_scale_relu`] runs in place of three layers.
+//!
+//! Shapes: activations `(N, C, S)` (`S` the product of the spatial axes); per-channel operands
+//! `(C)`; the BatchNorm sums `(2C + 1)` doubles `[Σ g, Σ g·y, N·S]`, `g` the gradient reaching the
+//! Scale's output and `y` the normalised input.
+
+use super::{check_len, to_i32, Kernels};
+use crate::cuda::gpu_error;
+use crate::error::Result;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
+use std::sync::Arc;
+
+/// The per-channel operands of the fused kernels over `dims = (N, C, S)`.
+pub struct BnScaleRelu<'a> {
+    /// `(C)` the statistics the forward normalises with.
+    pub mean: &'a CudaSlice<f32>,
+    pub inv_std: &'a CudaSlice<f32>,
+    /// `(C)` the Scale's factor, and its bias when it has one.
+    pub gamma: CudaView<'a, f32>,
+    pub beta: Option<CudaView<'a, f32>>,
+    /// The ReLU's negative slope (≥ 0); `None` when no ReLU follows the Scale.
+    pub relu: Option<f32>,
+    pub dims: (usize, usize, usize),
+}
+
+impl BnScaleRelu<'_> {
+    /// Checks the per-channel operands and returns `(count, (N, C, S) as i32)`.
+    fn check(&self, op: &str) -> (usize, (i32, i32, i32)) {
+        let (n, c, s) = self.dims;
+        check_len(op, "mean", self.mean.len(), c);
+        check_len(op, "inv_std", self.inv_std.len(), c);
+        check_len(op, "gamma", self.gamma.len(), c);
+        if let Some(b) = &self.beta {
+            check_len(op, "beta", b.len(), c);
+        }
+        let count = n * c * s;
+        to_i32(op, count);
+        (count, (to_i32(op, n), to_i32(op, c), to_i32(op, s)))
+    }
+
+    fn relu_args(&self) -> (i32, f32) {
+        (self.relu.is_some() as i32, self.relu.unwrap_or(0.0))
+    }
+}
+
+impl Kernels {
+    /// `z = relu(gamma · (x − mean) · inv_std + beta)` per channel.
+    pub fn bn_scale_relu_forward(
+        &self,
+        s: &CudaStream,
+        op: &BnScaleRelu<'_>,
+        x: &impl DevicePtr<f32>,
+        z: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let name = "bn_scale_relu_forward";
+        let (count, (_, c, sp)) = op.check(name);
+        check_len(name, "x", x.len(), count);
+        check_len(name, "z", z.len(), count);
+        if count == 0 {
+            return Ok(());
+        }
+        let ni = count as i32;
+        let (relu, slope) = op.relu_args();
+        let has_beta = op.beta.is_some() as i32;
+        let (xp, _x) = x.device_ptr(s);
+        let (mp, _m) = op.mean.device_ptr(s);
+        let (ip, _i) = op.inv_std.device_ptr(s);
+        let (gp, _g) = op.gamma.device_ptr(s);
+        // An absent beta passes gamma's address, never read (has_beta is 0).
+        let (bp, _b) = match &op.beta {
+            Some(b) => b.device_ptr(s),
+            None => op.gamma.device_ptr(s),
+        };
+        let (zp, _z) = z.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_scale_relu_forward,
+            self.grid(count),
+            [&xp, &mp, &ip, &gp, &bp, &has_beta, &relu, &slope, &zp, &ni, &c, &sp]
+        )
+    }
+
+    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x`:
+    /// `sums (2C + 1)` = `[Σ g, Σ g·y, N·S]`, and the Scale's gradient
+    /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
+    /// (the chunked two-stage sums of the BatchNorm layer).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_scale_relu_sums(
+        &self,
+        s: &Arc<CudaStream>,
+        op: &BnScaleRelu<'_>,
+        dz: &impl DevicePtr<f32>,
+        z: &impl DevicePtr<f32>,
+        x: &impl DevicePtr<f32>,
+        sums: &mut CudaSlice<f64>,
+        dparams: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let name = "bn_scale_relu_sums";
+        let (count, (ni, ci, si)) = op.check(name);
+        let (n, c, sp) = op.dims;
+        for (what, len) in [("dz", dz.len()), ("z", z.len()), ("x", x.len())] {
+            check_len(name, what, len, count);
+        }
+        check_len(name, "sums", sums.len(), 2 * c + 1);
+        let has_beta = op.beta.is_some();
+        check_len(name, "dparams", dparams.len(), c * (1 + has_beta as usize));
+        if c == 0 {
+            return Ok(());
+        }
+        let (relu, slope) = op.relu_args();
+        let splits = self.reduce_splits(c, n * sp);
+        let spl = to_i32(name, splits);
+        let per = to_i32(name, n * sp);
+        let mut partial = s
+            .alloc_zeros::<f64>(2 * c * splits)
+            .map_err(|e| gpu_error("bn_scale_relu_sums scratch", e))?;
+        {
+            let (dzp, _dz) = dz.device_ptr(s);
+            let (zp, _z) = z.device_ptr(s);
+            let (xp, _x) = x.device_ptr(s);
+            let (mp, _m) = op.mean.device_ptr(s);
+            let (ip, _i) = op.inv_std.device_ptr(s);
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(
+                self,
+                s,
+                bn_scale_relu_sums,
+                self.grid_split_channels(c, splits),
+                [&dzp, &zp, &xp, &mp, &ip, &relu, &slope, &pp, &ni, &ci, &si, &spl]
+            )?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
+        let (sump, _sum) = sums.device_ptr_mut(s);
+        let (dpp, _dp) = dparams.device_ptr_mut(s);
+        let (hb, acc) = (has_beta as i32, accumulate as i32);
+        launch!(
+            self,
+            s,
+            bn_scale_relu_finish,
+            self.grid(c),
+            [&pp, &sump, &dpp, &hb, &ci, &spl, &per, &acc]
+        )
+    }
+
+    /// `dx (+)=` the BatchNorm backward of `gamma · g`: with batch statistics from `sums`
+    /// (after any all-reduce), else `gamma · g · inv_std`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_scale_relu_backward(
+        &self,
+        s: &CudaStream,
+        op: &BnScaleRelu<'_>,
+        dz: &impl DevicePtr<f32>,
+        z: &impl DevicePtr<f32>,
+        x: &impl DevicePtr<f32>,
+        sums: &CudaSlice<f64>,
+        batch_stats: bool,
+        dx: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let name = "bn_scale_relu_backward";
+        let (count, (_, ci, si)) = op.check(name);
+        for (what, len) in [
+            ("dz", dz.len()),
+            ("z", z.len()),
+            ("x", x.len()),
+            ("dx", dx.len()),
+        ] {
+            check_len(name, what, len, count);
+        }
+        check_len(name, "sums", sums.len(), 2 * op.dims.1 + 1);
+        if count == 0 {
+            return Ok(());
+        }
+        let ni = count as i32;
+        let (relu, slope) = op.relu_args();
+        let (bs, acc) = (batch_stats as i32, accumulate as i32);
+        let (dzp, _dz) = dz.device_ptr(s);
+        let (zp, _z) = z.device_ptr(s);
+        let (xp, _x) = x.device_ptr(s);
+        let (mp, _m) = op.mean.device_ptr(s);
+        let (ip, _i) = op.inv_std.device_ptr(s);
+        let (gp, _g) = op.gamma.device_ptr(s);
+        let (sump, _sum) = sums.device_ptr(s);
+        let (dxp, _dx) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            bn_scale_relu_backward,
+            self.grid(count),
+            [&dzp, &zp, &xp, &mp, &ip, &gp, &sump, &bs, &relu, &slope, &dxp, &ni, &ci, &si, &acc]
+        )
+    }
+}

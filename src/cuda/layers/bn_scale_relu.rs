@@ -1,0 +1,220 @@
+//! `GpuBnScaleRelu`: a BatchNorm, the per-channel Scale that follows it and, optionally, the ReLU
+//! after that, run as one layer on the GPU (the conv → BatchNorm → Scale → ReLU pattern of
+//! ResNets). The net fuses such a chain when nothing else reads the intermediate blobs (see
+//! [`fusable`]); the result is that of the three layers, with about half their memory traffic.
+//!
+//! Shapes: bottom `x (N, C, ...)`, top `z` of the same shape (the chain's last top). Parameters:
+//! one view over the BatchNorm's state `[mean (C), variance (C), factor (1)]` and, at
+//! `scale_offset`, the Scale's `[gamma (C), beta (C) when bias_term]`.
+//!
+//! Forward: the BatchNorm statistics (batch or running, all-reduced when `sync`, exactly as
+//! [`GpuBatchNorm`]), then one kernel `z = relu(gamma · (x − mean) · inv_std + beta)`; the
+//! normalised `y` and the Scale's output are never stored.
+//!
+//! Backward, from `dz`, `z` and `x` (y recomputed): `g = dz · relu'(z)`; one pass of sums gives
+//! the Scale's gradient `dgamma = Σ g·y`, `dbeta = Σ g` and the BatchNorm's sums of
+//! `dy = gamma · g` (`Σ dy = gamma · Σ g`, `Σ dy·y = gamma · Σ g·y`), all-reduced when `sync`;
+//! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
+
+use super::batch_norm::GpuBatchNorm;
+use super::{pick, GpuCtx, GpuLayer, Grad};
+use crate::config::{LayerConfig, LayerKind};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::kernels::BnScaleRelu;
+use crate::cuda::{gpu_error, Gpu};
+use crate::error::Result;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// Whether the layers `chain` (a BatchNorm, a Scale, optionally a ReLU, in net order, each
+/// reading the previous one's top) compute what one [`GpuBnScaleRelu`] does: a Scale with one
+/// bottom and one factor per channel (`axis = 1`, `num_axes = 1`), a ReLU with a slope ≥ 0.
+/// The net checks the wiring (single consumers, same phases).
+pub fn fusable(chain: &[&LayerConfig]) -> bool {
+    match chain {
+        [bn, scale, rest @ ..] if rest.len() <= 1 => {
+            bn.kind == LayerKind::BatchNorm
+                && scale.kind == LayerKind::Scale
+                && scale.bottom.len() == 1
+                && scale.axis.unwrap_or(1) == 1
+                && scale.num_axes.unwrap_or(1) == 1
+                && rest.iter().all(|relu| {
+                    relu.kind == LayerKind::Relu && relu.negative_slope.unwrap_or(0.0) >= 0.0
+                })
+        }
+        _ => false,
+    }
+}
+
+/// What the kernels' operands depend on besides the buffers.
+#[derive(Clone, Copy)]
+struct Shape {
+    dims: (usize, usize, usize),
+    scale_offset: usize,
+    bias_term: bool,
+    relu: Option<f32>,
+}
+
+fn operands<'a>(
+    shape: Shape,
+    (mean, inv_std): (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    params: &'a CudaView<'a, f32>,
+) -> BnScaleRelu<'a> {
+    let c = shape.dims.1;
+    let at = shape.scale_offset;
+    BnScaleRelu {
+        mean,
+        inv_std,
+        gamma: params.slice(at..at + c),
+        beta: shape.bias_term.then(|| params.slice(at + c..at + 2 * c)),
+        relu: shape.relu,
+        dims: shape.dims,
+    }
+}
+
+/// The fused chain; see the module docs.
+pub struct GpuBnScaleRelu {
+    bn: GpuBatchNorm,
+    bias_term: bool,
+    relu: Option<f32>,
+    /// Offset of the Scale's parameters in the layer's view.
+    scale_offset: usize,
+}
+
+impl GpuBnScaleRelu {
+    /// The chain of `configs` (checked by [`fusable`]), whose Scale's parameters start
+    /// `scale_offset` floats after the BatchNorm's in the flat buffers.
+    pub fn new(gpu: &Gpu, configs: &[&LayerConfig], scale_offset: usize) -> Result<Self> {
+        assert!(
+            fusable(configs),
+            "not a fusable BatchNorm → Scale → ReLU chain"
+        );
+        Ok(GpuBnScaleRelu {
+            bn: GpuBatchNorm::new(gpu, configs[0])?,
+            bias_term: configs[1].bias_term.unwrap_or(false),
+            relu: configs
+                .get(2)
+                .map(|relu| relu.negative_slope.unwrap_or(0.0)),
+            scale_offset,
+        })
+    }
+
+    /// The kernels' operands: the statistics `mean` and `inv_std` of the last forward and the
+    /// Scale's parameters in `params`.
+    fn operands<'a>(
+        &self,
+        (mean, inv_std): (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+        params: &'a CudaView<'a, f32>,
+    ) -> BnScaleRelu<'a> {
+        operands(self.shape(), (mean, inv_std), params)
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            dims: self.bn.dims(),
+            scale_offset: self.scale_offset,
+            bias_term: self.bias_term,
+            relu: self.relu,
+        }
+    }
+
+    /// Floats of the BatchNorm's state at the start of the view.
+    fn state_len(&self) -> usize {
+        2 * self.bn.dims().1 + 1
+    }
+}
+
+impl GpuLayer for GpuBnScaleRelu {
+    fn type_name(&self) -> &'static str {
+        "batch_norm+scale+relu"
+    }
+
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        self.bn.reshape(gpu, bottoms)
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [x, z] = pick(blobs, [bottoms[0], tops[0]]);
+        let state = params.slice(..self.state_len());
+        self.bn.statistics(gpu, ctx, x, &state)?;
+        let op = self.operands(self.bn.mean_and_inv_std(), params);
+        gpu.kernels
+            .bn_scale_relu_forward(&gpu.compute, &op, &x.data(), &mut z.data_mut())
+    }
+
+    fn update_state(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        params: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let n = self.state_len();
+        self.bn.update_state(gpu, ctx, &mut params.slice_mut(..n))
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        params: &CudaView<'_, f32>,
+        param_grad: Grad,
+        param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let s = &gpu.compute;
+        let state_len = self.state_len();
+        if param_grad == Grad::Overwrite {
+            s.memset_zeros(&mut param_diff.slice_mut(..state_len))
+                .map_err(|e| gpu_error("zero the batch-norm state gradient", e))?;
+        }
+        let c = self.bn.dims().1;
+        let at = self.scale_offset;
+        let scale_len = c * (1 + self.bias_term as usize);
+        let batch_stats = self.bn.batch_stats();
+        let [x, z] = pick(blobs, [bottoms[0], tops[0]]);
+        {
+            // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
+            let shape = self.shape();
+            let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
+            let op = operands(shape, (mean, inv_std), params);
+            gpu.kernels.bn_scale_relu_sums(
+                s,
+                &op,
+                &z.diff(),
+                &z.data(),
+                &x.data(),
+                sums,
+                &mut param_diff.slice_mut(at..at + scale_len),
+                param_grad.accumulate(),
+            )?;
+        }
+        if !grads[0].wanted() {
+            return Ok(());
+        }
+        if batch_stats {
+            self.bn.reduce(gpu, ctx)?;
+        }
+        let op = self.operands(self.bn.mean_and_inv_std(), params);
+        gpu.kernels.bn_scale_relu_backward(
+            s,
+            &op,
+            &z.diff(),
+            &z.data(),
+            &x.data,
+            self.bn.sums(),
+            batch_stats,
+            &mut x.diff,
+            grads[0].accumulate(),
+        )
+    }
+}
