@@ -8,36 +8,14 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 
-const RECORD: usize = 3073;
-
-/// `n` records in the CIFAR-10 binary layout: label (first + i) mod 10, pixels a class pattern
-/// plus noise from a fixed-seed generator.
-fn batch(n: usize, first: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as u8
-    };
-    let mut b = Vec::with_capacity(n * RECORD);
-    for i in 0..n {
-        let label = (first + i) % 10;
-        b.push(label as u8);
-        for j in 0..3072 {
-            let pattern = if (j / 97) % 10 == label { 160u8 } else { 40 };
-            b.push(pattern.wrapping_add(next() % 64));
-        }
-    }
-    b
-}
+const RECORD: usize = CIFAR10_RECORD;
 
 /// Writes `data_batch_1.bin`, `data_batch_2.bin` and `test_batch.bin` and a config reading them
 /// by relative paths; returns the config's path.
 fn dataset(dir: &Path, extra_data: &str) -> PathBuf {
-    std::fs::write(dir.join("data_batch_1.bin"), batch(40, 0, 1)).unwrap();
-    std::fs::write(dir.join("data_batch_2.bin"), batch(24, 3, 2)).unwrap();
-    std::fs::write(dir.join("test_batch.bin"), batch(30, 0, 3)).unwrap();
+    std::fs::write(dir.join("data_batch_1.bin"), cifar10_records(40, 0, 1)).unwrap();
+    std::fs::write(dir.join("data_batch_2.bin"), cifar10_records(24, 3, 2)).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), cifar10_records(30, 0, 3)).unwrap();
     let cfg = format!(
         r#"[data]
 format = "cifar10"

@@ -1,6 +1,6 @@
 //! The convolutional nets through the real binary: the digits CNN trains to a stated accuracy
-//! under `mpirun -np 2`; LeNet and cifar10_quick pass `check` and train a few iterations on
-//! synthetic data; and a CNN with every spatial layer kind gives the same weights for 2 replicas
+//! under `mpirun -np 2`; LeNet (on synthetic data) and cifar10_quick (on generated CIFAR-10 files)
+//! pass `check` and train a few iterations; and a CNN with every spatial layer kind gives the same weights for 2 replicas
 //! × batch b as for 1 replica × batch 2b.
 
 mod common;
@@ -142,17 +142,23 @@ fn lenet_names_the_missing_mnist_file_and_passes_check_on_synthetic_data() {
     assert!(loss.is_finite() && loss > 0.0, "test loss {loss}");
 }
 
+/// The shipped cifar10_quick config, pointed at generated CIFAR-10 files (the real ones are not
+/// in the repository), passes `check` and trains with its own transform keys.
 #[test]
 fn cifar10_quick_passes_check_and_trains_a_few_iterations() {
     let config = repo("config/cifar10_quick.toml");
-    let out = p2ptrain(&["check", config.to_str().unwrap()]);
+    let dir = out_dir("cnn_cifar_train");
+    let [train_files, test_files] = cifar10_files(&dir.join("data"));
+    let files = ["--set", &train_files, "--set", &test_files];
+    let mut check = vec!["check", config.to_str().unwrap()];
+    check.extend(files);
+    let out = p2ptrain(&check);
     assert!(out.status.success(), "{}", text(&out));
     let plan = text(&out);
     // conv1 32·3·25 + 32, conv2 32·32·25 + 32, conv3 64·32·25 + 64, ip1 64·1024 + 64,
     // ip2 10·64 + 10: pool1 32→16, pool2 16→8, pool3 8→4 (Caffe's ceil rule).
     assert!(plan.contains("parameters         145578"), "{plan}");
-    let dir = out_dir("cnn_cifar_train");
-    let out = p2ptrain(&[
+    let mut train = vec![
         "train",
         config.to_str().unwrap(),
         "--output",
@@ -166,13 +172,29 @@ fn cifar10_quick_passes_check_and_trains_a_few_iterations() {
         "--set",
         "data.batch_size=8",
         "--set",
-        "data.train_size=64",
-        "--set",
-        "data.test_size=16",
-    ]);
+        "data.test_batch_size=8",
+    ];
+    train.extend(files);
+    let out = p2ptrain(&train);
     assert!(out.status.success(), "{}", text(&out));
     let test = last_test(&dir);
     assert!(test["loss"].as_f64().unwrap().is_finite(), "{test}");
+}
+
+/// Without its data files the shipped config stops at once with exit code 2, naming the key and
+/// the missing file.
+#[test]
+fn cifar10_quick_without_its_files_names_the_missing_one() {
+    let config = repo("config/cifar10_quick.toml");
+    let missing = out_dir("cnn_cifar_missing").join("nowhere/data_batch_1.bin");
+    let set = format!("data.train_files=[{:?}]", missing.display().to_string());
+    let out = p2ptrain(&["check", config.to_str().unwrap(), "--set", &set]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("data.train_files[0]") && t.contains("nowhere/data_batch_1.bin"),
+        "{t}"
+    );
 }
 
 /// Trains `tests/configs/cnn_equivalence.toml` with `np` processes of one replica each and a

@@ -131,3 +131,51 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Bytes of one CIFAR-10 binary record: a label byte and 3×32×32 pixels.
+pub const CIFAR10_RECORD: usize = 3073;
+
+/// `n` records in the CIFAR-10 binary layout: label (first + i) mod 10, pixels a class pattern
+/// plus noise from a fixed-seed generator.
+pub fn cifar10_records(n: usize, first: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u8
+    };
+    let mut b = Vec::with_capacity(n * CIFAR10_RECORD);
+    for i in 0..n {
+        let label = (first + i) % 10;
+        b.push(label as u8);
+        for j in 0..3072 {
+            let pattern = if (j / 97) % 10 == label { 160u8 } else { 40 };
+            b.push(pattern.wrapping_add(next() % 64));
+        }
+    }
+    b
+}
+
+/// Writes two small training batches and a test batch of generated CIFAR-10 records into `dir`
+/// and returns the `--set` arguments that point a shipped CIFAR-10 config at them.
+pub fn cifar10_files(dir: &Path) -> [String; 2] {
+    std::fs::create_dir_all(dir).unwrap();
+    let files = [
+        ("train_1.bin", 48, 0),
+        ("train_2.bin", 16, 5),
+        ("test.bin", 24, 0),
+    ];
+    for (seed, (name, n, first)) in files.into_iter().enumerate() {
+        std::fs::write(dir.join(name), cifar10_records(n, first, seed as u64 + 1)).unwrap();
+    }
+    let path = |name: &str| format!("{:?}", dir.join(name).display().to_string());
+    [
+        format!(
+            "data.train_files=[{}, {}]",
+            path("train_1.bin"),
+            path("train_2.bin")
+        ),
+        format!("data.test_files=[{}]", path("test.bin")),
+    ]
+}
