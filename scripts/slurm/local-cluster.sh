@@ -77,6 +77,11 @@ JobRequeue=1
 # Requeued jobs may start again at once (the default holds them for a while).
 SchedulerParameters=nohold_on_prolog_fail
 KillWait=10
+# The daemons answer RPCs slowly while test jobs load a small machine: wait longer before giving
+# up on one (a lost signal RPC would lose the job's USR1), and let jobs run at the niceness of the
+# sbatch that submitted them (the tests submit at nice 10, leaving the daemons the CPU they need).
+MessageTimeout=60
+PropagatePrioProcess=1
 MinJobAge=600
 NodeName=$host CPUs=$CPUS State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES

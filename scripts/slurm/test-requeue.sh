@@ -14,7 +14,10 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BIN=$(realpath "${1:-target/release/p2ptrain}")
 WORK=$(mktemp -d /tmp/p2ptrain-slurm.XXXXXX)
-ITERS=${P2PTRAIN_SLURM_ITERS:-40000}
+# Long enough (about a minute here) that the job is still training when Slurm delivers the USR1
+# and then the TERM. The jobs run at nice 10 (local-cluster.sh propagates sbatch's niceness) so
+# that on a small machine slurmctld, slurmd and munge are not starved by the training ranks.
+ITERS=${P2PTRAIN_SLURM_ITERS:-150000}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 SETS="--set solver.max_iter=$ITERS --set solver.display=100 --set cluster.threads_per_replica=1"
@@ -50,12 +53,14 @@ run_template() { # template launcher-args
   local job
   job=$(cd "$WORK" && CONFIG="$ROOT/config/quickstart.toml" P2PTRAIN="$BIN" OUTPUT="$out" \
     P2PTRAIN_ARGS="$SETS" MPIRUN_ARGS="--oversubscribe --bind-to none" \
-    sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --output="$WORK/$name.out" "$script")
+    nice -n 10 sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --output="$WORK/$name.out" "$script")
   # The job's log (rank 0's unbuffered stderr) shows training under way; then signal it, well
   # before the end of its run.
   wait_for "$job" "grep -q 'INFO iter 200:' '$WORK/$name.out' 2>/dev/null" "training to start" 120
   echo "job $job is training; signalling it as at its time limit"
+  ps -o pid,ni,args -C p2ptrain | cut -c1-120 || true
   scancel --signal=USR1 --batch "$job"
+  wait_for "$job" "grep -q 'time limit near' '$WORK/$name.out'" "the batch script to receive USR1" 60
   wait_for "$job" '[ "$(restarts '"$job"')" -ge 1 ]' "the requeue" 120
   # A requeued job waits (BeginTime, about 2 minutes) before it may start again; once the node
   # has cleaned up the first start's step, let it start now.
