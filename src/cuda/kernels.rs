@@ -105,6 +105,8 @@ kernel_set!(
     bn_scale_relu_sums,
     bn_scale_relu_finish,
     bn_scale_relu_backward,
+    sum2_relu_forward,
+    sum2_relu_backward,
     im2col_batch,
     swap_outer,
     channel_affine,

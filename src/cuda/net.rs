@@ -257,7 +257,7 @@ impl GpuNet {
                     .collect();
                 match layer_slots[i] {
                     Slot::Head { last, .. } => {
-                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, bottoms[0])
+                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, &bottoms)
                     }
                     _ => gpu_layers::build(gpu, lc, &bottoms),
                 }

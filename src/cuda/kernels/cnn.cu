@@ -566,6 +566,36 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Eltwise SUM of two bottoms fused with the ReLU after it (a residual block's join):
+// y = relu(c0 * x0 + c1 * x1), the sum rounded as the unfused layers do (c0 * x0, then + c1 * x1).
+
+extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
+                                             float slope, float* y, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = fmaf(c1, x1[i], c0 * x0[i]);
+        y[i] = v > 0.0f ? v : slope * v;
+    }
+}
+
+// g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
+// bottom k that wants its gradient (want_k).
+extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
+                                              float slope, float* dx0, float* dx1, int want0,
+                                              int want1, int acc0, int acc1, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = y[i] > 0.0f ? dy[i] : slope * dy[i];
+        if (want0) {
+            const float v = c0 * g;
+            dx0[i] = acc0 ? dx0[i] + v : v;
+        }
+        if (want1) {
+            const float v = c1 * g;
+            dx1[i] = acc1 ? dx1[i] + v : v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The convolution's weight gradient as one GEMM (Caffe's im2col): for x (N, C, H, W) and a
 // kh x kw kernel, col (C * kh * kw, N, OH * OW) holds in row q = (c, i, j), for sample n and
 // output position p = (oy, ox), the input x[n, c, oy * sh - ph + i * dh, ox * sw - pw + j * dw]

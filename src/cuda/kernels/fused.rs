@@ -1,5 +1,6 @@
-//! Launch wrappers of the fused BatchNorm → Scale → ReLU kernels (their source is in cnn.cu):
-//! what [`crate::cuda::layers::bn_scale_relu`] runs in place of three layers.
+//! Launch wrappers of the fused kernels (their source is in cnn.cu): BatchNorm → Scale → ReLU,
+//! what [`crate::cuda::layers::bn_scale_relu`] runs in place of three layers, and the two-bottom
+//! Eltwise SUM → ReLU of [`crate::cuda::layers::eltwise_relu`].
 //!
 //! Shapes: activations `(N, C, S)` (`S` the product of the spatial axes); per-channel operands
 //! `(C)`; the BatchNorm sums `(2C + 1)` doubles `[Σ g, Σ g·y, N·S]`, `g` the gradient reaching the
@@ -8,7 +9,9 @@
 use super::{check_len, to_i32, Kernels};
 use crate::cuda::gpu_error;
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
+};
 use std::sync::Arc;
 
 /// The per-channel operands of the fused kernels over `dims = (N, C, S)`.
@@ -191,6 +194,88 @@ impl Kernels {
             bn_scale_relu_backward,
             self.grid(count),
             [&dzp, &zp, &xp, &mp, &ip, &gp, &sump, &bs, &relu, &slope, &dxp, &ni, &ci, &si, &acc]
+        )
+    }
+
+    /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sum2_relu_forward(
+        &self,
+        s: &CudaStream,
+        [c0, c1]: [f32; 2],
+        slope: f32,
+        x0: &impl DevicePtr<f32>,
+        x1: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let name = "sum2_relu_forward";
+        for (what, len) in [("x0", x0.len()), ("x1", x1.len()), ("y", y.len())] {
+            check_len(name, what, len, n);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = to_i32(name, n);
+        let (x0p, _x0) = x0.device_ptr(s);
+        let (x1p, _x1) = x1.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            sum2_relu_forward,
+            self.grid(n),
+            [&x0p, &x1p, &c0, &c1, &slope, &yp, &ni]
+        )
+    }
+
+    /// From the top's data `y (n)` and gradient `dy (n)`: `dx_k (+)= c_k · dy · relu'(y)` for each
+    /// bottom `k` whose entry of `dx` is `Some((gradient, accumulate))`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sum2_relu_backward(
+        &self,
+        s: &CudaStream,
+        [c0, c1]: [f32; 2],
+        slope: f32,
+        y: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        dx: [Option<(&mut CudaViewMut<'_, f32>, bool)>; 2],
+        n: usize,
+    ) -> Result<()> {
+        let name = "sum2_relu_backward";
+        check_len(name, "y", y.len(), n);
+        check_len(name, "dy", dy.len(), n);
+        for (what, d) in ["dx0", "dx1"].iter().zip(&dx) {
+            if let Some((d, _)) = d {
+                check_len(name, what, d.len(), n);
+            }
+        }
+        if n == 0 || dx.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let ni = to_i32(name, n);
+        let want = dx.each_ref().map(|d| d.is_some() as i32);
+        let acc = dx
+            .each_ref()
+            .map(|d| d.as_ref().is_some_and(|(_, a)| *a) as i32);
+        let (yp, _y) = y.device_ptr(s);
+        let (dyp, _dy) = dy.device_ptr(s);
+        // An unwanted gradient passes dy's address, never written (its want flag is 0).
+        let [dx0, dx1] = dx;
+        let (dx0p, _dx0) = match dx0 {
+            Some((d, _)) => d.device_ptr_mut(s),
+            None => dy.device_ptr(s),
+        };
+        let (dx1p, _dx1) = match dx1 {
+            Some((d, _)) => d.device_ptr_mut(s),
+            None => dy.device_ptr(s),
+        };
+        launch!(
+            self,
+            s,
+            sum2_relu_backward,
+            self.grid(n),
+            [&yp, &dyp, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1], &ni]
         )
     }
 }

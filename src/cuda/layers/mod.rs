@@ -28,6 +28,7 @@ pub mod concat;
 pub mod convolution;
 pub mod dropout;
 pub mod eltwise;
+pub mod eltwise_relu;
 pub mod flatten;
 pub mod inner_product;
 pub mod pooling;

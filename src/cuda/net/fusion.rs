@@ -1,11 +1,13 @@
-//! Which layers of a net the GPU runs fused: BatchNorm → Scale (→ ReLU) chains whose intermediate
-//! blobs nobody else reads become one [`GpuBnScaleRelu`] at the chain's first slot. The plan is a
-//! [`Slot`] per layer; [`super::GpuNet`] runs a fused chain's forward at its head and its backward
-//! at its last layer (so that every parameter gradient of the chain is complete when the
-//! backward reaches the last layer, where the gradient all-reduce may pick it up).
+//! Which layers of a net the GPU runs fused, when the intermediate blobs of a chain are read by
+//! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], a two-bottom Eltwise
+//! SUM → ReLU one [`GpuEltwiseRelu`], each at the chain's first slot. The plan is a [`Slot`] per
+//! layer; [`super::GpuNet`] runs a fused chain's forward at its head and its backward at its last
+//! layer (so that every parameter gradient of the chain is complete when the backward reaches
+//! the last layer, where the gradient all-reduce may pick it up).
 
-use crate::config::LayerConfig;
-use crate::cuda::layers::bn_scale_relu::{fusable, GpuBnScaleRelu};
+use crate::config::{LayerConfig, LayerKind};
+use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
+use crate::cuda::layers::eltwise_relu::{self, GpuEltwiseRelu};
 use crate::cuda::layers::GpuLayer;
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -25,9 +27,10 @@ pub enum Slot {
     Absorbed { head: usize },
 }
 
-/// The chain starting at layer `i`, as the layer indices it covers, when it can be fused: the
-/// layers fit [`fusable`], each reads the one top of the one before it, nobody else reads those
-/// intermediate tops, and all run in the same phases without a loss weight.
+/// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
+/// [`bn_scale_relu::fusable`] or [`eltwise_relu::fusable`], each reads the one top of the one
+/// before it, nobody else reads those intermediate tops, and all run in the same phases without
+/// a loss weight.
 fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
     let linked = |a: usize, b: usize| {
         let (na, nb) = (graph.node(a), graph.node(b));
@@ -38,17 +41,22 @@ fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> 
             && na.loss_weight == 0.0
             && nb.loss_weight == 0.0
     };
-    if i + 1 >= cfg.len() || graph.node(i).bottoms.len() != 1 || !linked(i, i + 1) {
+    if i + 1 >= cfg.len() || !linked(i, i + 1) {
         return None;
     }
-    let with_relu =
-        i + 2 < cfg.len() && linked(i + 1, i + 2) && fusable(&[&cfg[i], &cfg[i + 1], &cfg[i + 2]]);
-    if with_relu {
-        Some(i + 2)
-    } else if fusable(&[&cfg[i], &cfg[i + 1]]) {
-        Some(i + 1)
-    } else {
-        None
+    match (cfg[i].kind, graph.node(i).bottoms.len()) {
+        (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
+        (LayerKind::BatchNorm, 1) => {
+            let with_relu = i + 2 < cfg.len()
+                && linked(i + 1, i + 2)
+                && bn_scale_relu::fusable(&[&cfg[i], &cfg[i + 1], &cfg[i + 2]]);
+            if with_relu {
+                Some(i + 2)
+            } else {
+                bn_scale_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1)
+            }
+        }
+        _ => None,
     }
 }
 
@@ -71,8 +79,12 @@ pub fn plan(cfg: &[LayerConfig], graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> 
     let mut slots = vec![Slot::Own; cfg.len()];
     let mut i = 0;
     while i < cfg.len() {
-        let chain = chain_at(cfg, graph, &consumers, i)
-            .and_then(|last| Some((last, params_of(spans, i, i + 1)?)));
+        // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; an Eltwise chain
+        // has none.
+        let chain = chain_at(cfg, graph, &consumers, i).and_then(|last| match cfg[i].kind {
+            LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
+            _ => Some((last, 0..0)),
+        });
         match chain {
             Some((last, params)) => {
                 slots[i] = Slot::Head { last, params };
@@ -103,21 +115,26 @@ pub fn idle_blobs(graph: &Net, slots: &[Slot]) -> Vec<bool> {
     idle
 }
 
-/// The fused layer of the chain at `head`, for the bottom shape `bottom`.
+/// The fused layer of the chain at `head` (as planned by [`plan`]), for the bottom shapes
+/// `bottoms`.
 pub fn build(
     gpu: &Gpu,
     cfg: &[LayerConfig],
     spans: &[ParamSpan],
     head: usize,
     last: usize,
-    bottom: &[usize],
+    bottoms: &[&[usize]],
 ) -> Result<Box<dyn GpuLayer>> {
     let chain: Vec<&LayerConfig> = cfg[head..=last].iter().collect();
-    let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
-    let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
-    let mut layer = GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start)?;
-    layer.reshape(gpu, &[bottom])?;
-    Ok(Box::new(layer))
+    let mut layer: Box<dyn GpuLayer> = if cfg[head].kind == LayerKind::Eltwise {
+        Box::new(GpuEltwiseRelu::new(&chain))
+    } else {
+        let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
+        let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
+        Box::new(GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start)?)
+    };
+    layer.reshape(gpu, bottoms)?;
+    Ok(layer)
 }
 
 #[cfg(test)]
@@ -164,6 +181,47 @@ mod tests {
         for (b, &is_idle) in idle.iter().enumerate() {
             assert_eq!(is_idle, bn_and_scale_tops.contains(&b), "blob {b}");
         }
+    }
+
+    const RESIDUAL: &str = include_str!("../../../tests/configs/cnn_equivalence.toml");
+
+    /// The layer index of `name` in `cfg`.
+    fn index_of(text: &str, name: &str) -> usize {
+        let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
+        cfg.layers.iter().position(|l| l.name == name).unwrap()
+    }
+
+    #[test]
+    fn a_residual_sum_and_its_relu_are_one_chain_without_parameters() {
+        let (slots, _) = slots_of(RESIDUAL);
+        let sum = index_of(RESIDUAL, "sum");
+        assert_eq!(index_of(RESIDUAL, "relu"), sum + 1);
+        assert_eq!(
+            slots[sum],
+            Slot::Head {
+                last: sum + 1,
+                params: 0..0
+            }
+        );
+        assert_eq!(slots[sum + 1], Slot::Absorbed { head: sum });
+        let fused = slots.iter().filter(|s| **s != Slot::Own).count();
+        assert_eq!(fused, 2, "{slots:?}");
+    }
+
+    #[test]
+    fn a_sum_read_by_another_layer_or_a_product_is_not_fused() {
+        let sum_of = |text: &str| slots_of(text).0[index_of(text, "sum")].clone();
+        // The ReLU writes a new blob and pool_b reads the sum besides it.
+        let read_twice = RESIDUAL.replacen(
+            "bottom = [\"sum\"]\ntop = [\"sum\"]",
+            "bottom = [\"sum\"]\ntop = [\"rectified\"]",
+            1,
+        );
+        assert_ne!(read_twice, RESIDUAL, "the config has the ReLU as expected");
+        assert_eq!(sum_of(&read_twice), Slot::Own);
+        let product = RESIDUAL.replacen("coeff = [1.0, 0.5]", "operation = \"prod\"", 1);
+        assert_ne!(product, RESIDUAL, "the config has the coefficients as expected");
+        assert_eq!(sum_of(&product), Slot::Own);
     }
 
     #[test]

@@ -354,6 +354,19 @@ fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     cnn_steps_match_cpu(&gpu, &cfg, &[(1, 2)]);
 }
 
+/// The convolutional topology-equivalence net (concat, scale, a weighted residual sum followed by
+/// a ReLU, grouped and strided convolutions): its sum and ReLU run fused.
+#[test]
+fn residual_sum_fused_with_its_relu_matches_cpu() {
+    let gpu = gpu_or_skip!("residual_sum_fused_with_its_relu_matches_cpu");
+    let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
+    let cfg = load_str("cnn_equivalence.toml", text, Path::new("."), &[])
+        .unwrap()
+        .0;
+    let sum = cfg.layers.iter().position(|l| l.name == "sum").unwrap();
+    cnn_steps_match_cpu(&gpu, &cfg, &[(sum, sum + 1)]);
+}
+
 /// A CNN config against the CPU net; `fused` are the (first, last) layers of the chains the GPU
 /// net is expected to fuse.
 fn cnn_steps_match_cpu(gpu: &Gpu, cfg: &Config, fused: &[(usize, usize)]) {

@@ -1,0 +1,127 @@
+//! `GpuEltwiseRelu`: an Eltwise SUM of two bottoms and the ReLU after it, run as one layer on the
+//! GPU (the join of a residual block: `relu(shortcut + branch)`). The net fuses such a pair when
+//! nothing else reads the sum (see [`fusable`]); the result is that of the two layers with less
+//! than half their memory traffic: the forward reads both bottoms and writes the top once, the
+//! backward reads the top's data and gradient once and writes both bottoms' gradients.
+//!
+//! Shapes: bottoms `x0`, `x1` and top `y`, all of one shape. Forward
+//! `y = relu(c0 · x0 + c1 · x1)`; backward `dx_k (+)= c_k · dy · relu'(y)`. No parameters.
+
+use super::{pick, GpuCtx, GpuLayer, Grad};
+use crate::config::{EltwiseOp, LayerConfig, LayerKind};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// Whether the layers `chain` (an Eltwise, then a ReLU reading its top, in net order) compute
+/// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms and a ReLU with a slope ≥ 0
+/// (so that `relu'` can be read off the top). The net checks the wiring (single consumer, same
+/// phases).
+pub fn fusable(chain: &[&LayerConfig]) -> bool {
+    match chain {
+        [sum, relu] => {
+            sum.kind == LayerKind::Eltwise
+                && sum.operation.unwrap_or(EltwiseOp::Sum) == EltwiseOp::Sum
+                && sum.bottom.len() == 2
+                && sum.bottom[0] != sum.bottom[1]
+                && relu.kind == LayerKind::Relu
+                && relu.negative_slope.unwrap_or(0.0) >= 0.0
+        }
+        _ => false,
+    }
+}
+
+/// The fused pair; see the module docs.
+#[derive(Debug)]
+pub struct GpuEltwiseRelu {
+    name: String,
+    coeff: [f32; 2],
+    slope: f32,
+}
+
+impl GpuEltwiseRelu {
+    /// The pair `configs` (checked by [`fusable`]).
+    pub fn new(configs: &[&LayerConfig]) -> Self {
+        assert!(fusable(configs), "not a fusable Eltwise SUM → ReLU pair");
+        let coeff = configs[0].coeff.as_deref().unwrap_or(&[1.0, 1.0]);
+        GpuEltwiseRelu {
+            name: configs[0].name.clone(),
+            coeff: [coeff[0], coeff[1]],
+            slope: configs[1].negative_slope.unwrap_or(0.0),
+        }
+    }
+}
+
+impl GpuLayer for GpuEltwiseRelu {
+    fn type_name(&self) -> &'static str {
+        "eltwise+relu"
+    }
+
+    /// Two bottoms of one shape.
+    fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        match bottoms {
+            [a, b] if a == b => Ok(()),
+            _ => Err(Error::net(
+                &self.name,
+                format!("takes 2 bottoms of one shape, got {bottoms:?}"),
+            )),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        _params: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let [x0, x1, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        let n = y.count();
+        gpu.kernels.sum2_relu_forward(
+            &gpu.compute,
+            self.coeff,
+            self.slope,
+            &x0.data(),
+            &x1.data(),
+            &mut y.data_mut(),
+            n,
+        )
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &Gpu,
+        _ctx: &GpuCtx<'_>,
+        blobs: &mut [GpuBlob],
+        bottoms: &[usize],
+        tops: &[usize],
+        grads: &[Grad],
+        _params: &CudaView<'_, f32>,
+        _param_grad: Grad,
+        _param_diff: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let [x0, x1, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        let n = y.count();
+        let (mut dx0, mut dx1) = (x0.diff_mut(), x1.diff_mut());
+        let dx = [
+            grads[0]
+                .wanted()
+                .then(|| (&mut dx0, grads[0].accumulate())),
+            grads[1]
+                .wanted()
+                .then(|| (&mut dx1, grads[1].accumulate())),
+        ];
+        gpu.kernels.sum2_relu_backward(
+            &gpu.compute,
+            self.coeff,
+            self.slope,
+            &y.data(),
+            &y.diff(),
+            dx,
+            n,
+        )
+    }
+}
