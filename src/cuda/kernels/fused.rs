@@ -275,7 +275,10 @@ impl Kernels {
             s,
             sum2_relu_backward,
             self.grid(n),
-            [&yp, &dyp, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1], &ni]
+            [
+                &yp, &dyp, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1],
+                &ni
+            ]
         )
     }
 }

@@ -15,9 +15,9 @@ use crate::error::{Error, Result};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Whether the layers `chain` (an Eltwise, then a ReLU reading its top, in net order) compute
-/// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms and a ReLU with a slope ≥ 0
-/// (so that `relu'` can be read off the top). The net checks the wiring (single consumer, same
-/// phases).
+/// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms (with two coefficients, if
+/// any) and a ReLU with a slope ≥ 0 (so that `relu'` can be read off the top). The net checks
+/// the wiring (single consumer, same phases).
 pub fn fusable(chain: &[&LayerConfig]) -> bool {
     match chain {
         [sum, relu] => {
@@ -25,6 +25,7 @@ pub fn fusable(chain: &[&LayerConfig]) -> bool {
                 && sum.operation.unwrap_or(EltwiseOp::Sum) == EltwiseOp::Sum
                 && sum.bottom.len() == 2
                 && sum.bottom[0] != sum.bottom[1]
+                && sum.coeff.as_ref().is_none_or(|c| c.len() == 2)
                 && relu.kind == LayerKind::Relu
                 && relu.negative_slope.unwrap_or(0.0) >= 0.0
         }
@@ -107,12 +108,8 @@ impl GpuLayer for GpuEltwiseRelu {
         let n = y.count();
         let (mut dx0, mut dx1) = (x0.diff_mut(), x1.diff_mut());
         let dx = [
-            grads[0]
-                .wanted()
-                .then(|| (&mut dx0, grads[0].accumulate())),
-            grads[1]
-                .wanted()
-                .then(|| (&mut dx1, grads[1].accumulate())),
+            grads[0].wanted().then(|| (&mut dx0, grads[0].accumulate())),
+            grads[1].wanted().then(|| (&mut dx1, grads[1].accumulate())),
         ];
         gpu.kernels.sum2_relu_backward(
             &gpu.compute,

@@ -220,7 +220,10 @@ mod tests {
         assert_ne!(read_twice, RESIDUAL, "the config has the ReLU as expected");
         assert_eq!(sum_of(&read_twice), Slot::Own);
         let product = RESIDUAL.replacen("coeff = [1.0, 0.5]", "operation = \"prod\"", 1);
-        assert_ne!(product, RESIDUAL, "the config has the coefficients as expected");
+        assert_ne!(
+            product, RESIDUAL,
+            "the config has the coefficients as expected"
+        );
         assert_eq!(sum_of(&product), Slot::Own);
     }
 
