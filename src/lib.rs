@@ -9,6 +9,7 @@ pub mod allreduce_bench;
 pub mod app;
 pub mod backend;
 pub mod chrome_trace;
+pub mod compute_mean;
 pub mod config;
 pub mod cuda;
 pub mod data;

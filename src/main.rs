@@ -8,6 +8,7 @@
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
+//! p2ptrain compute-mean CONFIG -o mean.binaryproto [--set ...]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure, 128 + signal number
@@ -16,6 +17,7 @@
 use clap::{Args, Parser, Subcommand};
 use p2ptrain::allreduce_bench::{self, BenchOptions};
 use p2ptrain::app::{self, Action, Options};
+use p2ptrain::compute_mean::{self, MeanOptions};
 use p2ptrain::config::BackendKind;
 use p2ptrain::plot::{self, PlotOptions};
 use std::path::PathBuf;
@@ -88,6 +90,27 @@ enum Command {
             Example: p2ptrain plot runs/a/metrics.jsonl runs/b/metrics.jsonl -o curves.png"
     )]
     Plot(PlotArgs),
+    /// Write the per-pixel mean image of a config's training set (Caffe's mean.binaryproto).
+    #[command(
+        name = "compute-mean",
+        long_about = "Average every training record of a config's data set per pixel, before \
+            any transform, and write the image as a Caffe BlobProto (mean.binaryproto, as \
+            Caffe's compute_image_mean writes it), for `data.mean_file`. Runs in one process.\n\n\
+            Example: p2ptrain compute-mean config/cifar10_quick.toml -o data/cifar10/mean.binaryproto"
+    )]
+    ComputeMean(MeanArgs),
+}
+
+#[derive(Args)]
+struct MeanArgs {
+    /// The config file (TOML) whose [data] names the training set.
+    config: PathBuf,
+    /// The mean image file to write.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Override a config value, as for training: `--set data.train_files=["a.bin"]`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 #[derive(Args)]
@@ -188,9 +211,10 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 10] = [
+    const KNOWN: [&str; 11] = [
         "train",
         "plot",
+        "compute-mean",
         "check",
         "bench",
         "bench-allreduce",
@@ -231,6 +255,11 @@ fn main() {
             labels: p.labels,
             output: p.output,
             log_loss: p.log_loss,
+        })),
+        Some(Command::ComputeMean(m)) => std::process::exit(compute_mean::run(&MeanOptions {
+            config: m.config,
+            sets: m.sets,
+            output: m.output,
         })),
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {

@@ -85,7 +85,7 @@ pub fn save_tensors(
         .iter()
         .map(|&(name, shape, data)| (name, F32View { shape, data }));
     let info = (!metadata.is_empty()).then(|| metadata.iter().cloned().collect::<HashMap<_, _>>());
-    write_atomic(path, |tmp| {
+    write_atomic(path, "snapshot", |tmp| {
         safetensors::serialize_to_file(views, info, tmp).map_err(|e| match e {
             SafeTensorError::IoError(source) => source,
             other => std::io::Error::other(other),
@@ -247,9 +247,14 @@ impl View for F32View<'_> {
 
 /// Runs `write` on a fresh temporary file next to `path`, then syncs it, renames it over `path`
 /// and syncs the directory. On any failure the temporary file is removed and `path` is untouched
-/// (the rename is the only step that changes it, and it is atomic).
-fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<()> {
-    let io = |e| Error::io(format!("writing snapshot {}", path.display()), e);
+/// (the rename is the only step that changes it, and it is atomic). `what` names the file in
+/// errors ("snapshot").
+pub(crate) fn write_atomic(
+    path: &Path,
+    what: &str,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<()> {
+    let io = |e| Error::io(format!("writing {what} {}", path.display()), e);
     let file_name = path.file_name().ok_or_else(|| {
         io(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -263,7 +268,7 @@ fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -
     fs::create_dir_all(&dir).map_err(|e| {
         Error::io(
             format!(
-                "writing snapshot {}: creating directory {}",
+                "writing {what} {}: creating directory {}",
                 path.display(),
                 dir.display()
             ),
@@ -300,7 +305,7 @@ fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -
     File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| {
         Error::io(
             format!(
-                "writing snapshot {}: syncing directory {}",
+                "writing {what} {}: syncing directory {}",
                 path.display(),
                 dir.display()
             ),
@@ -414,7 +419,7 @@ mod tests {
         save_weights(&path, &net(), &[]).unwrap();
         let before = fs::read(&path).unwrap();
 
-        let err = write_atomic(&path, |tmp| {
+        let err = write_atomic(&path, "snapshot", |tmp| {
             fs::write(tmp, b"half a file")?;
             Err(std::io::Error::other("no space left on device"))
         })

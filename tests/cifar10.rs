@@ -1,12 +1,15 @@
 //! CIFAR-10 binary batches through the real binary under `mpirun`: training with Caffe's
 //! transform keys (crop, mirror, per-channel mean) on files generated here, the same weights
 //! from 1 replica × batch 8 and 2 replicas × batch 4 (crops and flips keyed by stream position),
-//! and bad files reported with exit code 2, naming the file.
+//! bad files reported with exit code 2, naming the file, and Caffe's per-pixel mean image
+//! (`p2ptrain compute-mean`, `data.mean_file`).
 
 mod common;
 
 use common::*;
+use p2ptrain::data::mean_file::{self, MeanImage};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 const RECORD: usize = CIFAR10_RECORD;
 
@@ -155,6 +158,126 @@ fn a_bad_cifar10_label_exits_2_naming_the_file_and_record() {
     assert!(
         t.contains("test_batch.bin") && t.contains("label 12 of record 17"),
         "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+/// The config of [`dataset`] with `mean_file = "mean.binaryproto"` in place of `mean_value`.
+fn with_mean_file(cfg: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let changed = text.replace(
+        "mean_value = [100.0, 110.0, 120.0]\n",
+        "mean_file = \"mean.binaryproto\"\n",
+    );
+    assert_ne!(
+        changed, text,
+        "the config has the mean_value line as expected"
+    );
+    let path = cfg.with_file_name("cifar_mean_file.toml");
+    std::fs::write(&path, changed).unwrap();
+    path
+}
+
+#[test]
+fn compute_mean_writes_the_pixel_means_of_the_training_files() {
+    let data = tempfile::tempdir().unwrap();
+    // The config names a mean file that does not exist yet: compute-mean does not read it.
+    let cfg = with_mean_file(&dataset(data.path(), ""));
+    let mean = data.path().join("mean.binaryproto");
+    let out = run(Command::new(bin()).args([
+        "compute-mean",
+        cfg.to_str().unwrap(),
+        "-o",
+        mean.to_str().unwrap(),
+    ]));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("mean image 3×32×32 of 64 training records"),
+        "{t}"
+    );
+    // The mean of every pixel over the 64 records of both training files, from their bytes.
+    let mut sums = vec![0f64; RECORD - 1];
+    for file in ["data_batch_1.bin", "data_batch_2.bin"] {
+        for record in std::fs::read(data.path().join(file))
+            .unwrap()
+            .chunks(RECORD)
+        {
+            for (s, &p) in sums.iter_mut().zip(&record[1..]) {
+                *s += f64::from(p);
+            }
+        }
+    }
+    let want: Vec<f32> = sums.iter().map(|s| (s / 64.0) as f32).collect();
+    let image = mean_file::read(&mean).unwrap();
+    assert_eq!(image.shape, [3, 32, 32]);
+    assert_eq!(image.data, want);
+}
+
+#[test]
+fn a_mean_image_of_channel_means_trains_as_mean_value_does() {
+    // The same per-channel means as a mean image: the same inputs, so bit-identical weights.
+    let data = tempfile::tempdir().unwrap();
+    let cfg = with_mean_file(&dataset(data.path(), ""));
+    let image = MeanImage {
+        shape: [3, 32, 32],
+        data: [100.0, 110.0, 120.0]
+            .iter()
+            .flat_map(|&m| std::iter::repeat_n(m, 32 * 32))
+            .collect(),
+    };
+    mean_file::write(&data.path().join("mean.binaryproto"), &image).unwrap();
+    let out = out_dir("cifar_mean_file_np2_b4");
+    let o = mpi_p2ptrain(
+        2,
+        &[
+            cfg.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--set",
+            "data.batch_size=4",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let reference = train(2, 4, "cifar_mean_value_np2_b4");
+    let snapshot = "snapshots/cifar_iter_6.safetensors";
+    assert_eq!(
+        tensors(&out.join(snapshot)),
+        tensors(&reference.join(snapshot)),
+        "mean_file and mean_value runs differ"
+    );
+}
+
+#[test]
+fn a_mean_file_of_another_shape_or_missing_exits_2_naming_it() {
+    let data = tempfile::tempdir().unwrap();
+    let cfg = with_mean_file(&dataset(data.path(), ""));
+    let cfg = cfg.to_str().unwrap();
+    let out = mpi_p2ptrain(2, &[cfg, "--no-progress"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    let missing = data.path().join("mean.binaryproto");
+    for want in [missing.to_str().unwrap(), "`data.mean_file`", "cannot read"] {
+        assert!(t.contains(want), "missing {want:?} in:\n{t}");
+    }
+    let small = MeanImage {
+        shape: [1, 8, 8],
+        data: vec![0.0; 64],
+    };
+    mean_file::write(&missing, &small).unwrap();
+    let out = mpi_p2ptrain(2, &[cfg, "--no-progress"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains(
+            "mean.binaryproto: `data.mean_file`: the image is 1×8×8, the records are 3×32×32"
+        ),
+        "{t}"
+    );
+    assert_eq!(
+        t.matches("p2ptrain: rank").count(),
+        1,
+        "reported once:\n{t}"
     );
     assert!(!t.contains("panicked"), "{t}");
 }

@@ -432,6 +432,7 @@ fn resolve_paths(config: &mut Config, source: &Source, base_dir: &Path) {
         ("train_labels", &mut d.train_labels),
         ("test_images", &mut d.test_images),
         ("test_labels", &mut d.test_labels),
+        ("mean_file", &mut d.mean_file),
     ] {
         if let Some(p) = slot.as_mut().filter(|p| p.is_relative()) {
             let from_set = source.override_of(&format!("data.{name}")).is_some();

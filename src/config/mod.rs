@@ -169,6 +169,10 @@ pub struct DataConfig {
     /// Per-channel mean subtracted before scaling: one value for every channel or one per
     /// channel (Caffe's `mean_value`); excludes a non-zero `mean`.
     pub mean_value: Option<Vec<f32>>,
+    /// Per-pixel mean image `(C, H, W)` of the records, subtracted before scaling (Caffe's
+    /// `mean_file`: a `BlobProto` binaryproto, e.g. from `p2ptrain compute-mean`), relative to
+    /// the config file; excludes `mean` and `mean_value`.
+    pub mean_file: Option<PathBuf>,
     /// Square crop side: random crops in training, the centre crop in tests; 0 = no crop.
     #[serde(default)]
     pub crop_size: usize,

@@ -172,9 +172,10 @@ impl Plan {
         } else {
             "not shuffled"
         };
-        let mean = match &d.mean_value {
-            Some(m) => format!("{m:?}"),
-            None => d.mean.to_string(),
+        let mean = match (&d.mean_file, &d.mean_value) {
+            (Some(f), _) => format!("mean image {}", f.display()),
+            (None, Some(m)) => format!("{m:?}"),
+            (None, None) => d.mean.to_string(),
         };
         let mut pixels = format!("(x - {mean}) × {}", d.scale);
         if d.crop_size > 0 {

@@ -291,11 +291,18 @@ impl Validator<'_> {
         })
     }
 
-    /// Checks the transform keys (`mean`, `mean_value`, `crop_size`) against the source's record
-    /// shape `(C, H, W)` and returns the shape of the net's input.
+    /// Checks the transform keys (`mean`, `mean_value`, `mean_file`, `crop_size`) against the
+    /// source's record shape `(C, H, W)` and returns the shape of the net's input.
     fn transform(&self, mut record: Vec<u64>) -> Result<Vec<u64>> {
         let d = &self.cfg.data;
         let (c, h, w) = (record[0], record[1], record[2]);
+        if d.mean_file.is_some() && (d.mean != 0.0 || d.mean_value.is_some()) {
+            // Its contents are checked against the records when the data are opened.
+            return Err(self.err(
+                "data.mean_file",
+                "set one of `mean`, `mean_value` and `mean_file`, not several",
+            ));
+        }
         if let Some(m) = &d.mean_value {
             if d.mean != 0.0 {
                 return Err(self.err(
@@ -2036,6 +2043,18 @@ phase = "test"
             &e(ok, "mean_value = [1.0]\nmean = 3.0"),
             "`data.mean_value`: set `mean`",
         );
+        for means in ["mean_value = [1.0]", "mean = 3.0"] {
+            has(
+                &e(ok, &format!("{means}\nmean_file = \"mean.binaryproto\"")),
+                "`data.mean_file`: set one of `mean`, `mean_value` and `mean_file`, not several",
+            );
+        }
+        // The file itself is read when the data are opened (compute-mean writes it).
+        check(&BASE.replace(
+            "format = \"digits\"",
+            &cifar(ok, "mean_file = \"not_yet.binaryproto\""),
+        ))
+        .unwrap();
         has(
             &e(ok, "crop_size = 8\nshift = 8"),
             "`data.shift`: must be smaller than the crop's height and width (8×8), got 8",

@@ -23,6 +23,7 @@ pub mod augment;
 pub mod cifar10;
 mod digits;
 pub mod idx;
+pub mod mean_file;
 pub mod order;
 pub mod reader;
 pub mod synthetic;
@@ -133,8 +134,24 @@ pub const DEFAULT_SYNTHETIC_TEST: usize = 10_000;
 ///
 /// Checks that both sets are non-empty, that every label is below the class count
 /// (`cfg.classes`, default 10), that train and test records have the same shape and that the
-/// transform keys fit it. Sources are opened raw; the transform normalises.
+/// transform keys fit it (a `mean_file` is read and must hold an image of the records' shape).
+/// Sources are opened raw; the transform normalises.
 pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
+    let (train, test) = open_sources(cfg, seed)?;
+    let transform = transform_of(cfg, train.record_shape(), seed)?;
+    Ok(DataSplit {
+        train,
+        test,
+        transform,
+    })
+}
+
+/// The raw training and test sources of `cfg` (no transform), checked as by [`open`]; what
+/// `p2ptrain compute-mean` averages.
+pub fn open_sources(
+    cfg: &DataConfig,
+    seed: u64,
+) -> Result<(Arc<dyn RecordSource>, Arc<dyn RecordSource>)> {
     let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES);
     if classes == 0 {
         return Err(config_error("data.classes", "must be at least 1"));
@@ -200,12 +217,7 @@ pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
         }
     };
     check_split(&train, &test)?;
-    let transform = transform_of(cfg, train.record_shape(), seed)?;
-    Ok(DataSplit {
-        train,
-        test,
-        transform,
-    })
+    Ok((train, test))
 }
 
 /// The transform of `cfg` for records of `shape`, its keys checked against the shape.
@@ -223,6 +235,10 @@ fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transf
             ))
         }
         None => vec![cfg.mean],
+    };
+    let mean_image = match &cfg.mean_file {
+        Some(path) => Some(mean_image_of(path, shape)?),
+        None => None,
     };
     if cfg.crop_size > h.min(w) {
         return Err(config_error(
@@ -244,7 +260,7 @@ fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transf
             ),
         ));
     }
-    Ok(Transform::new(
+    let transform = Transform::new(
         shape,
         cfg.crop_size,
         cfg.mirror,
@@ -252,7 +268,34 @@ fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transf
         cfg.scale,
         cfg.shift,
         seed,
-    ))
+    );
+    Ok(match mean_image {
+        Some(image) => transform.with_mean_image(image),
+        None => transform,
+    })
+}
+
+/// The per-pixel means of the mean file at `path`, which must hold one image of the records'
+/// `shape`.
+fn mean_image_of(path: &Path, shape: [usize; 3]) -> Result<Vec<f32>> {
+    let image = mean_file::read(path).map_err(|e| match e {
+        Error::Data { path, msg } => Error::Data {
+            path,
+            msg: format!("`data.mean_file`: {msg}"),
+        },
+        other => other,
+    })?;
+    if image.shape != shape {
+        return Err(Error::data(
+            path,
+            format!(
+                "`data.mean_file`: the image is {}, the records are {}",
+                fmt_shape(image.shape),
+                fmt_shape(shape)
+            ),
+        ));
+    }
+    Ok(image.data)
 }
 
 /// Both halves non-empty, same record shape.
@@ -381,6 +424,7 @@ mod tests {
             scale: 1.0,
             mean: 0.0,
             mean_value: None,
+            mean_file: None,
             crop_size: 0,
             mirror: false,
             classes: None,

@@ -6,6 +6,12 @@
 //! per-channel mean applies to every format. A shift's uncovered border takes the raw value 0
 //! before normalisation, i.e. `(0 − mean[c]) · scale`, as before per-channel means existed.
 //!
+//! A per-pixel mean image (Caffe's `mean_file`, shape `(C, H, W)` of the input records) is
+//! subtracted from the whole record first, so that each pixel loses the mean at its position in
+//! the record, wherever the crop and flip take it (Caffe indexes the mean by the source pixel the
+//! same way); `mean[c]` is then 0. A shift's border then holds 0 after the subtraction, the mean
+//! image's own value.
+//!
 //! Randomness: the crop offsets and the flip of the record at training stream position `p` come
 //! from a hash of (seed, p) alone, like the shift, so a sample is cropped and flipped the same way
 //! whatever the number of replicas or their batch split.
@@ -16,6 +22,7 @@
 use super::augment::Augment;
 use super::order::splitmix64;
 use super::RecordSource;
+use std::sync::Arc;
 
 const CROP_SALT: u64 = 0x4352_4f50_4d49_5231; // "CROPMIR1"
 
@@ -33,6 +40,8 @@ pub struct Transform {
     seed: u64,
     /// Translation after crop and flip, on raw values (fill 0).
     shift: Augment,
+    /// `(C·H·W)` per-pixel means of the input records, subtracted before everything else.
+    mean_image: Option<Arc<[f32]>>,
 }
 
 impl Transform {
@@ -46,6 +55,7 @@ impl Transform {
             scale: 1.0,
             seed: 0,
             shift: Augment::none(),
+            mean_image: None,
         }
     }
 
@@ -80,7 +90,25 @@ impl Transform {
                 seed,
                 fill: 0.0,
             },
+            mean_image: None,
         }
+    }
+
+    /// This transform with the per-pixel means `image` `(C·H·W` of the input shape`)` subtracted
+    /// first, in place of per-channel means (which must be 0).
+    pub fn with_mean_image(mut self, image: Vec<f32>) -> Self {
+        assert_eq!(
+            image.len(),
+            self.input.iter().product::<usize>(),
+            "a mean image of the input shape {:?}",
+            self.input
+        );
+        assert!(
+            self.mean.iter().all(|&m| m == 0.0),
+            "per-channel and per-pixel means together"
+        );
+        self.mean_image = Some(image.into());
+        self
     }
 
     /// `(C, H, W)` of the records the source provides.
@@ -166,10 +194,12 @@ impl Transform {
         let [_, oh, ow] = self.output_shape();
         if oh == h && ow == w && !flip {
             source.fill(index, out);
+            self.subtract_mean_image(out);
             return;
         }
         scratch.resize(self.input.iter().product(), 0.0);
         source.fill(index, scratch);
+        self.subtract_mean_image(scratch);
         for (src, dst) in scratch
             .chunks_exact(h * w)
             .zip(out.chunks_exact_mut(oh * ow))
@@ -185,6 +215,16 @@ impl Transform {
                     row.copy_from_slice(from);
                 }
             }
+        }
+    }
+
+    /// `record (C·H·W) −= mean image`, when there is one.
+    fn subtract_mean_image(&self, record: &mut [f32]) {
+        if let Some(image) = &self.mean_image {
+            record
+                .iter_mut()
+                .zip(image.iter())
+                .for_each(|(v, m)| *v -= m);
         }
     }
 
@@ -280,6 +320,33 @@ mod tests {
         }
         // Every corner (3 rows × 4 columns) with and without a flip occurs.
         assert_eq!(seen.len(), 24);
+    }
+
+    #[test]
+    fn a_mean_image_is_subtracted_at_each_pixels_source_position() {
+        // The mean of pixel (c, y, x) is Ramp's record 0, so every output of record i is
+        // 1000·i · scale, whatever the crop, flip or test window; a mean taken at the output
+        // position instead would leave a ramp.
+        let mut image = vec![0.0; 40];
+        Ramp.fill(0, &mut image);
+        let scale = 0.5;
+        for (crop, mirror) in [(0, false), (0, true), (3, true)] {
+            let t = Transform::new([2, 4, 5], crop, mirror, &[0.0], scale, 0, 9)
+                .with_mean_image(image.clone());
+            let n = t.output_size();
+            let mut scratch = Vec::new();
+            for p in 0..40u64 {
+                let mut out = vec![f32::NAN; n];
+                t.train(&Ramp, 7, p, &mut out, &mut scratch);
+                assert!(
+                    out.iter().all(|&v| v == 7000.0 * scale),
+                    "crop {crop}, mirror {mirror}, position {p}: {out:?}"
+                );
+            }
+            let mut out = vec![f32::NAN; n];
+            t.test(&Ramp, 3, &mut out, &mut scratch);
+            assert!(out.iter().all(|&v| v == 3000.0 * scale), "test: {out:?}");
+        }
     }
 
     #[test]
