@@ -1,10 +1,11 @@
 //! Whole-input entry points for the parsers of untrusted bytes, shared by the fuzz targets
 //! (`fuzz/`) and the mutation tests (`tests/parser_mutations.rs`): a config file (load, `--set`
-//! free, validate, plan), an IDX image or label file (raw or gzip) and a CIFAR-10 batch file.
+//! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file and a
+//! Caffe mean image (`mean.binaryproto`).
 //! Each returns the parser's verdict; none may panic, whatever the bytes.
 
 use crate::config::{self, Plan};
-use crate::data::{cifar10, idx, Cifar10Source, IdxSource, RecordSource};
+use crate::data::{cifar10, idx, mean_file, Cifar10Source, IdxSource, RecordSource};
 use crate::error::Result;
 use std::path::Path;
 
@@ -58,6 +59,13 @@ pub fn cifar10(bytes: &[u8]) -> Result<()> {
     let _ = cifar10::check("batch.bin", bytes, 3);
     let s = Cifar10Source::from_bytes(vec![("batch.bin".to_string(), bytes.to_vec())], 10)?;
     read_back(&s);
+    Ok(())
+}
+
+/// A mean image file's bytes (`data.mean_file`), its shape checked against its values.
+pub fn mean_file(bytes: &[u8]) -> Result<()> {
+    let image = mean_file::parse(Path::new("mean.binaryproto"), bytes)?;
+    assert_eq!(image.data.len(), image.shape.iter().product::<usize>());
     Ok(())
 }
 

@@ -229,3 +229,11 @@ fn mutated_cifar10_files_never_panic() {
     let (ok, err) = fuzz("cifar10", &seeds, 3000, 3, inputs::cifar10);
     assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
 }
+
+#[test]
+fn mutated_mean_files_never_panic() {
+    let seeds = vec![read("fuzz/seeds/mean_file/digits.binaryproto")];
+    inputs::mean_file(&seeds[0]).unwrap();
+    let (ok, err) = fuzz("mean_file", &seeds, 3000, 4, inputs::mean_file);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}

@@ -107,7 +107,12 @@ impl MeanImage {
 /// [`Error::Data`] naming it.
 pub fn read(path: &Path) -> Result<MeanImage> {
     let bytes = std::fs::read(path).map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
-    MeanImage::from_bytes(&bytes).map_err(|msg| Error::data(path, msg))
+    parse(path, &bytes)
+}
+
+/// The mean image in the bytes of the file `path` (named in errors); never panics.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<MeanImage> {
+    MeanImage::from_bytes(bytes).map_err(|msg| Error::data(path, msg))
 }
 
 /// Writes `image` to `path` atomically (a temporary file renamed over it: an interrupted write
