@@ -8,12 +8,15 @@
 //! filled by `weight_filler` (default xavier), and `bias` `(num_output)` when `bias_term`
 //! (default true), filled by `bias_filler` (default constant 0). `C` is fixed by the first reshape.
 //!
-//! Per sample and group `g` (`M = num_output/group`, `K = C/group·kh·kw`, `P = OH·OW`):
-//! `top_g (M, P) = W_g (M, K) · col_g (K, P)` where `col = im2col(bottom)`; the bias adds
-//! `b (M·group, 1) · ones (1, P)`. Backward recomputes `col` per sample (as Caffe) and computes
-//! `dW_g += dtop_g · col_gᵀ`, `db += dtop · ones`, `dcol_g = W_gᵀ · dtop_g`, `dbottom += col2im(dcol)`.
-//! The column buffers are kept in the layer and reused across steps. A 1×1 kernel with stride 1
-//! and no pad reads the image itself as its columns (Caffe's `is_1x1_`).
+//! The batch is processed in chunks of `S` samples (as many as [`COLUMN_BUDGET`] allows, at least
+//! one), whose columns lie side by side: with `M = num_output/group`, `K = C/group·kh·kw`,
+//! `P = OH·OW`, per group `g` one GEMM `out_g (M, S·P) = W_g (M, K) · col_g (K, S·P)` where
+//! `col = im2col` of the chunk's samples (sample `j` in columns `j·P..(j+1)·P`); the outputs are
+//! then copied to the top with the bias added. Backward gathers the top's gradient as
+//! `dy (num_output, S·P)`, recomputes `col`, and computes `db += dy · ones`,
+//! `dW_g += dy_g · col_gᵀ`, `dcol_g = W_gᵀ · dy_g` and `dbottom += col2im(dcol)` per sample.
+//! Large GEMMs keep the cores busy where one GEMM per sample (Caffe's way) would be too small to
+//! share. The buffers are kept in the layer and reused across steps.
 
 use crate::config::{FillerConfig, LayerConfig};
 use crate::error::{Error, Result};
@@ -21,6 +24,11 @@ use crate::layers::spatial::{pair, Geometry, Pair};
 use crate::layers::{filler, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
+use rayon::prelude::*;
+
+/// Floats the column and output buffers of one chunk of samples may take together (8 MiB: a
+/// chunk stays in cache between its im2col and its GEMM).
+pub const COLUMN_BUDGET: usize = 1 << 21;
 
 /// The convolution layer; see the module docs.
 #[derive(Debug, Clone)]
@@ -40,10 +48,14 @@ pub struct Convolution {
     /// Batch of the current bottom.
     num: usize,
     geometry: Geometry,
-    /// `(C·kh·kw, OH·OW)` column buffer (forward: im2col of the bottom; backward: its gradient).
+    /// `(C·kh·kw, S·OH·OW)` columns of a chunk of `S` samples (backward: also their gradient).
     col: Vec<f32>,
-    /// `(OH·OW)` ones for the bias.
+    /// `(num_output, S·OH·OW)` the chunk's outputs (forward) or top gradient (backward).
+    out: Vec<f32>,
+    /// `(S·OH·OW)` ones for the bias gradient.
     ones: Vec<f32>,
+    /// Floats a chunk's buffers may take ([`COLUMN_BUDGET`]; smaller in tests).
+    column_budget: usize,
 }
 
 impl Convolution {
@@ -106,23 +118,95 @@ impl Convolution {
             num: 0,
             geometry: Geometry::default(),
             col: Vec::new(),
+            out: Vec::new(),
             ones: Vec::new(),
+            column_budget: COLUMN_BUDGET,
         })
     }
 }
 
 impl Convolution {
-    /// Sizes the column buffer and the ones for the current geometry; allocates only when the
-    /// geometry grew (reshape itself allocates nothing, so that validation can call it freely).
-    fn buffers(&mut self) {
+    /// Floats one sample takes in the chunk buffers.
+    fn floats_per_sample(&self) -> usize {
         let g = self.geometry;
-        if !g.is_identity() {
-            self.col.resize(g.col_rows() * g.col_cols(), 0.0);
+        (g.col_rows() + self.num_output) * g.col_cols()
+    }
+
+    /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
+    fn chunk(&self) -> usize {
+        (self.column_budget / self.floats_per_sample().max(1)).clamp(1, self.num.max(1))
+    }
+
+    /// Sizes the buffers for chunks of `samples`; allocates only when they grow (reshape itself
+    /// allocates nothing, so that validation can call it freely).
+    fn buffers(&mut self, samples: usize) {
+        let g = self.geometry;
+        let ld = samples * g.col_cols();
+        for (buf, rows) in [
+            (&mut self.col, g.col_rows()),
+            (&mut self.out, self.num_output),
+        ] {
+            if buf.len() < rows * ld {
+                buf.resize(rows * ld, 0.0);
+            }
         }
-        if self.ones.len() != g.col_cols() {
-            self.ones.clear();
-            self.ones.resize(g.col_cols(), 1.0);
+        if self.ones.len() < ld {
+            self.ones.resize(ld, 1.0);
         }
+    }
+}
+
+/// `col (C·kh·kw, S·P)` = the columns under `g` of samples `first..first + S` of
+/// `images (N, C, H, W)`, side by side; rows in parallel on the rayon pool when `parallel`.
+fn columns(
+    g: &Geometry,
+    col: &mut [f32],
+    images: &[f32],
+    first: usize,
+    samples: usize,
+    parallel: bool,
+) {
+    let (in_len, p) = (g.channels * g.input[0] * g.input[1], g.col_cols());
+    let ld = samples * p;
+    let fill_row = |(r, row): (usize, &mut [f32])| {
+        for (j, dst) in row.chunks_exact_mut(p).enumerate() {
+            let n = first + j;
+            g.im2col_row(r, &images[n * in_len..(n + 1) * in_len], dst);
+        }
+    };
+    let rows = &mut col[..g.col_rows() * ld];
+    if parallel {
+        rows.par_chunks_mut(ld).enumerate().for_each(fill_row);
+    } else {
+        rows.chunks_mut(ld).enumerate().for_each(fill_row);
+    }
+}
+
+/// `images (N, C, H, W) += col2im(col)` for samples `first..first + S`, whose columns lie side
+/// by side in `col (C·kh·kw, S·P)`; samples in parallel on the rayon pool when `parallel`.
+fn add_columns(
+    g: &Geometry,
+    col: &[f32],
+    images: &mut [f32],
+    first: usize,
+    samples: usize,
+    parallel: bool,
+) {
+    let (in_len, p) = (g.channels * g.input[0] * g.input[1], g.col_cols());
+    let ld = samples * p;
+    let add_sample = |(j, image): (usize, &mut [f32])| {
+        for r in 0..g.col_rows() {
+            g.col2im_row_add(r, &col[r * ld + j * p..r * ld + (j + 1) * p], image);
+        }
+    };
+    let chunk = &mut images[first * in_len..(first + samples) * in_len];
+    if parallel {
+        chunk
+            .par_chunks_mut(in_len)
+            .enumerate()
+            .for_each(add_sample);
+    } else {
+        chunk.chunks_mut(in_len).enumerate().for_each(add_sample);
     }
 }
 
@@ -203,48 +287,51 @@ impl Layer for Convolution {
         let (groups, p) = (self.group, g.col_cols());
         let m = self.num_output / groups;
         let k = g.col_rows() / groups;
-        let in_len = g.channels * g.input[0] * g.input[1];
         let out_len = self.num_output * p;
-        let weight = params[0];
-        self.buffers();
-        let direct = g.is_identity();
-        for n in 0..self.num {
-            let image = &bottoms[0].data[n * in_len..(n + 1) * in_len];
-            let col: &[f32] = if direct {
-                image
-            } else {
-                g.im2col(image, &mut self.col);
-                &self.col
-            };
-            let top = &mut tops[0].data[n * out_len..(n + 1) * out_len];
+        let chunk = self.chunk();
+        let parallel = ctx.cpu.threads > 1;
+        self.buffers(chunk);
+        let mut first = 0;
+        while first < self.num {
+            let samples = chunk.min(self.num - first);
+            let ld = samples * p;
+            columns(
+                &g,
+                &mut self.col,
+                &bottoms[0].data,
+                first,
+                samples,
+                parallel,
+            );
             for gi in 0..groups {
                 ctx.cpu.gemm(
                     false,
                     false,
                     m,
-                    p,
+                    ld,
                     k,
                     1.0,
-                    &weight[gi * m * k..(gi + 1) * m * k],
-                    &col[gi * k * p..(gi + 1) * k * p],
+                    &params[0][gi * m * k..(gi + 1) * m * k],
+                    &self.col[gi * k * ld..(gi + 1) * k * ld],
                     0.0,
-                    &mut top[gi * m * p..(gi + 1) * m * p],
+                    &mut self.out[gi * m * ld..(gi + 1) * m * ld],
                 );
             }
-            if self.bias_term {
-                ctx.cpu.gemm(
-                    false,
-                    false,
-                    self.num_output,
-                    p,
-                    1,
-                    1.0,
-                    params[1],
-                    &self.ones,
-                    1.0,
-                    top,
-                );
+            // Sample j's channel r is row r's columns j·P..(j+1)·P, plus the bias.
+            let top = &mut tops[0].data[first * out_len..(first + samples) * out_len];
+            for (j, sample) in top.chunks_exact_mut(out_len).enumerate() {
+                for (r, plane) in sample.chunks_exact_mut(p).enumerate() {
+                    let src = &self.out[r * ld + j * p..r * ld + (j + 1) * p];
+                    match self.bias_term {
+                        true => {
+                            let b = params[1][r];
+                            plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v + b);
+                        }
+                        false => plane.copy_from_slice(src),
+                    }
+                }
             }
+            first += samples;
         }
     }
 
@@ -261,83 +348,71 @@ impl Layer for Convolution {
         let (groups, p) = (self.group, g.col_cols());
         let m = self.num_output / groups;
         let k = g.col_rows() / groups;
-        let in_len = g.channels * g.input[0] * g.input[1];
         let out_len = self.num_output * p;
         let weight = params[0];
-        self.buffers();
-        let direct = g.is_identity();
+        let chunk = self.chunk();
+        let parallel = ctx.cpu.threads > 1;
+        self.buffers(chunk);
         let bottom = &mut bottoms[0];
-        for n in 0..self.num {
-            let dtop = &tops[0].diff[n * out_len..(n + 1) * out_len];
+        let mut first = 0;
+        while first < self.num {
+            let samples = chunk.min(self.num - first);
+            let ld = samples * p;
+            // dy (num_output, S·P): sample j's channel r in row r, columns j·P..(j+1)·P.
+            let dtop = &tops[0].diff[first * out_len..(first + samples) * out_len];
+            for (j, sample) in dtop.chunks_exact(out_len).enumerate() {
+                for (r, plane) in sample.chunks_exact(p).enumerate() {
+                    self.out[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
+                }
+            }
+            let dy = &self.out[..self.num_output * ld];
             if self.bias_term {
                 ctx.cpu.gemm(
                     false,
                     false,
                     self.num_output,
                     1,
-                    p,
+                    ld,
                     1.0,
-                    dtop,
-                    &self.ones,
+                    dy,
+                    &self.ones[..ld],
                     1.0,
                     param_diffs[1],
                 );
             }
-            let image = &bottom.data[n * in_len..(n + 1) * in_len];
-            let col: &[f32] = if direct {
-                image
-            } else {
-                g.im2col(image, &mut self.col);
-                &self.col
-            };
+            columns(&g, &mut self.col, &bottom.data, first, samples, parallel);
             for gi in 0..groups {
                 ctx.cpu.gemm(
                     false,
                     true,
                     m,
                     k,
-                    p,
+                    ld,
                     1.0,
-                    &dtop[gi * m * p..(gi + 1) * m * p],
-                    &col[gi * k * p..(gi + 1) * k * p],
+                    &dy[gi * m * ld..(gi + 1) * m * ld],
+                    &self.col[gi * k * ld..(gi + 1) * k * ld],
                     1.0,
                     &mut param_diffs[0][gi * m * k..(gi + 1) * m * k],
                 );
             }
-            if propagate_down[0] && direct {
-                // The columns are the image: accumulate straight into the bottom's diff.
-                let dx = &mut bottom.diff[n * in_len..(n + 1) * in_len];
+            if propagate_down[0] {
                 for gi in 0..groups {
                     ctx.cpu.gemm(
                         true,
                         false,
                         k,
-                        p,
+                        ld,
                         m,
                         1.0,
                         &weight[gi * m * k..(gi + 1) * m * k],
-                        &dtop[gi * m * p..(gi + 1) * m * p],
-                        1.0,
-                        &mut dx[gi * k * p..(gi + 1) * k * p],
-                    );
-                }
-            } else if propagate_down[0] {
-                for gi in 0..groups {
-                    ctx.cpu.gemm(
-                        true,
-                        false,
-                        k,
-                        p,
-                        m,
-                        1.0,
-                        &weight[gi * m * k..(gi + 1) * m * k],
-                        &dtop[gi * m * p..(gi + 1) * m * p],
+                        &dy[gi * m * ld..(gi + 1) * m * ld],
                         0.0,
-                        &mut self.col[gi * k * p..(gi + 1) * k * p],
+                        &mut self.col[gi * k * ld..(gi + 1) * k * ld],
                     );
                 }
-                g.col2im_add(&self.col, &mut bottom.diff[n * in_len..(n + 1) * in_len]);
+                add_columns(&g, &self.col, &mut bottom.diff, first, samples, parallel);
             }
+            first += samples;
         }
     }
 }
@@ -536,14 +611,81 @@ mod tests {
     }
 
     #[test]
-    fn one_by_one_reads_the_image_directly() {
+    fn one_by_one_kernels_match_a_direct_loop() {
         against_direct("kernel_size = 1", [2, 4, 3, 5], 6, 1, 6);
         against_direct("kernel_size = 1\ngroup = 2", [2, 4, 3, 5], 6, 2, 7);
         against_direct("kernel_size = 1\nstride = 2", [1, 2, 5, 5], 3, 1, 8);
-        let mut layer = conv("num_output = 3\nkernel_size = 1");
-        layer.reshape(&[&[1, 2, 3, 3]]).unwrap();
-        assert!(layer.geometry.is_identity());
         gradient("num_output = 4\nkernel_size = 1\ngroup = 2", [2, 4, 3, 3]);
+    }
+
+    /// Top, bottom gradient and parameter gradients of one forward and backward of `layer` on
+    /// fixed random inputs (the parameter gradients accumulate onto ones, as over micro-batches).
+    fn pass(layer: &mut Convolution, shape: [usize; 4], threads: usize) -> [Vec<f32>; 4] {
+        let tops = layer.reshape(&[&shape]).unwrap();
+        let specs = layer.param_specs();
+        let w = uniform_blob(&specs[0].shape, -1.0, 1.0, 41).data;
+        let b = uniform_blob(&specs[1].shape, -1.0, 1.0, 42).data;
+        let mut x = uniform_blob(&shape, -1.0, 1.0, 43);
+        x.diff.fill(0.5);
+        let mut top = vec![Blob::new(&tops[0])];
+        top[0].diff = uniform_blob(&tops[0], -1.0, 1.0, 44).data;
+        let cpu = Cpu::new(threads);
+        let mut bottoms = [x];
+        layer.forward(&ctx(&cpu), &bottoms, &[&w, &b], &mut top);
+        let (mut dw, mut db) = (vec![1.0; w.len()], vec![1.0; b.len()]);
+        layer.backward(
+            &ctx(&cpu),
+            &top,
+            &[true],
+            &mut bottoms,
+            &[&w, &b],
+            &mut [&mut dw, &mut db],
+        );
+        let [x] = bottoms;
+        [top.remove(0).data, x.diff, dw, db]
+    }
+
+    /// The batch in chunks of 1, 2 (the last one short) and 5 samples, on 1 and 2 threads: the
+    /// same results to rounding (the chunks change only the order of the weight-gradient sums).
+    #[test]
+    fn chunks_and_threads_change_nothing_but_rounding() {
+        let extra = "num_output = 4\nkernel_size = 3\npad = 1\nstride = 2\ngroup = 2";
+        let shape = [5, 2, 7, 6];
+        let mut whole = conv(extra);
+        let want = pass(&mut whole, shape, 1);
+        assert_eq!(whole.chunk(), 5);
+        for (samples, threads) in [(1, 1), (2, 2), (2, 1), (5, 2)] {
+            let mut layer = conv(extra);
+            layer.reshape(&[&shape]).unwrap();
+            layer.column_budget = samples * layer.floats_per_sample();
+            assert_eq!(layer.chunk(), samples);
+            let got = pass(&mut layer, shape, threads);
+            for (what, (g, w)) in ["top", "bottom diff", "weight diff", "bias diff"]
+                .iter()
+                .zip(got.iter().zip(&want))
+            {
+                assert_eq!(g.len(), w.len());
+                for (i, (a, e)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        (a - e).abs() <= 1e-5 * e.abs().max(1.0),
+                        "chunks of {samples}, {threads} threads: {what}[{i}] {a} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gradient_in_chunks_of_two() {
+        let bottom = uniform_blob(&[3, 2, 5, 4], -1.0, 1.0, 32);
+        let mut layer = conv("num_output = 3\nkernel_size = 3\npad = 1");
+        layer.reshape(&[&[3, 2, 5, 4]]).unwrap();
+        layer.column_budget = 2 * layer.floats_per_sample();
+        let report = GradientChecker::default()
+            .check(&mut layer, &[bottom], &[true])
+            .unwrap();
+        report.assert_ok();
+        assert!(report.checked > 0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Spatial geometry shared by Convolution and Pooling: reading `kernel_size`/`stride`/`pad`/
-//! `dilation` (one value or one per axis, 2-D only), and Caffe's `im2col`/`col2im` for one sample.
+//! `dilation` (one value or one per axis, 2-D only), and Caffe's `im2col`/`col2im` for one sample,
+//! one column-buffer row at a time (so that a batch's columns can be laid side by side).
 //!
 //! Column layout (Caffe's): for an image `(C, H, W)`, a kernel `(kh, kw)` and an output
 //! `(OH, OW)`, the column buffer is `(C·kh·kw, OH·OW)` row-major; row `(c·kh + i)·kw + j` holds
@@ -50,63 +51,111 @@ impl Geometry {
         self.output[0] * self.output[1]
     }
 
-    /// Whether the column buffer equals the image (a 1×1 kernel, stride 1, no pad).
-    pub fn is_identity(&self) -> bool {
-        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad == [0, 0]
-    }
-
-    /// Walks every `(row, column, input index or None)` of the column buffer; `f` gets the
-    /// flat column-buffer index and the flat input index (within the sample) or `None` for padding.
+    /// Walks row `r = (c·kh + i)·kw + j` of the column buffer one output row at a time:
+    /// `f(oy, window)` for output row `oy`, where `window` is `None` when the kernel row lies in
+    /// the padding, else `Some(InputRow)`: the columns `lo..hi` of this output row read the input
+    /// pixels `line + x0 + ox·sw` (the others are padding).
     #[inline]
-    fn for_each(&self, mut f: impl FnMut(usize, Option<usize>)) {
+    fn for_each_in_row(&self, r: usize, mut f: impl FnMut(usize, Option<InputRow>)) {
         let [h, w] = self.input;
         let [kh, kw] = self.kernel;
-        let [oh, ow] = self.output;
-        let mut idx = 0;
-        for c in 0..self.channels {
-            for ki in 0..kh {
-                for kj in 0..kw {
-                    for oy in 0..oh {
-                        let iy = (oy * self.stride[0] + ki * self.dilation[0]) as isize
-                            - self.pad[0] as isize;
-                        if iy < 0 || iy >= h as isize {
-                            for _ in 0..ow {
-                                f(idx, None);
-                                idx += 1;
-                            }
-                            continue;
-                        }
-                        let row = (c * h + iy as usize) * w;
-                        for ox in 0..ow {
-                            let ix = (ox * self.stride[1] + kj * self.dilation[1]) as isize
-                                - self.pad[1] as isize;
-                            if ix < 0 || ix >= w as isize {
-                                f(idx, None);
-                            } else {
-                                f(idx, Some(row + ix as usize));
-                            }
-                            idx += 1;
-                        }
-                    }
-                }
-            }
+        let (c, ki, kj) = (r / (kh * kw), r / kw % kh, r % kw);
+        let sw = self.stride[1];
+        // ix = ox·sw + x0 lies in [0, w) for ox in lo..hi.
+        let x0 = (kj * self.dilation[1]) as isize - self.pad[1] as isize;
+        let lo = if x0 >= 0 {
+            0
+        } else {
+            (-x0 as usize).div_ceil(sw)
+        };
+        let hi = if w as isize > x0 {
+            ((w as isize - x0 - 1) as usize / sw + 1).min(self.output[1])
+        } else {
+            0
+        };
+        for oy in 0..self.output[0] {
+            let iy = (oy * self.stride[0] + ki * self.dilation[0]) as isize - self.pad[0] as isize;
+            let window = (iy >= 0 && iy < h as isize).then(|| InputRow {
+                line: (c * h + iy as usize) * w,
+                x0,
+                lo: lo.min(hi),
+                hi,
+            });
+            f(oy, window);
         }
     }
 
-    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`.
+    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`, row by row.
+    #[cfg(test)]
     pub fn im2col(&self, image: &[f32], col: &mut [f32]) {
-        self.for_each(|i, src| col[i] = src.map_or(0.0, |s| image[s]));
+        let p = self.col_cols();
+        for (r, dst) in col.chunks_exact_mut(p).enumerate() {
+            self.im2col_row(r, image, dst);
+        }
     }
 
-    /// `image (C, H, W) += col2im(col (C·kh·kw, OH·OW))`: each column entry is added back to
-    /// the pixel it was read from (padding entries are dropped).
-    pub fn col2im_add(&self, col: &[f32], image: &mut [f32]) {
-        self.for_each(|i, dst| {
-            if let Some(d) = dst {
-                image[d] += col[i];
+    /// Row `r` of `im2col(image (C, H, W))` into `dst (OH·OW)`.
+    pub fn im2col_row(&self, r: usize, image: &[f32], dst: &mut [f32]) {
+        let ow = self.output[1];
+        let sw = self.stride[1];
+        self.for_each_in_row(r, |oy, window| {
+            let dst = &mut dst[oy * ow..(oy + 1) * ow];
+            let Some(InputRow { line, x0, lo, hi }) = window else {
+                dst.fill(0.0);
+                return;
+            };
+            dst[..lo].fill(0.0);
+            dst[hi..].fill(0.0);
+            if lo == hi {
+                return;
+            }
+            let first = (line as isize + x0 + (lo * sw) as isize) as usize;
+            if sw == 1 {
+                dst[lo..hi].copy_from_slice(&image[first..first + hi - lo]);
+            } else {
+                let src = image[first..].iter().step_by(sw);
+                dst[lo..hi].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
             }
         });
     }
+
+    /// `image (C, H, W) += col2im(col (C·kh·kw, OH·OW))`: each column entry is added back to
+    /// the pixel it was read from (padding entries are dropped); row by row.
+    #[cfg(test)]
+    pub fn col2im_add(&self, col: &[f32], image: &mut [f32]) {
+        let p = self.col_cols();
+        for (r, src) in col.chunks_exact(p).enumerate() {
+            self.col2im_row_add(r, src, image);
+        }
+    }
+
+    /// `image (C, H, W) +=` row `r` of the columns, `src (OH·OW)`, at the pixels it was read from.
+    pub fn col2im_row_add(&self, r: usize, src: &[f32], image: &mut [f32]) {
+        let ow = self.output[1];
+        let sw = self.stride[1];
+        self.for_each_in_row(r, |oy, window| {
+            let Some(InputRow { line, x0, lo, hi }) = window.filter(|w| w.lo < w.hi) else {
+                return;
+            };
+            let src = &src[oy * ow + lo..oy * ow + hi];
+            let first = (line as isize + x0 + (lo * sw) as isize) as usize;
+            let dst = image[first..].iter_mut().step_by(sw);
+            dst.zip(src).for_each(|(d, &v)| *d += v);
+        });
+    }
+}
+
+/// The input pixels one output row of one column-buffer row reads; see
+/// [`Geometry::for_each_in_row`].
+#[derive(Debug, Clone, Copy)]
+struct InputRow {
+    /// Flat index of the input row's first pixel, `(c·H + iy)·W`.
+    line: usize,
+    /// Input column of output column 0 (negative in the left padding).
+    x0: isize,
+    /// The output columns that read inside the image (`lo ≤ hi`, possibly none).
+    lo: usize,
+    hi: usize,
 }
 
 #[cfg(test)]
@@ -148,10 +197,63 @@ mod tests {
         assert_eq!(&col[27..], &[1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
     }
 
+    /// im2col of every geometry below against its definition, entry by entry, for two samples
+    /// placed side by side row by row (as the convolution lays out a chunk), including kernels
+    /// wider than the input and strides that skip the right edge.
+    #[test]
+    fn im2col_matches_its_definition_side_by_side() {
+        for (k, s, p, d) in [
+            (3, 1, 1, 1),
+            (2, 2, 0, 1),
+            (2, 1, 1, 2),
+            (3, 2, 2, 1),
+            (5, 1, 4, 1),
+            (3, 3, 2, 2),
+            (1, 2, 0, 1),
+        ] {
+            let g = geometry(k, s, p, d);
+            let (rows, cols) = (g.col_rows(), g.col_cols());
+            let n_in = 2 * 3 * 4;
+            let images: Vec<f32> = (0..2 * n_in).map(|i| i as f32 + 1.0).collect();
+            let ld = 2 * cols;
+            let mut col = vec![f32::NAN; rows * ld];
+            for (r, row) in col.chunks_exact_mut(ld).enumerate() {
+                for (j, dst) in row.chunks_exact_mut(cols).enumerate() {
+                    g.im2col_row(r, &images[j * n_in..(j + 1) * n_in], dst);
+                }
+            }
+            for j in 0..2 {
+                for r in 0..rows {
+                    let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
+                    for q in 0..cols {
+                        let (oy, ox) = (q / g.output[1], q % g.output[1]);
+                        let iy = (oy * s + ki * d) as isize - p as isize;
+                        let ix = (ox * s + kj * d) as isize - p as isize;
+                        let inside = (0..3).contains(&iy) && (0..4).contains(&ix);
+                        let want = if inside {
+                            images[j * n_in + (c * 3 + iy as usize) * 4 + ix as usize]
+                        } else {
+                            0.0
+                        };
+                        let got = col[r * ld + j * cols + q];
+                        assert_eq!(got, want, "k{k} s{s} p{p} d{d}: sample {j} row {r} col {q}");
+                    }
+                }
+            }
+        }
+    }
+
     /// col2im is the adjoint of im2col: ⟨im2col(x), c⟩ = ⟨x, col2im(c)⟩.
     #[test]
     fn col2im_is_the_adjoint() {
-        for (k, s, p, d) in [(3, 1, 1, 1), (2, 2, 0, 1), (2, 1, 1, 2), (3, 2, 2, 1)] {
+        for (k, s, p, d) in [
+            (3, 1, 1, 1),
+            (2, 2, 0, 1),
+            (2, 1, 1, 2),
+            (3, 2, 2, 1),
+            (5, 1, 4, 1),
+            (3, 3, 2, 2),
+        ] {
             let g = geometry(k, s, p, d);
             let n_in = 2 * 3 * 4;
             let n_col = g.col_rows() * g.col_cols();
