@@ -197,20 +197,23 @@ mod tests {
         assert_eq!(&col[27..], &[1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
     }
 
-    /// im2col of every geometry below against its definition, entry by entry, for two samples
-    /// placed side by side row by row (as the convolution lays out a chunk), including kernels
-    /// wider than the input and strides that skip the right edge.
+    /// `(kernel, stride, pad, dilation)` of the tested geometries over a 2×3×4 input, including
+    /// kernels wider than the input and strides that skip the right edge.
+    const GEOMETRIES: [(usize, usize, usize, usize); 7] = [
+        (3, 1, 1, 1),
+        (2, 2, 0, 1),
+        (2, 1, 1, 2),
+        (3, 2, 2, 1),
+        (5, 1, 4, 1),
+        (3, 3, 2, 2),
+        (1, 2, 0, 1),
+    ];
+
+    /// im2col of every geometry against its definition, entry by entry, for two samples placed
+    /// side by side row by row (as the convolution lays out a chunk).
     #[test]
     fn im2col_matches_its_definition_side_by_side() {
-        for (k, s, p, d) in [
-            (3, 1, 1, 1),
-            (2, 2, 0, 1),
-            (2, 1, 1, 2),
-            (3, 2, 2, 1),
-            (5, 1, 4, 1),
-            (3, 3, 2, 2),
-            (1, 2, 0, 1),
-        ] {
+        for (k, s, p, d) in GEOMETRIES {
             let g = geometry(k, s, p, d);
             let (rows, cols) = (g.col_rows(), g.col_cols());
             let n_in = 2 * 3 * 4;
@@ -246,14 +249,7 @@ mod tests {
     /// col2im is the adjoint of im2col: ⟨im2col(x), c⟩ = ⟨x, col2im(c)⟩.
     #[test]
     fn col2im_is_the_adjoint() {
-        for (k, s, p, d) in [
-            (3, 1, 1, 1),
-            (2, 2, 0, 1),
-            (2, 1, 1, 2),
-            (3, 2, 2, 1),
-            (5, 1, 4, 1),
-            (3, 3, 2, 2),
-        ] {
+        for (k, s, p, d) in GEOMETRIES {
             let g = geometry(k, s, p, d);
             let n_in = 2 * 3 * 4;
             let n_col = g.col_rows() * g.col_cols();
