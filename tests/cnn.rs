@@ -1,7 +1,7 @@
 //! The convolutional nets through the real binary: the digits CNN trains to a stated accuracy
 //! under `mpirun -np 2`; LeNet (on synthetic data) and cifar10_quick (on generated CIFAR-10 files)
-//! pass `check` and train a few iterations; and a CNN with every spatial layer kind gives the same weights for 2 replicas
-//! × batch b as for 1 replica × batch 2b.
+//! pass `check` and train a few iterations; and a CNN with every spatial layer kind gives the
+//! same weights for 2 replicas × batch b as for 1 replica × batch 2b.
 
 mod common;
 

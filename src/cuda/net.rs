@@ -13,13 +13,15 @@
 //!
 //! Everything a training step does — [`GpuNet::load_batch`], [`GpuNet::forward`],
 //! [`GpuNet::add_loss_to_slot`], [`GpuNet::backward`] — is enqueued on the compute stream without
-//! host synchronisation or device allocation. [`GpuNet::outputs`], [`GpuNet::loss_window`] and
-//! the parameter copies synchronise, and say so.
+//! host synchronisation; the only device allocations are the small partial-sum buffers of the
+//! channel reductions (BatchNorm, Scale, Bias, convolution bias), taken from and returned to the
+//! stream-ordered memory pool. [`GpuNet::outputs`], [`GpuNet::loss_window`] and the parameter
+//! copies synchronise, and say so.
 //!
-//! Where nothing else reads their intermediate blobs, BatchNorm → Scale (→ ReLU) chains run as one
-//! fused layer (the `fusion` module plans which): its forward at the chain's first layer, its
-//! backward at the last; the other layers of the chain are skipped and the blobs only they
-//! write are left empty.
+//! Where nothing else reads their intermediate blobs, BatchNorm → Scale (→ ReLU) chains and
+//! two-bottom Eltwise SUM → ReLU pairs run as one fused layer each (the `fusion` module plans
+//! which): its forward at the chain's first layer, its backward at the last; the other layers of
+//! the chain are skipped and the blobs only they write are left empty.
 //!
 //! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
 //! weight, then layers run in reverse and accumulate. Where a blob's gradient has exactly one
