@@ -55,8 +55,11 @@ use crate::layers::{self, Layer};
 use crate::net::{Net, Output, DATA, LABEL};
 use crate::parallel::engine::PassCtx;
 use crate::params::{ParamSpan, Params};
-use cudarc::driver::{result as driver, sys, CudaEvent, CudaSlice, DevicePtrMut, PinnedHostSlice};
+use cudarc::driver::{
+    result as driver, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
+};
 use fusion::Slot;
+use std::sync::Arc;
 
 /// What backward does in one phase, fixed when the net is built.
 #[derive(Debug)]
@@ -139,25 +142,50 @@ fn phase_index(phase: Phase) -> usize {
     }
 }
 
-/// Pinned host buffers for one batch's inputs and the event after the copy that last read them.
-/// Two alternate, so filling one never waits for the copy just enqueued from the other.
+/// One of two input slots: pinned host buffers for a batch's inputs, device buffers the same size
+/// as the input blobs (swapped with them once filled), and the events that order their reuse.
+/// Two alternate, so filling one never waits for the copy just enqueued from the other, and a
+/// batch is copied in on the copy stream while the compute stream still runs the previous one.
 struct Staging {
     data: PinnedHostSlice<f32>,
     labels: PinnedHostSlice<f32>,
+    /// `(capacity of the data blob)`: the next batch's data, or the last-but-one batch's.
+    device_data: CudaSlice<f32>,
+    /// `(capacity of the label blob)`.
+    device_labels: CudaSlice<f32>,
+    /// Recorded on the copy stream after the copy out of the pinned buffers into the device ones.
     copied: CudaEvent,
+    /// Recorded on the compute stream once every pass that read `device_*` (as the input blobs)
+    /// has been enqueued: the next copy into them waits for it.
+    released: CudaEvent,
 }
 
 impl Staging {
     fn new(gpu: &Gpu, data: usize, labels: usize) -> Result<Staging> {
         // SAFETY: the buffers are written before any element is read.
         let pinned = |n: usize| unsafe { gpu.ctx.alloc_pinned::<f32>(n.max(1)) };
+        let device = |n: usize| {
+            gpu.compute
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(|e| gpu_error("allocate device input staging", e))
+        };
+        let event = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| gpu_error("create a staging event", e))
+        };
+        let released = event()?;
+        // Nothing has read the device buffers yet: the first copy into them waits for nothing.
+        released
+            .record(&gpu.compute)
+            .map_err(|e| gpu_error("record a staging event", e))?;
         Ok(Staging {
             data: pinned(data).map_err(|e| gpu_error("allocate pinned input staging", e))?,
             labels: pinned(labels).map_err(|e| gpu_error("allocate pinned label staging", e))?,
-            copied: gpu
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| gpu_error("create the staging event", e))?,
+            device_data: device(data)?,
+            device_labels: device(labels)?,
+            copied: event()?,
+            released,
         })
     }
 }
@@ -200,6 +228,8 @@ pub struct GpuNet {
     gathered: CudaSlice<f32>,
     staging: [Staging; 2],
     next_staging: usize,
+    /// The stream inputs are copied to the device on, beside the compute stream.
+    copy: Arc<CudaStream>,
     ordinal: usize,
 }
 
@@ -286,6 +316,10 @@ impl GpuNet {
             .map_err(|e| gpu_error("allocate the loss window", e))?;
         let (nd, nl) = (blobs[DATA].capacity(), blobs[LABEL].capacity());
         let staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
+        let copy = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the input copy stream", e))?;
         Ok(GpuNet {
             graph,
             shapers,
@@ -309,6 +343,7 @@ impl GpuNet {
             gathered,
             staging,
             next_staging: 0,
+            copy,
             ordinal: gpu.ordinal,
         })
     }
@@ -377,8 +412,9 @@ impl GpuNet {
             layer.reshape(gpu, &bottoms)?;
         }
         let (nd, nl) = (self.blobs[DATA].capacity(), self.blobs[LABEL].capacity());
-        if self.staging[0].data.len() < nd || self.staging[0].labels.len() < nl {
-            // The old staging buffers may still be read by enqueued copies.
+        if self.staging[0].device_data.len() != nd || self.staging[0].device_labels.len() != nl {
+            // The old staging buffers may still be read by enqueued copies and passes; the device
+            // ones are swapped with the input blobs, so they keep the blobs' capacity.
             gpu.synchronize()?;
             self.staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
         }
@@ -389,9 +425,10 @@ impl GpuNet {
     /// Copies a batch in: `data` (N, C, H, W) and `labels` (N) for the current batch N.
     ///
     /// The host slices are copied into one of two pinned staging buffers (waiting, if need be,
-    /// for the copy enqueued from that buffer two loads ago), and from there to the device
-    /// asynchronously on the compute stream, so the caller may reuse its buffers at once and the
-    /// copy overlaps whatever the host does next.
+    /// for the copy enqueued from that buffer two loads ago), from there to that slot's device
+    /// buffers on the copy stream, which then become the input blobs: the compute stream waits
+    /// only for the copy's event, so the copy overlaps the passes of the previous batch still
+    /// running there, and the caller may reuse its buffers at once.
     ///
     /// # Panics
     /// If the lengths do not match the current batch.
@@ -419,19 +456,34 @@ impl GpuNet {
         let map_err = |e| gpu_error("map pinned input staging", e);
         st.data.as_mut_slice().map_err(map_err)?[..nd].copy_from_slice(data);
         st.labels.as_mut_slice().map_err(map_err)?[..nl].copy_from_slice(labels);
-        let stream = &gpu.compute;
-        for (src, blob) in [(&st.data, DATA), (&st.labels, LABEL)] {
-            let n = if blob == DATA { nd } else { nl };
+        // The device buffers were last read by the passes before `released` was recorded.
+        self.copy
+            .wait(&st.released)
+            .map_err(|e| gpu_error("order the input copy after the passes that read it", e))?;
+        for (src, dst, n) in [
+            (&st.data, &mut st.device_data, nd),
+            (&st.labels, &mut st.device_labels, nl),
+        ] {
             let src = src.as_slice().map_err(map_err)?;
-            let (dst, _record) = self.blobs[blob].data.device_ptr_mut(stream);
-            // SAFETY: `dst` holds at least `n` floats (the blob's count); the pinned source stays
-            // alive and unwritten until `copied`, recorded below, has completed.
-            unsafe { driver::memcpy_htod_async(dst, &src[..n], stream.cu_stream()) }
+            let (dst, _record) = dst.device_ptr_mut(&self.copy);
+            // SAFETY: `dst` holds at least `n` floats (the blob's capacity); the pinned source
+            // stays alive and unwritten until `copied`, recorded below, has completed.
+            unsafe { driver::memcpy_htod_async(dst, &src[..n], self.copy.cu_stream()) }
                 .map_err(|e| gpu_error("copy a batch to the device", e))?;
         }
         st.copied
-            .record(stream)
-            .map_err(|e| gpu_error("record the input copy", e))
+            .record(&self.copy)
+            .map_err(|e| gpu_error("record the input copy", e))?;
+        gpu.compute
+            .wait(&st.copied)
+            .map_err(|e| gpu_error("order the passes after the input copy", e))?;
+        // The new batch becomes the input blobs; the slot keeps the previous inputs, which the
+        // passes enqueued so far still read.
+        std::mem::swap(&mut self.blobs[DATA].data, &mut st.device_data);
+        std::mem::swap(&mut self.blobs[LABEL].data, &mut st.device_labels);
+        st.released
+            .record(&gpu.compute)
+            .map_err(|e| gpu_error("record the end of the input's passes", e))
     }
 
     /// Runs the layers of `pass.phase` forward and leaves the summed weighted loss of its loss

@@ -259,6 +259,41 @@ fn training_steps_match_cpu() {
     assert_close("weights after 5 steps", &got.data, &params.data, RTOL);
 }
 
+/// Batches loaded back to back, each followed by its forward with no host synchronisation, each
+/// reach their own pass: the copy of batch k + 2 into the device buffers of batch k waits for
+/// batch k's passes, and each pass waits for its own copy. Large batches make the passes outlast
+/// the copies, so a missing order shows as a loss computed on another batch's inputs.
+#[test]
+fn inputs_copied_ahead_reach_their_own_pass() {
+    let gpu = gpu_or_skip!("inputs_copied_ahead_reach_their_own_pass");
+    let mut cfg = equivalence_config();
+    cfg.solver.average_loss = 6;
+    let n = 4096;
+    let cpu = Cpu::new(1);
+    let (mut cpu_net, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    Net::init_params(&mut params, 831);
+    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
+    net.params_from_host(&gpu, &params).unwrap();
+    let mut want = Vec::new();
+    for slot in 0..6 {
+        let (data, labels) = batch(n, 840 + slot as u64);
+        let (d, l) = cpu_net.inputs_mut();
+        d.copy_from_slice(&data);
+        l.copy_from_slice(&labels);
+        want.push(cpu_net.forward(&ctx(&cpu, Phase::Train), &mut params)[0].value as f64);
+        net.load_batch(&gpu, &data, &labels).unwrap();
+        net.forward(&gpu, pass(Phase::Train), None).unwrap();
+        net.add_loss_to_slot(&gpu, slot, true).unwrap();
+    }
+    let got = net.loss_window(&gpu).unwrap();
+    for (slot, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs(),
+            "batch {slot}: loss {g} on the GPU, {w} on the CPU"
+        );
+    }
+}
+
 #[test]
 fn tf32_math_stays_close_to_fp32() {
     let gpu = gpu_or_skip!("tf32_math_stays_close_to_fp32", MathMode::Tf32);
