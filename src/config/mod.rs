@@ -61,6 +61,11 @@ pub struct ClusterConfig {
     /// How cuDNN convolution algorithms are chosen per shape on GPUs.
     #[serde(default)]
     pub conv_algorithm: ConvAlgorithm,
+    /// `true`: GPU convolutions take only deterministic cuDNN algorithms, and in `fp32` only the
+    /// GEMM-like ones (a plain dot product's rounding). `false`: any algorithm cuDNN offers (FFT,
+    /// Winograd, non-deterministic backward ones), as PyTorch does by default.
+    #[serde(default = "yes")]
+    pub conv_exact: bool,
     /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
     /// differs (a launcher misconfiguration). Unset: any.
     pub world_size: Option<usize>,
@@ -97,8 +102,8 @@ pub enum MathMode {
     Tf32,
 }
 
-/// How the GPU convolution layer chooses cuDNN's algorithms for each input shape. Either way only
-/// deterministic algorithms are taken, and in `fp32` only the GEMM-like ones.
+/// How the GPU convolution layer chooses cuDNN's algorithms for each input shape, among those
+/// `conv_exact` allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ConvAlgorithm {
@@ -120,6 +125,7 @@ impl Default for ClusterConfig {
             bucket_mb: bucket_mb_default(),
             math: MathMode::Fp32,
             conv_algorithm: ConvAlgorithm::Measured,
+            conv_exact: true,
             world_size: None,
             verify_interval: 0,
             collective_timeout_s: collective_timeout_default(),

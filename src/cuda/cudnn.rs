@@ -1,8 +1,8 @@
 //! A thin safe layer over cuDNN's C API (`cudarc::cudnn::sys`, loaded at run time) for what the
 //! convolution layer needs: [`Cudnn`], one handle per [`Gpu`](super::Gpu) bound to its compute
 //! stream; RAII [`TensorDesc`], [`FilterDesc`] and [`ConvDesc`]; the choice of convolution
-//! algorithms per shape ([`ConvAlgos::choose`]); and the forward, backward-data,
-//! backward-filter and bias-add calls.
+//! algorithms per shape ([`ConvAlgos::choose`]); and the forward, backward-data and
+//! backward-filter calls.
 //!
 //! cuDNN is optional: nothing here is touched unless a net has a convolution layer, so a net
 //! without one runs on a machine without libcudnn. [`Cudnn::new`] checks that the library loads
@@ -12,14 +12,17 @@
 //! Layouts: every tensor is NCHW, fully packed, FP32; filters are KCRS (`(num_output,
 //! C/group, kh, kw)`, the CPU layer's weight layout), so parameters need no conversion.
 //!
-//! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and only
-//! the GEMM-like algorithms, whose rounding error is that of a plain dot product (the FFT and
-//! Winograd algorithms trade accuracy for speed and would not agree with the CPU to FP32
-//! precision); for `math = "tf32"` every algorithm and `CUDNN_TENSOR_OP_MATH` are allowed.
+//! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and, with
+//! `cluster.conv_exact` (the default), only the GEMM-like algorithms, whose rounding error is
+//! that of a plain dot product (the FFT and Winograd algorithms trade accuracy for speed and
+//! would not agree with the CPU to FP32 precision); for `math = "tf32"` every algorithm and
+//! `CUDNN_TENSOR_OP_MATH` are allowed. `conv_exact` also prefers deterministic algorithms;
+//! `conv_exact = false` takes the first usable one of the ranking whatever its kind, as PyTorch
+//! does unless told otherwise.
 //!
 //! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate once per
 //! shape (`cudnnFind*`, host-blocking, at the first step of a shape) and keeps the fastest allowed
-//! deterministic one that fits the workspace limit; `heuristic` takes the first such one of cuDNN's
+//! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first such one of cuDNN's
 //! ranking (`*_v7`), which costs no timing and is the same every run. Each direction runs with the
 //! math type cuDNN reported for its algorithm (a descriptor per direction): the legacy API picks
 //! the kernel by algorithm *and* math type, and the tensor-core kernels of an algorithm are only
@@ -67,7 +70,6 @@ const SYMBOLS: &[&str] = &[
     "cudnnConvolutionForward",
     "cudnnConvolutionBackwardData",
     "cudnnConvolutionBackwardFilter",
-    "cudnnAddTensor",
 ];
 
 /// The largest workspace (bytes) an algorithm may ask for.
@@ -434,10 +436,11 @@ fn bwd_filter_algo(v: i32) -> Option<BwdFilterAlgo> {
     })
 }
 
-/// Whether an algorithm (by its integer value) is allowed in `math`: in FP32, only the
-/// GEMM-like ones (forward 0–3, backward-data 0–1, backward-filter 0, 1, 3).
-fn allowed(direction: usize, algo: i32, math: MathMode) -> bool {
-    if math == MathMode::Tf32 {
+/// Whether an algorithm (by its integer value) is allowed: any when not `exact`, and when
+/// `exact` in FP32 only the GEMM-like ones (forward 0–3, backward-data 0–1, backward-filter
+/// 0, 1, 3).
+fn allowed(direction: usize, algo: i32, math: MathMode, exact: bool) -> bool {
+    if math == MathMode::Tf32 || !exact {
         return true;
     }
     match direction {
@@ -447,19 +450,19 @@ fn allowed(direction: usize, algo: i32, math: MathMode) -> bool {
     }
 }
 
-/// Picks from a ranking (cuDNN's heuristic order, or measured time ascending): the first
-/// successful, allowed, deterministic algorithm within the workspace limit; failing that, the
-/// first successful allowed one within the limit.
-fn pick(direction: usize, ranked: &[RawPerf], math: MathMode) -> Option<RawPerf> {
+/// Picks from a ranking (cuDNN's heuristic order, or measured time ascending) the first
+/// successful, allowed algorithm within the workspace limit; when `exact`, the first
+/// deterministic such one if there is one.
+fn pick(direction: usize, ranked: &[RawPerf], math: MathMode, exact: bool) -> Option<RawPerf> {
     let usable = |p: &&RawPerf| {
         p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
-            && allowed(direction, p.algo, math)
+            && allowed(direction, p.algo, math, exact)
             && p.memory <= WORKSPACE_LIMIT
     };
     ranked
         .iter()
         .filter(usable)
-        .find(|p| p.determinism == 1)
+        .find(|p| p.determinism == 1 || !exact)
         .or_else(|| ranked.iter().find(usable))
         .copied()
 }
@@ -581,6 +584,7 @@ impl ConvAlgos {
     pub fn choose(
         dnn: &Cudnn,
         how: ConvAlgorithm,
+        exact: bool,
         x: &TensorDesc,
         w: &FilterDesc,
         geometry: ConvGeometry,
@@ -591,8 +595,16 @@ impl ConvAlgos {
         let descs = (x, w, &query, y);
         let mut chosen = [(0i32, math_type(math)); 3];
         for (direction, slot) in chosen.iter_mut().enumerate() {
-            if let Some(p) = pick(direction, &rank(dnn, direction, how, descs)?, math) {
+            if let Some(p) = pick(direction, &rank(dnn, direction, how, descs)?, math, exact) {
                 *slot = (p.algo, run_math_type(math, p.math_type));
+                tracing::debug!(
+                    direction = ["forward", "backward data", "backward filter"][direction],
+                    algo = p.algo,
+                    math_type = p.math_type,
+                    deterministic = p.determinism == 1,
+                    measured_ms = p.time,
+                    "cuDNN convolution algorithm"
+                );
             }
         }
         let desc = |d: usize| ConvDesc::with_math_type(geometry, math, chosen[d].1);
@@ -774,26 +786,6 @@ pub unsafe fn conv_backward_filter(
     )
 }
 
-/// `y += b` broadcast, with `b` described as `(1, C, 1, 1)`.
-///
-/// # Safety
-/// As [`conv_forward`].
-pub unsafe fn add_bias(dnn: &Cudnn, b: (&TensorDesc, u64), y: (&TensorDesc, u64)) -> Result<()> {
-    let one = 1.0f32;
-    check(
-        "cudnnAddTensor",
-        sys::cudnnAddTensor(
-            dnn.raw,
-            &one as *const f32 as *const c_void,
-            b.0.raw,
-            b.1 as *const c_void,
-            &one as *const f32 as *const c_void,
-            y.0.raw,
-            y.1 as *mut c_void,
-        ),
-    )
-}
-
 #[cfg(test)]
 mod survey;
 
@@ -813,11 +805,34 @@ mod tests {
             ..Default::default()
         };
         let ranked = [perf(6, 1, 0), perf(4, 1, 0), perf(0, 0, 0), perf(1, 1, 0)];
-        assert_eq!(pick(0, &ranked, MathMode::Fp32).unwrap().algo, 1);
-        assert_eq!(pick(0, &ranked, MathMode::Tf32).unwrap().algo, 6);
+        assert_eq!(pick(0, &ranked, MathMode::Fp32, true).unwrap().algo, 1);
+        assert_eq!(pick(0, &ranked, MathMode::Tf32, true).unwrap().algo, 6);
         let nondeterministic = [perf(5, 1, 0), perf(0, 0, 0)];
-        assert_eq!(pick(1, &nondeterministic, MathMode::Fp32).unwrap().algo, 0);
+        assert_eq!(
+            pick(1, &nondeterministic, MathMode::Fp32, true)
+                .unwrap()
+                .algo,
+            0
+        );
         let too_big = [perf(1, 1, WORKSPACE_LIMIT + 1)];
-        assert!(pick(2, &too_big, MathMode::Fp32).is_none());
+        assert!(pick(2, &too_big, MathMode::Fp32, true).is_none());
+    }
+
+    /// Without `conv_exact` the first usable algorithm of the ranking is taken, FFT, Winograd and
+    /// non-deterministic ones included; the workspace limit still holds.
+    #[test]
+    fn inexact_choice_takes_the_first_usable_algorithm() {
+        let perf = |algo, determinism, memory| RawPerf {
+            algo,
+            status: 0,
+            memory,
+            determinism,
+            ..Default::default()
+        };
+        let ranked = [perf(4, 0, 0), perf(1, 1, 0)];
+        assert_eq!(pick(0, &ranked, MathMode::Fp32, false).unwrap().algo, 4);
+        assert_eq!(pick(0, &ranked, MathMode::Tf32, false).unwrap().algo, 4);
+        let too_big = [perf(5, 1, WORKSPACE_LIMIT + 1), perf(0, 0, 0)];
+        assert_eq!(pick(2, &too_big, MathMode::Fp32, false).unwrap().algo, 0);
     }
 }

@@ -36,6 +36,8 @@ pub struct Gpu {
     pub math: MathMode,
     /// How convolution layers choose cuDNN algorithms (measured unless the config says otherwise).
     pub conv_algorithm: ConvAlgorithm,
+    /// Whether convolutions keep to exact, deterministic algorithms (`cluster.conv_exact`).
+    pub conv_exact: bool,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
@@ -101,6 +103,7 @@ impl Gpu {
             kernels,
             math,
             conv_algorithm: ConvAlgorithm::Measured,
+            conv_exact: true,
             dnn: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
         })

@@ -75,6 +75,7 @@ impl GpuEngine {
     ) -> Result<Self> {
         let mut gpu = Gpu::new(ordinal, cfg.cluster.math)?;
         gpu.conv_algorithm = cfg.cluster.conv_algorithm;
+        gpu.conv_exact = cfg.cluster.conv_exact;
         let mut net = GpuNet::new(cfg, record_shape, cfg.data.batch_size, &gpu)?;
         net.params_from_host(&gpu, initial)?;
         let solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans)?;
