@@ -108,15 +108,31 @@ struct PoolGeom {
         pad_h, pad_w;
 };
 
+// (plane, row, col) of element i of a (planes, rows, cols) tensor; a plane is one (n, c).
+__device__ __forceinline__ void plane_pos(int i, FastDiv cols, FastDiv rows, int* plane, int* r,
+                                          int* c) {
+    const int q = div_by(i, cols);
+    *c = i - q * (int)cols.d;
+    *plane = div_by(q, rows);
+    *r = q - *plane * (int)rows.d;
+}
+
+// The first and one-past-last window along an axis covering padded position p (position + pad)
+// of the bottom: windows start every `stride` and span `kernel`, `pooled` of them.
+__device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int pooled, int* start,
+                                         int* end) {
+    *start = (p < kernel) ? 0 : div_by(p - kernel, stride) + 1;
+    *end = min(div_by(p, stride) + 1, pooled);
+}
+
 // One thread per top element: the maximum of the window clipped to the image, and its index
 // h * width + w in the (n, c) plane (the first maximum in row-major order wins).
 extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
                                             PoolGeom g) {
+    const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     GRID_STRIDE_INT(index, top_count) {
-        const int pw = index % g.pooled_w;
-        const int ph = (index / g.pooled_w) % g.pooled_h;
-        const int c = (index / g.pooled_w / g.pooled_h) % g.channels;
-        const int n = index / g.pooled_w / g.pooled_h / g.channels;
+        int plane, ph, pw;
+        plane_pos(index, by_pw, by_ph, &plane, &ph, &pw);
         int hstart = ph * g.stride_h - g.pad_h;
         int wstart = pw * g.stride_w - g.pad_w;
         const int hend = min(hstart + g.kernel_h, g.height);
@@ -125,7 +141,7 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
         wstart = max(wstart, 0);
         float maxval = -3.402823466e+38f;
         int maxidx = -1;
-        const float* slice = x + (n * g.channels + c) * g.height * g.width;
+        const float* slice = x + plane * g.height * g.width;
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
                 if (slice[h * g.width + w] > maxval) {
@@ -142,11 +158,10 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
 // One thread per top element: the window's sum divided by its size clipped to
 // [-pad, size + pad) (padding counts, the part beyond the padded image does not).
 extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g) {
+    const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     GRID_STRIDE_INT(index, top_count) {
-        const int pw = index % g.pooled_w;
-        const int ph = (index / g.pooled_w) % g.pooled_h;
-        const int c = (index / g.pooled_w / g.pooled_h) % g.channels;
-        const int n = index / g.pooled_w / g.pooled_h / g.channels;
+        int plane, ph, pw;
+        plane_pos(index, by_pw, by_ph, &plane, &ph, &pw);
         int hstart = ph * g.stride_h - g.pad_h;
         int wstart = pw * g.stride_w - g.pad_w;
         int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
@@ -157,7 +172,7 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
         hend = min(hend, g.height);
         wend = min(wend, g.width);
         float aveval = 0.0f;
-        const float* slice = x + (n * g.channels + c) * g.height * g.width;
+        const float* slice = x + plane * g.height * g.width;
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) aveval += slice[h * g.width + w];
         }
@@ -168,24 +183,22 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
 // One thread per bottom element: the sum of the top diffs whose argmax it is (no atomics).
 extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, float* dx,
                                              int bottom_count, PoolGeom g, int accumulate) {
+    const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
+    const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     GRID_STRIDE_INT(index, bottom_count) {
-        const int w = index % g.width;
-        const int h = (index / g.width) % g.height;
-        const int c = (index / g.width / g.height) % g.channels;
-        const int n = index / g.width / g.height / g.channels;
-        const int phstart =
-            (h + g.pad_h < g.kernel_h) ? 0 : (h + g.pad_h - g.kernel_h) / g.stride_h + 1;
-        const int phend = min((h + g.pad_h) / g.stride_h + 1, g.pooled_h);
-        const int pwstart =
-            (w + g.pad_w < g.kernel_w) ? 0 : (w + g.pad_w - g.kernel_w) / g.stride_w + 1;
-        const int pwend = min((w + g.pad_w) / g.stride_w + 1, g.pooled_w);
+        int plane, h, w;
+        plane_pos(index, by_w, by_h, &plane, &h, &w);
+        int phstart, phend, pwstart, pwend;
+        covering(h + g.pad_h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
+        covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
-        const int offset = (n * g.channels + c) * g.pooled_h * g.pooled_w;
+        const int offset = plane * g.pooled_h * g.pooled_w;
         const float* dy_slice = dy + offset;
         const int* mask_slice = mask + offset;
+        const int self = h * g.width + w;
         for (int ph = phstart; ph < phend; ++ph) {
             for (int pw = pwstart; pw < pwend; ++pw) {
-                if (mask_slice[ph * g.pooled_w + pw] == h * g.width + w) {
+                if (mask_slice[ph * g.pooled_w + pw] == self) {
                     gradient += dy_slice[ph * g.pooled_w + pw];
                 }
             }
@@ -197,22 +210,23 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
 // One thread per bottom element: the sum over the windows covering it of top diff / pool size.
 extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
                                              PoolGeom g, int accumulate) {
+    const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
+    const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     GRID_STRIDE_INT(index, bottom_count) {
-        const int w = index % g.width + g.pad_w;
-        const int h = (index / g.width) % g.height + g.pad_h;
-        const int c = (index / g.width / g.height) % g.channels;
-        const int n = index / g.width / g.height / g.channels;
-        const int phstart = (h < g.kernel_h) ? 0 : (h - g.kernel_h) / g.stride_h + 1;
-        const int phend = min(h / g.stride_h + 1, g.pooled_h);
-        const int pwstart = (w < g.kernel_w) ? 0 : (w - g.kernel_w) / g.stride_w + 1;
-        const int pwend = min(w / g.stride_w + 1, g.pooled_w);
+        int plane, h, w;
+        plane_pos(index, by_w, by_h, &plane, &h, &w);
+        h += g.pad_h;
+        w += g.pad_w;
+        int phstart, phend, pwstart, pwend;
+        covering(h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
+        covering(w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
-        const float* dy_slice = dy + (n * g.channels + c) * g.pooled_h * g.pooled_w;
+        const float* dy_slice = dy + plane * g.pooled_h * g.pooled_w;
         for (int ph = phstart; ph < phend; ++ph) {
+            const int hstart = ph * g.stride_h - g.pad_h;
+            const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
             for (int pw = pwstart; pw < pwend; ++pw) {
-                const int hstart = ph * g.stride_h - g.pad_h;
                 const int wstart = pw * g.stride_w - g.pad_w;
-                const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
                 const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
                 const int pool_size = (hend - hstart) * (wend - wstart);
                 gradient += dy_slice[ph * g.pooled_w + pw] / pool_size;

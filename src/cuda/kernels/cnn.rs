@@ -613,6 +613,37 @@ impl Kernels {
         )
     }
 
+    /// `y += bias[d]` in place over `(n)` viewed as `(n / (dim·inner), dim, inner)` (a
+    /// convolution's bias: `dim` output channels of `inner` pixels).
+    pub fn channel_bias_inplace(
+        &self,
+        s: &CudaStream,
+        y: &mut impl DevicePtrMut<f32>,
+        bias: &CudaView<'_, f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+    ) -> Result<()> {
+        let op = "channel_bias_inplace";
+        check_len(op, "y", y.len(), n);
+        check_len(op, "bias", bias.len(), dim);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        let (yp, _y) = y.device_ptr_mut(s);
+        let (bp, _b) = bias.device_ptr(s);
+        // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
+        // scale operand is absent (flag 0, never read).
+        let (no, yes) = (0i32, 1i32);
+        launch!(
+            self,
+            s,
+            channel_affine,
+            self.grid(n),
+            [&yp, &yp, &no, &bp, &yes, &yp, &ni, &d, &i]
+        )
+    }
+
     /// `dx (+)= dy · scale[d]` over `(n)` viewed as `(·, dim, inner)`.
     #[allow(clippy::too_many_arguments)]
     pub fn channel_scale_backward(
