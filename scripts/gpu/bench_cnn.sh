@@ -5,6 +5,7 @@
 #
 #   scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR
 #   ONLY="lenet resnet50" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # some of them
+#   INEXACT=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                  # also with conv_exact = false
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
@@ -12,6 +13,9 @@ BIN=$(realpath "${1:?BIN_DIR}")
 OUT=$(realpath -m "${2:?OUT_DIR}")
 mkdir -p "$OUT"
 MPI=(mpirun --bind-to none --oversubscribe)
+# 1 and 2 GPUs where the machine has two; 1 only on a one-GPU machine (said in the summary).
+NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
+[ "$NGPU" -ge 2 ] || echo "SKIPPED (needs 2 GPUs, this machine has $NGPU): 2-GPU benchmarks" | tee -a "$OUT/summary.txt"
 failed=0
 # LeNet reads MNIST IDX files; for timing, the same net on synthetic 1x28x28 records.
 lenet="$OUT/lenet_synthetic.toml"
@@ -34,7 +38,8 @@ text, n = re.subn(r'format = "cifar10"\ntrain_files = \[.*?\]\ntest_files = \[.*
 assert n == 1, "config/cifar10_quick.toml: no cifar10 data block to replace"
 open(sys.argv[2], "w").write(text)
 PY
-# name config batch math warmup iters
+# name config batch math warmup iters [conv_exact]: conv_exact=false lets cuDNN's FFT, Winograd
+# and non-deterministic algorithms in (PyTorch's default); PyTorch runs once per workload.
 ALL=("lenet $lenet 64 fp32 50 500"
   "cifar10_quick $quick 100 fp32 50 500"
   "cifar10_quick $quick 512 fp32 20 200"
@@ -45,12 +50,16 @@ for w in "${ALL[@]}"; do
   name=$1 cfg=$2 batch=$3 math=$4 warmup=$5 iters=$6
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
-  for np in 1 2; do
-    log="$OUT/bench-$name-$batch-$math-$np.log"
-    timeout 300 "${MPI[@]}" -np $np "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
-      --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch" \
-      >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
-    echo "p2ptrain $name b$batch $math ${np} GPU(s): $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
+  for np in $(seq 1 "$((NGPU < 2 ? NGPU : 2))"); do
+    for exact in true ${INEXACT:+false}; do
+      log="$OUT/bench-$name-$batch-$math-$np-exact-$exact.log"
+      timeout 300 "${MPI[@]}" -np $np "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
+        --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch" \
+        --set "cluster.conv_exact=$exact" \
+        >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
+      echo "p2ptrain $name b$batch $math ${np} GPU(s) conv_exact=$exact: $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
+      grep -A7 '^step split' "$log" >>"$OUT/summary.txt"
+    done
     if [ $np -eq 1 ]; then
       timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \
         --warmup "$warmup" --iters "$iters" 2>"$OUT/torch-$name-$batch-$math-$np.err" | tee -a "$OUT/summary.txt"
