@@ -41,7 +41,11 @@ pub const DEFAULT_TIMELINE_ITERS: u64 = 50;
 pub enum Action {
     Train,
     Check,
-    Bench { warmup: u64, iters: u64 },
+    Bench {
+        warmup: u64,
+        iters: u64,
+        layers: bool,
+    },
 }
 
 /// The options shared by every action.
@@ -426,7 +430,15 @@ pub fn run(action: Action, opts: Options) -> i32 {
         resume: prepared.resume.map(|(_, state)| Arc::new(state)),
     };
     let mode = match action {
-        Action::Bench { warmup, iters } => Mode::Bench { warmup, iters },
+        Action::Bench {
+            warmup,
+            iters,
+            layers,
+        } => Mode::Bench {
+            warmup,
+            iters,
+            layers,
+        },
         _ => Mode::Train,
     };
     match manager.run(&boot, mode, outputs) {
@@ -516,6 +528,31 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                     );
                 }
             }
+            if let Some(layers) = &report.layer_ms {
+                print_layer_times(layers, report.step_clock);
+            }
         }
     }
+}
+
+/// `bench --layers`: each layer's forward and backward time per iteration and their totals.
+fn print_layer_times(layers: &[crate::parallel::sync::LayerTime], clock: &str) {
+    let width = layers
+        .iter()
+        .map(|l| l.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    outln!("per layer, {clock} clock, ms per iteration, mean over replicas:");
+    outln!("{:<width$} {:>12} {:>12}", "layer", "forward", "backward");
+    let (mut fwd, mut bwd) = (0.0, 0.0);
+    for l in layers {
+        fwd += l.forward_ms;
+        bwd += l.backward_ms.unwrap_or(0.0);
+        let b = l
+            .backward_ms
+            .map_or_else(|| "-".to_string(), |ms| format!("{ms:.3}"));
+        outln!("{:<width$} {:>12.3} {:>12}", l.name, l.forward_ms, b);
+    }
+    outln!("{:<width$} {:>12.3} {:>12.3}", "total", fwd, bwd);
 }

@@ -5,7 +5,7 @@
 //!          [--timeline FILE [--timeline-iters N]]
 //!          [--resume FILE|latest|auto] [--allow-batch-change]
 //! p2ptrain check CONFIG [--set ...]
-//! p2ptrain bench CONFIG [--warmup N] [--iters N] [--set ...]
+//! p2ptrain bench CONFIG [--warmup N] [--iters N] [--layers] [--set ...]
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain compute-mean CONFIG -o mean.binaryproto [--set ...]
@@ -65,6 +65,10 @@ enum Command {
         /// Timed iterations.
         #[arg(long, default_value_t = 50)]
         iters: u64,
+        /// Then as many iterations again, timing each layer's forward and backward (device
+        /// time on GPUs, as Caffe's `caffe time` prints).
+        #[arg(long)]
+        layers: bool,
     },
     /// Check then time all-reduces over a sweep of sizes (after nccl-tests' all_reduce_perf).
     #[command(
@@ -249,7 +253,15 @@ fn main() {
             common,
             warmup,
             iters,
-        }) => (Action::Bench { warmup, iters }, common.into()),
+            layers,
+        }) => (
+            Action::Bench {
+                warmup,
+                iters,
+                layers,
+            },
+            common.into(),
+        ),
         Some(Command::Plot(p)) => std::process::exit(plot::run(&PlotOptions {
             inputs: p.inputs,
             labels: p.labels,

@@ -93,6 +93,54 @@ fn help_and_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `bench --layers` under mpirun: after the step split, one row per layer of the train net in net
+/// order with its forward and backward milliseconds (a `-` where the layer has no backward), and
+/// the totals. Only the table's shape is checked: timings are not asserted.
+#[test]
+fn bench_layers_prints_every_layer_with_its_times() {
+    let dir = out_dir("bench_layers");
+    let mut c = mpirun(2);
+    c.arg(bin()).current_dir(&dir).args([
+        "bench",
+        &repo("tests/configs/cnn_equivalence.toml")
+            .display()
+            .to_string(),
+        "--warmup",
+        "1",
+        "--iters",
+        "3",
+        "--layers",
+    ]);
+    let out = run(&mut c);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let table: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("per layer, host clock"))
+        .skip(2)
+        .collect();
+    let rows: Vec<Vec<&str>> = table
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    let train_layers = [
+        "conv_a", "pool_a", "conv_b", "cat", "scale", "conv_c", "sum", "relu", "pool_b", "ip",
+        "loss",
+    ];
+    let expected: Vec<&str> = train_layers.iter().copied().chain(["total"]).collect();
+    assert_eq!(names, expected, "{stdout}");
+    for r in &rows {
+        assert_eq!(r.len(), 3, "{stdout}");
+        let forward: f64 = r[1].parse().unwrap();
+        assert!(forward >= 0.0 && forward.is_finite(), "{stdout}");
+        assert!(
+            r[2] == "-" || r[2].parse::<f64>().is_ok_and(|b| b >= 0.0),
+            "{stdout}"
+        );
+    }
+}
+
 /// Counts the fatal error reports in a job's output.
 fn reports(out: &std::process::Output) -> usize {
     text(out).matches("p2ptrain: rank").count()

@@ -6,6 +6,7 @@
 #   scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR
 #   ONLY="lenet resnet50" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # some of them
 #   INEXACT=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                  # also with conv_exact = false
+#   LAYERS=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                   # and each layer's times
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
@@ -55,10 +56,11 @@ for w in "${ALL[@]}"; do
       log="$OUT/bench-$name-$batch-$math-$np-exact-$exact.log"
       timeout 300 "${MPI[@]}" -np $np "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
         --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch" \
-        --set "cluster.conv_exact=$exact" \
+        --set "cluster.conv_exact=$exact" ${LAYERS:+--layers} \
         >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
       echo "p2ptrain $name b$batch $math ${np} GPU(s) conv_exact=$exact: $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
       grep -A7 '^step split' "$log" >>"$OUT/summary.txt"
+      sed -n '/^per layer/,/^total/p' "$log" >>"$OUT/summary.txt"
     done
     if [ $np -eq 1 ]; then
       timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \

@@ -8,9 +8,10 @@
 //! waits through [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the
 //! collective deadline.
 //!
-//! Timeline: the device's step phases, from the `PhaseClock`'s CUDA events mapped onto the host
-//! clock through one event recorded when the timeline starts (per-layer and per-bucket device
-//! spans are not recorded).
+//! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
+//! backward, from the `PhaseClock`'s and the net's `LayerClock`'s CUDA events, mapped onto the
+//! host clock through one event recorded when the timeline starts (per-bucket all-reduce spans
+//! are not recorded).
 
 use super::bucket::{plan_buckets, Bucket};
 use super::layers::Collective;
@@ -295,6 +296,7 @@ impl Engine for GpuEngine {
             at_ns,
         });
         self.clock.set(true);
+        self.net.layer_clock.set(true);
         Ok(())
     }
 
@@ -302,13 +304,17 @@ impl Engine for GpuEngine {
         let Some(t) = self.timeline.take() else {
             return Ok(None);
         };
-        let spans = self.clock.spans(&t.zero)?;
+        let steps = self.clock.spans(&t.zero)?;
+        let layers = self.net.layer_clock.spans(&t.zero)?;
         self.clock.set(false);
-        let mut log = SpanLog::with_capacity(t.origin, spans.len());
-        for (phase, start_ms, dur_ms) in spans {
+        self.net.layer_clock.set(false);
+        let mut log = SpanLog::with_capacity(t.origin, steps.len() + layers.len());
+        log.layer_names = self.net.span_names();
+        let steps = steps.into_iter().map(|(p, s, d)| (Name::Step(p), s, d));
+        for (name, start_ms, dur_ms) in steps.chain(layers) {
             let start_ns = t.at_ns + (start_ms.max(0.0) * 1e6) as u64;
             let dur_ns = (dur_ms.max(0.0) * 1e6) as u64;
-            log.push_ns(Name::Step(phase), Track::Device, start_ns, dur_ns, None);
+            log.push_ns(name, Track::Device, start_ns, dur_ns, None);
         }
         Ok(Some(log))
     }

@@ -46,6 +46,7 @@
 //! ```
 
 use super::blob::GpuBlob;
+use super::layer_clock::LayerClock;
 use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
@@ -54,6 +55,7 @@ use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
 use crate::net::{Net, Output, DATA, LABEL};
 use crate::parallel::engine::PassCtx;
+use crate::parallel::timeline::Name;
 use crate::params::{ParamSpan, Params};
 use cudarc::driver::{
     result as driver, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
@@ -230,6 +232,8 @@ pub struct GpuNet {
     next_staging: usize,
     /// The stream inputs are copied to the device on, beside the compute stream.
     copy: Arc<CudaStream>,
+    /// Per-layer device times, while a timeline or `bench --layers` records them.
+    pub layer_clock: LayerClock,
     ordinal: usize,
 }
 
@@ -344,6 +348,7 @@ impl GpuNet {
             staging,
             next_staging: 0,
             copy,
+            layer_clock: LayerClock::default(),
             ordinal: gpu.ordinal,
         })
     }
@@ -369,6 +374,20 @@ impl GpuNet {
             .filter_map(|(i, slot)| match slot {
                 Slot::Head { last, .. } => Some((i, *last)),
                 _ => None,
+            })
+            .collect()
+    }
+
+    /// Per layer, the name its timeline spans go under: the config's, or for the first layer of
+    /// a fused chain (which runs the whole chain) the chain's names joined by `+`.
+    pub fn span_names(&self) -> Vec<String> {
+        (0..self.layers.len())
+            .map(|i| match &self.slots[i] {
+                Slot::Head { last, .. } => (i..=*last)
+                    .map(|j| self.graph.layer_name(j))
+                    .collect::<Vec<_>>()
+                    .join("+"),
+                _ => self.graph.layer_name(i).to_string(),
             })
             .collect()
     }
@@ -518,7 +537,10 @@ impl GpuNet {
                 Slot::Absorbed { .. } => continue,
             };
             let params = self.params.data.slice(range.clone());
-            layer.forward(gpu, &ctx, &mut self.blobs, node.bottoms, tops, &params)?;
+            let blobs = &mut self.blobs;
+            self.layer_clock.time(gpu, Name::Forward(i as u32), || {
+                layer.forward(gpu, &ctx, blobs, node.bottoms, tops, &params)
+            })?;
             if phase == Phase::Train {
                 layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
             }
@@ -674,17 +696,21 @@ impl GpuNet {
             if let Some((at, range)) = run {
                 let data = self.params.data.slice(range.clone());
                 let mut diff = self.params.diff.slice_mut(range);
-                self.layers[at].backward(
-                    gpu,
-                    &ctx,
-                    &mut self.blobs,
-                    self.graph.node(at).bottoms,
-                    node.tops,
-                    &plan.grads[at],
-                    &data,
-                    param_grad,
-                    &mut diff,
-                )?;
+                let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
+                let bottoms = self.graph.node(at).bottoms;
+                self.layer_clock.time(gpu, Name::Backward(at as u32), || {
+                    layer.backward(
+                        gpu,
+                        &ctx,
+                        blobs,
+                        bottoms,
+                        node.tops,
+                        &plan.grads[at],
+                        &data,
+                        param_grad,
+                        &mut diff,
+                    )
+                })?;
             }
             if node.needs_backward {
                 on_layer_done(i, &mut self.params.diff);

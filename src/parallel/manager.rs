@@ -21,7 +21,12 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy)]
 pub enum Mode {
     Train,
-    Bench { warmup: u64, iters: u64 },
+    /// `layers`: then `iters` more iterations timing each layer.
+    Bench {
+        warmup: u64,
+        iters: u64,
+        layers: bool,
+    },
 }
 
 /// The outcome of a run, as seen by this process's first replica.
@@ -67,7 +72,11 @@ fn drive<E: Engine>(
         .resume_from(resume);
     match mode {
         Mode::Train => sync.train(),
-        Mode::Bench { warmup, iters } => sync.bench(warmup, iters),
+        Mode::Bench {
+            warmup,
+            iters,
+            layers,
+        } => sync.bench(warmup, iters, layers),
     }
 }
 

@@ -52,12 +52,25 @@ pub struct ReplicaReport {
     pub step_seconds: Option<[f64; 5]>,
     /// Which clock measured `step_seconds`.
     pub step_clock: &'static str,
+    /// Per layer, mean milliseconds per iteration over replicas (`bench --layers`), in net order;
+    /// layers that never ran on their own (absorbed into a fused chain) are left out.
+    pub layer_ms: Option<Vec<LayerTime>>,
     /// Recorded timelines (`--timeline`): this replica's; the manager gathers its process's here.
     pub traces: Vec<ReplicaTrace>,
     /// Stopped early by a signal, with this exit code (see `signals`).
     pub stopped: Option<i32>,
     /// The iteration training started from (a resumed run's snapshot; else 0).
     pub first_iteration: u64,
+}
+
+/// One layer's mean device (or host) time per iteration, from `bench --layers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerTime {
+    /// The layer's name; a fused chain's names joined by `+`.
+    pub name: String,
+    pub forward_ms: f64,
+    /// `None` where the layer ran no backward.
+    pub backward_ms: Option<f64>,
 }
 
 /// One replica.
@@ -326,8 +339,10 @@ impl<E: Engine> P2PSync<E> {
     }
 
     /// Runs `warmup` untimed and `iters` timed iterations (no tests, no snapshots) and reports
-    /// the step split averaged over all replicas.
-    pub fn bench(mut self, warmup: u64, iters: u64) -> Result<ReplicaReport> {
+    /// the step split averaged over all replicas; with `layers`, then `iters` more iterations
+    /// with each layer's passes timed (kept apart, so that the timing events do not weigh on
+    /// the step's figures).
+    pub fn bench(mut self, warmup: u64, iters: u64, layers: bool) -> Result<ReplicaReport> {
         self.engine.broadcast_params()?;
         let mut reader = self.reader(0);
         let mut times = StepTimes::new(true);
@@ -359,6 +374,11 @@ impl<E: Engine> P2PSync<E> {
         for v in &mut split {
             *v /= n * iters.max(1) as f64;
         }
+        let layer_ms = if layers {
+            Some(self.time_layers(warmup + iters, iters, &mut reader, &mut times)?)
+        } else {
+            None
+        };
         drop(reader);
         self.engine.finish()?;
         Ok(ReplicaReport {
@@ -367,8 +387,43 @@ impl<E: Engine> P2PSync<E> {
             last_loss: Some(loss),
             step_seconds: Some(split),
             step_clock,
+            layer_ms,
             ..Default::default()
         })
+    }
+
+    /// Runs `iters` iterations from `first` with the engine's per-layer spans on and returns
+    /// each layer's mean time per iteration over every replica (a collective).
+    fn time_layers(
+        &mut self,
+        first: u64,
+        iters: u64,
+        reader: &mut TrainReader,
+        times: &mut StepTimes,
+    ) -> Result<Vec<LayerTime>> {
+        self.engine.barrier()?;
+        self.engine.start_spans(Instant::now(), iters)?;
+        for iter in first..first + iters {
+            crate::dist::deadline::set_iteration(iter);
+            self.step(iter, reader, times)?;
+        }
+        let Some(log) = self.engine.take_spans()? else {
+            return Ok(Vec::new());
+        };
+        let mut sums = log.layer_sums();
+        self.engine.sum_scores(&mut sums)?;
+        let per_iter = 1e3 / (self.engine.size() as f64 * iters.max(1) as f64);
+        Ok(log
+            .layer_names
+            .iter()
+            .zip(sums.chunks_exact(4))
+            .filter(|(_, s)| s[1] > 0.0)
+            .map(|(name, s)| LayerTime {
+                name: name.clone(),
+                forward_ms: s[0] * per_iter,
+                backward_ms: (s[3] > 0.0).then(|| s[2] * per_iter),
+            })
+            .collect())
     }
 
     /// Tests on the whole test set (or `test_iter` batches per replica), split across replicas;

@@ -98,6 +98,44 @@ impl SpanLog {
     }
 }
 
+impl SpanLog {
+    /// Per layer `i` (of `layer_names`), the summed duration in seconds and the number of its
+    /// forward spans, then of its backward spans: `[fwd_s, fwd_n, bwd_s, bwd_n]` at `4i..4i + 4`.
+    /// Device spans where the log has any layer span on the device (a GPU's compute stream),
+    /// else the host's.
+    pub fn layer_sums(&self) -> Vec<f64> {
+        let is_layer = |s: &&Span| matches!(s.name, Name::Forward(_) | Name::Backward(_));
+        let track = if self
+            .spans
+            .iter()
+            .filter(is_layer)
+            .any(|s| s.track == Track::Device)
+        {
+            Track::Device
+        } else {
+            Track::Host
+        };
+        let mut sums = vec![0.0; 4 * self.layer_names.len()];
+        for s in self
+            .spans
+            .iter()
+            .filter(is_layer)
+            .filter(|s| s.track == track)
+        {
+            let at = match s.name {
+                Name::Forward(i) => 4 * i as usize,
+                Name::Backward(i) => 4 * i as usize + 2,
+                _ => continue,
+            };
+            if let Some(pair) = sums.get_mut(at..at + 2) {
+                pair[0] += s.dur_ns as f64 / 1e9;
+                pair[1] += 1.0;
+            }
+        }
+        sums
+    }
+}
+
 /// The recorded timeline of one replica, as handed back at the end of training.
 #[derive(Debug, Clone)]
 pub struct ReplicaTrace {
@@ -183,5 +221,46 @@ impl Timeline {
             replica: engine.rank(),
             log: self.log,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_with(spans: &[(Name, Track, u64)]) -> SpanLog {
+        let mut log = SpanLog::with_capacity(Instant::now(), spans.len());
+        log.layer_names = vec!["conv".into(), "relu".into(), "loss".into()];
+        for &(name, track, dur_ns) in spans {
+            log.push_ns(name, track, 0, dur_ns, Some(0));
+        }
+        log
+    }
+
+    /// Layer spans are summed and counted per layer and direction; step spans are not layers.
+    #[test]
+    fn layer_sums_add_each_layers_passes() {
+        let log = log_with(&[
+            (Name::Forward(0), Track::Host, 2_000_000),
+            (Name::Forward(0), Track::Host, 4_000_000),
+            (Name::Backward(0), Track::Host, 5_000_000),
+            (Name::Forward(2), Track::Host, 1_000_000),
+            (Name::Step(Step::Forward), Track::Host, 9_000_000),
+        ]);
+        let sums = log.layer_sums();
+        assert_eq!(sums.len(), 12);
+        assert_eq!(&sums[0..4], &[0.006, 2.0, 0.005, 1.0]);
+        assert_eq!(&sums[4..8], &[0.0; 4], "relu never ran");
+        assert_eq!(&sums[8..12], &[0.001, 1.0, 0.0, 0.0]);
+    }
+
+    /// Where the device timed the layers, the host's spans of the same layers are not added.
+    #[test]
+    fn layer_sums_prefer_the_device_clock() {
+        let log = log_with(&[
+            (Name::Forward(1), Track::Host, 7_000_000),
+            (Name::Forward(1), Track::Device, 3_000_000),
+        ]);
+        assert_eq!(&log.layer_sums()[4..6], &[0.003, 1.0]);
     }
 }
