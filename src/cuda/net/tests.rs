@@ -294,6 +294,45 @@ fn inputs_copied_ahead_reach_their_own_pass() {
     }
 }
 
+/// The layer clock times each train layer's forward once, in net order, then the backward of each
+/// layer that has one, in reverse order, every span starting after the previous one ends.
+#[test]
+fn layer_clock_times_every_layer_pass_in_order() {
+    let gpu = gpu_or_skip!("layer_clock_times_every_layer_pass_in_order");
+    let cfg = equivalence_config();
+    let n = 16;
+    let (_, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    Net::init_params(&mut params, 851);
+    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
+    net.params_from_host(&gpu, &params).unwrap();
+    let (data, labels) = batch(n, 852);
+    net.load_batch(&gpu, &data, &labels).unwrap();
+    net.layer_clock.set(true);
+    let zero = crate::cuda::phase_clock::PhaseClock::event(&gpu).unwrap();
+    net.forward(&gpu, pass(Phase::Train), None).unwrap();
+    net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
+    let spans = net.layer_clock.spans(&zero).unwrap();
+    let runs = |i: &usize| net.graph.node(*i).runs_in(Phase::Train);
+    let layers = net.layers.len();
+    let forward = (0..layers).filter(runs).map(|i| Name::Forward(i as u32));
+    let backward = (0..layers)
+        .rev()
+        .filter(|i| runs(i) && net.graph.node(*i).needs_backward)
+        .map(|i| Name::Backward(i as u32));
+    let want: Vec<Name> = forward.chain(backward).collect();
+    let got: Vec<Name> = spans.iter().map(|s| s.0).collect();
+    assert_eq!(got, want);
+    let mut end = 0.0f64;
+    for &(name, start, dur) in &spans {
+        assert!(
+            dur >= 0.0 && start >= end - 1e-3,
+            "{name:?} at {start} ms after {end} ms"
+        );
+        end = start + dur;
+    }
+    assert_eq!(net.span_names().len(), layers);
+}
+
 #[test]
 fn tf32_math_stays_close_to_fp32() {
     let gpu = gpu_or_skip!("tf32_math_stays_close_to_fp32", MathMode::Tf32);
