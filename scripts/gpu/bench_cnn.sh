@@ -59,7 +59,7 @@ for w in "${ALL[@]}"; do
         --set "cluster.conv_exact=$exact" ${LAYERS:+--layers} \
         >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
       echo "p2ptrain $name b$batch $math ${np} GPU(s) conv_exact=$exact: $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
-      grep -A7 '^step split' "$log" >>"$OUT/summary.txt"
+      grep -A6 '^step split' "$log" >>"$OUT/summary.txt"
       sed -n '/^per layer/,/^total/p' "$log" >>"$OUT/summary.txt"
     done
     if [ $np -eq 1 ]; then
