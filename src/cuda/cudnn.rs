@@ -793,17 +793,21 @@ mod survey;
 mod tests {
     use super::*;
 
-    /// Runs without cuDNN: the FP32 filter keeps only the GEMM-like algorithms and prefers a
-    /// deterministic one.
-    #[test]
-    fn fp32_choice_skips_fft_and_winograd_and_prefers_deterministic() {
-        let perf = |algo, determinism, memory| RawPerf {
+    /// A successful ranking entry.
+    fn perf(algo: i32, determinism: i32, memory: usize) -> RawPerf {
+        RawPerf {
             algo,
             status: 0,
             memory,
             determinism,
             ..Default::default()
-        };
+        }
+    }
+
+    /// Runs without cuDNN: the FP32 filter keeps only the GEMM-like algorithms and prefers a
+    /// deterministic one.
+    #[test]
+    fn fp32_choice_skips_fft_and_winograd_and_prefers_deterministic() {
         let ranked = [perf(6, 1, 0), perf(4, 1, 0), perf(0, 0, 0), perf(1, 1, 0)];
         assert_eq!(pick(0, &ranked, MathMode::Fp32, true).unwrap().algo, 1);
         assert_eq!(pick(0, &ranked, MathMode::Tf32, true).unwrap().algo, 6);
@@ -822,13 +826,6 @@ mod tests {
     /// non-deterministic ones included; the workspace limit still holds.
     #[test]
     fn inexact_choice_takes_the_first_usable_algorithm() {
-        let perf = |algo, determinism, memory| RawPerf {
-            algo,
-            status: 0,
-            memory,
-            determinism,
-            ..Default::default()
-        };
         let ranked = [perf(4, 0, 0), perf(1, 1, 0)];
         assert_eq!(pick(0, &ranked, MathMode::Fp32, false).unwrap().algo, 4);
         assert_eq!(pick(0, &ranked, MathMode::Tf32, false).unwrap().algo, 4);
