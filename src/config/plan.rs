@@ -167,6 +167,24 @@ impl Plan {
             ),
         );
         row("backend", name_of(&c.cluster.backend));
+        if c.cluster.backend != super::BackendKind::Cpu {
+            let cl = &c.cluster;
+            let algorithms = if cl.conv_exact {
+                "exact"
+            } else {
+                "any algorithm"
+            };
+            row(
+                "on GPUs",
+                format!(
+                    "math {}, convolutions {} ({algorithms}), reduce {} ({} MiB buckets)",
+                    name_of(&cl.math),
+                    name_of(&cl.conv_algorithm),
+                    name_of(&cl.reduce),
+                    cl.bucket_mb
+                ),
+            );
+        }
         let order = if d.shuffle {
             "shuffled"
         } else {
@@ -393,5 +411,20 @@ top = ["loss"]
         }
         assert!(text.ends_with("650"));
         assert_eq!(p.to_string(), p.describe(&[]));
+        assert!(!text.contains("on GPUs"), "{text}");
+    }
+
+    /// A GPU (or auto) backend's plan says how the GPUs compute and reduce.
+    #[test]
+    fn describes_the_gpu_settings_of_a_gpu_backend() {
+        let sets = [
+            "cluster.backend=\"auto\"",
+            "cluster.math=\"tf32\"",
+            "cluster.conv_exact=false",
+        ];
+        let text = plan(&sets, 1).unwrap().to_string();
+        let want = "on GPUs            math tf32, convolutions measured (any algorithm), reduce \
+                    bucketed (25 MiB buckets)";
+        assert!(text.contains(want), "{text}\nlacks {want:?}");
     }
 }
