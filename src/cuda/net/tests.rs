@@ -261,8 +261,9 @@ fn training_steps_match_cpu() {
 
 /// Batches loaded back to back, each followed by its forward with no host synchronisation, each
 /// reach their own pass: the copy of batch k + 2 into the device buffers of batch k waits for
-/// batch k's passes, and each pass waits for its own copy. Large batches make the passes outlast
-/// the copies, so a missing order shows as a loss computed on another batch's inputs.
+/// batch k's passes, and each pass waits for its own copy. A backlog of GEMMs queued on the
+/// compute stream first holds the passes back while the host loads, so a missing order shows as
+/// a loss computed on another batch's inputs.
 #[test]
 fn inputs_copied_ahead_reach_their_own_pass() {
     let gpu = gpu_or_skip!("inputs_copied_ahead_reach_their_own_pass");
@@ -274,6 +275,14 @@ fn inputs_copied_ahead_reach_their_own_pass() {
     Net::init_params(&mut params, 831);
     let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
     net.params_from_host(&gpu, &params).unwrap();
+    // About 20 ms of work on the compute stream (40 GEMMs of 2048³) ahead of the first pass.
+    let m = 2048;
+    let a = gpu.compute.alloc_zeros::<f32>(m * m).unwrap();
+    let mut c = gpu.compute.alloc_zeros::<f32>(m * m).unwrap();
+    for _ in 0..40 {
+        gpu.gemm(false, false, m, m, m, 1.0, &a, &a, 0.0, &mut c)
+            .unwrap();
+    }
     let mut want = Vec::new();
     for slot in 0..6 {
         let (data, labels) = batch(n, 840 + slot as u64);
