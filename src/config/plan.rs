@@ -22,7 +22,7 @@ pub struct Plan {
     pub total_replicas: usize,
     /// `batch_size × total_replicas × iter_size`: the records one iteration consumes.
     pub global_batch: usize,
-    /// [`fingerprint`] of `config`.
+    /// `fingerprint` of `config`.
     pub fingerprint: u64,
     /// [`state_fingerprint`] of `config`: what a snapshot must match to resume under this plan.
     pub state_fingerprint: u64,
@@ -60,7 +60,7 @@ pub const RESUME_FREE_KEYS: &str = "[cluster], data.batch_size, data.test_batch_
     solver.test_initialization, solver.snapshot, solver.snapshot_prefix, solver.snapshot_keep, \
     solver.sigint_effect, solver.sighup_effect";
 
-/// The fingerprint of what a snapshot's state depends on: [`fingerprint`] of `config` with the
+/// The fingerprint of what a snapshot's state depends on: `fingerprint` of `config` with the
 /// [`RESUME_FREE_KEYS`] set to fixed values. A snapshot resumes under a config only when the two
 /// state fingerprints are equal.
 pub fn state_fingerprint(config: &Config) -> u64 {

@@ -11,7 +11,7 @@
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient
 //! by `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at
 //! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
-//! ([`gemm_wgrad`]); `cudnnConvolutionBackwardData` into the bottom's diff. Parameter and bottom
+//! (`gemm_wgrad`); `cudnnConvolutionBackwardData` into the bottom's diff. Parameter and bottom
 //! gradients are accumulated (β = 1) or overwritten (β = 0) as the net says. Groups through
 //! `cudnnSetConvolutionGroupCount`.
 //!
