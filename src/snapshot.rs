@@ -1,5 +1,5 @@
 //! Weight snapshots in the safetensors format: every learnable tensor under its
-//! [`ParamSpan::full_name`] (`ip1.weight`, `ip1.bias`), F32, little-endian, in its declared shape,
+//! [`ParamSpan::full_name`](crate::params::ParamSpan::full_name) (`ip1.weight`, `ip1.bias`), F32, little-endian, in its declared shape,
 //! plus free-form string metadata (`iter`, `fingerprint`, …) in the header's `__metadata__`.
 //!
 //! Saving is atomic: the file is written to a temporary file in the target's directory, synced,

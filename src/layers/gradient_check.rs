@@ -1,7 +1,7 @@
 //! `GradientChecker`: Caffe's gradient check, reusable by every layer's tests. It compares each
 //! layer's analytic backward against central differences of its forward, for every element of
 //! every checked bottom and every learnable tensor, and checks the accumulation contract of
-//! [`Layer::backward`](crate::layers::Layer::backward).
+//! [`crate::layers::Layer::backward`].
 //!
 //! The objective is `E = Σ_t Σ_i w_t[i] · top_t[i]` with fixed random weights `w` of magnitude in
 //! `[0.5, 1.5]` and random sign, accumulated in f64; backward receives `top_t.diff = w_t`. For a loss
