@@ -1,6 +1,7 @@
 //! Weight snapshots in the safetensors format: every learnable tensor under its
-//! [`ParamSpan::full_name`](crate::params::ParamSpan::full_name) (`ip1.weight`, `ip1.bias`), F32, little-endian, in its declared shape,
-//! plus free-form string metadata (`iter`, `fingerprint`, …) in the header's `__metadata__`.
+//! [`ParamSpan::full_name`](crate::params::ParamSpan::full_name) (`ip1.weight`, `ip1.bias`),
+//! F32, little-endian, in its declared shape, plus free-form string metadata (`iter`,
+//! `fingerprint`, …) in the header's `__metadata__`.
 //!
 //! Saving is atomic: the file is written to a temporary file in the target's directory, synced,
 //! renamed over the target, and the directory is synced, so a crash or a full disk leaves either

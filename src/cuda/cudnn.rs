@@ -22,11 +22,11 @@
 //!
 //! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate once per
 //! shape (`cudnnFind*`, host-blocking, at the first step of a shape) and keeps the fastest allowed
-//! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first such one of cuDNN's
-//! ranking (`*_v7`), which costs no timing and is the same every run. Each direction runs with the
-//! math type cuDNN reported for its algorithm (a descriptor per direction): the legacy API picks
-//! the kernel by algorithm *and* math type, and the tensor-core kernels of an algorithm are only
-//! reached with the math type they were ranked or timed with.
+//! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first
+//! such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same every run. Each
+//! direction runs with the math type cuDNN reported for its algorithm (a descriptor per
+//! direction): the legacy API picks the kernel by algorithm *and* math type, and the tensor-core
+//! kernels of an algorithm are only reached with the math type they were ranked or timed with.
 
 use super::gpu_error;
 use crate::config::{ConvAlgorithm, MathMode};

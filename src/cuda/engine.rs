@@ -9,15 +9,15 @@
 //! collective deadline.
 //!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
-//! backward, from the `PhaseClock`'s and the net's `LayerClock`'s CUDA events, mapped onto the
+//! backward, from the `EventClock`s of the step phases and of the net's layers, mapped onto the
 //! host clock through one event recorded when the timeline starts (per-bucket all-reduce spans
 //! are not recorded).
 
 use super::bucket::{plan_buckets, Bucket};
+use super::event_clock::PhaseClock;
 use super::layers::Collective;
 use super::nccl::{NcclComm, NcclId};
 use super::net::GpuNet;
-use super::phase_clock::PhaseClock;
 use super::update::GpuSolver;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase, ReduceMode};

@@ -86,6 +86,5 @@ pub(crate) fn gpu_error(op: &str, e: impl std::fmt::Display) -> Error {
 pub mod allreduce_bench;
 pub mod bucket;
 pub mod engine;
-pub mod layer_clock;
+pub mod event_clock;
 pub mod nccl;
-pub mod phase_clock;

@@ -46,7 +46,7 @@
 //! ```
 
 use super::blob::GpuBlob;
-use super::layer_clock::LayerClock;
+use super::event_clock::EventClock;
 use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
@@ -233,7 +233,7 @@ pub struct GpuNet {
     /// The stream inputs are copied to the device on, beside the compute stream.
     copy: Arc<CudaStream>,
     /// Per-layer device times, while a timeline or `bench --layers` records them.
-    pub layer_clock: LayerClock,
+    pub layer_clock: EventClock<Name>,
     ordinal: usize,
 }
 
@@ -348,7 +348,7 @@ impl GpuNet {
             staging,
             next_staging: 0,
             copy,
-            layer_clock: LayerClock::default(),
+            layer_clock: EventClock::default(),
             ordinal: gpu.ordinal,
         })
     }

@@ -346,17 +346,12 @@ impl<E: Engine> P2PSync<E> {
         self.engine.broadcast_params()?;
         let mut reader = self.reader(0);
         let mut times = StepTimes::new(true);
-        for iter in 0..warmup {
-            self.step(iter, &mut reader, &mut times)?;
-        }
+        self.steps(0..warmup, &mut reader, &mut times)?;
         self.engine.barrier()?;
         times.reset();
         self.engine.time_device_phases(true);
         let started = Instant::now();
-        for iter in warmup..warmup + iters {
-            crate::dist::deadline::set_iteration(iter);
-            self.step(iter, &mut reader, &mut times)?;
-        }
+        self.steps(warmup..warmup + iters, &mut reader, &mut times)?;
         let last = warmup + iters.max(1) - 1;
         let loss = self.global_loss(last)?;
         let seconds = started.elapsed().as_secs_f64();
@@ -392,6 +387,20 @@ impl<E: Engine> P2PSync<E> {
         })
     }
 
+    /// Runs the training steps of `iters` (bench mode: no tests, display or snapshots).
+    fn steps(
+        &mut self,
+        iters: std::ops::Range<u64>,
+        reader: &mut TrainReader,
+        times: &mut StepTimes,
+    ) -> Result<()> {
+        for iter in iters {
+            crate::dist::deadline::set_iteration(iter);
+            self.step(iter, reader, times)?;
+        }
+        Ok(())
+    }
+
     /// Runs `iters` iterations from `first` with the engine's per-layer spans on and returns
     /// each layer's mean time per iteration over every replica (a collective).
     fn time_layers(
@@ -403,10 +412,7 @@ impl<E: Engine> P2PSync<E> {
     ) -> Result<Vec<LayerTime>> {
         self.engine.barrier()?;
         self.engine.start_spans(Instant::now(), iters)?;
-        for iter in first..first + iters {
-            crate::dist::deadline::set_iteration(iter);
-            self.step(iter, reader, times)?;
-        }
+        self.steps(first..first + iters, reader, times)?;
         let Some(log) = self.engine.take_spans()? else {
             return Ok(Vec::new());
         };

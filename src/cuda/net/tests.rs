@@ -259,6 +259,16 @@ fn training_steps_match_cpu() {
     assert_close("weights after 5 steps", &got.data, &params.data, RTOL);
 }
 
+/// The equivalence net on `gpu` at batch `n`, with the weights of `seed`.
+fn equivalence_net(gpu: &Gpu, n: usize, seed: u64) -> GpuNet {
+    let cfg = equivalence_config();
+    let (_, mut params) = Net::build(&cfg, RECORD, n).unwrap();
+    Net::init_params(&mut params, seed);
+    let mut net = GpuNet::new(&cfg, RECORD, n, gpu).unwrap();
+    net.params_from_host(gpu, &params).unwrap();
+    net
+}
+
 /// Batches loaded back to back, each followed by its forward with no host synchronisation, each
 /// reach their own pass: the copy of a batch into the device buffers of an earlier one waits for
 /// that batch's passes, and each pass waits for its own copy. A backlog of GEMMs queued on the
@@ -268,12 +278,8 @@ fn training_steps_match_cpu() {
 #[test]
 fn inputs_copied_ahead_reach_their_own_pass() {
     let gpu = gpu_or_skip!("inputs_copied_ahead_reach_their_own_pass");
-    let cfg = equivalence_config();
     let n = 4096;
-    let (_, mut params) = Net::build(&cfg, RECORD, n).unwrap();
-    Net::init_params(&mut params, 831);
-    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
-    net.params_from_host(&gpu, &params).unwrap();
+    let mut net = equivalence_net(&gpu, n, 831);
     let top = net.graph.node(0).tops[0];
     let batches: Vec<_> = (0..6).map(|k| batch(n, 840 + k)).collect();
     // Each batch alone: load, forward, wait, read the first layer's output.
@@ -317,16 +323,12 @@ fn inputs_copied_ahead_reach_their_own_pass() {
 #[test]
 fn layer_clock_times_every_layer_pass_in_order() {
     let gpu = gpu_or_skip!("layer_clock_times_every_layer_pass_in_order");
-    let cfg = equivalence_config();
     let n = 16;
-    let (_, mut params) = Net::build(&cfg, RECORD, n).unwrap();
-    Net::init_params(&mut params, 851);
-    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
-    net.params_from_host(&gpu, &params).unwrap();
+    let mut net = equivalence_net(&gpu, n, 851);
     let (data, labels) = batch(n, 852);
     net.load_batch(&gpu, &data, &labels).unwrap();
     net.layer_clock.set(true);
-    let zero = crate::cuda::phase_clock::PhaseClock::event(&gpu).unwrap();
+    let zero = EventClock::<Name>::event(&gpu).unwrap();
     net.forward(&gpu, pass(Phase::Train), None).unwrap();
     net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
     let spans = net.layer_clock.spans(&zero).unwrap();
