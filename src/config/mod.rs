@@ -66,6 +66,10 @@ pub struct ClusterConfig {
     /// Winograd, non-deterministic backward ones), as PyTorch does by default.
     #[serde(default = "yes")]
     pub conv_exact: bool,
+    /// How GPUs store 4-D activations: `"auto"` (channels-last with `math = "tf32"`, NCHW with
+    /// `"fp32"`), `"nchw"` or `"nhwc"`.
+    #[serde(default)]
+    pub gpu_layout: GpuLayout,
     /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
     /// differs (a launcher misconfiguration). Unset: any.
     pub world_size: Option<usize>,
@@ -102,6 +106,31 @@ pub enum MathMode {
     Tf32,
 }
 
+/// How GPUs store 4-D activations (`cluster.gpu_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuLayout {
+    /// Channels-last where tensor cores compute (`math = "tf32"`), NCHW otherwise: cuDNN's
+    /// tensor-core convolutions run fastest on channels-last tensors, its FP32 ones on NCHW.
+    #[default]
+    Auto,
+    /// Caffe's `(N, C, H, W)` everywhere.
+    Nchw,
+    /// Channels-last `(N, H, W, C)` wherever the layers can run on it.
+    Nhwc,
+}
+
+impl GpuLayout {
+    /// Whether GPUs store activations channels-last under `math`.
+    pub fn channels_last(self, math: MathMode) -> bool {
+        match self {
+            GpuLayout::Auto => math == MathMode::Tf32,
+            GpuLayout::Nchw => false,
+            GpuLayout::Nhwc => true,
+        }
+    }
+}
+
 /// How the GPU convolution layer chooses cuDNN's algorithms for each input shape, among those
 /// `conv_exact` allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
@@ -126,6 +155,7 @@ impl Default for ClusterConfig {
             math: MathMode::Fp32,
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,
+            gpu_layout: GpuLayout::Auto,
             world_size: None,
             verify_interval: 0,
             collective_timeout_s: collective_timeout_default(),

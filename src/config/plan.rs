@@ -174,10 +174,16 @@ impl Plan {
             } else {
                 "any algorithm"
             };
+            let layout = if cl.gpu_layout.channels_last(cl.math) {
+                "channels-last"
+            } else {
+                "NCHW"
+            };
             row(
                 "on GPUs",
                 format!(
-                    "math {}, convolutions {} ({algorithms}), reduce {} ({} MiB buckets)",
+                    "math {}, {layout} activations, convolutions {} ({algorithms}), reduce {} \
+                     ({} MiB buckets)",
                     name_of(&cl.math),
                     name_of(&cl.conv_algorithm),
                     name_of(&cl.reduce),
@@ -423,8 +429,13 @@ top = ["loss"]
             "cluster.conv_exact=false",
         ];
         let text = plan(&sets, 1).unwrap().to_string();
-        let want = "on GPUs            math tf32, convolutions measured (any algorithm), reduce \
-                    bucketed (25 MiB buckets)";
+        let want =
+            "on GPUs            math tf32, channels-last activations, convolutions measured \
+                    (any algorithm), reduce bucketed (25 MiB buckets)";
         assert!(text.contains(want), "{text}\nlacks {want:?}");
+        let nchw = plan(&[sets[0], sets[1], "cluster.gpu_layout=\"nchw\""], 1)
+            .unwrap()
+            .to_string();
+        assert!(nchw.contains("math tf32, NCHW activations"), "{nchw}");
     }
 }

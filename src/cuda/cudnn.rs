@@ -9,8 +9,10 @@
 //! and exports every function used here, and otherwise answers an error naming the library
 //! (a missing symbol would otherwise panic inside cudarc at the first call).
 //!
-//! Layouts: every tensor is NCHW, fully packed, FP32; filters are KCRS (`(num_output,
-//! C/group, kh, kw)`, the CPU layer's weight layout), so parameters need no conversion.
+//! Layouts: tensors are fully packed FP32, NCHW or channels-last NHWC (the
+//! [`Layout`](super::layout::Layout) of the net's blobs); filters are KCRS (`(num_output,
+//! C/group, kh, kw)`, the CPU layer's weight layout) beside NCHW tensors and KRSC beside NHWC
+//! ones, as cuDNN's channels-last kernels want.
 //!
 //! Math: for `math = "fp32"` convolutions use `CUDNN_FMA_MATH` (no TF32 tensor cores) and, with
 //! `cluster.conv_exact` (the default), only the GEMM-like algorithms, whose rounding error is
@@ -29,6 +31,7 @@
 //! kernels of an algorithm are only reached with the math type they were ranked or timed with.
 
 use super::gpu_error;
+use super::layout::Layout;
 use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
@@ -181,7 +184,15 @@ impl Drop for Cudnn {
     }
 }
 
-/// A packed NCHW FP32 tensor descriptor.
+/// cuDNN's name of a layout.
+fn format(layout: Layout) -> cudnnTensorFormat_t {
+    match layout {
+        Layout::Nchw => cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        Layout::Nhwc => cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+    }
+}
+
+/// A packed FP32 tensor descriptor, NCHW or NHWC.
 #[derive(Debug)]
 pub struct TensorDesc {
     raw: sys::cudnnTensorDescriptor_t,
@@ -193,8 +204,8 @@ pub struct TensorDesc {
 unsafe impl Send for TensorDesc {}
 
 impl TensorDesc {
-    /// A descriptor of `(n, c, h, w)`.
-    pub fn new(dims: [usize; 4]) -> Result<TensorDesc> {
+    /// A descriptor of `(n, c, h, w)` stored in `layout`.
+    pub fn new(dims: [usize; 4], layout: Layout) -> Result<TensorDesc> {
         let mut raw: sys::cudnnTensorDescriptor_t = std::ptr::null_mut();
         // SAFETY: `raw` is writable.
         check("cudnnCreateTensorDescriptor", unsafe {
@@ -208,7 +219,7 @@ impl TensorDesc {
         check(op, unsafe {
             sys::cudnnSetTensor4dDescriptor(
                 d.raw,
-                cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                format(layout),
                 cudnnDataType_t::CUDNN_DATA_FLOAT,
                 n,
                 c,
@@ -232,7 +243,8 @@ impl Drop for TensorDesc {
     }
 }
 
-/// A KCRS FP32 filter descriptor: `(k, c, r, s)` = `(num_output, C/group, kh, kw)`.
+/// An FP32 filter descriptor: `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, stored KCRS
+/// (`Layout::Nchw`) or KRSC (`Layout::Nhwc`).
 #[derive(Debug)]
 pub struct FilterDesc {
     raw: sys::cudnnFilterDescriptor_t,
@@ -243,7 +255,7 @@ pub struct FilterDesc {
 unsafe impl Send for FilterDesc {}
 
 impl FilterDesc {
-    pub fn new(dims: [usize; 4]) -> Result<FilterDesc> {
+    pub fn new(dims: [usize; 4], layout: Layout) -> Result<FilterDesc> {
         let mut raw: sys::cudnnFilterDescriptor_t = std::ptr::null_mut();
         // SAFETY: `raw` is writable.
         check("cudnnCreateFilterDescriptor", unsafe {
@@ -258,7 +270,7 @@ impl FilterDesc {
             sys::cudnnSetFilter4dDescriptor(
                 d.raw,
                 cudnnDataType_t::CUDNN_DATA_FLOAT,
-                cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                format(layout),
                 k,
                 c,
                 r,

@@ -38,6 +38,9 @@ pub struct Gpu {
     pub conv_algorithm: ConvAlgorithm,
     /// Whether convolutions keep to exact, deterministic algorithms (`cluster.conv_exact`).
     pub conv_exact: bool,
+    /// Whether nets on this device store 4-D activations channels-last where their layers can
+    /// (`cluster.gpu_layout`; see [`crate::cuda::layout`]).
+    pub channels_last: bool,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
@@ -104,6 +107,7 @@ impl Gpu {
             math,
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,
+            channels_last: false,
             dnn: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
         })

@@ -87,6 +87,7 @@ kernel_set!(
     rmsprop_update,
     adam_update,
     copy_strided,
+    transpose_batched,
     scaled_copy,
     mul_into,
     mul_inplace,

@@ -10,6 +10,7 @@
 //! - [`kernels`]: the elementwise, reduction and update kernels (one CUDA C source, compiled by
 //!   NVRTC once per process and architecture).
 //! - [`layers`]: the GPU layers, mirroring `crate::layers` kernel for kernel.
+//! - [`layout`]: NCHW or channels-last storage of 4-D activations.
 //! - [`net`]: [`GpuNet`](net::GpuNet), the layer graph of a CPU [`Net`](crate::net::Net) run on
 //!   device blobs and one flat [`GpuParams`](params::GpuParams).
 //! - [`update`]: [`GpuSolver`](update::GpuSolver), `crate::solver::Solver` on device memory.
@@ -37,6 +38,7 @@ pub mod cudnn;
 pub mod device;
 pub mod kernels;
 pub mod layers;
+pub mod layout;
 pub mod net;
 pub mod params;
 pub mod update;

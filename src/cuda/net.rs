@@ -48,6 +48,7 @@
 use super::blob::GpuBlob;
 use super::event_clock::EventClock;
 use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
+use super::layout::Layout;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase};
@@ -62,6 +63,7 @@ use cudarc::driver::{
 };
 use fusion::Slot;
 use std::sync::Arc;
+use storage::{Conversion, StoragePlan};
 
 /// What backward does in one phase, fixed when the net is built.
 #[derive(Debug)]
@@ -76,6 +78,9 @@ struct BackwardPlan {
     /// Layers with learnable tensors whose backward does not run in this phase: a backward
     /// that overwrites the parameter gradient zeroes theirs instead.
     idle_param_layers: Vec<usize>,
+    /// Per conversion of the storage plan, how the gradient reaching its copy is written into
+    /// the blob it was converted from (the layer itself overwrites the copy's).
+    converted: Vec<Grad>,
 }
 
 impl BackwardPlan {
@@ -133,7 +138,22 @@ impl BackwardPlan {
             zero,
             loss_tops,
             idle_param_layers,
+            converted: Vec::new(),
         }
+    }
+
+    /// Routes the gradients of converted bottoms through their copies: the layer overwrites
+    /// the copy's gradient, which is then transposed into the blob's as the layer would have
+    /// written it.
+    fn through_copies(mut self, conversions: &[Conversion]) -> BackwardPlan {
+        for c in conversions {
+            let grad = &mut self.grads[c.layer][c.slot];
+            self.converted.push(*grad);
+            if grad.wanted() {
+                *grad = Grad::Overwrite;
+            }
+        }
+        self
     }
 }
 
@@ -155,6 +175,9 @@ struct Staging {
     device_data: CudaSlice<f32>,
     /// `(capacity of the label blob)`.
     device_labels: CudaSlice<f32>,
+    /// `(capacity of the data blob)`, only where the data blob is stored channels-last: the
+    /// batch as the host gives it (NCHW), transposed from here into `device_data`.
+    raw_data: Option<CudaSlice<f32>>,
     /// Recorded on the copy stream after the copy out of the pinned buffers into the device ones.
     copied: CudaEvent,
     /// Recorded on the compute stream once every pass that read `device_*` (as the input blobs)
@@ -163,7 +186,7 @@ struct Staging {
 }
 
 impl Staging {
-    fn new(gpu: &Gpu, data: usize, labels: usize) -> Result<Staging> {
+    fn new(gpu: &Gpu, data: usize, labels: usize, raw_input: bool) -> Result<Staging> {
         // SAFETY: the buffers are written before any element is read.
         let pinned = |n: usize| unsafe { gpu.ctx.alloc_pinned::<f32>(n.max(1)) };
         let device = |n: usize| {
@@ -186,6 +209,7 @@ impl Staging {
             labels: pinned(labels).map_err(|e| gpu_error("allocate pinned label staging", e))?,
             device_data: device(data)?,
             device_labels: device(labels)?,
+            raw_data: raw_input.then(|| device(data)).transpose()?,
             copied: event()?,
             released,
         })
@@ -210,7 +234,12 @@ pub struct GpuNet {
     slots: Vec<Slot>,
     /// Per blob, whether only the skipped layers of fused chains touch it (kept empty).
     idle_blobs: Vec<bool>,
+    /// The graph's blobs, then the converted copies of the storage plan.
     blobs: Vec<GpuBlob>,
+    /// The layout of every layer and blob, and the conversions between them.
+    storage: StoragePlan,
+    /// Per layer, the blobs it reads (the graph's bottoms, converted ones replaced by copies).
+    bottoms: Vec<Vec<usize>>,
     /// The learnable tensors and their gradient, one allocation each.
     pub params: GpuParams,
     record_shape: [usize; 3],
@@ -274,7 +303,16 @@ impl GpuNet {
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
         let layer_slots = fusion::plan(&cfg.layers, &graph, &layout.spans);
-        let idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
+        let storage = StoragePlan::new(
+            &cfg.layers,
+            &graph,
+            &shapes,
+            &layer_slots,
+            gpu.channels_last,
+        );
+        let mut idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
+        idle_blobs.resize(storage.stored.len(), false);
+        let shapes = with_copies(shapes, &storage);
         let blobs = shapes
             .iter()
             .zip(&idle_blobs)
@@ -291,18 +329,20 @@ impl GpuNet {
                     .iter()
                     .map(|&b| &shapes[b][..])
                     .collect();
+                let runs = storage.runs[i];
                 match layer_slots[i] {
                     Slot::Head { last, .. } => {
-                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, &bottoms)
+                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, &bottoms, runs)
                     }
-                    _ => gpu_layers::build(gpu, lc, &bottoms),
+                    _ => gpu_layers::build(gpu, lc, &bottoms, runs),
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        let plans = [
-            BackwardPlan::new(&graph, Phase::Train, &layout.spans),
-            BackwardPlan::new(&graph, Phase::Test, &layout.spans),
-        ];
+        let plans = [Phase::Train, Phase::Test].map(|phase| {
+            BackwardPlan::new(&graph, phase, &layout.spans).through_copies(&storage.conversions)
+        });
+        let bottoms = storage.bottoms(&graph);
+        let raw_input = storage.stored[DATA] == Layout::Nhwc;
         let params = GpuParams::new(gpu, layout.spans)?;
         let top_names: Vec<Vec<String>> = cfg.layers.iter().map(|lc| lc.top.clone()).collect();
         let outputs = top_names.iter().map(Vec::len).sum::<usize>();
@@ -319,7 +359,10 @@ impl GpuNet {
             .alloc_zeros::<f64>(slots)
             .map_err(|e| gpu_error("allocate the loss window", e))?;
         let (nd, nl) = (blobs[DATA].capacity(), blobs[LABEL].capacity());
-        let staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
+        let staging = [
+            Staging::new(gpu, nd, nl, raw_input)?,
+            Staging::new(gpu, nd, nl, raw_input)?,
+        ];
         let copy = gpu
             .ctx
             .new_stream()
@@ -331,6 +374,8 @@ impl GpuNet {
             slots: layer_slots,
             idle_blobs,
             blobs,
+            storage,
+            bottoms,
             params,
             record_shape,
             batch,
@@ -402,9 +447,15 @@ impl GpuNet {
         self.blobs.len()
     }
 
-    /// Blob `b` (blob 0 is `data`, blob 1 `label`).
+    /// Blob `b` (blob 0 is `data`, blob 1 `label`), stored as [`GpuNet::blob_layout`] says.
     pub fn blob(&self, b: usize) -> &GpuBlob {
         &self.blobs[b]
+    }
+
+    /// How blob `b` is stored (see [`crate::cuda::layout`]); the blobs past the graph's are
+    /// converted copies.
+    pub fn blob_layout(&self, b: usize) -> Layout {
+        self.storage.stored[b]
     }
 
     /// Sets the batch size of the next passes. Shrinking only changes logical shapes; growing
@@ -415,19 +466,14 @@ impl GpuNet {
             return Ok(());
         }
         let shapes = infer_shapes(&self.graph, &mut self.shapers, self.record_shape, batch)?;
+        let shapes = with_copies(shapes, &self.storage);
         for ((blob, s), &idle) in self.blobs.iter_mut().zip(&shapes).zip(&self.idle_blobs) {
             if !idle {
                 blob.reshape(gpu, s)?;
             }
         }
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let bottoms: Vec<&[usize]> = self
-                .graph
-                .node(i)
-                .bottoms
-                .iter()
-                .map(|&b| &shapes[b][..])
-                .collect();
+            let bottoms: Vec<&[usize]> = self.bottoms[i].iter().map(|&b| &shapes[b][..]).collect();
             layer.reshape(gpu, &bottoms)?;
         }
         let (nd, nl) = (self.blobs[DATA].capacity(), self.blobs[LABEL].capacity());
@@ -435,7 +481,11 @@ impl GpuNet {
             // The old staging buffers may still be read by enqueued copies and passes; the device
             // ones are swapped with the input blobs, so they keep the blobs' capacity.
             gpu.synchronize()?;
-            self.staging = [Staging::new(gpu, nd, nl)?, Staging::new(gpu, nd, nl)?];
+            let raw = self.storage.stored[DATA] == Layout::Nhwc;
+            self.staging = [
+                Staging::new(gpu, nd, nl, raw)?,
+                Staging::new(gpu, nd, nl, raw)?,
+            ];
         }
         self.batch = batch;
         Ok(())
@@ -479,8 +529,9 @@ impl GpuNet {
         self.copy
             .wait(&st.released)
             .map_err(|e| gpu_error("order the input copy after the passes that read it", e))?;
+        let data_dst = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
         for (src, dst, n) in [
-            (&st.data, &mut st.device_data, nd),
+            (&st.data, data_dst, nd),
             (&st.labels, &mut st.device_labels, nl),
         ] {
             let src = src.as_slice().map_err(map_err)?;
@@ -489,6 +540,19 @@ impl GpuNet {
             // stays alive and unwritten until `copied`, recorded below, has completed.
             unsafe { driver::memcpy_htod_async(dst, &src[..n], self.copy.cu_stream()) }
                 .map_err(|e| gpu_error("copy a batch to the device", e))?;
+        }
+        if let Some(raw) = &st.raw_data {
+            // The data blob is stored channels-last: transposed on the copy stream too.
+            let shape = &self.blobs[DATA].shape;
+            let matrix = Layout::Nchw.sample_matrix(shape);
+            gpu.kernels.transpose(
+                &self.copy,
+                raw,
+                &mut st.device_data,
+                shape[0],
+                matrix,
+                false,
+            )?;
         }
         st.copied
             .record(&self.copy)
@@ -537,9 +601,22 @@ impl GpuNet {
                 Slot::Absorbed { .. } => continue,
             };
             let params = self.params.data.slice(range.clone());
-            let blobs = &mut self.blobs;
+            let (blobs, bottoms, storage) = (&mut self.blobs, &self.bottoms[i], &self.storage);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
-                layer.forward(gpu, &ctx, blobs, node.bottoms, tops, &params)
+                for c in storage.of_layer(i) {
+                    let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
+                    let batch = from.shape[0];
+                    let matrix = storage.stored[c.from].sample_matrix(&from.shape);
+                    gpu.kernels.transpose(
+                        &gpu.compute,
+                        &from.data,
+                        &mut copy.data,
+                        batch,
+                        matrix,
+                        false,
+                    )?;
+                }
+                layer.forward(gpu, &ctx, blobs, bottoms, tops, &params)
             })?;
             if phase == Phase::Train {
                 layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
@@ -697,7 +774,7 @@ impl GpuNet {
                 let data = self.params.data.slice(range.clone());
                 let mut diff = self.params.diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
-                let bottoms = self.graph.node(at).bottoms;
+                let (bottoms, storage) = (&self.bottoms[at], &self.storage);
                 self.layer_clock.time(gpu, Name::Backward(at as u32), || {
                     layer.backward(
                         gpu,
@@ -709,7 +786,23 @@ impl GpuNet {
                         &data,
                         param_grad,
                         &mut diff,
-                    )
+                    )?;
+                    let converted = storage.conversions.iter().zip(&plan.converted);
+                    for (c, grad) in converted.filter(|(c, g)| c.layer == at && g.wanted()) {
+                        let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
+                        let batch = copy.shape[0];
+                        let matrix = storage.stored[c.copy].sample_matrix(&copy.shape);
+                        let accumulate = grad.accumulate();
+                        gpu.kernels.transpose(
+                            &gpu.compute,
+                            &copy.diff,
+                            &mut from.diff,
+                            batch,
+                            matrix,
+                            accumulate,
+                        )?;
+                    }
+                    Ok(())
                 })?;
             }
             if node.needs_backward {
@@ -808,7 +901,16 @@ fn check_layout(spans: &[ParamSpan], shapers: &[Box<dyn Layer>]) -> Result<()> {
     Ok(())
 }
 
+/// The graph's blob `shapes` followed by those of the storage plan's copies.
+fn with_copies(mut shapes: Vec<Vec<usize>>, storage: &StoragePlan) -> Vec<Vec<usize>> {
+    for c in &storage.conversions {
+        shapes.push(shapes[c.from].clone());
+    }
+    shapes
+}
+
 mod fusion;
+mod storage;
 
 #[cfg(test)]
 mod tests;

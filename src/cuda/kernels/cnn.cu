@@ -1,9 +1,10 @@
 
 // ---------------------------------------------------------------------------------------------
 // The kernels of the convolutional-net layers (src/cuda/kernels/cnn.cu, appended to kernels.cu
-// into one NVRTC program; the conventions at the top of kernels.cu hold here too). Blobs are
-// NCHW; a "channel view" of a blob is (outer, dim, inner) with the channel index
-// (i / inner) % dim, computed with FastDiv (a multiply-high and a shift instead of the ~20
+// into one NVRTC program; the conventions at the top of kernels.cu hold here too). A 4-D blob is
+// stored NCHW or channels-last (NHWC); a "channel view" of a blob is (outer, dim, inner) with the
+// channel index (i / inner) % dim: (N, C, H * W) for NCHW, (N * H * W, C, 1) for NHWC, so the
+// channel kernels serve both layouts. Channel indices are computed with FastDiv (a multiply-high and a shift instead of the ~20
 // instructions of an integer division, which would otherwise bound these memory-bound kernels).
 
 // Division of non-negative ints below 2^31 by a fixed positive divisor d: q = (hi(n * m) + n) >> s
@@ -60,6 +61,30 @@ extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, 
     }
 }
 
+// y[b][j][i] (+)= x[b][i][j] for a batch of (rows, cols) matrices: NCHW <-> NHWC (rows = C,
+// cols = H * W, or the reverse) and KCRS <-> KRSC filters. A block of 32 x 8 threads moves one
+// 32 x 32 tile (blockIdx.x along cols, blockIdx.y along rows, blockIdx.z the matrix) through
+// shared memory, so that reads and writes are both whole 128-byte runs.
+extern "C" __global__ void transpose_batched(const float* x, float* y, int rows, int cols,
+                                             int accumulate) {
+    __shared__ float tile[32][33];
+    const long long base = (long long)blockIdx.z * rows * cols;
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int dr = threadIdx.y; dr < 32; dr += 8) {
+        const int r = r0 + dr, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[dr][threadIdx.x] = x[base + (long long)r * cols + c];
+    }
+    __syncthreads();
+    for (int dc = threadIdx.y; dc < 32; dc += 8) {
+        const int c = c0 + dc, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) {
+            float* out = y + base + (long long)c * rows + r;
+            const float v = tile[threadIdx.x][dc];
+            *out = accumulate ? *out + v : v;
+        }
+    }
+}
+
 // y (+)= alpha * x
 extern "C" __global__ void scaled_copy(const float* x, float* y, float alpha, int n,
                                        int accumulate) {
@@ -105,7 +130,7 @@ extern "C" __global__ void eltwise_max_backward(const float* dy, const int* mask
 
 struct PoolGeom {
     int channels, height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
-        pad_h, pad_w;
+        pad_h, pad_w, nhwc;
 };
 
 // (plane, row, col) of element i of a (planes, rows, cols) tensor; a plane is one (n, c).
@@ -115,6 +140,28 @@ __device__ __forceinline__ void plane_pos(int i, FastDiv cols, FastDiv rows, int
     *c = i - q * (int)cols.d;
     *plane = div_by(q, rows);
     *r = q - *plane * (int)rows.d;
+}
+
+// Row, column, sample and channel of element i of a (N, C, rows, cols) tensor stored NCHW or
+// (nhwc) NHWC.
+__device__ __forceinline__ void plane_of(int i, FastDiv cols, FastDiv rows, FastDiv chans,
+                                         int nhwc, int* r, int* c, int* n, int* ch) {
+    if (nhwc) {
+        const int q = div_by(i, chans);
+        *ch = i - q * (int)chans.d;
+        plane_pos(q, cols, rows, n, r, c);
+    } else {
+        int plane;
+        plane_pos(i, cols, rows, &plane, r, c);
+        *n = div_by(plane, chans);
+        *ch = plane - *n * (int)chans.d;
+    }
+}
+
+// Where the (n, ch) plane of a tensor of `area` pixels per plane starts: pixel p of the plane is at
+// plane_base + p * step, step 1 for NCHW and `channels` for NHWC.
+__device__ __forceinline__ int plane_base(int n, int ch, int channels, int area, int nhwc) {
+    return nhwc ? n * area * channels + ch : (n * channels + ch) * area;
 }
 
 // The first and one-past-last window along an axis covering padded position p (position + pad)
@@ -130,9 +177,11 @@ __device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int 
 extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
                                             PoolGeom g) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
     GRID_STRIDE_INT(index, top_count) {
-        int plane, ph, pw;
-        plane_pos(index, by_pw, by_ph, &plane, &ph, &pw);
+        int ph, pw, n, ch;
+        plane_of(index, by_pw, by_ph, by_c, g.nhwc, &ph, &pw, &n, &ch);
         int hstart = ph * g.stride_h - g.pad_h;
         int wstart = pw * g.stride_w - g.pad_w;
         const int hend = min(hstart + g.kernel_h, g.height);
@@ -141,12 +190,13 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
         wstart = max(wstart, 0);
         float maxval = -3.402823466e+38f;
         int maxidx = -1;
-        const float* slice = x + plane * g.height * g.width;
+        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
-                if (slice[h * g.width + w] > maxval) {
+                const float v = slice[(h * g.width + w) * step];
+                if (v > maxval) {
                     maxidx = h * g.width + w;
-                    maxval = slice[maxidx];
+                    maxval = v;
                 }
             }
         }
@@ -159,9 +209,11 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
 // [-pad, size + pad) (padding counts, the part beyond the padded image does not).
 extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
     GRID_STRIDE_INT(index, top_count) {
-        int plane, ph, pw;
-        plane_pos(index, by_pw, by_ph, &plane, &ph, &pw);
+        int ph, pw, n, ch;
+        plane_of(index, by_pw, by_ph, by_c, g.nhwc, &ph, &pw, &n, &ch);
         int hstart = ph * g.stride_h - g.pad_h;
         int wstart = pw * g.stride_w - g.pad_w;
         int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
@@ -172,9 +224,9 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
         hend = min(hend, g.height);
         wend = min(wend, g.width);
         float aveval = 0.0f;
-        const float* slice = x + plane * g.height * g.width;
+        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
-            for (int w = wstart; w < wend; ++w) aveval += slice[h * g.width + w];
+            for (int w = wstart; w < wend; ++w) aveval += slice[(h * g.width + w) * step];
         }
         y[index] = aveval / pool_size;
     }
@@ -185,22 +237,23 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
                                              int bottom_count, PoolGeom g, int accumulate) {
     const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
     GRID_STRIDE_INT(index, bottom_count) {
-        int plane, h, w;
-        plane_pos(index, by_w, by_h, &plane, &h, &w);
+        int h, w, n, ch;
+        plane_of(index, by_w, by_h, by_c, g.nhwc, &h, &w, &n, &ch);
         int phstart, phend, pwstart, pwend;
         covering(h + g.pad_h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
         covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
-        const int offset = plane * g.pooled_h * g.pooled_w;
+        const int offset = plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
         const float* dy_slice = dy + offset;
         const int* mask_slice = mask + offset;
         const int self = h * g.width + w;
         for (int ph = phstart; ph < phend; ++ph) {
             for (int pw = pwstart; pw < pwend; ++pw) {
-                if (mask_slice[ph * g.pooled_w + pw] == self) {
-                    gradient += dy_slice[ph * g.pooled_w + pw];
-                }
+                const int p = (ph * g.pooled_w + pw) * step;
+                if (mask_slice[p] == self) gradient += dy_slice[p];
             }
         }
         dx[index] = accumulate ? dx[index] + gradient : gradient;
@@ -212,16 +265,19 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
                                              PoolGeom g, int accumulate) {
     const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
     GRID_STRIDE_INT(index, bottom_count) {
-        int plane, h, w;
-        plane_pos(index, by_w, by_h, &plane, &h, &w);
+        int h, w, n, ch;
+        plane_of(index, by_w, by_h, by_c, g.nhwc, &h, &w, &n, &ch);
         h += g.pad_h;
         w += g.pad_w;
         int phstart, phend, pwstart, pwend;
         covering(h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
         covering(w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
-        const float* dy_slice = dy + plane * g.pooled_h * g.pooled_w;
+        const float* dy_slice =
+            dy + plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
         for (int ph = phstart; ph < phend; ++ph) {
             const int hstart = ph * g.stride_h - g.pad_h;
             const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
@@ -229,7 +285,7 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
                 const int wstart = pw * g.stride_w - g.pad_w;
                 const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
                 const int pool_size = (hend - hstart) * (wend - wstart);
-                gradient += dy_slice[ph * g.pooled_w + pw] / pool_size;
+                gradient += dy_slice[(ph * g.pooled_w + pw) * step] / pool_size;
             }
         }
         dx[index] = accumulate ? dx[index] + gradient : gradient;
@@ -250,15 +306,29 @@ __device__ __forceinline__ float dropout_uniform(unsigned long long seed, unsign
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
+// The contract's element number of position i of a batch of `per_sample`-element samples: its
+// sample s and its index e within the sample in NCHW order. A channels-last sample (chans > 0:
+// pixels of `chans` channels) numbers its elements as the NCHW one would, so the mask is the same
+// in either layout.
+__device__ __forceinline__ void dropout_element(int i, int per_sample, int chans, int* s, int* e) {
+    *s = i / per_sample;
+    *e = i - *s * per_sample;
+    if (chans > 0) {
+        const int pixel = *e / chans;
+        *e = (*e - pixel * chans) * (per_sample / chans) + pixel;
+    }
+}
+
 // y = x * (u >= ratio ? scale : 0), element e of sample n at stream position first_sample + n
 // (the CPU's product with its mask, so even the sign of a dropped zero agrees).
 extern "C" __global__ void dropout_forward(const float* x, float* y, int n, int per_sample,
-                                           unsigned long long seed, unsigned long long iter,
+                                           int chans, unsigned long long seed,
+                                           unsigned long long iter,
                                            unsigned long long first_sample, float ratio,
                                            float scale) {
     GRID_STRIDE_INT(i, n) {
-        const int s = i / per_sample;
-        const int e = i - s * per_sample;
+        int s, e;
+        dropout_element(i, per_sample, chans, &s, &e);
         const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
                                         (unsigned long long)e);
         y[i] = x[i] * (u >= ratio ? scale : 0.0f);
@@ -267,12 +337,13 @@ extern "C" __global__ void dropout_forward(const float* x, float* y, int n, int 
 
 // dx (+)= dy * (u >= ratio ? scale : 0), the forward's mask recomputed.
 extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, int per_sample,
-                                            unsigned long long seed, unsigned long long iter,
+                                            int chans, unsigned long long seed,
+                                            unsigned long long iter,
                                             unsigned long long first_sample, float ratio,
                                             float scale, int accumulate) {
     GRID_STRIDE_INT(i, n) {
-        const int s = i / per_sample;
-        const int e = i - s * per_sample;
+        int s, e;
+        dropout_element(i, per_sample, chans, &s, &e);
         const float u = dropout_uniform(seed, iter, first_sample + (unsigned long long)s,
                                         (unsigned long long)e);
         const float g = dy[i] * (u >= ratio ? scale : 0.0f);
@@ -281,30 +352,86 @@ extern "C" __global__ void dropout_backward(const float* dy, float* dx, int n, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-channel reductions in two deterministic stages: blockIdx.y is the channel d of the view
-// (outer, dim, inner), blockIdx.x one of `splits` equal chunks of its outer * inner values; each
-// block writes its double sum to `partial`, and a finishing kernel adds a channel's partials in
-// chunk order. The chunking depends only on the shape, so the result is the same on every run.
+// Per-channel reductions in two deterministic stages over a channel view (outer, dim, inner):
+// chunk k of `splits` equal chunks of a channel's outer * inner values (of its outer rows when
+// inner == 1) is summed by one block into `partial`, and a finishing kernel adds a channel's
+// partials in chunk order. The chunking and the summation trees depend only on the shape, so the
+// result is the same on every run.
+//
+// Grids (Kernels::grid_channel_sums): for inner > 1, blockIdx.y is the channel and blockIdx.x the
+// chunk, 256 threads reading a channel's contiguous runs; for inner == 1 (channels-last), a block
+// of 32 x 8 threads covers the 32 channels of tile blockIdx.y over chunk blockIdx.x of the rows,
+// so that each warp reads whole 128-byte runs of adjacent channels.
+
+#define SUM_TILE 32
+#define SUM_ROWS 8
+
+// Stage 1 of one or two sums per channel: term(idx, d) is the (first, second) term of element
+// idx of channel d. Writes partial[(d * splits + k) * 2 + {0, 1}] when pair, else only the first
+// sum at partial[d * splits + k].
+template <class Term>
+__device__ __forceinline__ void view_sums(Term term, double* partial, int pair, int outer,
+                                          int dim, int inner, int splits) {
+    const int k = blockIdx.x;
+    double s1 = 0.0, s2 = 0.0;
+    int d;
+    if (inner == 1) {
+        __shared__ double rows[2][SUM_ROWS][SUM_TILE];
+        d = blockIdx.y * SUM_TILE + threadIdx.x;
+        const int chunk = (outer + splits - 1) / splits;
+        const int begin = k * chunk;
+        const int end = min(outer, begin + chunk);
+        if (d < dim) {
+            for (int r = begin + threadIdx.y; r < end; r += SUM_ROWS) {
+                const double2 t = term(r * dim + d, d);
+                s1 += t.x;
+                s2 += t.y;
+            }
+        }
+        rows[0][threadIdx.y][threadIdx.x] = s1;
+        rows[1][threadIdx.y][threadIdx.x] = s2;
+        __syncthreads();
+        if (threadIdx.y != 0 || d >= dim) return;
+        s1 = 0.0;
+        s2 = 0.0;
+        for (int y = 0; y < SUM_ROWS; ++y) {
+            s1 += rows[0][y][threadIdx.x];
+            s2 += rows[1][y][threadIdx.x];
+        }
+    } else {
+        d = blockIdx.y;
+        const int per = outer * inner;
+        const int chunk = (per + splits - 1) / splits;
+        const int begin = k * chunk;
+        const int end = min(per, begin + chunk);
+        const FastDiv by_inner = fast_div(inner);
+        for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+            const int o = div_by(j, by_inner);
+            const double2 t = term((o * dim + d) * inner + (j - o * inner), d);
+            s1 += t.x;
+            s2 += t.y;
+        }
+        s1 = block_sum(s1);
+        s2 = pair ? block_sum(s2) : 0.0;
+        if (threadIdx.x != 0) return;
+    }
+    if (pair) {
+        partial[(d * splits + k) * 2] = s1;
+        partial[(d * splits + k) * 2 + 1] = s2;
+    } else {
+        partial[d * splits + k] = s1;
+    }
+}
 
 // partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1).
 extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b,
                                           double* partial, int outer, int dim, int inner,
                                           int splits) {
-    const int d = blockIdx.y, k = blockIdx.x;
-    const int per = outer * inner;
-    const int chunk = (per + splits - 1) / splits;
-    const int begin = k * chunk;
-    const int end = min(per, begin + chunk);
-    const FastDiv by_inner = fast_div(inner);
-    double s = 0.0;
-    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const int o = div_by(j, by_inner);
-        const int i = j - o * inner;
-        const int idx = (o * dim + d) * inner + i;
-        s += has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx];
-    }
-    s = block_sum(s);
-    if (threadIdx.x == 0) partial[d * splits + k] = s;
+    view_sums(
+        [=](int idx, int) {
+            return make_double2(has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx], 0.0);
+        },
+        partial, 0, outer, dim, inner, splits);
 }
 
 // out[d] (+)= sum over k of partial[d * splits + k], in order.
@@ -358,30 +485,17 @@ extern "C" __global__ void channel_scale_backward(const float* dy, const float* 
 // BatchNorm over (N, C, S = H * W), statistics in double. sums holds 2C + 1 doubles:
 // [sum a (C), sum a*b or a*a (C), count].
 
-// Stage 1 of the sums (see the per-channel reductions above): over chunk k of channel ch,
-// partial[(ch * splits + k) * 2] = sum a, partial[... + 1] = sum a * (has_b ? b : a).
+// Stage 1 of the sums (see the per-channel reductions above) over the view (n, c, s): over
+// chunk k of channel ch, partial[(ch * splits + k) * 2] = sum a,
+// partial[... + 1] = sum a * (has_b ? b : a).
 extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
                                    int n, int c, int s, int splits) {
-    const int ch = blockIdx.y, k = blockIdx.x;
-    const int per = n * s;
-    const int chunk = (per + splits - 1) / splits;
-    const int begin = k * chunk;
-    const int end = min(per, begin + chunk);
-    const FastDiv by_s = fast_div(s);
-    double s1 = 0.0, s2 = 0.0;
-    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const int q = div_by(j, by_s);
-        const int idx = (q * c + ch) * s + (j - q * s);
-        const double v = (double)a[idx];
-        s1 += v;
-        s2 += v * (has_b ? (double)b[idx] : v);
-    }
-    s1 = block_sum(s1);
-    s2 = block_sum(s2);
-    if (threadIdx.x == 0) {
-        partial[(ch * splits + k) * 2] = s1;
-        partial[(ch * splits + k) * 2 + 1] = s2;
-    }
+    view_sums(
+        [=](int idx, int) {
+            const double v = (double)a[idx];
+            return make_double2(v, v * (has_b ? (double)b[idx] : v));
+        },
+        partial, 1, n, c, s, splits);
 }
 
 // Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials in chunk
@@ -510,28 +624,13 @@ extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, c
                                               const float* mean, const float* inv_std, int relu,
                                               float slope, double* partial, int n, int c, int s,
                                               int splits) {
-    const int ch = blockIdx.y, k = blockIdx.x;
-    const int per = n * s;
-    const int chunk = (per + splits - 1) / splits;
-    const int begin = k * chunk;
-    const int end = min(per, begin + chunk);
-    const FastDiv by_s = fast_div(s);
-    const float mu = mean[ch], is = inv_std[ch];
-    double s1 = 0.0, s2 = 0.0;
-    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const int q = div_by(j, by_s);
-        const int idx = (q * c + ch) * s + (j - q * s);
-        const float g = bsr_grad(dz[idx], z[idx], relu, slope);
-        const float y = (x[idx] - mu) * is;
-        s1 += (double)g;
-        s2 += (double)g * (double)y;
-    }
-    s1 = block_sum(s1);
-    s2 = block_sum(s2);
-    if (threadIdx.x == 0) {
-        partial[(ch * splits + k) * 2] = s1;
-        partial[(ch * splits + k) * 2 + 1] = s2;
-    }
+    view_sums(
+        [=](int idx, int ch) {
+            const float g = bsr_grad(dz[idx], z[idx], relu, slope);
+            const float y = (x[idx] - mean[ch]) * inv_std[ch];
+            return make_double2((double)g, (double)g * (double)y);
+        },
+        partial, 1, n, c, s, splits);
 }
 
 // Per channel, from the partials in chunk order: sums = [sum g (C), sum g*y (C), n * s] (the

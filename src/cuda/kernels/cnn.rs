@@ -16,7 +16,8 @@ use cudarc::driver::{
 use std::sync::Arc;
 
 /// The geometry of a 2-D pooling over `(N, channels, height, width)` into
-/// `(N, channels, pooled_h, pooled_w)`, as the kernels' `PoolGeom` struct (passed by value).
+/// `(N, channels, pooled_h, pooled_w)`, both stored NCHW or both NHWC, as the kernels' `PoolGeom`
+/// struct (passed by value).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolGeom {
@@ -31,9 +32,11 @@ pub struct PoolGeom {
     pub stride_w: i32,
     pub pad_h: i32,
     pub pad_w: i32,
+    /// 1 when both tensors are stored channels-last (NHWC), 0 for NCHW.
+    pub nhwc: i32,
 }
 
-// SAFETY: `#[repr(C)]` of eleven i32, the layout of the C struct of the same fields.
+// SAFETY: `#[repr(C)]` of twelve i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for PoolGeom {}
 
 impl PoolGeom {
@@ -49,21 +52,67 @@ impl PoolGeom {
 }
 
 impl Kernels {
-    /// The chunks per channel of a two-stage channel reduction over `per` values per channel:
-    /// enough blocks to fill the device a few times, none smaller than a few thousand values.
-    pub(super) fn reduce_splits(&self, channels: usize, per: usize) -> usize {
+    /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
+    /// and the number of chunks each channel's values are split into (see `view_sums` in
+    /// `cnn.cu`). For `inner > 1` a block of `BLOCK` threads per channel and chunk; for
+    /// `inner == 1` (channels-last) a block of 32 × 8 threads per tile of 32 channels and chunk
+    /// of rows. Enough blocks to fill the device a few times, none with fewer than a few
+    /// thousand values.
+    pub(super) fn grid_channel_sums(
+        &self,
+        (outer, dim, inner): (usize, usize, usize),
+    ) -> (LaunchConfig, usize) {
         const MIN_CHUNK: usize = 4096;
-        let want = (4 * self.max_blocks as usize).div_ceil(channels.max(1));
-        want.min(per.div_ceil(MIN_CHUNK)).clamp(1, 1024)
+        const TILE: usize = 32;
+        let (blocks_y, per_block_row, block_dim) = if inner == 1 {
+            (dim.div_ceil(TILE), TILE, (TILE as u32, 8, 1))
+        } else {
+            (dim, 1, (BLOCK, 1, 1))
+        };
+        let want = (4 * self.max_blocks as usize).div_ceil(blocks_y.max(1));
+        let values = outer * inner * per_block_row;
+        let splits = want.min(values.div_ceil(MIN_CHUNK)).clamp(1, 1024);
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, blocks_y as u32, 1),
+            block_dim,
+            shared_mem_bytes: 0,
+        };
+        (cfg, splits)
     }
 
-    /// Stage 1 of a channel reduction: `splits` blocks along x for each of `channels` along y.
-    pub(super) fn grid_split_channels(&self, channels: usize, splits: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (splits as u32, channels as u32, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
+    /// `y[b] (+)= x[b]ᵀ` for `batch` row-major `(rows, cols)` matrices `x`, each becoming
+    /// `(cols, rows)`: NCHW ↔ NHWC (`rows = C, cols = H·W` or the reverse) and KCRS ↔ KRSC.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transpose(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        batch: usize,
+        (rows, cols): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "transpose";
+        let n = batch * rows * cols;
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
         }
+        let (ri, ci) = (to_i32(op, rows), to_i32(op, cols));
+        let acc = accumulate as i32;
+        let batch = u32::try_from(batch)
+            .ok()
+            .filter(|&b| b <= 65_535)
+            .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, _x) = x.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        launch!(self, s, transpose_batched, cfg, [&xp, &yp, &ri, &ci, &acc])
     }
 
     /// `dst[r·dst_stride + dst_off + c] (+)= src[r·src_stride + src_off + c]` for `r < rows`,
@@ -375,7 +424,9 @@ impl Kernels {
     }
 
     /// Dropout forward over `(n)` = samples × `per_sample`: `y = u ≥ ratio ? x · scale : 0`,
-    /// `u` the contract's hash of `(seed, iter, first_sample + sample, element)`.
+    /// `u` the contract's hash of `(seed, iter, first_sample + sample, element)`, the element
+    /// numbered in NCHW order: `chans > 0` says the samples are stored channels-last with
+    /// `chans` channels per pixel, 0 that they are stored in that order.
     #[allow(clippy::too_many_arguments)]
     pub fn dropout_forward(
         &self,
@@ -383,7 +434,7 @@ impl Kernels {
         x: &impl DevicePtr<f32>,
         y: &mut impl DevicePtrMut<f32>,
         n: usize,
-        per_sample: usize,
+        (per_sample, chans): (usize, usize),
         (seed, iter, first_sample): (u64, u64, u64),
         ratio: f32,
         scale: f32,
@@ -395,6 +446,7 @@ impl Kernels {
             return Ok(());
         }
         let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
+        let chans = to_i32(op, chans);
         let (xp, _x) = x.device_ptr(s);
         let (yp, _y) = y.device_ptr_mut(s);
         launch!(
@@ -407,6 +459,7 @@ impl Kernels {
                 &yp,
                 &ni,
                 &pi,
+                &chans,
                 &seed,
                 &iter,
                 &first_sample,
@@ -424,7 +477,7 @@ impl Kernels {
         dy: &impl DevicePtr<f32>,
         dx: &mut impl DevicePtrMut<f32>,
         n: usize,
-        per_sample: usize,
+        (per_sample, chans): (usize, usize),
         (seed, iter, first_sample): (u64, u64, u64),
         ratio: f32,
         scale: f32,
@@ -437,6 +490,7 @@ impl Kernels {
             return Ok(());
         }
         let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
+        let chans = to_i32(op, chans);
         let acc = accumulate as i32;
         let (dyp, _dy) = dy.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
@@ -450,6 +504,7 @@ impl Kernels {
                 &dxp,
                 &ni,
                 &pi,
+                &chans,
                 &seed,
                 &iter,
                 &first_sample,
@@ -486,7 +541,7 @@ impl Kernels {
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
         let (hb, acc) = (use_b as i32, accumulate as i32);
-        let splits = self.reduce_splits(dim, outer * inner);
+        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
         let sp = to_i32(op, splits);
         // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
         let mut partial = s
@@ -500,7 +555,7 @@ impl Kernels {
                 self,
                 s,
                 channel_reduce,
-                self.grid_split_channels(dim, splits),
+                grid,
                 [&ap, &bp, &hb, &pp, &o, &d, &i, &sp]
             )?;
         }
@@ -538,7 +593,7 @@ impl Kernels {
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let splits = self.reduce_splits(dim, outer * inner);
+        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
         let sp = to_i32(op, splits);
         let (has_b, acc) = (1i32, accumulate as i32);
         let mut partial = s
@@ -552,7 +607,7 @@ impl Kernels {
                 self,
                 s,
                 bn_sums,
-                self.grid_split_channels(dim, splits),
+                grid,
                 [&ap, &bp, &has_b, &pp, &o, &d, &i, &sp]
             )?;
         }
@@ -705,7 +760,7 @@ impl Kernels {
             None => a.device_ptr(s),
         };
         let hb = b.is_some() as i32;
-        let splits = self.reduce_splits(c, n * sp);
+        let (grid, splits) = self.grid_channel_sums((n, c, sp));
         let spl = to_i32(op, splits);
         let per = to_i32(op, n * sp);
         let mut partial = s
@@ -717,7 +772,7 @@ impl Kernels {
                 self,
                 s,
                 bn_sums,
-                self.grid_split_channels(c, splits),
+                grid,
                 [&ap, &bp, &hb, &pp, &ni, &ci, &si, &spl]
             )?;
         }

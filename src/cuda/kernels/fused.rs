@@ -114,7 +114,7 @@ impl Kernels {
             return Ok(());
         }
         let (relu, slope) = op.relu_args();
-        let splits = self.reduce_splits(c, n * sp);
+        let (grid, splits) = self.grid_channel_sums((n, c, sp));
         let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
         let mut partial = s
@@ -131,7 +131,7 @@ impl Kernels {
                 self,
                 s,
                 bn_scale_relu_sums,
-                self.grid_split_channels(c, splits),
+                grid,
                 [&dzp, &zp, &xp, &mp, &ip, &relu, &slope, &pp, &ni, &ci, &si, &spl]
             )?;
         }

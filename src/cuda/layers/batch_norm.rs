@@ -25,6 +25,7 @@
 use super::{pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -37,8 +38,10 @@ pub struct GpuBatchNorm {
     eps: f32,
     use_global_stats: Option<bool>,
     sync: bool,
-    /// `(N, C, S)` of the current bottom; C fixed by the first reshape.
+    /// The channel view `(outer, C, inner)` of the current bottom (`(N, C, S)` in NCHW,
+    /// `(N·S, C, 1)` channels-last); C fixed by the first reshape.
     dims: (usize, usize, usize),
+    layout: Layout,
     channels: Option<usize>,
     /// `(2C + 1)`: `[Σa, Σa·b, m]` of the last forward or backward (after the all-reduce).
     sums: CudaSlice<f64>,
@@ -53,8 +56,9 @@ pub struct GpuBatchNorm {
 impl GpuBatchNorm {
     /// Reads `moving_average_fraction` (0.999), `eps` (1e-5), `use_global_stats` and `sync`
     /// (false).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
         Ok(GpuBatchNorm {
+            layout,
             name: cfg.name.clone(),
             maf: cfg.moving_average_fraction.unwrap_or(0.999),
             eps: cfg.eps.unwrap_or(1e-5),
@@ -115,7 +119,7 @@ impl GpuBatchNorm {
         }
     }
 
-    /// `(N, C, S)` of the current bottom.
+    /// The channel view `(outer, C, inner)` of the current bottom.
     pub(super) fn dims(&self) -> (usize, usize, usize) {
         self.dims
     }
@@ -180,7 +184,7 @@ impl GpuLayer for GpuBatchNorm {
                 self.inv_std = scratch(gpu, c)?;
             }
         }
-        self.dims = (shape[0], c, shape[2..].iter().product());
+        self.dims = self.layout.channel_view(shape);
         Ok(())
     }
 
@@ -348,7 +352,7 @@ mod tests {
             first_sample: 0,
             collective,
         };
-        let mut layer = GpuBatchNorm::new(gpu, &cfg(extra)).unwrap();
+        let mut layer = GpuBatchNorm::new(gpu, &cfg(extra), Layout::Nchw).unwrap();
         layer.reshape(gpu, &[&x.shape]).unwrap();
         let len = state.len();
         let n = x.count();

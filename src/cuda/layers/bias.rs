@@ -9,6 +9,7 @@ use super::scale::channel_view;
 use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -20,13 +21,16 @@ pub struct GpuBias {
     axis: usize,
     num_axes: i64,
     view: (usize, usize, usize),
+    /// How a 4-D bottom is stored (channels-last only over the channel axis alone).
+    layout: Layout,
     two_bottoms: bool,
 }
 
 impl GpuBias {
     /// Reads `axis` (1) and `num_axes` (1).
-    pub fn new(_gpu: &Gpu, cfg: &LayerConfig) -> Self {
+    pub fn new(_gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Self {
         GpuBias {
+            layout,
             name: cfg.name.clone(),
             axis: cfg.axis.unwrap_or(1),
             num_axes: cfg.num_axes.unwrap_or(1),
@@ -43,6 +47,10 @@ impl GpuLayer for GpuBias {
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
         match bottoms {
+            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
+                self.two_bottoms = false;
+                self.view = Layout::Nhwc.channel_view(x);
+            }
             [x] => {
                 self.two_bottoms = false;
                 self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;

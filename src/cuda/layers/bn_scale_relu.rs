@@ -21,6 +21,7 @@ use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, LayerKind};
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::BnScaleRelu;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -83,13 +84,18 @@ pub struct GpuBnScaleRelu {
 impl GpuBnScaleRelu {
     /// The chain of `configs` (checked by [`fusable`]), whose Scale's parameters start
     /// `scale_offset` floats after the BatchNorm's in the flat buffers.
-    pub fn new(gpu: &Gpu, configs: &[&LayerConfig], scale_offset: usize) -> Result<Self> {
+    pub fn new(
+        gpu: &Gpu,
+        configs: &[&LayerConfig],
+        scale_offset: usize,
+        layout: Layout,
+    ) -> Result<Self> {
         assert!(
             fusable(configs),
             "not a fusable BatchNorm → Scale → ReLU chain"
         );
         Ok(GpuBnScaleRelu {
-            bn: GpuBatchNorm::new(gpu, configs[0])?,
+            bn: GpuBatchNorm::new(gpu, configs[0], layout)?,
             bias_term: configs[1].bias_term.unwrap_or(false),
             relu: configs
                 .get(2)

@@ -6,6 +6,12 @@
 //! Learnable tensors, in order: `weight (K, C/group, kh, kw)` and, when `bias_term`, `bias (K)`
 //! — cuDNN's KCRS filter layout, so the flat parameters are used as they are.
 //!
+//! Channels-last (`Layout::Nhwc`: bottom and top stored `(N, H, W, C)`): cuDNN takes the filter
+//! as KRSC beside NHWC tensors, so forward transposes the weight into a layer buffer (used again
+//! by the backward of the same pass: the parameters do not change in between), and the weight
+//! gradient is computed in KRSC and transposed back into the flat gradient. The GEMM weight
+//! gradient is NCHW-only.
+//!
 //! Forward: `cudnnConvolutionForward` (β = 0) then the project's channel kernel adds the bias in
 //! place.
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient
@@ -26,6 +32,7 @@ use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::ConvGeom;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
@@ -157,6 +164,11 @@ pub struct GpuConvolution {
     current: usize,
     /// Bytes of scratch for the algorithms of every cached plan.
     workspace: CudaSlice<u8>,
+    layout: Layout,
+    /// Channels-last only: the weight as KRSC `(K, kh, kw, C/group)`, written by forward.
+    weight_krsc: CudaSlice<f32>,
+    /// Channels-last only: the weight gradient of a backward as KRSC, before its transpose.
+    grad_krsc: CudaSlice<f32>,
 }
 
 /// The value per spatial axis `[h, w]` of an optional `Dims` key, `default` when absent.
@@ -182,7 +194,7 @@ impl GpuConvolution {
     /// Reads `num_output` (> 0), `kernel_size` (required), `stride` (1), `pad` (0),
     /// `dilation` (1), `group` (1) and `bias_term` (true). Loads cuDNN (an error naming the
     /// library where it is missing).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
         let num_output = match cfg.num_output {
             Some(n) if n > 0 => n,
             _ => return Err(Error::net(&cfg.name, "`num_output` must be positive")),
@@ -226,12 +238,26 @@ impl GpuConvolution {
             plans: Vec::new(),
             current: 0,
             workspace: scratch(gpu, 1)?,
+            layout,
+            weight_krsc: scratch(gpu, 1)?,
+            grad_krsc: scratch(gpu, 1)?,
         })
     }
 
     fn weight_len(&self) -> usize {
         let c = self.channels.unwrap_or(0);
         self.num_output * (c / self.geometry.group) * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Each filter's `(C/group, kh·kw)`: the matrix a KCRS ↔ KRSC transpose turns around.
+    fn filter_matrix(&self) -> (usize, usize) {
+        let c = self.channels.unwrap_or(0);
+        (c / self.geometry.group, self.kernel[0] * self.kernel[1])
+    }
+
+    /// The channel view `(outer, K, inner)` of a top of `shape`.
+    fn top_view(&self, shape: &[usize]) -> (usize, usize, usize) {
+        self.layout.channel_view(shape)
     }
 
     /// Times cuDNN's chosen backward-filter algorithm against [`gemm_wgrad`] on scratch buffers
@@ -329,9 +355,13 @@ impl GpuLayer for GpuConvolution {
         let dnn = gpu.cudnn()?;
         // cuDNN rejects empty tensors: an empty batch is described as one sample and skipped.
         let nd = n.max(1);
-        let x = TensorDesc::new([nd, c, h, w])?;
-        let y = TensorDesc::new([nd, k, oh, ow])?;
-        let wd = FilterDesc::new([k, c / self.geometry.group, self.kernel[0], self.kernel[1]])?;
+        let layout = self.layout;
+        let x = TensorDesc::new([nd, c, h, w], layout)?;
+        let y = TensorDesc::new([nd, k, oh, ow], layout)?;
+        let wd = FilterDesc::new(
+            [k, c / self.geometry.group, self.kernel[0], self.kernel[1]],
+            layout,
+        )?;
         let algos = ConvAlgos::choose(
             dnn,
             gpu.conv_algorithm,
@@ -343,6 +373,11 @@ impl GpuLayer for GpuConvolution {
         )
         .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
+        if layout == Layout::Nhwc {
+            let wlen = self.weight_len();
+            grow(gpu, &mut self.weight_krsc, wlen)?;
+            grow(gpu, &mut self.grad_krsc, wlen)?;
+        }
         let g = &self.geometry;
         // Every value fits an int: cuDNN's descriptors above were made from them.
         let int = |v: usize| v as i32;
@@ -372,7 +407,13 @@ impl GpuLayer for GpuConvolution {
             wgrad: Wgrad::Cudnn,
         };
         let gemm_fits = geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT);
-        if g.group == 1 && n > 0 && gemm_fits && gpu.conv_algorithm == ConvAlgorithm::Measured {
+        let nchw = layout == Layout::Nchw;
+        if nchw
+            && g.group == 1
+            && n > 0
+            && gemm_fits
+            && gpu.conv_algorithm == ConvAlgorithm::Measured
+        {
             plan.wgrad = self.faster_wgrad(gpu, &plan)?;
         }
         self.plans.push(plan);
@@ -391,6 +432,7 @@ impl GpuLayer for GpuConvolution {
     ) -> Result<()> {
         let wlen = self.weight_len();
         let k = self.num_output;
+        let filter = self.filter_matrix();
         let plan = &self.plans[self.current];
         if plan.bottom[0] == 0 {
             return Ok(());
@@ -399,11 +441,18 @@ impl GpuLayer for GpuConvolution {
         let s = &gpu.compute;
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
         assert!(x.count() == plan.x.count() && y.count() == plan.y.count());
+        let w = params.slice(..wlen);
+        if self.layout == Layout::Nhwc {
+            gpu.kernels
+                .transpose(s, &w, &mut self.weight_krsc, k, filter, false)?;
+        }
         {
-            let w = params.slice(..wlen);
             let (xp, _gx) = x.data.device_ptr(s);
             let (yp, _gy) = y.data.device_ptr_mut(s);
-            let (wp, _gw) = w.device_ptr(s);
+            let (wp, _gw) = match self.layout {
+                Layout::Nchw => w.device_ptr(s),
+                Layout::Nhwc => self.weight_krsc.device_ptr(s),
+            };
             let bytes = self.workspace.len();
             let (wsp, _gws) = self.workspace.device_ptr_mut(s);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
@@ -427,9 +476,10 @@ impl GpuLayer for GpuConvolution {
             // One pass of the project's channel kernel: cuDNN's AddTensor took about twice as
             // long on cifar10_quick's first convolution.
             let b = params.slice(wlen..wlen + k);
-            let (n, pixels) = (y.count(), y.shape[2] * y.shape[3]);
+            let (_, _, inner) = self.top_view(&y.shape);
+            let n = y.count();
             gpu.kernels
-                .channel_bias_inplace(s, &mut y.data_mut(), &b, n, (k, pixels))?;
+                .channel_bias_inplace(s, &mut y.data_mut(), &b, n, (k, inner))?;
         }
         Ok(())
     }
@@ -449,6 +499,7 @@ impl GpuLayer for GpuConvolution {
         let wlen = self.weight_len();
         let k = self.num_output;
         let beta = param_grad.beta();
+        let (rows, cols) = self.filter_matrix();
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
@@ -467,7 +518,6 @@ impl GpuLayer for GpuConvolution {
         if self.bias_term {
             // The project's two-stage channel sum: deterministic, and several times faster than
             // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
-            let [_, _, oh, ow] = plan.y.dims;
             let dy = y.diff();
             gpu.kernels.channel_reduce(
                 s,
@@ -475,7 +525,7 @@ impl GpuLayer for GpuConvolution {
                 &dy,
                 false,
                 &mut param_diff.slice_mut(wlen..wlen + k),
-                (plan.bottom[0], k, oh * ow),
+                self.layout.channel_view(&y.shape),
                 param_grad.accumulate(),
             )?;
         }
@@ -483,11 +533,23 @@ impl GpuLayer for GpuConvolution {
         {
             let mut dw = param_diff.slice_mut(..wlen);
             let path = plan.wgrad;
-            weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, beta, &mut dw)?;
+            if self.layout == Layout::Nhwc {
+                let krsc = &mut self.grad_krsc;
+                weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, 0.0, krsc)?;
+                let accumulate = param_grad.accumulate();
+                gpu.kernels
+                    .transpose(s, krsc, &mut dw, k, (cols, rows), accumulate)?;
+            } else {
+                weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, beta, &mut dw)?;
+            }
         }
         if grads[0].wanted() {
             let w = params.slice(..wlen);
-            let (wp, _gw) = w.device_ptr(s);
+            // Channels-last: the KRSC weight this pass's forward wrote.
+            let (wp, _gw) = match self.layout {
+                Layout::Nchw => w.device_ptr(s),
+                Layout::Nhwc => self.weight_krsc.device_ptr(s),
+            };
             let (dxp, _gdx) = x.diff.device_ptr_mut(s);
             // SAFETY: as above; dx holds the bottom's elements.
             unsafe {
@@ -585,6 +647,7 @@ mod tests {
     fn gemm_weight_gradient_matches_cudnn() {
         use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
         use crate::cuda::layers::GpuLayer;
+        use crate::cuda::layout::Layout;
         use crate::cuda::test_util::assert_close;
         use crate::layers::gradient_check::layer_config;
         use cudarc::driver::DevicePtrMut;
@@ -598,7 +661,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(308);
         for (extra, shape) in cases {
             let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
-            let mut layer = GpuConvolution::new(&gpu, &cfg).unwrap();
+            let mut layer = GpuConvolution::new(&gpu, &cfg, Layout::Nchw).unwrap();
             layer.reshape(&gpu, &[&shape]).unwrap();
             let plan = &layer.plans[layer.current];
             let mut random = |n: usize| {

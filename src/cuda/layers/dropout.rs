@@ -5,11 +5,14 @@
 //! on the seed, the layer, the iteration and the sample's position — the same for any topology.
 //! Backward recomputes it (no mask buffer). Test phase: identity.
 //!
-//! Shapes: bottom and top `(N, ...)`; `e` runs over the `count / N` elements of a sample.
+//! Shapes: bottom and top `(N, ...)`; `e` runs over the `count / N` elements of a sample in
+//! NCHW order, also where the blobs are stored channels-last (the mask does not depend on the
+//! layout).
 
 use super::{copy_data, pick, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::layout::{layout_matters, Layout};
 use crate::cuda::Gpu;
 use crate::error::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -31,28 +34,33 @@ pub struct GpuDropout {
     scale: f32,
     /// `fnv1a64(name)`, xored with the run's seed at each pass.
     name_hash: u64,
+    layout: Layout,
 }
 
 impl GpuDropout {
     /// Reads `dropout_ratio` (default 0.5).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    pub fn new(cfg: &LayerConfig, layout: Layout) -> Self {
         let ratio = cfg.dropout_ratio.unwrap_or(0.5);
         GpuDropout {
             ratio,
             scale: 1.0 / (1.0 - ratio),
             name_hash: fnv1a64(cfg.name.as_bytes()),
+            layout,
         }
+    }
+
+    /// `(elements per sample, channels per pixel when stored channels-last or 0)` of a blob of
+    /// `shape` `(N, ...)`: the kernels number a channels-last sample's elements in NCHW order.
+    fn sample_layout(&self, shape: &[usize]) -> (usize, usize) {
+        let per_sample = shape.iter().skip(1).product();
+        let channels_last = self.layout == Layout::Nhwc && layout_matters(shape);
+        (per_sample, if channels_last { shape[1] } else { 0 })
     }
 
     /// `(layer seed, iteration, first sample)` of a pass.
     fn stream_key(&self, ctx: &GpuCtx<'_>) -> (u64, u64, u64) {
         (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample)
     }
-}
-
-/// Elements per sample of a `(N, ...)` blob.
-fn per_sample(shape: &[usize]) -> usize {
-    shape.iter().skip(1).product()
 }
 
 impl GpuLayer for GpuDropout {
@@ -83,7 +91,7 @@ impl GpuLayer for GpuDropout {
             &x.data(),
             &mut y.data_mut(),
             n,
-            per_sample(&x.shape),
+            self.sample_layout(&x.shape),
             self.stream_key(ctx),
             self.ratio,
             self.scale,
@@ -118,7 +126,7 @@ impl GpuLayer for GpuDropout {
                 acc,
             );
         }
-        let per = per_sample(&x.shape);
+        let per = self.sample_layout(&x.shape);
         gpu.kernels.dropout_backward(
             &gpu.compute,
             &y.diff(),
@@ -185,7 +193,7 @@ mod tests {
         cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
 
         let gctx = GpuCtx::local(Phase::Train, 12345, 987, 4242);
-        let mut layer = GpuDropout::new(&cfg);
+        let mut layer = GpuDropout::new(&cfg, Layout::Nchw);
         let mut blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),

@@ -3,7 +3,8 @@
 //! each file compare the two on random inputs).
 //!
 //! Conventions, as on the CPU:
-//! - Blobs are row-major `(N, ...)`; a layer reads and writes the blobs the net names by index in
+//! - Blobs are row-major `(N, ...)`, 4-D ones stored NCHW or channels-last as the layer was
+//!   built to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by index in
 //!   one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly without
 //!   collecting references (all indices of one layer are distinct; the net checks this).
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
@@ -42,6 +43,7 @@ pub mod softmax_with_loss;
 pub mod tanh;
 
 use super::blob::GpuBlob;
+use super::layout::Layout;
 use super::nccl::{NcclComm, ReduceOp};
 use super::{gpu_error, Gpu};
 use crate::config::{LayerConfig, LayerKind, Phase};
@@ -193,8 +195,15 @@ pub trait GpuLayer: Send {
     }
 }
 
-/// Builds the GPU layer a validated `[[layer]]` table describes, for the given bottom shapes.
-pub fn build(gpu: &Gpu, cfg: &LayerConfig, bottoms: &[&[usize]]) -> Result<Box<dyn GpuLayer>> {
+/// Builds the GPU layer a validated `[[layer]]` table describes, for the given bottom shapes,
+/// running in `layout` (its 4-D bottoms and tops stored so; `Nhwc` only where
+/// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows).
+pub fn build(
+    gpu: &Gpu,
+    cfg: &LayerConfig,
+    bottoms: &[&[usize]],
+    layout: Layout,
+) -> Result<Box<dyn GpuLayer>> {
     let mut layer: Box<dyn GpuLayer> = match cfg.kind {
         LayerKind::InnerProduct => Box::new(inner_product::GpuInnerProduct::new(gpu, cfg)?),
         LayerKind::Relu => Box::new(relu::GpuRelu::new(cfg)),
@@ -204,12 +213,12 @@ pub fn build(gpu: &Gpu, cfg: &LayerConfig, bottoms: &[&[usize]]) -> Result<Box<d
             Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, cfg)?)
         }
         LayerKind::Accuracy => Box::new(accuracy::GpuAccuracy::new(gpu, cfg)?),
-        LayerKind::Convolution => Box::new(convolution::GpuConvolution::new(gpu, cfg)?),
-        LayerKind::Pooling => Box::new(pooling::GpuPooling::new(gpu, cfg)?),
-        LayerKind::Dropout => Box::new(dropout::GpuDropout::new(cfg)),
-        LayerKind::BatchNorm => Box::new(batch_norm::GpuBatchNorm::new(gpu, cfg)?),
-        LayerKind::Scale => Box::new(scale::GpuScale::new(gpu, cfg)),
-        LayerKind::Bias => Box::new(bias::GpuBias::new(gpu, cfg)),
+        LayerKind::Convolution => Box::new(convolution::GpuConvolution::new(gpu, cfg, layout)?),
+        LayerKind::Pooling => Box::new(pooling::GpuPooling::new(gpu, cfg, layout)?),
+        LayerKind::Dropout => Box::new(dropout::GpuDropout::new(cfg, layout)),
+        LayerKind::BatchNorm => Box::new(batch_norm::GpuBatchNorm::new(gpu, cfg, layout)?),
+        LayerKind::Scale => Box::new(scale::GpuScale::new(gpu, cfg, layout)),
+        LayerKind::Bias => Box::new(bias::GpuBias::new(gpu, cfg, layout)),
         LayerKind::Eltwise => Box::new(eltwise::GpuEltwise::new(gpu, cfg)?),
         LayerKind::Concat => Box::new(concat::GpuConcat::new(cfg)),
         LayerKind::Flatten => Box::new(flatten::GpuFlatten),

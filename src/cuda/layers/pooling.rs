@@ -16,6 +16,7 @@ use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, PoolMethod};
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::PoolGeom;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -33,6 +34,8 @@ pub struct GpuPooling {
     geom: PoolGeom,
     /// `(capacity ≥ N·C·PH·PW)` argmax plane indices of the last max forward.
     mask: CudaSlice<i32>,
+    /// How bottom and top are stored (the kernels index either layout).
+    layout: Layout,
 }
 
 fn dims2(
@@ -69,7 +72,7 @@ fn int(name: &str, v: usize) -> Result<i32> {
 impl GpuPooling {
     /// Reads `pool` (max), `kernel_size` (required unless `global_pooling`), `stride` (1),
     /// `pad` (0), `global_pooling` (false).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
         let name = &cfg.name;
         let global = cfg.global_pooling.unwrap_or(false);
         if !global && cfg.kernel_size.is_none() {
@@ -97,6 +100,7 @@ impl GpuPooling {
             batch: 0,
             geom: PoolGeom::default(),
             mask: scratch(gpu, 1)?,
+            layout,
         })
     }
 }
@@ -134,6 +138,7 @@ impl GpuLayer for GpuPooling {
             stride_w: int(name, stride[1])?,
             pad_h: int(name, pad[0])?,
             pad_w: int(name, pad[1])?,
+            nhwc: (self.layout == Layout::Nhwc) as i32,
         };
         self.batch = n;
         if self.method == PoolMethod::Max {

@@ -13,6 +13,7 @@
 use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -52,14 +53,17 @@ pub struct GpuScale {
     bias_term: bool,
     /// `(outer, dim, inner)` of the current bottom.
     view: (usize, usize, usize),
+    /// How a 4-D bottom is stored (channels-last only over the channel axis alone).
+    layout: Layout,
     /// Whether the scale is the second bottom.
     two_bottoms: bool,
 }
 
 impl GpuScale {
     /// Reads `axis` (1), `num_axes` (1) and `bias_term` (false).
-    pub fn new(_gpu: &Gpu, cfg: &LayerConfig) -> Self {
+    pub fn new(_gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Self {
         GpuScale {
+            layout,
             name: cfg.name.clone(),
             axis: cfg.axis.unwrap_or(1),
             num_axes: cfg.num_axes.unwrap_or(1),
@@ -82,6 +86,10 @@ impl GpuLayer for GpuScale {
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
         match bottoms {
+            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
+                self.two_bottoms = false;
+                self.view = Layout::Nhwc.channel_view(x);
+            }
             [x] => {
                 self.two_bottoms = false;
                 self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;

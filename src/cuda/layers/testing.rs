@@ -1,12 +1,14 @@
 //! One test body for every GPU layer: build the CPU layer and the GPU layer from the same
 //! `[[layer]]` table, give both the same random bottoms, parameters, top diffs and pre-existing
 //! gradients, and compare the tops, the bottom diffs (accumulated and overwritten) and the
-//! parameter diffs (accumulated and overwritten).
+//! parameter diffs (accumulated and overwritten). A layer that can run channels-last is checked
+//! twice: on NCHW blobs and on NHWC ones (converted on the host on the way in and out).
 
 use super::{build, GpuCtx, Grad};
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::layout::{convert, runs_channels_last, Layout};
 use crate::cuda::test_util::assert_close;
 use crate::cuda::Gpu;
 use crate::layers::gradient_check::{label_blob, layer_config, uniform_blob};
@@ -83,7 +85,34 @@ pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
 
 /// [`check_against_cpu`] with another relative tolerance (TF32 math).
 pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32) {
-    let name = &case.cfg.name;
+    check_in_layout(gpu, case, seed, rtol, Layout::Nchw);
+    // Whether the layer runs channels-last depends on its bottom count (Scale, Bias).
+    let mut wired = case.cfg.clone();
+    wired.bottom = (0..case.bottoms.len()).map(|i| format!("b{i}")).collect();
+    if runs_channels_last(&wired) {
+        check_in_layout(gpu, case, seed, rtol, Layout::Nhwc);
+    }
+}
+
+/// A host blob (NCHW) on the device in `layout`.
+fn to_device(gpu: &Gpu, b: &Blob, layout: Layout) -> GpuBlob {
+    let mut stored = b.clone();
+    stored.data = convert(&b.data, &b.shape, Layout::Nchw, layout);
+    stored.diff = convert(&b.diff, &b.shape, Layout::Nchw, layout);
+    GpuBlob::from_host(gpu, &stored).unwrap()
+}
+
+/// A device blob stored in `layout` back on the host as NCHW.
+fn to_host(gpu: &Gpu, b: &GpuBlob, layout: Layout) -> Blob {
+    let mut host = b.to_host(gpu).unwrap();
+    host.data = convert(&host.data, &host.shape, layout, Layout::Nchw);
+    host.diff = convert(&host.diff, &host.shape, layout, Layout::Nchw);
+    host
+}
+
+/// One run of [`check_against_cpu`] with the GPU layer's blobs stored in `layout`.
+fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: Layout) {
+    let name = &format!("{} ({layout:?})", case.cfg.name);
     let gctx = GpuCtx::local(Phase::Train, 0, 1, 0);
     let cpu = Cpu::new(1);
     let ctx = Ctx {
@@ -97,7 +126,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
     let mut cpu_layer = layers::build(&case.cfg).unwrap();
     let shapes: Vec<&[usize]> = case.bottoms.iter().map(Vec::as_slice).collect();
     let top_shapes = cpu_layer.reshape(&shapes).unwrap();
-    let mut gpu_layer = build(gpu, &case.cfg, &shapes).unwrap();
+    let mut gpu_layer = build(gpu, &case.cfg, &shapes, layout).unwrap();
 
     // Bottoms with random data and random pre-existing diffs.
     let mut bottoms: Vec<Blob> = case
@@ -157,10 +186,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
     cpu_layer.forward(&ctx, &bottoms, &p_refs, &mut cpu_tops);
 
     // GPU forward: blobs = bottoms then tops; tops start as NaN to catch unwritten elements.
-    let mut blobs: Vec<GpuBlob> = bottoms
-        .iter()
-        .map(|b| GpuBlob::from_host(gpu, b).unwrap())
-        .collect();
+    let mut blobs: Vec<GpuBlob> = bottoms.iter().map(|b| to_device(gpu, b, layout)).collect();
     for s in &top_shapes {
         let mut t = GpuBlob::new(gpu, s, 0).unwrap();
         let n = t.count();
@@ -184,7 +210,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
         )
         .unwrap();
     for (j, t) in top_idx.iter().enumerate() {
-        let got = blobs[*t].to_host(gpu).unwrap();
+        let got = to_host(gpu, &blobs[*t], layout);
         assert_eq!(got.shape, top_shapes[j], "{name}: top {j} shape");
         assert_close(
             &format!("{name}: top {j} data"),
@@ -206,8 +232,9 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
         }
         let n = t.count();
         let gt = &mut blobs[top_idx[j]];
+        let stored = convert(&t.diff, &t.shape, Layout::Nchw, layout);
         gpu.compute
-            .memcpy_htod(&t.diff[..n], &mut gt.diff.slice_mut(..n))
+            .memcpy_htod(&stored[..n], &mut gt.diff.slice_mut(..n))
             .unwrap();
     }
 
@@ -243,7 +270,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
         )
         .unwrap();
     for i in 0..nb {
-        let got = blobs[i].to_host(gpu).unwrap();
+        let got = to_host(gpu, &blobs[i], layout);
         assert_close(
             &format!("{name}: bottom {i} diff (accumulated)"),
             &got.diff,
@@ -307,7 +334,7 @@ pub(crate) fn check_against_cpu_rtol(gpu: &Gpu, case: &LayerCase, seed: u64, rto
         .unwrap();
     for (i, &p) in propagate.iter().enumerate() {
         if p {
-            let got = blobs[i].to_host(gpu).unwrap();
+            let got = to_host(gpu, &blobs[i], layout);
             assert_close(
                 &format!("{name}: bottom {i} diff (overwritten)"),
                 &got.diff,

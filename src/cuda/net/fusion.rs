@@ -9,6 +9,7 @@ use crate::config::{LayerConfig, LayerKind};
 use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
 use crate::cuda::layers::eltwise_relu::{self, GpuEltwiseRelu};
 use crate::cuda::layers::GpuLayer;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::Result;
 use crate::net::Net;
@@ -124,6 +125,7 @@ pub fn build(
     head: usize,
     last: usize,
     bottoms: &[&[usize]],
+    layout: Layout,
 ) -> Result<Box<dyn GpuLayer>> {
     let chain: Vec<&LayerConfig> = cfg[head..=last].iter().collect();
     let mut layer: Box<dyn GpuLayer> = if cfg[head].kind == LayerKind::Eltwise {
@@ -131,7 +133,12 @@ pub fn build(
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
         let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
-        Box::new(GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start)?)
+        Box::new(GpuBnScaleRelu::new(
+            gpu,
+            &chain,
+            scale.start - bn.start,
+            layout,
+        )?)
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)

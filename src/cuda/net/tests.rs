@@ -30,8 +30,14 @@ fn equivalence_config() -> Config {
 
 /// A batch of `n` digit-like records in [0, 1) and labels in [0, 10).
 fn batch(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    batch_of(n, RECORD, seed)
+}
+
+/// A batch of `n` records of shape `record` with values in [0, 1) and labels in [0, 10).
+fn batch_of(n: usize, record: [usize; 3], seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let data = (0..n * 64).map(|_| rng.gen_range(0.0..1.0)).collect();
+    let len: usize = record.iter().product();
+    let data = (0..n * len).map(|_| rng.gen_range(0.0..1.0)).collect();
     let labels = (0..n).map(|_| rng.gen_range(0..10) as f32).collect();
     (data, labels)
 }
@@ -427,16 +433,24 @@ fn cnn_config() -> Config {
 /// pass with the global statistics.
 #[test]
 fn cnn_training_steps_match_cpu() {
-    let gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
+    let mut gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
     // bn1 → scale1 → relu1 run fused.
-    cnn_steps_match_cpu(&gpu, &cnn_config(), &[(1, 3)]);
+    cnn_steps_match_cpu(&mut gpu, &cnn_config(), RECORD, &[(1, 3)]);
+}
+
+/// As [`cnn_training_steps_match_cpu`] on three-channel records, whose channels-last input the
+/// net transposes as each batch arrives (one-channel records lie the same in both layouts).
+#[test]
+fn cnn_on_three_channel_records_matches_cpu() {
+    let mut gpu = gpu_or_skip!("cnn_on_three_channel_records_matches_cpu");
+    cnn_steps_match_cpu(&mut gpu, &cnn_config(), [3, 8, 8], &[(1, 3)]);
 }
 
 /// As [`cnn_training_steps_match_cpu`] without the ReLU after the Scale: the fused chain is
 /// BatchNorm → Scale (as before a residual sum).
 #[test]
 fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
-    let gpu = gpu_or_skip!("cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu");
+    let mut gpu = gpu_or_skip!("cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu");
     let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
     let relu =
         "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
@@ -445,37 +459,50 @@ fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     let cfg = load_str("no_relu.toml", &text, Path::new("."), &[])
         .unwrap()
         .0;
-    cnn_steps_match_cpu(&gpu, &cfg, &[(1, 2)]);
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(1, 2)]);
 }
 
 /// The convolutional topology-equivalence net (concat, scale, a weighted residual sum followed by
 /// a ReLU, grouped and strided convolutions): its sum and ReLU run fused.
 #[test]
 fn residual_sum_fused_with_its_relu_matches_cpu() {
-    let gpu = gpu_or_skip!("residual_sum_fused_with_its_relu_matches_cpu");
+    let mut gpu = gpu_or_skip!("residual_sum_fused_with_its_relu_matches_cpu");
     let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
     let cfg = load_str("cnn_equivalence.toml", text, Path::new("."), &[])
         .unwrap()
         .0;
     let sum = cfg.layers.iter().position(|l| l.name == "sum").unwrap();
-    cnn_steps_match_cpu(&gpu, &cfg, &[(sum, sum + 1)]);
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(sum, sum + 1)]);
 }
 
-/// A CNN config against the CPU net; `fused` are the (first, last) layers of the chains the GPU
-/// net is expected to fuse.
-fn cnn_steps_match_cpu(gpu: &Gpu, cfg: &Config, fused: &[(usize, usize)]) {
+/// A CNN config against the CPU net on records of shape `record`, with the GPU's activations
+/// NCHW and then channels-last; `fused` are the (first, last) layers of the chains the GPU net is
+/// expected to fuse.
+fn cnn_steps_match_cpu(gpu: &mut Gpu, cfg: &Config, record: [usize; 3], fused: &[(usize, usize)]) {
+    for channels_last in [false, true] {
+        gpu.channels_last = channels_last;
+        cnn_steps_match_cpu_in(gpu, cfg, record, fused);
+    }
+}
+
+fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[(usize, usize)]) {
     let n = 16;
     let cpu = Cpu::new(1);
-    let (mut cpu_net, mut params) = Net::build(cfg, RECORD, n).unwrap();
+    let (mut cpu_net, mut params) = Net::build(cfg, record, n).unwrap();
     Net::init_params(&mut params, cfg.solver.random_seed);
     let mut cpu_solver = Solver::new(&cfg.solver, params.len());
-    let mut net = GpuNet::new(cfg, RECORD, n, gpu).unwrap();
+    let mut net = GpuNet::new(cfg, record, n, gpu).unwrap();
     assert_eq!(net.fused_chains(), fused);
+    let nhwc = (0..net.blob_count()).any(|b| net.blob_layout(b) == Layout::Nhwc);
+    assert_eq!(
+        nhwc, gpu.channels_last,
+        "channels-last blobs exactly when asked for"
+    );
     net.params_from_host(gpu, &params).unwrap();
     let mut gpu_solver = GpuSolver::new(gpu, &cfg.solver, &net.params.spans).unwrap();
     let seed = cfg.solver.random_seed;
     for iter in 0..4u64 {
-        let (data, labels) = batch(n, 840 + iter);
+        let (data, labels) = batch_of(n, record, 840 + iter);
         let (d, l) = cpu_net.inputs_mut();
         d.copy_from_slice(&data);
         l.copy_from_slice(&labels);

@@ -1,0 +1,278 @@
+//! In which [`Layout`] each layer of a GPU net runs and each blob is stored, and where a blob is
+//! converted between the two for a layer that runs in the other ([`StoragePlan`]).
+//!
+//! With channels-last activations on, every layer that can ([`runs_channels_last`]) runs NHWC,
+//! the others NCHW. A blob is stored as the first layer writing it runs; the input `data` is
+//! stored channels-last when a channels-last layer reads it (the net transposes each batch as it
+//! arrives). A layer reading a blob stored the other way reads a converted copy instead: a
+//! [`Conversion`] fills the copy before the layer's forward and transposes the copy's gradient
+//! back into the blob's after the layer's backward. Blobs whose layout does not matter (not 4-D,
+//! or one pixel: a global pooling's output) are never converted, so in ResNet-50 the only
+//! conversion is the input's, and in cifar10_quick the last pooling's output before the inner
+//! product.
+//!
+//! Every blob has one writer (the graph gives a top that reuses a name a blob of its own), so a
+//! blob's layout is never in question.
+
+use super::fusion::Slot;
+use crate::config::LayerConfig;
+use crate::cuda::layout::{layout_matters, runs_channels_last, Layout};
+use crate::net::{Net, DATA};
+
+/// One bottom of one layer read through a converted copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversion {
+    /// The layer (graph index) and the position among its bottoms.
+    pub layer: usize,
+    pub slot: usize,
+    /// The graph's blob, and the copy (an index past the graph's blobs) the layer reads instead.
+    pub from: usize,
+    pub copy: usize,
+}
+
+/// The layouts of a net's layers and blobs; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoragePlan {
+    /// Per layer, the layout it runs in.
+    pub runs: Vec<Layout>,
+    /// Per blob — the graph's, then one copy per conversion — how it is stored.
+    pub stored: Vec<Layout>,
+    /// In layer order.
+    pub conversions: Vec<Conversion>,
+}
+
+impl StoragePlan {
+    /// Everything NCHW, no conversion.
+    fn nchw(layers: usize, blobs: usize) -> StoragePlan {
+        StoragePlan {
+            runs: vec![Layout::Nchw; layers],
+            stored: vec![Layout::Nchw; blobs],
+            conversions: Vec::new(),
+        }
+    }
+
+    /// The plan for the net `graph` built from `cfg`, with blob `shapes` and fusion `slots`;
+    /// all NCHW unless `channels_last`.
+    pub fn new(
+        cfg: &[LayerConfig],
+        graph: &Net,
+        shapes: &[Vec<usize>],
+        slots: &[Slot],
+        channels_last: bool,
+    ) -> StoragePlan {
+        let blobs = graph.blob_count();
+        if !channels_last {
+            return StoragePlan::nchw(cfg.len(), blobs);
+        }
+        let mut runs: Vec<Layout> = cfg
+            .iter()
+            .map(|lc| match runs_channels_last(lc) {
+                true => Layout::Nhwc,
+                false => Layout::Nchw,
+            })
+            .collect();
+        // A fused chain runs as one layer: channels-last only if all of it can.
+        for (head, slot) in slots.iter().enumerate() {
+            if let Slot::Head { last, .. } = slot {
+                if runs[head..=*last].contains(&Layout::Nchw) {
+                    runs[head..=*last].fill(Layout::Nchw);
+                }
+            }
+        }
+        let matters = |b: usize| layout_matters(&shapes[b]);
+        let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
+        let mut stored = vec![Layout::Nchw; blobs];
+        let data_read_nhwc = (0..cfg.len())
+            .any(|i| reads(i) && runs[i] == Layout::Nhwc && graph.node(i).bottoms.contains(&DATA));
+        if matters(DATA) && data_read_nhwc {
+            stored[DATA] = Layout::Nhwc;
+        }
+        for (i, &run) in runs.iter().enumerate() {
+            for &t in graph.node(i).tops {
+                if matters(t) {
+                    stored[t] = run;
+                }
+            }
+        }
+        let mut conversions = Vec::new();
+        for (i, &run) in runs.iter().enumerate() {
+            if !reads(i) {
+                continue;
+            }
+            for (slot, &b) in graph.node(i).bottoms.iter().enumerate() {
+                if matters(b) && stored[b] != run {
+                    conversions.push(Conversion {
+                        layer: i,
+                        slot,
+                        from: b,
+                        copy: stored.len(),
+                    });
+                    stored.push(run);
+                }
+            }
+        }
+        StoragePlan {
+            runs,
+            stored,
+            conversions,
+        }
+    }
+
+    /// Per layer, the blobs it reads: its graph bottoms with each converted one replaced by its
+    /// copy.
+    pub fn bottoms(&self, graph: &Net) -> Vec<Vec<usize>> {
+        let mut bottoms: Vec<Vec<usize>> = (0..graph.len())
+            .map(|i| graph.node(i).bottoms.to_vec())
+            .collect();
+        for c in &self.conversions {
+            bottoms[c.layer][c.slot] = c.copy;
+        }
+        bottoms
+    }
+
+    /// The conversions of layer `i`'s bottoms.
+    pub fn of_layer(&self, i: usize) -> impl Iterator<Item = &Conversion> {
+        self.conversions.iter().filter(move |c| c.layer == i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{load_str, Config};
+    use crate::cuda::net::fusion;
+    use crate::cuda::net::infer_shapes;
+    use crate::layers;
+    use std::path::Path;
+
+    const CNN: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+
+    /// The plan of `text` for records of `record` (C, H, W), with every layer's name.
+    fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+        let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
+        let (graph, params) = Net::build(&cfg, record, 1).unwrap();
+        let mut shapers: Vec<_> = cfg
+            .layers
+            .iter()
+            .map(|l| layers::build(l).unwrap())
+            .collect();
+        let shapes = infer_shapes(&graph, &mut shapers, record, 4).unwrap();
+        let slots = fusion::plan(&cfg.layers, &graph, &params.spans);
+        let plan = StoragePlan::new(&cfg.layers, &graph, &shapes, &slots, channels_last);
+        (plan, graph)
+    }
+
+    fn layer(graph: &Net, name: &str) -> usize {
+        (0..graph.len())
+            .find(|&i| graph.layer_name(i) == name)
+            .unwrap()
+    }
+
+    #[test]
+    fn without_channels_last_everything_is_nchw() {
+        let (plan, graph) = plan_of(CNN, [1, 8, 8], false);
+        assert!(plan.runs.iter().all(|&l| l == Layout::Nchw));
+        assert_eq!(plan.stored, vec![Layout::Nchw; graph.blob_count()]);
+        assert!(plan.conversions.is_empty());
+    }
+
+    /// The test CNN (conv → BatchNorm → Scale → ReLU → pool → grouped conv → ReLU → pool →
+    /// dropout → inner product → loss, accuracy): everything up to the dropout and the input go
+    /// channels-last; the inner product reads the last 4-D blob through one NCHW copy.
+    #[test]
+    fn a_cnn_runs_channels_last_up_to_its_inner_product() {
+        let (plan, graph) = plan_of(CNN, [1, 8, 8], true);
+        let conv1 = layer(&graph, "conv1");
+        assert_eq!(plan.runs[conv1], Layout::Nhwc);
+        assert_eq!(plan.stored[DATA], Layout::Nhwc);
+        assert_eq!(plan.stored[graph.node(conv1).tops[0]], Layout::Nhwc);
+        let nchw: Vec<&str> = (0..graph.len())
+            .filter(|&i| plan.runs[i] == Layout::Nchw)
+            .map(|i| graph.layer_name(i))
+            .collect();
+        assert_eq!(nchw, ["ip1", "loss", "accuracy"]);
+        let drop1 = layer(&graph, "drop1");
+        assert_eq!(plan.runs[drop1], Layout::Nhwc);
+        let [conv] = &plan.conversions[..] else {
+            panic!("one conversion expected: {:?}", plan.conversions);
+        };
+        assert_eq!(conv.layer, layer(&graph, "ip1"));
+        assert_eq!(plan.stored[conv.from], Layout::Nhwc);
+        assert_eq!(plan.stored[conv.copy], Layout::Nchw);
+        assert_eq!(conv.copy, graph.blob_count());
+        let bottoms = plan.bottoms(&graph);
+        assert_eq!(bottoms[conv.layer][conv.slot], conv.copy);
+    }
+
+    /// An NCHW-only layer between channels-last ones: a concat of two convolutions read by a
+    /// third reads both through NCHW copies, and the third convolution reads the concat's output
+    /// through a channels-last copy; the inner product reads the 4-D pooling output through one.
+    #[test]
+    fn layers_of_either_layout_read_copies_of_the_other() {
+        let text = r#"
+[data]
+format = "synthetic"
+shape = [3, 6, 6]
+batch_size = 4
+[solver]
+base_lr = 0.1
+max_iter = 1
+[[layer]]
+name = "a"
+type = "convolution"
+bottom = ["data"]
+top = ["a"]
+num_output = 2
+kernel_size = 1
+[[layer]]
+name = "b"
+type = "convolution"
+bottom = ["data"]
+top = ["b"]
+num_output = 3
+kernel_size = 1
+[[layer]]
+name = "cat"
+type = "concat"
+bottom = ["a", "b"]
+top = ["cat"]
+[[layer]]
+name = "c"
+type = "convolution"
+bottom = ["cat"]
+top = ["c"]
+num_output = 2
+kernel_size = 3
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["c"]
+top = ["ip"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#;
+        let (plan, graph) = plan_of(text, [3, 6, 6], true);
+        let by_name = |name: &str| layer(&graph, name);
+        let conversions: Vec<(usize, usize, Layout)> = plan
+            .conversions
+            .iter()
+            .map(|c| (c.layer, c.slot, plan.stored[c.copy]))
+            .collect();
+        assert_eq!(
+            conversions,
+            [
+                (by_name("cat"), 0, Layout::Nchw),
+                (by_name("cat"), 1, Layout::Nchw),
+                (by_name("c"), 0, Layout::Nhwc),
+                (by_name("ip"), 0, Layout::Nchw),
+            ]
+        );
+        assert_eq!(plan.stored[DATA], Layout::Nhwc);
+        let cat_top = graph.node(by_name("cat")).tops[0];
+        assert_eq!(plan.stored[cat_top], Layout::Nchw);
+    }
+}
