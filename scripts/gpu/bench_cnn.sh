@@ -7,6 +7,8 @@
 #   ONLY="lenet resnet50" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # some of them
 #   INEXACT=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                  # also with conv_exact = false
 #   LAYERS=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                   # and each layer's times
+#   LAYOUTS="nchw nhwc" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR        # cluster.gpu_layout values
+#                                                                       # (default: auto)
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
@@ -52,15 +54,18 @@ for w in "${ALL[@]}"; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
   for np in $(seq 1 "$((NGPU < 2 ? NGPU : 2))"); do
+    for layout in ${LAYOUTS:-auto}; do
     for exact in true ${INEXACT:+false}; do
-      log="$OUT/bench-$name-$batch-$math-$np-exact-$exact.log"
+      log="$OUT/bench-$name-$batch-$math-$np-exact-$exact-$layout.log"
       timeout 300 "${MPI[@]}" -np $np "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
         --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch" \
-        --set "cluster.conv_exact=$exact" ${LAYERS:+--layers} \
+        --set "cluster.conv_exact=$exact" --set "cluster.gpu_layout=\"$layout\"" ${LAYERS:+--layers} \
         >"$log" 2>&1 || { echo "FAILED: bench $name np $np" | tee -a "$OUT/summary.txt"; tail -5 "$log" >>"$OUT/summary.txt"; failed=1; }
-      echo "p2ptrain $name b$batch $math ${np} GPU(s) conv_exact=$exact: $(grep '^bench:' "$log")" | tee -a "$OUT/summary.txt"
+      echo "p2ptrain $name b$batch $math ${np} GPU(s) conv_exact=$exact layout=$layout: $(grep '^bench:' "$log")" \
+        | tee -a "$OUT/summary.txt"
       grep -A6 '^step split' "$log" >>"$OUT/summary.txt"
       sed -n '/^per layer/,/^total/p' "$log" >>"$OUT/summary.txt"
+    done
     done
     if [ $np -eq 1 ]; then
       timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \

@@ -75,11 +75,11 @@ $CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU,
   || fail "GPU and CPU training differ"
 
 echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
-train_cfg() { # config name np replicas batch backend
-  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6
+train_cfg() { # config name np replicas batch backend [gpu_layout]
+  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6 layout=${7:-auto}
   "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train "$cfg" --no-progress --output "$OUT/runs/$name" \
     --set "data.batch_size=$b" --set "cluster.replicas_per_rank=$r" --set "cluster.backend=\"$backend\"" \
-    >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
+    --set "cluster.gpu_layout=\"$layout\"" >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
 }
 # tests/configs/cnn_bn_dropout.toml: conv (padded, grouped), sync BatchNorm + Scale, max and ave
 # pooling, Dropout; 20 iterations. tests/configs/cnn_equivalence.toml: branches joined by concat,
@@ -99,6 +99,17 @@ for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
   $CMP "$(s "$1_gpu_1x1_b32" "$2")" "$(s "$1_cpu_1x1_b32" "$2")" --tol 1e-3 \
     --label "$1: GPU vs CPU" | tee -a "$OUT/summary.txt" \
     || fail "$1: GPU and CPU training differ"
+  # Channels-last activations (cluster.gpu_layout = "nhwc") against the CPU and across topologies.
+  train_cfg "$cfg" "$1_gpu_1x1_b32_nhwc" 1 1 32 cuda nhwc
+  $CMP "$(s "$1_gpu_1x1_b32_nhwc" "$2")" "$(s "$1_cpu_1x1_b32" "$2")" --tol 1e-3 \
+    --label "$1: GPU channels-last vs CPU" | tee -a "$OUT/summary.txt" \
+    || fail "$1: GPU channels-last and CPU training differ"
+  if two_gpus "$1: channels-last, np 2 x 1 GPU vs np 1 x 1 GPU"; then
+    train_cfg "$cfg" "$1_gpu_2x1_b16_nhwc" 2 1 16 cuda nhwc
+    $CMP "$(s "$1_gpu_1x1_b32_nhwc" "$2")" "$(s "$1_gpu_2x1_b16_nhwc" "$2")" --tol 2e-4 \
+      --label "$1: channels-last, np 2 x 1 GPU (b16) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
+      || fail "$1: channels-last GPU topologies differ"
+  fi
 done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
 
