@@ -34,17 +34,31 @@ __device__ __forceinline__ int channel_of(int i, FastDiv inner, FastDiv dim) {
     return q - div_by(q, dim) * (int)dim.d;
 }
 
-// The two sums of channel ch from stage-1 partials laid out [(ch * splits + k) * 2 + {0, 1}],
-// added in chunk order.
-__device__ __forceinline__ void pair_sums(const double* partial, int ch, int splits, double* s1,
-                                          double* s2) {
+// The finishing kernels of the per-channel reductions run one warp per channel: `ch` runs over
+// this warp's channels (launched with Kernels::grid_rows).
+#define WARP_PER_CHANNEL(ch, c)                                                                   \
+    for (int ch = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; ch < (c);                         \
+         ch += (gridDim.x * blockDim.x) >> 5)
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// The sums over the `splits` chunks of channel ch of the stage-1 partials laid out
+// [(ch * splits + k) * pair + j], j < pair (1 or 2): lane l adds chunks l, l + 32, ... in order,
+// then a fixed shuffle tree adds the lanes, so the result depends only on the shape. Called by a
+// whole warp; valid in every lane.
+__device__ __forceinline__ void chunk_sums(const double* partial, int ch, int splits, int pair,
+                                           double* s1, double* s2) {
+    const int lane = threadIdx.x & 31;
     double a = 0.0, b = 0.0;
-    for (int k = 0; k < splits; ++k) {
-        a += partial[(ch * splits + k) * 2];
-        b += partial[(ch * splits + k) * 2 + 1];
+    for (int k = lane; k < splits; k += 32) {
+        a += partial[(ch * splits + k) * pair];
+        if (pair == 2) b += partial[(ch * splits + k) * 2 + 1];
     }
-    *s1 = a;
-    *s2 = b;
+    *s1 = warp_sum_double(a);
+    *s2 = warp_sum_double(b);
 }
 
 // dst[r * dst_stride + dst_off + c] (+)= src[r * src_stride + src_off + c] for r < rows,
@@ -434,24 +448,25 @@ extern "C" __global__ void channel_reduce(const float* a, const float* b, int ha
         partial, 0, outer, dim, inner, splits);
 }
 
-// out[d] (+)= sum over k of partial[d * splits + k], in order.
+// out[d] (+)= sum over k of partial[d * splits + k] (chunk_sums' order).
 extern "C" __global__ void channel_reduce_finish(const double* partial, float* out, int dim,
                                                  int splits, int accumulate) {
-    GRID_STRIDE_INT(d, dim) {
-        double s = 0.0;
-        for (int k = 0; k < splits; ++k) s += partial[d * splits + k];
-        out[d] = accumulate ? out[d] + (float)s : (float)s;
+    WARP_PER_CHANNEL(d, dim) {
+        double s, unused;
+        chunk_sums(partial, d, splits, 1, &s, &unused);
+        if ((threadIdx.x & 31) == 0) out[d] = accumulate ? out[d] + (float)s : (float)s;
     }
 }
 
 // From bn_sums' partials of (a, b) over a channel view: out[d] (+)= sum a*b and
-// out[dim + d] (+)= sum a, each over its chunks in order (a Scale layer's [scale, bias] gradient
-// in one pass over dy and x).
+// out[dim + d] (+)= sum a, each over its chunks (a Scale layer's [scale, bias] gradient in one
+// pass over dy and x).
 extern "C" __global__ void pair_reduce_finish(const double* partial, float* out, int dim,
                                               int splits, int accumulate) {
-    GRID_STRIDE_INT(d, dim) {
+    WARP_PER_CHANNEL(d, dim) {
         double sa, sab;
-        pair_sums(partial, d, splits, &sa, &sab);
+        chunk_sums(partial, d, splits, 2, &sa, &sab);
+        if ((threadIdx.x & 31) != 0) continue;
         out[d] = accumulate ? out[d] + (float)sab : (float)sab;
         out[dim + d] = accumulate ? out[dim + d] + (float)sa : (float)sa;
     }
@@ -498,13 +513,14 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
         partial, 1, n, c, s, splits);
 }
 
-// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials in chunk
-// order; sums[2C] = n * s.
+// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials;
+// sums[2C] = n * s.
 extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, int c, int splits,
                                           int per) {
-    GRID_STRIDE_INT(ch, c) {
+    WARP_PER_CHANNEL(ch, c) {
         double s1, s2;
-        pair_sums(partial, ch, splits, &s1, &s2);
+        chunk_sums(partial, ch, splits, 2, &s1, &s2);
+        if ((threadIdx.x & 31) != 0) continue;
         sums[ch] = s1;
         sums[c + ch] = s2;
         if (ch == 0) sums[2 * c] = (double)per;
@@ -633,15 +649,16 @@ extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, c
         partial, 1, n, c, s, splits);
 }
 
-// Per channel, from the partials in chunk order: sums = [sum g (C), sum g*y (C), n * s] (the
+// Per channel, from the partials: sums = [sum g (C), sum g*y (C), n * s] (the
 // BatchNorm sums, before any all-reduce) and the Scale's local gradient
 // dgamma[c] (+)= sum g*y, dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]).
 extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* sums,
                                                 float* dparams, int has_beta, int c, int splits,
                                                 int per, int accumulate) {
-    GRID_STRIDE_INT(ch, c) {
+    WARP_PER_CHANNEL(ch, c) {
         double s1, s2;
-        pair_sums(partial, ch, splits, &s1, &s2);
+        chunk_sums(partial, ch, splits, 2, &s1, &s2);
+        if ((threadIdx.x & 31) != 0) continue;
         sums[ch] = s1;
         sums[c + ch] = s2;
         if (ch == 0) sums[2 * c] = (double)per;

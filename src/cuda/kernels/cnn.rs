@@ -565,7 +565,7 @@ impl Kernels {
             self,
             s,
             channel_reduce_finish,
-            self.grid(dim),
+            self.grid_rows(dim),
             [&pp, &outp, &d, &sp, &acc]
         )
     }
@@ -617,7 +617,7 @@ impl Kernels {
             self,
             s,
             pair_reduce_finish,
-            self.grid(dim),
+            self.grid_rows(dim),
             [&pp, &outp, &d, &sp, &acc]
         )
     }
@@ -782,7 +782,7 @@ impl Kernels {
             self,
             s,
             bn_sums_finish,
-            self.grid(c),
+            self.grid_rows(c),
             [&pp, &sump, &ci, &spl, &per]
         )
     }

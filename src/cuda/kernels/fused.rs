@@ -143,7 +143,7 @@ impl Kernels {
             self,
             s,
             bn_scale_relu_finish,
-            self.grid(c),
+            self.grid_rows(c),
             [&pp, &sump, &dpp, &hb, &ci, &spl, &per, &acc]
         )
     }
