@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=100, help="timed steps")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and images in torch.channels_last (NHWC) memory format")
     args = ap.parse_args()
     if args.batch < 1 or args.iters < 1 or args.warmup < 0:
         ap.error("--batch and --iters must be positive, --warmup not negative")
@@ -188,6 +190,9 @@ def main() -> int:
     # Same initial weights on every rank (DDP broadcasts rank 0's anyway); different data per rank.
     torch.manual_seed(args.seed)
     model = build_model(args.workload).to(device)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    if args.channels_last:
+        model = model.to(memory_format=memory_format)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -196,6 +201,8 @@ def main() -> int:
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed * 1000 + rank)
     data = [torch.randn(args.batch, *shape, device=device, generator=gen) for _ in range(DATA_POOL)]
+    if args.channels_last and len(shape) == 3:
+        data = [x.contiguous(memory_format=memory_format) for x in data]
     labels = [torch.randint(0, classes, (args.batch,), device=device, generator=gen)
               for _ in range(DATA_POOL)]
 
@@ -240,6 +247,7 @@ def main() -> int:
             "batch_per_gpu": args.batch,
             "global_batch": global_batch,
             "math": args.math,
+            "memory_format": "channels_last" if args.channels_last else "contiguous",
             "warmup": args.warmup,
             "iters": args.iters,
             "seconds": round(seconds, 6),

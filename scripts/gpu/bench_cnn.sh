@@ -9,6 +9,7 @@
 #   LAYERS=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                   # and each layer's times
 #   LAYOUTS="nchw nhwc" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR        # cluster.gpu_layout values
 #                                                                       # (default: auto)
+#   TORCH_CHANNELS_LAST=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR      # PyTorch also channels_last
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
@@ -67,14 +68,17 @@ for w in "${ALL[@]}"; do
       sed -n '/^per layer/,/^total/p' "$log" >>"$OUT/summary.txt"
     done
     done
-    if [ $np -eq 1 ]; then
-      timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \
-        --warmup "$warmup" --iters "$iters" 2>"$OUT/torch-$name-$batch-$math-$np.err" | tee -a "$OUT/summary.txt"
-    else
-      timeout 300 python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --workload "$name" \
-        --batch "$batch" --math "$math" --warmup "$warmup" --iters "$iters" \
-        2>"$OUT/torch-$name-$batch-$math-$np.err" | tee -a "$OUT/summary.txt"
-    fi
+    for format in "" ${TORCH_CHANNELS_LAST:+--channels-last}; do
+      err="$OUT/torch-$name-$batch-$math-$np${format:+-cl}.err"
+      if [ $np -eq 1 ]; then
+        timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \
+          --warmup "$warmup" --iters "$iters" $format 2>"$err" | tee -a "$OUT/summary.txt"
+      else
+        timeout 300 python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --workload "$name" \
+          --batch "$batch" --math "$math" --warmup "$warmup" --iters "$iters" $format \
+          2>"$err" | tee -a "$OUT/summary.txt"
+      fi
+    done
   done
 done
 exit $failed
