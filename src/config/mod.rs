@@ -66,8 +66,8 @@ pub struct ClusterConfig {
     /// Winograd, non-deterministic backward ones), as PyTorch does by default.
     #[serde(default = "yes")]
     pub conv_exact: bool,
-    /// How GPUs store 4-D activations: `"auto"` (channels-last with `math = "tf32"`, NCHW with
-    /// `"fp32"`), `"nchw"` or `"nhwc"`.
+    /// How GPUs store 4-D activations: `"auto"` (channels-last with `math = "tf32"` where most of
+    /// the convolution work has at least 64 input channels, else NCHW), `"nchw"` or `"nhwc"`.
     #[serde(default)]
     pub gpu_layout: GpuLayout,
     /// The number of MPI processes the job must have; the job stops at start-up when MPI's world
@@ -110,8 +110,10 @@ pub enum MathMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuLayout {
-    /// Channels-last where tensor cores compute (`math = "tf32"`), NCHW otherwise: cuDNN's
-    /// tensor-core convolutions run fastest on channels-last tensors, its FP32 ones on NCHW.
+    /// Channels-last where tensor cores compute (`math = "tf32"`) and most of the convolutions'
+    /// multiply-adds have at least 64 input channels, NCHW otherwise: cuDNN's tensor-core
+    /// convolutions run fastest on channels-last tensors once they are that wide, its FP32 ones
+    /// and narrow ones (cifar10_quick's) on NCHW.
     #[default]
     Auto,
     /// Caffe's `(N, C, H, W)` everywhere.
@@ -121,10 +123,11 @@ pub enum GpuLayout {
 }
 
 impl GpuLayout {
-    /// Whether GPUs store activations channels-last under `math`.
-    pub fn channels_last(self, math: MathMode) -> bool {
+    /// Whether GPUs store activations channels-last under `math`, for a net whose
+    /// convolutions are `wide` (see [`GpuLayout::Auto`]).
+    pub fn channels_last(self, math: MathMode, wide: bool) -> bool {
         match self {
-            GpuLayout::Auto => math == MathMode::Tf32,
+            GpuLayout::Auto => math == MathMode::Tf32 && wide,
             GpuLayout::Nchw => false,
             GpuLayout::Nhwc => true,
         }

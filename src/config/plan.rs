@@ -174,10 +174,12 @@ impl Plan {
             } else {
                 "any algorithm"
             };
-            let layout = if cl.gpu_layout.channels_last(cl.math) {
-                "channels-last"
-            } else {
-                "NCHW"
+            let layout = match (cl.gpu_layout, cl.math) {
+                (super::GpuLayout::Auto, super::MathMode::Tf32) => {
+                    "channels-last (if wide) or NCHW"
+                }
+                (layout, math) if layout.channels_last(math, true) => "channels-last",
+                _ => "NCHW",
             };
             row(
                 "on GPUs",
@@ -429,9 +431,8 @@ top = ["loss"]
             "cluster.conv_exact=false",
         ];
         let text = plan(&sets, 1).unwrap().to_string();
-        let want =
-            "on GPUs            math tf32, channels-last activations, convolutions measured \
-                    (any algorithm), reduce bucketed (25 MiB buckets)";
+        let want = "on GPUs            math tf32, channels-last (if wide) or NCHW activations, \
+                    convolutions measured (any algorithm), reduce bucketed (25 MiB buckets)";
         assert!(text.contains(want), "{text}\nlacks {want:?}");
         let nchw = plan(&[sets[0], sets[1], "cluster.gpu_layout=\"nchw\""], 1)
             .unwrap()

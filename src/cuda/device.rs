@@ -14,7 +14,7 @@
 use super::cudnn::Cudnn;
 use super::gpu_error;
 use super::kernels::Kernels;
-use crate::config::{ConvAlgorithm, MathMode};
+use crate::config::{ConvAlgorithm, GpuLayout, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig};
@@ -38,9 +38,9 @@ pub struct Gpu {
     pub conv_algorithm: ConvAlgorithm,
     /// Whether convolutions keep to exact, deterministic algorithms (`cluster.conv_exact`).
     pub conv_exact: bool,
-    /// Whether nets on this device store 4-D activations channels-last where their layers can
-    /// (`cluster.gpu_layout`; see [`crate::cuda::layout`]).
-    pub channels_last: bool,
+    /// How nets on this device store 4-D activations (`cluster.gpu_layout`; see
+    /// [`crate::cuda::layout`]).
+    pub layout: GpuLayout,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
@@ -107,7 +107,7 @@ impl Gpu {
             math,
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,
-            channels_last: false,
+            layout: GpuLayout::Nchw,
             dnn: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
         })

@@ -77,7 +77,7 @@ impl GpuEngine {
         let mut gpu = Gpu::new(ordinal, cfg.cluster.math)?;
         gpu.conv_algorithm = cfg.cluster.conv_algorithm;
         gpu.conv_exact = cfg.cluster.conv_exact;
-        gpu.channels_last = cfg.cluster.gpu_layout.channels_last(cfg.cluster.math);
+        gpu.layout = cfg.cluster.gpu_layout;
         let mut net = GpuNet::new(cfg, record_shape, cfg.data.batch_size, &gpu)?;
         net.params_from_host(&gpu, initial)?;
         let solver = GpuSolver::new(&gpu, &cfg.solver, &net.params.spans)?;

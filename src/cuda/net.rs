@@ -303,13 +303,9 @@ impl GpuNet {
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
         let layer_slots = fusion::plan(&cfg.layers, &graph, &layout.spans);
-        let storage = StoragePlan::new(
-            &cfg.layers,
-            &graph,
-            &shapes,
-            &layer_slots,
-            gpu.channels_last,
-        );
+        let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
+        let channels_last = gpu.layout.channels_last(gpu.math, wide);
+        let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
         let mut idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
         idle_blobs.resize(storage.stored.len(), false);
         let shapes = with_copies(shapes, &storage);

@@ -17,6 +17,7 @@
 use super::fusion::Slot;
 use crate::config::LayerConfig;
 use crate::cuda::layout::{layout_matters, runs_channels_last, Layout};
+use crate::layers::Layer;
 use crate::net::{Net, DATA};
 
 /// One bottom of one layer read through a converted copy.
@@ -136,6 +137,36 @@ impl StoragePlan {
     }
 }
 
+/// The input channels from which a convolution counts as wide: cuDNN's tensor-core kernels run
+/// faster on channels-last tensors from there (ResNet-50's), slower below (cifar10_quick's 3 and
+/// 32), as measured on an H200.
+const WIDE_CHANNELS: usize = 64;
+
+/// Whether convolutions with at least [`WIDE_CHANNELS`] input channels do most of the
+/// convolution multiply-adds of `graph` (`(OH·OW) · K·C/group·kh·kw` each, from the blob
+/// `shapes` and the `shapers`' weight shapes): what `cluster.gpu_layout = "auto"` goes by.
+pub fn wide_convolutions_dominate(
+    graph: &Net,
+    shapers: &[Box<dyn Layer>],
+    shapes: &[Vec<usize>],
+) -> bool {
+    let (mut wide, mut all) = (0f64, 0f64);
+    for (i, shaper) in shapers.iter().enumerate() {
+        if shaper.type_name() != "convolution" {
+            continue;
+        }
+        let node = graph.node(i);
+        let (bottom, top) = (&shapes[node.bottoms[0]], &shapes[node.tops[0]]);
+        let weights: usize = shaper.param_specs()[0].shape.iter().product();
+        let macs = (top[2..].iter().product::<usize>() * weights) as f64;
+        all += macs;
+        if bottom[1] >= WIDE_CHANNELS {
+            wide += macs;
+        }
+    }
+    all > 0.0 && 2.0 * wide >= all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +191,41 @@ mod tests {
         let slots = fusion::plan(&cfg.layers, &graph, &params.spans);
         let plan = StoragePlan::new(&cfg.layers, &graph, &shapes, &slots, channels_last);
         (plan, graph)
+    }
+
+    /// Whether the wide convolutions of the config `text` (records of `record`) dominate. Its
+    /// `[data]` table is replaced by synthetic records (the data files need not exist).
+    fn wide(text: &str, record: [usize; 3]) -> bool {
+        let start = text.find("\n[data]").unwrap();
+        let end = start + 1 + text[start + 1..].find("\n[").unwrap();
+        let [c, h, w] = record;
+        let data =
+            format!("\n[data]\nformat = \"synthetic\"\nshape = [{c}, {h}, {w}]\nbatch_size = 1\n");
+        let text = format!("{}{data}{}", &text[..start], &text[end..]);
+        let cfg: Config = load_str("t.toml", &text, Path::new("."), &[]).unwrap().0;
+        let (graph, _) = Net::build(&cfg, record, 1).unwrap();
+        let mut shapers: Vec<_> = cfg
+            .layers
+            .iter()
+            .map(|l| layers::build(l).unwrap())
+            .collect();
+        let shapes = infer_shapes(&graph, &mut shapers, record, 1).unwrap();
+        wide_convolutions_dominate(&graph, &shapers, &shapes)
+    }
+
+    /// `gpu_layout = "auto"` with tf32 takes channels-last for ResNet-50 (all but its first
+    /// convolution read 64 or more channels), NCHW for cifar10_quick (3 and 32) and LeNet (1 and
+    /// 20); a net without convolutions is not wide.
+    #[test]
+    fn auto_layout_goes_channels_last_for_resnet50_only() {
+        let config = |name: &str| {
+            std::fs::read_to_string(format!("{}/config/{name}", env!("CARGO_MANIFEST_DIR")))
+                .unwrap()
+        };
+        assert!(wide(&config("resnet50.toml"), [3, 224, 224]));
+        assert!(!wide(&config("cifar10_quick.toml"), [3, 32, 32]));
+        assert!(!wide(&config("lenet.toml"), [1, 28, 28]));
+        assert!(!wide(&config("quickstart.toml"), [1, 28, 28]));
     }
 
     fn layer(graph: &Net, name: &str) -> usize {

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::backend::Cpu;
-use crate::config::{load_str, MathMode};
+use crate::config::{load_str, GpuLayout, MathMode};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::cuda::update::GpuSolver;
 use crate::layers::Ctx;
@@ -479,8 +479,8 @@ fn residual_sum_fused_with_its_relu_matches_cpu() {
 /// NCHW and then channels-last; `fused` are the (first, last) layers of the chains the GPU net is
 /// expected to fuse.
 fn cnn_steps_match_cpu(gpu: &mut Gpu, cfg: &Config, record: [usize; 3], fused: &[(usize, usize)]) {
-    for channels_last in [false, true] {
-        gpu.channels_last = channels_last;
+    for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+        gpu.layout = layout;
         cnn_steps_match_cpu_in(gpu, cfg, record, fused);
     }
 }
@@ -495,7 +495,8 @@ fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[
     assert_eq!(net.fused_chains(), fused);
     let nhwc = (0..net.blob_count()).any(|b| net.blob_layout(b) == Layout::Nhwc);
     assert_eq!(
-        nhwc, gpu.channels_last,
+        nhwc,
+        gpu.layout == GpuLayout::Nhwc,
         "channels-last blobs exactly when asked for"
     );
     net.params_from_host(gpu, &params).unwrap();
