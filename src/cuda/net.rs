@@ -306,6 +306,12 @@ impl GpuNet {
         let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
         let channels_last = gpu.layout.channels_last(gpu.math, wide);
         let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
+        tracing::debug!(
+            channels_last,
+            wide_convolutions = wide,
+            conversions = storage.conversions.len(),
+            "GPU activation layout"
+        );
         let mut idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
         idle_blobs.resize(storage.stored.len(), false);
         let shapes = with_copies(shapes, &storage);
