@@ -4,10 +4,11 @@
 //! Shapes: bottom and top `(N, C, ...)`, statistics per channel over `m = N · S` values
 //! (`S` the product of the axes after C) — over every replica's batch when `sync = true`.
 //! State, three non-learnable tensors in the flat parameters: running mean `(C)`, running
-//! variance `(C)`, moving-average factor `(1)`.
+//! variance `(C)`, moving-average factor `(1)`. The kernels see the bottom as its channel view,
+//! `(N, C, S)` stored NCHW or `(N·S, C, 1)` channels-last.
 //!
-//! Train (batch statistics): per-channel `Σx` and `Σx²` in double (one block per channel, a
-//! fixed summation tree), all-reduced (`2C + 1` doubles, the count included) on the compute
+//! Train (batch statistics): per-channel `Σx` and `Σx²` in double (fixed chunks per channel,
+//! fixed summation trees), all-reduced (`2C + 1` doubles, the count included) on the compute
 //! stream when `sync`; `mean = Σx / m`, biased `var = Σx² / m − mean²`,
 //! `y = (x − mean) · inv_std`, `inv_std = 1/√(var + eps)` (as the CPU layer). Then [`GpuLayer::update_state`] updates the running
 //! statistics: `factor = factor·maf + 1`, `mean_r = mean_r·maf + mean`,

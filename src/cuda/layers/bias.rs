@@ -2,8 +2,9 @@
 //! `y = x + b[d]` over the view `(outer, dim, inner)` of the bottom, `d` over the axes
 //! `axis .. axis + num_axes` (default 1 and 1). One bottom: `b` is learnable (the layer's only
 //! tensor); two bottoms: `b` is the second bottom and gets a gradient like a bottom.
+//! Channels-last blobs only with one value per channel: the view is then `(N·H·W, C, 1)`.
 //!
-//! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (one block per `d`, double).
+//! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
 use super::scale::channel_view;
 use super::{pick, GpuCtx, GpuLayer, Grad};

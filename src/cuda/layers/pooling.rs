@@ -11,6 +11,9 @@
 //! in row-major order wins); backward gives each bottom element the sum of the top diffs whose
 //! index it is — no atomics, deterministic. Ave: the window sum divided by the window clipped to
 //! `[−pad, size + pad)`; backward spreads `dy / pool_size` back the same way.
+//!
+//! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
+//! either, and the argmax is a pixel of its `(n, c)` plane in both.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, PoolMethod};

@@ -1,6 +1,7 @@
 //! `GpuScale`: Caffe's Scale layer, the device twin of `crate::layers::scale`:
 //! `y = x · s[d] (+ b[d])` over the view `(outer, dim, inner)` of the bottom `x`, where `d`
 //! runs over the axes `axis .. axis + num_axes` (default 1 and 1: one factor per channel).
+//! Channels-last blobs only with one factor per channel: the view is then `(N·H·W, C, 1)`.
 //!
 //! One bottom: `s` is learnable, shape `x.shape[axis .. axis + num_axes]` (`num_axes = -1`:
 //! every axis from `axis`). Two bottoms: `s` is the second bottom (shape
@@ -8,7 +9,7 @@
 //! Learnable tensors, in order: `scale` (one bottom only) and `bias` when `bias_term`.
 //!
 //! Backward: `dx (+)= dy · s[d]`; `ds[d] (+)= Σ dy·x`, `db[d] (+)= Σ dy` over `(outer,
-//! inner)`, one block per `d` in double (deterministic).
+//! inner)` in double with fixed chunks and summation trees (deterministic).
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
 use crate::config::LayerConfig;

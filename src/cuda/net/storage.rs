@@ -178,8 +178,17 @@ mod tests {
 
     const CNN: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
 
-    /// The plan of `text` for records of `record` (C, H, W), with every layer's name.
-    fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+    /// The net of the config `text` for records of `record` (C, H, W), its CPU layers and its
+    /// blob shapes at batch 4.
+    struct Built {
+        cfg: Config,
+        graph: Net,
+        spans: Vec<crate::params::ParamSpan>,
+        shapers: Vec<Box<dyn Layer>>,
+        shapes: Vec<Vec<usize>>,
+    }
+
+    fn build(text: &str, record: [usize; 3]) -> Built {
         let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
         let (graph, params) = Net::build(&cfg, record, 1).unwrap();
         let mut shapers: Vec<_> = cfg
@@ -188,9 +197,21 @@ mod tests {
             .map(|l| layers::build(l).unwrap())
             .collect();
         let shapes = infer_shapes(&graph, &mut shapers, record, 4).unwrap();
-        let slots = fusion::plan(&cfg.layers, &graph, &params.spans);
-        let plan = StoragePlan::new(&cfg.layers, &graph, &shapes, &slots, channels_last);
-        (plan, graph)
+        Built {
+            cfg,
+            graph,
+            spans: params.spans,
+            shapers,
+            shapes,
+        }
+    }
+
+    /// The storage plan of the config `text`, and its graph.
+    fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+        let b = build(text, record);
+        let slots = fusion::plan(&b.cfg.layers, &b.graph, &b.spans);
+        let plan = StoragePlan::new(&b.cfg.layers, &b.graph, &b.shapes, &slots, channels_last);
+        (plan, b.graph)
     }
 
     /// Whether the wide convolutions of the config `text` (records of `record`) dominate. Its
@@ -201,16 +222,8 @@ mod tests {
         let [c, h, w] = record;
         let data =
             format!("\n[data]\nformat = \"synthetic\"\nshape = [{c}, {h}, {w}]\nbatch_size = 1\n");
-        let text = format!("{}{data}{}", &text[..start], &text[end..]);
-        let cfg: Config = load_str("t.toml", &text, Path::new("."), &[]).unwrap().0;
-        let (graph, _) = Net::build(&cfg, record, 1).unwrap();
-        let mut shapers: Vec<_> = cfg
-            .layers
-            .iter()
-            .map(|l| layers::build(l).unwrap())
-            .collect();
-        let shapes = infer_shapes(&graph, &mut shapers, record, 1).unwrap();
-        wide_convolutions_dominate(&graph, &shapers, &shapes)
+        let b = build(&format!("{}{data}{}", &text[..start], &text[end..]), record);
+        wide_convolutions_dominate(&b.graph, &b.shapers, &b.shapes)
     }
 
     /// `gpu_layout = "auto"` with tf32 takes channels-last for ResNet-50 (all but its first
