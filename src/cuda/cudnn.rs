@@ -10,7 +10,7 @@
 //! (a missing symbol would otherwise panic inside cudarc at the first call).
 //!
 //! Layouts: tensors are fully packed FP32, NCHW or channels-last NHWC (the
-//! [`Layout`](super::layout::Layout) of the net's blobs); filters are KCRS (`(num_output,
+//! [`Layout`] of the net's blobs); filters are KCRS (`(num_output,
 //! C/group, kh, kw)`, the CPU layer's weight layout) beside NCHW tensors and KRSC beside NHWC
 //! ones, as cuDNN's channels-last kernels want.
 //!

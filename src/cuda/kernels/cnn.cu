@@ -4,8 +4,9 @@
 // into one NVRTC program; the conventions at the top of kernels.cu hold here too). A 4-D blob is
 // stored NCHW or channels-last (NHWC); a "channel view" of a blob is (outer, dim, inner) with the
 // channel index (i / inner) % dim: (N, C, H * W) for NCHW, (N * H * W, C, 1) for NHWC, so the
-// channel kernels serve both layouts. Channel indices are computed with FastDiv (a multiply-high and a shift instead of the ~20
-// instructions of an integer division, which would otherwise bound these memory-bound kernels).
+// channel kernels serve both layouts. Channel indices are computed with FastDiv (a multiply-high
+// and a shift instead of the ~20 instructions of an integer division, which would otherwise bound
+// these memory-bound kernels).
 
 // Division of non-negative ints below 2^31 by a fixed positive divisor d: q = (hi(n * m) + n) >> s
 // with s = ceil(log2 d) and m = floor(2^32 * (2^s - d) / d) + 1 (Granlund and Montgomery). Each

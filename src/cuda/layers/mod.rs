@@ -3,10 +3,10 @@
 //! each file compare the two on random inputs).
 //!
 //! Conventions, as on the CPU:
-//! - Blobs are row-major `(N, ...)`, 4-D ones stored NCHW or channels-last as the layer was
-//!   built to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by index in
-//!   one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly without
-//!   collecting references (all indices of one layer are distinct; the net checks this).
+//! - Blobs are row-major `(N, ...)`, 4-D ones stored NCHW or channels-last as the layer was built
+//!   to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by
+//!   index in one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly
+//!   without collecting references (all indices of one layer are distinct; the net checks this).
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
 //!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the only one to
 //!   contribute to that blob's gradient, and for the parameters on the first backward of an
