@@ -43,6 +43,9 @@ pub struct Gpu {
     pub layout: GpuLayout,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
+    /// cuDNN bound to a second stream of this device, created by the first
+    /// [`Gpu::cudnn_side`]: convolutions' weight gradients run there beside their data gradients.
+    dnn_side: OnceLock<Cudnn>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
     /// shared by every convolution of the replica: they run one after another on `compute`.
     conv_scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
@@ -109,6 +112,7 @@ impl Gpu {
             conv_exact: true,
             layout: GpuLayout::Nchw,
             dnn: OnceLock::new(),
+            dnn_side: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
         })
     }
@@ -122,6 +126,20 @@ impl Gpu {
         }
         let h = Cudnn::new(self.compute.clone(), self.math)?;
         Ok(self.dnn.get_or_init(|| h))
+    }
+
+    /// A cuDNN handle on a second stream of this device (its [`Cudnn::stream`]), in the configured
+    /// math mode, for work that may run beside the compute stream's; created on the first call.
+    pub fn cudnn_side(&self) -> Result<&Cudnn> {
+        if let Some(h) = self.dnn_side.get() {
+            return Ok(h);
+        }
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the side stream", e))?;
+        let h = Cudnn::new(stream, self.math)?;
+        Ok(self.dnn_side.get_or_init(|| h))
     }
 
     /// Runs `f` on the shared convolution scratch, grown to at least `col` and `dyt` floats

@@ -14,12 +14,14 @@
 //!
 //! Forward: `cudnnConvolutionForward` (β = 0) then the project's channel kernel adds the bias in
 //! place.
-//! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient
-//! by `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at
-//! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
-//! (`gemm_wgrad`); `cudnnConvolutionBackwardData` into the bottom's diff. Parameter and bottom
-//! gradients are accumulated (β = 1) or overwritten (β = 0) as the net says. Groups through
-//! `cudnnSetConvolutionGroupCount`.
+//! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
+//! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at the
+//! plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM (`gemm_wgrad`);
+//! `cudnnConvolutionBackwardData` into the bottom's diff. When cuDNN computes the weight gradient
+//! and the bottom wants one, the bias and weight gradients run on the device's side stream
+//! ([`Gpu::cudnn_side`]) beside the data gradient on the compute stream, joined before the backward
+//! returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0) as the
+//! net says. Groups through `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
@@ -36,7 +38,7 @@ use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
 /// How a plan computes the weight gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +87,16 @@ fn gemm_wgrad(
     })
 }
 
-/// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`
-/// (`ws`: the layer's cuDNN workspace).
+/// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`:
+/// cuDNN's on the stream of the handle `dnn` with the workspace `ws`, or the GEMM one on the
+/// compute stream.
 #[allow(clippy::too_many_arguments)]
 fn weight_gradient(
     gpu: &Gpu,
+    (dnn, ws): (&cudnn::Cudnn, cudnn::Workspace),
     plan: &Plan,
     path: Wgrad,
     num_output: usize,
-    ws: cudnn::Workspace,
     x: &impl DevicePtr<f32>,
     dy: &impl DevicePtr<f32>,
     beta: f32,
@@ -102,7 +105,7 @@ fn weight_gradient(
     if path == Wgrad::Gemm {
         return gemm_wgrad(gpu, plan.geom, num_output, x, dy, beta, dw);
     }
-    let s = &gpu.compute;
+    let s = dnn.stream();
     let (xp, _gx) = x.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
     let (dwp, _gdw) = dw.device_ptr_mut(s);
@@ -111,7 +114,7 @@ fn weight_gradient(
     // workspace of `ws.bytes`, all alive while the enqueued work runs.
     unsafe {
         cudnn::conv_backward_filter(
-            gpu.cudnn()?,
+            dnn,
             (&plan.x, xp),
             (&plan.y, dyp),
             &chosen.conv,
@@ -164,6 +167,14 @@ pub struct GpuConvolution {
     current: usize,
     /// Bytes of scratch for the algorithms of every cached plan.
     workspace: CudaSlice<u8>,
+    /// The same for cuDNN's weight gradient when it runs on the side stream beside the data
+    /// gradient (see `backward`).
+    wgrad_workspace: CudaSlice<u8>,
+    /// Recorded on the compute stream when the top's gradient is complete (the side stream's
+    /// weight gradient waits for it), and on the side stream after the weight gradient (the
+    /// compute stream waits for that before the layer's backward returns).
+    dy_ready: CudaEvent,
+    wgrad_done: CudaEvent,
     layout: Layout,
     /// Channels-last only: the weight as KRSC `(K, kh, kw, C/group)`, written by forward.
     weight_krsc: CudaSlice<f32>,
@@ -220,8 +231,9 @@ impl GpuConvolution {
             ));
         }
         // A missing cuDNN is the machine's problem, not the config's: a runtime error (exit 1)
-        // that names the library and the layer.
+        // that names the library and the layer. Both handles are made here, not in a step.
         gpu.cudnn()
+            .and_then(|_| gpu.cudnn_side())
             .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", cfg.name)))?;
         Ok(GpuConvolution {
             name: cfg.name.clone(),
@@ -238,6 +250,9 @@ impl GpuConvolution {
             plans: Vec::new(),
             current: 0,
             workspace: scratch(gpu, 1)?,
+            wgrad_workspace: scratch(gpu, 1)?,
+            dy_ready: event(gpu)?,
+            wgrad_done: event(gpu)?,
             layout,
             weight_krsc: scratch(gpu, 1)?,
             grad_krsc: scratch(gpu, 1)?,
@@ -277,9 +292,10 @@ impl GpuConvolution {
         let (wsp, _gws) = self.workspace.device_ptr_mut(s);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let k = self.num_output;
+        let dnn = gpu.cudnn()?;
         let mut time = |path| {
             time_ms(gpu, || {
-                weight_gradient(gpu, plan, path, k, ws, &x, &dy, 0.0, &mut dw)
+                weight_gradient(gpu, (dnn, ws), plan, path, k, &x, &dy, 0.0, &mut dw)
             })
         };
         let cudnn_ms = time(Wgrad::Cudnn)?;
@@ -373,6 +389,7 @@ impl GpuLayer for GpuConvolution {
         )
         .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
+        grow(gpu, &mut self.wgrad_workspace, algos.workspace)?;
         if layout == Layout::Nhwc {
             let wlen = self.weight_len();
             grow(gpu, &mut self.weight_krsc, wlen)?;
@@ -512,37 +529,63 @@ impl GpuLayer for GpuConvolution {
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        // Where cuDNN computes the weight gradient and the bottom wants one too, the weight and
+        // bias gradients run on the side stream beside the data gradient: both halves only read
+        // `x`, `dy` and the weight and write disjoint buffers, and two small convolutions' kernels
+        // fill the device better than one. The compute stream waits for the side stream before
+        // this backward returns, so the layer's gradients are complete where the net says so.
+        let side = (plan.wgrad == Wgrad::Cudnn && grads[0].wanted())
+            .then(|| gpu.cudnn_side())
+            .transpose()?;
+        {
+            let (wdnn, wbuf) = match side {
+                Some(side) => {
+                    self.dy_ready
+                        .record(s)
+                        .map_err(|e| gpu_error("record an event", e))?;
+                    side.stream()
+                        .wait(&self.dy_ready)
+                        .map_err(|e| gpu_error("wait for an event", e))?;
+                    (side, &mut self.wgrad_workspace)
+                }
+                None => (dnn, &mut self.workspace),
+            };
+            let ws_stream = wdnn.stream();
+            let bytes = wbuf.len();
+            let (wsp, _gws) = wbuf.device_ptr_mut(ws_stream);
+            let wws = cudnn::Workspace { ptr: wsp, bytes };
+            if self.bias_term {
+                // The project's two-stage channel sum: deterministic, and several times faster than
+                // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
+                let dy = y.diff();
+                gpu.kernels.channel_reduce(
+                    ws_stream,
+                    &dy,
+                    &dy,
+                    false,
+                    &mut param_diff.slice_mut(wlen..wlen + k),
+                    self.layout.channel_view(&y.shape),
+                    param_grad.accumulate(),
+                )?;
+            }
+            {
+                let mut dw = param_diff.slice_mut(..wlen);
+                let (path, on) = (plan.wgrad, (wdnn, wws));
+                if self.layout == Layout::Nhwc {
+                    let krsc = &mut self.grad_krsc;
+                    weight_gradient(gpu, on, plan, path, k, &x.data, &y.diff, 0.0, krsc)?;
+                    let accumulate = param_grad.accumulate();
+                    gpu.kernels
+                        .transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
+                } else {
+                    weight_gradient(gpu, on, plan, path, k, &x.data, &y.diff, beta, &mut dw)?;
+                }
+            }
+        }
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(s);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
-        if self.bias_term {
-            // The project's two-stage channel sum: deterministic, and several times faster than
-            // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
-            let dy = y.diff();
-            gpu.kernels.channel_reduce(
-                s,
-                &dy,
-                &dy,
-                false,
-                &mut param_diff.slice_mut(wlen..wlen + k),
-                self.layout.channel_view(&y.shape),
-                param_grad.accumulate(),
-            )?;
-        }
         let (dyp, _gdy) = y.diff.device_ptr(s);
-        {
-            let mut dw = param_diff.slice_mut(..wlen);
-            let path = plan.wgrad;
-            if self.layout == Layout::Nhwc {
-                let krsc = &mut self.grad_krsc;
-                weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, 0.0, krsc)?;
-                let accumulate = param_grad.accumulate();
-                gpu.kernels
-                    .transpose(s, krsc, &mut dw, k, (cols, rows), accumulate)?;
-            } else {
-                weight_gradient(gpu, plan, path, k, ws, &x.data, &y.diff, beta, &mut dw)?;
-            }
-        }
         if grads[0].wanted() {
             let w = params.slice(..wlen);
             // Channels-last: the KRSC weight this pass's forward wrote.
@@ -565,8 +608,22 @@ impl GpuLayer for GpuConvolution {
                 )?;
             }
         }
+        if let Some(side) = side {
+            self.wgrad_done
+                .record(side.stream())
+                .map_err(|e| gpu_error("record an event", e))?;
+            s.wait(&self.wgrad_done)
+                .map_err(|e| gpu_error("wait for an event", e))?;
+        }
         Ok(())
     }
+}
+
+/// An event for ordering two streams (no timing).
+fn event(gpu: &Gpu) -> Result<CudaEvent> {
+    gpu.ctx
+        .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(|e| gpu_error("create a convolution event", e))
 }
 
 #[cfg(test)]
@@ -676,7 +733,8 @@ mod tests {
             let run = |path, beta| {
                 let mut dw = gpu.compute.clone_dtod(&start).unwrap();
                 let k = layer.num_output;
-                weight_gradient(&gpu, plan, path, k, ws, &x, &dy, beta, &mut dw).unwrap();
+                let on = (gpu.cudnn().unwrap(), ws);
+                weight_gradient(&gpu, on, plan, path, k, &x, &dy, beta, &mut dw).unwrap();
                 let host = gpu.compute.clone_dtoh(&dw).unwrap();
                 gpu.synchronize().unwrap();
                 host
