@@ -43,12 +43,41 @@ pub struct Gpu {
     pub layout: GpuLayout,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
-    /// cuDNN bound to a second stream of this device, created by the first
-    /// [`Gpu::cudnn_side`]: convolutions' weight gradients run there beside their data gradients.
-    dnn_side: OnceLock<Cudnn>,
+    /// A second stream of this device with its own cuDNN and cuBLAS handles, created by the
+    /// first [`Gpu::side`]: convolutions' weight gradients run there beside their data gradients.
+    side: OnceLock<Side>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
     /// shared by every convolution of the replica: they run one after another on `compute`.
     conv_scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
+}
+
+/// The second stream of a [`Gpu`] and its handles ([`Gpu::side`]).
+#[derive(Debug)]
+pub struct Side {
+    /// cuDNN bound to the side stream ([`Cudnn::stream`] is the stream).
+    pub dnn: Cudnn,
+    /// cuBLAS bound to the side stream, in the device's math mode.
+    pub blas: CudaBlas,
+}
+
+impl Side {
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.dnn.stream()
+    }
+}
+
+/// A cuBLAS handle on `stream`: TF32 tensor-core math for `MathMode::Tf32`, FP32 otherwise.
+fn blas_on(stream: Arc<CudaStream>, math: MathMode) -> Result<CudaBlas> {
+    let blas = CudaBlas::new(stream).map_err(|e| gpu_error("create a cuBLAS handle", e))?;
+    let mode = match math {
+        MathMode::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+        MathMode::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+    };
+    // SAFETY: the handle is valid for the lifetime of `blas`.
+    unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
+        .result()
+        .map_err(|e| gpu_error("cublasSetMathMode", e))?;
+    Ok(blas)
 }
 
 fn op(trans: bool) -> cublasOperation_t {
@@ -90,16 +119,7 @@ impl Gpu {
         let compute = ctx
             .new_stream()
             .map_err(|e| gpu_error("create the compute stream", e))?;
-        let blas =
-            CudaBlas::new(compute.clone()).map_err(|e| gpu_error("create the cuBLAS handle", e))?;
-        let mode = match math {
-            MathMode::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
-            MathMode::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
-        };
-        // SAFETY: the handle is valid for the lifetime of `blas`.
-        unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
-            .result()
-            .map_err(|e| gpu_error("cublasSetMathMode", e))?;
+        let blas = blas_on(compute.clone(), math)?;
         let kernels = Arc::new(Kernels::load(&ctx)?);
         Ok(Gpu {
             ordinal,
@@ -112,7 +132,7 @@ impl Gpu {
             conv_exact: true,
             layout: GpuLayout::Nchw,
             dnn: OnceLock::new(),
-            dnn_side: OnceLock::new(),
+            side: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
         })
     }
@@ -128,22 +148,25 @@ impl Gpu {
         Ok(self.dnn.get_or_init(|| h))
     }
 
-    /// A cuDNN handle on a second stream of this device (its [`Cudnn::stream`]), in the configured
-    /// math mode, for work that may run beside the compute stream's; created on the first call.
-    pub fn cudnn_side(&self) -> Result<&Cudnn> {
-        if let Some(h) = self.dnn_side.get() {
-            return Ok(h);
+    /// The device's side stream and its handles, in the configured math mode, for work that may
+    /// run beside the compute stream's; created (cuDNN loaded) on the first call.
+    pub fn side(&self) -> Result<&Side> {
+        if let Some(side) = self.side.get() {
+            return Ok(side);
         }
         let stream = self
             .ctx
             .new_stream()
             .map_err(|e| gpu_error("create the side stream", e))?;
-        let h = Cudnn::new(stream, self.math)?;
-        Ok(self.dnn_side.get_or_init(|| h))
+        let blas = blas_on(stream.clone(), self.math)?;
+        let dnn = Cudnn::new(stream, self.math)?;
+        Ok(self.side.get_or_init(|| Side { dnn, blas }))
     }
 
-    /// Runs `f` on the shared convolution scratch, grown to at least `col` and `dyt` floats
-    /// (a growth frees the old buffers in stream order, after the work that uses them).
+    /// Runs `f` on the shared convolution scratch, grown to at least `col` and `dyt` floats. The
+    /// convolutions use it one after another, on the compute stream or the side stream; a growth
+    /// (at a plan's creation, or when the batch grows) first waits for the whole device, so that
+    /// no stream still uses the old buffers when they are freed.
     pub(crate) fn with_conv_scratch<R>(
         &self,
         (col, dyt): (usize, usize),
@@ -154,8 +177,15 @@ impl Gpu {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let [a, b] = &mut *guard;
+        let grows =
+            |buf: &Option<CudaSlice<f32>>, n: usize| buf.as_ref().is_none_or(|s| s.len() < n);
+        if grows(a, col) || grows(b, dyt) {
+            self.ctx
+                .synchronize()
+                .map_err(|e| gpu_error("wait for the device before growing scratch", e))?;
+        }
         for (buf, n) in [(&mut *a, col), (&mut *b, dyt)] {
-            if buf.as_ref().is_none_or(|s| s.len() < n) {
+            if grows(buf, n) {
                 // SAFETY: scratch; every user writes what it reads.
                 let fresh = unsafe { self.compute.alloc::<f32>(n.max(1)) }.map_err(|e| {
                     gpu_error(&format!("allocate {n} floats of convolution scratch"), e)
@@ -212,6 +242,24 @@ impl Gpu {
         beta: f32,
         c: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let on = (&self.blas, &*self.compute);
+        self.gemm_on(on, (trans_a, trans_b), (m, n, k), alpha, a, b, beta, c)
+    }
+
+    /// [`Gpu::gemm`] through the cuBLAS handle `blas` bound to `stream` (the compute stream's or
+    /// the side stream's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_on(
+        &self,
+        (blas, stream): (&CudaBlas, &CudaStream),
+        (trans_a, trans_b): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        beta: f32,
+        c: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         assert!(a.len() >= m * k, "gemm: a has {} < {m}·{k}", a.len());
         assert!(b.len() >= k * n, "gemm: b has {} < {k}·{n}", b.len());
         assert!(c.len() >= m * n, "gemm: c has {} < {m}·{n}", c.len());
@@ -220,9 +268,9 @@ impl Gpu {
         }
         if k == 0 {
             return if beta == 0.0 {
-                self.kernels.fill(&self.compute, c, 0.0, m * n)
+                self.kernels.fill(stream, c, 0.0, m * n)
             } else {
-                self.kernels.scale(&self.compute, c, beta, m * n)
+                self.kernels.scale(stream, c, beta, m * n)
             };
         }
         let cfg = GemmConfig {
@@ -238,7 +286,7 @@ impl Gpu {
             ldc: dim("gemm", n),
         };
         // SAFETY: the asserts above bound every element the strides reach.
-        unsafe { self.blas.gemm(cfg, b, a, c) }.map_err(|e| {
+        unsafe { blas.gemm(cfg, b, a, c) }.map_err(|e| {
             gpu_error(
                 &format!("cublasSgemm (m {m}, n {n}, k {k}, trans_a {trans_a}, trans_b {trans_b})"),
                 e,

@@ -17,11 +17,11 @@
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
 //! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at the
 //! plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM (`gemm_wgrad`);
-//! `cudnnConvolutionBackwardData` into the bottom's diff. When cuDNN computes the weight gradient
-//! and the bottom wants one, the bias and weight gradients run on the device's side stream
-//! ([`Gpu::cudnn_side`]) beside the data gradient on the compute stream, joined before the backward
-//! returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0) as the
-//! net says. Groups through `cudnnSetConvolutionGroupCount`.
+//! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
+//! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
+//! cuBLAS handles and workspace) beside the data gradient on the compute stream, joined before the
+//! backward returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0)
+//! as the net says. Groups through `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
@@ -37,8 +37,12 @@ use crate::cuda::kernels::ConvGeom;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+};
+use std::sync::Arc;
 
 /// How a plan computes the weight gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,11 +68,28 @@ struct Plan {
     wgrad: Wgrad,
 }
 
+/// Where a weight gradient runs: a stream (the compute stream or the device's side stream) with
+/// its cuDNN and cuBLAS handles and a cuDNN workspace.
+#[derive(Clone, Copy)]
+struct Lane<'a> {
+    dnn: &'a cudnn::Cudnn,
+    blas: &'a CudaBlas,
+    ws: cudnn::Workspace,
+}
+
+impl Lane<'_> {
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.dnn.stream()
+    }
+}
+
 /// `dw (K, C·kh·kw) (+)= swap(dy) (K, N·OH·OW) · col(x)ᵀ`: the weight gradient of an ungrouped
 /// convolution as im2col and one cuBLAS GEMM (deterministic, FP32 or TF32 as the handle's math),
-/// through the device's shared convolution scratch.
+/// through the device's shared convolution scratch, on `lane`.
+#[allow(clippy::too_many_arguments)]
 fn gemm_wgrad(
     gpu: &Gpu,
+    lane: Lane<'_>,
     geom: ConvGeom,
     k: usize,
     x: &impl DevicePtr<f32>,
@@ -80,20 +101,21 @@ fn gemm_wgrad(
     let u = |v: i32| v as usize;
     let (n, p) = (u(geom.n), u(geom.oh) * u(geom.ow));
     let rows = u(geom.c) * u(geom.kh) * u(geom.kw);
+    let s = lane.stream();
     gpu.with_conv_scratch((col_len, n * k * p), |col, dyt| {
-        gpu.kernels.im2col_batch(&gpu.compute, x, geom, col)?;
-        gpu.kernels.swap_outer(&gpu.compute, dy, dyt, (n, k, p))?;
-        gpu.gemm(false, true, k, rows, n * p, 1.0, dyt, col, beta, dw)
+        gpu.kernels.im2col_batch(s, x, geom, col)?;
+        gpu.kernels.swap_outer(s, dy, dyt, (n, k, p))?;
+        let on = (lane.blas, &**s);
+        gpu.gemm_on(on, (false, true), (k, rows, n * p), 1.0, dyt, col, beta, dw)
     })
 }
 
-/// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`:
-/// cuDNN's on the stream of the handle `dnn` with the workspace `ws`, or the GEMM one on the
-/// compute stream.
+/// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`
+/// (cuDNN's or the GEMM one), on `lane`.
 #[allow(clippy::too_many_arguments)]
 fn weight_gradient(
     gpu: &Gpu,
-    (dnn, ws): (&cudnn::Cudnn, cudnn::Workspace),
+    lane: Lane<'_>,
     plan: &Plan,
     path: Wgrad,
     num_output: usize,
@@ -103,9 +125,9 @@ fn weight_gradient(
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     if path == Wgrad::Gemm {
-        return gemm_wgrad(gpu, plan.geom, num_output, x, dy, beta, dw);
+        return gemm_wgrad(gpu, lane, plan.geom, num_output, x, dy, beta, dw);
     }
-    let s = dnn.stream();
+    let s = lane.stream();
     let (xp, _gx) = x.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
     let (dwp, _gdw) = dw.device_ptr_mut(s);
@@ -114,12 +136,12 @@ fn weight_gradient(
     // workspace of `ws.bytes`, all alive while the enqueued work runs.
     unsafe {
         cudnn::conv_backward_filter(
-            dnn,
+            lane.dnn,
             (&plan.x, xp),
             (&plan.y, dyp),
             &chosen.conv,
             chosen.algo,
-            ws,
+            lane.ws,
             beta,
             (&plan.w, dwp),
         )
@@ -233,7 +255,7 @@ impl GpuConvolution {
         // A missing cuDNN is the machine's problem, not the config's: a runtime error (exit 1)
         // that names the library and the layer. Both handles are made here, not in a step.
         gpu.cudnn()
-            .and_then(|_| gpu.cudnn_side())
+            .and_then(|_| gpu.side())
             .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", cfg.name)))?;
         Ok(GpuConvolution {
             name: cfg.name.clone(),
@@ -292,10 +314,14 @@ impl GpuConvolution {
         let (wsp, _gws) = self.workspace.device_ptr_mut(s);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let k = self.num_output;
-        let dnn = gpu.cudnn()?;
+        let lane = Lane {
+            dnn: gpu.cudnn()?,
+            blas: &gpu.blas,
+            ws,
+        };
         let mut time = |path| {
             time_ms(gpu, || {
-                weight_gradient(gpu, (dnn, ws), plan, path, k, &x, &dy, 0.0, &mut dw)
+                weight_gradient(gpu, lane, plan, path, k, &x, &dy, 0.0, &mut dw)
             })
         };
         let cudnn_ms = time(Wgrad::Cudnn)?;
@@ -529,16 +555,14 @@ impl GpuLayer for GpuConvolution {
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        // Where cuDNN computes the weight gradient and the bottom wants one too, the weight and
-        // bias gradients run on the side stream beside the data gradient: both halves only read
-        // `x`, `dy` and the weight and write disjoint buffers, and two small convolutions' kernels
-        // fill the device better than one. The compute stream waits for the side stream before
-        // this backward returns, so the layer's gradients are complete where the net says so.
-        let side = (plan.wgrad == Wgrad::Cudnn && grads[0].wanted())
-            .then(|| gpu.cudnn_side())
-            .transpose()?;
+        // Where the bottom wants a gradient, the weight and bias gradients run on the side stream
+        // beside the data gradient: both halves only read `x`, `dy` and the weight and write
+        // disjoint buffers, and two small convolutions' kernels fill the device better than one.
+        // The compute stream waits for the side stream before this backward returns, so the
+        // layer's gradients are complete where the net says so.
+        let side = grads[0].wanted().then(|| gpu.side()).transpose()?;
         {
-            let (wdnn, wbuf) = match side {
+            let (wdnn, wblas, wbuf) = match side {
                 Some(side) => {
                     self.dy_ready
                         .record(s)
@@ -546,14 +570,18 @@ impl GpuLayer for GpuConvolution {
                     side.stream()
                         .wait(&self.dy_ready)
                         .map_err(|e| gpu_error("wait for an event", e))?;
-                    (side, &mut self.wgrad_workspace)
+                    (&side.dnn, &side.blas, &mut self.wgrad_workspace)
                 }
-                None => (dnn, &mut self.workspace),
+                None => (dnn, &gpu.blas, &mut self.workspace),
             };
             let ws_stream = wdnn.stream();
             let bytes = wbuf.len();
             let (wsp, _gws) = wbuf.device_ptr_mut(ws_stream);
-            let wws = cudnn::Workspace { ptr: wsp, bytes };
+            let lane = Lane {
+                dnn: wdnn,
+                blas: wblas,
+                ws: cudnn::Workspace { ptr: wsp, bytes },
+            };
             if self.bias_term {
                 // The project's two-stage channel sum: deterministic, and several times faster than
                 // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
@@ -570,15 +598,15 @@ impl GpuLayer for GpuConvolution {
             }
             {
                 let mut dw = param_diff.slice_mut(..wlen);
-                let (path, on) = (plan.wgrad, (wdnn, wws));
+                let path = plan.wgrad;
                 if self.layout == Layout::Nhwc {
                     let krsc = &mut self.grad_krsc;
-                    weight_gradient(gpu, on, plan, path, k, &x.data, &y.diff, 0.0, krsc)?;
+                    weight_gradient(gpu, lane, plan, path, k, &x.data, &y.diff, 0.0, krsc)?;
                     let accumulate = param_grad.accumulate();
                     gpu.kernels
                         .transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
                 } else {
-                    weight_gradient(gpu, on, plan, path, k, &x.data, &y.diff, beta, &mut dw)?;
+                    weight_gradient(gpu, lane, plan, path, k, &x.data, &y.diff, beta, &mut dw)?;
                 }
             }
         }
@@ -733,8 +761,12 @@ mod tests {
             let run = |path, beta| {
                 let mut dw = gpu.compute.clone_dtod(&start).unwrap();
                 let k = layer.num_output;
-                let on = (gpu.cudnn().unwrap(), ws);
-                weight_gradient(&gpu, on, plan, path, k, &x, &dy, beta, &mut dw).unwrap();
+                let lane = super::Lane {
+                    dnn: gpu.cudnn().unwrap(),
+                    blas: &gpu.blas,
+                    ws,
+                };
+                weight_gradient(&gpu, lane, plan, path, k, &x, &dy, beta, &mut dw).unwrap();
                 let host = gpu.compute.clone_dtoh(&dw).unwrap();
                 gpu.synchronize().unwrap();
                 host
