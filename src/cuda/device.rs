@@ -2,8 +2,9 @@
 //! legacy default stream, so that communication on other streams can overlap), a cuBLAS handle
 //! bound to that stream in the configured math mode, the loaded [`Kernels`], and a cuDNN handle
 //! on the same stream created on first use ([`Gpu::cudnn`], so that nets without convolutions
-//! never load cuDNN) — plus row-major GEMM and GEMV wrappers over cuBLAS with the semantics of
-//! `crate::backend::Cpu::gemm`.
+//! never load cuDNN), and a side stream with its own cuDNN and cuBLAS handles for the
+//! convolutions' weight gradients ([`Gpu::side`], likewise on first use) — plus row-major GEMM
+//! and GEMV wrappers over cuBLAS with the semantics of `crate::backend::Cpu::gemm`.
 //!
 //! Stream ordering is explicit: [`Gpu::new`] turns cudarc's per-buffer event tracking off for
 //! the context, so a buffer used on another stream (NCCL's) must be ordered with events recorded
@@ -47,7 +48,8 @@ pub struct Gpu {
     /// first [`Gpu::side`]: convolutions' weight gradients run there beside their data gradients.
     side: OnceLock<Side>,
     /// The convolutions' GEMM weight-gradient scratch (column matrix, swapped top gradient),
-    /// shared by every convolution of the replica: they run one after another on `compute`.
+    /// shared by every convolution of the replica: they use it one after another (on `compute`
+    /// or the side stream, each joined before the next convolution's backward).
     conv_scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
 }
 

@@ -4,7 +4,7 @@
 //! copies of outputs, loss windows and parameters).
 //!
 //! - [`device`]: [`Gpu`], a device with its context, compute stream, cuBLAS handle and kernels
-//!   (and a cuDNN handle, loaded only when a net has a convolution).
+//!   (and cuDNN handles on it and on a side stream, loaded only when a net has a convolution).
 //! - [`cudnn`]: the thin safe layer over cuDNN the convolution layer uses.
 //! - [`blob`], [`params`]: activations and the flat learnable tensors in device memory.
 //! - [`kernels`]: the elementwise, reduction and update kernels (one CUDA C source, compiled by
