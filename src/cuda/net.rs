@@ -344,7 +344,7 @@ impl GpuNet {
             BackwardPlan::new(&graph, phase, &layout.spans).through_copies(&storage.conversions)
         });
         let bottoms = storage.bottoms(&graph);
-        let raw_input = storage.stored[DATA] == Layout::Nhwc;
+        let raw_input = storage.input_channels_last();
         let params = GpuParams::new(gpu, layout.spans)?;
         let top_names: Vec<Vec<String>> = cfg.layers.iter().map(|lc| lc.top.clone()).collect();
         let outputs = top_names.iter().map(Vec::len).sum::<usize>();
@@ -483,7 +483,7 @@ impl GpuNet {
             // The old staging buffers may still be read by enqueued copies and passes; the device
             // ones are swapped with the input blobs, so they keep the blobs' capacity.
             gpu.synchronize()?;
-            let raw = self.storage.stored[DATA] == Layout::Nhwc;
+            let raw = self.storage.input_channels_last();
             self.staging = [
                 Staging::new(gpu, nd, nl, raw)?,
                 Staging::new(gpu, nd, nl, raw)?,

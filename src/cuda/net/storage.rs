@@ -131,6 +131,11 @@ impl StoragePlan {
         bottoms
     }
 
+    /// Whether the input `data` is stored channels-last (each batch transposed as it arrives).
+    pub fn input_channels_last(&self) -> bool {
+        self.stored[DATA] == Layout::Nhwc
+    }
+
     /// The conversions of layer `i`'s bottoms.
     pub fn of_layer(&self, i: usize) -> impl Iterator<Item = &Conversion> {
         self.conversions.iter().filter(move |c| c.layer == i)
