@@ -22,8 +22,9 @@
 //! `conv_exact = false` takes the first usable one of the ranking whatever its kind, as PyTorch
 //! does unless told otherwise.
 //!
-//! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate once per
-//! shape (`cudnnFind*`, host-blocking, at the first step of a shape) and keeps the fastest allowed
+//! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate
+//! [`FIND_ROUNDS`] times per shape (`cudnnFind*`, host-blocking, at the first step of a shape),
+//! ranks the candidates by their median time and keeps the fastest allowed
 //! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first
 //! such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same every run. Each
 //! direction runs with the math type cuDNN reported for its algorithm (a descriptor per
@@ -514,9 +515,71 @@ const FALLBACK: (FwdAlgo, BwdDataAlgo, BwdFilterAlgo) = (
     BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
 );
 
+/// How many times `measured` has cuDNN time every candidate of a direction. One timing per
+/// candidate (a single `cudnnFind*` call) ranks kernels of 0.1–0.4 ms differently from run to
+/// run; the median of three keeps the choice, and the step time, steady.
+const FIND_ROUNDS: usize = 3;
+
+/// Merges the rankings of several timing rounds into one: each candidate (algorithm and math
+/// type) with the median of its times and the largest workspace any round reported, fastest
+/// first. A candidate that failed or was missing in any round counts as failed.
+fn merge_rounds(rounds: &[Vec<RawPerf>]) -> Vec<RawPerf> {
+    let success = cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32;
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    let mut merged: Vec<RawPerf> = first
+        .iter()
+        .map(|p| {
+            let same = |q: &&RawPerf| q.algo == p.algo && q.math_type == p.math_type;
+            let runs: Vec<&RawPerf> = rounds.iter().filter_map(|r| r.iter().find(same)).collect();
+            let mut merged = *p;
+            if runs.len() < rounds.len() || runs.iter().any(|q| q.status != success) {
+                merged.status = runs
+                    .iter()
+                    .map(|q| q.status)
+                    .find(|&s| s != success)
+                    .unwrap_or(-1);
+                return merged;
+            }
+            let mut times: Vec<f32> = runs.iter().map(|q| q.time).collect();
+            times.sort_by(f32::total_cmp);
+            merged.time = times[times.len() / 2];
+            merged.memory = runs.iter().map(|q| q.memory).max().unwrap_or(p.memory);
+            merged
+        })
+        .collect();
+    // Failed candidates last, in their first round's order.
+    merged.sort_by(|a, b| {
+        (a.status != success)
+            .cmp(&(b.status != success))
+            .then(a.time.total_cmp(&b.time))
+    });
+    merged
+}
+
 /// The candidates of one direction (0 forward, 1 backward data, 2 backward filter) for
-/// `x * w -> y`, in cuDNN's heuristic order or timed (fastest first).
+/// `x * w -> y`, in cuDNN's heuristic order or timed (fastest first, the median of
+/// [`FIND_ROUNDS`] timings each).
 fn rank(
+    dnn: &Cudnn,
+    direction: usize,
+    how: ConvAlgorithm,
+    descs: (&TensorDesc, &FilterDesc, &ConvDesc, &TensorDesc),
+) -> Result<Vec<RawPerf>> {
+    match how {
+        ConvAlgorithm::Heuristic => rank_once(dnn, direction, how, descs),
+        ConvAlgorithm::Measured => {
+            let rounds = (0..FIND_ROUNDS)
+                .map(|_| rank_once(dnn, direction, how, descs))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(merge_rounds(&rounds))
+        }
+    }
+}
+
+/// One ranking of a direction's candidates: cuDNN's heuristic order, or one timing of each.
+fn rank_once(
     dnn: &Cudnn,
     direction: usize,
     how: ConvAlgorithm,
@@ -832,6 +895,46 @@ mod tests {
         );
         let too_big = [perf(1, 1, WORKSPACE_LIMIT + 1)];
         assert!(pick(2, &too_big, MathMode::Fp32, true).is_none());
+    }
+
+    /// A timed entry.
+    fn timed(algo: i32, math_type: i32, time: f32) -> RawPerf {
+        RawPerf {
+            algo,
+            math_type,
+            time,
+            ..Default::default()
+        }
+    }
+
+    /// Rounds merge into medians: a candidate that was fastest once by luck loses to one that
+    /// is fast in most rounds; a failure in any round marks the candidate failed and ranks it
+    /// last; the same algorithm in two math types stays two candidates.
+    #[test]
+    fn timing_rounds_rank_by_median() {
+        let rounds = vec![
+            vec![timed(1, 0, 0.10), timed(0, 0, 0.20), timed(1, 1, 0.30)],
+            vec![timed(0, 0, 0.19), timed(1, 0, 0.25), timed(1, 1, 0.31)],
+            vec![timed(0, 0, 0.21), timed(1, 1, 0.29), timed(1, 0, 0.26)],
+        ];
+        let merged = merge_rounds(&rounds);
+        let order: Vec<(i32, i32, f32)> = merged
+            .iter()
+            .map(|p| (p.algo, p.math_type, p.time))
+            .collect();
+        assert_eq!(order, vec![(0, 0, 0.20), (1, 0, 0.25), (1, 1, 0.30)]);
+
+        let mut failed = rounds.clone();
+        failed[2][0].status = 7;
+        let merged = merge_rounds(&failed);
+        assert_eq!(merged.last().map(|p| (p.algo, p.status)), Some((0, 7)));
+        assert_eq!(merged[0].algo, 1);
+
+        let mut missing = rounds;
+        missing[1].retain(|p| p.algo != 0);
+        assert_ne!(merge_rounds(&missing)[2].status, 0);
+        assert_eq!(merge_rounds(&missing)[2].algo, 0);
+        assert!(merge_rounds(&[]).is_empty());
     }
 
     /// Without `conv_exact` the first usable algorithm of the ranking is taken, FFT, Winograd and

@@ -148,8 +148,12 @@ fn weight_gradient(
     }
 }
 
-/// Mean milliseconds of three runs of `f` on the compute stream, after one untimed run.
-/// Synchronises.
+/// Runs of `f` that [`time_ms`] times, each on its own.
+const TIMED_RUNS: usize = 5;
+
+/// Median milliseconds of [`TIMED_RUNS`] runs of `f` on the compute stream, each timed on its
+/// own, after one untimed run: a single slow run (a clock change, another stream's work) does
+/// not decide the choice. Synchronises.
 fn time_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
     f()?;
     let event = || {
@@ -157,21 +161,26 @@ fn time_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| gpu_error("create a timing event", e))
     };
+    let record = |e: &CudaEvent| {
+        e.record(&gpu.compute)
+            .map_err(|e| gpu_error("record a timing event", e))
+    };
     let (start, end) = (event()?, event()?);
-    start
-        .record(&gpu.compute)
-        .map_err(|e| gpu_error("record a timing event", e))?;
-    for _ in 0..3 {
+    let mut times = Vec::with_capacity(TIMED_RUNS);
+    for _ in 0..TIMED_RUNS {
+        record(&start)?;
         f()?;
+        record(&end)?;
+        end.synchronize()
+            .map_err(|e| gpu_error("wait for a timing event", e))?;
+        times.push(
+            start
+                .elapsed_ms(&end)
+                .map_err(|e| gpu_error("read a timing event", e))?,
+        );
     }
-    end.record(&gpu.compute)
-        .map_err(|e| gpu_error("record a timing event", e))?;
-    end.synchronize()
-        .map_err(|e| gpu_error("wait for a timing event", e))?;
-    let ms = start
-        .elapsed_ms(&end)
-        .map_err(|e| gpu_error("read a timing event", e))?;
-    Ok(ms / 3.0)
+    times.sort_by(f32::total_cmp);
+    Ok(times[TIMED_RUNS / 2])
 }
 
 /// 2-D convolution on cuDNN; see the module docs.
