@@ -97,6 +97,7 @@ kernel_set!(
     ave_pool_forward,
     max_pool_backward,
     ave_pool_backward,
+    pool_backward_planes,
     dropout_forward,
     dropout_backward,
     channel_reduce,

@@ -307,6 +307,79 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
     }
 }
 
+// Both backward kernels for NCHW planes that fit in shared memory ("plane" kernel): a block takes
+// one (n, c) plane at a time (grid-stride over planes), stages the plane's top gradient (and
+// argmax) in shared memory and looks up which windows cover each bottom row and column in tables
+// built once per block, so that an element costs one division (its row) instead of seven
+// (cifar10_quick's max-pooling backward at batch 512: 154 → 91 µs). The same arithmetic, in the
+// same order, as the kernels above: the results are bitwise the same. (A forward twin that staged
+// the bottom plane was slower than the kernels above, whose window reads hit L1 anyway.)
+
+// Caffe's divisor of an average along one axis for window p: the window clipped to the padded
+// image (the part beyond the image but within the padding counts).
+__device__ __forceinline__ int window_divisor(int p, int kernel, int stride, int pad, int size) {
+    const int lo = p * stride - pad;
+    return min(lo + kernel, size + pad) - lo;
+}
+
+// Backward table, per bottom row (column): the first and one-past-last window covering it.
+__device__ __forceinline__ void cover_table(int size, int kernel, int stride, int pad, int pooled,
+                                            int* first, int* last) {
+    const FastDiv by_s = fast_div(stride);
+    for (int i = threadIdx.x; i < size; i += blockDim.x)
+        covering(i + pad, kernel, by_s, pooled, &first[i], &last[i]);
+}
+
+// Shared memory: per bottom row and column the covering windows (2 * (height + width) ints), per
+// top row and column the average's divisor (pooled_h + pooled_w ints), then the top gradient
+// plane and, for max, the argmax plane (pooled_h * pooled_w floats and ints).
+extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask, float* dx,
+                                                int planes, PoolGeom g, int average,
+                                                int accumulate) {
+    extern __shared__ int smem[];
+    int* h_first = smem;
+    int* h_last = h_first + g.height;
+    int* w_first = h_last + g.height;
+    int* w_last = w_first + g.width;
+    int* h_div = w_last + g.width;
+    int* w_div = h_div + g.pooled_h;
+    float* plane_dy = (float*)(w_div + g.pooled_w);
+    int* plane_mask = (int*)(plane_dy + g.pooled_h * g.pooled_w);
+    cover_table(g.height, g.kernel_h, g.stride_h, g.pad_h, g.pooled_h, h_first, h_last);
+    cover_table(g.width, g.kernel_w, g.stride_w, g.pad_w, g.pooled_w, w_first, w_last);
+    for (int p = threadIdx.x; p < g.pooled_h; p += blockDim.x)
+        h_div[p] = window_divisor(p, g.kernel_h, g.stride_h, g.pad_h, g.height);
+    for (int p = threadIdx.x; p < g.pooled_w; p += blockDim.x)
+        w_div[p] = window_divisor(p, g.kernel_w, g.stride_w, g.pad_w, g.width);
+    const int area = g.height * g.width, pooled = g.pooled_h * g.pooled_w;
+    const FastDiv by_w = fast_div(g.width);
+    for (int plane = blockIdx.x; plane < planes; plane += gridDim.x) {
+        __syncthreads();
+        const long long top = (long long)plane * pooled;
+        for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
+            plane_dy[p] = dy[top + p];
+            if (!average) plane_mask[p] = mask[top + p];
+        }
+        __syncthreads();
+        float* pdx = dx + (long long)plane * area;
+        for (int i = threadIdx.x; i < area; i += blockDim.x) {
+            const int h = div_by(i, by_w), w = i - h * g.width;
+            float gradient = 0.0f;
+            for (int ph = h_first[h]; ph < h_last[h]; ++ph) {
+                for (int pw = w_first[w]; pw < w_last[w]; ++pw) {
+                    const int p = ph * g.pooled_w + pw;
+                    if (average) {
+                        gradient += plane_dy[p] / (h_div[ph] * w_div[pw]);
+                    } else if (plane_mask[p] == i) {
+                        gradient += plane_dy[p];
+                    }
+                }
+            }
+            pdx[i] = accumulate ? pdx[i] + gradient : gradient;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: the counter-based hash of crate::layers::dropout (the layer contract), bit for bit.
 

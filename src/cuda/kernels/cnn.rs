@@ -39,6 +39,10 @@ pub struct PoolGeom {
 // SAFETY: `#[repr(C)]` of twelve i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for PoolGeom {}
 
+/// Shared memory the plane pooling kernels may take per block: the default limit, without
+/// opting in to more.
+const PLANE_SHARED_LIMIT: usize = 48 << 10;
+
 impl PoolGeom {
     /// Elements of one sample of the bottom.
     fn bottom_per_sample(&self) -> usize {
@@ -48,6 +52,48 @@ impl PoolGeom {
     /// Elements of one sample of the top.
     fn top_per_sample(&self) -> usize {
         (self.channels * self.pooled_h * self.pooled_w) as usize
+    }
+
+    /// Elements of one `(n, c)` plane of the bottom and of the top.
+    fn plane_areas(&self) -> (usize, usize) {
+        (
+            (self.height * self.width) as usize,
+            (self.pooled_h * self.pooled_w) as usize,
+        )
+    }
+
+    /// Shared-memory bytes of `pool_backward_planes`: covering tables, divisors, the top
+    /// gradient and argmax planes.
+    fn plane_shared_bytes(&self) -> usize {
+        let (_, pooled) = self.plane_areas();
+        let (h, w, ph, pw) = (
+            self.height as usize,
+            self.width as usize,
+            self.pooled_h as usize,
+            self.pooled_w as usize,
+        );
+        4 * (2 * (h + w) + ph + pw + 2 * pooled)
+    }
+}
+
+impl Kernels {
+    /// The launch of the plane pooling backward kernel over `planes` `(n, c)` planes taking
+    /// `bytes` of shared memory per block, or `None` where the generic kernel has to run: channels-last
+    /// storage, or a plane too large for shared memory. A block has enough warps for the larger
+    /// of the bottom and top planes (at most `BLOCK` threads), and the grid fills one wave of
+    /// such blocks.
+    fn plane_grid(&self, g: &PoolGeom, planes: usize, bytes: usize) -> Option<LaunchConfig> {
+        if g.nhwc != 0 || bytes > PLANE_SHARED_LIMIT || planes == 0 {
+            return None;
+        }
+        let (area, pooled) = g.plane_areas();
+        let threads = area.max(pooled).next_multiple_of(32).min(BLOCK as usize);
+        let wave = self.max_blocks as usize * BLOCK as usize / threads;
+        Some(LaunchConfig {
+            grid_dim: (planes.min(wave) as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        })
     }
 }
 
@@ -384,6 +430,17 @@ impl Kernels {
         let (dyp, _dy) = dy.device_ptr(s);
         let (mp, _m) = mask.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
+        let planes = batch * g.channels as usize;
+        if let Some(cfg) = self.plane_grid(&g, planes, g.plane_shared_bytes()) {
+            let (pi, average) = (planes as i32, 0i32);
+            return launch!(
+                self,
+                s,
+                pool_backward_planes,
+                cfg,
+                [&dyp, &mp, &dxp, &pi, &g, &average, &acc]
+            );
+        }
         launch!(
             self,
             s,
@@ -414,6 +471,18 @@ impl Kernels {
         let acc = accumulate as i32;
         let (dyp, _dy) = dy.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
+        let planes = batch * g.channels as usize;
+        if let Some(cfg) = self.plane_grid(&g, planes, g.plane_shared_bytes()) {
+            // No argmax plane when averaging: the mask argument is never read.
+            let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
+            return launch!(
+                self,
+                s,
+                pool_backward_planes,
+                cfg,
+                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc]
+            );
+        }
         launch!(
             self,
             s,

@@ -13,7 +13,10 @@
 //! `[−pad, size + pad)`; backward spreads `dy / pool_size` back the same way.
 //!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
-//! either, and the argmax is a pixel of its `(n, c)` plane in both.
+//! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
+//! fit in shared memory run the "plane" kernel (one block per `(n, c)` plane, the top gradient
+//! plane staged in shared memory, covering windows from per-row tables), which computes the same
+//! sums in the same order: the choice changes speed only.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, PoolMethod};
@@ -283,6 +286,20 @@ mod tests {
             &gpu,
             &case("pool = \"ave\"\nkernel_size = 3\nstride = 2", &[3, 2, 8, 9]),
             404,
+        );
+    }
+
+    /// NCHW backward runs the plane kernel when a plane fits in shared memory (every case
+    /// above); a 160 × 160 plane does not, and takes the generic kernel.
+    #[test]
+    fn max_and_ave_match_cpu_on_planes_beyond_shared_memory() {
+        let gpu = gpu_or_skip!("max_and_ave_match_cpu_on_planes_beyond_shared_memory");
+        let big = [1, 2, 160, 160];
+        check_against_cpu(&gpu, &case("kernel_size = 3\nstride = 2", &big), 407);
+        check_against_cpu(
+            &gpu,
+            &case("pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1", &big),
+            408,
         );
     }
 
