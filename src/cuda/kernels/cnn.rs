@@ -39,8 +39,8 @@ pub struct PoolGeom {
 // SAFETY: `#[repr(C)]` of twelve i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for PoolGeom {}
 
-/// Shared memory the plane pooling kernels may take per block: the default limit, without
-/// opting in to more.
+/// Shared memory `pool_backward_planes` may take per block: the default limit, without opting
+/// in to more.
 const PLANE_SHARED_LIMIT: usize = 48 << 10;
 
 impl PoolGeom {
@@ -63,7 +63,7 @@ impl PoolGeom {
     }
 
     /// Shared-memory bytes of `pool_backward_planes`: covering tables, divisors, the top
-    /// gradient and argmax planes.
+    /// gradient and argmax planes (the argmax plane is unused when averaging).
     fn plane_shared_bytes(&self) -> usize {
         let (_, pooled) = self.plane_areas();
         let (h, w, ph, pw) = (
@@ -77,12 +77,12 @@ impl PoolGeom {
 }
 
 impl Kernels {
-    /// The launch of the plane pooling backward kernel over `planes` `(n, c)` planes taking
-    /// `bytes` of shared memory per block, or `None` where the generic kernel has to run: channels-last
-    /// storage, or a plane too large for shared memory. A block has enough warps for the larger
-    /// of the bottom and top planes (at most `BLOCK` threads), and the grid fills one wave of
-    /// such blocks.
-    fn plane_grid(&self, g: &PoolGeom, planes: usize, bytes: usize) -> Option<LaunchConfig> {
+    /// The launch of `pool_backward_planes` over the `planes` `(n, c)` planes of `g`, or `None`
+    /// where the generic kernel has to run: channels-last storage, or a plane too large for
+    /// shared memory. A block has enough warps for the larger of the bottom and top planes (at
+    /// most `BLOCK` threads), and the grid fills one wave of such blocks.
+    fn backward_plane_grid(&self, g: &PoolGeom, planes: usize) -> Option<LaunchConfig> {
+        let bytes = g.plane_shared_bytes();
         if g.nhwc != 0 || bytes > PLANE_SHARED_LIMIT || planes == 0 {
             return None;
         }
@@ -95,9 +95,7 @@ impl Kernels {
             shared_mem_bytes: bytes as u32,
         })
     }
-}
 
-impl Kernels {
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
     /// and the number of chunks each channel's values are split into (see `view_sums` in
     /// `cnn.cu`). For `inner > 1` a block of `BLOCK` threads per channel and chunk; for
@@ -431,7 +429,7 @@ impl Kernels {
         let (mp, _m) = mask.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
-        if let Some(cfg) = self.plane_grid(&g, planes, g.plane_shared_bytes()) {
+        if let Some(cfg) = self.backward_plane_grid(&g, planes) {
             let (pi, average) = (planes as i32, 0i32);
             return launch!(
                 self,
@@ -472,7 +470,7 @@ impl Kernels {
         let (dyp, _dy) = dy.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
-        if let Some(cfg) = self.plane_grid(&g, planes, g.plane_shared_bytes()) {
+        if let Some(cfg) = self.backward_plane_grid(&g, planes) {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
             return launch!(
