@@ -84,6 +84,18 @@ fn assert_outputs(what: &str, got: &[Output], want: &[Output], n: usize) {
     }
 }
 
+/// Runs without a GPU: the staging copy is exact on both sides of the parallel threshold,
+/// including a last piece shorter than the others.
+#[test]
+fn staging_copy_copies_every_float() {
+    for n in [0, 5, PARALLEL_COPY_MIN - 1, PARALLEL_COPY_MIN + COPY_PIECE / 2 + 3] {
+        let src: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let mut dst = vec![f32::NAN; n];
+        copy_to_staging(&mut dst, &src);
+        assert_eq!(dst, src, "{n} floats");
+    }
+}
+
 #[test]
 fn plan_of_the_equivalence_net_overwrites_every_gradient() {
     let cfg = equivalence_config();
