@@ -110,6 +110,8 @@ kernel_set!(
     sum2_relu_forward,
     sum2_relu_backward,
     im2col_batch,
+    wgrad_partial,
+    wgrad_sum_partials,
     swap_outer,
     channel_affine,
     channel_scale_backward,

@@ -844,6 +844,137 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
     }
 }
 
+// The weight gradient of an ungrouped NCHW convolution without a column matrix (an implicit
+// GEMM): dW (K, C·kh·kw) = Σ_j dy_j (K) ⊗ col_j (C·kh·kw) over j = (n, oy, ox), J = N·OH·OW, the
+// column values gathered from x as im2col_batch would lay them out. A block (WG_THREADS threads)
+// owns a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and
+// writes its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step
+// stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C)
+// — and each thread accumulates a 4 × 4 sub-tile with fused multiply-adds in ascending j. Every
+// sum runs in a fixed order, so the result repeats bit for bit, and each is a plain FP32 dot
+// product, as exact as the CPU's GEMM.
+#define WG_K 32
+#define WG_C 128
+#define WG_J 16
+#define WG_THREADS 256
+extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
+                                         ConvGeom g, int k_total, int chunk) {
+    // dy rows padded by 4 floats: the staging stores (consecutive threads, consecutive j) then
+    // hit different banks, and every row still starts on 16 bytes for the float4 reads.
+    __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
+    __shared__ __align__(16) float s_col[WG_J][WG_C];
+    // Per staged j: the offset of x[n, 0, 0, 0] (-1 beyond the chunk), of dy[n, 0, oy, ox], and
+    // the top-left input row and column of its window before padding and dilation.
+    __shared__ int s_x_base[WG_J], s_dy_base[WG_J], s_y0[WG_J], s_x0[WG_J];
+    const int tid = threadIdx.x;
+    const int rows = g.c * g.kh * g.kw;
+    const int pq = g.oh * g.ow;
+    const int j_total = g.n * pq;
+    const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * WG_C;
+    const int j_begin = blockIdx.z * chunk;
+    const int j_end = min(j_begin + chunk, j_total);
+    // The column this thread gathers (fixed over the loop) and the staged j it starts at.
+    const int gather_col = tid % WG_C, gather_j = tid / WG_C;
+    const int crs = c0 + gather_col;
+    const bool col_ok = crs < rows;
+    int ch = 0, row_off = 0, col_off = 0;
+    if (col_ok) {
+        const int kx = crs % g.kw, rc = crs / g.kw;
+        ch = rc / g.kh;
+        row_off = (rc - ch * g.kh) * g.dh - g.ph;
+        col_off = kx * g.dw - g.pw;
+    }
+    // The dy values this thread stages: j offset load_j, rows load_k and load_k + WG_K / 2.
+    const int load_j = tid % WG_J, load_k = tid / WG_J;
+    // The 4 × 4 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx...
+    const int tx = tid % (WG_C / 4), ty = tid / (WG_C / 4);
+    float acc[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+    }
+    const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
+    const int image = g.c * g.h * g.w;
+    for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
+        __syncthreads();  // the previous step's reads of the staged values are done
+        if (tid < WG_J) {
+            const int j = j0 + tid;
+            if (j < j_end) {
+                const int n = div_by(j, by_pq), p = j - n * pq;
+                const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
+                s_x_base[tid] = n * image;
+                s_dy_base[tid] = n * k_total * pq + p;
+                s_y0[tid] = oy * g.sh;
+                s_x0[tid] = ox * g.sw;
+            } else {
+                s_x_base[tid] = -1;
+            }
+        }
+        __syncthreads();
+        for (int k = load_k; k < WG_K; k += WG_THREADS / WG_J) {
+            const int base = s_x_base[load_j];
+            s_dy[load_j][k] = (base >= 0 && k0 + k < k_total)
+                                  ? dy[s_dy_base[load_j] + (k0 + k) * pq]
+                                  : 0.0f;
+        }
+        for (int jj = gather_j; jj < WG_J; jj += WG_THREADS / WG_C) {
+            const int base = s_x_base[jj];
+            const int y = s_y0[jj] + row_off, xx = s_x0[jj] + col_off;
+            s_col[jj][gather_col] =
+                (col_ok && base >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
+                    ? x[base + (ch * g.h + y) * g.w + xx]
+                    : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int jj = 0; jj < WG_J; ++jj) {
+            const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
+            const float4 b = *reinterpret_cast<const float4*>(&s_col[jj][4 * tx]);
+            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+            }
+        }
+    }
+    float* out = partial + (long long)blockIdx.z * k_total * rows;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int k = k0 + 4 * ty + r;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int col = c0 + 4 * tx + c;
+            if (k < k_total && col < rows) out[(long long)k * rows + col] = acc[r][c];
+        }
+    }
+}
+
+// dw (n) = Σ over `chunks` of partial (chunks, n) [+ beta · dw]: a block of 8 warps per 32
+// consecutive elements, warp w adding chunks w, w + 8, … in ascending order, then the eight
+// warp sums in warp order — a fixed order whatever the launch. beta 0 never reads dw.
+extern "C" __global__ void wgrad_sum_partials(const float* partial, float* dw, int n, int chunks,
+                                              float beta) {
+    __shared__ float warp_sums[8][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int base = blockIdx.x * 32; base < n; base += gridDim.x * 32) {
+        const int i = base + lane;
+        float sum = 0.0f;
+        if (i < n) {
+            for (int c = warp; c < chunks; c += 8) sum += partial[(long long)c * n + i];
+        }
+        warp_sums[warp][lane] = sum;
+        __syncthreads();
+        if (warp == 0 && i < n) {
+            float total = 0.0f;
+            for (int w = 0; w < 8; ++w) total += warp_sums[w][lane];
+            dw[i] = beta == 0.0f ? total : beta * dw[i] + total;
+        }
+        __syncthreads();
+    }
+}
+
 // y (b, a, p) = x (a, b, p) with its first two axes swapped.
 extern "C" __global__ void swap_outer(const float* x, float* y, int a, int b, int p) {
     const int total = a * b * p;

@@ -1,12 +1,28 @@
-//! Launch wrappers of the kernels behind the convolution's GEMM weight gradient (source in
-//! cnn.cu): [`Kernels::im2col_batch`] lays a batch out as one matrix and
+//! Launch wrappers of the kernels behind the convolution's own weight gradients (source in
+//! cnn.cu). GEMM: [`Kernels::im2col_batch`] lays a batch out as one matrix and
 //! [`Kernels::swap_outer`] brings the top's gradient into the matching order, so that
-//! `dW (K, C·kh·kw) = swap(dy) (K, N·OH·OW) · colᵀ` is one cuBLAS GEMM.
+//! `dW (K, C·kh·kw) = swap(dy) (K, N·OH·OW) · colᵀ` is one cuBLAS GEMM. Implicit:
+//! [`Kernels::implicit_wgrad`] computes the same product without the column matrix, gathering
+//! its values from the input tile by tile, in a fixed split over `N·OH·OW`.
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+/// `wgrad_partial`'s tile of `dW` (`WG_K` rows of K × `WG_C` columns of C·kh·kw), its step
+/// along `N·OH·OW` and its block size: the constants of the same names in cnn.cu.
+const WG_K: usize = 32;
+const WG_C: usize = 128;
+const WG_J: usize = 16;
+const WG_THREADS: u32 = 256;
+
+/// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
+/// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
+/// rounding of the result, depends on the shape alone.
+const WG_TARGET_BLOCKS: usize = 1024;
 
 /// A convolution's geometry as the kernels' `ConvGeom` (passed by value): input `(n, c, h, w)`,
 /// kernel `kh × kw`, padding, stride and dilation per axis, output `oh × ow`.
@@ -40,6 +56,39 @@ impl ConvGeom {
         let cols = u(self.n) * u(self.oh) * u(self.ow);
         rows.checked_mul(cols)
             .filter(|&len| i32::try_from(len).is_ok())
+    }
+
+    /// Elements of the top `(n, k, oh, ow)` for `k` outputs.
+    fn output_len(&self, k: usize) -> usize {
+        [self.n, self.oh, self.ow]
+            .iter()
+            .map(|&v| v as usize)
+            .product::<usize>()
+            * k
+    }
+
+    /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
+    /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
+    /// times the chunks come near [`WG_TARGET_BLOCKS`].
+    fn implicit_wgrad_split(&self, k: usize) -> (usize, usize) {
+        let u = |v: i32| v as usize;
+        let rows = u(self.c) * u(self.kh) * u(self.kw);
+        let j_total = u(self.n) * u(self.oh) * u(self.ow);
+        let tiles = k.div_ceil(WG_K) * rows.div_ceil(WG_C);
+        let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
+        let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
+        (chunk, j_total.div_ceil(chunk).max(1))
+    }
+
+    /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `k` outputs (the chunks' partial
+    /// sums), or `None` where an index of its kernels would leave the int range.
+    pub fn implicit_wgrad_scratch(&self, k: usize) -> Option<usize> {
+        let u = |v: i32| v as usize;
+        let rows = u(self.c) * u(self.kh) * u(self.kw);
+        let (_, chunks) = self.implicit_wgrad_split(k);
+        let partial = chunks.checked_mul(k)?.checked_mul(rows)?;
+        let fits = |n: usize| i32::try_from(n).is_ok();
+        (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
     }
 
     fn input_len(&self) -> usize {
@@ -77,6 +126,80 @@ impl Kernels {
         launch!(self, s, im2col_batch, self.grid(len), [&xp, &cp, &geom])
     }
 
+    /// `dw (K, C·kh·kw) (+)=` the weight gradient of an ungrouped convolution for the batch
+    /// `x (N, C, H, W)` and the top gradient `dy (N, K, OH, OW)`, both NCHW, without a column
+    /// matrix: `wgrad_partial` sums fixed chunks of `N·OH·OW` per tile of `dw` into `partial`
+    /// ([`ConvGeom::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
+    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic.
+    ///
+    /// # Panics
+    /// If a buffer is too short or the shape leaves the kernels' int range (`None` from
+    /// [`ConvGeom::implicit_wgrad_scratch`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn implicit_wgrad(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        geom: ConvGeom,
+        k: usize,
+        partial: &mut impl DevicePtrMut<f32>,
+        beta: f32,
+        dw: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let op = "implicit_wgrad";
+        let scratch = geom
+            .implicit_wgrad_scratch(k)
+            .unwrap_or_else(|| panic!("{op}: the shape exceeds the int range"));
+        let rows = (geom.c * geom.kh * geom.kw) as usize;
+        check_len(op, "x", x.len(), geom.input_len());
+        check_len(op, "dy", dy.len(), geom.output_len(k));
+        check_len(op, "partial", partial.len(), scratch);
+        check_len(op, "dw", dw.len(), k * rows);
+        if k * rows == 0 {
+            return Ok(());
+        }
+        let (chunk, chunks) = geom.implicit_wgrad_split(k);
+        let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
+        let n = to_i32(op, k * rows);
+        let (xp, _x) = x.device_ptr(s);
+        let (dyp, _dy) = dy.device_ptr(s);
+        let (pp, _p) = partial.device_ptr_mut(s);
+        let (dwp, _dw) = dw.device_ptr_mut(s);
+        let tiles = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(WG_C) as u32,
+                k.div_ceil(WG_K) as u32,
+                chunks as u32,
+            ),
+            block_dim: (WG_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            self,
+            s,
+            wgrad_partial,
+            tiles,
+            [&xp, &dyp, &pp, &geom, &ki, &chunk_i]
+        )?;
+        let sums = LaunchConfig {
+            grid_dim: (
+                (k * rows).div_ceil(32).min(self.max_blocks as usize) as u32,
+                1,
+                1,
+            ),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            self,
+            s,
+            wgrad_sum_partials,
+            sums,
+            [&pp, &dwp, &n, &chunks_i, &beta]
+        )
+    }
+
     /// `y (b, a, p) = x (a, b, p)`.
     pub fn swap_outer(
         &self,
@@ -97,5 +220,56 @@ impl Kernels {
         let (xp, _x) = x.device_ptr(s);
         let (yp, _y) = y.device_ptr_mut(s);
         launch!(self, s, swap_outer, self.grid(n), [&xp, &yp, &ai, &bi, &pi])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(n: i32, c: i32, hw: i32, kernel: i32, pad: i32) -> ConvGeom {
+        let out = hw + 2 * pad - kernel + 1;
+        ConvGeom {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            kh: kernel,
+            kw: kernel,
+            ph: pad,
+            pw: pad,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            oh: out,
+            ow: out,
+        }
+    }
+
+    /// Runs without a GPU: the implicit weight gradient's chunks are whole steps that cover
+    /// `N·OH·OW` exactly once with none empty, come near the target number of blocks, and
+    /// depend on the shape alone; its scratch is refused beyond the int range.
+    #[test]
+    fn implicit_wgrad_split_covers_the_reduction() {
+        // cifar10_quick's three convolutions at batch 512, a one-sample one and a tiny one.
+        for (g, k) in [
+            (geom(512, 3, 32, 5, 2), 32),
+            (geom(512, 32, 16, 5, 2), 32),
+            (geom(512, 32, 8, 5, 2), 64),
+            (geom(1, 64, 56, 3, 1), 64),
+            (geom(1, 1, 3, 3, 0), 1),
+        ] {
+            let j_total = (g.n * g.oh * g.ow) as usize;
+            let rows = (g.c * g.kh * g.kw) as usize;
+            let (chunk, chunks) = g.implicit_wgrad_split(k);
+            assert_eq!(chunk % WG_J, 0, "{g:?}");
+            assert!(chunks * chunk >= j_total && (chunks - 1) * chunk < j_total, "{g:?}");
+            let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(WG_C);
+            assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
+            assert_eq!(g.implicit_wgrad_scratch(k), Some(chunks * k * rows));
+        }
+        let huge = geom(4096, 256, 64, 3, 1);
+        assert_eq!(huge.implicit_wgrad_scratch(256), None);
     }
 }

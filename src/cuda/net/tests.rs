@@ -88,7 +88,12 @@ fn assert_outputs(what: &str, got: &[Output], want: &[Output], n: usize) {
 /// including a last piece shorter than the others.
 #[test]
 fn staging_copy_copies_every_float() {
-    for n in [0, 5, PARALLEL_COPY_MIN - 1, PARALLEL_COPY_MIN + COPY_PIECE / 2 + 3] {
+    for n in [
+        0,
+        5,
+        PARALLEL_COPY_MIN - 1,
+        PARALLEL_COPY_MIN + COPY_PIECE / 2 + 3,
+    ] {
         let src: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
         let mut dst = vec![f32::NAN; n];
         copy_to_staging(&mut dst, &src);
