@@ -855,7 +855,7 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // product, as exact as the CPU's GEMM.
 #define WG_K 32
 #define WG_C 128
-#define WG_J 16
+#define WG_J 32
 #define WG_THREADS 256
 extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
                                          ConvGeom g, int k_total, int chunk) {

@@ -16,7 +16,7 @@ use cudarc::driver::{
 /// along `N·OH·OW` and its block size: the constants of the same names in cnn.cu.
 const WG_K: usize = 32;
 const WG_C: usize = 128;
-const WG_J: usize = 16;
+const WG_J: usize = 32;
 const WG_THREADS: u32 = 256;
 
 /// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
