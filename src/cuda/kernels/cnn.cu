@@ -850,41 +850,70 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // owns a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and
 // writes its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step
 // stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C)
-// — and each thread accumulates a 4 × 4 sub-tile with fused multiply-adds in ascending j. Every
-// sum runs in a fixed order, so the result repeats bit for bit, and each is a plain FP32 dot
-// product, as exact as the CPU's GEMM.
+// — and each thread accumulates a 4 × 4 sub-tile with fused multiply-adds in ascending j; the
+// next step's values are loaded into registers while this step's are multiplied. Every sum runs
+// in a fixed order, so the result repeats bit for bit, and each is a plain FP32 dot product, as
+// exact as the CPU's GEMM.
 #define WG_K 32
 #define WG_C 128
 #define WG_J 32
 #define WG_THREADS 256
+#define WG_DY_LOADS (WG_K * WG_J / WG_THREADS)
+#define WG_COL_LOADS (WG_C * WG_J / WG_THREADS)
+
+// Where step j0's staged j lie (threads below WG_J write one each): the offset of
+// x[n, 0, y0, x0], y0 and x0 (the top-left input pixel of the window before padding and
+// dilation; y0 = -1 beyond the chunk) and the offset of dy[n, 0, oy, ox].
+struct WgradStep {
+    int pixel[WG_J], y0[WG_J], x0[WG_J], dy[WG_J];
+};
+
+__device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end, ConvGeom g,
+                                             int k_total, FastDiv by_pq, FastDiv by_ow) {
+    const int t = threadIdx.x;
+    if (t >= WG_J) return;
+    const int j = j0 + t, pq = g.oh * g.ow;
+    if (j < j_end) {
+        const int n = div_by(j, by_pq), p = j - n * pq;
+        const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
+        step->y0[t] = oy * g.sh;
+        step->x0[t] = ox * g.sw;
+        step->pixel[t] = n * g.c * g.h * g.w + step->y0[t] * g.w + step->x0[t];
+        step->dy[t] = n * k_total * pq + p;
+    } else {
+        step->y0[t] = -1;
+    }
+}
+
 extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
                                          ConvGeom g, int k_total, int chunk) {
-    // dy rows padded by 4 floats: the staging stores (consecutive threads, consecutive j) then
-    // hit different banks, and every row still starts on 16 bytes for the float4 reads.
+    // dy rows padded by 4 floats, which spreads the staging stores over more banks and keeps
+    // every row on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
     __shared__ __align__(16) float s_col[WG_J][WG_C];
-    // Per staged j: the offset of x[n, 0, 0, 0] (-1 beyond the chunk), of dy[n, 0, oy, ox], and
-    // the top-left input row and column of its window before padding and dilation.
-    __shared__ int s_x_base[WG_J], s_dy_base[WG_J], s_y0[WG_J], s_x0[WG_J];
+    __shared__ WgradStep steps[2];
     const int tid = threadIdx.x;
     const int rows = g.c * g.kh * g.kw;
     const int pq = g.oh * g.ow;
-    const int j_total = g.n * pq;
     const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * WG_C;
     const int j_begin = blockIdx.z * chunk;
-    const int j_end = min(j_begin + chunk, j_total);
-    // The column this thread gathers (fixed over the loop) and the staged j it starts at.
+    const int j_end = min(j_begin + chunk, g.n * pq);
+    // The column this thread gathers, fixed over the loop: its channel, its kernel offsets
+    // (with padding and dilation) and their offset in x; it gathers staged j gather_j,
+    // gather_j + WG_THREADS / WG_C, ...
     const int gather_col = tid % WG_C, gather_j = tid / WG_C;
     const int crs = c0 + gather_col;
     const bool col_ok = crs < rows;
-    int ch = 0, row_off = 0, col_off = 0;
+    int row_off = 0, col_off = 0, col_base = 0;
     if (col_ok) {
         const int kx = crs % g.kw, rc = crs / g.kw;
-        ch = rc / g.kh;
+        const int ch = rc / g.kh;
         row_off = (rc - ch * g.kh) * g.dh - g.ph;
         col_off = kx * g.dw - g.pw;
+        col_base = (ch * g.h + row_off) * g.w + col_off;
     }
-    // The dy values this thread stages: j offset load_j, rows load_k and load_k + WG_K / 2.
+    // The dy values this thread stages: staged j load_j, rows load_k, load_k + WG_THREADS / WG_J,
+    // ...
     const int load_j = tid % WG_J, load_k = tid / WG_J;
     // The 4 × 4 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx...
     const int tx = tid % (WG_C / 4), ty = tid / (WG_C / 4);
@@ -895,38 +924,39 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
     }
     const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
-    const int image = g.c * g.h * g.w;
+    float next_dy[WG_DY_LOADS], next_col[WG_COL_LOADS];
+    // Loads the values of `step` into the registers above.
+    auto load = [&](const WgradStep* step) {
+        const int y0 = step->y0[load_j];
+#pragma unroll
+        for (int i = 0; i < WG_DY_LOADS; ++i) {
+            const int k = k0 + load_k + i * (WG_THREADS / WG_J);
+            next_dy[i] = (y0 >= 0 && k < k_total) ? dy[step->dy[load_j] + k * pq] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < WG_COL_LOADS; ++i) {
+            const int jj = gather_j + i * (WG_THREADS / WG_C);
+            const int sy = step->y0[jj], y = sy + row_off, xx = step->x0[jj] + col_off;
+            next_col[i] = (col_ok && sy >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
+                              ? x[step->pixel[jj] + col_base]
+                              : 0.0f;
+        }
+    };
+    wgrad_locate(&steps[0], j_begin, j_end, g, k_total, by_pq, by_ow);
+    __syncthreads();
+    load(&steps[0]);
+    int which = 0;
     for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
-        __syncthreads();  // the previous step's reads of the staged values are done
-        if (tid < WG_J) {
-            const int j = j0 + tid;
-            if (j < j_end) {
-                const int n = div_by(j, by_pq), p = j - n * pq;
-                const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
-                s_x_base[tid] = n * image;
-                s_dy_base[tid] = n * k_total * pq + p;
-                s_y0[tid] = oy * g.sh;
-                s_x0[tid] = ox * g.sw;
-            } else {
-                s_x_base[tid] = -1;
-            }
-        }
-        __syncthreads();
-        for (int k = load_k; k < WG_K; k += WG_THREADS / WG_J) {
-            const int base = s_x_base[load_j];
-            s_dy[load_j][k] = (base >= 0 && k0 + k < k_total)
-                                  ? dy[s_dy_base[load_j] + (k0 + k) * pq]
-                                  : 0.0f;
-        }
-        for (int jj = gather_j; jj < WG_J; jj += WG_THREADS / WG_C) {
-            const int base = s_x_base[jj];
-            const int y = s_y0[jj] + row_off, xx = s_x0[jj] + col_off;
-            s_col[jj][gather_col] =
-                (col_ok && base >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
-                    ? x[base + (ch * g.h + y) * g.w + xx]
-                    : 0.0f;
-        }
-        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < WG_DY_LOADS; ++i)
+            s_dy[load_j][load_k + i * (WG_THREADS / WG_J)] = next_dy[i];
+#pragma unroll
+        for (int i = 0; i < WG_COL_LOADS; ++i)
+            s_col[gather_j + i * (WG_THREADS / WG_C)][gather_col] = next_col[i];
+        which ^= 1;
+        wgrad_locate(&steps[which], j0 + WG_J, j_end, g, k_total, by_pq, by_ow);
+        __syncthreads();  // this step staged, the next one located
+        if (j0 + WG_J < j_end) load(&steps[which]);
 #pragma unroll
         for (int jj = 0; jj < WG_J; ++jj) {
             const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
@@ -938,6 +968,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
                 for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
             }
         }
+        __syncthreads();  // this step's staged values read
     }
     float* out = partial + (long long)blockIdx.z * k_total * rows;
 #pragma unroll

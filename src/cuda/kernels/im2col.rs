@@ -264,7 +264,10 @@ mod tests {
             let rows = (g.c * g.kh * g.kw) as usize;
             let (chunk, chunks) = g.implicit_wgrad_split(k);
             assert_eq!(chunk % WG_J, 0, "{g:?}");
-            assert!(chunks * chunk >= j_total && (chunks - 1) * chunk < j_total, "{g:?}");
+            assert!(
+                chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
+                "{g:?}"
+            );
             let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(WG_C);
             assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
             assert_eq!(g.implicit_wgrad_scratch(k), Some(chunks * k * rows));
