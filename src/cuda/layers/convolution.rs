@@ -9,14 +9,15 @@
 //! Channels-last (`Layout::Nhwc`: bottom and top stored `(N, H, W, C)`): cuDNN takes the filter
 //! as KRSC beside NHWC tensors, so forward transposes the weight into a layer buffer (used again
 //! by the backward of the same pass: the parameters do not change in between), and the weight
-//! gradient is computed in KRSC and transposed back into the flat gradient. The GEMM weight
-//! gradient is NCHW-only.
+//! gradient is computed in KRSC and transposed back into the flat gradient. The project's own
+//! weight gradients are NCHW-only.
 //!
 //! Forward: `cudnnConvolutionForward` (β = 0) then the project's channel kernel adds the bias in
 //! place.
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
-//! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where it timed faster at the
-//! plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM (`gemm_wgrad`);
+//! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed faster at
+//! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
+//! (`gemm_wgrad`) or by the project's implicit GEMM (`implicit_wgrad`);
 //! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
 //! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
 //! cuBLAS handles and workspace) beside the data gradient on the compute stream, joined before the
