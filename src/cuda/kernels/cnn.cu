@@ -850,14 +850,14 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // owns a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and
 // writes its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step
 // stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C)
-// — and each thread accumulates a 4 × 4 sub-tile with fused multiply-adds in ascending j; the
+// — and each thread accumulates a 4 × 8 sub-tile with fused multiply-adds in ascending j; the
 // next step's values are loaded into registers while this step's are multiplied. Every sum runs
 // in a fixed order, so the result repeats bit for bit, and each is a plain FP32 dot product, as
 // exact as the CPU's GEMM.
 #define WG_K 32
 #define WG_C 128
 #define WG_J 32
-#define WG_THREADS 256
+#define WG_THREADS 128
 #define WG_DY_LOADS (WG_K * WG_J / WG_THREADS)
 #define WG_COL_LOADS (WG_C * WG_J / WG_THREADS)
 
@@ -887,8 +887,8 @@ __device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end,
 
 extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
                                          ConvGeom g, int k_total, int chunk) {
-    // dy rows padded by 4 floats, which spreads the staging stores over more banks and keeps
-    // every row on 16 bytes for the float4 reads.
+    // dy rows padded by 4 floats: the float4 staging stores of consecutive j then fall in
+    // different banks, and every row stays on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
     __shared__ __align__(16) float s_col[WG_J][WG_C];
     __shared__ WgradStep steps[2];
@@ -912,16 +912,17 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         col_off = kx * g.dw - g.pw;
         col_base = (ch * g.h + row_off) * g.w + col_off;
     }
-    // The dy values this thread stages: staged j load_j, rows load_k, load_k + WG_THREADS / WG_J,
-    // ...
-    const int load_j = tid % WG_J, load_k = tid / WG_J;
-    // The 4 × 4 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx...
-    const int tx = tid % (WG_C / 4), ty = tid / (WG_C / 4);
-    float acc[4][4];
+    // The dy values this thread stages, four rows at a time (one float4 store): staged j load_j,
+    // rows 4·load_q.., 4·(load_q + WG_THREADS / WG_J)...
+    const int load_j = tid % WG_J, load_q = tid / WG_J;
+    // The 4 × 8 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx.. and
+    // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous).
+    const int tx = tid % (WG_C / 8), ty = tid / (WG_C / 8);
+    float acc[4][8];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
 #pragma unroll
-        for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+        for (int b = 0; b < 8; ++b) acc[a][b] = 0.0f;
     }
     const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
     float next_dy[WG_DY_LOADS], next_col[WG_COL_LOADS];
@@ -930,7 +931,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         const int y0 = step->y0[load_j];
 #pragma unroll
         for (int i = 0; i < WG_DY_LOADS; ++i) {
-            const int k = k0 + load_k + i * (WG_THREADS / WG_J);
+            const int k = k0 + 4 * (load_q + (i / 4) * (WG_THREADS / WG_J)) + i % 4;
             next_dy[i] = (y0 >= 0 && k < k_total) ? dy[step->dy[load_j] + k * pq] : 0.0f;
         }
 #pragma unroll
@@ -948,8 +949,11 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     int which = 0;
     for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
 #pragma unroll
-        for (int i = 0; i < WG_DY_LOADS; ++i)
-            s_dy[load_j][load_k + i * (WG_THREADS / WG_J)] = next_dy[i];
+        for (int i = 0; i < WG_DY_LOADS; i += 4) {
+            const int row = 4 * (load_q + (i / 4) * (WG_THREADS / WG_J));
+            *reinterpret_cast<float4*>(&s_dy[load_j][row]) =
+                make_float4(next_dy[i], next_dy[i + 1], next_dy[i + 2], next_dy[i + 3]);
+        }
 #pragma unroll
         for (int i = 0; i < WG_COL_LOADS; ++i)
             s_col[gather_j + i * (WG_THREADS / WG_C)][gather_col] = next_col[i];
@@ -961,11 +965,13 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         for (int jj = 0; jj < WG_J; ++jj) {
             const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
             const float4 b = *reinterpret_cast<const float4*>(&s_col[jj][4 * tx]);
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+            const float4 e = *reinterpret_cast<const float4*>(&s_col[jj][WG_C / 2 + 4 * tx]);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bv[8] = {b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w};
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+                for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
             }
         }
         __syncthreads();  // this step's staged values read
@@ -975,8 +981,8 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     for (int r = 0; r < 4; ++r) {
         const int k = k0 + 4 * ty + r;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int col = c0 + 4 * tx + c;
+        for (int c = 0; c < 8; ++c) {
+            const int col = c0 + (c < 4 ? 4 * tx + c : WG_C / 2 + 4 * tx + c - 4);
             if (k < k_total && col < rows) out[(long long)k * rows + col] = acc[r][c];
         }
     }

@@ -17,7 +17,7 @@ use cudarc::driver::{
 const WG_K: usize = 32;
 const WG_C: usize = 128;
 const WG_J: usize = 32;
-const WG_THREADS: u32 = 256;
+const WG_THREADS: u32 = 128;
 
 /// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
 /// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
