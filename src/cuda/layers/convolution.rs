@@ -20,8 +20,9 @@
 //! (`gemm_wgrad`) or by the project's implicit GEMM (`implicit_wgrad`);
 //! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
 //! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
-//! cuBLAS handles and workspace) beside the data gradient on the compute stream, joined before the
-//! backward returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0)
+//! cuBLAS handles and workspace) beside the data gradient on the compute stream; when it does
+//! not, the bias gradient runs there beside the weight gradient; joined before the backward
+//! returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0)
 //! as the net says. Groups through `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
@@ -603,24 +604,30 @@ impl GpuLayer for GpuConvolution {
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        // Where the bottom wants a gradient, the weight and bias gradients run on the side stream
-        // beside the data gradient: both halves only read `x`, `dy` and the weight and write
-        // disjoint buffers, and two small convolutions' kernels fill the device better than one.
-        // The compute stream waits for the side stream before this backward returns, so the
-        // layer's gradients are complete where the net says so.
-        let side = grads[0].wanted().then(|| gpu.side()).transpose()?;
+        // Independent halves of the backward run on two streams, all of them only reading `x`,
+        // `dy` and the weight and writing disjoint buffers: where the bottom wants a gradient,
+        // the weight and bias gradients run on the side stream beside the data gradient; where
+        // it does not (a net's first convolution), the bias gradient runs there beside the
+        // weight gradient. Two small convolutions' kernels fill the device better than one. The
+        // compute stream waits for the side stream before this backward returns, so the layer's
+        // gradients are complete where the net says so.
+        let wants_dx = grads[0].wanted();
+        let side = (wants_dx || self.bias_term)
+            .then(|| gpu.side())
+            .transpose()?;
+        if let Some(side) = side {
+            self.dy_ready
+                .record(s)
+                .map_err(|e| gpu_error("record an event", e))?;
+            side.stream()
+                .wait(&self.dy_ready)
+                .map_err(|e| gpu_error("wait for an event", e))?;
+        }
+        let bias_stream = side.map_or(s, |side| side.stream());
         {
             let (wdnn, wblas, wbuf) = match side {
-                Some(side) => {
-                    self.dy_ready
-                        .record(s)
-                        .map_err(|e| gpu_error("record an event", e))?;
-                    side.stream()
-                        .wait(&self.dy_ready)
-                        .map_err(|e| gpu_error("wait for an event", e))?;
-                    (&side.dnn, &side.blas, &mut self.wgrad_workspace)
-                }
-                None => (dnn, &gpu.blas, &mut self.workspace),
+                Some(side) if wants_dx => (&side.dnn, &side.blas, &mut self.wgrad_workspace),
+                _ => (dnn, &gpu.blas, &mut self.workspace),
             };
             let ws_stream = wdnn.stream();
             let bytes = wbuf.len();
@@ -635,7 +642,7 @@ impl GpuLayer for GpuConvolution {
                 // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
                 let dy = y.diff();
                 gpu.kernels.channel_reduce(
-                    ws_stream,
+                    bias_stream,
                     &dy,
                     &dy,
                     false,
