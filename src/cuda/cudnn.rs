@@ -23,7 +23,7 @@
 //! does unless told otherwise.
 //!
 //! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate
-//! [`FIND_ROUNDS`] times per shape (`cudnnFind*`, host-blocking, at the first step of a shape),
+//! three times per shape (`cudnnFind*`, host-blocking, at the first step of a shape),
 //! ranks the candidates by their median time and keeps the fastest allowed
 //! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first
 //! such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same every run. Each

@@ -182,6 +182,7 @@ impl Kernels {
             tiles,
             [&xp, &dyp, &pp, &geom, &ki, &chunk_i]
         )?;
+        // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
             grid_dim: (
                 (k * rows).div_ceil(32).min(self.max_blocks as usize) as u32,
