@@ -49,32 +49,40 @@ pub struct ConvGeom {
 unsafe impl DeviceRepr for ConvGeom {}
 
 impl ConvGeom {
+    /// Rows of the column matrix and columns of the weight as a matrix: `C·kh·kw`.
+    fn filter_rows(&self) -> usize {
+        [self.c, self.kh, self.kw]
+            .iter()
+            .map(|&v| v as usize)
+            .product()
+    }
+
+    /// Columns of the column matrix: `N·OH·OW`.
+    fn positions(&self) -> usize {
+        [self.n, self.oh, self.ow]
+            .iter()
+            .map(|&v| v as usize)
+            .product()
+    }
+
     /// Elements of the column matrix: `(C·kh·kw, N·OH·OW)`; `None` beyond the kernels' int range.
     pub fn col_len(&self) -> Option<usize> {
-        let u = |v: i32| v as usize;
-        let rows = u(self.c) * u(self.kh) * u(self.kw);
-        let cols = u(self.n) * u(self.oh) * u(self.ow);
-        rows.checked_mul(cols)
+        self.filter_rows()
+            .checked_mul(self.positions())
             .filter(|&len| i32::try_from(len).is_ok())
     }
 
     /// Elements of the top `(n, k, oh, ow)` for `k` outputs.
     fn output_len(&self, k: usize) -> usize {
-        [self.n, self.oh, self.ow]
-            .iter()
-            .map(|&v| v as usize)
-            .product::<usize>()
-            * k
+        self.positions() * k
     }
 
     /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
     /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
     /// times the chunks come near [`WG_TARGET_BLOCKS`].
     fn implicit_wgrad_split(&self, k: usize) -> (usize, usize) {
-        let u = |v: i32| v as usize;
-        let rows = u(self.c) * u(self.kh) * u(self.kw);
-        let j_total = u(self.n) * u(self.oh) * u(self.ow);
-        let tiles = k.div_ceil(WG_K) * rows.div_ceil(WG_C);
+        let j_total = self.positions();
+        let tiles = k.div_ceil(WG_K) * self.filter_rows().div_ceil(WG_C);
         let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
         let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
         (chunk, j_total.div_ceil(chunk).max(1))
@@ -83,10 +91,8 @@ impl ConvGeom {
     /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `k` outputs (the chunks' partial
     /// sums), or `None` where an index of its kernels would leave the int range.
     pub fn implicit_wgrad_scratch(&self, k: usize) -> Option<usize> {
-        let u = |v: i32| v as usize;
-        let rows = u(self.c) * u(self.kh) * u(self.kw);
         let (_, chunks) = self.implicit_wgrad_split(k);
-        let partial = chunks.checked_mul(k)?.checked_mul(rows)?;
+        let partial = chunks.checked_mul(k)?.checked_mul(self.filter_rows())?;
         let fits = |n: usize| i32::try_from(n).is_ok();
         (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
     }
@@ -151,7 +157,7 @@ impl Kernels {
         let scratch = geom
             .implicit_wgrad_scratch(k)
             .unwrap_or_else(|| panic!("{op}: the shape exceeds the int range"));
-        let rows = (geom.c * geom.kh * geom.kw) as usize;
+        let rows = geom.filter_rows();
         check_len(op, "x", x.len(), geom.input_len());
         check_len(op, "dy", dy.len(), geom.output_len(k));
         check_len(op, "partial", partial.len(), scratch);

@@ -17,7 +17,7 @@
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
 //! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed faster at
 //! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
-//! (`gemm_wgrad`) or by the project's implicit GEMM (`implicit_wgrad`);
+//! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`);
 //! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
 //! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
 //! cuBLAS handles and workspace) beside the data gradient on the compute stream; when it does
@@ -53,7 +53,7 @@ enum Wgrad {
     Cudnn,
     /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
     Gemm,
-    /// The project's implicit GEMM, no column matrix (see [`implicit_wgrad`]).
+    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]).
     Implicit,
 }
 
@@ -114,33 +114,11 @@ fn gemm_wgrad(
     })
 }
 
-/// `dw (K, C·kh·kw) (+)=` the weight gradient of an ungrouped NCHW convolution by the project's
-/// implicit GEMM ([`Kernels::implicit_wgrad`](crate::cuda::kernels::Kernels::implicit_wgrad):
-/// deterministic, FP32 whatever the math mode), its partial sums in the device's shared
-/// convolution scratch, on `lane`.
-#[allow(clippy::too_many_arguments)]
-fn implicit_wgrad(
-    gpu: &Gpu,
-    lane: Lane<'_>,
-    geom: ConvGeom,
-    k: usize,
-    x: &impl DevicePtr<f32>,
-    dy: &impl DevicePtr<f32>,
-    beta: f32,
-    dw: &mut impl DevicePtrMut<f32>,
-) -> Result<()> {
-    let partial = geom
-        .implicit_wgrad_scratch(k)
-        .expect("checked when the plan was made");
-    let s = lane.stream();
-    gpu.with_conv_scratch((partial, 0), |partial, _| {
-        gpu.kernels
-            .implicit_wgrad(s, x, dy, geom, k, partial, beta, dw)
-    })
-}
-
 /// `dw (+)=` the weight gradient of `plan` for the batch `x` and the top gradient `dy` by `path`
-/// (cuDNN's, the GEMM one or the implicit one), on `lane`.
+/// (cuDNN's, the GEMM one, or the implicit one of
+/// [`Kernels::implicit_wgrad`](crate::cuda::kernels::Kernels::implicit_wgrad): deterministic,
+/// FP32 whatever the math mode, its partial sums in the device's shared convolution scratch), on
+/// `lane`.
 #[allow(clippy::too_many_arguments)]
 fn weight_gradient(
     gpu: &Gpu,
@@ -153,14 +131,20 @@ fn weight_gradient(
     beta: f32,
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
+    let (geom, s) = (plan.geom, lane.stream());
     match path {
-        Wgrad::Gemm => return gemm_wgrad(gpu, lane, plan.geom, num_output, x, dy, beta, dw),
+        Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
         Wgrad::Implicit => {
-            return implicit_wgrad(gpu, lane, plan.geom, num_output, x, dy, beta, dw)
+            let partial = geom
+                .implicit_wgrad_scratch(num_output)
+                .expect("checked when the plan was made");
+            return gpu.with_conv_scratch((partial, 0), |partial, _| {
+                gpu.kernels
+                    .implicit_wgrad(s, x, dy, geom, num_output, partial, beta, dw)
+            });
         }
         Wgrad::Cudnn => {}
     }
-    let s = lane.stream();
     let (xp, _gx) = x.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
     let (dwp, _gdw) = dw.device_ptr_mut(s);
@@ -339,8 +323,8 @@ impl GpuConvolution {
         self.layout.channel_view(shape)
     }
 
-    /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`],
-    /// [`implicit_wgrad`]) on scratch buffers of `plan`'s shapes and answers the fastest, the
+    /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
+    /// implicit GEMM) on scratch buffers of `plan`'s shapes and answers the fastest, the
     /// first of equals. Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
         let s = &gpu.compute;
