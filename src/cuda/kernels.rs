@@ -112,6 +112,7 @@ kernel_set!(
     im2col_batch,
     wgrad_partial,
     wgrad_sum_partials,
+    conv_forward_direct,
     swap_outer,
     channel_affine,
     channel_scale_backward,

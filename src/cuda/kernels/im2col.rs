@@ -1,9 +1,11 @@
-//! Launch wrappers of the kernels behind the convolution's own weight gradients (source in
-//! cnn.cu). GEMM: [`Kernels::im2col_batch`] lays a batch out as one matrix and
-//! [`Kernels::swap_outer`] brings the top's gradient into the matching order, so that
+//! Launch wrappers of the convolution's own kernels (source in cnn.cu). Weight gradient by GEMM:
+//! [`Kernels::im2col_batch`] lays a batch out as one matrix and [`Kernels::swap_outer`] brings
+//! the top's gradient into the matching order, so that
 //! `dW (K, C·kh·kw) = swap(dy) (K, N·OH·OW) · colᵀ` is one cuBLAS GEMM. Implicit:
 //! [`Kernels::implicit_wgrad`] computes the same product without the column matrix, gathering
-//! its values from the input tile by tile, in a fixed split over `N·OH·OW`.
+//! its values from the input tile by tile, in a fixed split over `N·OH·OW`. Forward:
+//! [`Kernels::conv_forward_direct`] computes a convolution with few input channels directly from
+//! shared memory, bias included.
 
 use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
@@ -23,6 +25,16 @@ const WG_THREADS: u32 = 128;
 /// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
 /// rounding of the result, depends on the shape alone.
 const WG_TARGET_BLOCKS: usize = 1024;
+
+/// `conv_forward_direct`'s tile: output channels and rows per block (32 columns, one per lane),
+/// and its block size (one warp per 8 channels): the constants of the same names in cnn.cu.
+const DF_K: usize = 32;
+const DF_ROWS: usize = 8;
+const DF_THREADS: u32 = 128;
+
+/// Shared memory `conv_forward_direct` may take per block: the default limit, without opting in
+/// to more.
+const DIRECT_SHARED_LIMIT: usize = 48 << 10;
 
 /// A convolution's geometry as the kernels' `ConvGeom` (passed by value): input `(n, c, h, w)`,
 /// kernel `kh × kw`, padding, stride and dilation per axis, output `oh × ow`.
@@ -95,6 +107,33 @@ impl ConvGeom {
         let partial = chunks.checked_mul(k)?.checked_mul(self.filter_rows())?;
         let fits = |n: usize| i32::try_from(n).is_ok();
         (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
+    }
+
+    /// `conv_forward_direct`'s input tile of one channel, `(rows, columns)`: what `DF_ROWS`
+    /// output rows and 32 output columns see through the kernel's extent and stride.
+    fn direct_input_tile(&self) -> (usize, usize) {
+        let u = |v: i32| v as usize;
+        let extent = |k: i32, d: i32| u(k - 1) * u(d) + 1;
+        (
+            (DF_ROWS - 1) * u(self.sh) + extent(self.kh, self.dh),
+            31 * u(self.sw) + extent(self.kw, self.dw),
+        )
+    }
+
+    /// Shared-memory bytes of [`Kernels::conv_forward_direct`] for `k` outputs — the filters of
+    /// a block's `DF_K` channels and its input tile of every channel — or `None` where they
+    /// exceed the default 48 KiB or the grid or an index its range.
+    pub fn direct_forward_shared(&self, k: usize) -> Option<usize> {
+        let (rows, cols) = self.direct_input_tile();
+        let floats = self.filter_rows() * DF_K + self.c as usize * rows * cols;
+        let bytes = floats.checked_mul(4)?;
+        let blocks = (self.n as usize).checked_mul(k.div_ceil(DF_K))?;
+        let fits = |n: usize| i32::try_from(n).is_ok();
+        let grid_ok = fits(blocks)
+            && (self.oh as usize).div_ceil(DF_ROWS) <= 65_535
+            && (self.ow as usize).div_ceil(32) <= 65_535;
+        (bytes <= DIRECT_SHARED_LIMIT && grid_ok && fits(k * self.filter_rows() + k))
+            .then_some(bytes)
     }
 
     fn input_len(&self) -> usize {
@@ -207,6 +246,65 @@ impl Kernels {
         )
     }
 
+    /// `y (N, K, OH, OW) = conv(x (N, C, H, W), weight)` (+ bias) of an ungrouped NCHW
+    /// convolution, computed directly from shared memory (`conv_forward_direct`): `params` holds
+    /// the weight `(K, C, kh, kw)` and, where `has_bias`, the bias `(K)` after it (the layer's
+    /// parameters as they lie in the flat buffer). Each output is one FP32 sum in a fixed order,
+    /// so results repeat bit for bit.
+    ///
+    /// # Panics
+    /// If a buffer is too short or the shape does not fit the kernel (`None` from
+    /// [`ConvGeom::direct_forward_shared`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_forward_direct(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        params: &impl DevicePtr<f32>,
+        has_bias: bool,
+        geom: ConvGeom,
+        k: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let op = "conv_forward_direct";
+        let bytes = geom
+            .direct_forward_shared(k)
+            .unwrap_or_else(|| panic!("{op}: the shape does not fit the kernel"));
+        check_len(op, "x", x.len(), geom.input_len());
+        check_len(
+            op,
+            "params",
+            params.len(),
+            k * (geom.filter_rows() + usize::from(has_bias)),
+        );
+        check_len(op, "y", y.len(), geom.output_len(k));
+        if geom.output_len(k) == 0 {
+            return Ok(());
+        }
+        let (tile_rows, tile_cols) = geom.direct_input_tile();
+        let (ki, bias) = (to_i32(op, k), i32::from(has_bias));
+        let (rows_i, cols_i) = (to_i32(op, tile_rows), to_i32(op, tile_cols));
+        let (xp, _x) = x.device_ptr(s);
+        let (pp, _p) = params.device_ptr(s);
+        let (yp, _y) = y.device_ptr_mut(s);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (geom.n as usize * k.div_ceil(DF_K)) as u32,
+                (geom.oh as usize).div_ceil(DF_ROWS) as u32,
+                (geom.ow as usize).div_ceil(32) as u32,
+            ),
+            block_dim: (DF_THREADS, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        };
+        launch!(
+            self,
+            s,
+            conv_forward_direct,
+            cfg,
+            [&xp, &pp, &bias, &yp, &geom, &ki, &rows_i, &cols_i]
+        )
+    }
+
     /// `y (b, a, p) = x (a, b, p)`.
     pub fn swap_outer(
         &self,
@@ -252,6 +350,29 @@ mod tests {
             oh: out,
             ow: out,
         }
+    }
+
+    /// Runs without a GPU: the direct forward takes a net's first convolutions (cifar10_quick's,
+    /// ResNet-50's 7 × 7 stride-2 one) and refuses filter banks or tiles beyond its shared memory
+    /// (cifar10_quick's second convolution, 32 input channels).
+    #[test]
+    fn direct_forward_takes_first_convolutions_only() {
+        let quick1 = geom(512, 3, 32, 5, 2);
+        // 75 filter rows × 32 channels, 3 channels × 12 × 36 input values.
+        assert_eq!(
+            quick1.direct_forward_shared(32),
+            Some(4 * (75 * 32 + 3 * 12 * 36))
+        );
+        let resnet1 = ConvGeom {
+            sh: 2,
+            sw: 2,
+            oh: 112,
+            ow: 112,
+            ..geom(64, 3, 224, 7, 3)
+        };
+        assert_eq!(resnet1.direct_input_tile(), (21, 69));
+        assert!(resnet1.direct_forward_shared(64).is_some());
+        assert_eq!(geom(512, 32, 16, 5, 2).direct_forward_shared(32), None);
     }
 
     /// Runs without a GPU: the implicit weight gradient's chunks are whole steps that cover

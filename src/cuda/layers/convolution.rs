@@ -13,7 +13,9 @@
 //! weight gradients are NCHW-only.
 //!
 //! Forward: `cudnnConvolutionForward` (β = 0) then the project's channel kernel adds the bias in
-//! place.
+//! place; or, for an ungrouped NCHW convolution with few input channels where it timed faster at
+//! the plan's creation (`conv_algorithm = "measured"`), the project's direct kernel
+//! (`Kernels::conv_forward_direct`), bias included.
 //! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
 //! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed faster at
 //! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
@@ -57,6 +59,15 @@ enum Wgrad {
     Implicit,
 }
 
+/// How a plan computes the forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fwd {
+    /// `cudnnConvolutionForward` with the chosen algorithm, then the bias kernel.
+    Cudnn,
+    /// The project's direct kernel from shared memory, bias included (see [`forward_pass`]).
+    Direct,
+}
+
 /// The largest column matrix (floats) the GEMM weight gradient may use: 1 GiB.
 const GEMM_WGRAD_LIMIT: usize = 1 << 28;
 
@@ -69,6 +80,7 @@ struct Plan {
     w: FilterDesc,
     algos: ConvAlgos,
     geom: ConvGeom,
+    fwd: Fwd,
     wgrad: Wgrad,
 }
 
@@ -163,6 +175,68 @@ fn weight_gradient(
             (&plan.w, dwp),
         )
     }
+}
+
+/// `y (N, K, OH, OW) = conv(x) (+ bias)` of `plan` by `path`, on the compute stream: cuDNN's
+/// chosen algorithm reading `weight` (the layer's weight, or its KRSC copy when channels-last),
+/// then the project's channel kernel adding the bias; or the direct kernel of
+/// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct). `params`
+/// is the layer's weight followed, where `has_bias`, by its bias.
+#[allow(clippy::too_many_arguments)]
+fn forward_pass(
+    gpu: &Gpu,
+    plan: &Plan,
+    path: Fwd,
+    (k, has_bias, layout): (usize, bool, Layout),
+    ws: cudnn::Workspace,
+    x: &impl DevicePtr<f32>,
+    params: &CudaView<'_, f32>,
+    weight: &CudaView<'_, f32>,
+    y: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let s = &gpu.compute;
+    let wlen = plan.w.count();
+    if path == Fwd::Direct {
+        let p = params.slice(..wlen + if has_bias { k } else { 0 });
+        return gpu
+            .kernels
+            .conv_forward_direct(s, x, &p, has_bias, plan.geom, k, y);
+    }
+    {
+        let (xp, _gx) = x.device_ptr(s);
+        let (yp, _gy) = y.device_ptr_mut(s);
+        let (wp, _gw) = weight.device_ptr(s);
+        // SAFETY: the caller passes x and y holding the elements of the plan's descriptors,
+        // the weight's, and a workspace of `ws.bytes`; all on this device and alive while
+        // enqueued work reads them.
+        unsafe {
+            cudnn::conv_forward(
+                gpu.cudnn()?,
+                (&plan.x, xp),
+                (&plan.w, wp),
+                &plan.algos.fwd.conv,
+                plan.algos.fwd.algo,
+                ws,
+                0.0,
+                (&plan.y, yp),
+            )?;
+        }
+    }
+    if has_bias {
+        // One pass of the project's channel kernel: cuDNN's AddTensor took about twice as
+        // long on cifar10_quick's first convolution.
+        let b = params.slice(wlen..wlen + k);
+        let top = [
+            plan.bottom[0],
+            k,
+            plan.geom.oh as usize,
+            plan.geom.ow as usize,
+        ];
+        let (_, _, inner) = layout.channel_view(&top);
+        gpu.kernels
+            .channel_bias_inplace(s, y, &b, plan.y.count(), (k, inner))?;
+    }
+    Ok(())
 }
 
 /// Runs of `f` that [`time_ms`] times, each on its own.
@@ -318,11 +392,6 @@ impl GpuConvolution {
         (c / self.geometry.group, self.kernel[0] * self.kernel[1])
     }
 
-    /// The channel view `(outer, K, inner)` of a top of `shape`.
-    fn top_view(&self, shape: &[usize]) -> (usize, usize, usize) {
-        self.layout.channel_view(shape)
-    }
-
     /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
     /// implicit GEMM) on scratch buffers of `plan`'s shapes and answers the fastest, the
     /// first of equals. Synchronises.
@@ -357,6 +426,45 @@ impl GpuConvolution {
                 ?path,
                 ms,
                 "convolution weight gradient timed"
+            );
+            if ms < best.1 {
+                best = (path, ms);
+            }
+        }
+        Ok(best.0)
+    }
+
+    /// Times cuDNN's chosen forward (with the bias kernel) and the direct kernel on scratch
+    /// buffers of `plan`'s shapes and answers the faster, cuDNN's of equals. Synchronises.
+    fn fastest_forward(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Fwd> {
+        let s = &gpu.compute;
+        let zeros = |n: usize| {
+            s.alloc_zeros::<f32>(n.max(1))
+                .map_err(|e| gpu_error("allocate buffers to time the forward", e))
+        };
+        let k = self.num_output;
+        let wlen = plan.w.count();
+        let (x, params, mut y) = (
+            zeros(plan.x.count())?,
+            zeros(wlen + k)?,
+            zeros(plan.y.count())?,
+        );
+        let bytes = self.workspace.len();
+        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
+        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (p, w) = (params.slice(..), params.slice(..wlen));
+        let how = (k, self.bias_term, self.layout);
+        let mut best = (Fwd::Cudnn, f32::INFINITY);
+        for path in [Fwd::Cudnn, Fwd::Direct] {
+            let ms = time_ms(gpu, || {
+                forward_pass(gpu, plan, path, how, ws, &x, &p, &w, &mut y)
+            })?;
+            tracing::debug!(
+                layer = %self.name,
+                bottom = ?plan.bottom,
+                ?path,
+                ms,
+                "convolution forward timed"
             );
             if ms < best.1 {
                 best = (path, ms);
@@ -472,6 +580,7 @@ impl GpuLayer for GpuConvolution {
             w: wd,
             algos,
             geom,
+            fwd: Fwd::Cudnn,
             wgrad: Wgrad::Cudnn,
         };
         // The project's own weight gradients take ungrouped NCHW convolutions within their
@@ -483,14 +592,15 @@ impl GpuLayer for GpuConvolution {
         if geom.implicit_wgrad_scratch(k).is_some() {
             paths.push(Wgrad::Implicit);
         }
-        let nchw = layout == Layout::Nchw;
-        if nchw
+        let own_kernels = layout == Layout::Nchw
             && g.group == 1
             && n > 0
-            && paths.len() > 1
-            && gpu.conv_algorithm == ConvAlgorithm::Measured
-        {
+            && gpu.conv_algorithm == ConvAlgorithm::Measured;
+        if own_kernels && paths.len() > 1 {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
+        }
+        if own_kernels && geom.direct_forward_shared(k).is_some() {
+            plan.fwd = self.fastest_forward(gpu, &plan)?;
         }
         self.plans.push(plan);
         self.current = self.plans.len() - 1;
@@ -513,51 +623,26 @@ impl GpuLayer for GpuConvolution {
         if plan.bottom[0] == 0 {
             return Ok(());
         }
-        let dnn = gpu.cudnn()?;
         let s = &gpu.compute;
         let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
         assert!(x.count() == plan.x.count() && y.count() == plan.y.count());
-        let w = params.slice(..wlen);
         if self.layout == Layout::Nhwc {
+            let w = params.slice(..wlen);
             gpu.kernels
                 .transpose(s, &w, &mut self.weight_krsc, k, filter, false)?;
         }
-        {
-            let (xp, _gx) = x.data.device_ptr(s);
-            let (yp, _gy) = y.data.device_ptr_mut(s);
-            let (wp, _gw) = match self.layout {
-                Layout::Nchw => w.device_ptr(s),
-                Layout::Nhwc => self.weight_krsc.device_ptr(s),
-            };
-            let bytes = self.workspace.len();
-            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
-            // SAFETY: x and y hold the elements of their descriptors (asserted above), w the
-            // weight's, the workspace `bytes` bytes; all on this device and alive while enqueued
-            // work reads them (the net owns them).
-            unsafe {
-                cudnn::conv_forward(
-                    dnn,
-                    (&plan.x, xp),
-                    (&plan.w, wp),
-                    &plan.algos.fwd.conv,
-                    plan.algos.fwd.algo,
-                    ws,
-                    0.0,
-                    (&plan.y, yp),
-                )?;
-            }
-        }
-        if self.bias_term {
-            // One pass of the project's channel kernel: cuDNN's AddTensor took about twice as
-            // long on cifar10_quick's first convolution.
-            let b = params.slice(wlen..wlen + k);
-            let (_, _, inner) = self.top_view(&y.shape);
-            let n = y.count();
-            gpu.kernels
-                .channel_bias_inplace(s, &mut y.data_mut(), &b, n, (k, inner))?;
-        }
-        Ok(())
+        let weight = match self.layout {
+            Layout::Nchw => params.slice(..wlen),
+            Layout::Nhwc => self.weight_krsc.slice(..wlen),
+        };
+        let bytes = self.workspace.len();
+        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
+        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let how = (k, self.bias_term, self.layout);
+        let mut top = y.data_mut();
+        forward_pass(
+            gpu, plan, plan.fwd, how, ws, &x.data, params, &weight, &mut top,
+        )
     }
 
     fn backward(
@@ -829,6 +914,60 @@ mod tests {
                     "{extra}: the implicit weight gradient differs between two runs"
                 );
             }
+        }
+    }
+
+    /// The direct forward agrees with cuDNN's (plus the bias kernel) on the same plan: a first
+    /// convolution of cifar10_quick's shape; stride, dilation, a rectangular kernel, no bias,
+    /// several row and column tiles and a partial tile of channels; a 7 × 7, stride-2 one with
+    /// three tiles of channels. Bit for bit the same when run again.
+    #[test]
+    fn direct_forward_matches_cudnn() {
+        use super::{cudnn, forward_pass, Fwd, GpuConvolution};
+        use crate::cuda::layers::GpuLayer;
+        use crate::cuda::layout::Layout;
+        use crate::cuda::test_util::assert_close;
+        use crate::layers::gradient_check::layer_config;
+        use cudarc::driver::DevicePtrMut;
+        use rand::{Rng, SeedableRng};
+        let gpu = gpu_or_skip!("direct_forward_matches_cudnn");
+        let cases = [
+            ("num_output = 32\nkernel_size = 5\npad = 2", [2, 3, 32, 32]),
+            ("num_output = 20\nkernel_size = [3, 5]\nstride = 2\npad = [1, 2]\ndilation = [2, 1]\nbias_term = false", [3, 2, 29, 83]),
+            ("num_output = 70\nkernel_size = 7\nstride = 2\npad = 3", [2, 3, 21, 21]),
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(310);
+        for (extra, shape) in cases {
+            let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
+            let mut layer = GpuConvolution::new(&gpu, &cfg, Layout::Nchw).unwrap();
+            layer.reshape(&gpu, &[&shape]).unwrap();
+            let plan = &layer.plans[layer.current];
+            let k = layer.num_output;
+            assert!(plan.geom.direct_forward_shared(k).is_some(), "{extra}");
+            let mut random = |n: usize| {
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                gpu.compute.clone_htod(&v).unwrap()
+            };
+            let wlen = plan.w.count();
+            let (x, params) = (random(plan.x.count()), random(wlen + k));
+            let bytes = layer.workspace.len();
+            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
+            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let how = (k, layer.bias_term, Layout::Nchw);
+            let run = |path| {
+                let mut y = gpu.compute.alloc_zeros::<f32>(plan.y.count()).unwrap();
+                let (p, w) = (params.slice(..), params.slice(..wlen));
+                forward_pass(&gpu, plan, path, how, ws, &x, &p, &w, &mut y).unwrap();
+                let host = gpu.compute.clone_dtoh(&y).unwrap();
+                gpu.synchronize().unwrap();
+                host
+            };
+            let (want, direct) = (run(Fwd::Cudnn), run(Fwd::Direct));
+            assert_close(&format!("{extra}, direct forward"), &direct, &want, 1e-5);
+            assert!(
+                direct == run(Fwd::Direct),
+                "{extra}: the direct forward differs between two runs"
+            );
         }
     }
 
