@@ -853,7 +853,9 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // — and each thread accumulates a 4 × 8 sub-tile with fused multiply-adds in ascending j; the
 // next step's values are loaded into registers while this step's are multiplied. Every sum runs
 // in a fixed order, so the result repeats bit for bit, and each is a plain FP32 dot product, as
-// exact as the CPU's GEMM.
+// exact as the CPU's GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones,
+// so that the same products give the bias gradient Σ_j dy_j (K), written after the weight's:
+// partial (chunks, K·C·kh·kw + K).
 #define WG_K 32
 #define WG_C 128
 #define WG_J 32
@@ -886,7 +888,7 @@ __device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end,
 }
 
 extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
-                                         ConvGeom g, int k_total, int chunk) {
+                                         ConvGeom g, int k_total, int chunk, int with_bias) {
     // dy rows padded by 4 floats: the float4 staging stores of consecutive j then fall in
     // different banks, and every row stays on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
@@ -903,7 +905,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     // gather_j + WG_THREADS / WG_C, ...
     const int gather_col = tid % WG_C, gather_j = tid / WG_C;
     const int crs = c0 + gather_col;
-    const bool col_ok = crs < rows;
+    const bool col_ok = crs < rows, ones = with_bias && crs == rows;
     int row_off = 0, col_off = 0, col_base = 0;
     if (col_ok) {
         const int kx = crs % g.kw, rc = crs / g.kw;
@@ -940,7 +942,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
             const int sy = step->y0[jj], y = sy + row_off, xx = step->x0[jj] + col_off;
             next_col[i] = (col_ok && sy >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
                               ? x[step->pixel[jj] + col_base]
-                              : 0.0f;
+                              : (ones && sy >= 0 ? 1.0f : 0.0f);
         }
     };
     wgrad_locate(&steps[0], j_begin, j_end, g, k_total, by_pq, by_ow);
@@ -976,14 +978,19 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         }
         __syncthreads();  // this step's staged values read
     }
-    float* out = partial + (long long)blockIdx.z * k_total * rows;
+    float* out = partial + (long long)blockIdx.z * k_total * (rows + with_bias);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int k = k0 + 4 * ty + r;
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
             const int col = c0 + (c < 4 ? 4 * tx + c : WG_C / 2 + 4 * tx + c - 4);
-            if (k < k_total && col < rows) out[(long long)k * rows + col] = acc[r][c];
+            if (k >= k_total) continue;
+            if (col < rows) {
+                out[(long long)k * rows + col] = acc[r][c];
+            } else if (with_bias && col == rows) {
+                out[(long long)k_total * rows + k] = acc[r][c];
+            }
         }
     }
 }

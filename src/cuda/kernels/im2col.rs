@@ -89,12 +89,25 @@ impl ConvGeom {
         self.positions() * k
     }
 
+    /// Columns of the implicit weight gradient's product: `C·kh·kw`, plus the bias's column of
+    /// ones `with_bias`.
+    fn implicit_wgrad_columns(&self, with_bias: bool) -> usize {
+        self.filter_rows() + usize::from(with_bias)
+    }
+
+    /// Whether [`Kernels::implicit_wgrad`] computes the bias gradient at no extra cost: its
+    /// column of ones falls in the unused columns of the last tile of `dW` (`C·kh·kw` not a
+    /// multiple of the tile's width).
+    pub fn implicit_wgrad_fuses_bias(&self) -> bool {
+        self.filter_rows() % WG_C != 0
+    }
+
     /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
     /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
     /// times the chunks come near [`WG_TARGET_BLOCKS`].
-    fn implicit_wgrad_split(&self, k: usize) -> (usize, usize) {
+    fn implicit_wgrad_split(&self, k: usize, with_bias: bool) -> (usize, usize) {
         let j_total = self.positions();
-        let tiles = k.div_ceil(WG_K) * self.filter_rows().div_ceil(WG_C);
+        let tiles = k.div_ceil(WG_K) * self.implicit_wgrad_columns(with_bias).div_ceil(WG_C);
         let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
         let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
         (chunk, j_total.div_ceil(chunk).max(1))
@@ -102,9 +115,10 @@ impl ConvGeom {
 
     /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `k` outputs (the chunks' partial
     /// sums), or `None` where an index of its kernels would leave the int range.
-    pub fn implicit_wgrad_scratch(&self, k: usize) -> Option<usize> {
-        let (_, chunks) = self.implicit_wgrad_split(k);
-        let partial = chunks.checked_mul(k)?.checked_mul(self.filter_rows())?;
+    pub fn implicit_wgrad_scratch(&self, k: usize, with_bias: bool) -> Option<usize> {
+        let (_, chunks) = self.implicit_wgrad_split(k, with_bias);
+        let columns = self.implicit_wgrad_columns(with_bias);
+        let partial = chunks.checked_mul(k)?.checked_mul(columns)?;
         let fits = |n: usize| i32::try_from(n).is_ok();
         (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
     }
@@ -175,7 +189,9 @@ impl Kernels {
     /// `x (N, C, H, W)` and the top gradient `dy (N, K, OH, OW)`, both NCHW, without a column
     /// matrix: `wgrad_partial` sums fixed chunks of `N·OH·OW` per tile of `dw` into `partial`
     /// ([`ConvGeom::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
-    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic.
+    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic. With
+    /// `with_bias`, `dw` continues with the bias gradient `(K)`, computed in the same products
+    /// (see [`ConvGeom::implicit_wgrad_fuses_bias`]).
     ///
     /// # Panics
     /// If a buffer is too short or the shape leaves the kernels' int range (`None` from
@@ -187,33 +203,33 @@ impl Kernels {
         x: &impl DevicePtr<f32>,
         dy: &impl DevicePtr<f32>,
         geom: ConvGeom,
-        k: usize,
+        (k, with_bias): (usize, bool),
         partial: &mut impl DevicePtrMut<f32>,
         beta: f32,
         dw: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let op = "implicit_wgrad";
         let scratch = geom
-            .implicit_wgrad_scratch(k)
+            .implicit_wgrad_scratch(k, with_bias)
             .unwrap_or_else(|| panic!("{op}: the shape exceeds the int range"));
-        let rows = geom.filter_rows();
+        let columns = geom.implicit_wgrad_columns(with_bias);
         check_len(op, "x", x.len(), geom.input_len());
         check_len(op, "dy", dy.len(), geom.output_len(k));
         check_len(op, "partial", partial.len(), scratch);
-        check_len(op, "dw", dw.len(), k * rows);
-        if k * rows == 0 {
+        check_len(op, "dw", dw.len(), k * columns);
+        if k * geom.filter_rows() == 0 {
             return Ok(());
         }
-        let (chunk, chunks) = geom.implicit_wgrad_split(k);
+        let (chunk, chunks) = geom.implicit_wgrad_split(k, with_bias);
         let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
-        let n = to_i32(op, k * rows);
+        let (n, bias_i) = (to_i32(op, k * columns), i32::from(with_bias));
         let (xp, _x) = x.device_ptr(s);
         let (dyp, _dy) = dy.device_ptr(s);
         let (pp, _p) = partial.device_ptr_mut(s);
         let (dwp, _dw) = dw.device_ptr_mut(s);
         let tiles = LaunchConfig {
             grid_dim: (
-                rows.div_ceil(WG_C) as u32,
+                columns.div_ceil(WG_C) as u32,
                 k.div_ceil(WG_K) as u32,
                 chunks as u32,
             ),
@@ -225,12 +241,12 @@ impl Kernels {
             s,
             wgrad_partial,
             tiles,
-            [&xp, &dyp, &pp, &geom, &ki, &chunk_i]
+            [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
         )?;
         // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
             grid_dim: (
-                (k * rows).div_ceil(32).min(self.max_blocks as usize) as u32,
+                (k * columns).div_ceil(32).min(self.max_blocks as usize) as u32,
                 1,
                 1,
             ),
@@ -390,7 +406,7 @@ mod tests {
         ] {
             let j_total = (g.n * g.oh * g.ow) as usize;
             let rows = (g.c * g.kh * g.kw) as usize;
-            let (chunk, chunks) = g.implicit_wgrad_split(k);
+            let (chunk, chunks) = g.implicit_wgrad_split(k, false);
             assert_eq!(chunk % WG_J, 0, "{g:?}");
             assert!(
                 chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
@@ -398,9 +414,19 @@ mod tests {
             );
             let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(WG_C);
             assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
-            assert_eq!(g.implicit_wgrad_scratch(k), Some(chunks * k * rows));
+            assert_eq!(g.implicit_wgrad_scratch(k, false), Some(chunks * k * rows));
+            // The bias's column falls in the last tile (rows 75, 800 and 800, 576, 9): the
+            // same split, one more column of partial sums.
+            assert!(g.implicit_wgrad_fuses_bias(), "{g:?}");
+            assert_eq!(g.implicit_wgrad_split(k, true), (chunk, chunks));
+            assert_eq!(
+                g.implicit_wgrad_scratch(k, true),
+                Some(chunks * k * (rows + 1))
+            );
         }
+        // 128 filter rows fill their tile: a bias column would take a tile of its own.
+        assert!(!geom(8, 128, 8, 1, 0).implicit_wgrad_fuses_bias());
         let huge = geom(4096, 256, 64, 3, 1);
-        assert_eq!(huge.implicit_wgrad_scratch(256), None);
+        assert_eq!(huge.implicit_wgrad_scratch(256, false), None);
     }
 }

@@ -16,16 +16,17 @@
 //! place; or, for an ungrouped NCHW convolution with few input channels where it timed faster at
 //! the plan's creation (`conv_algorithm = "measured"`), the project's direct kernel
 //! (`Kernels::conv_forward_direct`), bias included.
-//! Backward: the bias gradient by the project's deterministic channel sum; the weight gradient by
-//! `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed faster at
-//! the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
+//! Backward: the bias gradient by the project's deterministic channel sum (or, with the implicit
+//! weight gradient where its tile has room, as one more column of the same products); the weight
+//! gradient by `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed
+//! faster at the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
 //! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`);
 //! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
 //! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
 //! cuBLAS handles and workspace) beside the data gradient on the compute stream; when it does
-//! not, the bias gradient runs there beside the weight gradient; joined before the backward
-//! returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0)
-//! as the net says. Groups through `cudnnSetConvolutionGroupCount`.
+//! not, a bias gradient of its own runs there beside the weight gradient; joined before the
+//! backward returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten
+//! (β = 0) as the net says. Groups through `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
@@ -82,6 +83,9 @@ struct Plan {
     geom: ConvGeom,
     fwd: Fwd,
     wgrad: Wgrad,
+    /// The implicit weight gradient also computes the bias gradient (see
+    /// [`ConvGeom::implicit_wgrad_fuses_bias`]).
+    wgrad_bias: bool,
 }
 
 /// Where a weight gradient runs: a stream (the compute stream or the device's side stream) with
@@ -130,29 +134,32 @@ fn gemm_wgrad(
 /// (cuDNN's, the GEMM one, or the implicit one of
 /// [`Kernels::implicit_wgrad`](crate::cuda::kernels::Kernels::implicit_wgrad): deterministic,
 /// FP32 whatever the math mode, its partial sums in the device's shared convolution scratch), on
-/// `lane`.
+/// `lane`. `with_bias` (the implicit path only): `dw` continues with the bias gradient `(K)`,
+/// computed in the same pass.
 #[allow(clippy::too_many_arguments)]
 fn weight_gradient(
     gpu: &Gpu,
     lane: Lane<'_>,
     plan: &Plan,
     path: Wgrad,
-    num_output: usize,
+    (num_output, with_bias): (usize, bool),
     x: &impl DevicePtr<f32>,
     dy: &impl DevicePtr<f32>,
     beta: f32,
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let (geom, s) = (plan.geom, lane.stream());
+    debug_assert!(!with_bias || path == Wgrad::Implicit);
     match path {
         Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
         Wgrad::Implicit => {
             let partial = geom
-                .implicit_wgrad_scratch(num_output)
+                .implicit_wgrad_scratch(num_output, with_bias)
                 .expect("checked when the plan was made");
+            let outputs = (num_output, with_bias);
             return gpu.with_conv_scratch((partial, 0), |partial, _| {
                 gpu.kernels
-                    .implicit_wgrad(s, x, dy, geom, num_output, partial, beta, dw)
+                    .implicit_wgrad(s, x, dy, geom, outputs, partial, beta, dw)
             });
         }
         Wgrad::Cudnn => {}
@@ -393,23 +400,24 @@ impl GpuConvolution {
     }
 
     /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
-    /// implicit GEMM) on scratch buffers of `plan`'s shapes and answers the fastest, the
-    /// first of equals. Synchronises.
+    /// implicit GEMM, with the bias gradient where `plan.wgrad_bias` says it would compute it)
+    /// on scratch buffers of `plan`'s shapes and answers the fastest, the first of equals.
+    /// Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
         let s = &gpu.compute;
         let zeros = |n: usize| {
             s.alloc_zeros::<f32>(n.max(1))
                 .map_err(|e| gpu_error("allocate buffers to time the weight gradient", e))
         };
+        let k = self.num_output;
         let (x, dy, mut dw) = (
             zeros(plan.x.count())?,
             zeros(plan.y.count())?,
-            zeros(plan.w.count())?,
+            zeros(plan.w.count() + k)?,
         );
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(s);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
-        let k = self.num_output;
         let lane = Lane {
             dnn: gpu.cudnn()?,
             blas: &gpu.blas,
@@ -417,8 +425,9 @@ impl GpuConvolution {
         };
         let mut best = (Wgrad::Cudnn, f32::INFINITY);
         for &path in paths {
+            let outputs = (k, plan.wgrad_bias && path == Wgrad::Implicit);
             let ms = time_ms(gpu, || {
-                weight_gradient(gpu, lane, plan, path, k, &x, &dy, 0.0, &mut dw)
+                weight_gradient(gpu, lane, plan, path, outputs, &x, &dy, 0.0, &mut dw)
             })?;
             tracing::debug!(
                 layer = %self.name,
@@ -582,6 +591,7 @@ impl GpuLayer for GpuConvolution {
             geom,
             fwd: Fwd::Cudnn,
             wgrad: Wgrad::Cudnn,
+            wgrad_bias: false,
         };
         // The project's own weight gradients take ungrouped NCHW convolutions within their
         // index ranges; measured mode times them against cuDNN's choice.
@@ -589,7 +599,8 @@ impl GpuLayer for GpuConvolution {
         if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
             paths.push(Wgrad::Gemm);
         }
-        if geom.implicit_wgrad_scratch(k).is_some() {
+        let fuse_bias = self.bias_term && geom.implicit_wgrad_fuses_bias();
+        if geom.implicit_wgrad_scratch(k, fuse_bias).is_some() {
             paths.push(Wgrad::Implicit);
         }
         let own_kernels = layout == Layout::Nchw
@@ -597,7 +608,9 @@ impl GpuLayer for GpuConvolution {
             && n > 0
             && gpu.conv_algorithm == ConvAlgorithm::Measured;
         if own_kernels && paths.len() > 1 {
+            plan.wgrad_bias = fuse_bias;
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
+            plan.wgrad_bias = fuse_bias && plan.wgrad == Wgrad::Implicit;
         }
         if own_kernels && geom.direct_forward_shared(k).is_some() {
             plan.fwd = self.fastest_forward(gpu, &plan)?;
@@ -681,9 +694,9 @@ impl GpuLayer for GpuConvolution {
         // compute stream waits for the side stream before this backward returns, so the layer's
         // gradients are complete where the net says so.
         let wants_dx = grads[0].wanted();
-        let side = (wants_dx || self.bias_term)
-            .then(|| gpu.side())
-            .transpose()?;
+        // The implicit weight gradient may compute the bias gradient too.
+        let bias_apart = self.bias_term && !plan.wgrad_bias;
+        let side = (wants_dx || bias_apart).then(|| gpu.side()).transpose()?;
         if let Some(side) = side {
             self.dy_ready
                 .record(s)
@@ -706,7 +719,7 @@ impl GpuLayer for GpuConvolution {
                 blas: wblas,
                 ws: cudnn::Workspace { ptr: wsp, bytes },
             };
-            if self.bias_term {
+            if bias_apart {
                 // The project's two-stage channel sum: deterministic, and several times faster than
                 // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
                 let dy = y.diff();
@@ -721,16 +734,18 @@ impl GpuLayer for GpuConvolution {
                 )?;
             }
             {
-                let mut dw = param_diff.slice_mut(..wlen);
+                let outputs = (k, plan.wgrad_bias);
+                let mut dw = param_diff.slice_mut(..wlen + if plan.wgrad_bias { k } else { 0 });
                 let path = plan.wgrad;
                 if self.layout == Layout::Nhwc {
                     let krsc = &mut self.grad_krsc;
-                    weight_gradient(gpu, lane, plan, path, k, &x.data, &y.diff, 0.0, krsc)?;
+                    weight_gradient(gpu, lane, plan, path, outputs, &x.data, &y.diff, 0.0, krsc)?;
                     let accumulate = param_grad.accumulate();
                     gpu.kernels
                         .transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
                 } else {
-                    weight_gradient(gpu, lane, plan, path, k, &x.data, &y.diff, beta, &mut dw)?;
+                    let (x, dy) = (&x.data, &y.diff);
+                    weight_gradient(gpu, lane, plan, path, outputs, x, dy, beta, &mut dw)?;
                 }
             }
         }
@@ -853,7 +868,8 @@ mod tests {
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
     /// implicit one over several tiles of `dW` (K = 40, C·kh·kw = 200) and many chunks of
-    /// `N·OH·OW`, and bit for bit the same when run again.
+    /// `N·OH·OW`, and bit for bit the same when run again; with the bias gradient fused, the
+    /// same weight gradient and the bias gradient the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
         use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
@@ -881,23 +897,28 @@ mod tests {
                 gpu.compute.clone_htod(&v).unwrap()
             };
             let (x, dy) = (random(plan.x.count()), random(plan.y.count()));
-            let start = random(plan.w.count());
+            let k = layer.num_output;
+            let start = random(plan.w.count() + k);
             let bytes = layer.workspace.len();
             let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
-            let run = |path, beta| {
+            let run_with = |path, with_bias, beta| {
                 let mut dw = gpu.compute.clone_dtod(&start).unwrap();
-                let k = layer.num_output;
                 let lane = super::Lane {
                     dnn: gpu.cudnn().unwrap(),
                     blas: &gpu.blas,
                     ws,
                 };
-                weight_gradient(&gpu, lane, plan, path, k, &x, &dy, beta, &mut dw).unwrap();
-                let host = gpu.compute.clone_dtoh(&dw).unwrap();
+                let outputs = (k, with_bias);
+                weight_gradient(&gpu, lane, plan, path, outputs, &x, &dy, beta, &mut dw).unwrap();
+                let mut host = gpu.compute.clone_dtoh(&dw).unwrap();
                 gpu.synchronize().unwrap();
+                if !with_bias {
+                    host.truncate(plan.w.count());
+                }
                 host
             };
+            let run = |path, beta| run_with(path, false, beta);
             for beta in [0.0, 1.0] {
                 let want = run(Wgrad::Cudnn, beta);
                 let gemm = run(Wgrad::Gemm, beta);
@@ -913,6 +934,29 @@ mod tests {
                     implicit == run(Wgrad::Implicit, beta),
                     "{extra}: the implicit weight gradient differs between two runs"
                 );
+                if plan.geom.implicit_wgrad_fuses_bias() {
+                    let fused = run_with(Wgrad::Implicit, true, beta);
+                    let (weight, bias) = fused.split_at(plan.w.count());
+                    assert_close(&format!("{extra}, fused, weight"), weight, &want, 1e-5);
+                    let (dy_host, start_host) = (
+                        gpu.compute.clone_dtoh(&dy).unwrap(),
+                        gpu.compute.clone_dtoh(&start).unwrap(),
+                    );
+                    gpu.synchronize().unwrap();
+                    let per_sample = dy_host.len() / plan.bottom[0];
+                    let inner = per_sample / k;
+                    let want_bias: Vec<f32> = (0..k)
+                        .map(|c| {
+                            let sum: f64 = dy_host
+                                .chunks(per_sample)
+                                .flat_map(|sample| &sample[c * inner..(c + 1) * inner])
+                                .map(|&v| f64::from(v))
+                                .sum();
+                            sum as f32 + beta * start_host[plan.w.count() + c]
+                        })
+                        .collect();
+                    assert_close(&format!("{extra}, fused, bias"), bias, &want_bias, 1e-5);
+                }
             }
         }
     }
