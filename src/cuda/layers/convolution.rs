@@ -38,7 +38,7 @@ use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::kernels::ConvGeom;
+use crate::cuda::kernels::{ConvGeom, ImplicitWgrad, WgradTile};
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -56,8 +56,18 @@ enum Wgrad {
     Cudnn,
     /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
     Gemm,
-    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]).
-    Implicit,
+    /// The project's implicit GEMM in tiles of the given width, no column matrix (see
+    /// [`weight_gradient`]).
+    Implicit(WgradTile),
+}
+
+/// Whether `path` computes a layer's bias gradient (where it has one, `bias_term`) along with
+/// the weight's: an implicit one whose last tile has room for it.
+fn fuses_bias(bias_term: bool, geom: &ConvGeom, path: Wgrad) -> bool {
+    match path {
+        Wgrad::Implicit(tile) => bias_term && geom.implicit_wgrad_fuses_bias(tile),
+        _ => false,
+    }
 }
 
 /// How a plan computes the forward.
@@ -149,17 +159,21 @@ fn weight_gradient(
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let (geom, s) = (plan.geom, lane.stream());
-    debug_assert!(!with_bias || path == Wgrad::Implicit);
+    debug_assert!(!with_bias || matches!(path, Wgrad::Implicit(_)));
     match path {
         Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
-        Wgrad::Implicit => {
+        Wgrad::Implicit(tile) => {
+            let w = ImplicitWgrad {
+                k: num_output,
+                with_bias,
+                tile,
+            };
             let partial = geom
-                .implicit_wgrad_scratch(num_output, with_bias)
+                .implicit_wgrad_scratch(w)
                 .expect("checked when the plan was made");
-            let outputs = (num_output, with_bias);
             return gpu.with_conv_scratch((partial, 0), |partial, _| {
                 gpu.kernels
-                    .implicit_wgrad(s, x, dy, geom, outputs, partial, beta, dw)
+                    .implicit_wgrad(s, x, dy, geom, w, partial, beta, dw)
             });
         }
         Wgrad::Cudnn => {}
@@ -400,9 +414,8 @@ impl GpuConvolution {
     }
 
     /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
-    /// implicit GEMM, with the bias gradient where `plan.wgrad_bias` says it would compute it)
-    /// on scratch buffers of `plan`'s shapes and answers the fastest, the first of equals.
-    /// Synchronises.
+    /// implicit GEMM, with the bias gradient where [`fuses_bias`]) on scratch buffers of
+    /// `plan`'s shapes and answers the fastest, the first of equals. Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
         let s = &gpu.compute;
         let zeros = |n: usize| {
@@ -425,7 +438,7 @@ impl GpuConvolution {
         };
         let mut best = (Wgrad::Cudnn, f32::INFINITY);
         for &path in paths {
-            let outputs = (k, plan.wgrad_bias && path == Wgrad::Implicit);
+            let outputs = (k, fuses_bias(self.bias_term, &plan.geom, path));
             let ms = time_ms(gpu, || {
                 weight_gradient(gpu, lane, plan, path, outputs, &x, &dy, 0.0, &mut dw)
             })?;
@@ -599,18 +612,22 @@ impl GpuLayer for GpuConvolution {
         if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
             paths.push(Wgrad::Gemm);
         }
-        let fuse_bias = self.bias_term && geom.implicit_wgrad_fuses_bias();
-        if geom.implicit_wgrad_scratch(k, fuse_bias).is_some() {
-            paths.push(Wgrad::Implicit);
+        for tile in WgradTile::ALL {
+            let with_bias = fuses_bias(self.bias_term, &geom, Wgrad::Implicit(tile));
+            if geom
+                .implicit_wgrad_scratch(ImplicitWgrad { k, with_bias, tile })
+                .is_some()
+            {
+                paths.push(Wgrad::Implicit(tile));
+            }
         }
         let own_kernels = layout == Layout::Nchw
             && g.group == 1
             && n > 0
             && gpu.conv_algorithm == ConvAlgorithm::Measured;
         if own_kernels && paths.len() > 1 {
-            plan.wgrad_bias = fuse_bias;
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
-            plan.wgrad_bias = fuse_bias && plan.wgrad == Wgrad::Implicit;
+            plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
         if own_kernels && geom.direct_forward_shared(k).is_some() {
             plan.fwd = self.fastest_forward(gpu, &plan)?;
@@ -868,11 +885,12 @@ mod tests {
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
     /// implicit one over several tiles of `dW` (K = 40, C·kh·kw = 200) and many chunks of
-    /// `N·OH·OW`, and bit for bit the same when run again; with the bias gradient fused, the
-    /// same weight gradient and the bias gradient the sum of `dy` over samples and positions.
+    /// `N·OH·OW`, in both tile widths, and bit for bit the same when run again; with the bias
+    /// gradient fused, the same weight gradient and the bias gradient the sum of `dy` over
+    /// samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
-        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
+        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad, WgradTile};
         use crate::cuda::layers::GpuLayer;
         use crate::cuda::layout::Layout;
         use crate::cuda::test_util::assert_close;
@@ -919,43 +937,50 @@ mod tests {
                 host
             };
             let run = |path, beta| run_with(path, false, beta);
+            // The bias gradient: dy summed over samples and positions, in f64.
+            let (dy_host, start_host) = (
+                gpu.compute.clone_dtoh(&dy).unwrap(),
+                gpu.compute.clone_dtoh(&start).unwrap(),
+            );
+            gpu.synchronize().unwrap();
+            let per_sample = dy_host.len() / plan.bottom[0];
+            let inner = per_sample / k;
+            let want_bias = |beta: f32| -> Vec<f32> {
+                (0..k)
+                    .map(|c| {
+                        let sum: f64 = dy_host
+                            .chunks(per_sample)
+                            .flat_map(|sample| &sample[c * inner..(c + 1) * inner])
+                            .map(|&v| f64::from(v))
+                            .sum();
+                        sum as f32 + beta * start_host[plan.w.count() + c]
+                    })
+                    .collect()
+            };
             for beta in [0.0, 1.0] {
                 let want = run(Wgrad::Cudnn, beta);
                 let gemm = run(Wgrad::Gemm, beta);
                 assert_close(&format!("{extra}, GEMM, beta {beta}"), &gemm, &want, 1e-5);
-                let implicit = run(Wgrad::Implicit, beta);
-                assert_close(
-                    &format!("{extra}, implicit, beta {beta}"),
-                    &implicit,
-                    &want,
-                    1e-5,
-                );
-                assert!(
-                    implicit == run(Wgrad::Implicit, beta),
-                    "{extra}: the implicit weight gradient differs between two runs"
-                );
-                if plan.geom.implicit_wgrad_fuses_bias() {
-                    let fused = run_with(Wgrad::Implicit, true, beta);
-                    let (weight, bias) = fused.split_at(plan.w.count());
-                    assert_close(&format!("{extra}, fused, weight"), weight, &want, 1e-5);
-                    let (dy_host, start_host) = (
-                        gpu.compute.clone_dtoh(&dy).unwrap(),
-                        gpu.compute.clone_dtoh(&start).unwrap(),
+                for tile in WgradTile::ALL {
+                    let implicit = run(Wgrad::Implicit(tile), beta);
+                    let what = format!("{extra}, implicit {tile:?}, beta {beta}");
+                    assert_close(&what, &implicit, &want, 1e-5);
+                    assert!(
+                        implicit == run(Wgrad::Implicit(tile), beta),
+                        "{what}: the implicit weight gradient differs between two runs"
                     );
-                    gpu.synchronize().unwrap();
-                    let per_sample = dy_host.len() / plan.bottom[0];
-                    let inner = per_sample / k;
-                    let want_bias: Vec<f32> = (0..k)
-                        .map(|c| {
-                            let sum: f64 = dy_host
-                                .chunks(per_sample)
-                                .flat_map(|sample| &sample[c * inner..(c + 1) * inner])
-                                .map(|&v| f64::from(v))
-                                .sum();
-                            sum as f32 + beta * start_host[plan.w.count() + c]
-                        })
-                        .collect();
-                    assert_close(&format!("{extra}, fused, bias"), bias, &want_bias, 1e-5);
+                    if !plan.geom.implicit_wgrad_fuses_bias(tile) {
+                        continue;
+                    }
+                    let fused = run_with(Wgrad::Implicit(tile), true, beta);
+                    let (weight, bias) = fused.split_at(plan.w.count());
+                    assert_close(&format!("{what}, fused, weight"), weight, &want, 1e-5);
+                    assert_close(
+                        &format!("{what}, fused, bias"),
+                        bias,
+                        &want_bias(beta),
+                        1e-5,
+                    );
                 }
             }
         }
