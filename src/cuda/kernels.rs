@@ -111,7 +111,6 @@ kernel_set!(
     sum2_relu_backward,
     im2col_batch,
     wgrad_partial,
-    wgrad_partial_narrow,
     wgrad_sum_partials,
     conv_forward_direct,
     swap_outer,
@@ -153,7 +152,7 @@ mod fused;
 mod im2col;
 pub use cnn::PoolGeom;
 pub use fused::BnScaleRelu;
-pub use im2col::{ConvGeom, ImplicitWgrad, WgradTile};
+pub use im2col::ConvGeom;
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and

@@ -846,20 +846,23 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 
 // The weight gradient of an ungrouped NCHW convolution without a column matrix (an implicit
 // GEMM): dW (K, C·kh·kw) = Σ_j dy_j (K) ⊗ col_j (C·kh·kw) over j = (n, oy, ox), J = N·OH·OW, the
-// column values gathered from x as im2col_batch would lay them out. A block of TILE_C threads
-// owns a WG_K × TILE_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and
-// writes its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step
-// stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values
-// (WG_J × TILE_C), thread t gathering column t — and each thread accumulates a 4 × 8 sub-tile
-// with fused multiply-adds in ascending j; the next step's values are loaded into registers while
-// this step's are multiplied. Every sum runs in a fixed order, so the result repeats bit for bit,
-// and each is a plain FP32 dot product, as exact as the CPU's GEMM. With `with_bias`, column
-// C·kh·kw of the gathered matrix is all ones, so that the same products give the bias gradient
-// Σ_j dy_j (K), written after the weight's: partial (chunks, K·C·kh·kw + K). Two widths:
-// wgrad_partial (TILE_C 128) and wgrad_partial_narrow (96, which wastes less of its last tile
-// where C·kh·kw is a little above a multiple of 96, e.g. 75 or 76 columns of a first convolution).
+// column values gathered from x as im2col_batch would lay them out. A block of WG_C threads owns
+// a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and writes
+// its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step stages
+// WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C),
+// thread t gathering column t — and each thread accumulates a 4 × 8 sub-tile with fused
+// multiply-adds in ascending j; the next step's values are loaded into registers while this
+// step's are multiplied. Every sum runs in a fixed order, so the result repeats bit for bit, and
+// each is a plain FP32 dot product, as exact as the CPU's GEMM. With `with_bias`, column C·kh·kw
+// of the gathered matrix is all ones, so that the same products give the bias gradient
+// Σ_j dy_j (K), written after the weight's: partial (chunks, K·C·kh·kw + K).
 #define WG_K 32
+#define WG_C 128
 #define WG_J 32
+#define WG_WARPS (WG_C / 32)
+// dy is staged in groups of 4 rows of K (one float4 store each); warp w takes groups w,
+// w + WG_WARPS, ...
+#define WG_DY_GROUPS (WG_K / 4 / WG_WARPS)
 
 // Where step j0's staged j lie (threads below WG_J write one each): the offset of
 // x[n, 0, y0, x0], y0 and x0 (the top-left input pixel of the window before padding and
@@ -885,22 +888,17 @@ __device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end,
     }
 }
 
-template <int TILE_C>
-__device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, float* partial,
-                                           ConvGeom g, int k_total, int chunk, int with_bias) {
-    constexpr int WARPS = TILE_C / 32;
-    // dy is staged in groups of 4 rows of K (one float4 store each); warp w takes groups w,
-    // w + WARPS, ... (the last ones beyond WG_K / 4 where WARPS does not divide it).
-    constexpr int DY_GROUPS = (WG_K / 4 + WARPS - 1) / WARPS;
+extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
+                                         ConvGeom g, int k_total, int chunk, int with_bias) {
     // dy rows padded by 4 floats: the float4 staging stores of consecutive j then fall in
     // different banks, and every row stays on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
-    __shared__ __align__(16) float s_col[WG_J][TILE_C];
+    __shared__ __align__(16) float s_col[WG_J][WG_C];
     __shared__ WgradStep steps[2];
     const int tid = threadIdx.x;
     const int rows = g.c * g.kh * g.kw;
     const int pq = g.oh * g.ow;
-    const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * TILE_C;
+    const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * WG_C;
     const int j_begin = blockIdx.z * chunk;
     const int j_end = min(j_begin + chunk, g.n * pq);
     // The column this thread gathers, fixed over the loop: its channel, its kernel offsets
@@ -915,11 +913,11 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
         col_off = kx * g.dw - g.pw;
         col_base = (ch * g.h + row_off) * g.w + col_off;
     }
-    // The dy values this thread stages: staged j load_j, groups load_q, load_q + WARPS, ...
+    // The dy values this thread stages: staged j load_j, groups load_q, load_q + WG_WARPS, ...
     const int load_j = tid % WG_J, load_q = tid / WG_J;
     // The 4 × 8 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx.. and
-    // TILE_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous).
-    const int tx = tid % (TILE_C / 8), ty = tid / (TILE_C / 8);
+    // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous).
+    const int tx = tid % (WG_C / 8), ty = tid / (WG_C / 8);
     float acc[4][8];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
@@ -927,17 +925,14 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
         for (int b = 0; b < 8; ++b) acc[a][b] = 0.0f;
     }
     const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
-    float next_dy[4 * DY_GROUPS], next_col[WG_J];
+    float next_dy[4 * WG_DY_GROUPS], next_col[WG_J];
     // Loads the values of `step` into the registers above.
     auto load = [&](const WgradStep* step) {
         const int y0 = step->y0[load_j];
 #pragma unroll
-        for (int i = 0; i < 4 * DY_GROUPS; ++i) {
-            const int group = load_q + (i / 4) * WARPS;
-            const int k = k0 + 4 * group + i % 4;
-            next_dy[i] = (y0 >= 0 && group < WG_K / 4 && k < k_total)
-                             ? dy[step->dy[load_j] + k * pq]
-                             : 0.0f;
+        for (int i = 0; i < 4 * WG_DY_GROUPS; ++i) {
+            const int k = k0 + 4 * (load_q + (i / 4) * WG_WARPS) + i % 4;
+            next_dy[i] = (y0 >= 0 && k < k_total) ? dy[step->dy[load_j] + k * pq] : 0.0f;
         }
 #pragma unroll
         for (int jj = 0; jj < WG_J; ++jj) {
@@ -953,12 +948,10 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
     int which = 0;
     for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
 #pragma unroll
-        for (int i = 0; i < 4 * DY_GROUPS; i += 4) {
-            const int group = load_q + (i / 4) * WARPS;
-            if (group < WG_K / 4) {
-                *reinterpret_cast<float4*>(&s_dy[load_j][4 * group]) =
-                    make_float4(next_dy[i], next_dy[i + 1], next_dy[i + 2], next_dy[i + 3]);
-            }
+        for (int i = 0; i < 4 * WG_DY_GROUPS; i += 4) {
+            const int group = load_q + (i / 4) * WG_WARPS;
+            *reinterpret_cast<float4*>(&s_dy[load_j][4 * group]) =
+                make_float4(next_dy[i], next_dy[i + 1], next_dy[i + 2], next_dy[i + 3]);
         }
 #pragma unroll
         for (int jj = 0; jj < WG_J; ++jj) s_col[jj][tid] = next_col[jj];
@@ -970,7 +963,7 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
         for (int jj = 0; jj < WG_J; ++jj) {
             const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
             const float4 b = *reinterpret_cast<const float4*>(&s_col[jj][4 * tx]);
-            const float4 e = *reinterpret_cast<const float4*>(&s_col[jj][TILE_C / 2 + 4 * tx]);
+            const float4 e = *reinterpret_cast<const float4*>(&s_col[jj][WG_C / 2 + 4 * tx]);
             const float av[4] = {a.x, a.y, a.z, a.w};
             const float bv[8] = {b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w};
 #pragma unroll
@@ -987,7 +980,7 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
         const int k = k0 + 4 * ty + r;
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-            const int col = c0 + (c < 4 ? 4 * tx + c : TILE_C / 2 + 4 * tx + c - 4);
+            const int col = c0 + (c < 4 ? 4 * tx + c : WG_C / 2 + 4 * tx + c - 4);
             if (k >= k_total) continue;
             if (col < rows) {
                 out[(long long)k * rows + col] = acc[r][c];
@@ -996,17 +989,6 @@ __device__ __forceinline__ void wgrad_tile(const float* x, const float* dy, floa
             }
         }
     }
-}
-
-extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
-                                         ConvGeom g, int k_total, int chunk, int with_bias) {
-    wgrad_tile<128>(x, dy, partial, g, k_total, chunk, with_bias);
-}
-
-extern "C" __global__ void wgrad_partial_narrow(const float* x, const float* dy, float* partial,
-                                                ConvGeom g, int k_total, int chunk,
-                                                int with_bias) {
-    wgrad_tile<96>(x, dy, partial, g, k_total, chunk, with_bias);
 }
 
 // dw (n) = Σ over `chunks` of partial (chunks, n) [+ beta · dw]: a block of 8 warps per 32

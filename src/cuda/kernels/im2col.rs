@@ -14,42 +14,12 @@ use cudarc::driver::{
     CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-/// The implicit weight gradient's rows of K per tile of `dW` and its step along `N·OH·OW`: the
-/// constants of the same names in cnn.cu.
+/// `wgrad_partial`'s tile of `dW` (`WG_K` rows of K × `WG_C` columns of C·kh·kw; `WG_C` is also
+/// its threads per block) and its step along `N·OH·OW`: the constants of the same names in
+/// cnn.cu.
 const WG_K: usize = 32;
+const WG_C: usize = 128;
 const WG_J: usize = 32;
-
-/// The width of the implicit weight gradient's tiles of `dW` (columns of C·kh·kw, which is also
-/// the kernel's threads per block): `TILE_C` of `wgrad_tile` in cnn.cu.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WgradTile {
-    /// 128 columns (`wgrad_partial`).
-    Wide,
-    /// 96 columns (`wgrad_partial_narrow`): less of the last tile wasted where C·kh·kw lies a
-    /// little above a multiple of 96 (a first convolution's 75).
-    Narrow,
-}
-
-impl WgradTile {
-    /// Both widths.
-    pub const ALL: [WgradTile; 2] = [WgradTile::Wide, WgradTile::Narrow];
-
-    fn columns(self) -> usize {
-        match self {
-            WgradTile::Wide => 128,
-            WgradTile::Narrow => 96,
-        }
-    }
-}
-
-/// What [`Kernels::implicit_wgrad`] computes and how: the gradient of `k` outputs' weights, and
-/// of their bias too where `with_bias`, in tiles of `tile`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImplicitWgrad {
-    pub k: usize,
-    pub with_bias: bool,
-    pub tile: WgradTile,
-}
 
 /// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
 /// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
@@ -125,34 +95,33 @@ impl ConvGeom {
         self.filter_rows() + usize::from(with_bias)
     }
 
-    /// Whether [`Kernels::implicit_wgrad`] in tiles of `tile` computes the bias gradient at no
-    /// extra cost: its column of ones falls in the unused columns of the last tile of `dW`
-    /// (`C·kh·kw` not a multiple of the tile's width).
-    pub fn implicit_wgrad_fuses_bias(&self, tile: WgradTile) -> bool {
-        self.filter_rows() % tile.columns() != 0
+    /// Whether [`Kernels::implicit_wgrad`] computes the bias gradient at no extra cost: its
+    /// column of ones falls in the unused columns of the last tile of `dW` (`C·kh·kw` not a
+    /// multiple of the tile's width).
+    pub fn implicit_wgrad_fuses_bias(&self) -> bool {
+        !self.filter_rows().is_multiple_of(WG_C)
     }
 
-    /// The split of [`Kernels::implicit_wgrad`] for `w`: `(chunk, chunks)`, chunks of `chunk`
-    /// values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW` times
-    /// the chunks come near [`WG_TARGET_BLOCKS`].
-    fn implicit_wgrad_split(&self, w: ImplicitWgrad) -> (usize, usize) {
+    /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
+    /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
+    /// times the chunks come near [`WG_TARGET_BLOCKS`].
+    fn implicit_wgrad_split(&self, (k, with_bias): (usize, bool)) -> (usize, usize) {
         let j_total = self.positions();
-        let columns = self.implicit_wgrad_columns(w.with_bias);
-        let tiles = w.k.div_ceil(WG_K) * columns.div_ceil(w.tile.columns());
+        let tiles = k.div_ceil(WG_K) * self.implicit_wgrad_columns(with_bias).div_ceil(WG_C);
         let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
         let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
         (chunk, j_total.div_ceil(chunk).max(1))
     }
 
-    /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `w` (the chunks' partial sums),
-    /// or `None` where an index of its kernels would leave the int range.
-    pub fn implicit_wgrad_scratch(&self, w: ImplicitWgrad) -> Option<usize> {
-        let (_, chunks) = self.implicit_wgrad_split(w);
-        let columns = self.implicit_wgrad_columns(w.with_bias);
-        let partial = chunks.checked_mul(w.k)?.checked_mul(columns)?;
+    /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `k` outputs, with the bias
+    /// gradient where `with_bias` (the chunks' partial sums), or `None` where an index of its
+    /// kernels would leave the int range.
+    pub fn implicit_wgrad_scratch(&self, (k, with_bias): (usize, bool)) -> Option<usize> {
+        let (_, chunks) = self.implicit_wgrad_split((k, with_bias));
+        let columns = self.implicit_wgrad_columns(with_bias);
+        let partial = chunks.checked_mul(k)?.checked_mul(columns)?;
         let fits = |n: usize| i32::try_from(n).is_ok();
-        let sizes_fit = fits(self.input_len()) && fits(self.output_len(w.k)) && fits(partial);
-        sizes_fit.then_some(partial)
+        (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
     }
 
     /// `conv_forward_direct`'s input tile of one channel, `(rows, columns)`: what `DF_ROWS`
@@ -219,12 +188,11 @@ impl Kernels {
 
     /// `dw (K, C·kh·kw) (+)=` the weight gradient of an ungrouped convolution for the batch
     /// `x (N, C, H, W)` and the top gradient `dy (N, K, OH, OW)`, both NCHW, without a column
-    /// matrix: `wgrad_partial` (or `wgrad_partial_narrow`, as `w.tile` says) sums fixed chunks
-    /// of `N·OH·OW` per tile of `dw` into `partial` ([`ConvGeom::implicit_wgrad_scratch`]
-    /// floats), then `wgrad_sum_partials` adds the chunks in order (`dw = sum + beta · dw`;
-    /// beta 0 never reads `dw`). Deterministic. With `w.with_bias`, `dw` continues with the bias
-    /// gradient `(K)`, computed in the same products (see
-    /// [`ConvGeom::implicit_wgrad_fuses_bias`]).
+    /// matrix: `wgrad_partial` sums fixed chunks of `N·OH·OW` per tile of `dw` into `partial`
+    /// ([`ConvGeom::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
+    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic. With
+    /// `with_bias`, `dw` continues with the bias gradient `(K)`, computed in the same products
+    /// (see [`ConvGeom::implicit_wgrad_fuses_bias`]).
     ///
     /// # Panics
     /// If a buffer is too short or the shape leaves the kernels' int range (`None` from
@@ -236,16 +204,15 @@ impl Kernels {
         x: &impl DevicePtr<f32>,
         dy: &impl DevicePtr<f32>,
         geom: ConvGeom,
-        w: ImplicitWgrad,
+        (k, with_bias): (usize, bool),
         partial: &mut impl DevicePtrMut<f32>,
         beta: f32,
         dw: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let op = "implicit_wgrad";
         let scratch = geom
-            .implicit_wgrad_scratch(w)
+            .implicit_wgrad_scratch((k, with_bias))
             .unwrap_or_else(|| panic!("{op}: the shape exceeds the int range"));
-        let (k, with_bias) = (w.k, w.with_bias);
         let columns = geom.implicit_wgrad_columns(with_bias);
         check_len(op, "x", x.len(), geom.input_len());
         check_len(op, "dy", dy.len(), geom.output_len(k));
@@ -254,39 +221,29 @@ impl Kernels {
         if k * geom.filter_rows() == 0 {
             return Ok(());
         }
-        let (chunk, chunks) = geom.implicit_wgrad_split(w);
+        let (chunk, chunks) = geom.implicit_wgrad_split((k, with_bias));
         let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
         let (n, bias_i) = (to_i32(op, k * columns), i32::from(with_bias));
         let (xp, _x) = x.device_ptr(s);
         let (dyp, _dy) = dy.device_ptr(s);
         let (pp, _p) = partial.device_ptr_mut(s);
         let (dwp, _dw) = dw.device_ptr_mut(s);
-        let width = w.tile.columns();
         let tiles = LaunchConfig {
             grid_dim: (
-                columns.div_ceil(width) as u32,
+                columns.div_ceil(WG_C) as u32,
                 k.div_ceil(WG_K) as u32,
                 chunks as u32,
             ),
-            block_dim: (width as u32, 1, 1),
+            block_dim: (WG_C as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        match w.tile {
-            WgradTile::Wide => launch!(
-                self,
-                s,
-                wgrad_partial,
-                tiles,
-                [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
-            )?,
-            WgradTile::Narrow => launch!(
-                self,
-                s,
-                wgrad_partial_narrow,
-                tiles,
-                [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
-            )?,
-        }
+        launch!(
+            self,
+            s,
+            wgrad_partial,
+            tiles,
+            [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
+        )?;
         // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
             grid_dim: (
@@ -450,52 +407,28 @@ mod tests {
         ] {
             let j_total = (g.n * g.oh * g.ow) as usize;
             let rows = (g.c * g.kh * g.kw) as usize;
-            for tile in WgradTile::ALL {
-                let w = ImplicitWgrad {
-                    k,
-                    with_bias: false,
-                    tile,
-                };
-                let (chunk, chunks) = g.implicit_wgrad_split(w);
-                assert_eq!(chunk % WG_J, 0, "{g:?}");
-                assert!(
-                    chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
-                    "{g:?}"
-                );
-                let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(tile.columns());
-                assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
-                assert_eq!(g.implicit_wgrad_scratch(w), Some(chunks * k * rows));
-                // Where the bias's column falls in the last tile: the same split, one more
-                // column of partial sums.
-                let fused = ImplicitWgrad {
-                    with_bias: true,
-                    ..w
-                };
-                assert_eq!(
-                    g.implicit_wgrad_fuses_bias(tile),
-                    rows % tile.columns() != 0
-                );
-                if g.implicit_wgrad_fuses_bias(tile) {
-                    assert_eq!(g.implicit_wgrad_split(fused), (chunk, chunks));
-                    let partial = chunks * k * (rows + 1);
-                    assert_eq!(g.implicit_wgrad_scratch(fused), Some(partial));
-                }
-            }
+            let (chunk, chunks) = g.implicit_wgrad_split((k, false));
+            assert_eq!(chunk % WG_J, 0, "{g:?}");
+            assert!(
+                chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
+                "{g:?}"
+            );
+            let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(WG_C);
+            assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
+            assert_eq!(
+                g.implicit_wgrad_scratch((k, false)),
+                Some(chunks * k * rows)
+            );
+            // The bias's column falls in the last tile (rows 75, 800 and 800, 576, 9): the
+            // same split, one more column of partial sums.
+            assert!(g.implicit_wgrad_fuses_bias(), "{g:?}");
+            assert_eq!(g.implicit_wgrad_split((k, true)), (chunk, chunks));
+            let partial = chunks * k * (rows + 1);
+            assert_eq!(g.implicit_wgrad_scratch((k, true)), Some(partial));
         }
-        // The first convolution's 75 filter rows leave room in either width; 128 and 576 fill
-        // the wide tiles and 576 the narrow ones, where a bias column would take a tile of its
-        // own.
-        let first = geom(512, 3, 32, 5, 2);
-        assert!(WgradTile::ALL
-            .iter()
-            .all(|&t| first.implicit_wgrad_fuses_bias(t)));
-        assert!(!geom(8, 128, 8, 1, 0).implicit_wgrad_fuses_bias(WgradTile::Wide));
-        assert!(!geom(8, 64, 8, 3, 1).implicit_wgrad_fuses_bias(WgradTile::Narrow));
-        let huge = ImplicitWgrad {
-            k: 256,
-            with_bias: false,
-            tile: WgradTile::Wide,
-        };
-        assert_eq!(geom(4096, 256, 64, 3, 1).implicit_wgrad_scratch(huge), None);
+        // 128 filter rows fill their tile: a bias column would take a tile of its own.
+        assert!(!geom(8, 128, 8, 1, 0).implicit_wgrad_fuses_bias());
+        let huge = geom(4096, 256, 64, 3, 1);
+        assert_eq!(huge.implicit_wgrad_scratch((256, false)), None);
     }
 }

@@ -38,7 +38,7 @@ use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::kernels::{ConvGeom, ImplicitWgrad, WgradTile};
+use crate::cuda::kernels::ConvGeom;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -56,18 +56,14 @@ enum Wgrad {
     Cudnn,
     /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
     Gemm,
-    /// The project's implicit GEMM in tiles of the given width, no column matrix (see
-    /// [`weight_gradient`]).
-    Implicit(WgradTile),
+    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]).
+    Implicit,
 }
 
 /// Whether `path` computes a layer's bias gradient (where it has one, `bias_term`) along with
 /// the weight's: an implicit one whose last tile has room for it.
 fn fuses_bias(bias_term: bool, geom: &ConvGeom, path: Wgrad) -> bool {
-    match path {
-        Wgrad::Implicit(tile) => bias_term && geom.implicit_wgrad_fuses_bias(tile),
-        _ => false,
-    }
+    path == Wgrad::Implicit && bias_term && geom.implicit_wgrad_fuses_bias()
 }
 
 /// How a plan computes the forward.
@@ -159,21 +155,17 @@ fn weight_gradient(
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let (geom, s) = (plan.geom, lane.stream());
-    debug_assert!(!with_bias || matches!(path, Wgrad::Implicit(_)));
+    debug_assert!(!with_bias || path == Wgrad::Implicit);
     match path {
         Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
-        Wgrad::Implicit(tile) => {
-            let w = ImplicitWgrad {
-                k: num_output,
-                with_bias,
-                tile,
-            };
+        Wgrad::Implicit => {
+            let outputs = (num_output, with_bias);
             let partial = geom
-                .implicit_wgrad_scratch(w)
+                .implicit_wgrad_scratch(outputs)
                 .expect("checked when the plan was made");
             return gpu.with_conv_scratch((partial, 0), |partial, _| {
                 gpu.kernels
-                    .implicit_wgrad(s, x, dy, geom, w, partial, beta, dw)
+                    .implicit_wgrad(s, x, dy, geom, outputs, partial, beta, dw)
             });
         }
         Wgrad::Cudnn => {}
@@ -612,14 +604,9 @@ impl GpuLayer for GpuConvolution {
         if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
             paths.push(Wgrad::Gemm);
         }
-        for tile in WgradTile::ALL {
-            let with_bias = fuses_bias(self.bias_term, &geom, Wgrad::Implicit(tile));
-            if geom
-                .implicit_wgrad_scratch(ImplicitWgrad { k, with_bias, tile })
-                .is_some()
-            {
-                paths.push(Wgrad::Implicit(tile));
-            }
+        let with_bias = fuses_bias(self.bias_term, &geom, Wgrad::Implicit);
+        if geom.implicit_wgrad_scratch((k, with_bias)).is_some() {
+            paths.push(Wgrad::Implicit);
         }
         let own_kernels = layout == Layout::Nchw
             && g.group == 1
@@ -885,12 +872,11 @@ mod tests {
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
     /// implicit one over several tiles of `dW` (K = 40, C·kh·kw = 200) and many chunks of
-    /// `N·OH·OW`, in both tile widths, and bit for bit the same when run again; with the bias
-    /// gradient fused, the same weight gradient and the bias gradient the sum of `dy` over
-    /// samples and positions.
+    /// `N·OH·OW`, and bit for bit the same when run again; with the bias gradient fused, the
+    /// same weight gradient and the bias gradient the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
-        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad, WgradTile};
+        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
         use crate::cuda::layers::GpuLayer;
         use crate::cuda::layout::Layout;
         use crate::cuda::test_util::assert_close;
@@ -961,18 +947,15 @@ mod tests {
                 let want = run(Wgrad::Cudnn, beta);
                 let gemm = run(Wgrad::Gemm, beta);
                 assert_close(&format!("{extra}, GEMM, beta {beta}"), &gemm, &want, 1e-5);
-                for tile in WgradTile::ALL {
-                    let implicit = run(Wgrad::Implicit(tile), beta);
-                    let what = format!("{extra}, implicit {tile:?}, beta {beta}");
-                    assert_close(&what, &implicit, &want, 1e-5);
-                    assert!(
-                        implicit == run(Wgrad::Implicit(tile), beta),
-                        "{what}: the implicit weight gradient differs between two runs"
-                    );
-                    if !plan.geom.implicit_wgrad_fuses_bias(tile) {
-                        continue;
-                    }
-                    let fused = run_with(Wgrad::Implicit(tile), true, beta);
+                let implicit = run(Wgrad::Implicit, beta);
+                let what = format!("{extra}, implicit, beta {beta}");
+                assert_close(&what, &implicit, &want, 1e-5);
+                assert!(
+                    implicit == run(Wgrad::Implicit, beta),
+                    "{what}: the implicit weight gradient differs between two runs"
+                );
+                if plan.geom.implicit_wgrad_fuses_bias() {
+                    let fused = run_with(Wgrad::Implicit, true, beta);
                     let (weight, bias) = fused.split_at(plan.w.count());
                     assert_close(&format!("{what}, fused, weight"), weight, &want, 1e-5);
                     assert_close(
