@@ -188,9 +188,12 @@ __device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int 
 }
 
 // One thread per top element: the maximum of the window clipped to the image, and its index
-// h * width + w in the (n, c) plane (the first maximum in row-major order wins).
+// h * width + w in the (n, c) plane (the first maximum in row-major order wins). With `relu` (a
+// ReLU after the pooling, fused): a maximum that is not positive becomes 0 with index -1, so
+// that the backward, which gives each bottom element the top diffs whose index it is, passes no
+// gradient through it — the ReLU's derivative.
 extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
-                                            PoolGeom g) {
+                                            PoolGeom g, int relu) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     const FastDiv by_c = fast_div(g.channels);
     const int step = g.nhwc ? g.channels : 1;
@@ -214,6 +217,10 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
                     maxval = v;
                 }
             }
+        }
+        if (relu && !(maxval > 0.0f)) {
+            maxval = 0.0f;
+            maxidx = -1;
         }
         y[index] = maxval;
         mask[index] = maxidx;

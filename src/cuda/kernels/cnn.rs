@@ -342,7 +342,9 @@ impl Kernels {
     }
 
     /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
-    /// `mask` (same shape) from `x (N, C, H, W)`.
+    /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
+    /// that is not positive becomes 0 with no argmax, -1).
+    #[allow(clippy::too_many_arguments)]
     pub fn max_pool_forward(
         &self,
         s: &CudaStream,
@@ -351,6 +353,7 @@ impl Kernels {
         mask: &mut CudaSlice<i32>,
         batch: usize,
         g: PoolGeom,
+        relu: bool,
     ) -> Result<()> {
         let op = "max_pool_forward";
         let top = batch * g.top_per_sample();
@@ -362,6 +365,7 @@ impl Kernels {
         }
         let ti = to_i32(op, top);
         to_i32(op, batch * g.bottom_per_sample());
+        let relu = i32::from(relu);
         let (xp, _x) = x.device_ptr(s);
         let (yp, _y) = y.device_ptr_mut(s);
         let (mp, _m) = mask.device_ptr_mut(s);
@@ -370,7 +374,7 @@ impl Kernels {
             s,
             max_pool_forward,
             self.grid(top),
-            [&xp, &yp, &mp, &ti, &g]
+            [&xp, &yp, &mp, &ti, &g, &relu]
         )
     }
 

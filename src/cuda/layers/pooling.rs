@@ -12,6 +12,11 @@
 //! index it is — no atomics, deterministic. Ave: the window sum divided by the window clipped to
 //! `[−pad, size + pad)`; backward spreads `dy / pool_size` back the same way.
 //!
+//! Fused with a ReLU after it ([`relu_fusable`], [`GpuPooling::with_relu`]): max pooling and a
+//! ReLU commute, so the forward clamps each maximum at 0 and records no argmax for a clamped one;
+//! the backward is the plain one, which then passes no gradient where the ReLU's derivative is 0.
+//! The net runs such a pair as one layer (see `cuda::net::fusion`), saving the ReLU's two passes.
+//!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
 //! fit in shared memory run the "plane" kernel (one block per `(n, c)` plane, the top gradient
@@ -19,7 +24,7 @@
 //! sums in the same order: the choice changes speed only.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
-use crate::config::{LayerConfig, PoolMethod};
+use crate::config::{LayerConfig, LayerKind, PoolMethod};
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::PoolGeom;
 use crate::cuda::layout::Layout;
@@ -42,6 +47,24 @@ pub struct GpuPooling {
     mask: CudaSlice<i32>,
     /// How bottom and top are stored (the kernels index either layout).
     layout: Layout,
+    /// A ReLU after the pooling runs fused (max pooling only).
+    relu: bool,
+}
+
+/// Whether the layers `chain` (a Pooling, then a ReLU reading its top, in net order) compute
+/// what one [`GpuPooling::with_relu`] does: max pooling, and a ReLU without a negative slope
+/// (with one, a clamped maximum would need its argmax after all). The net checks the wiring
+/// (single consumer, same phases).
+pub fn relu_fusable(chain: &[&LayerConfig]) -> bool {
+    match chain {
+        [pool, relu] => {
+            pool.kind == LayerKind::Pooling
+                && pool.pool.unwrap_or(PoolMethod::Max) == PoolMethod::Max
+                && relu.kind == LayerKind::Relu
+                && relu.negative_slope.unwrap_or(0.0) == 0.0
+        }
+        _ => false,
+    }
 }
 
 fn dims2(
@@ -107,13 +130,27 @@ impl GpuPooling {
             geom: PoolGeom::default(),
             mask: scratch(gpu, 1)?,
             layout,
+            relu: false,
         })
+    }
+
+    /// The pair `chain` (checked by [`relu_fusable`]) as one layer: the pooling of `chain[0]`
+    /// with the ReLU after it.
+    pub fn with_relu(gpu: &Gpu, chain: &[&LayerConfig], layout: Layout) -> Result<Self> {
+        assert!(relu_fusable(chain), "not a fusable max Pooling → ReLU pair");
+        let mut layer = GpuPooling::new(gpu, chain[0], layout)?;
+        layer.relu = true;
+        Ok(layer)
     }
 }
 
 impl GpuLayer for GpuPooling {
     fn type_name(&self) -> &'static str {
-        "pooling"
+        if self.relu {
+            "pooling+relu"
+        } else {
+            "pooling"
+        }
     }
 
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
@@ -172,6 +209,7 @@ impl GpuLayer for GpuPooling {
                 &mut self.mask,
                 self.batch,
                 self.geom,
+                self.relu,
             ),
             PoolMethod::Ave => {
                 gpu.kernels

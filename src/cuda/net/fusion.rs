@@ -1,6 +1,7 @@
 //! Which layers of a net the GPU runs fused, when the intermediate blobs of a chain are read by
 //! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], a two-bottom Eltwise
-//! SUM → ReLU one [`GpuEltwiseRelu`], each at the chain's first slot. The plan is a [`Slot`] per
+//! SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU one [`GpuPooling`] (see
+//! [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a [`Slot`] per
 //! layer; [`super::GpuNet`] runs a fused chain's forward at its head and its backward at its last
 //! layer (so that every parameter gradient of the chain is complete when the backward reaches
 //! the last layer, where the gradient all-reduce may pick it up).
@@ -8,6 +9,7 @@
 use crate::config::{LayerConfig, LayerKind};
 use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
 use crate::cuda::layers::eltwise_relu::{self, GpuEltwiseRelu};
+use crate::cuda::layers::pooling::{self, GpuPooling};
 use crate::cuda::layers::GpuLayer;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -29,7 +31,8 @@ pub enum Slot {
 }
 
 /// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
-/// [`bn_scale_relu::fusable`] or [`eltwise_relu::fusable`], each reads the one top of the one
+/// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::relu_fusable`], each reads
+/// the one top of the one
 /// before it, nobody else reads those intermediate tops, and all run in the same phases without
 /// a loss weight.
 fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
@@ -47,6 +50,7 @@ fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> 
     }
     match (cfg[i].kind, graph.node(i).bottoms.len()) {
         (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
+        (LayerKind::Pooling, 1) => pooling::relu_fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
         (LayerKind::BatchNorm, 1) => {
             let with_relu = i + 2 < cfg.len()
                 && linked(i + 1, i + 2)
@@ -80,8 +84,8 @@ pub fn plan(cfg: &[LayerConfig], graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> 
     let mut slots = vec![Slot::Own; cfg.len()];
     let mut i = 0;
     while i < cfg.len() {
-        // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; an Eltwise chain
-        // has none.
+        // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; an Eltwise or a
+        // Pooling chain has none.
         let chain = chain_at(cfg, graph, &consumers, i).and_then(|last| match cfg[i].kind {
             LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
             _ => Some((last, 0..0)),
@@ -130,6 +134,8 @@ pub fn build(
     let chain: Vec<&LayerConfig> = cfg[head..=last].iter().collect();
     let mut layer: Box<dyn GpuLayer> = if cfg[head].kind == LayerKind::Eltwise {
         Box::new(GpuEltwiseRelu::new(&chain))
+    } else if cfg[head].kind == LayerKind::Pooling {
+        Box::new(GpuPooling::with_relu(gpu, &chain, layout)?)
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
         let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
@@ -155,8 +161,12 @@ mod tests {
         "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
 
     fn slots_of(text: &str) -> (Vec<Slot>, Vec<ParamSpan>) {
+        slots_for(text, [1, 8, 8])
+    }
+
+    fn slots_for(text: &str, record: [usize; 3]) -> (Vec<Slot>, Vec<ParamSpan>) {
         let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
-        let (graph, layout) = Net::build(&cfg, [1, 8, 8], 1).unwrap();
+        let (graph, layout) = Net::build(&cfg, record, 1).unwrap();
         (plan(&cfg.layers, &graph, &layout.spans), layout.spans)
     }
 
@@ -232,6 +242,45 @@ mod tests {
             "the config has the coefficients as expected"
         );
         assert_eq!(sum_of(&product), Slot::Own);
+    }
+
+    /// `config/cifar10_quick.toml` on synthetic records (its CIFAR-10 files need not exist).
+    fn quick() -> String {
+        let text = include_str!("../../../config/cifar10_quick.toml");
+        let start = text.find("format = \"cifar10\"").unwrap();
+        let end = text.find("mean_value = ").unwrap();
+        let synthetic = "format = \"synthetic\"\nshape = [3, 32, 32]\nclasses = 10\n";
+        format!("{}{synthetic}{}", &text[..start], &text[end..])
+    }
+
+    /// cifar10_quick's max pooling and the ReLU after it are one chain; its ReLUs before average
+    /// poolings stay on their own, and so does a leaky ReLU or one after an average pooling.
+    #[test]
+    fn a_max_pooling_and_its_relu_are_one_chain_without_parameters() {
+        let quick = quick();
+        let slots_of = |text: &str| slots_for(text, [3, 32, 32]).0;
+        let slots = slots_of(&quick);
+        let pool1 = index_of(&quick, "pool1");
+        assert_eq!(index_of(&quick, "relu1"), pool1 + 1);
+        assert_eq!(
+            slots[pool1],
+            Slot::Head {
+                last: pool1 + 1,
+                params: 0..0
+            }
+        );
+        assert_eq!(slots[pool1 + 1], Slot::Absorbed { head: pool1 });
+        let others = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ![pool1, pool1 + 1].contains(i));
+        assert!(others.into_iter().all(|(_, s)| *s == Slot::Own));
+        let relu1 = "name = \"relu1\"\ntype = \"relu\"\n";
+        assert!(quick.contains(relu1));
+        let leaky = quick.replace(relu1, &format!("{relu1}negative_slope = 0.1\n"));
+        assert_eq!(slots_of(&leaky)[pool1], Slot::Own);
+        let average = quick.replacen("pool = \"max\"", "pool = \"ave\"", 1);
+        assert_eq!(slots_of(&average)[pool1], Slot::Own);
     }
 
     #[test]

@@ -479,6 +479,33 @@ fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(1, 2)]);
 }
 
+/// As [`cnn_training_steps_match_cpu`] with the ReLU moved from before the max pooling to after
+/// it (as in cifar10_quick): the pooling and the ReLU run fused, BatchNorm → Scale as before. Its
+/// inputs are normalised and shifted, so many windows have no positive maximum.
+#[test]
+fn max_pooling_fused_with_its_relu_matches_cpu() {
+    let mut gpu = gpu_or_skip!("max_pooling_fused_with_its_relu_matches_cpu");
+    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+    let relu =
+        "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
+    let pool1 = "kernel_size = 2\nstride = 2\n";
+    assert!(
+        text.contains(relu) && text.contains(pool1),
+        "the config is as expected"
+    );
+    let after_pool =
+        "\n[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"pool1\"]\ntop = [\"pool1\"]\n";
+    let text = text
+        .replace(relu, "")
+        .replacen(pool1, &format!("{pool1}{after_pool}"), 1);
+    let cfg = load_str("relu_after_pool.toml", &text, Path::new("."), &[])
+        .unwrap()
+        .0;
+    let pool = cfg.layers.iter().position(|l| l.name == "pool1").unwrap();
+    assert_eq!(cfg.layers[pool + 1].name, "relu1");
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(1, 2), (pool, pool + 1)]);
+}
+
 /// The convolutional topology-equivalence net (concat, scale, a weighted residual sum followed by
 /// a ReLU, grouped and strided convolutions): its sum and ReLU run fused.
 #[test]
