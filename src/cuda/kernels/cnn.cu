@@ -228,8 +228,10 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
 }
 
 // One thread per top element: the window's sum divided by its size clipped to
-// [-pad, size + pad) (padding counts, the part beyond the padded image does not).
-extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g) {
+// [-pad, size + pad) (padding counts, the part beyond the padded image does not). With `relu` (a
+// ReLU before the pooling, fused): each value read goes through the ReLU of slope `slope` first.
+extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g,
+                                            int relu, float slope) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     const FastDiv by_c = fast_div(g.channels);
     const int step = g.nhwc ? g.channels : 1;
@@ -248,7 +250,10 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
         float aveval = 0.0f;
         const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
-            for (int w = wstart; w < wend; ++w) aveval += slice[(h * g.width + w) * step];
+            for (int w = wstart; w < wend; ++w) {
+                const float v = slice[(h * g.width + w) * step];
+                aveval += (relu && !(v > 0.0f)) ? slope * v : v;
+            }
         }
         y[index] = aveval / pool_size;
     }
@@ -282,9 +287,11 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
     }
 }
 
-// One thread per bottom element: the sum over the windows covering it of top diff / pool size.
+// One thread per bottom element: the sum over the windows covering it of top diff / pool size;
+// with `relu` (fused before the pooling), times the ReLU's derivative at the bottom's value x.
 extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
-                                             PoolGeom g, int accumulate) {
+                                             PoolGeom g, int accumulate, const float* x, int relu,
+                                             float slope) {
     const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     const FastDiv by_c = fast_div(g.channels);
@@ -310,6 +317,7 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
                 gradient += dy_slice[(ph * g.pooled_w + pw) * step] / pool_size;
             }
         }
+        if (relu && !(x[index] > 0.0f)) gradient = slope * gradient;
         dx[index] = accumulate ? dx[index] + gradient : gradient;
     }
 }
@@ -339,10 +347,12 @@ __device__ __forceinline__ void cover_table(int size, int kernel, int stride, in
 
 // Shared memory: per bottom row and column the covering windows (2 * (height + width) ints), per
 // top row and column the average's divisor (pooled_h + pooled_w ints), then the top gradient
-// plane and, for max, the argmax plane (pooled_h * pooled_w floats and ints).
+// plane and, for max, the argmax plane (pooled_h * pooled_w floats and ints). `x`, `relu` and
+// `slope` as in ave_pool_backward (averages only).
 extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask, float* dx,
                                                 int planes, PoolGeom g, int average,
-                                                int accumulate) {
+                                                int accumulate, const float* x, int relu,
+                                                float slope) {
     extern __shared__ int smem[];
     int* h_first = smem;
     int* h_last = h_first + g.height;
@@ -369,6 +379,7 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
         }
         __syncthreads();
         float* pdx = dx + (long long)plane * area;
+        const float* px = x + (long long)plane * area;
         for (int i = threadIdx.x; i < area; i += blockDim.x) {
             const int h = div_by(i, by_w), w = i - h * g.width;
             float gradient = 0.0f;
@@ -382,6 +393,7 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
                     }
                 }
             }
+            if (relu && !(px[i] > 0.0f)) gradient = slope * gradient;
             pdx[i] = accumulate ? pdx[i] + gradient : gradient;
         }
     }

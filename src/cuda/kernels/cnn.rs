@@ -378,7 +378,8 @@ impl Kernels {
         )
     }
 
-    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel).
+    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
+    /// `relu_slope`, of the ReLU of `x` with that negative slope (a ReLU before the pooling).
     pub fn ave_pool_forward(
         &self,
         s: &CudaStream,
@@ -386,6 +387,7 @@ impl Kernels {
         y: &mut impl DevicePtrMut<f32>,
         batch: usize,
         g: PoolGeom,
+        relu_slope: Option<f32>,
     ) -> Result<()> {
         let op = "ave_pool_forward";
         let top = batch * g.top_per_sample();
@@ -396,6 +398,7 @@ impl Kernels {
         }
         let ti = to_i32(op, top);
         to_i32(op, batch * g.bottom_per_sample());
+        let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
         let (xp, _x) = x.device_ptr(s);
         let (yp, _y) = y.device_ptr_mut(s);
         launch!(
@@ -403,7 +406,7 @@ impl Kernels {
             s,
             ave_pool_forward,
             self.grid(top),
-            [&xp, &yp, &ti, &g]
+            [&xp, &yp, &ti, &g, &relu, &slope]
         )
     }
 
@@ -434,13 +437,14 @@ impl Kernels {
         let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
         if let Some(cfg) = self.backward_plane_grid(&g, planes) {
-            let (pi, average) = (planes as i32, 0i32);
+            // No ReLU: the bottom's values are never read.
+            let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
             return launch!(
                 self,
                 s,
                 pool_backward_planes,
                 cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &average, &acc]
+                [&dyp, &mp, &dxp, &pi, &g, &average, &acc, &no_x, &relu, &slope]
             );
         }
         launch!(
@@ -452,8 +456,11 @@ impl Kernels {
         )
     }
 
-    /// Average pooling backward: `dx (+)= Σ over covering windows of dy / pool_size`.
-    pub fn ave_pool_backward(
+    /// Average pooling backward: `dx (+)= Σ over covering windows of dy / pool_size`; with
+    /// `relu = Some((x, slope))` (a ReLU before the pooling, `x` its input), times the ReLU's
+    /// derivative at `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ave_pool_backward<X: DevicePtr<f32>>(
         &self,
         s: &CudaStream,
         dy: &impl DevicePtr<f32>,
@@ -461,11 +468,15 @@ impl Kernels {
         batch: usize,
         g: PoolGeom,
         accumulate: bool,
+        relu: Option<(&X, f32)>,
     ) -> Result<()> {
         let op = "ave_pool_backward";
         let bottom = batch * g.bottom_per_sample();
         check_len(op, "dy", dy.len(), batch * g.top_per_sample());
         check_len(op, "dx", dx.len(), bottom);
+        if let Some((x, _)) = relu {
+            check_len(op, "x", x.len(), bottom);
+        }
         if bottom == 0 {
             return Ok(());
         }
@@ -473,6 +484,15 @@ impl Kernels {
         let acc = accumulate as i32;
         let (dyp, _dy) = dy.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
+        // Without a ReLU the bottom's values are never read.
+        let (xp, _x) = match relu {
+            Some((x, _)) => {
+                let (p, guard) = x.device_ptr(s);
+                (p, Some(guard))
+            }
+            None => (0u64, None),
+        };
+        let (relu_i, slope) = (i32::from(relu.is_some()), relu.map_or(0.0, |r| r.1));
         let planes = batch * g.channels as usize;
         if let Some(cfg) = self.backward_plane_grid(&g, planes) {
             // No argmax plane when averaging: the mask argument is never read.
@@ -482,7 +502,7 @@ impl Kernels {
                 s,
                 pool_backward_planes,
                 cfg,
-                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc]
+                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc, &xp, &relu_i, &slope]
             );
         }
         launch!(
@@ -490,7 +510,7 @@ impl Kernels {
             s,
             ave_pool_backward,
             self.grid(bottom),
-            [&dyp, &dxp, &bi, &g, &acc]
+            [&dyp, &dxp, &bi, &g, &acc, &xp, &relu_i, &slope]
         )
     }
 

@@ -12,10 +12,14 @@
 //! index it is — no atomics, deterministic. Ave: the window sum divided by the window clipped to
 //! `[−pad, size + pad)`; backward spreads `dy / pool_size` back the same way.
 //!
-//! Fused with a ReLU after it ([`relu_fusable`], [`GpuPooling::with_relu`]): max pooling and a
-//! ReLU commute, so the forward clamps each maximum at 0 and records no argmax for a clamped one;
-//! the backward is the plain one, which then passes no gradient where the ReLU's derivative is 0.
-//! The net runs such a pair as one layer (see `cuda::net::fusion`), saving the ReLU's two passes.
+//! Fused with a ReLU ([`fused_relu`], [`GpuPooling::with_relu`]; the net runs such a pair as one
+//! layer where nothing else reads the blob between them, see `cuda::net::fusion`, saving the
+//! ReLU's two passes over it): a max pooling followed by a ReLU (slope 0) — the two commute, so
+//! the forward clamps each maximum at 0 and records no argmax for a clamped one, and the plain
+//! backward then passes no gradient where the ReLU's derivative is 0; or a ReLU followed by an
+//! average pooling — the forward averages the ReLU of each value it reads, the backward
+//! multiplies each bottom gradient by the ReLU's derivative at the bottom's value. The same
+//! operations in the same order as the two layers, so results are bitwise those of the pair.
 //!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
@@ -47,23 +51,36 @@ pub struct GpuPooling {
     mask: CudaSlice<i32>,
     /// How bottom and top are stored (the kernels index either layout).
     layout: Layout,
-    /// A ReLU after the pooling runs fused (max pooling only).
-    relu: bool,
+    /// A ReLU that runs fused with the pooling.
+    relu: Option<FusedRelu>,
 }
 
-/// Whether the layers `chain` (a Pooling, then a ReLU reading its top, in net order) compute
-/// what one [`GpuPooling::with_relu`] does: max pooling, and a ReLU without a negative slope
-/// (with one, a clamped maximum would need its argmax after all). The net checks the wiring
-/// (single consumer, same phases).
-pub fn relu_fusable(chain: &[&LayerConfig]) -> bool {
+/// A ReLU fused with a pooling; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FusedRelu {
+    /// After a max pooling, without a negative slope (with one, a clamped maximum would need its
+    /// argmax after all).
+    After,
+    /// Before an average pooling, with its negative slope (≥ 0).
+    Before(f32),
+}
+
+/// How the layers `chain` (two layers, the second reading the first's top, in net order) run as
+/// one [`GpuPooling::with_relu`]: a max Pooling then a ReLU of slope 0, or a ReLU of slope ≥ 0
+/// then an average Pooling; `None` for any other pair. The net checks the wiring (single
+/// consumer, same phases).
+pub fn fused_relu(chain: &[&LayerConfig]) -> Option<FusedRelu> {
+    let method = |c: &LayerConfig| c.pool.unwrap_or(PoolMethod::Max);
+    let slope = |c: &LayerConfig| c.negative_slope.unwrap_or(0.0);
     match chain {
-        [pool, relu] => {
-            pool.kind == LayerKind::Pooling
-                && pool.pool.unwrap_or(PoolMethod::Max) == PoolMethod::Max
-                && relu.kind == LayerKind::Relu
-                && relu.negative_slope.unwrap_or(0.0) == 0.0
+        [pool, relu] if pool.kind == LayerKind::Pooling && relu.kind == LayerKind::Relu => {
+            (method(pool) == PoolMethod::Max && slope(relu) == 0.0).then_some(FusedRelu::After)
         }
-        _ => false,
+        [relu, pool] if relu.kind == LayerKind::Relu && pool.kind == LayerKind::Pooling => {
+            let s = slope(relu);
+            (method(pool) == PoolMethod::Ave && s >= 0.0).then_some(FusedRelu::Before(s))
+        }
+        _ => None,
     }
 }
 
@@ -130,26 +147,37 @@ impl GpuPooling {
             geom: PoolGeom::default(),
             mask: scratch(gpu, 1)?,
             layout,
-            relu: false,
+            relu: None,
         })
     }
 
-    /// The pair `chain` (checked by [`relu_fusable`]) as one layer: the pooling of `chain[0]`
-    /// with the ReLU after it.
+    /// The pair `chain` (checked by [`fused_relu`]) as one layer: its pooling with its ReLU.
     pub fn with_relu(gpu: &Gpu, chain: &[&LayerConfig], layout: Layout) -> Result<Self> {
-        assert!(relu_fusable(chain), "not a fusable max Pooling → ReLU pair");
-        let mut layer = GpuPooling::new(gpu, chain[0], layout)?;
-        layer.relu = true;
+        let relu = fused_relu(chain).expect("a fusable Pooling and ReLU pair");
+        let pool = match relu {
+            FusedRelu::After => chain[0],
+            FusedRelu::Before(_) => chain[1],
+        };
+        let mut layer = GpuPooling::new(gpu, pool, layout)?;
+        layer.relu = Some(relu);
         Ok(layer)
+    }
+
+    /// The slope of a ReLU fused before an average pooling.
+    fn relu_before(&self) -> Option<f32> {
+        match self.relu {
+            Some(FusedRelu::Before(slope)) => Some(slope),
+            _ => None,
+        }
     }
 }
 
 impl GpuLayer for GpuPooling {
     fn type_name(&self) -> &'static str {
-        if self.relu {
-            "pooling+relu"
-        } else {
-            "pooling"
+        match self.relu {
+            None => "pooling",
+            Some(FusedRelu::After) => "pooling+relu",
+            Some(FusedRelu::Before(_)) => "relu+pooling",
         }
     }
 
@@ -209,12 +237,16 @@ impl GpuLayer for GpuPooling {
                 &mut self.mask,
                 self.batch,
                 self.geom,
-                self.relu,
+                self.relu == Some(FusedRelu::After),
             ),
-            PoolMethod::Ave => {
-                gpu.kernels
-                    .ave_pool_forward(s, &x.data(), &mut y.data_mut(), self.batch, self.geom)
-            }
+            PoolMethod::Ave => gpu.kernels.ave_pool_forward(
+                s,
+                &x.data(),
+                &mut y.data_mut(),
+                self.batch,
+                self.geom,
+                self.relu_before(),
+            ),
         }
     }
 
@@ -246,14 +278,14 @@ impl GpuLayer for GpuPooling {
                 self.geom,
                 acc,
             ),
-            PoolMethod::Ave => gpu.kernels.ave_pool_backward(
-                s,
-                &y.diff(),
-                &mut x.diff_mut(),
-                self.batch,
-                self.geom,
-                acc,
-            ),
+            PoolMethod::Ave => {
+                let n = x.count();
+                let (data, mut dx) = (x.data.slice(..n), x.diff.slice_mut(..n));
+                let relu = self.relu_before().map(|slope| (&data, slope));
+                let (batch, geom) = (self.batch, self.geom);
+                gpu.kernels
+                    .ave_pool_backward(s, &y.diff(), &mut dx, batch, geom, acc, relu)
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Which layers of a net the GPU runs fused, when the intermediate blobs of a chain are read by
 //! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], a two-bottom Eltwise
-//! SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU one [`GpuPooling`] (see
-//! [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a [`Slot`] per
+//! SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU or a ReLU → average Pooling one
+//! [`GpuPooling`] (see [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a [`Slot`] per
 //! layer; [`super::GpuNet`] runs a fused chain's forward at its head and its backward at its last
 //! layer (so that every parameter gradient of the chain is complete when the backward reaches
 //! the last layer, where the gradient all-reduce may pick it up).
@@ -31,7 +31,7 @@ pub enum Slot {
 }
 
 /// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
-/// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::relu_fusable`], each reads
+/// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads
 /// the one top of the one
 /// before it, nobody else reads those intermediate tops, and all run in the same phases without
 /// a loss weight.
@@ -50,7 +50,9 @@ fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> 
     }
     match (cfg[i].kind, graph.node(i).bottoms.len()) {
         (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
-        (LayerKind::Pooling, 1) => pooling::relu_fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
+        (LayerKind::Pooling | LayerKind::Relu, 1) => {
+            pooling::fused_relu(&[&cfg[i], &cfg[i + 1]]).map(|_| i + 1)
+        }
         (LayerKind::BatchNorm, 1) => {
             let with_relu = i + 2 < cfg.len()
                 && linked(i + 1, i + 2)
@@ -84,8 +86,8 @@ pub fn plan(cfg: &[LayerConfig], graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> 
     let mut slots = vec![Slot::Own; cfg.len()];
     let mut i = 0;
     while i < cfg.len() {
-        // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; an Eltwise or a
-        // Pooling chain has none.
+        // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; the others have
+        // none.
         let chain = chain_at(cfg, graph, &consumers, i).and_then(|last| match cfg[i].kind {
             LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
             _ => Some((last, 0..0)),
@@ -134,7 +136,7 @@ pub fn build(
     let chain: Vec<&LayerConfig> = cfg[head..=last].iter().collect();
     let mut layer: Box<dyn GpuLayer> = if cfg[head].kind == LayerKind::Eltwise {
         Box::new(GpuEltwiseRelu::new(&chain))
-    } else if cfg[head].kind == LayerKind::Pooling {
+    } else if matches!(cfg[head].kind, LayerKind::Pooling | LayerKind::Relu) {
         Box::new(GpuPooling::with_relu(gpu, &chain, layout)?)
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
@@ -187,16 +189,29 @@ mod tests {
             slots[2..4],
             [Slot::Absorbed { head: 1 }, Slot::Absorbed { head: 1 }]
         );
+        // relu2 → pool2 (average) is the net's other chain.
+        let relu2 = index_of(CNN, "relu2");
+        assert_eq!(
+            slots[relu2..relu2 + 2],
+            [
+                Slot::Head {
+                    last: relu2 + 1,
+                    params: 0..0
+                },
+                Slot::Absorbed { head: relu2 }
+            ]
+        );
+        let chained = |i: usize| (1..4).contains(&i) || (relu2..relu2 + 2).contains(&i);
         assert!(slots
             .iter()
             .enumerate()
-            .all(|(i, s)| (1..4).contains(&i) || *s == Slot::Own));
+            .all(|(i, s)| chained(i) || *s == Slot::Own));
         let cfg: Config = load_str("t.toml", CNN, Path::new("."), &[]).unwrap().0;
         let (graph, _) = Net::build(&cfg, [1, 8, 8], 1).unwrap();
         let idle = idle_blobs(&graph, &slots);
-        let bn_and_scale_tops = [graph.node(1).tops[0], graph.node(2).tops[0]];
+        let inner_tops = [1, 2, relu2].map(|layer| graph.node(layer).tops[0]);
         for (b, &is_idle) in idle.iter().enumerate() {
-            assert_eq!(is_idle, bn_and_scale_tops.contains(&b), "blob {b}");
+            assert_eq!(is_idle, inner_tops.contains(&b), "blob {b}");
         }
     }
 
@@ -253,32 +268,49 @@ mod tests {
         format!("{}{synthetic}{}", &text[..start], &text[end..])
     }
 
-    /// cifar10_quick's max pooling and the ReLU after it are one chain; its ReLUs before average
-    /// poolings stay on their own, and so does a leaky ReLU or one after an average pooling.
+    /// cifar10_quick's poolings run fused with their ReLUs, without parameters: max pooling →
+    /// ReLU (pool1, relu1) and ReLU → average pooling (relu2, pool2; relu3, pool3). A leaky ReLU
+    /// stays after a max pooling, and so does any ReLU after an average pooling or one of
+    /// negative slope before it.
     #[test]
-    fn a_max_pooling_and_its_relu_are_one_chain_without_parameters() {
+    fn poolings_and_their_relus_are_chains_without_parameters() {
         let quick = quick();
         let slots_of = |text: &str| slots_for(text, [3, 32, 32]).0;
         let slots = slots_of(&quick);
-        let pool1 = index_of(&quick, "pool1");
-        assert_eq!(index_of(&quick, "relu1"), pool1 + 1);
-        assert_eq!(
-            slots[pool1],
-            Slot::Head {
-                last: pool1 + 1,
-                params: 0..0
-            }
-        );
-        assert_eq!(slots[pool1 + 1], Slot::Absorbed { head: pool1 });
+        let pairs = [("pool1", "relu1"), ("relu2", "pool2"), ("relu3", "pool3")];
+        let mut chained = Vec::new();
+        for (first, second) in pairs {
+            let head = index_of(&quick, first);
+            assert_eq!(index_of(&quick, second), head + 1, "{first} → {second}");
+            let fused = Slot::Head {
+                last: head + 1,
+                params: 0..0,
+            };
+            assert_eq!(slots[head], fused, "{first}");
+            assert_eq!(slots[head + 1], Slot::Absorbed { head }, "{second}");
+            chained.extend([head, head + 1]);
+        }
         let others = slots
             .iter()
             .enumerate()
-            .filter(|(i, _)| ![pool1, pool1 + 1].contains(i));
+            .filter(|(i, _)| !chained.contains(i));
         assert!(others.into_iter().all(|(_, s)| *s == Slot::Own));
-        let relu1 = "name = \"relu1\"\ntype = \"relu\"\n";
-        assert!(quick.contains(relu1));
-        let leaky = quick.replace(relu1, &format!("{relu1}negative_slope = 0.1\n"));
-        assert_eq!(slots_of(&leaky)[pool1], Slot::Own);
+        let (pool1, relu2) = (index_of(&quick, "pool1"), index_of(&quick, "relu2"));
+        let relu = |name: &str| format!("name = \"{name}\"\ntype = \"relu\"\n");
+        let with_slope = |name: &str, slope: &str| {
+            let text = quick.replace(
+                &relu(name),
+                &format!("{}negative_slope = {slope}\n", relu(name)),
+            );
+            assert_ne!(text, quick, "{name} as expected");
+            slots_of(&text)
+        };
+        assert_eq!(with_slope("relu1", "0.1")[pool1], Slot::Own);
+        assert!(matches!(
+            with_slope("relu2", "0.1")[relu2],
+            Slot::Head { .. }
+        ));
+        assert_eq!(with_slope("relu2", "-0.5")[relu2], Slot::Own);
         let average = quick.replacen("pool = \"max\"", "pool = \"ave\"", 1);
         assert_eq!(slots_of(&average)[pool1], Slot::Own);
     }
@@ -304,6 +336,11 @@ mod tests {
         );
         assert_ne!(text, CNN, "the config names scale1 as expected");
         let (slots, _) = slots_of(&text);
-        assert!(slots.iter().all(|s| *s == Slot::Own), "{slots:?}");
+        let relu2 = index_of(CNN, "relu2");
+        let own = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ![relu2, relu2 + 1].contains(i));
+        assert!(own.into_iter().all(|(_, s)| *s == Slot::Own), "{slots:?}");
     }
 }

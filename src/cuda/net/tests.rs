@@ -451,8 +451,17 @@ fn cnn_config() -> Config {
 #[test]
 fn cnn_training_steps_match_cpu() {
     let mut gpu = gpu_or_skip!("cnn_training_steps_match_cpu");
-    // bn1 → scale1 → relu1 run fused.
-    cnn_steps_match_cpu(&mut gpu, &cnn_config(), RECORD, &[(1, 3)]);
+    // bn1 → scale1 → relu1 run fused, and so do relu2 → pool2 (average).
+    let cfg = cnn_config();
+    let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
+}
+
+/// The chain of the ReLU `relu` and the pooling after it, as the GPU net reports it.
+fn relu_and_pool(cfg: &Config, relu: &str) -> (usize, usize) {
+    let i = cfg.layers.iter().position(|l| l.name == relu).unwrap();
+    assert_eq!(cfg.layers[i + 1].kind, crate::config::LayerKind::Pooling);
+    (i, i + 1)
 }
 
 /// As [`cnn_training_steps_match_cpu`] on three-channel records, whose channels-last input the
@@ -460,11 +469,13 @@ fn cnn_training_steps_match_cpu() {
 #[test]
 fn cnn_on_three_channel_records_matches_cpu() {
     let mut gpu = gpu_or_skip!("cnn_on_three_channel_records_matches_cpu");
-    cnn_steps_match_cpu(&mut gpu, &cnn_config(), [3, 8, 8], &[(1, 3)]);
+    let cfg = cnn_config();
+    let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
+    cnn_steps_match_cpu(&mut gpu, &cfg, [3, 8, 8], &chains);
 }
 
 /// As [`cnn_training_steps_match_cpu`] without the ReLU after the Scale: the fused chain is
-/// BatchNorm → Scale (as before a residual sum).
+/// BatchNorm → Scale (as before a residual sum), besides relu2 → pool2.
 #[test]
 fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     let mut gpu = gpu_or_skip!("cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu");
@@ -476,12 +487,14 @@ fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     let cfg = load_str("no_relu.toml", &text, Path::new("."), &[])
         .unwrap()
         .0;
-    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(1, 2)]);
+    let chains = [(1, 2), relu_and_pool(&cfg, "relu2")];
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
 }
 
 /// As [`cnn_training_steps_match_cpu`] with the ReLU moved from before the max pooling to after
 /// it (as in cifar10_quick): the pooling and the ReLU run fused, BatchNorm → Scale as before. Its
-/// inputs are normalised and shifted, so many windows have no positive maximum.
+/// inputs are normalised and shifted, so many windows have no positive maximum. relu2, fused
+/// with the average pooling after it, leaks here (slope 0.1).
 #[test]
 fn max_pooling_fused_with_its_relu_matches_cpu() {
     let mut gpu = gpu_or_skip!("max_pooling_fused_with_its_relu_matches_cpu");
@@ -495,15 +508,19 @@ fn max_pooling_fused_with_its_relu_matches_cpu() {
     );
     let after_pool =
         "\n[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"pool1\"]\ntop = [\"pool1\"]\n";
+    let relu2 = "name = \"relu2\"\ntype = \"relu\"\n";
+    assert!(text.contains(relu2));
     let text = text
         .replace(relu, "")
-        .replacen(pool1, &format!("{pool1}{after_pool}"), 1);
+        .replacen(pool1, &format!("{pool1}{after_pool}"), 1)
+        .replace(relu2, &format!("{relu2}negative_slope = 0.1\n"));
     let cfg = load_str("relu_after_pool.toml", &text, Path::new("."), &[])
         .unwrap()
         .0;
     let pool = cfg.layers.iter().position(|l| l.name == "pool1").unwrap();
     assert_eq!(cfg.layers[pool + 1].name, "relu1");
-    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(1, 2), (pool, pool + 1)]);
+    let chains = [(1, 2), (pool, pool + 1), relu_and_pool(&cfg, "relu2")];
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
 }
 
 /// The convolutional topology-equivalence net (concat, scale, a weighted residual sum followed by
