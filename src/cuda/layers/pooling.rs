@@ -19,7 +19,8 @@
 //! backward then passes no gradient where the ReLU's derivative is 0; or a ReLU followed by an
 //! average pooling — the forward averages the ReLU of each value it reads, the backward
 //! multiplies each bottom gradient by the ReLU's derivative at the bottom's value. The same
-//! operations in the same order as the two layers, so results are bitwise those of the pair.
+//! operations in the same order as the two layers, so the same values (a clamped maximum is +0
+//! where the pair writes −0).
 //!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that

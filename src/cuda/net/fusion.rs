@@ -1,10 +1,10 @@
 //! Which layers of a net the GPU runs fused, when the intermediate blobs of a chain are read by
 //! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], a two-bottom Eltwise
 //! SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU or a ReLU → average Pooling one
-//! [`GpuPooling`] (see [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a [`Slot`] per
-//! layer; [`super::GpuNet`] runs a fused chain's forward at its head and its backward at its last
-//! layer (so that every parameter gradient of the chain is complete when the backward reaches
-//! the last layer, where the gradient all-reduce may pick it up).
+//! [`GpuPooling`] (see [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a
+//! [`Slot`] per layer; [`super::GpuNet`] runs a fused chain's forward at its head and its
+//! backward at its last layer (so that every parameter gradient of the chain is complete when the
+//! backward reaches the last layer, where the gradient all-reduce may pick it up).
 
 use crate::config::{LayerConfig, LayerKind};
 use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
@@ -32,9 +32,8 @@ pub enum Slot {
 
 /// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
 /// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads
-/// the one top of the one
-/// before it, nobody else reads those intermediate tops, and all run in the same phases without
-/// a loss weight.
+/// the one top of the one before it, nobody else reads those intermediate tops, and all run in
+/// the same phases without a loss weight.
 fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
     let linked = |a: usize, b: usize| {
         let (na, nb) = (graph.node(a), graph.node(b));
