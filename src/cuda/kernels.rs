@@ -98,6 +98,7 @@ kernel_set!(
     max_pool_backward,
     ave_pool_backward,
     pool_backward_planes,
+    max_pool_backward_scatter,
     dropout_forward,
     dropout_backward,
     channel_reduce,

@@ -399,6 +399,61 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
     }
 }
 
+// Max pooling backward for NCHW planes that fit in shared memory, by top element ("scatter"
+// kernel): a block takes one (n, c) plane at a time (grid-stride over planes), stages the plane's
+// top gradient and argmax, zeroes the plane's bottom gradient in shared memory and adds each top
+// diff at its argmax, in rounds. A top whose window is the (dh, dw)-th of the windows covering
+// its argmax pixel (counted from the first, as in the tables above) is added in round
+// dh · rounds_w + dw: within a round no two tops share an argmax, and the rounds go in ascending
+// (dh, dw), so each pixel sums its windows' diffs in ascending (ph, pw), the order of the kernels
+// above — bitwise the same result — with a few instructions per top instead of a covering-window
+// loop per bottom element. rounds_h × rounds_w bounds the windows covering one pixel
+// (ceil(kernel / stride) per axis). A top without an argmax (-1) adds nothing.
+extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int* mask, float* dx,
+                                                     int planes, PoolGeom g, int rounds_h,
+                                                     int rounds_w, int accumulate) {
+    extern __shared__ int smem[];
+    const int area = g.height * g.width, pooled = g.pooled_h * g.pooled_w;
+    int* h_first = smem;
+    int* h_last = h_first + g.height;
+    int* w_first = h_last + g.height;
+    int* w_last = w_first + g.width;
+    int* plane_mask = w_last + g.width;
+    int* plane_round = plane_mask + pooled;
+    float* plane_dy = (float*)(plane_round + pooled);
+    float* plane_dx = plane_dy + pooled;
+    cover_table(g.height, g.kernel_h, g.stride_h, g.pad_h, g.pooled_h, h_first, h_last);
+    cover_table(g.width, g.kernel_w, g.stride_w, g.pad_w, g.pooled_w, w_first, w_last);
+    const FastDiv by_w = fast_div(g.width), by_pw = fast_div(g.pooled_w);
+    for (int plane = blockIdx.x; plane < planes; plane += gridDim.x) {
+        __syncthreads();  // the tables built; the previous plane written out
+        const long long top = (long long)plane * pooled;
+        for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
+            const int m = mask[top + p];
+            plane_mask[p] = m;
+            plane_dy[p] = dy[top + p];
+            int round = -1;
+            if (m >= 0) {
+                const int ah = div_by(m, by_w), aw = m - ah * g.width;
+                const int ph = div_by(p, by_pw), pw = p - ph * g.pooled_w;
+                round = (ph - h_first[ah]) * rounds_w + (pw - w_first[aw]);
+            }
+            plane_round[p] = round;
+        }
+        for (int i = threadIdx.x; i < area; i += blockDim.x) plane_dx[i] = 0.0f;
+        __syncthreads();
+        for (int r = 0; r < rounds_h * rounds_w; ++r) {
+            for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
+                if (plane_round[p] == r) plane_dx[plane_mask[p]] += plane_dy[p];
+            }
+            __syncthreads();
+        }
+        float* pdx = dx + (long long)plane * area;
+        for (int i = threadIdx.x; i < area; i += blockDim.x)
+            pdx[i] = accumulate ? pdx[i] + plane_dx[i] : plane_dx[i];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: the counter-based hash of crate::layers::dropout (the layer contract), bit for bit.
 

@@ -39,9 +39,13 @@ pub struct PoolGeom {
 // SAFETY: `#[repr(C)]` of twelve i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for PoolGeom {}
 
-/// Shared memory `pool_backward_planes` may take per block: the default limit, without opting
-/// in to more.
+/// Shared memory `pool_backward_planes` and `max_pool_backward_scatter` may take per block: the
+/// default limit, without opting in to more.
 const PLANE_SHARED_LIMIT: usize = 48 << 10;
+
+/// The most rounds `max_pool_backward_scatter` runs per plane (one barrier each); beyond them
+/// (windows overlapping many times, as in global pooling) `pool_backward_planes` runs instead.
+const SCATTER_ROUNDS_MAX: usize = 9;
 
 impl PoolGeom {
     /// Elements of one sample of the bottom.
@@ -74,15 +78,38 @@ impl PoolGeom {
         );
         4 * (2 * (h + w) + ph + pw + 2 * pooled)
     }
+
+    /// The rounds of `max_pool_backward_scatter` per axis: the most windows that cover one
+    /// pixel, `ceil(kernel / stride)`.
+    fn scatter_rounds(&self) -> (usize, usize) {
+        let per_axis = |k: i32, s: i32| (k as usize).div_ceil(s as usize);
+        (
+            per_axis(self.kernel_h, self.stride_h),
+            per_axis(self.kernel_w, self.stride_w),
+        )
+    }
+
+    /// Shared-memory bytes of `max_pool_backward_scatter`: covering tables, the top plane's
+    /// argmax, round and gradient, the bottom plane's gradient.
+    fn scatter_shared_bytes(&self) -> usize {
+        let (area, pooled) = self.plane_areas();
+        let (h, w) = (self.height as usize, self.width as usize);
+        4 * (2 * (h + w) + 3 * pooled + area)
+    }
 }
 
 impl Kernels {
-    /// The launch of `pool_backward_planes` over the `planes` `(n, c)` planes of `g`, or `None`
-    /// where the generic kernel has to run: channels-last storage, or a plane too large for
-    /// shared memory. A block has enough warps for the larger of the bottom and top planes (at
-    /// most `BLOCK` threads), and the grid fills one wave of such blocks.
-    fn backward_plane_grid(&self, g: &PoolGeom, planes: usize) -> Option<LaunchConfig> {
-        let bytes = g.plane_shared_bytes();
+    /// The launch of a plane kernel (`pool_backward_planes`, `max_pool_backward_scatter`) taking
+    /// `bytes` of shared memory over the `planes` `(n, c)` planes of `g`, or `None` where the
+    /// generic kernel has to run: channels-last storage, or a plane too large for shared memory.
+    /// A block has enough warps for the larger of the bottom and top planes (at most `BLOCK`
+    /// threads), and the grid fills one wave of such blocks.
+    fn backward_plane_grid(
+        &self,
+        g: &PoolGeom,
+        planes: usize,
+        bytes: usize,
+    ) -> Option<LaunchConfig> {
         if g.nhwc != 0 || bytes > PLANE_SHARED_LIMIT || planes == 0 {
             return None;
         }
@@ -410,7 +437,10 @@ impl Kernels {
         )
     }
 
-    /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`.
+    /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
+    /// that fit in shared memory take `max_pool_backward_scatter` (or, where windows overlap
+    /// more than [`SCATTER_ROUNDS_MAX`] times, `pool_backward_planes`), others the generic
+    /// kernel; all three sum in the same order.
     #[allow(clippy::too_many_arguments)]
     pub fn max_pool_backward(
         &self,
@@ -436,7 +466,21 @@ impl Kernels {
         let (mp, _m) = mask.device_ptr(s);
         let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
-        if let Some(cfg) = self.backward_plane_grid(&g, planes) {
+        let (rounds_h, rounds_w) = g.scatter_rounds();
+        let scatter = (rounds_h * rounds_w <= SCATTER_ROUNDS_MAX)
+            .then(|| self.backward_plane_grid(&g, planes, g.scatter_shared_bytes()))
+            .flatten();
+        if let Some(cfg) = scatter {
+            let (pi, rh, rw) = (planes as i32, rounds_h as i32, rounds_w as i32);
+            return launch!(
+                self,
+                s,
+                max_pool_backward_scatter,
+                cfg,
+                [&dyp, &mp, &dxp, &pi, &g, &rh, &rw, &acc]
+            );
+        }
+        if let Some(cfg) = self.backward_plane_grid(&g, planes, g.plane_shared_bytes()) {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
             return launch!(
@@ -494,7 +538,7 @@ impl Kernels {
         };
         let (relu_i, slope) = (i32::from(relu.is_some()), relu.map_or(0.0, |r| r.1));
         let planes = batch * g.channels as usize;
-        if let Some(cfg) = self.backward_plane_grid(&g, planes) {
+        if let Some(cfg) = self.backward_plane_grid(&g, planes, g.plane_shared_bytes()) {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
             return launch!(
@@ -1249,5 +1293,54 @@ impl Kernels {
             n,
             accumulate,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(size: i32, kernel: i32, stride: i32, pooled: i32) -> PoolGeom {
+        PoolGeom {
+            channels: 32,
+            height: size,
+            width: size,
+            pooled_h: pooled,
+            pooled_w: pooled,
+            kernel_h: kernel,
+            kernel_w: kernel,
+            stride_h: stride,
+            stride_w: stride,
+            ..PoolGeom::default()
+        }
+    }
+
+    /// Runs without a GPU: the scatter kernel's rounds bound the windows covering one pixel, and
+    /// cifar10_quick's max pooling (3 × 3, stride 2, on 32 × 32) takes it in 2 × 2 rounds and
+    /// 7.7 KB of shared memory, while a global pooling's 8 × 8 window overlaps too often.
+    #[test]
+    fn scatter_rounds_bound_the_covering_windows() {
+        let quick = geom(32, 3, 2, 16);
+        assert_eq!(quick.scatter_rounds(), (2, 2));
+        assert_eq!(quick.scatter_shared_bytes(), 4 * (2 * 64 + 3 * 256 + 1024));
+        assert!(quick.scatter_shared_bytes() <= PLANE_SHARED_LIMIT);
+        assert_eq!(geom(8, 2, 2, 4).scatter_rounds(), (1, 1));
+        let global = geom(8, 8, 1, 1);
+        let (h, w) = global.scatter_rounds();
+        assert!(h * w > SCATTER_ROUNDS_MAX);
+        // The most windows covering one position, counted, never exceed the rounds.
+        for (size, kernel, stride) in [(32i32, 3i32, 2i32), (9, 3, 1), (11, 5, 2), (8, 2, 2)] {
+            let pooled = (size - kernel + stride - 1) / stride + 1;
+            let g = geom(size, kernel, stride, pooled);
+            let most = (0..size)
+                .map(|x| {
+                    (0..pooled)
+                        .filter(|p| p * stride <= x && x < p * stride + kernel)
+                        .count()
+                })
+                .max()
+                .unwrap();
+            assert!(most <= g.scatter_rounds().0, "{size} {kernel} {stride}");
+        }
     }
 }

@@ -24,9 +24,12 @@
 //!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
-//! fit in shared memory run the "plane" kernel (one block per `(n, c)` plane, the top gradient
-//! plane staged in shared memory, covering windows from per-row tables), which computes the same
-//! sums in the same order: the choice changes speed only.
+//! fit in shared memory run a "plane" kernel (one block per `(n, c)` plane, the top gradient
+//! plane staged in shared memory): for max pooling the "scatter" kernel, which adds each top diff
+//! at its argmax in rounds ordered as the covering windows, for average pooling (and max pooling
+//! whose windows overlap many times) one that loops over each pixel's covering windows from
+//! per-row tables. Both compute the same sums in the same order as the generic kernels: the
+//! choice changes speed only.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, LayerKind, PoolMethod};
@@ -360,8 +363,9 @@ mod tests {
         );
     }
 
-    /// NCHW backward runs the plane kernel when a plane fits in shared memory (every case
-    /// above); a 160 × 160 plane does not, and takes the generic kernel.
+    /// NCHW backward runs a plane kernel when a plane fits in shared memory (every case above:
+    /// the scatter kernel for max pooling, the covering-window one for averages and global max
+    /// pooling); a 160 × 160 plane does not, and takes the generic kernel.
     #[test]
     fn max_and_ave_match_cpu_on_planes_beyond_shared_memory() {
         let gpu = gpu_or_skip!("max_and_ave_match_cpu_on_planes_beyond_shared_memory");
