@@ -439,7 +439,7 @@ impl Kernels {
 
     /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
     /// that fit in shared memory take `max_pool_backward_scatter` (or, where windows overlap
-    /// more than [`SCATTER_ROUNDS_MAX`] times, `pool_backward_planes`), others the generic
+    /// more than `SCATTER_ROUNDS_MAX` times, `pool_backward_planes`), others the generic
     /// kernel; all three sum in the same order.
     #[allow(clippy::too_many_arguments)]
     pub fn max_pool_backward(
