@@ -287,7 +287,42 @@ fn time_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
     Ok(times[TIMED_RUNS / 2])
 }
 
-/// 2-D convolution on cuDNN; see the module docs.
+/// `n` zeroed floats (at least one) on the compute stream: a buffer to time a path on.
+fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
+    gpu.compute
+        .alloc_zeros::<f32>(n.max(1))
+        .map_err(|e| gpu_error("allocate a buffer to time a convolution path", e))
+}
+
+/// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
+/// `plan`, each timed by [`time_ms`] running `run(path)` and logged at debug level.
+/// Synchronises.
+fn fastest<P: Copy + std::fmt::Debug>(
+    gpu: &Gpu,
+    (name, plan): (&str, &Plan),
+    what: &str,
+    paths: &[P],
+    mut run: impl FnMut(P) -> Result<()>,
+) -> Result<P> {
+    let mut best = (paths[0], f32::INFINITY);
+    for &path in paths {
+        let ms = time_ms(gpu, || run(path))?;
+        tracing::debug!(
+            layer = %name,
+            bottom = ?plan.bottom,
+            what,
+            ?path,
+            ms,
+            "convolution path timed"
+        );
+        if ms < best.1 {
+            best = (path, ms);
+        }
+    }
+    Ok(best.0)
+}
+
+/// 2-D convolution on cuDNN; see the module docs./// 2-D convolution on cuDNN; see the module docs.
 #[derive(Debug)]
 pub struct GpuConvolution {
     name: String,
@@ -409,82 +444,45 @@ impl GpuConvolution {
     /// implicit GEMM, with the bias gradient where [`fuses_bias`]) on scratch buffers of
     /// `plan`'s shapes and answers the fastest, the first of equals. Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
-        let s = &gpu.compute;
-        let zeros = |n: usize| {
-            s.alloc_zeros::<f32>(n.max(1))
-                .map_err(|e| gpu_error("allocate buffers to time the weight gradient", e))
-        };
         let k = self.num_output;
         let (x, dy, mut dw) = (
-            zeros(plan.x.count())?,
-            zeros(plan.y.count())?,
-            zeros(plan.w.count() + k)?,
+            timing_buffer(gpu, plan.x.count())?,
+            timing_buffer(gpu, plan.y.count())?,
+            timing_buffer(gpu, plan.w.count() + k)?,
         );
         let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
         let lane = Lane {
             dnn: gpu.cudnn()?,
             blas: &gpu.blas,
-            ws,
+            ws: cudnn::Workspace { ptr: wsp, bytes },
         };
-        let mut best = (Wgrad::Cudnn, f32::INFINITY);
-        for &path in paths {
-            let outputs = (k, fuses_bias(self.bias_term, &plan.geom, path));
-            let ms = time_ms(gpu, || {
-                weight_gradient(gpu, lane, plan, path, outputs, &x, &dy, 0.0, &mut dw)
-            })?;
-            tracing::debug!(
-                layer = %self.name,
-                bottom = ?plan.bottom,
-                ?path,
-                ms,
-                "convolution weight gradient timed"
-            );
-            if ms < best.1 {
-                best = (path, ms);
-            }
-        }
-        Ok(best.0)
+        let bias_term = self.bias_term;
+        fastest(gpu, (&self.name, plan), "weight gradient", paths, |path| {
+            let outputs = (k, fuses_bias(bias_term, &plan.geom, path));
+            weight_gradient(gpu, lane, plan, path, outputs, &x, &dy, 0.0, &mut dw)
+        })
     }
 
     /// Times cuDNN's chosen forward (with the bias kernel) and the direct kernel on scratch
     /// buffers of `plan`'s shapes and answers the faster, cuDNN's of equals. Synchronises.
     fn fastest_forward(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Fwd> {
-        let s = &gpu.compute;
-        let zeros = |n: usize| {
-            s.alloc_zeros::<f32>(n.max(1))
-                .map_err(|e| gpu_error("allocate buffers to time the forward", e))
-        };
         let k = self.num_output;
         let wlen = plan.w.count();
         let (x, params, mut y) = (
-            zeros(plan.x.count())?,
-            zeros(wlen + k)?,
-            zeros(plan.y.count())?,
+            timing_buffer(gpu, plan.x.count())?,
+            timing_buffer(gpu, wlen + k)?,
+            timing_buffer(gpu, plan.y.count())?,
         );
         let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
+        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
-        let mut best = (Fwd::Cudnn, f32::INFINITY);
-        for path in [Fwd::Cudnn, Fwd::Direct] {
-            let ms = time_ms(gpu, || {
-                forward_pass(gpu, plan, path, how, ws, &x, &p, &w, &mut y)
-            })?;
-            tracing::debug!(
-                layer = %self.name,
-                bottom = ?plan.bottom,
-                ?path,
-                ms,
-                "convolution forward timed"
-            );
-            if ms < best.1 {
-                best = (path, ms);
-            }
-        }
-        Ok(best.0)
+        let paths = [Fwd::Cudnn, Fwd::Direct];
+        fastest(gpu, (&self.name, plan), "forward", &paths, |path| {
+            forward_pass(gpu, plan, path, how, ws, &x, &p, &w, &mut y)
+        })
     }
 
     /// The output size of one spatial axis, or an error when the kernel does not fit.
@@ -799,15 +797,37 @@ fn event(gpu: &Gpu) -> Result<CudaEvent> {
 
 #[cfg(test)]
 mod tests {
+    use super::GpuConvolution;
     use crate::config::MathMode;
     use crate::cuda::layers::testing::{check_against_cpu, check_against_cpu_rtol, LayerCase};
+    use crate::cuda::layout::Layout;
     use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::Gpu;
+    use crate::layers::gradient_check::layer_config;
+    use cudarc::driver::CudaSlice;
+    use rand::Rng;
+    use rand_chacha::ChaCha8Rng;
 
     fn case(extra: &str, bottom: &[usize]) -> LayerCase {
         LayerCase::new(
             &format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"),
             vec![bottom.to_vec()],
         )
+    }
+
+    /// An NCHW convolution of the keys `extra`, planned for the bottom `shape`.
+    fn planned(gpu: &Gpu, extra: &str, shape: [usize; 4]) -> GpuConvolution {
+        use crate::cuda::layers::GpuLayer;
+        let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
+        let mut layer = GpuConvolution::new(gpu, &cfg, Layout::Nchw).unwrap();
+        layer.reshape(gpu, &[&shape]).unwrap();
+        layer
+    }
+
+    /// `n` values uniform in [-1, 1) from `rng`, on the device.
+    fn random_on_device(gpu: &Gpu, rng: &mut ChaCha8Rng, n: usize) -> CudaSlice<f32> {
+        let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        gpu.compute.clone_htod(&v).unwrap()
     }
 
     #[test]
@@ -876,13 +896,10 @@ mod tests {
     /// same weight gradient and the bias gradient the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
-        use super::{cudnn, weight_gradient, GpuConvolution, Wgrad};
-        use crate::cuda::layers::GpuLayer;
-        use crate::cuda::layout::Layout;
+        use super::{cudnn, weight_gradient, Wgrad};
         use crate::cuda::test_util::assert_close;
-        use crate::layers::gradient_check::layer_config;
         use cudarc::driver::DevicePtrMut;
-        use rand::{Rng, SeedableRng};
+        use rand::SeedableRng;
         let gpu = gpu_or_skip!("own_weight_gradients_match_cudnn");
         let cases = [
             ("num_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 0]\ndilation = [1, 2]", [3, 4, 11, 9]),
@@ -890,16 +907,11 @@ mod tests {
             ("num_output = 8\nkernel_size = 5\npad = 2", [4, 3, 12, 12]),
             ("num_output = 40\nkernel_size = 5\npad = 2", [4, 8, 12, 12]),
         ];
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(308);
+        let mut rng = ChaCha8Rng::seed_from_u64(308);
         for (extra, shape) in cases {
-            let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
-            let mut layer = GpuConvolution::new(&gpu, &cfg, Layout::Nchw).unwrap();
-            layer.reshape(&gpu, &[&shape]).unwrap();
+            let mut layer = planned(&gpu, extra, shape);
             let plan = &layer.plans[layer.current];
-            let mut random = |n: usize| {
-                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                gpu.compute.clone_htod(&v).unwrap()
-            };
+            let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
             let (x, dy) = (random(plan.x.count()), random(plan.y.count()));
             let k = layer.num_output;
             let start = random(plan.w.count() + k);
@@ -975,31 +987,23 @@ mod tests {
     /// three tiles of channels. Bit for bit the same when run again.
     #[test]
     fn direct_forward_matches_cudnn() {
-        use super::{cudnn, forward_pass, Fwd, GpuConvolution};
-        use crate::cuda::layers::GpuLayer;
-        use crate::cuda::layout::Layout;
+        use super::{cudnn, forward_pass, Fwd};
         use crate::cuda::test_util::assert_close;
-        use crate::layers::gradient_check::layer_config;
         use cudarc::driver::DevicePtrMut;
-        use rand::{Rng, SeedableRng};
+        use rand::SeedableRng;
         let gpu = gpu_or_skip!("direct_forward_matches_cudnn");
         let cases = [
             ("num_output = 32\nkernel_size = 5\npad = 2", [2, 3, 32, 32]),
             ("num_output = 20\nkernel_size = [3, 5]\nstride = 2\npad = [1, 2]\ndilation = [2, 1]\nbias_term = false", [3, 2, 29, 83]),
             ("num_output = 70\nkernel_size = 7\nstride = 2\npad = 3", [2, 3, 21, 21]),
         ];
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(310);
+        let mut rng = ChaCha8Rng::seed_from_u64(310);
         for (extra, shape) in cases {
-            let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
-            let mut layer = GpuConvolution::new(&gpu, &cfg, Layout::Nchw).unwrap();
-            layer.reshape(&gpu, &[&shape]).unwrap();
+            let mut layer = planned(&gpu, extra, shape);
             let plan = &layer.plans[layer.current];
             let k = layer.num_output;
             assert!(plan.geom.direct_forward_shared(k).is_some(), "{extra}");
-            let mut random = |n: usize| {
-                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                gpu.compute.clone_htod(&v).unwrap()
-            };
+            let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
             let wlen = plan.w.count();
             let (x, params) = (random(plan.x.count()), random(wlen + k));
             let bytes = layer.workspace.len();

@@ -23,9 +23,7 @@ const RECORD: [usize; 3] = [1, 8, 8];
 /// (on a GPU machine without the source tree).
 fn equivalence_config() -> Config {
     let text = include_str!("../../../tests/configs/equivalence.toml");
-    load_str("equivalence.toml", text, Path::new("."), &[])
-        .unwrap()
-        .0
+    config_of("equivalence.toml", text)
 }
 
 /// A batch of `n` digit-like records in [0, 1) and labels in [0, 10).
@@ -438,10 +436,17 @@ top = ["loss"]
 /// `tests/configs/cnn_bn_dropout.toml` (convolution, synced BatchNorm + Scale, max and average
 /// pooling, Dropout), embedded like [`equivalence_config`].
 fn cnn_config() -> Config {
-    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
-    load_str("cnn_bn_dropout.toml", text, Path::new("."), &[])
-        .unwrap()
-        .0
+    config_of("cnn_bn_dropout.toml", CNN_TOML)
+}
+
+/// `tests/configs/cnn_bn_dropout.toml`, and its ReLU after the first Scale.
+const CNN_TOML: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
+const CNN_RELU1: &str =
+    "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
+
+/// The config of TOML `text`, named `name` in errors.
+fn config_of(name: &str, text: &str) -> Config {
+    load_str(name, text, Path::new("."), &[]).unwrap().0
 }
 
 /// The CNN against the CPU net over a few training steps (dropout masks keyed by iteration and
@@ -479,14 +484,11 @@ fn cnn_on_three_channel_records_matches_cpu() {
 #[test]
 fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
     let mut gpu = gpu_or_skip!("cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu");
-    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
-    let relu =
-        "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
-    assert!(text.contains(relu), "the config has relu1 as expected");
-    let text = text.replace(relu, "");
-    let cfg = load_str("no_relu.toml", &text, Path::new("."), &[])
-        .unwrap()
-        .0;
+    assert!(
+        CNN_TOML.contains(CNN_RELU1),
+        "the config has relu1 as expected"
+    );
+    let cfg = config_of("no_relu.toml", &CNN_TOML.replace(CNN_RELU1, ""));
     let chains = [(1, 2), relu_and_pool(&cfg, "relu2")];
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
 }
@@ -498,25 +500,20 @@ fn cnn_with_batch_norm_and_scale_fused_without_relu_matches_cpu() {
 #[test]
 fn max_pooling_fused_with_its_relu_matches_cpu() {
     let mut gpu = gpu_or_skip!("max_pooling_fused_with_its_relu_matches_cpu");
-    let text = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
-    let relu =
-        "[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"conv1\"]\ntop = [\"conv1\"]\n";
     let pool1 = "kernel_size = 2\nstride = 2\n";
     assert!(
-        text.contains(relu) && text.contains(pool1),
+        CNN_TOML.contains(CNN_RELU1) && CNN_TOML.contains(pool1),
         "the config is as expected"
     );
     let after_pool =
         "\n[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"pool1\"]\ntop = [\"pool1\"]\n";
     let relu2 = "name = \"relu2\"\ntype = \"relu\"\n";
-    assert!(text.contains(relu2));
-    let text = text
-        .replace(relu, "")
+    assert!(CNN_TOML.contains(relu2));
+    let text = CNN_TOML
+        .replace(CNN_RELU1, "")
         .replacen(pool1, &format!("{pool1}{after_pool}"), 1)
         .replace(relu2, &format!("{relu2}negative_slope = 0.1\n"));
-    let cfg = load_str("relu_after_pool.toml", &text, Path::new("."), &[])
-        .unwrap()
-        .0;
+    let cfg = config_of("relu_after_pool.toml", &text);
     let pool = cfg.layers.iter().position(|l| l.name == "pool1").unwrap();
     assert_eq!(cfg.layers[pool + 1].name, "relu1");
     let chains = [(1, 2), (pool, pool + 1), relu_and_pool(&cfg, "relu2")];
@@ -529,9 +526,7 @@ fn max_pooling_fused_with_its_relu_matches_cpu() {
 fn residual_sum_fused_with_its_relu_matches_cpu() {
     let mut gpu = gpu_or_skip!("residual_sum_fused_with_its_relu_matches_cpu");
     let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
-    let cfg = load_str("cnn_equivalence.toml", text, Path::new("."), &[])
-        .unwrap()
-        .0;
+    let cfg = config_of("cnn_equivalence.toml", text);
     let sum = cfg.layers.iter().position(|l| l.name == "sum").unwrap();
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(sum, sum + 1)]);
 }
