@@ -153,7 +153,7 @@ mod fused;
 mod im2col;
 pub use cnn::PoolGeom;
 pub use fused::BnScaleRelu;
-pub use im2col::ConvGeom;
+pub use im2col::{ConvGeom, DirectTile};
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and

@@ -1096,80 +1096,97 @@ extern "C" __global__ void wgrad_sum_partials(const float* partial, float* dw, i
     }
 }
 
-// A convolution's forward computed directly, for an ungrouped NCHW convolution whose filters and
-// input tile fit in shared memory — a net's first convolution, few input channels on a wide
-// image, where cuDNN's GEMM-like kernels keep most of the device waiting on their K = C·kh·kw
-// loop: y[n, k, oy, ox] = Σ_(c,i,j) w[k, c, i, j] · x[n, c, oy·sh − ph + i·dh, ox·sw − pw + j·dw]
-// (+ bias[k]), the layer's parameters `params` = the weight, then the bias where `has_bias`.
-// A block (DF_THREADS threads) owns one sample, DF_K output channels, DF_ROWS output
-// rows and 32 output columns; it stages its channels' filters ((c, i, j) × DF_K, so that a warp
-// reads its DF_KW weights of one (c, i, j) as two broadcast float4 loads) and the input rows and
-// columns its outputs see (`in_rows` × `in_cols` per channel, 0 in the padding). Warp v computes
-// channels k0 + DF_KW·v.., lane l column ox0 + l, for DF_ROWS rows: DF_ROWS × DF_KW sums over
-// (c, i, j) in ascending order by fused multiply-adds, then + bias — a fixed FP32 order whatever
-// the launch. Grid: (N · ceil(K / DF_K), ceil(OH / DF_ROWS), ceil(OW / 32)); dynamic shared
-// memory (C·kh·kw · DF_K + C · in_rows · in_cols) floats.
+// A convolution's forward computed directly, for an ungrouped NCHW convolution — a net's first
+// convolution (few input channels on a wide image, where cuDNN's GEMM-like kernels keep most of
+// the device waiting on their short K = C·kh·kw loop) and middle ones that timed faster than
+// cuDNN's exact algorithms:
+// y[n, k, oy, ox] = Σ_(c,i,j) w[k, c, i, j] · x[n, c, oy·sh − ph + i·dh, ox·sw − pw + j·dw]
+// (+ bias[k] where `has_bias`) (+ y[n, k, oy, ox] where `accumulate`).
+// The filters come arranged as `wt` (rows (c, i, j), columns k): the weight (K, C·kh·kw)
+// transposed. With `flip`, `wt` is (C, kh·kw, K) instead — each (K, kh·kw) block of a weight
+// (C, K, kh, kw) transposed — and row (c, i, j) is read as (c, kh−1−i, kw−1−j): the filters of a
+// convolution's data gradient, computed as the forward of the top's gradient.
+// A block (DF_THREADS threads) owns one sample, DF_K output channels, DF_ROWS · (32 / lane_cols)
+// output rows and `lane_cols` (32, 16 or 8) output columns. For each chunk of `c_chunk` input
+// channels it stages that chunk's filters ((c, i, j) × DF_K, so that a warp reads its DF_KW
+// weights of one (c, i, j) as two broadcast float4 loads) and the input rows and columns its
+// outputs see (`in_rows` × `in_cols` per channel, 0 in the padding). Warp v computes channels
+// k0 + DF_KW·v.., lane l column ox0 + l % lane_cols of rows oy0 + l / lane_cols + t·(32 /
+// lane_cols), t < DF_ROWS: DF_ROWS × DF_KW sums over (c, i, j) in ascending order by fused
+// multiply-adds, then + bias, then + the old value — a fixed FP32 order whatever the launch.
+// Grid: (N · ceil(K / DF_K), ceil(OH / (DF_ROWS · 32 / lane_cols)), ceil(OW / lane_cols));
+// dynamic shared memory c_chunk · (kh·kw · DF_K + in_rows · in_cols) floats.
 #define DF_K 32
 #define DF_KW 8
 #define DF_ROWS 8
 #define DF_THREADS (32 * DF_K / DF_KW)
 
-extern "C" __global__ void conv_forward_direct(const float* x, const float* params, int has_bias,
-                                               float* y, ConvGeom g, int k_total, int in_rows,
-                                               int in_cols) {
+extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, const float* bias,
+                                               int has_bias, int flip, int accumulate, float* y,
+                                               ConvGeom g, int k_total, int c_chunk,
+                                               int lane_cols, int in_rows, int in_cols) {
     extern __shared__ __align__(16) float direct_smem[];
-    const int rows = g.c * g.kh * g.kw, plane = in_rows * in_cols;
-    const float* w = params;                   // (K, C, kh, kw)
-    const float* bias = params + k_total * rows;  // (K) where has_bias
-    float* s_w = direct_smem;               // (rows, DF_K)
-    float* s_in = direct_smem + rows * DF_K;  // (C, in_rows, in_cols)
+    const int taps = g.kh * g.kw, plane = in_rows * in_cols;
+    float* s_w = direct_smem;                          // (c_chunk · taps, DF_K)
+    float* s_in = direct_smem + c_chunk * taps * DF_K;  // (c_chunk, in_rows, in_cols)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int lane_rows = 32 / lane_cols;
+    const int lane_row = lane / lane_cols, lane_col = lane - lane_row * lane_cols;
     const int k_tiles = (k_total + DF_K - 1) / DF_K;
     const int n = blockIdx.x / k_tiles, k0 = (blockIdx.x - n * k_tiles) * DF_K;
-    const int oy0 = blockIdx.y * DF_ROWS, ox0 = blockIdx.z * 32;
-    // Filters, transposed: consecutive threads store consecutive channels (no bank conflicts);
-    // the reads are strided but few, and every block of the grid reads the same ones.
-    for (int t = tid; t < rows * DF_K; t += DF_THREADS) {
-        const int r = t / DF_K, kk = t - r * DF_K;
-        s_w[t] = k0 + kk < k_total ? w[(long long)(k0 + kk) * rows + r] : 0.0f;
-    }
+    const int oy0 = blockIdx.y * DF_ROWS * lane_rows, ox0 = blockIdx.z * lane_cols;
     const int y_base = oy0 * g.sh - g.ph, x_base = ox0 * g.sw - g.pw;
     const float* xn = x + (long long)n * g.c * g.h * g.w;
-    for (int t = tid; t < g.c * plane; t += DF_THREADS) {
-        const int c = t / plane, rest = t - c * plane;
-        const int iy = rest / in_cols, ix = rest - iy * in_cols;
-        const int yy = y_base + iy, xx = x_base + ix;
-        s_in[t] = (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w)
-                      ? xn[((long long)c * g.h + yy) * g.w + xx]
-                      : 0.0f;
-    }
-    __syncthreads();
     float acc[DF_ROWS][DF_KW];
 #pragma unroll
     for (int t = 0; t < DF_ROWS; ++t) {
 #pragma unroll
         for (int q = 0; q < DF_KW; ++q) acc[t][q] = 0.0f;
     }
-    const int kq = warp * DF_KW, row_step = g.sh * in_cols;
-    const float* w_row = s_w + kq;
-    for (int c = 0; c < g.c; ++c) {
-        for (int i = 0; i < g.kh; ++i) {
-            const float* in_row = s_in + c * plane + i * g.dh * in_cols + lane * g.sw;
-            for (int j = 0; j < g.kw; ++j, w_row += DF_K) {
-                const float4 wa = *reinterpret_cast<const float4*>(w_row);
-                const float4 wb = *reinterpret_cast<const float4*>(w_row + 4);
-                const float wv[DF_KW] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-                const float* px = in_row + j * g.dw;
+    const int kq = warp * DF_KW, row_step = lane_rows * g.sh * in_cols;
+    const int lane_offset = lane_row * g.sh * in_cols + lane_col * g.sw;
+    for (int c0 = 0; c0 < g.c; c0 += c_chunk) {
+        const int chunk = min(c_chunk, g.c - c0);
+        if (c0 > 0) __syncthreads();  // the previous chunk's reads are done
+        // Filters: consecutive threads read consecutive output channels of one row of `wt`.
+        for (int t = tid; t < chunk * taps * DF_K; t += DF_THREADS) {
+            const int r = t / DF_K, kk = t - r * DF_K;
+            int row = c0 * taps + r;
+            if (flip) {
+                const int tap = row % taps;
+                row += taps - 1 - 2 * tap;
+            }
+            s_w[t] = k0 + kk < k_total ? wt[(long long)row * k_total + k0 + kk] : 0.0f;
+        }
+        for (int t = tid; t < chunk * plane; t += DF_THREADS) {
+            const int c = t / plane, rest = t - c * plane;
+            const int iy = rest / in_cols, ix = rest - iy * in_cols;
+            const int yy = y_base + iy, xx = x_base + ix;
+            s_in[t] = (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w)
+                          ? xn[((long long)(c0 + c) * g.h + yy) * g.w + xx]
+                          : 0.0f;
+        }
+        __syncthreads();
+        const float* w_row = s_w + kq;
+        for (int c = 0; c < chunk; ++c) {
+            for (int i = 0; i < g.kh; ++i) {
+                const float* in_row = s_in + c * plane + i * g.dh * in_cols + lane_offset;
+                for (int j = 0; j < g.kw; ++j, w_row += DF_K) {
+                    const float4 wa = *reinterpret_cast<const float4*>(w_row);
+                    const float4 wb = *reinterpret_cast<const float4*>(w_row + 4);
+                    const float wv[DF_KW] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+                    const float* px = in_row + j * g.dw;
 #pragma unroll
-                for (int t = 0; t < DF_ROWS; ++t) {
-                    const float v = px[t * row_step];
+                    for (int t = 0; t < DF_ROWS; ++t) {
+                        const float v = px[t * row_step];
 #pragma unroll
-                    for (int q = 0; q < DF_KW; ++q) acc[t][q] = fmaf(wv[q], v, acc[t][q]);
+                        for (int q = 0; q < DF_KW; ++q) acc[t][q] = fmaf(wv[q], v, acc[t][q]);
+                    }
                 }
             }
         }
     }
-    const int ox = ox0 + lane;
+    const int ox = ox0 + lane_col;
     if (ox >= g.ow) return;
 #pragma unroll
     for (int q = 0; q < DF_KW; ++q) {
@@ -1179,8 +1196,12 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* para
         float* yk = y + ((long long)n * k_total + k) * g.oh * g.ow + ox;
 #pragma unroll
         for (int t = 0; t < DF_ROWS; ++t) {
-            const int oy = oy0 + t;
-            if (oy < g.oh) yk[(long long)oy * g.ow] = acc[t][q] + b;
+            const int oy = oy0 + lane_row + t * lane_rows;
+            if (oy < g.oh) {
+                float* out = yk + (long long)oy * g.ow;
+                const float v = acc[t][q] + b;
+                *out = accumulate ? v + *out : v;
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::{
-    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 /// `wgrad_partial`'s tile of `dW` (`WG_K` rows of K × `WG_C` columns of C·kh·kw; `WG_C` is also
@@ -26,8 +26,8 @@ const WG_J: usize = 32;
 /// rounding of the result, depends on the shape alone.
 const WG_TARGET_BLOCKS: usize = 1024;
 
-/// `conv_forward_direct`'s tile: output channels and rows per block (32 columns, one per lane),
-/// and its block size (one warp per 8 channels): the constants of the same names in cnn.cu.
+/// `conv_forward_direct`'s output channels per block and output rows per thread, and its block
+/// size (one warp per 8 channels): the constants of the same names in cnn.cu.
 const DF_K: usize = 32;
 const DF_ROWS: usize = 8;
 const DF_THREADS: u32 = 128;
@@ -59,6 +59,21 @@ pub struct ConvGeom {
 
 // SAFETY: `#[repr(C)]` of fourteen i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for ConvGeom {}
+
+/// How [`Kernels::conv_forward_direct`] covers one convolution (see [`ConvGeom::direct_tile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectTile {
+    /// Output columns a warp's lanes span (32, 16 or 8), with `32 / lane_cols` rows of lanes.
+    pub lane_cols: usize,
+    /// Input channels staged in shared memory at once.
+    pub c_chunk: usize,
+    /// One channel's input tile, `(rows, columns)`.
+    pub input: (usize, usize),
+    /// Dynamic shared memory per block.
+    pub shared_bytes: usize,
+    /// The launch's grid: `(N · ⌈K / 32⌉, row tiles, column tiles)`.
+    pub grid: (usize, usize, usize),
+}
 
 impl ConvGeom {
     /// Rows of the column matrix and columns of the weight as a matrix: `C·kh·kw`.
@@ -124,31 +139,76 @@ impl ConvGeom {
         (fits(self.input_len()) && fits(self.output_len(k)) && fits(partial)).then_some(partial)
     }
 
-    /// `conv_forward_direct`'s input tile of one channel, `(rows, columns)`: what `DF_ROWS`
-    /// output rows and 32 output columns see through the kernel's extent and stride.
-    fn direct_input_tile(&self) -> (usize, usize) {
+    /// How [`Kernels::conv_forward_direct`] covers this convolution with `k` outputs, or `None`
+    /// where it does not fit: a channel's filters and input tile beyond the shared memory, more
+    /// than half of a block's rows idle (planes too small for a warp), or the grid or an index
+    /// beyond its range.
+    pub fn direct_tile(&self, k: usize) -> Option<DirectTile> {
         let u = |v: i32| v as usize;
+        let (oh, ow) = (u(self.oh), u(self.ow));
+        let lane_cols = match ow {
+            0..=8 => 8,
+            9..=16 => 16,
+            _ => 32,
+        };
+        let block_rows = DF_ROWS * 32 / lane_cols;
+        if oh.div_ceil(block_rows) * block_rows > 2 * oh.max(1) {
+            return None;
+        }
         let extent = |k: i32, d: i32| u(k - 1) * u(d) + 1;
-        (
-            (DF_ROWS - 1) * u(self.sh) + extent(self.kh, self.dh),
-            31 * u(self.sw) + extent(self.kw, self.dw),
-        )
+        let input = (
+            (block_rows - 1) * u(self.sh) + extent(self.kh, self.dh),
+            (lane_cols - 1) * u(self.sw) + extent(self.kw, self.dw),
+        );
+        let per_channel = u(self.kh) * u(self.kw) * DF_K + input.0 * input.1;
+        let widest = DIRECT_SHARED_LIMIT / (4 * per_channel);
+        if widest == 0 {
+            return None;
+        }
+        // Chunks of equal width: fewer passes, and no shared memory kept for a short last one.
+        let c = u(self.c).max(1);
+        let c_chunk = c.div_ceil(c.div_ceil(widest));
+        let grid = (
+            u(self.n).checked_mul(k.div_ceil(DF_K))?,
+            oh.div_ceil(block_rows),
+            ow.div_ceil(lane_cols),
+        );
+        let fits = |n: usize| i32::try_from(n).is_ok();
+        let ok = fits(grid.0)
+            && grid.1 <= 65_535
+            && grid.2 <= 65_535
+            && fits(self.filter_rows().checked_mul(k)?)
+            && fits(self.input_len())
+            && fits(self.output_len(k));
+        ok.then_some(DirectTile {
+            lane_cols,
+            c_chunk,
+            input,
+            shared_bytes: 4 * c_chunk * per_channel,
+            grid,
+        })
     }
 
-    /// Shared-memory bytes of [`Kernels::conv_forward_direct`] for `k` outputs — the filters of
-    /// a block's `DF_K` channels and its input tile of every channel — or `None` where they
-    /// exceed the default 48 KiB or the grid or an index its range.
-    pub fn direct_forward_shared(&self, k: usize) -> Option<usize> {
-        let (rows, cols) = self.direct_input_tile();
-        let floats = self.filter_rows() * DF_K + self.c as usize * rows * cols;
-        let bytes = floats.checked_mul(4)?;
-        let blocks = (self.n as usize).checked_mul(k.div_ceil(DF_K))?;
-        let fits = |n: usize| i32::try_from(n).is_ok();
-        let grid_ok = fits(blocks)
-            && (self.oh as usize).div_ceil(DF_ROWS) <= 65_535
-            && (self.ow as usize).div_ceil(32) <= 65_535;
-        (bytes <= DIRECT_SHARED_LIMIT && grid_ok && fits(k * self.filter_rows() + k))
-            .then_some(bytes)
+    /// The data gradient of this convolution with `k` outputs as the forward of another:
+    /// `dx (N, C, H, W)` = the convolution of `dy (N, K, OH, OW)` with the filters flipped in
+    /// both axes and their channel axes swapped, padded by `extent − 1 − pad` per axis. `None`
+    /// where the stride is not 1 or the padding exceeds `extent − 1`.
+    pub fn data_gradient_geom(&self, k: usize) -> Option<ConvGeom> {
+        let (ph, pw) = (
+            (self.kh - 1) * self.dh - self.ph,
+            (self.kw - 1) * self.dw - self.pw,
+        );
+        let k = i32::try_from(k).ok()?;
+        (self.sh == 1 && self.sw == 1 && ph >= 0 && pw >= 0).then_some(ConvGeom {
+            c: k,
+            h: self.oh,
+            w: self.ow,
+            ph,
+            pw,
+            oh: self.h,
+            ow: self.w,
+            ..*self
+        })
     }
 
     fn input_len(&self) -> usize {
@@ -263,62 +323,81 @@ impl Kernels {
         )
     }
 
-    /// `y (N, K, OH, OW) = conv(x (N, C, H, W), weight)` (+ bias) of an ungrouped NCHW
-    /// convolution, computed directly from shared memory (`conv_forward_direct`): `params` holds
-    /// the weight `(K, C, kh, kw)` and, where `has_bias`, the bias `(K)` after it (the layer's
-    /// parameters as they lie in the flat buffer). Each output is one FP32 sum in a fixed order,
-    /// so results repeat bit for bit.
+    /// `y (N, K, OH, OW) (+)= conv(x (N, C, H, W), weight)` (+ bias) of an ungrouped NCHW
+    /// convolution, computed directly from shared memory (`conv_forward_direct`). `wt` holds the
+    /// weight `(K, C, kh, kw)` transposed, `(C·kh·kw, K)`; with `flip`, a data gradient's
+    /// filters instead: the layer's weight `(C, K, kh, kw)` (its `K` this call's `C`) with each
+    /// of its `C` blocks transposed, `(C, kh·kw, K)`, read flipped in both spatial axes (see
+    /// [`ConvGeom::data_gradient_geom`]). `bias (K)` is added where given, and `y`'s old values
+    /// where `accumulate`. Each output is one FP32 sum in a fixed order, so results repeat bit
+    /// for bit.
     ///
     /// # Panics
     /// If a buffer is too short or the shape does not fit the kernel (`None` from
-    /// [`ConvGeom::direct_forward_shared`]).
+    /// [`ConvGeom::direct_tile`]).
     #[allow(clippy::too_many_arguments)]
     pub fn conv_forward_direct(
         &self,
         s: &CudaStream,
         x: &impl DevicePtr<f32>,
-        params: &impl DevicePtr<f32>,
-        has_bias: bool,
+        wt: &impl DevicePtr<f32>,
+        bias: Option<&CudaView<'_, f32>>,
         geom: ConvGeom,
         k: usize,
+        (flip, accumulate): (bool, bool),
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let op = "conv_forward_direct";
-        let bytes = geom
-            .direct_forward_shared(k)
+        let tile = geom
+            .direct_tile(k)
             .unwrap_or_else(|| panic!("{op}: the shape does not fit the kernel"));
         check_len(op, "x", x.len(), geom.input_len());
-        check_len(
-            op,
-            "params",
-            params.len(),
-            k * (geom.filter_rows() + usize::from(has_bias)),
-        );
+        check_len(op, "wt", wt.len(), k * geom.filter_rows());
+        if let Some(b) = bias {
+            check_len(op, "bias", b.len(), k);
+        }
         check_len(op, "y", y.len(), geom.output_len(k));
         if geom.output_len(k) == 0 {
             return Ok(());
         }
-        let (tile_rows, tile_cols) = geom.direct_input_tile();
-        let (ki, bias) = (to_i32(op, k), i32::from(has_bias));
-        let (rows_i, cols_i) = (to_i32(op, tile_rows), to_i32(op, tile_cols));
+        let ints =
+            [k, tile.c_chunk, tile.lane_cols, tile.input.0, tile.input.1].map(|v| to_i32(op, v));
+        let flags = [bias.is_some(), flip, accumulate].map(i32::from);
         let (xp, _x) = x.device_ptr(s);
-        let (pp, _p) = params.device_ptr(s);
+        let (wp, _w) = wt.device_ptr(s);
+        // Without a bias the kernel reads none: any valid pointer stands in.
+        let (bp, _b) = match bias {
+            Some(b) => b.device_ptr(s),
+            None => wt.device_ptr(s),
+        };
         let (yp, _y) = y.device_ptr_mut(s);
         let cfg = LaunchConfig {
-            grid_dim: (
-                (geom.n as usize * k.div_ceil(DF_K)) as u32,
-                (geom.oh as usize).div_ceil(DF_ROWS) as u32,
-                (geom.ow as usize).div_ceil(32) as u32,
-            ),
+            grid_dim: (tile.grid.0 as u32, tile.grid.1 as u32, tile.grid.2 as u32),
             block_dim: (DF_THREADS, 1, 1),
-            shared_mem_bytes: bytes as u32,
+            shared_mem_bytes: tile.shared_bytes as u32,
         };
+        let [ki, chunk, lanes, rows, cols] = ints;
+        let [has_bias, flip, accumulate] = flags;
         launch!(
             self,
             s,
             conv_forward_direct,
             cfg,
-            [&xp, &pp, &bias, &yp, &geom, &ki, &rows_i, &cols_i]
+            [
+                &xp,
+                &wp,
+                &bp,
+                &has_bias,
+                &flip,
+                &accumulate,
+                &yp,
+                &geom,
+                &ki,
+                &chunk,
+                &lanes,
+                &rows,
+                &cols
+            ]
         )
     }
 
@@ -369,17 +448,22 @@ mod tests {
         }
     }
 
-    /// Runs without a GPU: the direct forward takes a net's first convolutions (cifar10_quick's,
-    /// ResNet-50's 7 × 7 stride-2 one) and refuses filter banks or tiles beyond its shared memory
-    /// (cifar10_quick's second convolution, 32 input channels).
+    /// Runs without a GPU: the direct kernel's tiles — a net's first convolutions
+    /// (cifar10_quick's, ResNet-50's 7 × 7 stride-2 one) in one chunk of channels and warps of
+    /// 32 columns; cifar10_quick's second in four chunks of 8 channels and warps of 2 rows × 16
+    /// columns; none for its third, whose 8 × 8 planes would leave 3 of 4 rows of a block idle.
     #[test]
-    fn direct_forward_takes_first_convolutions_only() {
+    fn direct_tiles_fit_shared_memory_and_planes() {
         let quick1 = geom(512, 3, 32, 5, 2);
-        // 75 filter rows × 32 channels, 3 channels × 12 × 36 input values.
-        assert_eq!(
-            quick1.direct_forward_shared(32),
-            Some(4 * (75 * 32 + 3 * 12 * 36))
-        );
+        // 25 taps × 32 channels of filters and 12 × 36 input values per channel.
+        let want = DirectTile {
+            lane_cols: 32,
+            c_chunk: 3,
+            input: (12, 36),
+            shared_bytes: 4 * 3 * (25 * 32 + 12 * 36),
+            grid: (512, 4, 1),
+        };
+        assert_eq!(quick1.direct_tile(32), Some(want));
         let resnet1 = ConvGeom {
             sh: 2,
             sw: 2,
@@ -387,9 +471,63 @@ mod tests {
             ow: 112,
             ..geom(64, 3, 224, 7, 3)
         };
-        assert_eq!(resnet1.direct_input_tile(), (21, 69));
-        assert!(resnet1.direct_forward_shared(64).is_some());
-        assert_eq!(geom(512, 32, 16, 5, 2).direct_forward_shared(32), None);
+        let tile = resnet1.direct_tile(64).unwrap();
+        assert_eq!(
+            (tile.input, tile.c_chunk, tile.grid),
+            ((21, 69), 3, (128, 14, 4))
+        );
+        let quick2 = geom(512, 32, 16, 5, 2);
+        let want = DirectTile {
+            lane_cols: 16,
+            c_chunk: 8,
+            input: (20, 20),
+            shared_bytes: 4 * 8 * (25 * 32 + 20 * 20),
+            grid: (512, 1, 1),
+        };
+        assert_eq!(quick2.direct_tile(32), Some(want));
+        for (g, k) in [(quick1, 32), (quick2, 32), (resnet1, 64)] {
+            let tile = g.direct_tile(k).unwrap();
+            assert!(tile.shared_bytes <= DIRECT_SHARED_LIMIT, "{g:?}");
+            assert!(tile.c_chunk * tile.grid.0 > 0, "{g:?}");
+        }
+        assert_eq!(geom(512, 32, 8, 5, 2).direct_tile(64), None);
+        // A filter bank of 2,000 taps per channel does not fit at all.
+        assert_eq!(geom(1, 1, 64, 45, 0).direct_tile(32), None);
+    }
+
+    /// Runs without a GPU: a data gradient as a forward — the top's gradient as the input, the
+    /// bottom's shape as the output, padded by `extent − 1 − pad` — for stride 1 only.
+    #[test]
+    fn data_gradient_geom_is_the_transposed_convolution() {
+        let quick2 = geom(512, 32, 16, 5, 2);
+        assert_eq!(
+            quick2.data_gradient_geom(64),
+            Some(ConvGeom { c: 64, ..quick2 })
+        );
+        let dilated = ConvGeom {
+            kh: 3,
+            kw: 2,
+            ph: 1,
+            pw: 0,
+            dh: 2,
+            oh: 8 + 2 - 4,
+            ow: 8 - 1,
+            ..geom(2, 3, 8, 1, 0)
+        };
+        let d = dilated.data_gradient_geom(5).unwrap();
+        assert_eq!((d.c, d.h, d.w, d.oh, d.ow), (5, 6, 7, 8, 8));
+        assert_eq!((d.ph, d.pw, d.kh, d.kw, d.dh, d.dw), (3, 1, 3, 2, 2, 1));
+        // The forward's output size formula on the gradient's geometry gives the bottom back.
+        let out = |size: i32, k: i32, p: i32, dil: i32| size + 2 * p - (k - 1) * dil;
+        assert_eq!(out(d.h, d.kh, d.ph, d.dh), dilated.h);
+        assert_eq!(out(d.w, d.kw, d.pw, d.dw), dilated.w);
+        let strided = ConvGeom {
+            sh: 2,
+            oh: 8,
+            ..quick2
+        };
+        assert_eq!(strided.data_gradient_geom(32), None);
+        assert_eq!(geom(1, 1, 8, 3, 3).data_gradient_geom(1), None);
     }
 
     /// Runs without a GPU: the implicit weight gradient's chunks are whole steps that cover

@@ -75,6 +75,16 @@ enum Fwd {
     Direct,
 }
 
+/// How a plan computes the data gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dgrad {
+    /// `cudnnConvolutionBackwardData` with the chosen algorithm.
+    Cudnn,
+    /// The project's direct kernel as the forward of `dy` with the flipped filters (see
+    /// [`data_gradient`]).
+    Direct,
+}
+
 /// The largest column matrix (floats) the GEMM weight gradient may use: 1 GiB.
 const GEMM_WGRAD_LIMIT: usize = 1 << 28;
 
@@ -88,6 +98,7 @@ struct Plan {
     algos: ConvAlgos,
     geom: ConvGeom,
     fwd: Fwd,
+    dgrad: Dgrad,
     wgrad: Wgrad,
     /// The implicit weight gradient also computes the bias gradient (see
     /// [`ConvGeom::implicit_wgrad_fuses_bias`]).
@@ -193,8 +204,9 @@ fn weight_gradient(
 /// `y (N, K, OH, OW) = conv(x) (+ bias)` of `plan` by `path`, on the compute stream: cuDNN's
 /// chosen algorithm reading `weight` (the layer's weight, or its KRSC copy when channels-last),
 /// then the project's channel kernel adding the bias; or the direct kernel of
-/// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct). `params`
-/// is the layer's weight followed, where `has_bias`, by its bias.
+/// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct), the
+/// weight first transposed into `direct_weight` (at least the weight's length). `params` is the
+/// layer's weight followed, where `has_bias`, by its bias.
 #[allow(clippy::too_many_arguments)]
 fn forward_pass(
     gpu: &Gpu,
@@ -204,16 +216,21 @@ fn forward_pass(
     ws: cudnn::Workspace,
     x: &impl DevicePtr<f32>,
     params: &CudaView<'_, f32>,
-    weight: &CudaView<'_, f32>,
+    (weight, direct_weight): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
     y: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let s = &gpu.compute;
     let wlen = plan.w.count();
     if path == Fwd::Direct {
-        let p = params.slice(..wlen + if has_bias { k } else { 0 });
+        let mut wt = direct_weight.slice_mut(..wlen);
+        let rows = wlen / k;
+        gpu.kernels
+            .transpose(s, &params.slice(..wlen), &mut wt, 1, (k, rows), false)?;
+        let bias = has_bias.then(|| params.slice(wlen..wlen + k));
+        let how = (false, false);
         return gpu
             .kernels
-            .conv_forward_direct(s, x, &p, has_bias, plan.geom, k, y);
+            .conv_forward_direct(s, x, &wt, bias.as_ref(), plan.geom, k, how, y);
     }
     {
         let (xp, _gx) = x.device_ptr(s);
@@ -250,6 +267,59 @@ fn forward_pass(
             .channel_bias_inplace(s, y, &b, plan.y.count(), (k, inner))?;
     }
     Ok(())
+}
+
+/// `dx (N, C, H, W) (+)= ` the data gradient of `plan` for the top gradient `dy` and `weight`
+/// (the layer's weight, or its KRSC copy when channels-last) by `path`, on the compute stream:
+/// cuDNN's chosen algorithm, or the direct kernel of
+/// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct) as the
+/// forward of `dy` with the filters flipped (see
+/// [`ConvGeom::data_gradient_geom`](crate::cuda::kernels::ConvGeom::data_gradient_geom)), their
+/// arrangement first written into `direct_weight`. `k` is the layer's outputs; `beta` 0 or 1.
+#[allow(clippy::too_many_arguments)]
+fn data_gradient(
+    gpu: &Gpu,
+    plan: &Plan,
+    path: Dgrad,
+    (k, ws): (usize, cudnn::Workspace),
+    (weight, direct_weight): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
+    dy: &impl DevicePtr<f32>,
+    beta: f32,
+    dx: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let s = &gpu.compute;
+    if path == Dgrad::Direct {
+        let geom = plan
+            .geom
+            .data_gradient_geom(k)
+            .expect("checked when the plan was made");
+        let wlen = plan.w.count();
+        let (c, taps) = (plan.bottom[1], (plan.geom.kh * plan.geom.kw) as usize);
+        let mut wt = direct_weight.slice_mut(..wlen);
+        gpu.kernels
+            .transpose(s, weight, &mut wt, k, (c, taps), false)?;
+        let how = (true, beta != 0.0);
+        return gpu
+            .kernels
+            .conv_forward_direct(s, dy, &wt, None, geom, c, how, dx);
+    }
+    let (wp, _gw) = weight.device_ptr(s);
+    let (dyp, _gdy) = dy.device_ptr(s);
+    let (dxp, _gdx) = dx.device_ptr_mut(s);
+    // SAFETY: the caller passes buffers of the plan's shapes on this device and the layer's
+    // workspace of `ws.bytes`, all alive while the enqueued work runs.
+    unsafe {
+        cudnn::conv_backward_data(
+            gpu.cudnn()?,
+            (&plan.w, wp),
+            (&plan.y, dyp),
+            &plan.algos.bwd_data.conv,
+            plan.algos.bwd_data.algo,
+            ws,
+            beta,
+            (&plan.x, dxp),
+        )
+    }
 }
 
 /// Runs of `f` that [`time_ms`] times, each on its own.
@@ -322,7 +392,7 @@ fn fastest<P: Copy + std::fmt::Debug>(
     Ok(best.0)
 }
 
-/// 2-D convolution on cuDNN; see the module docs./// 2-D convolution on cuDNN; see the module docs.
+/// 2-D convolution on cuDNN; see the module docs.
 #[derive(Debug)]
 pub struct GpuConvolution {
     name: String,
@@ -350,6 +420,9 @@ pub struct GpuConvolution {
     weight_krsc: CudaSlice<f32>,
     /// Channels-last only: the weight gradient of a backward as KRSC, before its transpose.
     grad_krsc: CudaSlice<f32>,
+    /// The weight as the direct kernel reads it, for a forward or a data gradient by that
+    /// kernel: written just before each such launch (see [`forward_pass`], [`data_gradient`]).
+    direct_weight: CudaSlice<f32>,
 }
 
 /// The value per spatial axis `[h, w]` of an optional `Dims` key, `default` when absent.
@@ -426,6 +499,7 @@ impl GpuConvolution {
             layout,
             weight_krsc: scratch(gpu, 1)?,
             grad_krsc: scratch(gpu, 1)?,
+            direct_weight: scratch(gpu, 1)?,
         })
     }
 
@@ -480,8 +554,31 @@ impl GpuConvolution {
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
         let paths = [Fwd::Cudnn, Fwd::Direct];
+        let direct = &mut self.direct_weight;
         fastest(gpu, (&self.name, plan), "forward", &paths, |path| {
-            forward_pass(gpu, plan, path, how, ws, &x, &p, &w, &mut y)
+            let weights = (&w, &mut *direct);
+            forward_pass(gpu, plan, path, how, ws, &x, &p, weights, &mut y)
+        })
+    }
+
+    /// Times cuDNN's chosen data gradient and the direct kernel's on scratch buffers of
+    /// `plan`'s shapes and answers the faster, cuDNN's of equals. Synchronises.
+    fn fastest_dgrad(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Dgrad> {
+        let k = self.num_output;
+        let (dy, weight, mut dx) = (
+            timing_buffer(gpu, plan.y.count())?,
+            timing_buffer(gpu, plan.w.count())?,
+            timing_buffer(gpu, plan.x.count())?,
+        );
+        let bytes = self.workspace.len();
+        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
+        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let w = weight.slice(..);
+        let paths = [Dgrad::Cudnn, Dgrad::Direct];
+        let direct = &mut self.direct_weight;
+        fastest(gpu, (&self.name, plan), "data gradient", &paths, |path| {
+            let weights = (&w, &mut *direct);
+            data_gradient(gpu, plan, path, (k, ws), weights, &dy, 0.0, &mut dx)
         })
     }
 
@@ -593,6 +690,7 @@ impl GpuLayer for GpuConvolution {
             algos,
             geom,
             fwd: Fwd::Cudnn,
+            dgrad: Dgrad::Cudnn,
             wgrad: Wgrad::Cudnn,
             wgrad_bias: false,
         };
@@ -614,8 +712,21 @@ impl GpuLayer for GpuConvolution {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
             plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
-        if own_kernels && geom.direct_forward_shared(k).is_some() {
+        // The direct kernel, forward and as the data gradient, where its tiles fit.
+        let direct_forward = geom.direct_tile(k).is_some();
+        let direct_dgrad = geom
+            .data_gradient_geom(k)
+            .and_then(|d| d.direct_tile(c))
+            .is_some();
+        if own_kernels && (direct_forward || direct_dgrad) {
+            let wlen = self.weight_len();
+            grow(gpu, &mut self.direct_weight, wlen)?;
+        }
+        if own_kernels && direct_forward {
             plan.fwd = self.fastest_forward(gpu, &plan)?;
+        }
+        if own_kernels && direct_dgrad {
+            plan.dgrad = self.fastest_dgrad(gpu, &plan)?;
         }
         self.plans.push(plan);
         self.current = self.plans.len() - 1;
@@ -655,8 +766,9 @@ impl GpuLayer for GpuConvolution {
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let how = (k, self.bias_term, self.layout);
         let mut top = y.data_mut();
+        let weights = (&weight, &mut self.direct_weight);
         forward_pass(
-            gpu, plan, plan.fwd, how, ws, &x.data, params, &weight, &mut top,
+            gpu, plan, plan.fwd, how, ws, &x.data, params, weights, &mut top,
         )
     }
 
@@ -751,31 +863,19 @@ impl GpuLayer for GpuConvolution {
                 }
             }
         }
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
-        let (dyp, _gdy) = y.diff.device_ptr(s);
-        if grads[0].wanted() {
-            let w = params.slice(..wlen);
+        if wants_dx {
+            let bytes = self.workspace.len();
+            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
+            let ws = cudnn::Workspace { ptr: wsp, bytes };
             // Channels-last: the KRSC weight this pass's forward wrote.
-            let (wp, _gw) = match self.layout {
-                Layout::Nchw => w.device_ptr(s),
-                Layout::Nhwc => self.weight_krsc.device_ptr(s),
+            let w = match self.layout {
+                Layout::Nchw => params.slice(..wlen),
+                Layout::Nhwc => self.weight_krsc.slice(..wlen),
             };
-            let (dxp, _gdx) = x.diff.device_ptr_mut(s);
-            // SAFETY: as above; dx holds the bottom's elements.
-            unsafe {
-                cudnn::conv_backward_data(
-                    dnn,
-                    (&plan.w, wp),
-                    (&plan.y, dyp),
-                    &plan.algos.bwd_data.conv,
-                    plan.algos.bwd_data.algo,
-                    ws,
-                    grads[0].beta(),
-                    (&plan.x, dxp),
-                )?;
-            }
+            let weights = (&w, &mut self.direct_weight);
+            let (dy, dx) = (&y.diff, &mut x.diff);
+            let beta = grads[0].beta();
+            data_gradient(gpu, plan, plan.dgrad, (k, ws), weights, dy, beta, dx)?;
         }
         if let Some(side) = side {
             self.wgrad_done
@@ -984,7 +1084,9 @@ mod tests {
     /// The direct forward agrees with cuDNN's (plus the bias kernel) on the same plan: a first
     /// convolution of cifar10_quick's shape; stride, dilation, a rectangular kernel, no bias,
     /// several row and column tiles and a partial tile of channels; a 7 × 7, stride-2 one with
-    /// three tiles of channels. Bit for bit the same when run again.
+    /// three tiles of channels; cifar10_quick's second (four chunks of input channels, warps of
+    /// 2 × 16 lanes), 37 channels in unequal chunks, and narrow planes (warps of 4 × 8 lanes).
+    /// Bit for bit the same when run again.
     #[test]
     fn direct_forward_matches_cudnn() {
         use super::{cudnn, forward_pass, Fwd};
@@ -996,13 +1098,16 @@ mod tests {
             ("num_output = 32\nkernel_size = 5\npad = 2", [2, 3, 32, 32]),
             ("num_output = 20\nkernel_size = [3, 5]\nstride = 2\npad = [1, 2]\ndilation = [2, 1]\nbias_term = false", [3, 2, 29, 83]),
             ("num_output = 70\nkernel_size = 7\nstride = 2\npad = 3", [2, 3, 21, 21]),
+            ("num_output = 32\nkernel_size = 5\npad = 2", [3, 32, 16, 16]),
+            ("num_output = 40\nkernel_size = 3\npad = 1\nstride = [1, 2]", [2, 37, 19, 27]),
+            ("num_output = 9\nkernel_size = [5, 3]\npad = [0, 1]", [2, 6, 40, 7]),
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(310);
         for (extra, shape) in cases {
             let mut layer = planned(&gpu, extra, shape);
             let plan = &layer.plans[layer.current];
             let k = layer.num_output;
-            assert!(plan.geom.direct_forward_shared(k).is_some(), "{extra}");
+            assert!(plan.geom.direct_tile(k).is_some(), "{extra}");
             let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
             let wlen = plan.w.count();
             let (x, params) = (random(plan.x.count()), random(wlen + k));
@@ -1010,10 +1115,12 @@ mod tests {
             let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
             let how = (k, layer.bias_term, Layout::Nchw);
-            let run = |path| {
+            let direct = &mut layer.direct_weight;
+            let mut run = |path| {
                 let mut y = gpu.compute.alloc_zeros::<f32>(plan.y.count()).unwrap();
                 let (p, w) = (params.slice(..), params.slice(..wlen));
-                forward_pass(&gpu, plan, path, how, ws, &x, &p, &w, &mut y).unwrap();
+                let weights = (&w, &mut *direct);
+                forward_pass(&gpu, plan, path, how, ws, &x, &p, weights, &mut y).unwrap();
                 let host = gpu.compute.clone_dtoh(&y).unwrap();
                 gpu.synchronize().unwrap();
                 host
@@ -1024,6 +1131,69 @@ mod tests {
                 direct == run(Fwd::Direct),
                 "{extra}: the direct forward differs between two runs"
             );
+        }
+    }
+
+    /// The data gradient by the direct kernel (the forward of `dy` with the flipped filters)
+    /// agrees with cuDNN's on the same plan, overwriting and accumulating (beta 0 and 1):
+    /// cifar10_quick's second convolution, more outputs than inputs, a rectangular dilated
+    /// kernel with uneven padding, and a 1 × 1 one. Bit for bit the same when run again.
+    #[test]
+    fn direct_data_gradient_matches_cudnn() {
+        use super::{cudnn, data_gradient, Dgrad};
+        use crate::cuda::test_util::assert_close;
+        use cudarc::driver::DevicePtrMut;
+        use rand::SeedableRng;
+        let gpu = gpu_or_skip!("direct_data_gradient_matches_cudnn");
+        let cases = [
+            ("num_output = 32\nkernel_size = 5\npad = 2", [3, 32, 16, 16]),
+            (
+                "num_output = 48\nkernel_size = 3\npad = 1\nbias_term = false",
+                [2, 20, 13, 30],
+            ),
+            (
+                "num_output = 7\nkernel_size = [3, 2]\npad = [1, 0]\ndilation = [2, 1]",
+                [2, 5, 17, 12],
+            ),
+            ("num_output = 24\nkernel_size = 1", [2, 16, 9, 40]),
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(311);
+        for (extra, shape) in cases {
+            let mut layer = planned(&gpu, extra, shape);
+            let plan = &layer.plans[layer.current];
+            let k = layer.num_output;
+            let geom = plan.geom.data_gradient_geom(k);
+            assert!(
+                geom.and_then(|g| g.direct_tile(shape[1])).is_some(),
+                "{extra}"
+            );
+            let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
+            let (dy, weight, start) = (
+                random(plan.y.count()),
+                random(plan.w.count()),
+                random(plan.x.count()),
+            );
+            let bytes = layer.workspace.len();
+            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
+            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let direct = &mut layer.direct_weight;
+            let mut run = |path, beta| {
+                let mut dx = gpu.compute.clone_dtod(&start).unwrap();
+                let weights = (&weight.slice(..), &mut *direct);
+                data_gradient(&gpu, plan, path, (k, ws), weights, &dy, beta, &mut dx).unwrap();
+                let host = gpu.compute.clone_dtoh(&dx).unwrap();
+                gpu.synchronize().unwrap();
+                host
+            };
+            for beta in [0.0, 1.0] {
+                let (want, direct) = (run(Dgrad::Cudnn, beta), run(Dgrad::Direct, beta));
+                let what = format!("{extra}, direct data gradient, beta {beta}");
+                assert_close(&what, &direct, &want, 1e-5);
+                assert!(
+                    direct == run(Dgrad::Direct, beta),
+                    "{what}: differs between two runs"
+                );
+            }
         }
     }
 
