@@ -1106,29 +1106,33 @@ extern "C" __global__ void wgrad_sum_partials(const float* partial, float* dw, i
 // transposed. With `flip`, `wt` is (C, kh·kw, K) instead — each (K, kh·kw) block of a weight
 // (C, K, kh, kw) transposed — and row (c, i, j) is read as (c, kh−1−i, kw−1−j): the filters of a
 // convolution's data gradient, computed as the forward of the top's gradient.
-// A block (DF_THREADS threads) owns one sample, DF_K output channels, DF_ROWS · (32 / lane_cols)
-// output rows and `lane_cols` (32, 16 or 8) output columns. For each chunk of `c_chunk` input
-// channels it stages that chunk's filters ((c, i, j) × DF_K, so that a warp reads its DF_KW
-// weights of one (c, i, j) as two broadcast float4 loads) and the input rows and columns its
-// outputs see (`in_rows` × `in_cols` per channel, 0 in the padding). Warp v computes channels
-// k0 + DF_KW·v.., lane l column ox0 + l % lane_cols of rows oy0 + l / lane_cols + t·(32 /
-// lane_cols), t < DF_ROWS: DF_ROWS × DF_KW sums over (c, i, j) in ascending order by fused
-// multiply-adds, then + bias, then + the old value — a fixed FP32 order whatever the launch.
-// Grid: (N · ceil(K / DF_K), ceil(OH / (DF_ROWS · 32 / lane_cols)), ceil(OW / lane_cols));
-// dynamic shared memory c_chunk · (kh·kw · DF_K + in_rows · in_cols) floats.
+// A block (DF_THREADS threads) owns one sample, DF_K output channels, DF_ROWS · L output rows
+// (L = 32 / lane_cols lanes per column) and `lane_cols` (32, 16 or 8) output columns. For each
+// chunk of `c_chunk` input channels it stages that chunk's filters ((c, i, j) × DF_K, so that a
+// warp reads its DF_KW weights of one (c, i, j) as two broadcast float4 loads) and the input rows
+// and columns its outputs see (`in_rows` × `in_cols` per channel, rows `pitch` ≥ `in_cols` apart,
+// 0 in the padding). Warp v computes channels k0 + DF_KW·v.., lane l = (r, col) with r =
+// l / lane_cols column ox0 + col of the rows oy0 + 4·L·h + 4·r + t, h < 2, t < 4 (runs of 4 rows,
+// so that the lanes' rows are 4 · pitch apart in shared memory: the host picks the pitch at which
+// their reads meet the fewest bank conflicts): DF_ROWS × DF_KW sums over (c, i, j) in ascending
+// order by fused multiply-adds, then + bias, then + the old value — a fixed FP32 order whatever
+// the launch. Grid: (N · ceil(K / DF_K), ceil(OH / (DF_ROWS · L)), ceil(OW / lane_cols));
+// dynamic shared memory c_chunk · (kh·kw · DF_K + in_rows · pitch) floats.
 #define DF_K 32
 #define DF_KW 8
 #define DF_ROWS 8
+static_assert(DF_ROWS == 8, "conv_forward_direct's rows are two runs of 4");
 #define DF_THREADS (32 * DF_K / DF_KW)
 
 extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, const float* bias,
                                                int has_bias, int flip, int accumulate, float* y,
                                                ConvGeom g, int k_total, int c_chunk,
-                                               int lane_cols, int in_rows, int in_cols) {
+                                               int lane_cols, int in_rows, int in_cols,
+                                               int pitch) {
     extern __shared__ __align__(16) float direct_smem[];
-    const int taps = g.kh * g.kw, plane = in_rows * in_cols;
+    const int taps = g.kh * g.kw, plane = in_rows * pitch;
     float* s_w = direct_smem;                          // (c_chunk · taps, DF_K)
-    float* s_in = direct_smem + c_chunk * taps * DF_K;  // (c_chunk, in_rows, in_cols)
+    float* s_in = direct_smem + c_chunk * taps * DF_K;  // (c_chunk, in_rows, pitch)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int lane_rows = 32 / lane_cols;
     const int lane_row = lane / lane_cols, lane_col = lane - lane_row * lane_cols;
@@ -1143,8 +1147,9 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
 #pragma unroll
         for (int q = 0; q < DF_KW; ++q) acc[t][q] = 0.0f;
     }
-    const int kq = warp * DF_KW, row_step = lane_rows * g.sh * in_cols;
-    const int lane_offset = lane_row * g.sh * in_cols + lane_col * g.sw;
+    // Shared-memory offsets of a thread's rows: t % 4 rows apart, then a run of 4 · L rows on.
+    const int kq = warp * DF_KW, row_step = g.sh * pitch, run_step = 4 * lane_rows * row_step;
+    const int lane_offset = 4 * lane_row * row_step + lane_col * g.sw;
     for (int c0 = 0; c0 < g.c; c0 += c_chunk) {
         const int chunk = min(c_chunk, g.c - c0);
         if (c0 > 0) __syncthreads();  // the previous chunk's reads are done
@@ -1158,19 +1163,21 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
             }
             s_w[t] = k0 + kk < k_total ? wt[(long long)row * k_total + k0 + kk] : 0.0f;
         }
-        for (int t = tid; t < chunk * plane; t += DF_THREADS) {
-            const int c = t / plane, rest = t - c * plane;
+        const int channel_values = in_rows * in_cols;
+        for (int t = tid; t < chunk * channel_values; t += DF_THREADS) {
+            const int c = t / channel_values, rest = t - c * channel_values;
             const int iy = rest / in_cols, ix = rest - iy * in_cols;
             const int yy = y_base + iy, xx = x_base + ix;
-            s_in[t] = (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w)
-                          ? xn[((long long)(c0 + c) * g.h + yy) * g.w + xx]
-                          : 0.0f;
+            s_in[c * plane + iy * pitch + ix] =
+                (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w)
+                    ? xn[((long long)(c0 + c) * g.h + yy) * g.w + xx]
+                    : 0.0f;
         }
         __syncthreads();
         const float* w_row = s_w + kq;
         for (int c = 0; c < chunk; ++c) {
             for (int i = 0; i < g.kh; ++i) {
-                const float* in_row = s_in + c * plane + i * g.dh * in_cols + lane_offset;
+                const float* in_row = s_in + c * plane + i * g.dh * pitch + lane_offset;
                 for (int j = 0; j < g.kw; ++j, w_row += DF_K) {
                     const float4 wa = *reinterpret_cast<const float4*>(w_row);
                     const float4 wb = *reinterpret_cast<const float4*>(w_row + 4);
@@ -1178,7 +1185,7 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
                     const float* px = in_row + j * g.dw;
 #pragma unroll
                     for (int t = 0; t < DF_ROWS; ++t) {
-                        const float v = px[t * row_step];
+                        const float v = px[(t % 4) * row_step + (t / 4) * run_step];
 #pragma unroll
                         for (int q = 0; q < DF_KW; ++q) acc[t][q] = fmaf(wv[q], v, acc[t][q]);
                     }
@@ -1196,7 +1203,7 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
         float* yk = y + ((long long)n * k_total + k) * g.oh * g.ow + ox;
 #pragma unroll
         for (int t = 0; t < DF_ROWS; ++t) {
-            const int oy = oy0 + lane_row + t * lane_rows;
+            const int oy = oy0 + 4 * lane_rows * (t / 4) + 4 * lane_row + t % 4;
             if (oy < g.oh) {
                 float* out = yk + (long long)oy * g.ow;
                 const float v = acc[t][q] + b;

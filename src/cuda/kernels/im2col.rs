@@ -36,6 +36,31 @@ const DF_THREADS: u32 = 128;
 /// to more.
 const DIRECT_SHARED_LIMIT: usize = 48 << 10;
 
+/// The row pitch of `conv_forward_direct`'s input tile of `columns` columns, with warps of
+/// `lane_cols` lanes per row of lanes and stride `(sh, sw)`: the least of `columns..columns + 32`
+/// at which one load of a warp (lane `(r, c)` at `4·r·sh·pitch + c·sw`) finds no shared-memory
+/// bank holding more of its distinct words than at any other pitch. cifar10_quick's second
+/// convolution (20 columns, 2 rows of 16 lanes) needs no padding: 80 floats apart, its two rows
+/// of lanes fall on disjoint banks.
+fn direct_pitch(columns: usize, lane_cols: usize, sh: usize, sw: usize) -> usize {
+    const BANKS: usize = 32;
+    let conflicts = |pitch: usize| {
+        let mut words: Vec<usize> = (0..32)
+            .map(|lane| 4 * (lane / lane_cols) * sh * pitch + (lane % lane_cols) * sw)
+            .collect();
+        words.sort_unstable();
+        words.dedup();
+        let mut per_bank = [0usize; BANKS];
+        for w in words {
+            per_bank[w % BANKS] += 1;
+        }
+        per_bank.into_iter().max().unwrap_or(0)
+    };
+    (columns..columns + BANKS)
+        .min_by_key(|&p| (conflicts(p), p))
+        .unwrap_or(columns)
+}
+
 /// A convolution's geometry as the kernels' `ConvGeom` (passed by value): input `(n, c, h, w)`,
 /// kernel `kh × kw`, padding, stride and dilation per axis, output `oh × ow`.
 #[repr(C)]
@@ -69,6 +94,9 @@ pub struct DirectTile {
     pub c_chunk: usize,
     /// One channel's input tile, `(rows, columns)`.
     pub input: (usize, usize),
+    /// Floats from one row of the input tile to the next in shared memory (at least its
+    /// columns; see [`direct_pitch`]).
+    pub pitch: usize,
     /// Dynamic shared memory per block.
     pub shared_bytes: usize,
     /// The launch's grid: `(N · ⌈K / 32⌉, row tiles, column tiles)`.
@@ -160,7 +188,8 @@ impl ConvGeom {
             (block_rows - 1) * u(self.sh) + extent(self.kh, self.dh),
             (lane_cols - 1) * u(self.sw) + extent(self.kw, self.dw),
         );
-        let per_channel = u(self.kh) * u(self.kw) * DF_K + input.0 * input.1;
+        let pitch = direct_pitch(input.1, lane_cols, u(self.sh), u(self.sw));
+        let per_channel = u(self.kh) * u(self.kw) * DF_K + input.0 * pitch;
         let widest = DIRECT_SHARED_LIMIT / (4 * per_channel);
         if widest == 0 {
             return None;
@@ -184,6 +213,7 @@ impl ConvGeom {
             lane_cols,
             c_chunk,
             input,
+            pitch,
             shared_bytes: 4 * c_chunk * per_channel,
             grid,
         })
@@ -360,8 +390,15 @@ impl Kernels {
         if geom.output_len(k) == 0 {
             return Ok(());
         }
-        let ints =
-            [k, tile.c_chunk, tile.lane_cols, tile.input.0, tile.input.1].map(|v| to_i32(op, v));
+        let ints = [
+            k,
+            tile.c_chunk,
+            tile.lane_cols,
+            tile.input.0,
+            tile.input.1,
+            tile.pitch,
+        ]
+        .map(|v| to_i32(op, v));
         let flags = [bias.is_some(), flip, accumulate].map(i32::from);
         let (xp, _x) = x.device_ptr(s);
         let (wp, _w) = wt.device_ptr(s);
@@ -376,7 +413,7 @@ impl Kernels {
             block_dim: (DF_THREADS, 1, 1),
             shared_mem_bytes: tile.shared_bytes as u32,
         };
-        let [ki, chunk, lanes, rows, cols] = ints;
+        let [ki, chunk, lanes, rows, cols, pitch] = ints;
         let [has_bias, flip, accumulate] = flags;
         launch!(
             self,
@@ -396,7 +433,8 @@ impl Kernels {
                 &chunk,
                 &lanes,
                 &rows,
-                &cols
+                &cols,
+                &pitch
             ]
         )
     }
@@ -460,6 +498,7 @@ mod tests {
             lane_cols: 32,
             c_chunk: 3,
             input: (12, 36),
+            pitch: 36,
             shared_bytes: 4 * 3 * (25 * 32 + 12 * 36),
             grid: (512, 4, 1),
         };
@@ -481,6 +520,7 @@ mod tests {
             lane_cols: 16,
             c_chunk: 8,
             input: (20, 20),
+            pitch: 20,
             shared_bytes: 4 * 8 * (25 * 32 + 20 * 20),
             grid: (512, 1, 1),
         };
@@ -493,6 +533,18 @@ mod tests {
         assert_eq!(geom(512, 32, 8, 5, 2).direct_tile(64), None);
         // A filter bank of 2,000 taps per channel does not fit at all.
         assert_eq!(geom(1, 1, 64, 45, 0).direct_tile(32), None);
+    }
+
+    /// Runs without a GPU: the input tile's pitch puts a warp's rows of lanes on disjoint banks
+    /// where padding can (2 rows of 16 lanes 80 floats apart, 4 rows of 8 lanes 56 apart), and
+    /// is left alone where no pitch helps (a stride of 2 puts 2 lanes on each even bank).
+    #[test]
+    fn direct_pitch_avoids_bank_conflicts() {
+        assert_eq!(direct_pitch(36, 32, 1, 1), 36);
+        assert_eq!(direct_pitch(20, 16, 1, 1), 20);
+        assert_eq!(direct_pitch(18, 16, 1, 1), 20);
+        assert_eq!(direct_pitch(12, 8, 1, 1), 14);
+        assert_eq!(direct_pitch(69, 32, 2, 2), 69);
     }
 
     /// Runs without a GPU: a data gradient as a forward — the top's gradient as the input, the
