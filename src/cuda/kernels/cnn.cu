@@ -1124,6 +1124,14 @@ extern "C" __global__ void wgrad_sum_partials(const float* partial, float* dw, i
 static_assert(DF_ROWS == 8, "conv_forward_direct's rows are two runs of 4");
 #define DF_THREADS (32 * DF_K / DF_KW)
 
+// The row of conv_forward_direct's `wt` that holds the filters of staged row `row` = (c, tap):
+// the same, or with `flip` (c, taps − 1 − tap).
+__device__ __forceinline__ int direct_filter_row(int row, int flip, FastDiv by_taps) {
+    if (!flip) return row;
+    const int tap = row - div_by(row, by_taps) * (int)by_taps.d;
+    return row + (int)by_taps.d - 1 - 2 * tap;
+}
+
 extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, const float* bias,
                                                int has_bias, int flip, int accumulate, float* y,
                                                ConvGeom g, int k_total, int c_chunk,
@@ -1141,6 +1149,9 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
     const int oy0 = blockIdx.y * DF_ROWS * lane_rows, ox0 = blockIdx.z * lane_cols;
     const int y_base = oy0 * g.sh - g.ph, x_base = ox0 * g.sw - g.pw;
     const float* xn = x + (long long)n * g.c * g.h * g.w;
+    const int channel_values = in_rows * in_cols;
+    const FastDiv by_taps = fast_div(taps), by_channel = fast_div(channel_values),
+                  by_cols = fast_div(in_cols);
     float acc[DF_ROWS][DF_KW];
 #pragma unroll
     for (int t = 0; t < DF_ROWS; ++t) {
@@ -1153,20 +1164,27 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
     for (int c0 = 0; c0 < g.c; c0 += c_chunk) {
         const int chunk = min(c_chunk, g.c - c0);
         if (c0 > 0) __syncthreads();  // the previous chunk's reads are done
-        // Filters: consecutive threads read consecutive output channels of one row of `wt`.
-        for (int t = tid; t < chunk * taps * DF_K; t += DF_THREADS) {
-            const int r = t / DF_K, kk = t - r * DF_K;
-            int row = c0 * taps + r;
-            if (flip) {
-                const int tap = row % taps;
-                row += taps - 1 - 2 * tap;
+        // Filters: consecutive threads read consecutive output channels of one row of `wt`, four
+        // at a time where its rows allow (K a multiple of 4).
+        if (k_total % 4 == 0) {
+            for (int t = tid; t < chunk * taps * (DF_K / 4); t += DF_THREADS) {
+                const int r = t / (DF_K / 4), k = k0 + 4 * (t - r * (DF_K / 4));
+                const int row = direct_filter_row(c0 * taps + r, flip, by_taps);
+                reinterpret_cast<float4*>(s_w)[t] =
+                    k < k_total
+                        ? *reinterpret_cast<const float4*>(wt + (long long)row * k_total + k)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
-            s_w[t] = k0 + kk < k_total ? wt[(long long)row * k_total + k0 + kk] : 0.0f;
+        } else {
+            for (int t = tid; t < chunk * taps * DF_K; t += DF_THREADS) {
+                const int r = t / DF_K, k = k0 + t - r * DF_K;
+                const int row = direct_filter_row(c0 * taps + r, flip, by_taps);
+                s_w[t] = k < k_total ? wt[(long long)row * k_total + k] : 0.0f;
+            }
         }
-        const int channel_values = in_rows * in_cols;
         for (int t = tid; t < chunk * channel_values; t += DF_THREADS) {
-            const int c = t / channel_values, rest = t - c * channel_values;
-            const int iy = rest / in_cols, ix = rest - iy * in_cols;
+            const int c = div_by(t, by_channel), rest = t - c * channel_values;
+            const int iy = div_by(rest, by_cols), ix = rest - iy * in_cols;
             const int yy = y_base + iy, xx = x_base + ix;
             s_in[c * plane + iy * pitch + ix] =
                 (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w)
