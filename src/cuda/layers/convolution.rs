@@ -322,40 +322,8 @@ fn data_gradient(
     }
 }
 
-/// Runs of `f` that [`time_ms`] times, each on its own.
+/// Timed runs of each path that [`fastest`] compares.
 const TIMED_RUNS: usize = 5;
-
-/// Median milliseconds of [`TIMED_RUNS`] runs of `f` on the compute stream, each timed on its
-/// own, after one untimed run: a single slow run (a clock change, another stream's work) does
-/// not decide the choice. Synchronises.
-fn time_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
-    f()?;
-    let event = || {
-        gpu.ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| gpu_error("create a timing event", e))
-    };
-    let record = |e: &CudaEvent| {
-        e.record(&gpu.compute)
-            .map_err(|e| gpu_error("record a timing event", e))
-    };
-    let (start, end) = (event()?, event()?);
-    let mut times = Vec::with_capacity(TIMED_RUNS);
-    for _ in 0..TIMED_RUNS {
-        record(&start)?;
-        f()?;
-        record(&end)?;
-        end.synchronize()
-            .map_err(|e| gpu_error("wait for a timing event", e))?;
-        times.push(
-            start
-                .elapsed_ms(&end)
-                .map_err(|e| gpu_error("read a timing event", e))?,
-        );
-    }
-    times.sort_by(f32::total_cmp);
-    Ok(times[TIMED_RUNS / 2])
-}
 
 /// `n` zeroed floats (at least one) on the compute stream: a buffer to time a path on.
 fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
@@ -365,7 +333,10 @@ fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
 }
 
 /// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
-/// `plan`, each timed by [`time_ms`] running `run(path)` and logged at debug level.
+/// `plan`: each path's median milliseconds over [`TIMED_RUNS`] runs of `run(path)` on the
+/// compute stream, each timed on its own, after one untimed run of every path. The paths take
+/// turns, run by run, so that a clock still rising (or another stream's work) weighs on all of
+/// them alike, and one slow run does not decide. Each median is logged at debug level.
 /// Synchronises.
 fn fastest<P: Copy + std::fmt::Debug>(
     gpu: &Gpu,
@@ -374,9 +345,38 @@ fn fastest<P: Copy + std::fmt::Debug>(
     paths: &[P],
     mut run: impl FnMut(P) -> Result<()>,
 ) -> Result<P> {
-    let mut best = (paths[0], f32::INFINITY);
+    let event = || {
+        gpu.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gpu_error("create a timing event", e))
+    };
+    let record = |e: &CudaEvent| {
+        e.record(&gpu.compute)
+            .map_err(|e| gpu_error("record a timing event", e))
+    };
     for &path in paths {
-        let ms = time_ms(gpu, || run(path))?;
+        run(path)?;
+    }
+    let (start, end) = (event()?, event()?);
+    let mut times = vec![Vec::with_capacity(TIMED_RUNS); paths.len()];
+    for _ in 0..TIMED_RUNS {
+        for (&path, path_times) in paths.iter().zip(&mut times) {
+            record(&start)?;
+            run(path)?;
+            record(&end)?;
+            end.synchronize()
+                .map_err(|e| gpu_error("wait for a timing event", e))?;
+            path_times.push(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(|e| gpu_error("read a timing event", e))?,
+            );
+        }
+    }
+    let mut best = (paths[0], f32::INFINITY);
+    for (&path, mut path_times) in paths.iter().zip(times) {
+        path_times.sort_by(f32::total_cmp);
+        let ms = path_times[TIMED_RUNS / 2];
         tracing::debug!(
             layer = %name,
             bottom = ?plan.bottom,
