@@ -23,9 +23,11 @@
 //! does unless told otherwise.
 //!
 //! Choice ([`ConvAlgorithm`]): `measured` runs cuDNN's own benchmark of every candidate
-//! three times per shape (`cudnnFind*`, host-blocking, at the first step of a shape),
-//! ranks the candidates by their median time and keeps the fastest allowed
-//! one (deterministic, when exact) that fits the workspace limit; `heuristic` takes the first
+//! three times per shape (`cudnnFind*`, host-blocking, at the first step of a shape) and
+//! ranks the candidates by their median time; of the allowed ones (deterministic, when exact)
+//! that fit the workspace limit, the first few within 1.5× of the fastest are timed again in
+//! turns ([`median_ms_in_turns`]: `cudnnFind*` times them one after the other, which ranked
+//! kernels of similar speed differently from run to run) and the fastest is kept; `heuristic` takes the first
 //! such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same every run. Each
 //! direction runs with the math type cuDNN reported for its algorithm (a descriptor per
 //! direction): the legacy API picks the kernel by algorithm *and* math type, and the tensor-core
@@ -33,6 +35,7 @@
 
 use super::gpu_error;
 use super::layout::Layout;
+use super::path_timing::median_ms_in_turns;
 use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
@@ -40,7 +43,7 @@ use cudarc::cudnn::sys::{
     cudnnConvolutionBwdFilterAlgo_t as BwdFilterAlgo, cudnnConvolutionFwdAlgo_t as FwdAlgo,
     cudnnDataType_t, cudnnMathType_t, cudnnStatus_t, cudnnTensorFormat_t,
 };
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DevicePtrMut};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -463,22 +466,130 @@ fn allowed(direction: usize, algo: i32, math: MathMode, exact: bool) -> bool {
     }
 }
 
-/// Picks from a ranking (cuDNN's heuristic order, or measured time ascending) the first
-/// successful, allowed algorithm within the workspace limit; when `exact`, the first
-/// deterministic such one if there is one.
-fn pick(direction: usize, ranked: &[RawPerf], math: MathMode, exact: bool) -> Option<RawPerf> {
-    let usable = |p: &&RawPerf| {
-        p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
-            && allowed(direction, p.algo, math, exact)
-            && p.memory <= WORKSPACE_LIMIT
+/// The candidates of a ranking (cuDNN's heuristic order, or measured time ascending) that may
+/// run, in its order: successful, allowed and within the workspace limit; when `exact`, only
+/// the deterministic ones where there are any, else the first such one alone.
+fn eligible(direction: usize, ranked: &[RawPerf], math: MathMode, exact: bool) -> Vec<RawPerf> {
+    let usable: Vec<RawPerf> = ranked
+        .iter()
+        .filter(|p| {
+            p.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS as i32
+                && allowed(direction, p.algo, math, exact)
+                && p.memory <= WORKSPACE_LIMIT
+        })
+        .copied()
+        .collect();
+    let preferred: Vec<RawPerf> = usable
+        .iter()
+        .filter(|p| p.determinism == 1 || !exact)
+        .copied()
+        .collect();
+    if preferred.is_empty() {
+        usable.into_iter().take(1).collect()
+    } else {
+        preferred
+    }
+}
+
+/// How many of a direction's eligible candidates, the fastest first, `measured` times again.
+const RETIMED: usize = 3;
+
+/// Candidates whose median time from `cudnnFind*` exceeds the fastest's by more than this
+/// factor are not timed again.
+const RETIME_WITHIN: f32 = 1.5;
+
+/// The candidates of `ranked` (measured, fastest first) worth timing again: the first
+/// [`RETIMED`] within [`RETIME_WITHIN`] of the first.
+fn near_fastest(ranked: &[RawPerf]) -> Vec<RawPerf> {
+    let Some(first) = ranked.first() else {
+        return Vec::new();
     };
     ranked
         .iter()
-        .filter(usable)
-        .find(|p| p.determinism == 1 || !exact)
-        .or_else(|| ranked.iter().find(usable))
+        .take(RETIMED)
+        .filter(|p| p.time <= first.time * RETIME_WITHIN)
         .copied()
+        .collect()
 }
+
+/// The fastest of `candidates` of one direction (0 forward, 1 backward data, 2 backward
+/// filter) of the convolution `descs`, timed in turns on zeroed scratch buffers of its shapes
+/// (see [`median_ms_in_turns`]); the only one without timing. Synchronises.
+fn fastest_candidate(
+    dnn: &Cudnn,
+    direction: usize,
+    (x, w, y): (&TensorDesc, &FilterDesc, &TensorDesc),
+    geometry: ConvGeometry,
+    candidates: &[RawPerf],
+) -> Result<Option<RawPerf>> {
+    if candidates.len() < 2 {
+        return Ok(candidates.first().copied());
+    }
+    let s = dnn.stream();
+    let floats = |n: usize| {
+        s.alloc_zeros::<f32>(n.max(1))
+            .map_err(|e| gpu_error("allocate a buffer to time cuDNN's algorithms", e))
+    };
+    let (mut xb, mut wb, mut yb) = (floats(x.count())?, floats(w.count())?, floats(y.count())?);
+    let bytes = candidates
+        .iter()
+        .map(|p| p.memory)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut ws = s
+        .alloc_zeros::<u8>(bytes)
+        .map_err(|e| gpu_error("allocate a cuDNN workspace to time algorithms", e))?;
+    let descs = candidates
+        .iter()
+        .map(|p| ConvDesc::with_math_type(geometry, dnn.math, run_math_type(dnn.math, p.math_type)))
+        .collect::<Result<Vec<_>>>()?;
+    let (xp, _gx) = xb.device_ptr_mut(s);
+    let (wp, _gw) = wb.device_ptr_mut(s);
+    let (yp, _gy) = yb.device_ptr_mut(s);
+    let (wsp, _gws) = ws.device_ptr_mut(s);
+    let work = Workspace { ptr: wsp, bytes };
+    let times = median_ms_in_turns(s, candidates.len(), |i| {
+        let (algo, conv) = (candidates[i].algo, &descs[i]);
+        // SAFETY: scratch buffers of the descriptors' element counts and a workspace of the
+        // largest size cuDNN reported for these candidates, all alive until the timing
+        // synchronises.
+        unsafe {
+            match direction {
+                0 => {
+                    let algo = fwd_algo(algo).unwrap_or(FALLBACK.0);
+                    conv_forward(dnn, (x, xp), (w, wp), conv, algo, work, 0.0, (y, yp))
+                }
+                1 => {
+                    let algo = bwd_data_algo(algo).unwrap_or(FALLBACK.1);
+                    conv_backward_data(dnn, (w, wp), (y, yp), conv, algo, work, 0.0, (x, xp))
+                }
+                _ => {
+                    let algo = bwd_filter_algo(algo).unwrap_or(FALLBACK.2);
+                    conv_backward_filter(dnn, (x, xp), (y, yp), conv, algo, work, 0.0, (w, wp))
+                }
+            }
+        }
+    })?;
+    let mut best = (candidates[0], f32::INFINITY);
+    for (p, ms) in candidates.iter().zip(times) {
+        tracing::debug!(
+            direction = DIRECTIONS[direction],
+            algo = p.algo,
+            math_type = p.math_type,
+            find_ms = p.time,
+            ms,
+            "cuDNN convolution algorithm timed again"
+        );
+        if ms < best.1 {
+            best = (*p, ms);
+        }
+    }
+    Ok(Some(best.0))
+}
+
+/// The directions' names in the debug log.
+const DIRECTIONS: [&str; 3] = ["forward", "backward data", "backward filter"];
 
 /// The math type to run an algorithm with: FMA in `fp32` whatever cuDNN reports; in `tf32` the
 /// reported one, except that down-conversion to half precision is never allowed.
@@ -670,10 +781,19 @@ impl ConvAlgos {
         let descs = (x, w, &query, y);
         let mut chosen = [(0i32, math_type(math)); 3];
         for (direction, slot) in chosen.iter_mut().enumerate() {
-            if let Some(p) = pick(direction, &rank(dnn, direction, how, descs)?, math, exact) {
+            let ranked = rank(dnn, direction, how, descs)?;
+            let candidates = eligible(direction, &ranked, math, exact);
+            let choice = match how {
+                ConvAlgorithm::Heuristic => candidates.first().copied(),
+                ConvAlgorithm::Measured => {
+                    let near = near_fastest(&candidates);
+                    fastest_candidate(dnn, direction, (x, w, y), geometry, &near)?
+                }
+            };
+            if let Some(p) = choice {
                 *slot = (p.algo, run_math_type(math, p.math_type));
                 tracing::debug!(
-                    direction = ["forward", "backward data", "backward filter"][direction],
+                    direction = DIRECTIONS[direction],
                     algo = p.algo,
                     math_type = p.math_type,
                     deterministic = p.determinism == 1,
@@ -868,6 +988,11 @@ mod survey;
 mod tests {
     use super::*;
 
+    /// The first of a ranking's eligible candidates: the choice without timing.
+    fn pick(direction: usize, ranked: &[RawPerf], math: MathMode, exact: bool) -> Option<RawPerf> {
+        eligible(direction, ranked, math, exact).first().copied()
+    }
+
     /// A successful ranking entry.
     fn perf(algo: i32, determinism: i32, memory: usize) -> RawPerf {
         RawPerf {
@@ -935,6 +1060,36 @@ mod tests {
         assert_ne!(merge_rounds(&missing)[2].status, 0);
         assert_eq!(merge_rounds(&missing)[2].algo, 0);
         assert!(merge_rounds(&[]).is_empty());
+    }
+
+    /// Exact FP32 keeps every deterministic GEMM-like candidate in the ranking's order; of a
+    /// measured ranking only the first three within 1.5× of the fastest are timed again.
+    #[test]
+    fn candidates_timed_again_are_the_near_fastest() {
+        let ranked = [
+            perf(0, 1, 0),
+            perf(6, 1, 0),
+            perf(1, 1, 0),
+            perf(2, 0, 0),
+            perf(3, 1, 0),
+        ];
+        let algos = |v: Vec<RawPerf>| v.iter().map(|p| p.algo).collect::<Vec<_>>();
+        assert_eq!(algos(eligible(0, &ranked, MathMode::Fp32, true)), [0, 1, 3]);
+        assert_eq!(
+            algos(eligible(0, &ranked, MathMode::Fp32, false)),
+            [0, 6, 1, 2, 3]
+        );
+        let times = [0.10, 0.12, 0.149, 0.15, 0.16];
+        let measured: Vec<RawPerf> = times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| timed(i as i32, 0, t))
+            .collect();
+        assert_eq!(algos(near_fastest(&measured)), [0, 1, 2]);
+        assert_eq!(algos(near_fastest(&measured[2..])), [2, 3, 4]);
+        let far = [timed(0, 0, 0.10), timed(1, 0, 0.151), timed(2, 0, 0.12)];
+        assert_eq!(algos(near_fastest(&far)), [0, 2]);
+        assert!(near_fastest(&[]).is_empty());
     }
 
     /// Without `conv_exact` the first usable algorithm of the ranking is taken, FFT, Winograd and

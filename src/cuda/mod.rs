@@ -41,6 +41,7 @@ pub mod layers;
 pub mod layout;
 pub mod net;
 pub mod params;
+pub mod path_timing;
 pub mod update;
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::ConvGeom;
 use crate::cuda::layout::Layout;
+use crate::cuda::path_timing::median_ms_in_turns;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -322,9 +323,6 @@ fn data_gradient(
     }
 }
 
-/// Timed runs of each path that [`fastest`] compares.
-const TIMED_RUNS: usize = 5;
-
 /// `n` zeroed floats (at least one) on the compute stream: a buffer to time a path on.
 fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     gpu.compute
@@ -333,11 +331,8 @@ fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
 }
 
 /// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
-/// `plan`: each path's median milliseconds over [`TIMED_RUNS`] runs of `run(path)` on the
-/// compute stream, each timed on its own, after one untimed run of every path. The paths take
-/// turns, run by run, so that a clock still rising (or another stream's work) weighs on all of
-/// them alike, and one slow run does not decide. Each median is logged at debug level.
-/// Synchronises.
+/// `plan`: each path's median time over runs of `run(path)` on the compute stream, the paths
+/// timed in turns ([`median_ms_in_turns`]), each logged at debug level. Synchronises.
 fn fastest<P: Copy + std::fmt::Debug>(
     gpu: &Gpu,
     (name, plan): (&str, &Plan),
@@ -345,38 +340,9 @@ fn fastest<P: Copy + std::fmt::Debug>(
     paths: &[P],
     mut run: impl FnMut(P) -> Result<()>,
 ) -> Result<P> {
-    let event = || {
-        gpu.ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| gpu_error("create a timing event", e))
-    };
-    let record = |e: &CudaEvent| {
-        e.record(&gpu.compute)
-            .map_err(|e| gpu_error("record a timing event", e))
-    };
-    for &path in paths {
-        run(path)?;
-    }
-    let (start, end) = (event()?, event()?);
-    let mut times = vec![Vec::with_capacity(TIMED_RUNS); paths.len()];
-    for _ in 0..TIMED_RUNS {
-        for (&path, path_times) in paths.iter().zip(&mut times) {
-            record(&start)?;
-            run(path)?;
-            record(&end)?;
-            end.synchronize()
-                .map_err(|e| gpu_error("wait for a timing event", e))?;
-            path_times.push(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(|e| gpu_error("read a timing event", e))?,
-            );
-        }
-    }
+    let times = median_ms_in_turns(&gpu.compute, paths.len(), |i| run(paths[i]))?;
     let mut best = (paths[0], f32::INFINITY);
-    for (&path, mut path_times) in paths.iter().zip(times) {
-        path_times.sort_by(f32::total_cmp);
-        let ms = path_times[TIMED_RUNS / 2];
+    for (&path, ms) in paths.iter().zip(times) {
         tracing::debug!(
             layer = %name,
             bottom = ?plan.bottom,

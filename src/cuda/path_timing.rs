@@ -1,0 +1,61 @@
+//! Median device times of alternative ways to compute the same thing on one stream — cuDNN's
+//! candidate algorithms and the project's own convolution kernels — for the `measured` choices
+//! of [`crate::cuda::cudnn`] and the convolution layer.
+//!
+//! The alternatives take turns, run by run, after one untimed run of each: a clock still rising
+//! from idle, or another stream's work, weighs on all of them alike, where timing one after the
+//! other favoured whichever ran last. Each alternative's median of [`TIMED_RUNS`] runs, each
+//! timed on its own by a pair of events, keeps one slow run from deciding.
+
+use super::gpu_error;
+use crate::error::Result;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaStream};
+
+/// Timed runs of each alternative.
+pub const TIMED_RUNS: usize = 5;
+
+/// Median milliseconds of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`,
+/// timed in turns (see the module docs). Synchronises.
+pub fn median_ms_in_turns(
+    stream: &CudaStream,
+    count: usize,
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<f32>> {
+    let event = || {
+        stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gpu_error("create a timing event", e))
+    };
+    let record = |e: &CudaEvent| {
+        e.record(stream)
+            .map_err(|e| gpu_error("record a timing event", e))
+    };
+    for i in 0..count {
+        run(i)?;
+    }
+    let (start, end) = (event()?, event()?);
+    let mut times = vec![Vec::with_capacity(TIMED_RUNS); count];
+    for _ in 0..TIMED_RUNS {
+        for (i, alternative) in times.iter_mut().enumerate() {
+            record(&start)?;
+            run(i)?;
+            record(&end)?;
+            end.synchronize()
+                .map_err(|e| gpu_error("wait for a timing event", e))?;
+            alternative.push(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(|e| gpu_error("read a timing event", e))?,
+            );
+        }
+    }
+    Ok(times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f32::total_cmp);
+            t[TIMED_RUNS / 2]
+        })
+        .collect())
+}
