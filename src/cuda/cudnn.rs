@@ -27,11 +27,12 @@
 //! ranks the candidates by their median time; of the allowed ones (deterministic, when exact)
 //! that fit the workspace limit, the first few within 1.5× of the fastest are timed again in
 //! turns ([`median_ms_in_turns`]: `cudnnFind*` times them one after the other, which ranked
-//! kernels of similar speed differently from run to run) and the fastest is kept; `heuristic` takes the first
-//! such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same every run. Each
-//! direction runs with the math type cuDNN reported for its algorithm (a descriptor per
-//! direction): the legacy API picks the kernel by algorithm *and* math type, and the tensor-core
-//! kernels of an algorithm are only reached with the math type they were ranked or timed with.
+//! kernels of similar speed differently from run to run) and the fastest is kept; `heuristic`
+//! takes the first such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same
+//! every run. Each direction runs with the math type cuDNN reported for its algorithm (a
+//! descriptor per direction): the legacy API picks the kernel by algorithm *and* math type, and
+//! the tensor-core kernels of an algorithm are only reached with the math type they were ranked
+//! or timed with.
 
 use super::gpu_error;
 use super::layout::Layout;

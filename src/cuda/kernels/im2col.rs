@@ -3,9 +3,11 @@
 //! the top's gradient into the matching order, so that
 //! `dW (K, C·kh·kw) = swap(dy) (K, N·OH·OW) · colᵀ` is one cuBLAS GEMM. Implicit:
 //! [`Kernels::implicit_wgrad`] computes the same product without the column matrix, gathering
-//! its values from the input tile by tile, in a fixed split over `N·OH·OW`. Forward:
-//! [`Kernels::conv_forward_direct`] computes a convolution with few input channels directly from
-//! shared memory, bias included.
+//! its values from the input tile by tile, in a fixed split over `N·OH·OW`. Direct:
+//! [`Kernels::conv_forward_direct`] computes a convolution from shared memory, a chunk of input
+//! channels at a time, bias included ([`ConvGeom::direct_tile`] says how it covers a shape), and
+//! with the filters flipped a stride-1 convolution's data gradient
+//! ([`ConvGeom::data_gradient_geom`]).
 
 use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
@@ -95,7 +97,7 @@ pub struct DirectTile {
     /// One channel's input tile, `(rows, columns)`.
     pub input: (usize, usize),
     /// Floats from one row of the input tile to the next in shared memory (at least its
-    /// columns; see [`direct_pitch`]).
+    /// columns), chosen against shared-memory bank conflicts.
     pub pitch: usize,
     /// Dynamic shared memory per block.
     pub shared_bytes: usize,

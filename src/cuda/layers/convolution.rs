@@ -13,15 +13,17 @@
 //! weight gradients are NCHW-only.
 //!
 //! Forward: `cudnnConvolutionForward` (β = 0) then the project's channel kernel adds the bias in
-//! place; or, for an ungrouped NCHW convolution with few input channels where it timed faster at
-//! the plan's creation (`conv_algorithm = "measured"`), the project's direct kernel
-//! (`Kernels::conv_forward_direct`), bias included.
+//! place; or, for an ungrouped NCHW convolution where it timed faster at the plan's creation
+//! (`conv_algorithm = "measured"`), the project's direct kernel (`Kernels::conv_forward_direct`),
+//! bias included, reading the weight transposed into a layer buffer just before.
 //! Backward: the bias gradient by the project's deterministic channel sum (or, with the implicit
 //! weight gradient where its tile has room, as one more column of the same products); the weight
 //! gradient by `cudnnConvolutionBackwardFilter` or, for an ungrouped convolution where one timed
 //! faster at the plan's creation (`conv_algorithm = "measured"`), by im2col and one cuBLAS GEMM
-//! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`);
-//! `cudnnConvolutionBackwardData` into the bottom's diff. When the bottom wants a gradient, the
+//! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`); the data
+//! gradient by `cudnnConvolutionBackwardData` or, for an ungrouped NCHW convolution of stride 1
+//! where it timed faster, by the direct kernel as the forward of `dy` with the filters flipped
+//! (`ConvGeom::data_gradient_geom`). When the bottom wants a gradient, the
 //! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
 //! cuBLAS handles and workspace) beside the data gradient on the compute stream; when it does
 //! not, a bias gradient of its own runs there beside the weight gradient; joined before the
