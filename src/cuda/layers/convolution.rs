@@ -23,12 +23,12 @@
 //! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`); the data
 //! gradient by `cudnnConvolutionBackwardData` or, for an ungrouped NCHW convolution of stride 1
 //! where it timed faster, by the direct kernel as the forward of `dy` with the filters flipped
-//! (`ConvGeom::data_gradient_geom`). When the bottom wants a gradient, the
-//! bias and weight gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and
-//! cuBLAS handles and workspace) beside the data gradient on the compute stream; when it does
-//! not, a bias gradient of its own runs there beside the weight gradient; joined before the
-//! backward returns. Parameter and bottom gradients are accumulated (β = 1) or overwritten
-//! (β = 0) as the net says. Groups through `cudnnSetConvolutionGroupCount`.
+//! (`ConvGeom::data_gradient_geom`). When the bottom wants a gradient, the bias and weight
+//! gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and cuBLAS handles and
+//! workspace) beside the data gradient on the compute stream; when it does not, a bias gradient
+//! of its own runs there beside the weight gradient; joined before the backward returns.
+//! Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0) as the net says.
+//! Groups through `cudnnSetConvolutionGroupCount`.
 //!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
