@@ -938,11 +938,12 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // w + WG_WARPS, ...
 #define WG_DY_GROUPS (WG_K / 4 / WG_WARPS)
 
-// Where step j0's staged j lie (threads below WG_J write one each): the offset of
-// x[n, 0, y0, x0], y0 and x0 (the top-left input pixel of the window before padding and
-// dilation; y0 = -1 beyond the chunk) and the offset of dy[n, 0, oy, ox].
+// Where step j0's staged j lie (threads below WG_J write one each), one int4 per j (a single
+// broadcast load in the gather): x the offset of x[n, 0, y0, x0], y and z the input pixel y0,
+// x0 (the top-left one of the window before padding and dilation; y0 = -1 beyond the chunk), w
+// the offset of dy[n, 0, oy, ox].
 struct WgradStep {
-    int pixel[WG_J], y0[WG_J], x0[WG_J], dy[WG_J];
+    int4 at[WG_J];
 };
 
 __device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end, ConvGeom g,
@@ -953,12 +954,10 @@ __device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end,
     if (j < j_end) {
         const int n = div_by(j, by_pq), p = j - n * pq;
         const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
-        step->y0[t] = oy * g.sh;
-        step->x0[t] = ox * g.sw;
-        step->pixel[t] = n * g.c * g.h * g.w + step->y0[t] * g.w + step->x0[t];
-        step->dy[t] = n * k_total * pq + p;
+        const int y0 = oy * g.sh, x0 = ox * g.sw;
+        step->at[t] = make_int4(n * g.c * g.h * g.w + y0 * g.w + x0, y0, x0, n * k_total * pq + p);
     } else {
-        step->y0[t] = -1;
+        step->at[t] = make_int4(0, -1, 0, 0);
     }
 }
 
@@ -992,8 +991,11 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     // it, guarding the loads and stores below, measured 4-6% faster on an H200)
     const int load_j = tid % WG_J, load_q = tid / WG_J;
     // The 4 × 8 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx.. and
-    // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous).
-    const int tx = tid % (WG_C / 8), ty = tid / (WG_C / 8);
+    // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous). A
+    // warp covers 8 values of tx and 4 of ty, so that each of its three float4 reads of a step
+    // touches 64 or 128 contiguous bytes: one shared-memory wavefront each.
+    const int warp_id = tid / 32, lane_id = tid % 32;
+    const int tx = lane_id % 8 + 8 * (warp_id % 2), ty = lane_id / 8 + 4 * (warp_id / 2);
     float acc[4][8];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
@@ -1004,20 +1006,21 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     float next_dy[4 * WG_DY_GROUPS], next_col[WG_J];
     // Loads the values of `step` into the registers above.
     auto load = [&](const WgradStep* step) {
-        const int y0 = step->y0[load_j];
+        const int4 mine = step->at[load_j];
 #pragma unroll
         for (int i = 0; i < 4 * WG_DY_GROUPS; ++i) {
             const int group = load_q + (i / 4) * WG_WARPS;
             const int k = k0 + 4 * group + i % 4;
-            next_dy[i] = (y0 >= 0 && group < WG_K / 4 && k < k_total)
-                             ? dy[step->dy[load_j] + k * pq]
+            next_dy[i] = (mine.y >= 0 && group < WG_K / 4 && k < k_total)
+                             ? dy[mine.w + k * pq]
                              : 0.0f;
         }
 #pragma unroll
         for (int jj = 0; jj < WG_J; ++jj) {
-            const int sy = step->y0[jj], y = sy + row_off, xx = step->x0[jj] + col_off;
+            const int4 at = step->at[jj];
+            const int sy = at.y, y = sy + row_off, xx = at.z + col_off;
             next_col[jj] = (col_ok && sy >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
-                               ? x[step->pixel[jj] + col_base]
+                               ? x[at.x + col_base]
                                : (ones && sy >= 0 ? 1.0f : 0.0f);
         }
     };
