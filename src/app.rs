@@ -118,6 +118,8 @@ struct Prepared {
     initial: Params,
     devices: Devices,
     resume: Option<(SnapshotFiles, SolverState)>,
+    /// Threads of the process's worker pool (see [`size_worker_pool`]).
+    workers: usize,
 }
 
 fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
@@ -138,6 +140,8 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
         }
     }
     let devices = choose_devices(&cfg, &source, boot)?;
+    // Before anything runs on the pool (opening the data may).
+    let workers = size_worker_pool(threads_per_replica(&cfg, boot) * cfg.cluster.replicas_per_rank);
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
     let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
@@ -190,6 +194,7 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
         initial,
         devices,
         resume,
+        workers,
     })
 }
 
@@ -298,6 +303,22 @@ fn progress_bar(max_iter: u64) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// Sizes the process's rayon pool — the threads that prepare batches, copy them into pinned
+/// memory and run the CPU backend's GEMMs — to `threads`, this rank's share of the node (its
+/// replicas' threads), and answers its size. Left to itself every rank would start a pool of all
+/// the node's cores, and the ranks of a node (one per GPU, or one per socket) would contend for
+/// them. A pool built before (a second run in one process) stays as it is.
+fn size_worker_pool(threads: usize) -> usize {
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("p2ptrain-worker-{i}"))
+        .build_global();
+    match built {
+        Ok(()) => threads,
+        Err(_) => rayon::current_num_threads(),
+    }
+}
+
 /// GEMM threads per replica: the config's, or the node's cores shared among its replicas.
 fn threads_per_replica(cfg: &config::Config, boot: &Bootstrap) -> usize {
     match cfg.cluster.threads_per_replica {
@@ -343,14 +364,18 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Devices::Cpu {
             threads_per_replica,
         } => {
-            format!("cpu, {threads_per_replica} GEMM thread(s) per replica")
+            format!(
+                "cpu, {threads_per_replica} GEMM thread(s) per replica, {} worker thread(s)",
+                prepared.workers
+            )
         }
         Devices::Cuda { first_ordinal, .. } => format!(
-            "cuda, rank 0's replicas on GPUs {}..{} ({:?} math, {:?} reduce)",
+            "cuda, rank 0's replicas on GPUs {}..{} ({:?} math, {:?} reduce), {} worker thread(s)",
             first_ordinal,
             first_ordinal + plan.replicas_per_rank,
             plan.config.cluster.math,
-            plan.config.cluster.reduce
+            plan.config.cluster.reduce,
+            prepared.workers
         ),
     };
     let extra = [

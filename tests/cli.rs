@@ -69,12 +69,21 @@ fn check_prints_the_resolved_plan_without_training() {
             &equivalence_config(),
             "--set",
             "cluster.replicas_per_rank=3",
+            "--set",
+            "cluster.threads_per_replica=2",
+            "--set",
+            "cluster.backend=\"cpu\"",
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     // 2 ranks × 3 replicas × batch 32 = global batch 192; 64·48+48 + 48·32+32 + 32·10+10 parameters.
     assert!(stdout.contains("192"), "global batch missing:\n{stdout}");
+    // Each rank's worker pool: its 3 replicas × 2 threads, whatever the machine's cores.
+    assert!(
+        stdout.contains("cpu, 2 GEMM thread(s) per replica, 6 worker thread(s)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains(&(64 * 48 + 48 + 48 * 32 + 32 + 32 * 10 + 10).to_string()),
         "{stdout}"
