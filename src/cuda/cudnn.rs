@@ -36,7 +36,7 @@
 
 use super::gpu_error;
 use super::layout::Layout;
-use super::path_timing::median_ms_in_turns;
+use super::path_timing::{median_ms_in_turns, zeroed_floats};
 use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
@@ -527,10 +527,7 @@ fn fastest_candidate(
         return Ok(candidates.first().copied());
     }
     let s = dnn.stream();
-    let floats = |n: usize| {
-        s.alloc_zeros::<f32>(n.max(1))
-            .map_err(|e| gpu_error("allocate a buffer to time cuDNN's algorithms", e))
-    };
+    let floats = |n: usize| zeroed_floats(s, n);
     let (mut xb, mut wb, mut yb) = (floats(x.count())?, floats(w.count())?, floats(y.count())?);
     let bytes = candidates
         .iter()

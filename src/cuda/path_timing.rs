@@ -10,10 +10,18 @@
 use super::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use std::sync::Arc;
 
 /// Timed runs of each alternative.
 pub const TIMED_RUNS: usize = 5;
+
+/// `n` zeroed floats (at least one) on `stream`: a scratch operand to time the alternatives on.
+pub fn zeroed_floats(stream: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<f32>> {
+    stream
+        .alloc_zeros::<f32>(n.max(1))
+        .map_err(|e| gpu_error("allocate a buffer to time alternative paths", e))
+}
 
 /// Median milliseconds of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`,
 /// timed in turns (see the module docs). Synchronises.

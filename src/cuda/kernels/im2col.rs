@@ -47,14 +47,15 @@ const DIRECT_SHARED_LIMIT: usize = 48 << 10;
 fn direct_pitch(columns: usize, lane_cols: usize, sh: usize, sw: usize) -> usize {
     const BANKS: usize = 32;
     let conflicts = |pitch: usize| {
-        let mut words: Vec<usize> = (0..32)
-            .map(|lane| 4 * (lane / lane_cols) * sh * pitch + (lane % lane_cols) * sw)
-            .collect();
+        let mut words: [usize; 32] = std::array::from_fn(|lane| {
+            4 * (lane / lane_cols) * sh * pitch + (lane % lane_cols) * sw
+        });
         words.sort_unstable();
-        words.dedup();
         let mut per_bank = [0usize; BANKS];
-        for w in words {
-            per_bank[w % BANKS] += 1;
+        for (i, &w) in words.iter().enumerate() {
+            if i == 0 || w != words[i - 1] {
+                per_bank[w % BANKS] += 1;
+            }
         }
         per_bank.into_iter().max().unwrap_or(0)
     };
@@ -362,11 +363,11 @@ impl Kernels {
     /// of its `C` blocks transposed, `(C, kh·kw, K)`, read flipped in both spatial axes (see
     /// [`ConvGeom::data_gradient_geom`]). `bias (K)` is added where given, and `y`'s old values
     /// where `accumulate`. Each output is one FP32 sum in a fixed order, so results repeat bit
-    /// for bit.
+    /// for bit. `tile` is [`ConvGeom::direct_tile`] of `geom` and `k`, computed once by the
+    /// caller (its pitch is a search, not to be repeated every step).
     ///
     /// # Panics
-    /// If a buffer is too short or the shape does not fit the kernel (`None` from
-    /// [`ConvGeom::direct_tile`]).
+    /// If a buffer is too short (in debug builds also if `tile` is not the shape's).
     #[allow(clippy::too_many_arguments)]
     pub fn conv_forward_direct(
         &self,
@@ -374,15 +375,17 @@ impl Kernels {
         x: &impl DevicePtr<f32>,
         wt: &impl DevicePtr<f32>,
         bias: Option<&CudaView<'_, f32>>,
-        geom: ConvGeom,
+        (geom, tile): (ConvGeom, &DirectTile),
         k: usize,
         (flip, accumulate): (bool, bool),
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let op = "conv_forward_direct";
-        let tile = geom
-            .direct_tile(k)
-            .unwrap_or_else(|| panic!("{op}: the shape does not fit the kernel"));
+        debug_assert_eq!(
+            Some(*tile),
+            geom.direct_tile(k),
+            "{op}: a tile of another shape"
+        );
         check_len(op, "x", x.len(), geom.input_len());
         check_len(op, "wt", wt.len(), k * geom.filter_rows());
         if let Some(b) = bias {

@@ -40,9 +40,9 @@ use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::kernels::ConvGeom;
+use crate::cuda::kernels::{ConvGeom, DirectTile};
 use crate::cuda::layout::Layout;
-use crate::cuda::path_timing::median_ms_in_turns;
+use crate::cuda::path_timing::{median_ms_in_turns, zeroed_floats};
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -100,6 +100,11 @@ struct Plan {
     w: FilterDesc,
     algos: ConvAlgos,
     geom: ConvGeom,
+    /// How the direct kernel covers the forward, where it can ([`ConvGeom::direct_tile`]).
+    direct_fwd: Option<DirectTile>,
+    /// The data gradient as a forward and the direct kernel's tile of it, where it can
+    /// ([`ConvGeom::data_gradient_geom`]).
+    direct_dgrad: Option<(ConvGeom, DirectTile)>,
     fwd: Fwd,
     dgrad: Dgrad,
     wgrad: Wgrad,
@@ -230,10 +235,11 @@ fn forward_pass(
         gpu.kernels
             .transpose(s, &params.slice(..wlen), &mut wt, 1, (k, rows), false)?;
         let bias = has_bias.then(|| params.slice(wlen..wlen + k));
-        let how = (false, false);
+        let tile = plan.direct_fwd.expect("checked when the plan was made");
+        let (shape, how) = ((plan.geom, &tile), (false, false));
         return gpu
             .kernels
-            .conv_forward_direct(s, x, &wt, bias.as_ref(), plan.geom, k, how, y);
+            .conv_forward_direct(s, x, &wt, bias.as_ref(), shape, k, how, y);
     }
     {
         let (xp, _gx) = x.device_ptr(s);
@@ -292,10 +298,7 @@ fn data_gradient(
 ) -> Result<()> {
     let s = &gpu.compute;
     if path == Dgrad::Direct {
-        let geom = plan
-            .geom
-            .data_gradient_geom(k)
-            .expect("checked when the plan was made");
+        let (geom, tile) = plan.direct_dgrad.expect("checked when the plan was made");
         let wlen = plan.w.count();
         let (c, taps) = (plan.bottom[1], (plan.geom.kh * plan.geom.kw) as usize);
         let mut wt = direct_weight.slice_mut(..wlen);
@@ -304,7 +307,7 @@ fn data_gradient(
         let how = (true, beta != 0.0);
         return gpu
             .kernels
-            .conv_forward_direct(s, dy, &wt, None, geom, c, how, dx);
+            .conv_forward_direct(s, dy, &wt, None, (geom, &tile), c, how, dx);
     }
     let (wp, _gw) = weight.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
@@ -327,9 +330,7 @@ fn data_gradient(
 
 /// `n` zeroed floats (at least one) on the compute stream: a buffer to time a path on.
 fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
-    gpu.compute
-        .alloc_zeros::<f32>(n.max(1))
-        .map_err(|e| gpu_error("allocate a buffer to time a convolution path", e))
+    zeroed_floats(&gpu.compute, n)
 }
 
 /// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
@@ -657,6 +658,10 @@ impl GpuLayer for GpuConvolution {
             w: wd,
             algos,
             geom,
+            direct_fwd: geom.direct_tile(k),
+            direct_dgrad: geom
+                .data_gradient_geom(k)
+                .and_then(|d| Some((d, d.direct_tile(c)?))),
             fwd: Fwd::Cudnn,
             dgrad: Dgrad::Cudnn,
             wgrad: Wgrad::Cudnn,
@@ -681,11 +686,8 @@ impl GpuLayer for GpuConvolution {
             plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
         // The direct kernel, forward and as the data gradient, where its tiles fit.
-        let direct_forward = geom.direct_tile(k).is_some();
-        let direct_dgrad = geom
-            .data_gradient_geom(k)
-            .and_then(|d| d.direct_tile(c))
-            .is_some();
+        let direct_forward = plan.direct_fwd.is_some();
+        let direct_dgrad = plan.direct_dgrad.is_some();
         if own_kernels && (direct_forward || direct_dgrad) {
             let wlen = self.weight_len();
             grow(gpu, &mut self.direct_weight, wlen)?;
