@@ -923,13 +923,19 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // column values gathered from x as im2col_batch would lay them out. A block of WG_C threads owns
 // a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and writes
 // its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step stages
-// WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C),
-// thread t gathering column t — and each thread accumulates a 4 × 8 sub-tile with fused
-// multiply-adds in ascending j; the next step's values are loaded into registers while this
-// step's are multiplied. Every sum runs in a fixed order, so the result repeats bit for bit, and
-// each is a plain FP32 dot product, as exact as the CPU's GEMM. With `with_bias`, column C·kh·kw
-// of the gathered matrix is all ones, so that the same products give the bias gradient
-// Σ_j dy_j (K), written after the weight's: partial (chunks, K·C·kh·kw + K).
+// WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C) — and
+// each thread accumulates a 4 × 8 sub-tile with fused multiply-adds in ascending j; the next
+// step's values are loaded into registers while this step's are multiplied. Every sum runs in a
+// fixed order, so the result repeats bit for bit, and each is a plain FP32 dot product, as exact
+// as the CPU's GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones, so that
+// the same products give the bias gradient Σ_j dy_j (K), written after the weight's:
+// partial (chunks, K·C·kh·kw + K).
+//
+// The gather: thread t stages position j0 + t % WG_J of each step, for column groups
+// t / WG_J, t / WG_J + WG_WARPS, … of 4 columns each, so that a warp's loads of one column run
+// along consecutive output positions (contiguous in x within an output row) and each group is
+// one float4 store. What a column needs (its offsets in x, whether it is the ones column) is
+// worked out once per block in a table.
 #define WG_K 32
 #define WG_C 128
 #define WG_J 32
@@ -937,58 +943,59 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // dy is staged in groups of 4 rows of K (one float4 store each); warp w takes groups w,
 // w + WG_WARPS, ...
 #define WG_DY_GROUPS (WG_K / 4 / WG_WARPS)
+// Column groups each thread gathers per step.
+#define WG_COL_GROUPS (WG_C / 4 / WG_WARPS)
+// An input row offset no window reaches: positions beyond the chunk, and columns beyond the
+// tile's, take it, so that their bounds check fails whatever is added to it.
+#define WG_NOWHERE (-(1 << 29))
 
-// Where step j0's staged j lie (threads below WG_J write one each), one int4 per j (a single
-// broadcast load in the gather): x the offset of x[n, 0, y0, x0], y and z the input pixel y0,
-// x0 (the top-left one of the window before padding and dilation; y0 = -1 beyond the chunk), w
-// the offset of dy[n, 0, oy, ox].
-struct WgradStep {
-    int4 at[WG_J];
-};
-
-__device__ __forceinline__ void wgrad_locate(WgradStep* step, int j0, int j_end, ConvGeom g,
-                                             int k_total, FastDiv by_pq, FastDiv by_ow) {
-    const int t = threadIdx.x;
-    if (t >= WG_J) return;
-    const int j = j0 + t, pq = g.oh * g.ow;
-    if (j < j_end) {
-        const int n = div_by(j, by_pq), p = j - n * pq;
-        const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
-        const int y0 = oy * g.sh, x0 = ox * g.sw;
-        step->at[t] = make_int4(n * g.c * g.h * g.w + y0 * g.w + x0, y0, x0, n * k_total * pq + p);
-    } else {
-        step->at[t] = make_int4(0, -1, 0, 0);
-    }
+// Where position j lies: x the offset of x[n, 0, y0, x0], y and z the input pixel y0, x0 (the
+// top-left one of the window before padding and dilation; y = WG_NOWHERE beyond the chunk), w the
+// offset of dy[n, 0, oy, ox].
+__device__ __forceinline__ int4 wgrad_locate(int j, int j_end, ConvGeom g, int k_total,
+                                             FastDiv by_pq, FastDiv by_ow) {
+    if (j >= j_end) return make_int4(0, WG_NOWHERE, 0, 0);
+    const int pq = g.oh * g.ow;
+    const int n = div_by(j, by_pq), p = j - n * pq;
+    const int oy = div_by(p, by_ow), ox = p - oy * g.ow;
+    const int y0 = oy * g.sh, x0 = ox * g.sw;
+    return make_int4(n * g.c * g.h * g.w + y0 * g.w + x0, y0, x0, n * k_total * pq + p);
 }
 
 extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
                                          ConvGeom g, int k_total, int chunk, int with_bias) {
-    // dy rows padded by 4 floats: the float4 staging stores of consecutive j then fall in
-    // different banks, and every row stays on 16 bytes for the float4 reads.
+    // Rows padded by 4 floats: a warp's float4 stores of consecutive j then spread over all
+    // banks, and every row stays on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
-    __shared__ __align__(16) float s_col[WG_J][WG_C];
-    __shared__ WgradStep steps[2];
+    __shared__ __align__(16) float s_col[WG_J][WG_C + 4];
+    // Per column of the tile: x the offset in x of its channel and kernel offsets (with padding
+    // and dilation), y and z those offsets in rows and columns (y = WG_NOWHERE for the ones
+    // column and columns beyond C·kh·kw), w the bits of the value it takes outside the image
+    // (1 for the ones column, else 0).
+    __shared__ int4 s_columns[WG_C];
     const int tid = threadIdx.x;
     const int rows = g.c * g.kh * g.kw;
     const int pq = g.oh * g.ow;
     const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * WG_C;
     const int j_begin = blockIdx.z * chunk;
     const int j_end = min(j_begin + chunk, g.n * pq);
-    // The column this thread gathers, fixed over the loop: its channel, its kernel offsets
-    // (with padding and dilation) and their offset in x.
-    const int crs = c0 + tid;
-    const bool col_ok = crs < rows, ones = with_bias && crs == rows;
-    int row_off = 0, col_off = 0, col_base = 0;
-    if (col_ok) {
-        const int kx = crs % g.kw, rc = crs / g.kw;
-        const int ch = rc / g.kh;
-        row_off = (rc - ch * g.kh) * g.dh - g.ph;
-        col_off = kx * g.dw - g.pw;
-        col_base = (ch * g.h + row_off) * g.w + col_off;
+    {
+        const int crs = c0 + tid;
+        int4 column = make_int4(0, WG_NOWHERE, 0, 0);
+        if (crs < rows) {
+            const int kx = crs % g.kw, rc = crs / g.kw;
+            const int ch = rc / g.kh;
+            const int row_off = (rc - ch * g.kh) * g.dh - g.ph, col_off = kx * g.dw - g.pw;
+            column = make_int4((ch * g.h + row_off) * g.w + col_off, row_off, col_off, 0);
+        } else if (with_bias && crs == rows) {
+            column.w = __float_as_int(1.0f);
+        }
+        s_columns[tid] = column;
     }
-    // The dy values this thread stages: staged j load_j, groups load_q, load_q + WG_WARPS, ...
-    // (the bound on the group holds for every thread of a WG_C-thread block, but the kernel with
-    // it, guarding the loads and stores below, measured 4-6% faster on an H200)
+    // The position this thread stages (its dy values and its column values) and its groups:
+    // dy rows 4·(load_q + i·WG_WARPS).., columns 4·(load_q + i·WG_WARPS)..
+    // (the bound on the dy group holds for every thread of a WG_C-thread block, but the kernel
+    // with it, guarding the loads and stores below, measured 4-6% faster on an H200)
     const int load_j = tid % WG_J, load_q = tid / WG_J;
     // The 4 × 8 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx.. and
     // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous). A
@@ -1003,31 +1010,28 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         for (int b = 0; b < 8; ++b) acc[a][b] = 0.0f;
     }
     const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
-    float next_dy[4 * WG_DY_GROUPS], next_col[WG_J];
-    // Loads the values of `step` into the registers above.
-    auto load = [&](const WgradStep* step) {
-        const int4 mine = step->at[load_j];
+    float next_dy[4 * WG_DY_GROUPS], next_col[4 * WG_COL_GROUPS];
+    // Loads step j0's values of this thread into the registers above.
+    auto load = [&](int j0) {
+        const int4 at = wgrad_locate(j0 + load_j, j_end, g, k_total, by_pq, by_ow);
+        const bool inside = at.y != WG_NOWHERE;
 #pragma unroll
         for (int i = 0; i < 4 * WG_DY_GROUPS; ++i) {
             const int group = load_q + (i / 4) * WG_WARPS;
             const int k = k0 + 4 * group + i % 4;
-            next_dy[i] = (mine.y >= 0 && group < WG_K / 4 && k < k_total)
-                             ? dy[mine.w + k * pq]
-                             : 0.0f;
+            next_dy[i] = (inside && group < WG_K / 4 && k < k_total) ? dy[at.w + k * pq] : 0.0f;
         }
 #pragma unroll
-        for (int jj = 0; jj < WG_J; ++jj) {
-            const int4 at = step->at[jj];
-            const int sy = at.y, y = sy + row_off, xx = at.z + col_off;
-            next_col[jj] = (col_ok && sy >= 0 && y >= 0 && y < g.h && xx >= 0 && xx < g.w)
-                               ? x[at.x + col_base]
-                               : (ones && sy >= 0 ? 1.0f : 0.0f);
+        for (int i = 0; i < 4 * WG_COL_GROUPS; ++i) {
+            const int4 column = s_columns[4 * (load_q + (i / 4) * WG_WARPS) + i % 4];
+            const unsigned y = at.y + column.y, xx = at.z + column.z;
+            next_col[i] = (y < unsigned(g.h) && xx < unsigned(g.w))
+                              ? x[at.x + column.x]
+                              : (inside ? __int_as_float(column.w) : 0.0f);
         }
     };
-    wgrad_locate(&steps[0], j_begin, j_end, g, k_total, by_pq, by_ow);
-    __syncthreads();
-    load(&steps[0]);
-    int which = 0;
+    __syncthreads();  // the column table written
+    load(j_begin);
     for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
 #pragma unroll
         for (int i = 0; i < 4 * WG_DY_GROUPS; i += 4) {
@@ -1038,11 +1042,13 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
             }
         }
 #pragma unroll
-        for (int jj = 0; jj < WG_J; ++jj) s_col[jj][tid] = next_col[jj];
-        which ^= 1;
-        wgrad_locate(&steps[which], j0 + WG_J, j_end, g, k_total, by_pq, by_ow);
-        __syncthreads();  // this step staged, the next one located
-        if (j0 + WG_J < j_end) load(&steps[which]);
+        for (int i = 0; i < 4 * WG_COL_GROUPS; i += 4) {
+            const int group = load_q + (i / 4) * WG_WARPS;
+            *reinterpret_cast<float4*>(&s_col[load_j][4 * group]) =
+                make_float4(next_col[i], next_col[i + 1], next_col[i + 2], next_col[i + 3]);
+        }
+        __syncthreads();  // this step staged
+        if (j0 + WG_J < j_end) load(j0 + WG_J);
 #pragma unroll
         for (int jj = 0; jj < WG_J; ++jj) {
             const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
