@@ -23,8 +23,10 @@ How to run (one process per GPU; nothing beyond PyTorch is needed, no network):
 What it measures: `--warmup` untimed steps, then `--iters` timed steps between two
 `torch.cuda.synchronize()` calls (all ranks start together after a barrier); a step is forward,
 loss, zero_grad, backward (with DDP's bucketed gradient all-reduce, default 25 MiB buckets,
-overlapped with backward) and the optimizer update. The time is the slowest rank's. With one process
-the model is not wrapped in DDP at all, so the 1-GPU figure is plain PyTorch, not DDP's overhead.
+overlapped with backward) and the optimizer update. The time is the slowest rank's. cuDNN picks
+its convolution algorithms by its heuristics (PyTorch's default) unless `--cudnn-benchmark` has
+them timed per shape in the warm-up steps. With one process the model is not wrapped in DDP at
+all, so the 1-GPU figure is plain PyTorch, not DDP's overhead.
 
 Output: one JSON line on rank 0, e.g.
     {"framework": "pytorch 2.11.0+cu130 DDP", "workload": "mlp4096", "gpus": 2, "batch_per_gpu": 512,
@@ -74,6 +76,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--channels-last", action="store_true",
                     help="model and images in torch.channels_last (NHWC) memory format")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark = True: cuDNN's algorithms timed per shape "
+                         "in the first steps instead of chosen by its heuristics")
     args = ap.parse_args()
     if args.batch < 1 or args.iters < 1 or args.warmup < 0:
         ap.error("--batch and --iters must be positive, --warmup not negative")
@@ -186,6 +191,7 @@ def main() -> int:
     if world > 1:
         dist.init_process_group("nccl", device_id=device)
     set_math(args.math)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
     # Same initial weights on every rank (DDP broadcasts rank 0's anyway); different data per rank.
     torch.manual_seed(args.seed)
@@ -248,6 +254,7 @@ def main() -> int:
             "global_batch": global_batch,
             "math": args.math,
             "memory_format": "channels_last" if args.channels_last else "contiguous",
+            "cudnn_benchmark": args.cudnn_benchmark,
             "warmup": args.warmup,
             "iters": args.iters,
             "seconds": round(seconds, 6),

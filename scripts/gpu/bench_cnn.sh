@@ -10,6 +10,8 @@
 #   LAYOUTS="nchw nhwc" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR        # cluster.gpu_layout values
 #                                                                       # (default: auto)
 #   TORCH_CHANNELS_LAST=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR      # PyTorch also channels_last
+#   TORCH_CUDNN_BENCHMARK=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # PyTorch also with
+#                                                                       # cudnn.benchmark = True
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
@@ -69,15 +71,17 @@ for w in "${ALL[@]}"; do
     done
     done
     for format in "" ${TORCH_CHANNELS_LAST:+--channels-last}; do
-      err="$OUT/torch-$name-$batch-$math-$np${format:+-cl}.err"
+    for tune in "" ${TORCH_CUDNN_BENCHMARK:+--cudnn-benchmark}; do
+      err="$OUT/torch-$name-$batch-$math-$np${format:+-cl}${tune:+-tuned}.err"
       if [ $np -eq 1 ]; then
         timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" --math "$math" \
-          --warmup "$warmup" --iters "$iters" $format 2>"$err" | tee -a "$OUT/summary.txt"
+          --warmup "$warmup" --iters "$iters" $format $tune 2>"$err" | tee -a "$OUT/summary.txt"
       else
         timeout 300 python3 -m torch.distributed.run --nproc_per_node=$np scripts/pytorch_ddp.py --workload "$name" \
-          --batch "$batch" --math "$math" --warmup "$warmup" --iters "$iters" $format \
+          --batch "$batch" --math "$math" --warmup "$warmup" --iters "$iters" $format $tune \
           2>"$err" | tee -a "$OUT/summary.txt"
       fi
+    done
     done
   done
 done
