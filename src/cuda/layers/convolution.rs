@@ -328,11 +328,6 @@ fn data_gradient(
     }
 }
 
-/// `n` zeroed floats (at least one) on the compute stream: a buffer to time a path on.
-fn timing_buffer(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
-    zeroed_floats(&gpu.compute, n)
-}
-
 /// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
 /// `plan`: each path's median time over runs of `run(path)` on the compute stream, the paths
 /// timed in turns ([`median_ms_in_turns`]), each logged at debug level. Synchronises.
@@ -489,9 +484,9 @@ impl GpuConvolution {
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
         let k = self.num_output;
         let (x, dy, mut dw) = (
-            timing_buffer(gpu, plan.x.count())?,
-            timing_buffer(gpu, plan.y.count())?,
-            timing_buffer(gpu, plan.w.count() + k)?,
+            zeroed_floats(&gpu.compute, plan.x.count())?,
+            zeroed_floats(&gpu.compute, plan.y.count())?,
+            zeroed_floats(&gpu.compute, plan.w.count() + k)?,
         );
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
@@ -513,9 +508,9 @@ impl GpuConvolution {
         let k = self.num_output;
         let wlen = plan.w.count();
         let (x, params, mut y) = (
-            timing_buffer(gpu, plan.x.count())?,
-            timing_buffer(gpu, wlen + k)?,
-            timing_buffer(gpu, plan.y.count())?,
+            zeroed_floats(&gpu.compute, plan.x.count())?,
+            zeroed_floats(&gpu.compute, wlen + k)?,
+            zeroed_floats(&gpu.compute, plan.y.count())?,
         );
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
@@ -535,9 +530,9 @@ impl GpuConvolution {
     fn fastest_dgrad(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Dgrad> {
         let k = self.num_output;
         let (dy, weight, mut dx) = (
-            timing_buffer(gpu, plan.y.count())?,
-            timing_buffer(gpu, plan.w.count())?,
-            timing_buffer(gpu, plan.x.count())?,
+            zeroed_floats(&gpu.compute, plan.y.count())?,
+            zeroed_floats(&gpu.compute, plan.w.count())?,
+            zeroed_floats(&gpu.compute, plan.x.count())?,
         );
         let bytes = self.workspace.len();
         let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
