@@ -114,6 +114,7 @@ kernel_set!(
     wgrad_partial,
     wgrad_sum_partials,
     conv_forward_direct,
+    direct_sum_splits,
     swap_outer,
     channel_affine,
     channel_scale_backward,

@@ -213,8 +213,9 @@ fn weight_gradient(
 /// chosen algorithm reading `weight` (the layer's weight, or its KRSC copy when channels-last),
 /// then the project's channel kernel adding the bias; or the direct kernel of
 /// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct), the
-/// weight first transposed into `direct_weight` (at least the weight's length). `params` is the
-/// layer's weight followed, where `has_bias`, by its bias.
+/// weight first transposed into the front of `direct_scratch` (at least the weight's length
+/// plus the tile's partial sums). `params` is the layer's weight followed, where `has_bias`, by
+/// its bias.
 #[allow(clippy::too_many_arguments)]
 fn forward_pass(
     gpu: &Gpu,
@@ -224,22 +225,24 @@ fn forward_pass(
     ws: cudnn::Workspace,
     x: &impl DevicePtr<f32>,
     params: &CudaView<'_, f32>,
-    (weight, direct_weight): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
+    (weight, direct_scratch): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
     y: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let s = &gpu.compute;
     let wlen = plan.w.count();
     if path == Fwd::Direct {
-        let mut wt = direct_weight.slice_mut(..wlen);
+        let tile = plan.direct_fwd.expect("checked when the plan was made");
+        let (mut wt, mut rest) = direct_scratch.split_at_mut(wlen);
         let rows = wlen / k;
         gpu.kernels
             .transpose(s, &params.slice(..wlen), &mut wt, 1, (k, rows), false)?;
         let bias = has_bias.then(|| params.slice(wlen..wlen + k));
-        let tile = plan.direct_fwd.expect("checked when the plan was made");
+        let inputs = (x, &wt, bias.as_ref());
+        let mut partial = rest.slice_mut(..tile.partial_len);
         let (shape, how) = ((plan.geom, &tile), (false, false));
         return gpu
             .kernels
-            .conv_forward_direct(s, x, &wt, bias.as_ref(), shape, k, how, y);
+            .conv_forward_direct(s, inputs, shape, k, how, &mut partial, y);
     }
     {
         let (xp, _gx) = x.device_ptr(s);
@@ -284,14 +287,15 @@ fn forward_pass(
 /// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct) as the
 /// forward of `dy` with the filters flipped (see
 /// [`ConvGeom::data_gradient_geom`](crate::cuda::kernels::ConvGeom::data_gradient_geom)), their
-/// arrangement first written into `direct_weight`. `k` is the layer's outputs; `beta` 0 or 1.
+/// arrangement first written into the front of `direct_scratch` (then the tile's partial
+/// sums). `k` is the layer's outputs; `beta` 0 or 1.
 #[allow(clippy::too_many_arguments)]
 fn data_gradient(
     gpu: &Gpu,
     plan: &Plan,
     path: Dgrad,
     (k, ws): (usize, cudnn::Workspace),
-    (weight, direct_weight): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
+    (weight, direct_scratch): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
     dy: &impl DevicePtr<f32>,
     beta: f32,
     dx: &mut impl DevicePtrMut<f32>,
@@ -301,13 +305,20 @@ fn data_gradient(
         let (geom, tile) = plan.direct_dgrad.expect("checked when the plan was made");
         let wlen = plan.w.count();
         let (c, taps) = (plan.bottom[1], (plan.geom.kh * plan.geom.kw) as usize);
-        let mut wt = direct_weight.slice_mut(..wlen);
+        let (mut wt, mut rest) = direct_scratch.split_at_mut(wlen);
         gpu.kernels
             .transpose(s, weight, &mut wt, k, (c, taps), false)?;
+        let mut partial = rest.slice_mut(..tile.partial_len);
         let how = (true, beta != 0.0);
-        return gpu
-            .kernels
-            .conv_forward_direct(s, dy, &wt, None, (geom, &tile), c, how, dx);
+        return gpu.kernels.conv_forward_direct(
+            s,
+            (dy, &wt, None),
+            (geom, &tile),
+            c,
+            how,
+            &mut partial,
+            dx,
+        );
     }
     let (wp, _gw) = weight.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
@@ -385,8 +396,9 @@ pub struct GpuConvolution {
     /// Channels-last only: the weight gradient of a backward as KRSC, before its transpose.
     grad_krsc: CudaSlice<f32>,
     /// The weight as the direct kernel reads it, for a forward or a data gradient by that
-    /// kernel: written just before each such launch (see [`forward_pass`], [`data_gradient`]).
-    direct_weight: CudaSlice<f32>,
+    /// kernel, written just before each such launch (see [`forward_pass`], [`data_gradient`]),
+    /// then the kernel's partial sums where its tile splits the input channels.
+    direct_scratch: CudaSlice<f32>,
 }
 
 /// The value per spatial axis `[h, w]` of an optional `Dims` key, `default` when absent.
@@ -463,7 +475,7 @@ impl GpuConvolution {
             layout,
             weight_krsc: scratch(gpu, 1)?,
             grad_krsc: scratch(gpu, 1)?,
-            direct_weight: scratch(gpu, 1)?,
+            direct_scratch: scratch(gpu, 1)?,
         })
     }
 
@@ -518,7 +530,7 @@ impl GpuConvolution {
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
         let paths = [Fwd::Cudnn, Fwd::Direct];
-        let direct = &mut self.direct_weight;
+        let direct = &mut self.direct_scratch;
         fastest(gpu, (&self.name, plan), "forward", &paths, |path| {
             let weights = (&w, &mut *direct);
             forward_pass(gpu, plan, path, how, ws, &x, &p, weights, &mut y)
@@ -539,7 +551,7 @@ impl GpuConvolution {
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let w = weight.slice(..);
         let paths = [Dgrad::Cudnn, Dgrad::Direct];
-        let direct = &mut self.direct_weight;
+        let direct = &mut self.direct_scratch;
         fastest(gpu, (&self.name, plan), "data gradient", &paths, |path| {
             let weights = (&w, &mut *direct);
             data_gradient(gpu, plan, path, (k, ws), weights, &dy, 0.0, &mut dx)
@@ -684,8 +696,14 @@ impl GpuLayer for GpuConvolution {
         let direct_forward = plan.direct_fwd.is_some();
         let direct_dgrad = plan.direct_dgrad.is_some();
         if own_kernels && (direct_forward || direct_dgrad) {
-            let wlen = self.weight_len();
-            grow(gpu, &mut self.direct_weight, wlen)?;
+            let partial_len = [plan.direct_fwd, plan.direct_dgrad.map(|(_, tile)| tile)]
+                .iter()
+                .flatten()
+                .map(|tile| tile.partial_len)
+                .max()
+                .unwrap_or(0);
+            let len = self.weight_len() + partial_len;
+            grow(gpu, &mut self.direct_scratch, len)?;
         }
         if own_kernels && direct_forward {
             plan.fwd = self.fastest_forward(gpu, &plan)?;
@@ -731,7 +749,7 @@ impl GpuLayer for GpuConvolution {
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let how = (k, self.bias_term, self.layout);
         let mut top = y.data_mut();
-        let weights = (&weight, &mut self.direct_weight);
+        let weights = (&weight, &mut self.direct_scratch);
         forward_pass(
             gpu, plan, plan.fwd, how, ws, &x.data, params, weights, &mut top,
         )
@@ -837,7 +855,7 @@ impl GpuLayer for GpuConvolution {
                 Layout::Nchw => params.slice(..wlen),
                 Layout::Nhwc => self.weight_krsc.slice(..wlen),
             };
-            let weights = (&w, &mut self.direct_weight);
+            let weights = (&w, &mut self.direct_scratch);
             let (dy, dx) = (&y.diff, &mut x.diff);
             let beta = grads[0].beta();
             data_gradient(gpu, plan, plan.dgrad, (k, ws), weights, dy, beta, dx)?;
@@ -1050,8 +1068,11 @@ mod tests {
     /// convolution of cifar10_quick's shape; stride, dilation, a rectangular kernel, no bias,
     /// several row and column tiles and a partial tile of channels; a 7 × 7, stride-2 one with
     /// three tiles of channels; cifar10_quick's second (four chunks of input channels, warps of
-    /// 2 × 16 lanes), 37 channels in unequal chunks, and narrow planes (warps of 4 × 8 lanes).
-    /// Bit for bit the same when run again.
+    /// 2 × 16 lanes) at batch 512 (one pass over the chunks) and 3 (the chunks in splits of
+    /// their own), 37 channels in unequal chunks, and narrow planes (warps of 4 × 8 lanes);
+    /// short planes with a sample per row of lanes: cifar10_quick's third (4 samples of 8 × 8,
+    /// the last block with 2 samples of its 4), 7 × 7 planes with a partial tile of channels,
+    /// 6 × 12 planes (2 samples of 16 columns). Bit for bit the same when run again.
     #[test]
     fn direct_forward_matches_cudnn() {
         use super::{cudnn, forward_pass, Fwd};
@@ -1063,9 +1084,13 @@ mod tests {
             ("num_output = 32\nkernel_size = 5\npad = 2", [2, 3, 32, 32]),
             ("num_output = 20\nkernel_size = [3, 5]\nstride = 2\npad = [1, 2]\ndilation = [2, 1]\nbias_term = false", [3, 2, 29, 83]),
             ("num_output = 70\nkernel_size = 7\nstride = 2\npad = 3", [2, 3, 21, 21]),
+            ("num_output = 32\nkernel_size = 5\npad = 2", [512, 32, 16, 16]),
             ("num_output = 32\nkernel_size = 5\npad = 2", [3, 32, 16, 16]),
             ("num_output = 40\nkernel_size = 3\npad = 1\nstride = [1, 2]", [2, 37, 19, 27]),
             ("num_output = 9\nkernel_size = [5, 3]\npad = [0, 1]", [2, 6, 40, 7]),
+            ("num_output = 64\nkernel_size = 5\npad = 2", [6, 32, 8, 8]),
+            ("num_output = 40\nkernel_size = 3\npad = 1", [5, 19, 7, 7]),
+            ("num_output = 12\nkernel_size = 3\npad = 1\nbias_term = false", [3, 5, 6, 12]),
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(310);
         for (extra, shape) in cases {
@@ -1080,7 +1105,7 @@ mod tests {
             let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
             let how = (k, layer.bias_term, Layout::Nchw);
-            let direct = &mut layer.direct_weight;
+            let direct = &mut layer.direct_scratch;
             let mut run = |path| {
                 let mut y = gpu.compute.alloc_zeros::<f32>(plan.y.count()).unwrap();
                 let (p, w) = (params.slice(..), params.slice(..wlen));
@@ -1101,8 +1126,10 @@ mod tests {
 
     /// The data gradient by the direct kernel (the forward of `dy` with the flipped filters)
     /// agrees with cuDNN's on the same plan, overwriting and accumulating (beta 0 and 1):
-    /// cifar10_quick's second convolution, more outputs than inputs, a rectangular dilated
-    /// kernel with uneven padding, and a 1 × 1 one. Bit for bit the same when run again.
+    /// cifar10_quick's second convolution at batch 512 (one pass over four chunks of channels)
+    /// and 3 (the chunks in splits of their own), its third (8 × 8 planes with a sample per row
+    /// of lanes), more outputs than inputs, a rectangular dilated kernel with uneven padding,
+    /// and a 1 × 1 one. Bit for bit the same when run again.
     #[test]
     fn direct_data_gradient_matches_cudnn() {
         use super::{cudnn, data_gradient, Dgrad};
@@ -1111,7 +1138,12 @@ mod tests {
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("direct_data_gradient_matches_cudnn");
         let cases = [
+            (
+                "num_output = 32\nkernel_size = 5\npad = 2",
+                [512, 32, 16, 16],
+            ),
             ("num_output = 32\nkernel_size = 5\npad = 2", [3, 32, 16, 16]),
+            ("num_output = 64\nkernel_size = 5\npad = 2", [5, 32, 8, 8]),
             (
                 "num_output = 48\nkernel_size = 3\npad = 1\nbias_term = false",
                 [2, 20, 13, 30],
@@ -1141,7 +1173,7 @@ mod tests {
             let bytes = layer.workspace.len();
             let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
-            let direct = &mut layer.direct_weight;
+            let direct = &mut layer.direct_scratch;
             let mut run = |path, beta| {
                 let mut dx = gpu.compute.clone_dtod(&start).unwrap();
                 let weights = (&weight.slice(..), &mut *direct);
