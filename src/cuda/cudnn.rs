@@ -35,6 +35,7 @@
 //! or timed with.
 
 use super::gpu_error;
+use super::kernels::Kernels;
 use super::layout::Layout;
 use super::path_timing::{median_ms_in_turns, zeroed_floats};
 use crate::config::{ConvAlgorithm, MathMode};
@@ -517,7 +518,7 @@ fn near_fastest(ranked: &[RawPerf]) -> Vec<RawPerf> {
 /// filter) of the convolution `descs`, timed in turns on zeroed scratch buffers of its shapes
 /// (see [`median_ms_in_turns`]); the only one without timing. Synchronises.
 fn fastest_candidate(
-    dnn: &Cudnn,
+    (dnn, kernels): (&Cudnn, &Kernels),
     direction: usize,
     (x, w, y): (&TensorDesc, &FilterDesc, &TensorDesc),
     geometry: ConvGeometry,
@@ -547,7 +548,7 @@ fn fastest_candidate(
     let (yp, _gy) = yb.device_ptr_mut(s);
     let (wsp, _gws) = ws.device_ptr_mut(s);
     let work = Workspace { ptr: wsp, bytes };
-    let times = median_ms_in_turns(s, candidates.len(), |i| {
+    let times = median_ms_in_turns(s, kernels, candidates.len(), |i| {
         let (algo, conv) = (candidates[i].algo, &descs[i]);
         // SAFETY: scratch buffers of the descriptors' element counts and a workspace of the
         // largest size cuDNN reported for these candidates, all alive until the timing
@@ -764,9 +765,10 @@ fn rank_once(
 impl ConvAlgos {
     /// Chooses the forward, backward-data and backward-filter algorithms for `x * w -> y` (see
     /// the module docs), with a descriptor per direction in the math type each is to run with,
-    /// and sizes their workspace. `Measured` blocks the host while cuDNN times the candidates.
+    /// and sizes their workspace. `Measured` blocks the host while cuDNN times the candidates
+    /// (and `kernels` holds the stream while each timed run is enqueued).
     pub fn choose(
-        dnn: &Cudnn,
+        (dnn, kernels): (&Cudnn, &Kernels),
         how: ConvAlgorithm,
         exact: bool,
         x: &TensorDesc,
@@ -785,7 +787,7 @@ impl ConvAlgos {
                 ConvAlgorithm::Heuristic => candidates.first().copied(),
                 ConvAlgorithm::Measured => {
                     let near = near_fastest(&candidates);
-                    fastest_candidate(dnn, direction, (x, w, y), geometry, &near)?
+                    fastest_candidate((dnn, kernels), direction, (x, w, y), geometry, &near)?
                 }
             };
             if let Some(p) = choice {

@@ -67,6 +67,19 @@ __device__ __forceinline__ int class_of(float label, int classes, int has_ignore
 }
 
 // ---------------------------------------------------------------------------------------------
+// Keeps its stream busy for `ns` nanoseconds of the device's global timer (one thread): queued
+// ahead of work to be timed, so that the host has enqueued all of that work before the device
+// starts it, and the time is the device's alone (see src/cuda/path_timing.rs).
+extern "C" __global__ void hold_stream(long long ns) {
+    long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Vector helpers over (n) floats.
 
 extern "C" __global__ void fill(float* x, float value, long long n) {

@@ -62,6 +62,7 @@ macro_rules! kernel_set {
 }
 
 kernel_set!(
+    hold_stream,
     fill,
     scale,
     axpy,
@@ -278,6 +279,18 @@ impl Kernels {
     /// The number of partial sums [`Kernels::sumsq_partial`] writes for `n` elements.
     pub fn sumsq_parts(&self, n: usize) -> usize {
         self.grid(n).grid_dim.0 as usize
+    }
+
+    /// Keeps `s` busy for `ns` nanoseconds of device time (`hold_stream`, one thread): work
+    /// enqueued behind it starts no sooner.
+    pub fn hold_stream(&self, s: &CudaStream, ns: u64) -> Result<()> {
+        let ns = i64::try_from(ns).unwrap_or(i64::MAX);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, s, hold_stream, one, [&ns])
     }
 
     /// `x[..n] = value`.

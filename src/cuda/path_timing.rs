@@ -6,8 +6,16 @@
 //! from idle, or another stream's work, weighs on all of them alike, where timing one after the
 //! other favoured whichever ran last. Each alternative's median of [`TIMED_RUNS`] runs, each
 //! timed on its own by a pair of events, keeps one slow run from deciding.
+//!
+//! Each run waits on the device behind [`Kernels::hold_stream`] while the host enqueues it, so
+//! that its time is the device's alone: timed as it was enqueued, a path of several launches
+//! (cuDNN's FFT algorithms, several kernels and their host-side set-up) also counted the host's
+//! time between its launches, which inside a training step, with the host running ahead, it
+//! does not cost. A run that the device began before the host had enqueued all of it is timed
+//! again behind a hold twice as long.
 
 use super::gpu_error;
+use super::kernels::Kernels;
 use crate::error::Result;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
@@ -15,6 +23,9 @@ use std::sync::Arc;
 
 /// Timed runs of each alternative.
 pub const TIMED_RUNS: usize = 5;
+
+/// The first hold ahead of a timed run, and the longest (nanoseconds of device time).
+const HOLD_NS: (u64, u64) = (100_000, 12_800_000);
 
 /// `n` zeroed floats (at least one) on `stream`: a scratch operand to time the alternatives on.
 pub fn zeroed_floats(stream: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<f32>> {
@@ -24,9 +35,11 @@ pub fn zeroed_floats(stream: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<f32
 }
 
 /// Median milliseconds of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`,
-/// timed in turns (see the module docs). Synchronises.
+/// timed in turns, each run behind a hold of the stream by `kernels` (see the module docs).
+/// Synchronises.
 pub fn median_ms_in_turns(
     stream: &CudaStream,
+    kernels: &Kernels,
     count: usize,
     mut run: impl FnMut(usize) -> Result<()>,
 ) -> Result<Vec<f32>> {
@@ -44,19 +57,32 @@ pub fn median_ms_in_turns(
         run(i)?;
     }
     let (start, end) = (event()?, event()?);
+    let mut hold_ns = HOLD_NS.0;
     let mut times = vec![Vec::with_capacity(TIMED_RUNS); count];
     for _ in 0..TIMED_RUNS {
         for (i, alternative) in times.iter_mut().enumerate() {
-            record(&start)?;
-            run(i)?;
-            record(&end)?;
-            end.synchronize()
-                .map_err(|e| gpu_error("wait for a timing event", e))?;
-            alternative.push(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(|e| gpu_error("read a timing event", e))?,
-            );
+            loop {
+                kernels.hold_stream(stream, hold_ns)?;
+                record(&start)?;
+                run(i)?;
+                record(&end)?;
+                // Already started: the device may have waited on the host within the run.
+                let raced = start
+                    .try_is_complete()
+                    .map_err(|e| gpu_error("query a timing event", e))?;
+                end.synchronize()
+                    .map_err(|e| gpu_error("wait for a timing event", e))?;
+                if raced && hold_ns < HOLD_NS.1 {
+                    hold_ns *= 2;
+                    continue;
+                }
+                alternative.push(
+                    start
+                        .elapsed_ms(&end)
+                        .map_err(|e| gpu_error("read a timing event", e))?,
+                );
+                break;
+            }
         }
     }
     Ok(times

@@ -349,7 +349,7 @@ fn fastest<P: Copy + std::fmt::Debug>(
     paths: &[P],
     mut run: impl FnMut(P) -> Result<()>,
 ) -> Result<P> {
-    let times = median_ms_in_turns(&gpu.compute, paths.len(), |i| run(paths[i]))?;
+    let times = median_ms_in_turns(&gpu.compute, &gpu.kernels, paths.len(), |i| run(paths[i]))?;
     let mut best = (paths[0], f32::INFINITY);
     for (&path, ms) in paths.iter().zip(times) {
         tracing::debug!(
@@ -623,7 +623,7 @@ impl GpuLayer for GpuConvolution {
             layout,
         )?;
         let algos = ConvAlgos::choose(
-            dnn,
+            (dnn, &gpu.kernels),
             gpu.conv_algorithm,
             gpu.conv_exact,
             &x,
