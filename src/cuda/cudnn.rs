@@ -26,8 +26,9 @@
 //! three times per shape (`cudnnFind*`, host-blocking, at the first step of a shape) and
 //! ranks the candidates by their median time; of the allowed ones (deterministic, when exact)
 //! that fit the workspace limit, the first few within 1.5× of the fastest are timed again in
-//! turns ([`median_ms_in_turns`]: `cudnnFind*` times them one after the other, which ranked
-//! kernels of similar speed differently from run to run) and the fastest is kept; `heuristic`
+//! turns ([`median_times_in_turns`]: `cudnnFind*` times them one after the other, which ranked
+//! kernels of similar speed differently from run to run) and the cheapest is kept (the larger
+//! of its device and host times: [`super::path_timing::PathTime::cost_ms`]); `heuristic`
 //! takes the first such one of cuDNN's ranking (`*_v7`), which costs no timing and is the same
 //! every run. Each direction runs with the math type cuDNN reported for its algorithm (a
 //! descriptor per direction): the legacy API picks the kernel by algorithm *and* math type, and
@@ -37,7 +38,7 @@
 use super::gpu_error;
 use super::kernels::Kernels;
 use super::layout::Layout;
-use super::path_timing::{median_ms_in_turns, zeroed_floats};
+use super::path_timing::{median_times_in_turns, zeroed_floats};
 use crate::config::{ConvAlgorithm, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
@@ -514,9 +515,10 @@ fn near_fastest(ranked: &[RawPerf]) -> Vec<RawPerf> {
         .collect()
 }
 
-/// The fastest of `candidates` of one direction (0 forward, 1 backward data, 2 backward
+/// The cheapest of `candidates` of one direction (0 forward, 1 backward data, 2 backward
 /// filter) of the convolution `descs`, timed in turns on zeroed scratch buffers of its shapes
-/// (see [`median_ms_in_turns`]); the only one without timing. Synchronises.
+/// (see [`median_times_in_turns`] and [`super::path_timing::PathTime::cost_ms`]); the only one
+/// without timing. Synchronises.
 fn fastest_candidate(
     (dnn, kernels): (&Cudnn, &Kernels),
     direction: usize,
@@ -548,7 +550,7 @@ fn fastest_candidate(
     let (yp, _gy) = yb.device_ptr_mut(s);
     let (wsp, _gws) = ws.device_ptr_mut(s);
     let work = Workspace { ptr: wsp, bytes };
-    let times = median_ms_in_turns(s, kernels, candidates.len(), |i| {
+    let times = median_times_in_turns(s, kernels, candidates.len(), |i| {
         let (algo, conv) = (candidates[i].algo, &descs[i]);
         // SAFETY: scratch buffers of the descriptors' element counts and a workspace of the
         // largest size cuDNN reported for these candidates, all alive until the timing
@@ -571,17 +573,18 @@ fn fastest_candidate(
         }
     })?;
     let mut best = (candidates[0], f32::INFINITY);
-    for (p, ms) in candidates.iter().zip(times) {
+    for (p, time) in candidates.iter().zip(times) {
         tracing::debug!(
             direction = DIRECTIONS[direction],
             algo = p.algo,
             math_type = p.math_type,
             find_ms = p.time,
-            ms,
+            device_ms = time.device_ms,
+            host_ms = time.host_ms,
             "cuDNN convolution algorithm timed again"
         );
-        if ms < best.1 {
-            best = (*p, ms);
+        if time.cost_ms() < best.1 {
+            best = (*p, time.cost_ms());
         }
     }
     Ok(Some(best.0))

@@ -8,11 +8,13 @@
 //! timed on its own by a pair of events, keeps one slow run from deciding.
 //!
 //! Each run waits on the device behind [`Kernels::hold_stream`] while the host enqueues it, so
-//! that its time is the device's alone: timed as it was enqueued, a path of several launches
-//! (cuDNN's FFT algorithms, several kernels and their host-side set-up) also counted the host's
-//! time between its launches, which inside a training step, with the host running ahead, it
-//! does not cost. A run that the device began before the host had enqueued all of it is timed
-//! again behind a hold twice as long.
+//! that its device time is the device's alone (a run that the device began before the host had
+//! enqueued all of it is timed again behind a hold twice as long); the host's time to enqueue
+//! it is measured on its own. A path costs a step the larger of the two ([`PathTime::cost_ms`]):
+//! with the host running ahead (large batches) its device time, but where the host is what
+//! the device waits on (small batches), a path of several launches with host-side set-up
+//! (cuDNN's FFT algorithms) can cost more host time than device time. Timed simply as it was
+//! enqueued, a path counted a mix of the two.
 
 use super::gpu_error;
 use super::kernels::Kernels;
@@ -20,6 +22,7 @@ use crate::error::Result;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Timed runs of each alternative.
 pub const TIMED_RUNS: usize = 5;
@@ -34,15 +37,31 @@ pub fn zeroed_floats(stream: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<f32
         .map_err(|e| gpu_error("allocate a buffer to time alternative paths", e))
 }
 
-/// Median milliseconds of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`,
-/// timed in turns, each run behind a hold of the stream by `kernels` (see the module docs).
+/// One alternative's median times over its timed runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathTime {
+    /// Milliseconds of device time from its first launch to the end of its last.
+    pub device_ms: f32,
+    /// Milliseconds the host took to enqueue it.
+    pub host_ms: f32,
+}
+
+impl PathTime {
+    /// What the path costs a step: the larger of its device and host times.
+    pub fn cost_ms(&self) -> f32 {
+        self.device_ms.max(self.host_ms)
+    }
+}
+
+/// Median times of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`, timed
+/// in turns, each run behind a hold of the stream by `kernels` (see the module docs).
 /// Synchronises.
-pub fn median_ms_in_turns(
+pub fn median_times_in_turns(
     stream: &CudaStream,
     kernels: &Kernels,
     count: usize,
     mut run: impl FnMut(usize) -> Result<()>,
-) -> Result<Vec<f32>> {
+) -> Result<Vec<PathTime>> {
     let event = || {
         stream
             .context()
@@ -58,13 +77,21 @@ pub fn median_ms_in_turns(
     }
     let (start, end) = (event()?, event()?);
     let mut hold_ns = HOLD_NS.0;
-    let mut times = vec![Vec::with_capacity(TIMED_RUNS); count];
+    let mut times = vec![
+        (
+            Vec::with_capacity(TIMED_RUNS),
+            Vec::with_capacity(TIMED_RUNS)
+        );
+        count
+    ];
     for _ in 0..TIMED_RUNS {
-        for (i, alternative) in times.iter_mut().enumerate() {
+        for (i, (device, host)) in times.iter_mut().enumerate() {
             loop {
                 kernels.hold_stream(stream, hold_ns)?;
                 record(&start)?;
+                let enqueue = Instant::now();
                 run(i)?;
+                let host_ms = enqueue.elapsed().as_secs_f32() * 1e3;
                 record(&end)?;
                 // Already started: the device may have waited on the host within the run.
                 let raced = start
@@ -76,20 +103,25 @@ pub fn median_ms_in_turns(
                     hold_ns *= 2;
                     continue;
                 }
-                alternative.push(
+                device.push(
                     start
                         .elapsed_ms(&end)
                         .map_err(|e| gpu_error("read a timing event", e))?,
                 );
+                host.push(host_ms);
                 break;
             }
         }
     }
+    let median = |mut t: Vec<f32>| {
+        t.sort_by(f32::total_cmp);
+        t[TIMED_RUNS / 2]
+    };
     Ok(times
         .into_iter()
-        .map(|mut t| {
-            t.sort_by(f32::total_cmp);
-            t[TIMED_RUNS / 2]
+        .map(|(device, host)| PathTime {
+            device_ms: median(device),
+            host_ms: median(host),
         })
         .collect())
 }

@@ -225,8 +225,9 @@ impl ConvGeom {
     /// than half of a block's rows idle (planes too small for a warp), or the grid or an index
     /// beyond its range. A block takes one sample, or one per row of lanes where that leaves
     /// fewer rows idle (planes shorter than a block's rows: cifar10_quick's third convolution,
-    /// 8 × 8, in 4 samples of 8 rows instead of 1 of 32). Where the grid has fewer than
-    /// [`DIRECT_TARGET_WARPS`] warps, its input channels are split over more blocks.
+    /// 8 × 8, in 4 samples of 8 rows instead of 1 of 32). Where the grid has fewer warps than
+    /// the kernel aims for (`DIRECT_TARGET_WARPS`), its input channels are split over more
+    /// blocks.
     pub fn direct_tile(&self, k: usize) -> Option<DirectTile> {
         let u = |v: i32| v as usize;
         let (oh, ow) = (u(self.oh), u(self.ow));

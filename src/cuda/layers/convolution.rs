@@ -42,7 +42,7 @@ use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile};
 use crate::cuda::layout::Layout;
-use crate::cuda::path_timing::{median_ms_in_turns, zeroed_floats};
+use crate::cuda::path_timing::{median_times_in_turns, zeroed_floats};
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -339,9 +339,10 @@ fn data_gradient(
     }
 }
 
-/// The fastest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
-/// `plan`: each path's median time over runs of `run(path)` on the compute stream, the paths
-/// timed in turns ([`median_ms_in_turns`]), each logged at debug level. Synchronises.
+/// The cheapest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
+/// `plan`: each path's cost (the larger of its median device and host times over runs of
+/// `run(path)` on the compute stream: [`crate::cuda::path_timing::PathTime::cost_ms`]), the
+/// paths timed in turns ([`median_times_in_turns`]), each logged at debug level. Synchronises.
 fn fastest<P: Copy + std::fmt::Debug>(
     gpu: &Gpu,
     (name, plan): (&str, &Plan),
@@ -349,19 +350,20 @@ fn fastest<P: Copy + std::fmt::Debug>(
     paths: &[P],
     mut run: impl FnMut(P) -> Result<()>,
 ) -> Result<P> {
-    let times = median_ms_in_turns(&gpu.compute, &gpu.kernels, paths.len(), |i| run(paths[i]))?;
+    let times = median_times_in_turns(&gpu.compute, &gpu.kernels, paths.len(), |i| run(paths[i]))?;
     let mut best = (paths[0], f32::INFINITY);
-    for (&path, ms) in paths.iter().zip(times) {
+    for (&path, time) in paths.iter().zip(times) {
         tracing::debug!(
             layer = %name,
             bottom = ?plan.bottom,
             what,
             ?path,
-            ms,
+            device_ms = time.device_ms,
+            host_ms = time.host_ms,
             "convolution path timed"
         );
-        if ms < best.1 {
-            best = (path, ms);
+        if time.cost_ms() < best.1 {
+            best = (path, time.cost_ms());
         }
     }
     Ok(best.0)
