@@ -1157,6 +1157,27 @@ __device__ __forceinline__ int direct_filter_row(int row, int flip, FastDiv by_t
     return row + (int)by_taps.d - 1 - 2 * tap;
 }
 
+// conv_forward_direct's products of KW taps of one filter row: acc[t][q] += w[j][q] · in_row[row
+// t + j · dw] for j < KW in order, the 8 weights of tap j at w_row + j · DF_K, row t of the thread
+// (t % 4) · row_step + (t / 4) · run_step floats from in_row.
+template <int KW>
+__device__ __forceinline__ void direct_taps(const float* in_row, const float* w_row, int dw,
+                                            int row_step, int run_step,
+                                            float (&acc)[DF_ROWS][DF_KW]) {
+#pragma unroll
+    for (int j = 0; j < KW; ++j) {
+        const float4 wa = *reinterpret_cast<const float4*>(w_row + j * DF_K);
+        const float4 wb = *reinterpret_cast<const float4*>(w_row + j * DF_K + 4);
+        const float wv[DF_KW] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+        for (int t = 0; t < DF_ROWS; ++t) {
+            const float v = in_row[(t % 4) * row_step + (t / 4) * run_step + j * dw];
+#pragma unroll
+            for (int q = 0; q < DF_KW; ++q) acc[t][q] = fmaf(wv[q], v, acc[t][q]);
+        }
+    }
+}
+
 extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, const float* bias,
                                                int has_bias, int flip, int accumulate, float* y,
                                                ConvGeom g, DirectShape d) {
@@ -1232,18 +1253,18 @@ extern "C" __global__ void conv_forward_direct(const float* x, const float* wt, 
         __syncthreads();
         const float* w_row = s_w + kq;
         for (int c = 0; c < chunk; ++c) {
-            for (int i = 0; i < g.kh; ++i) {
+            for (int i = 0; i < g.kh; ++i, w_row += g.kw * DF_K) {
                 const float* in_row = s_in + c * plane + i * g.dh * d.pitch + lane_offset;
-                for (int j = 0; j < g.kw; ++j, w_row += DF_K) {
-                    const float4 wa = *reinterpret_cast<const float4*>(w_row);
-                    const float4 wb = *reinterpret_cast<const float4*>(w_row + 4);
-                    const float wv[DF_KW] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-                    const float* px = in_row + j * g.dw;
-#pragma unroll
-                    for (int t = 0; t < DF_ROWS; ++t) {
-                        const float v = px[(t % 4) * row_step + (t / 4) * run_step];
-#pragma unroll
-                        for (int q = 0; q < DF_KW; ++q) acc[t][q] = fmaf(wv[q], v, acc[t][q]);
+                // Undilated rows of 5 or 3 taps unrolled: the taps' reads then take constant
+                // offsets from 8 row addresses instead of 8 address sums per tap.
+                if (g.kw == 5 && g.dw == 1) {
+                    direct_taps<5>(in_row, w_row, 1, row_step, run_step, acc);
+                } else if (g.kw == 3 && g.dw == 1) {
+                    direct_taps<3>(in_row, w_row, 1, row_step, run_step, acc);
+                } else {
+                    for (int j = 0; j < g.kw; ++j) {
+                        direct_taps<1>(in_row + j * g.dw, w_row + j * DF_K, g.dw, row_step,
+                                       run_step, acc);
                     }
                 }
             }
