@@ -5,6 +5,7 @@
 #
 #   scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR
 #   ONLY="lenet resnet50" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR    # some of them
+#   MATHS=tf32 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                 # some precisions (fp32, tf32)
 #   INEXACT=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                  # also with conv_exact = false
 #   LAYERS=1 scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR                   # and each layer's times
 #   LAYOUTS="nchw nhwc" scripts/gpu/bench_cnn.sh BIN_DIR OUT_DIR        # cluster.gpu_layout values
@@ -18,6 +19,7 @@ set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
 OUT=$(realpath -m "${2:?OUT_DIR}")
 mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 MPI=(mpirun --bind-to none --oversubscribe)
 # 1 and 2 GPUs where the machine has two; 1 only on a one-GPU machine (said in the summary).
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
@@ -55,6 +57,7 @@ for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 math=$4 warmup=$5 iters=$6
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  if [ -n "${MATHS:-}" ] && [[ " $MATHS " != *" $math "* ]]; then continue; fi
   echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
   for np in $(seq 1 "$((NGPU < 2 ? NGPU : 2))"); do
     for layout in ${LAYOUTS:-auto}; do
