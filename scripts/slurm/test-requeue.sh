@@ -14,18 +14,18 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BIN=$(realpath "${1:-target/release/p2ptrain}")
 WORK=$(mktemp -d /tmp/p2ptrain-slurm.XXXXXX)
-# Long enough (about a minute here) that the job is still training when Slurm delivers the USR1
-# and then the TERM. The jobs run at nice 10 (local-cluster.sh propagates sbatch's niceness).
-ITERS=${P2PTRAIN_SLURM_ITERS:-150000}
+# Long enough (about half a minute here) that the job is still training when Slurm delivers the
+# USR1 and then the TERM. The jobs run at nice 10 (local-cluster.sh propagates sbatch's niceness).
+ITERS=${P2PTRAIN_SLURM_ITERS:-40000}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-# Two ranks on a two-core machine: OpenMPI's ranks, busy-polling shared memory between
-# collectives, were seen to hold both cores so completely that nothing else ran for the whole
-# training (this script's polling loop, ps and scancel, niced or not), and the USR1 then landed
-# as the run ended. Polling that yields when idle leaves the daemons and this script their turn
-# (sbatch and srun pass the variable on to the ranks); it costs this small net some speed (the
-# quickstart, 2 ranks on 2 cores: 161k-182k samples/s against 178k-190k), not its weights.
-export OMPI_MCA_mpi_yield_when_idle=1
+# The jobs' two ranks share core 0. With one rank per core on a two-core machine, the ranks were
+# seen to keep everything else from running until training ended (this script's polling loop, ps,
+# scancel, slurmctld; niced or not, under srun and mpirun alike), so the USR1 landed as the run
+# ended. Pinning changes no result (the weights do not depend on the layout).
+PINNED="$WORK/p2ptrain-on-core-0"
+printf '#!/bin/sh\nexec taskset -c 0 "%s" "$@"\n' "$BIN" >"$PINNED"
+chmod +x "$PINNED"
 SETS="--set solver.max_iter=$ITERS --set solver.display=100 --set cluster.threads_per_replica=1"
 
 scripts/slurm/local-cluster.sh start
@@ -57,7 +57,7 @@ run_template() { # template launcher-args
   grep -v -e '--gpus-per-task' -e '--cpus-per-task' "$template" >"$script"
   echo "== sbatch $template (2 tasks on 1 node)"
   local job
-  job=$(cd "$WORK" && CONFIG="$ROOT/config/quickstart.toml" P2PTRAIN="$BIN" OUTPUT="$out" \
+  job=$(cd "$WORK" && CONFIG="$ROOT/config/quickstart.toml" P2PTRAIN="$PINNED" OUTPUT="$out" \
     P2PTRAIN_ARGS="$SETS" MPIRUN_ARGS="--oversubscribe --bind-to none" \
     nice -n 10 sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --output="$WORK/$name.out" "$script")
   # Rank 0's metrics.jsonl (flushed per line, written by the rank itself) shows training under
