@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
 
 /// The binary under test.
 pub fn bin() -> PathBuf {
@@ -35,13 +37,51 @@ pub fn mpirun(np: usize) -> Command {
     c
 }
 
-/// Environment for OpenMPI processes run as root inside containers.
+/// Environment for OpenMPI processes run as root inside containers, each launch with a session
+/// directory of its own.
 pub fn mpi_env(c: &mut Command) {
     c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("OMPI_MCA_orte_tmpdir_base", session_dir_base())
         .env_remove("RUST_LOG");
+}
+
+/// A fresh directory under which one launch's OpenMPI keeps its session files. Launches that
+/// share the default (`/tmp/ompi.<host>.<uid>`) race: one that ends removes the emptied directory
+/// while another is creating it ("A call to mkdir was unable to create the desired directory …
+/// File exists", `orte_init` failed). Short paths under the system's temporary directory keep the
+/// sockets OpenMPI makes there within their length limit.
+///
+/// The first call of a test process also removes what earlier, ended test processes left there.
+fn session_dir_base() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    static SWEEP: Once = Once::new();
+    let parent = std::env::temp_dir().join("p2ptrain-tests");
+    SWEEP.call_once(|| remove_dirs_of_ended_processes(&parent));
+    let dir = parent.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("creating the session directory {}: {e}", dir.display()));
+    dir
+}
+
+/// Removes the `PID-N` directories under `parent` whose process no longer runs (best effort).
+fn remove_dirs_of_ended_processes(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next());
+        if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
