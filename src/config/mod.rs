@@ -230,7 +230,8 @@ pub struct DataConfig {
     /// (offsets keyed by seed and stream position; the border gets the value of a zero pixel).
     #[serde(default)]
     pub shift: usize,
-    /// Batches each replica's reader prepares ahead.
+    /// Batches each replica's reader keeps ready, at least (small batches: more, see
+    /// [`crate::data::reader::ready_capacity`]).
     #[serde(default = "prefetch_default")]
     pub prefetch: usize,
 }

@@ -12,10 +12,9 @@ use super::transform::Transform;
 use super::RecordSource;
 use crate::error::{Error, Result};
 use rayon::prelude::*;
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 /// Floats per batch from which records are filled in parallel.
@@ -100,20 +99,77 @@ pub fn fill_test_batch(
     }
 }
 
+/// Bytes of batches a reader keeps ready when its batches are small: it then holds more than
+/// `data.prefetch` of them (up to [`MAX_READY_BATCHES`]), so that its thread refills in bursts.
+pub const READY_BYTES: usize = 32 << 20;
+
+/// The most batches a reader keeps ready, whatever their size.
+pub const MAX_READY_BATCHES: usize = 256;
+
+/// How many batches a reader of `batch_floats`-float batches keeps ready, at least `prefetch`
+/// (and 1): as many as fit [`READY_BYTES`], at most [`MAX_READY_BATCHES`].
+pub fn ready_capacity(prefetch: usize, batch_floats: usize) -> usize {
+    let by_bytes = READY_BYTES / (batch_floats.max(1) * std::mem::size_of::<f32>());
+    by_bytes.min(MAX_READY_BATCHES).max(prefetch).max(1)
+}
+
+/// The queue between a [`TrainReader`] and its thread, under one mutex.
+#[derive(Default)]
+struct Queue {
+    /// Filled batches, oldest first.
+    ready: VecDeque<Batch>,
+    /// Consumed batches handed back, their buffers to be refilled.
+    free: Vec<Batch>,
+    /// The reader waits for a batch.
+    consumer_waiting: bool,
+    /// The thread waits for the queue to drain to the low-water mark.
+    producer_waiting: bool,
+    /// The thread has ended (stopped, or panicked).
+    producer_gone: bool,
+    /// The reader asks the thread to end.
+    stop: bool,
+    /// Times the thread has been woken from a full queue.
+    refills: u64,
+}
+
+/// A [`Queue`] and the two conditions its sides wait on.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// A batch is ready, or the thread has ended.
+    filled: Condvar,
+    /// The queue has drained to the low-water mark, or the reader stops.
+    drained: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic never happens while the lock is held (fills run outside it).
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Replica `rank`'s training batches, prepared ahead by a thread.
+///
+/// The thread fills the queue up to its capacity, then sleeps until the reader has taken it
+/// down to half ([`ready_capacity`]): it is woken once per refill, not once per batch. (A
+/// thread woken for every batch, thousands of times a second on small CPU batches, with one
+/// rank per core, kept the other processes of a node from running at all.)
 pub struct TrainReader {
-    rx: Option<Receiver<Batch>>,
-    recycle: Option<Sender<Batch>>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     handle: Option<JoinHandle<()>>,
     rank: usize,
+    /// The queue length at which the full queue's waiting thread is woken.
+    low_water: usize,
+    /// Set once the thread's end has been reported.
+    failed: bool,
 }
 
 impl TrainReader {
     /// Starts the thread that produces replica `rank` of `replicas`'s batches of `batch` records
     /// for micro-batches `first_micro_batch`, `first_micro_batch + 1`, …, over the training order
-    /// of (`seed`, `shuffle`), each record transformed by `transform`, keeping up to `capacity` (at
-    /// least 1) batches ready.
+    /// of (`seed`, `shuffle`), each record transformed by `transform`, keeping up to
+    /// [`ready_capacity`]`(prefetch, …)` batches ready.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn RecordSource>,
@@ -123,14 +179,13 @@ impl TrainReader {
         rank: usize,
         replicas: usize,
         first_micro_batch: u64,
-        capacity: usize,
+        prefetch: usize,
         transform: Transform,
     ) -> Self {
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
-        let (tx, rx) = mpsc::sync_channel(capacity.max(1));
-        let (recycle_tx, recycle_rx) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
+        let capacity = ready_capacity(prefetch, batch * transform.output_size());
+        let shared = Arc::new(Shared::default());
         let producer = Producer {
             order: TrainOrder::new(source.len(), seed, shuffle),
             source,
@@ -139,20 +194,19 @@ impl TrainReader {
             replicas,
             transform,
             next: first_micro_batch,
-            stop: Arc::clone(&stop),
-            tx,
-            recycle: recycle_rx,
+            capacity,
+            shared: Arc::clone(&shared),
         };
         let handle = std::thread::Builder::new()
             .name(format!("data-reader-{rank}"))
             .spawn(move || producer.run())
             .expect("spawning the data reader thread");
         TrainReader {
-            rx: Some(rx),
-            recycle: Some(recycle_tx),
-            stop,
+            shared,
             handle: Some(handle),
             rank,
+            low_water: capacity / 2,
+            failed: false,
         }
     }
 
@@ -160,35 +214,54 @@ impl TrainReader {
     /// thread has stopped (it panicked).
     #[allow(clippy::should_implement_trait)] // blocking and fallible, never exhausted: no Iterator
     pub fn next(&mut self) -> Result<Batch> {
-        let rx = self
-            .rx
-            .as_ref()
-            .ok_or_else(|| self.stopped("stopped earlier"))?;
-        match rx.recv() {
-            Ok(batch) => Ok(batch),
-            Err(_) => {
-                let why = match self.handle.take().map(JoinHandle::join) {
-                    Some(Err(payload)) => {
-                        let msg = payload
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| payload.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".to_string());
-                        format!("panicked: {msg}")
-                    }
-                    _ => "stopped".to_string(),
-                };
-                self.rx = None;
-                Err(self.stopped(&why))
-            }
+        if self.failed {
+            return Err(self.stopped("stopped earlier"));
         }
+        let mut q = self.shared.lock();
+        loop {
+            if let Some(batch) = q.ready.pop_front() {
+                if q.producer_waiting && q.ready.len() <= self.low_water {
+                    q.producer_waiting = false;
+                    self.shared.drained.notify_one();
+                }
+                return Ok(batch);
+            }
+            if q.producer_gone {
+                break;
+            }
+            q.consumer_waiting = true;
+            q = self
+                .shared
+                .filled
+                .wait(q)
+                .unwrap_or_else(|p| p.into_inner());
+            q.consumer_waiting = false;
+        }
+        drop(q);
+        self.failed = true;
+        let why = match self.handle.take().map(JoinHandle::join) {
+            Some(Err(payload)) => {
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                format!("panicked: {msg}")
+            }
+            _ => "stopped".to_string(),
+        };
+        Err(self.stopped(&why))
     }
 
     /// Hands a consumed batch's buffers back to the thread, to be refilled without allocating.
     pub fn recycle(&mut self, batch: Batch) {
-        if let Some(r) = &self.recycle {
-            let _ = r.send(batch);
-        }
+        self.shared.lock().free.push(batch);
+    }
+
+    /// How many batches are ready now, and how many times the thread has been woken to refill.
+    pub fn queue_state(&self) -> (usize, u64) {
+        let q = self.shared.lock();
+        (q.ready.len(), q.refills)
     }
 
     fn stopped(&self, why: &str) -> Error {
@@ -201,10 +274,8 @@ impl TrainReader {
 
 impl Drop for TrainReader {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Disconnecting wakes a producer blocked on a full queue.
-        self.rx = None;
-        self.recycle = None;
+        self.shared.lock().stop = true;
+        self.shared.drained.notify_one();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -220,15 +291,45 @@ struct Producer {
     replicas: usize,
     transform: Transform,
     next: u64,
-    stop: Arc<AtomicBool>,
-    tx: SyncSender<Batch>,
-    recycle: Receiver<Batch>,
+    /// Batches kept ready at most: once full, the thread waits until the reader has taken the
+    /// queue down to half ([`TrainReader::low_water`]).
+    capacity: usize,
+    shared: Arc<Shared>,
+}
+
+/// Marks the thread's end in the queue and wakes a waiting reader, also when the thread
+/// unwinds from a panic.
+struct Gone(Arc<Shared>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.lock().producer_gone = true;
+        self.0.filled.notify_one();
+    }
 }
 
 impl Producer {
     fn run(mut self) {
-        while !self.stop.load(Ordering::Relaxed) {
-            let mut b = self.recycle.try_recv().unwrap_or_default();
+        let _gone = Gone(Arc::clone(&self.shared));
+        let mut q = self.shared.lock();
+        loop {
+            if q.stop {
+                return;
+            }
+            if q.ready.len() >= self.capacity {
+                q.producer_waiting = true;
+                while q.producer_waiting && !q.stop {
+                    q = self
+                        .shared
+                        .drained
+                        .wait(q)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                q.refills += 1;
+                continue;
+            }
+            let mut b = q.free.pop().unwrap_or_default();
+            drop(q);
             b.micro_batch = self.next;
             b.first_position = fill_train_batch(
                 &*self.source,
@@ -242,8 +343,10 @@ impl Producer {
                 &mut b.labels,
             );
             self.next += 1;
-            if self.tx.send(b).is_err() {
-                break; // the reader is gone
+            q = self.shared.lock();
+            q.ready.push_back(b);
+            if q.consumer_waiting {
+                self.shared.filled.notify_one();
             }
         }
     }
@@ -371,6 +474,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn small_batches_are_kept_ready_by_the_byte_budget_large_ones_by_prefetch() {
+        assert_eq!(ready_capacity(4, 64 * 64), MAX_READY_BATCHES);
+        let cifar_b512 = 512 * 3 * 32 * 32;
+        assert_eq!(
+            ready_capacity(4, cifar_b512),
+            READY_BYTES / (cifar_b512 * 4)
+        );
+        assert_eq!(ready_capacity(4, 64 * 3 * 224 * 224), 4);
+        assert_eq!(ready_capacity(0, usize::MAX / 8), 1);
+        assert_eq!(ready_capacity(300, 1), 300);
+    }
+
+    /// The thread sleeps until the queue is half drained, then refills it in one burst: taking
+    /// many batches from a full queue wakes it once per half queue, not once per batch.
+    #[test]
+    fn the_thread_is_woken_once_per_half_queue_not_per_batch() {
+        let source = digits();
+        let identity = Transform::identity(source.record_shape());
+        let capacity = ready_capacity(4, 2 * 64);
+        assert_eq!(capacity, MAX_READY_BATCHES);
+        let mut reader = TrainReader::start(Arc::clone(&source), 5, true, 2, 0, 1, 0, 4, identity);
+        let full = |r: &TrainReader| {
+            let t = Instant::now();
+            while r.queue_state().0 < capacity {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "{:?}",
+                    r.queue_state()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        full(&reader);
+        assert_eq!(reader.queue_state(), (capacity, 0));
+        let taken = 4 * capacity;
+        for m in 0..taken as u64 {
+            let got = reader.next().unwrap();
+            assert_eq!(got, direct(&*source, 5, true, m, 2, 0, 1));
+            reader.recycle(got);
+            if m % 64 == 63 {
+                // A consumer slower than the thread: it has refilled above the low-water mark.
+                let t = Instant::now();
+                while reader.queue_state().0 <= capacity / 2 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(20),
+                        "{:?}",
+                        reader.queue_state()
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        full(&reader); // woken at least once, and back to sleep on a full queue
+        let refills = reader.queue_state().1;
+        let most = (taken / (capacity - capacity / 2)) as u64;
+        assert!(
+            (1..=most).contains(&refills),
+            "{refills} refills for {taken} batches"
+        );
     }
 
     #[test]
