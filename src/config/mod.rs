@@ -231,7 +231,7 @@ pub struct DataConfig {
     #[serde(default)]
     pub shift: usize,
     /// Batches each replica's reader keeps ready, at least (small batches: more, see
-    /// [`crate::data::reader::ready_capacity`]).
+    /// [`crate::data::reader::ReadyQueue`]).
     #[serde(default = "prefetch_default")]
     pub prefetch: usize,
 }

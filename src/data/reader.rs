@@ -100,17 +100,47 @@ pub fn fill_test_batch(
 }
 
 /// Bytes of batches a reader keeps ready when its batches are small: it then holds more than
-/// `data.prefetch` of them (up to [`MAX_READY_BATCHES`]), so that its thread refills in bursts.
+/// `data.prefetch` of them (up to [`MAX_READY_BATCHES`]), so that its thread can refill in bursts.
 pub const READY_BYTES: usize = 32 << 20;
 
 /// The most batches a reader keeps ready, whatever their size.
 pub const MAX_READY_BATCHES: usize = 256;
 
-/// How many batches a reader of `batch_floats`-float batches keeps ready, at least `prefetch`
-/// (and 1): as many as fit [`READY_BYTES`], at most [`MAX_READY_BATCHES`].
-pub fn ready_capacity(prefetch: usize, batch_floats: usize) -> usize {
-    let by_bytes = READY_BYTES / (batch_floats.max(1) * std::mem::size_of::<f32>());
-    by_bytes.min(MAX_READY_BATCHES).max(prefetch).max(1)
+/// Bytes of batches a reader's thread fills per wake-up, at least one batch and at most half its
+/// queue. Small batches are refilled many at a time; large ones (a GPU's) one at a time as they
+/// are taken, so that their parallel fills keep spreading evenly between the steps, which share
+/// the worker pool (the copy into pinned memory).
+pub const REFILL_BYTES: usize = 4 << 20;
+
+/// The size of a reader's queue of ready batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadyQueue {
+    /// Batches kept ready at most: at least `data.prefetch` (and 1), as many as fit
+    /// [`READY_BYTES`], at most [`MAX_READY_BATCHES`].
+    pub capacity: usize,
+    /// Batches filled per wake-up: the thread sleeps on a full queue until this many have been
+    /// taken.
+    pub refill: usize,
+}
+
+impl ReadyQueue {
+    /// The queue of a reader of `batch_floats`-float batches with `data.prefetch = prefetch`.
+    pub fn new(prefetch: usize, batch_floats: usize) -> Self {
+        let batch_bytes = batch_floats
+            .max(1)
+            .saturating_mul(std::mem::size_of::<f32>());
+        let capacity = (READY_BYTES / batch_bytes)
+            .min(MAX_READY_BATCHES)
+            .max(prefetch)
+            .max(1);
+        let refill = (REFILL_BYTES / batch_bytes).clamp(1, (capacity / 2).max(1));
+        ReadyQueue { capacity, refill }
+    }
+
+    /// The queue length at which a thread asleep on a full queue is woken.
+    pub fn low_water(&self) -> usize {
+        self.capacity - self.refill
+    }
 }
 
 /// The queue between a [`TrainReader`] and its thread, under one mutex.
@@ -151,10 +181,10 @@ impl Shared {
 
 /// Replica `rank`'s training batches, prepared ahead by a thread.
 ///
-/// The thread fills the queue up to its capacity, then sleeps until the reader has taken it
-/// down to half ([`ready_capacity`]): it is woken once per refill, not once per batch. (A
-/// thread woken for every batch, thousands of times a second on small CPU batches, with one
-/// rank per core, kept the other processes of a node from running at all.)
+/// The thread fills the queue up to its capacity, then sleeps until the reader has taken a
+/// refill's worth ([`ReadyQueue`]): on small batches it is woken once per hundred batches or so,
+/// not once per batch. (A thread woken for every batch, thousands of times a second on small CPU
+/// batches, with one rank per core, kept the other processes of a node from running at all.)
 pub struct TrainReader {
     shared: Arc<Shared>,
     handle: Option<JoinHandle<()>>,
@@ -169,7 +199,7 @@ impl TrainReader {
     /// Starts the thread that produces replica `rank` of `replicas`'s batches of `batch` records
     /// for micro-batches `first_micro_batch`, `first_micro_batch + 1`, …, over the training order
     /// of (`seed`, `shuffle`), each record transformed by `transform`, keeping up to
-    /// [`ready_capacity`]`(prefetch, …)` batches ready.
+    /// [`ReadyQueue::new`]`(prefetch, …)` batches ready.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn RecordSource>,
@@ -184,7 +214,7 @@ impl TrainReader {
     ) -> Self {
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
-        let capacity = ready_capacity(prefetch, batch * transform.output_size());
+        let queue = ReadyQueue::new(prefetch, batch * transform.output_size());
         let shared = Arc::new(Shared::default());
         let producer = Producer {
             order: TrainOrder::new(source.len(), seed, shuffle),
@@ -194,7 +224,7 @@ impl TrainReader {
             replicas,
             transform,
             next: first_micro_batch,
-            capacity,
+            capacity: queue.capacity,
             shared: Arc::clone(&shared),
         };
         let handle = std::thread::Builder::new()
@@ -205,7 +235,7 @@ impl TrainReader {
             shared,
             handle: Some(handle),
             rank,
-            low_water: capacity / 2,
+            low_water: queue.low_water(),
             failed: false,
         }
     }
@@ -292,7 +322,7 @@ struct Producer {
     transform: Transform,
     next: u64,
     /// Batches kept ready at most: once full, the thread waits until the reader has taken the
-    /// queue down to half ([`TrainReader::low_water`]).
+    /// queue down to its low-water mark ([`ReadyQueue::low_water`]).
     capacity: usize,
     shared: Arc<Shared>,
 }
@@ -478,25 +508,35 @@ mod tests {
 
     #[test]
     fn small_batches_are_kept_ready_by_the_byte_budget_large_ones_by_prefetch() {
-        assert_eq!(ready_capacity(4, 64 * 64), MAX_READY_BATCHES);
-        let cifar_b512 = 512 * 3 * 32 * 32;
-        assert_eq!(
-            ready_capacity(4, cifar_b512),
-            READY_BYTES / (cifar_b512 * 4)
-        );
-        assert_eq!(ready_capacity(4, 64 * 3 * 224 * 224), 4);
-        assert_eq!(ready_capacity(0, usize::MAX / 8), 1);
-        assert_eq!(ready_capacity(300, 1), 300);
+        let q = |prefetch, floats| {
+            let q = ReadyQueue::new(prefetch, floats);
+            (q.capacity, q.refill)
+        };
+        // The quickstart's batches (32 × 8 × 8): 256 ready, refilled 128 at a time.
+        assert_eq!(q(4, 32 * 64), (MAX_READY_BATCHES, MAX_READY_BATCHES / 2));
+        // LeNet's on a GPU (64 × 28 × 28): 167 ready, 20 at a time.
+        assert_eq!(q(4, 64 * 784), (167, 20));
+        // cifar10_quick's at 512 per GPU: 5 ready, refilled as they are taken.
+        assert_eq!(q(4, 512 * 3 * 32 * 32), (5, 1));
+        // ResNet-50's (64 × 3 × 224 × 224): `prefetch` of them.
+        assert_eq!(q(4, 64 * 3 * 224 * 224), (4, 1));
+        assert_eq!(q(0, usize::MAX / 8), (1, 1));
+        assert_eq!(q(300, 1), (300, 150));
+        assert_eq!(ReadyQueue::new(300, 1).low_water(), 150);
     }
 
-    /// The thread sleeps until the queue is half drained, then refills it in one burst: taking
-    /// many batches from a full queue wakes it once per half queue, not once per batch.
+    /// The thread sleeps until the queue has drained to its low-water mark, then refills it in one
+    /// burst: taking many small batches from a full queue wakes it once per refill, not once per
+    /// batch.
     #[test]
-    fn the_thread_is_woken_once_per_half_queue_not_per_batch() {
+    fn the_thread_is_woken_once_per_refill_not_per_batch() {
         let source = digits();
         let identity = Transform::identity(source.record_shape());
-        let capacity = ready_capacity(4, 2 * 64);
-        assert_eq!(capacity, MAX_READY_BATCHES);
+        let ReadyQueue { capacity, refill } = ReadyQueue::new(4, 2 * 64);
+        assert_eq!(
+            (capacity, refill),
+            (MAX_READY_BATCHES, MAX_READY_BATCHES / 2)
+        );
         let mut reader = TrainReader::start(Arc::clone(&source), 5, true, 2, 0, 1, 0, 4, identity);
         let full = |r: &TrainReader| {
             let t = Instant::now();
@@ -519,7 +559,7 @@ mod tests {
             if m % 64 == 63 {
                 // A consumer slower than the thread: it has refilled above the low-water mark.
                 let t = Instant::now();
-                while reader.queue_state().0 <= capacity / 2 {
+                while reader.queue_state().0 <= capacity - refill {
                     assert!(
                         t.elapsed() < Duration::from_secs(20),
                         "{:?}",
@@ -531,7 +571,7 @@ mod tests {
         }
         full(&reader); // woken at least once, and back to sleep on a full queue
         let refills = reader.queue_state().1;
-        let most = (taken / (capacity - capacity / 2)) as u64;
+        let most = (taken / refill) as u64;
         assert!(
             (1..=most).contains(&refills),
             "{refills} refills for {taken} batches"
