@@ -18,7 +18,7 @@ use super::kernels::Kernels;
 use crate::config::{ConvAlgorithm, GpuLayout, MathMode};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -291,6 +291,80 @@ impl Gpu {
         unsafe { blas.gemm(cfg, b, a, c) }.map_err(|e| {
             gpu_error(
                 &format!("cublasSgemm (m {m}, n {n}, k {k}, trans_a {trans_a}, trans_b {trans_b})"),
+                e,
+            )
+        })
+    }
+
+    /// [`Gpu::gemm_on`] for `batch` independent products, the i-th reading `a` at `i · stride_a`,
+    /// `b` at `i · stride_b` and writing `c` at `i · stride_c` (a stride of 0 shares one matrix
+    /// among all products): one cuBLAS call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_batched_on(
+        &self,
+        (blas, stream): (&CudaBlas, &CudaStream),
+        (trans_a, trans_b): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        (batch, stride_a, stride_b, stride_c): (usize, usize, usize, usize),
+        (alpha, a, b): (f32, &impl DevicePtr<f32>, &impl DevicePtr<f32>),
+        beta: f32,
+        c: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let last = batch.saturating_sub(1);
+        let need = |stride: usize, len: usize| last * stride + len;
+        assert!(
+            a.len() >= need(stride_a, m * k),
+            "gemm_batched: a has {}",
+            a.len()
+        );
+        assert!(
+            b.len() >= need(stride_b, k * n),
+            "gemm_batched: b has {}",
+            b.len()
+        );
+        assert!(
+            c.len() >= need(stride_c, m * n),
+            "gemm_batched: c has {}",
+            c.len()
+        );
+        assert!(
+            batch <= 1 || stride_c >= m * n,
+            "gemm_batched: products would overlap in c"
+        );
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            let len = need(stride_c, m * n);
+            return if beta == 0.0 {
+                self.kernels.fill(stream, c, 0.0, len)
+            } else {
+                self.kernels.scale(stream, c, beta, len)
+            };
+        }
+        let long = |v: usize| i64::try_from(v).expect("gemm_batched: a stride beyond i64");
+        let cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: op(trans_b),
+                transb: op(trans_a),
+                m: dim("gemm_batched", n),
+                n: dim("gemm_batched", m),
+                k: dim("gemm_batched", k),
+                alpha,
+                lda: dim("gemm_batched", if trans_b { k } else { n }),
+                ldb: dim("gemm_batched", if trans_a { m } else { k }),
+                beta,
+                ldc: dim("gemm_batched", n),
+            },
+            batch_size: dim("gemm_batched", batch),
+            stride_a: long(stride_b),
+            stride_b: long(stride_a),
+            stride_c: long(stride_c),
+        };
+        // SAFETY: the asserts above bound every element the strides reach.
+        unsafe { blas.gemm_strided_batched(cfg, b, a, c) }.map_err(|e| {
+            gpu_error(
+                &format!("cublasSgemmStridedBatched (batch {batch}, m {m}, n {n}, k {k})"),
                 e,
             )
         })

@@ -88,6 +88,7 @@ kernel_set!(
     rmsprop_update,
     adam_update,
     copy_strided,
+    unstride_planes,
     transpose_batched,
     scaled_copy,
     mul_into,

@@ -186,6 +186,46 @@ impl Kernels {
         launch!(self, s, transpose_batched, cfg, [&xp, &yp, &ri, &ci, &acc])
     }
 
+    /// `dx (planes, h, w) (+)= ` `t (planes, oh, ow)` spread to the positions `(oy·sh, ox·sw)`,
+    /// zero elsewhere: the data gradient of a strided 1 × 1 convolution without padding from
+    /// `t = Wᵀ·dy` (`planes = N·C`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn unstride_planes(
+        &self,
+        s: &CudaStream,
+        t: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        (planes, oh, ow): (usize, usize, usize),
+        (h, w): (usize, usize),
+        (sh, sw): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "unstride_planes";
+        let n = planes * h * w;
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(
+            sh > 0 && sw > 0 && oh <= h.div_ceil(sh) && ow <= w.div_ceil(sw),
+            "{op}: a ({oh}, {ow}) grid of strides ({sh}, {sw}) does not fit ({h}, {w})"
+        );
+        check_len(op, "t", t.len(), planes * oh * ow);
+        check_len(op, "dx", dx.len(), n);
+        to_i32(op, n);
+        let ints = [planes, oh, ow, h, w, sh, sw].map(|v| to_i32(op, v));
+        let [pi, ohi, owi, hi, wi, shi, swi] = ints;
+        let acc = accumulate as i32;
+        let (tp, _t) = t.device_ptr(s);
+        let (dp, _d) = dx.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            unstride_planes,
+            self.grid(n),
+            [&tp, &dp, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &acc]
+        )
+    }
+
     /// `dst[r·dst_stride + dst_off + c] (+)= src[r·src_stride + src_off + c]` for `r < rows`,
     /// `c < cols`.
     #[allow(clippy::too_many_arguments)]
