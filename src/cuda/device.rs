@@ -94,6 +94,30 @@ fn dim(op_name: &str, n: usize) -> i32 {
     i32::try_from(n).unwrap_or_else(|_| panic!("{op_name}: dimension {n} exceeds cuBLAS's int"))
 }
 
+/// cuBLAS's (column-major) configuration of the row-major product `c (m, n) = alpha · op(a)
+/// (m, k) · op(b) (k, n) + beta · c`, all packed: the column-major `cᵀ = op(b)ᵀ · op(a)ᵀ`, so
+/// the call takes `b` before `a`.
+fn row_major_gemm(
+    op_name: &str,
+    (trans_a, trans_b): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+) -> GemmConfig<f32> {
+    GemmConfig {
+        transa: op(trans_b),
+        transb: op(trans_a),
+        m: dim(op_name, n),
+        n: dim(op_name, m),
+        k: dim(op_name, k),
+        alpha,
+        lda: dim(op_name, if trans_b { k } else { n }),
+        ldb: dim(op_name, if trans_a { m } else { k }),
+        beta,
+        ldc: dim(op_name, n),
+    }
+}
+
 impl Gpu {
     /// Opens device `ordinal`: retains its primary context, creates the compute stream and a
     /// cuBLAS handle on it (TF32 tensor-core math for `MathMode::Tf32`, plain FP32 otherwise),
@@ -275,18 +299,7 @@ impl Gpu {
                 self.kernels.scale(stream, c, beta, m * n)
             };
         }
-        let cfg = GemmConfig {
-            transa: op(trans_b),
-            transb: op(trans_a),
-            m: dim("gemm", n),
-            n: dim("gemm", m),
-            k: dim("gemm", k),
-            alpha,
-            lda: dim("gemm", if trans_b { k } else { n }),
-            ldb: dim("gemm", if trans_a { m } else { k }),
-            beta,
-            ldc: dim("gemm", n),
-        };
+        let cfg = row_major_gemm("gemm", (trans_a, trans_b), (m, n, k), alpha, beta);
         // SAFETY: the asserts above bound every element the strides reach.
         unsafe { blas.gemm(cfg, b, a, c) }.map_err(|e| {
             gpu_error(
@@ -344,18 +357,7 @@ impl Gpu {
         }
         let long = |v: usize| i64::try_from(v).expect("gemm_batched: a stride beyond i64");
         let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: op(trans_b),
-                transb: op(trans_a),
-                m: dim("gemm_batched", n),
-                n: dim("gemm_batched", m),
-                k: dim("gemm_batched", k),
-                alpha,
-                lda: dim("gemm_batched", if trans_b { k } else { n }),
-                ldb: dim("gemm_batched", if trans_a { m } else { k }),
-                beta,
-                ldc: dim("gemm_batched", n),
-            },
+            gemm: row_major_gemm("gemm_batched", (trans_a, trans_b), (m, n, k), alpha, beta),
             batch_size: dim("gemm_batched", batch),
             stride_a: long(stride_b),
             stride_b: long(stride_a),

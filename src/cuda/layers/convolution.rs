@@ -1188,10 +1188,6 @@ mod tests {
     /// and a 1 × 1 one. Bit for bit the same when run again.
     #[test]
     fn direct_data_gradient_matches_cudnn() {
-        use super::{cudnn, data_gradient, Dgrad};
-        use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
-        use rand::SeedableRng;
         let gpu = gpu_or_skip!("direct_data_gradient_matches_cudnn");
         let cases = [
             (
@@ -1210,17 +1206,34 @@ mod tests {
             ),
             ("num_output = 24\nkernel_size = 1", [2, 16, 9, 40]),
         ];
-        let mut rng = ChaCha8Rng::seed_from_u64(311);
-        for (extra, shape) in cases {
-            let mut layer = planned(&gpu, extra, shape);
+        data_gradient_matches_cudnn(&gpu, &cases, super::Dgrad::Direct, 311, |plan, k, c| {
+            let geom = plan.geom.data_gradient_geom(k);
+            geom.and_then(|g| g.direct_tile(c)).is_some()
+        });
+    }
+
+    /// The data gradient by `path` agrees with cuDNN's (to 1e-5) on each of `cases` (a layer's
+    /// keys and its NCHW bottom shape, planned in measured mode, where `applies(plan, K, C)`),
+    /// overwriting and accumulating (beta 0 and 1), from random `dy`, weight and `dx`; and is
+    /// bit for bit the same when run again.
+    fn data_gradient_matches_cudnn(
+        gpu: &Gpu,
+        cases: &[(&str, [usize; 4])],
+        path: super::Dgrad,
+        seed: u64,
+        applies: impl Fn(&super::Plan, usize, usize) -> bool,
+    ) {
+        use super::{cudnn, data_gradient, Dgrad};
+        use crate::cuda::test_util::assert_close;
+        use cudarc::driver::DevicePtrMut;
+        use rand::SeedableRng;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for &(extra, shape) in cases {
+            let mut layer = planned(gpu, extra, shape);
             let plan = &layer.plans[layer.current];
             let k = layer.num_output;
-            let geom = plan.geom.data_gradient_geom(k);
-            assert!(
-                geom.and_then(|g| g.direct_tile(shape[1])).is_some(),
-                "{extra}"
-            );
-            let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
+            assert!(applies(plan, k, shape[1]), "{extra}");
+            let mut random = |n: usize| random_on_device(gpu, &mut rng, n);
             let (dy, weight, start) = (
                 random(plan.y.count()),
                 random(plan.w.count()),
@@ -1229,23 +1242,20 @@ mod tests {
             let bytes = layer.workspace.len();
             let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
             let ws = cudnn::Workspace { ptr: wsp, bytes };
-            let direct = &mut layer.direct_scratch;
+            let scratch = &mut layer.direct_scratch;
             let mut run = |path, beta| {
                 let mut dx = gpu.compute.clone_dtod(&start).unwrap();
-                let weights = (&weight.slice(..), &mut *direct);
-                data_gradient(&gpu, plan, path, (k, ws), weights, &dy, beta, &mut dx).unwrap();
+                let weights = (&weight.slice(..), &mut *scratch);
+                data_gradient(gpu, plan, path, (k, ws), weights, &dy, beta, &mut dx).unwrap();
                 let host = gpu.compute.clone_dtoh(&dx).unwrap();
                 gpu.synchronize().unwrap();
                 host
             };
             for beta in [0.0, 1.0] {
-                let (want, direct) = (run(Dgrad::Cudnn, beta), run(Dgrad::Direct, beta));
-                let what = format!("{extra}, direct data gradient, beta {beta}");
-                assert_close(&what, &direct, &want, 1e-5);
-                assert!(
-                    direct == run(Dgrad::Direct, beta),
-                    "{what}: differs between two runs"
-                );
+                let (want, got) = (run(Dgrad::Cudnn, beta), run(path, beta));
+                let what = format!("{extra}, {path:?} data gradient, beta {beta}");
+                assert_close(&what, &got, &want, 1e-5);
+                assert!(got == run(path, beta), "{what}: differs between two runs");
             }
         }
     }
@@ -1256,10 +1266,6 @@ mod tests {
     /// a small batch. Bit for bit the same when run again.
     #[test]
     fn unstriding_data_gradient_matches_cudnn() {
-        use super::{cudnn, data_gradient, unstrides, Dgrad};
-        use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
-        use rand::SeedableRng;
         let gpu = gpu_or_skip!("unstriding_data_gradient_matches_cudnn");
         let cases = [
             (
@@ -1275,40 +1281,9 @@ mod tests {
                 [4, 64, 28, 28],
             ),
         ];
-        let mut rng = ChaCha8Rng::seed_from_u64(312);
-        for (extra, shape) in cases {
-            let mut layer = planned(&gpu, extra, shape);
-            let plan = &layer.plans[layer.current];
-            assert!(unstrides(Layout::Nchw, &plan.geom, 1), "{extra}");
-            let k = layer.num_output;
-            let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
-            let (dy, weight, start) = (
-                random(plan.y.count()),
-                random(plan.w.count()),
-                random(plan.x.count()),
-            );
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
-            let scratch = &mut layer.direct_scratch;
-            let mut run = |path, beta| {
-                let mut dx = gpu.compute.clone_dtod(&start).unwrap();
-                let weights = (&weight.slice(..), &mut *scratch);
-                data_gradient(&gpu, plan, path, (k, ws), weights, &dy, beta, &mut dx).unwrap();
-                let host = gpu.compute.clone_dtoh(&dx).unwrap();
-                gpu.synchronize().unwrap();
-                host
-            };
-            for beta in [0.0, 1.0] {
-                let (want, got) = (run(Dgrad::Cudnn, beta), run(Dgrad::Unstride, beta));
-                let what = format!("{extra}, unstriding data gradient, beta {beta}");
-                assert_close(&what, &got, &want, 1e-5);
-                assert!(
-                    got == run(Dgrad::Unstride, beta),
-                    "{what}: differs between two runs"
-                );
-            }
-        }
+        data_gradient_matches_cudnn(&gpu, &cases, super::Dgrad::Unstride, 312, |plan, _, _| {
+            super::unstrides(Layout::Nchw, &plan.geom, 1)
+        });
     }
 
     #[test]
