@@ -76,19 +76,23 @@ extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, 
     }
 }
 
-// dx[p][y][x] (+)= t[p][y / sh][x / sw] where y and x are multiples of sh and sw within the
-// (oh, ow) grid, else (+)= 0, for `planes` planes of (h, w): the data gradient of a strided 1 x 1
-// convolution without padding, from t = W^T dy computed at the output positions (planes = N * C).
+// dx[p][y][x][i] (+)= t[p][y / sh][x / sw][i] where y and x are multiples of sh and sw within
+// the (oh, ow) grid, else (+)= 0, for `planes` planes of (h, w) positions of `inner` values: the
+// data gradient of a strided 1 x 1 convolution without padding, from t = W^T dy computed at the
+// output positions (NCHW: planes = N * C, inner = 1; NHWC: planes = N, inner = C).
 extern "C" __global__ void unstride_planes(const float* t, float* dx, int planes, int oh, int ow,
-                                           int h, int w, int sh, int sw, int accumulate) {
-    GRID_STRIDE_INT(i, planes * h * w) {
-        const int plane = i / (h * w);
-        const int r = i - plane * (h * w);
+                                           int h, int w, int sh, int sw, int inner,
+                                           int accumulate) {
+    GRID_STRIDE_INT(i, planes * h * w * inner) {
+        const int e = i % inner;
+        const int pixel = i / inner;
+        const int plane = pixel / (h * w);
+        const int r = pixel - plane * (h * w);
         const int y = r / w;
         const int x = r - y * w;
         const int oy = y / sh, ox = x / sw;
         const bool hit = oy * sh == y && ox * sw == x && oy < oh && ox < ow;
-        const float v = hit ? t[(plane * oh + oy) * ow + ox] : 0.0f;
+        const float v = hit ? t[((plane * oh + oy) * ow + ox) * inner + e] : 0.0f;
         dx[i] = accumulate ? dx[i] + v : v;
     }
 }

@@ -186,22 +186,23 @@ impl Kernels {
         launch!(self, s, transpose_batched, cfg, [&xp, &yp, &ri, &ci, &acc])
     }
 
-    /// `dx (planes, h, w) (+)= ` `t (planes, oh, ow)` spread to the positions `(oy·sh, ox·sw)`,
-    /// zero elsewhere: the data gradient of a strided 1 × 1 convolution without padding from
-    /// `t = Wᵀ·dy` (`planes = N·C`).
+    /// `dx (planes, h, w, inner) (+)= ` `t (planes, oh, ow, inner)` spread to the positions
+    /// `(oy·sh, ox·sw)`, zero elsewhere: the data gradient of a strided 1 × 1 convolution
+    /// without padding from `t = Wᵀ·dy` (NCHW: `planes = N·C`, `inner = 1`; NHWC: `planes = N`,
+    /// `inner = C`).
     #[allow(clippy::too_many_arguments)]
     pub fn unstride_planes(
         &self,
         s: &CudaStream,
         t: &impl DevicePtr<f32>,
         dx: &mut impl DevicePtrMut<f32>,
-        (planes, oh, ow): (usize, usize, usize),
+        (planes, oh, ow, inner): (usize, usize, usize, usize),
         (h, w): (usize, usize),
         (sh, sw): (usize, usize),
         accumulate: bool,
     ) -> Result<()> {
         let op = "unstride_planes";
-        let n = planes * h * w;
+        let n = planes * h * w * inner;
         if n == 0 {
             return Ok(());
         }
@@ -209,11 +210,11 @@ impl Kernels {
             sh > 0 && sw > 0 && oh <= h.div_ceil(sh) && ow <= w.div_ceil(sw),
             "{op}: a ({oh}, {ow}) grid of strides ({sh}, {sw}) does not fit ({h}, {w})"
         );
-        check_len(op, "t", t.len(), planes * oh * ow);
+        check_len(op, "t", t.len(), planes * oh * ow * inner);
         check_len(op, "dx", dx.len(), n);
         to_i32(op, n);
-        let ints = [planes, oh, ow, h, w, sh, sw].map(|v| to_i32(op, v));
-        let [pi, ohi, owi, hi, wi, shi, swi] = ints;
+        let ints = [planes, oh, ow, h, w, sh, sw, inner].map(|v| to_i32(op, v));
+        let [pi, ohi, owi, hi, wi, shi, swi, ii] = ints;
         let acc = accumulate as i32;
         let (tp, _t) = t.device_ptr(s);
         let (dp, _d) = dx.device_ptr_mut(s);
@@ -222,7 +223,7 @@ impl Kernels {
             s,
             unstride_planes,
             self.grid(n),
-            [&tp, &dp, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &acc]
+            [&tp, &dp, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &ii, &acc]
         )
     }
 

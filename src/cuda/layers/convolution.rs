@@ -23,9 +23,9 @@
 //! (`gemm_wgrad`) or by the project's implicit GEMM (`Kernels::implicit_wgrad`); the data
 //! gradient by `cudnnConvolutionBackwardData` or, for an ungrouped NCHW convolution of stride 1
 //! where it timed faster, by the direct kernel as the forward of `dy` with the filters flipped
-//! (`ConvGeom::data_gradient_geom`), or, for an ungrouped NCHW 1 × 1 convolution with a stride
-//! and no padding where it timed faster, as `Wᵀ·dy` by one batched cuBLAS GEMM spread to every
-//! stride-th position (`Kernels::unstride_planes`). When the bottom wants a gradient, the bias and weight
+//! (`ConvGeom::data_gradient_geom`), or, for an ungrouped 1 × 1 convolution with a stride and no
+//! padding where it timed faster (either layout), as `Wᵀ·dy` by cuBLAS spread to every stride-th
+//! position (`Kernels::unstride_planes`). When the bottom wants a gradient, the bias and weight
 //! gradients run on the device's side stream ([`Gpu::side`], its own cuDNN and cuBLAS handles and
 //! workspace) beside the data gradient on the compute stream; when it does not, a bias gradient
 //! of its own runs there beside the weight gradient; joined before the backward returns.
@@ -88,18 +88,19 @@ enum Dgrad {
     /// The project's direct kernel as the forward of `dy` with the flipped filters (see
     /// [`data_gradient`]).
     Direct,
-    /// A strided 1 × 1 convolution without padding: `Wᵀ·dy` per sample by one batched cuBLAS
-    /// GEMM, spread to every stride-th position of `dx` (see [`data_gradient`]).
+    /// A strided 1 × 1 convolution without padding: `Wᵀ·dy` by cuBLAS (one batched GEMM over
+    /// the samples in NCHW, one GEMM in NHWC), spread to every stride-th position of `dx` (see
+    /// [`data_gradient`]).
     Unstride,
 }
 
-/// Whether a convolution's data gradient can take [`Dgrad::Unstride`]: NCHW, ungrouped, a
-/// 1 × 1 kernel without padding, a stride above 1 — ResNet's downsampling convolutions. (On
-/// an H100, for ResNet-50's `res3a_branch1` at batch 64, cuDNN's data gradient among the
-/// algorithms `conv_exact` allows timed 5.15 ms, the unstriding GEMM 0.60 ms.)
-fn unstrides(layout: Layout, geom: &ConvGeom, group: usize) -> bool {
-    layout == Layout::Nchw
-        && group == 1
+/// Whether a convolution's data gradient can take [`Dgrad::Unstride`]: ungrouped, a 1 × 1
+/// kernel without padding, a stride above 1 — ResNet's downsampling convolutions — in either
+/// layout. (On an H100, for ResNet-50's `res3a_branch1` at batch 64 in fp32, cuDNN's data
+/// gradient among the algorithms `conv_exact` allows timed 5.15 ms, the unstriding GEMM
+/// 0.60 ms.)
+fn unstrides(geom: &ConvGeom, group: usize) -> bool {
+    group == 1
         && (geom.kh, geom.kw, geom.ph, geom.pw) == (1, 1, 0, 0)
         && (geom.sh > 1 || geom.sw > 1)
 }
@@ -111,6 +112,8 @@ const GEMM_WGRAD_LIMIT: usize = 1 << 28;
 #[derive(Debug)]
 struct Plan {
     bottom: [usize; 4],
+    /// How `x` and `y` are stored.
+    layout: Layout,
     x: TensorDesc,
     y: TensorDesc,
     w: FilterDesc,
@@ -300,8 +303,8 @@ fn forward_pass(
 /// `dx (N, C, H, W) (+)= ` the data gradient of `plan` for the top gradient `dy` and `weight`
 /// (the layer's weight, or its KRSC copy when channels-last) by `path`, on the compute stream:
 /// cuDNN's chosen algorithm; for [`Dgrad::Unstride`], `Wᵀ·dy` into `direct_scratch` (at least
-/// `N·C·OH·OW`) by one batched cuBLAS GEMM (deterministic, FP32 or TF32 as the handle's math),
-/// then spread into `dx`; or the direct kernel of
+/// `N·C·OH·OW`) by cuBLAS (deterministic, FP32 or TF32 as the handle's math), then spread into
+/// `dx`; or the direct kernel of
 /// [`Kernels::conv_forward_direct`](crate::cuda::kernels::Kernels::conv_forward_direct) as the
 /// forward of `dy` with the filters flipped (see
 /// [`ConvGeom::data_gradient_geom`](crate::cuda::kernels::ConvGeom::data_gradient_geom)), their
@@ -320,26 +323,32 @@ fn data_gradient(
 ) -> Result<()> {
     let s = &gpu.compute;
     if path == Dgrad::Unstride {
-        // t (N, C, OH·OW) = Wᵀ (C, K) · dy_n (K, OH·OW) per sample, in `direct_scratch`.
         let g = plan.geom;
         let u = |v: i32| v as usize;
         let (n, c, p) = (u(g.n), u(g.c), u(g.oh) * u(g.ow));
         let on = (&gpu.blas, &**s);
-        let (shape, strides) = ((c, p, k), (n, 0, k * p, c * p));
-        gpu.gemm_batched_on(
-            on,
-            (true, false),
-            shape,
-            strides,
-            (1.0, weight, dy),
-            0.0,
-            direct_scratch,
-        )?;
-        let planes = (n * c, u(g.oh), u(g.ow));
+        // The weight is `(K, C)` in either layout (a 1 × 1 filter's KCRS and KRSC agree).
+        let (planes, inner) = match plan.layout {
+            Layout::Nchw => {
+                // t (N, C, OH·OW) = Wᵀ (C, K) · dy_n (K, OH·OW) per sample.
+                let (shape, strides) = ((c, p, k), (n, 0, k * p, c * p));
+                let operands = (1.0, weight, dy);
+                let t = &mut *direct_scratch;
+                gpu.gemm_batched_on(on, (true, false), shape, strides, operands, 0.0, t)?;
+                (n * c, 1)
+            }
+            Layout::Nhwc => {
+                // t (N·OH·OW, C) = dy (N·OH·OW, K) · W (K, C).
+                let t = &mut *direct_scratch;
+                gpu.gemm_on(on, (false, false), (n * p, c, k), 1.0, dy, weight, 0.0, t)?;
+                (n, c)
+            }
+        };
+        let grid = (planes, u(g.oh), u(g.ow), inner);
         let (hw, stride) = ((u(g.h), u(g.w)), (u(g.sh), u(g.sw)));
         return gpu
             .kernels
-            .unstride_planes(s, direct_scratch, dx, planes, hw, stride, beta != 0.0);
+            .unstride_planes(s, direct_scratch, dx, grid, hw, stride, beta != 0.0);
     }
     if path == Dgrad::Direct {
         let (geom, tile) = plan.direct_dgrad.expect("checked when the plan was made");
@@ -439,9 +448,9 @@ pub struct GpuConvolution {
     grad_krsc: CudaSlice<f32>,
     /// The weight as the direct kernel reads it, for a forward or a data gradient by that
     /// kernel, written just before each such launch (see [`forward_pass`], [`data_gradient`]),
-    /// then the kernel's partial sums where its tile splits the input channels; or `Wᵀ·dy`
-    /// `(N, C, OH·OW)` of an unstriding data gradient ([`Dgrad::Unstride`]). Used on the
-    /// compute stream only.
+    /// then the kernel's partial sums where its tile splits the input channels; or `Wᵀ·dy` at
+    /// the output positions (`N·C·OH·OW` floats, in the layer's layout) of an unstriding data
+    /// gradient ([`Dgrad::Unstride`]). Used on the compute stream only.
     direct_scratch: CudaSlice<f32>,
 }
 
@@ -704,6 +713,7 @@ impl GpuLayer for GpuConvolution {
         };
         let mut plan = Plan {
             bottom,
+            layout,
             x,
             y,
             w: wd,
@@ -728,10 +738,9 @@ impl GpuLayer for GpuConvolution {
         if geom.implicit_wgrad_scratch((k, with_bias)).is_some() {
             paths.push(Wgrad::Implicit);
         }
-        let own_kernels = layout == Layout::Nchw
-            && g.group == 1
-            && n > 0
-            && gpu.conv_algorithm == ConvAlgorithm::Measured;
+        let measured = n > 0 && gpu.conv_algorithm == ConvAlgorithm::Measured;
+        let own_kernels = measured && layout == Layout::Nchw && g.group == 1;
+        let unstride = measured && unstrides(&geom, g.group);
         if own_kernels && paths.len() > 1 {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
             plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
@@ -740,7 +749,6 @@ impl GpuLayer for GpuConvolution {
         // unstriding GEMM as the data gradient of a strided 1 × 1 convolution.
         let direct_forward = plan.direct_fwd.is_some();
         let direct_dgrad = plan.direct_dgrad.is_some();
-        let unstride = unstrides(layout, &geom, self.geometry.group);
         if own_kernels && (direct_forward || direct_dgrad) {
             let partial_len = [plan.direct_fwd, plan.direct_dgrad.map(|(_, tile)| tile)]
                 .iter()
@@ -751,20 +759,20 @@ impl GpuLayer for GpuConvolution {
             let len = self.weight_len() + partial_len;
             grow(gpu, &mut self.direct_scratch, len)?;
         }
-        if own_kernels && unstride {
+        if unstride {
             grow(gpu, &mut self.direct_scratch, n * c * oh * ow)?;
         }
         if own_kernels && direct_forward {
             plan.fwd = self.fastest_forward(gpu, &plan)?;
         }
         let mut dgrad_paths = vec![Dgrad::Cudnn];
-        if direct_dgrad {
+        if own_kernels && direct_dgrad {
             dgrad_paths.push(Dgrad::Direct);
         }
         if unstride {
             dgrad_paths.push(Dgrad::Unstride);
         }
-        if own_kernels && dgrad_paths.len() > 1 {
+        if dgrad_paths.len() > 1 {
             plan.dgrad = self.fastest_dgrad(gpu, &plan, &dgrad_paths)?;
         }
         self.plans.push(plan);
@@ -956,9 +964,15 @@ mod tests {
 
     /// An NCHW convolution of the keys `extra`, planned for the bottom `shape`.
     fn planned(gpu: &Gpu, extra: &str, shape: [usize; 4]) -> GpuConvolution {
+        planned_in(gpu, extra, shape, Layout::Nchw)
+    }
+
+    /// A convolution of the keys `extra` storing its blobs in `layout`, planned for the bottom
+    /// `shape` (NCHW).
+    fn planned_in(gpu: &Gpu, extra: &str, shape: [usize; 4], layout: Layout) -> GpuConvolution {
         use crate::cuda::layers::GpuLayer;
         let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
-        let mut layer = GpuConvolution::new(gpu, &cfg, Layout::Nchw).unwrap();
+        let mut layer = GpuConvolution::new(gpu, &cfg, layout).unwrap();
         layer.reshape(gpu, &[&shape]).unwrap();
         layer
     }
@@ -1206,20 +1220,22 @@ mod tests {
             ),
             ("num_output = 24\nkernel_size = 1", [2, 16, 9, 40]),
         ];
-        data_gradient_matches_cudnn(&gpu, &cases, super::Dgrad::Direct, 311, |plan, k, c| {
+        let path = (super::Dgrad::Direct, Layout::Nchw);
+        data_gradient_matches_cudnn(&gpu, &cases, path, 311, |plan, k, c| {
             let geom = plan.geom.data_gradient_geom(k);
             geom.and_then(|g| g.direct_tile(c)).is_some()
         });
     }
 
     /// The data gradient by `path` agrees with cuDNN's (to 1e-5) on each of `cases` (a layer's
-    /// keys and its NCHW bottom shape, planned in measured mode, where `applies(plan, K, C)`),
+    /// keys and its NCHW bottom shape, planned in measured mode with its blobs in `layout`,
+    /// where `applies(plan, K, C)`),
     /// overwriting and accumulating (beta 0 and 1), from random `dy`, weight and `dx`; and is
     /// bit for bit the same when run again.
     fn data_gradient_matches_cudnn(
         gpu: &Gpu,
         cases: &[(&str, [usize; 4])],
-        path: super::Dgrad,
+        (path, layout): (super::Dgrad, Layout),
         seed: u64,
         applies: impl Fn(&super::Plan, usize, usize) -> bool,
     ) {
@@ -1229,7 +1245,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for &(extra, shape) in cases {
-            let mut layer = planned(gpu, extra, shape);
+            let mut layer = planned_in(gpu, extra, shape, layout);
             let plan = &layer.plans[layer.current];
             let k = layer.num_output;
             assert!(applies(plan, k, shape[1]), "{extra}");
@@ -1253,17 +1269,17 @@ mod tests {
             };
             for beta in [0.0, 1.0] {
                 let (want, got) = (run(Dgrad::Cudnn, beta), run(path, beta));
-                let what = format!("{extra}, {path:?} data gradient, beta {beta}");
+                let what = format!("{extra}, {layout:?}, {path:?} data gradient, beta {beta}");
                 assert_close(&what, &got, &want, 1e-5);
                 assert!(got == run(path, beta), "{what}: differs between two runs");
             }
         }
     }
 
-    /// The unstriding data gradient of a strided 1 × 1 convolution (a batched GEMM, then the
-    /// spread into every stride-th position) agrees with cuDNN's on the same plan, overwriting
-    /// and accumulating: even and odd planes, unequal strides, ResNet-50's downsampling shape at
-    /// a small batch. Bit for bit the same when run again.
+    /// The unstriding data gradient of a strided 1 × 1 convolution (a GEMM, then the spread into
+    /// every stride-th position) agrees with cuDNN's on the same plan, NCHW and channels-last,
+    /// overwriting and accumulating: even and odd planes, unequal strides, ResNet-50's
+    /// downsampling shape at a small batch. Bit for bit the same when run again.
     #[test]
     fn unstriding_data_gradient_matches_cudnn() {
         let gpu = gpu_or_skip!("unstriding_data_gradient_matches_cudnn");
@@ -1281,9 +1297,12 @@ mod tests {
                 [4, 64, 28, 28],
             ),
         ];
-        data_gradient_matches_cudnn(&gpu, &cases, super::Dgrad::Unstride, 312, |plan, _, _| {
-            super::unstrides(Layout::Nchw, &plan.geom, 1)
-        });
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let path = (super::Dgrad::Unstride, layout);
+            data_gradient_matches_cudnn(&gpu, &cases, path, 312, |plan, _, _| {
+                super::unstrides(&plan.geom, 1)
+            });
+        }
     }
 
     #[test]
