@@ -1,11 +1,12 @@
-//! The per-replica data reader: a prefetch thread that fills a bounded blocking queue with the
-//! training batches of one replica (Caffe's producer/consumer data reader), buffers recycled
-//! through a return channel, and the synchronous filling of test batches.
+//! The per-replica data reader: a prefetch thread that fills a queue with the training batches of
+//! one replica (Caffe's producer/consumer data reader), refilling it in bursts
+//! ([`ReadyQueue`]: the thread sleeps on a full queue until a refill's worth has been taken), with
+//! consumed buffers handed back for reuse; and the synchronous filling of test batches.
 //!
-//! Dropping a [`TrainReader`] stops its thread: a flag is raised, the queue's receiving end is
-//! dropped (which wakes a producer blocked on a full queue), and the thread is joined. A producer
-//! that panics (say, in a source's `fill`) makes [`TrainReader::next`] return an error with the
-//! panic message instead of blocking forever.
+//! Dropping a [`TrainReader`] stops its thread: a flag is raised in the queue, a thread asleep on
+//! a full queue is woken, and the thread is joined. A producer that panics (say, in a source's
+//! `fill`) marks the queue as ended as it unwinds, and [`TrainReader::next`] returns an error with
+//! the panic message instead of blocking forever.
 
 use super::order::{micro_batch_positions, TrainOrder};
 use super::transform::Transform;
