@@ -293,11 +293,7 @@ impl Gpu {
             return Ok(());
         }
         if k == 0 {
-            return if beta == 0.0 {
-                self.kernels.fill(stream, c, 0.0, m * n)
-            } else {
-                self.kernels.scale(stream, c, beta, m * n)
-            };
+            return self.scale_without_product(stream, c, beta, m * n);
         }
         let cfg = row_major_gemm("gemm", (trans_a, trans_b), (m, n, k), alpha, beta);
         // SAFETY: the asserts above bound every element the strides reach.
@@ -307,6 +303,22 @@ impl Gpu {
                 e,
             )
         })
+    }
+
+    /// `c = beta · c` over `len` elements, as a product with an empty inner dimension leaves it
+    /// (`beta` 0 writes zeros without reading `c`).
+    fn scale_without_product(
+        &self,
+        stream: &CudaStream,
+        c: &mut impl DevicePtrMut<f32>,
+        beta: f32,
+        len: usize,
+    ) -> Result<()> {
+        if beta == 0.0 {
+            self.kernels.fill(stream, c, 0.0, len)
+        } else {
+            self.kernels.scale(stream, c, beta, len)
+        }
     }
 
     /// [`Gpu::gemm_on`] for `batch` independent products, the i-th reading `a` at `i · stride_a`,
@@ -348,12 +360,7 @@ impl Gpu {
             return Ok(());
         }
         if k == 0 {
-            let len = need(stride_c, m * n);
-            return if beta == 0.0 {
-                self.kernels.fill(stream, c, 0.0, len)
-            } else {
-                self.kernels.scale(stream, c, beta, len)
-            };
+            return self.scale_without_product(stream, c, beta, need(stride_c, m * n));
         }
         let long = |v: usize| i64::try_from(v).expect("gemm_batched: a stride beyond i64");
         let cfg = StridedBatchedConfig {
@@ -397,11 +404,7 @@ impl Gpu {
             return Ok(());
         }
         if rows == 0 {
-            return if beta == 0.0 {
-                self.kernels.fill(&self.compute, y, 0.0, cols)
-            } else {
-                self.kernels.scale(&self.compute, y, beta, cols)
-            };
+            return self.scale_without_product(&self.compute, y, beta, cols);
         }
         // Row-major a (rows, cols) is column-major (cols, rows) with leading dimension cols:
         // y = A · x without transposition.

@@ -160,6 +160,7 @@ struct Queue {
     /// The reader asks the thread to end.
     stop: bool,
     /// Times the thread has been woken from a full queue.
+    #[cfg(test)]
     refills: u64,
 }
 
@@ -188,12 +189,10 @@ impl Shared {
 /// batches, with one rank per core, kept the other processes of a node from running at all.)
 pub struct TrainReader {
     shared: Arc<Shared>,
+    /// The thread, until its end has been reported.
     handle: Option<JoinHandle<()>>,
     rank: usize,
-    /// The queue length at which the full queue's waiting thread is woken.
-    low_water: usize,
-    /// Set once the thread's end has been reported.
-    failed: bool,
+    queue: ReadyQueue,
 }
 
 impl TrainReader {
@@ -225,7 +224,7 @@ impl TrainReader {
             replicas,
             transform,
             next: first_micro_batch,
-            capacity: queue.capacity,
+            queue,
             shared: Arc::clone(&shared),
         };
         let handle = std::thread::Builder::new()
@@ -236,8 +235,7 @@ impl TrainReader {
             shared,
             handle: Some(handle),
             rank,
-            low_water: queue.low_water(),
-            failed: false,
+            queue,
         }
     }
 
@@ -245,13 +243,13 @@ impl TrainReader {
     /// thread has stopped (it panicked).
     #[allow(clippy::should_implement_trait)] // blocking and fallible, never exhausted: no Iterator
     pub fn next(&mut self) -> Result<Batch> {
-        if self.failed {
+        if self.handle.is_none() {
             return Err(self.stopped("stopped earlier"));
         }
         let mut q = self.shared.lock();
         loop {
             if let Some(batch) = q.ready.pop_front() {
-                if q.producer_waiting && q.ready.len() <= self.low_water {
+                if q.producer_waiting && q.ready.len() <= self.queue.low_water() {
                     q.producer_waiting = false;
                     self.shared.drained.notify_one();
                 }
@@ -269,7 +267,6 @@ impl TrainReader {
             q.consumer_waiting = false;
         }
         drop(q);
-        self.failed = true;
         let why = match self.handle.take().map(JoinHandle::join) {
             Some(Err(payload)) => {
                 let msg = payload
@@ -290,7 +287,8 @@ impl TrainReader {
     }
 
     /// How many batches are ready now, and how many times the thread has been woken to refill.
-    pub fn queue_state(&self) -> (usize, u64) {
+    #[cfg(test)]
+    fn queue_state(&self) -> (usize, u64) {
         let q = self.shared.lock();
         (q.ready.len(), q.refills)
     }
@@ -322,9 +320,9 @@ struct Producer {
     replicas: usize,
     transform: Transform,
     next: u64,
-    /// Batches kept ready at most: once full, the thread waits until the reader has taken the
-    /// queue down to its low-water mark ([`ReadyQueue::low_water`]).
-    capacity: usize,
+    /// Once the queue is full, the thread waits until the reader has taken it down to its
+    /// low-water mark.
+    queue: ReadyQueue,
     shared: Arc<Shared>,
 }
 
@@ -347,7 +345,7 @@ impl Producer {
             if q.stop {
                 return;
             }
-            if q.ready.len() >= self.capacity {
+            if q.ready.len() >= self.queue.capacity {
                 q.producer_waiting = true;
                 while q.producer_waiting && !q.stop {
                     q = self
@@ -356,7 +354,10 @@ impl Producer {
                         .wait(q)
                         .unwrap_or_else(|p| p.into_inner());
                 }
-                q.refills += 1;
+                #[cfg(test)]
+                {
+                    q.refills += 1;
+                }
                 continue;
             }
             let mut b = q.free.pop().unwrap_or_default();

@@ -112,8 +112,6 @@ const GEMM_WGRAD_LIMIT: usize = 1 << 28;
 #[derive(Debug)]
 struct Plan {
     bottom: [usize; 4],
-    /// How `x` and `y` are stored.
-    layout: Layout,
     x: TensorDesc,
     y: TensorDesc,
     w: FilterDesc,
@@ -309,13 +307,13 @@ fn forward_pass(
 /// forward of `dy` with the filters flipped (see
 /// [`ConvGeom::data_gradient_geom`](crate::cuda::kernels::ConvGeom::data_gradient_geom)), their
 /// arrangement first written into the front of `direct_scratch` (then the tile's partial
-/// sums). `k` is the layer's outputs; `beta` 0 or 1.
+/// sums). `k` is the layer's outputs, `layout` how its blobs are stored; `beta` 0 or 1.
 #[allow(clippy::too_many_arguments)]
 fn data_gradient(
     gpu: &Gpu,
     plan: &Plan,
     path: Dgrad,
-    (k, ws): (usize, cudnn::Workspace),
+    (k, layout, ws): (usize, Layout, cudnn::Workspace),
     (weight, direct_scratch): (&CudaView<'_, f32>, &mut CudaSlice<f32>),
     dy: &impl DevicePtr<f32>,
     beta: f32,
@@ -328,7 +326,7 @@ fn data_gradient(
         let (n, c, p) = (u(g.n), u(g.c), u(g.oh) * u(g.ow));
         let on = (&gpu.blas, &**s);
         // The weight is `(K, C)` in either layout (a 1 × 1 filter's KCRS and KRSC agree).
-        let (planes, inner) = match plan.layout {
+        let (planes, inner) = match layout {
             Layout::Nchw => {
                 // t (N, C, OH·OW) = Wᵀ (C, K) · dy_n (K, OH·OW) per sample.
                 let (shape, strides) = ((c, p, k), (n, 0, k * p, c * p));
@@ -604,10 +602,10 @@ impl GpuConvolution {
         let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
         let ws = cudnn::Workspace { ptr: wsp, bytes };
         let w = weight.slice(..);
-        let direct = &mut self.direct_scratch;
+        let (layout, direct) = (self.layout, &mut self.direct_scratch);
         fastest(gpu, (&self.name, plan), "data gradient", paths, |path| {
             let weights = (&w, &mut *direct);
-            data_gradient(gpu, plan, path, (k, ws), weights, &dy, 0.0, &mut dx)
+            data_gradient(gpu, plan, path, (k, layout, ws), weights, &dy, 0.0, &mut dx)
         })
     }
 
@@ -713,7 +711,6 @@ impl GpuLayer for GpuConvolution {
         };
         let mut plan = Plan {
             bottom,
-            layout,
             x,
             y,
             w: wd,
@@ -922,7 +919,8 @@ impl GpuLayer for GpuConvolution {
             let weights = (&w, &mut self.direct_scratch);
             let (dy, dx) = (&y.diff, &mut x.diff);
             let beta = grads[0].beta();
-            data_gradient(gpu, plan, plan.dgrad, (k, ws), weights, dy, beta, dx)?;
+            let how = (k, self.layout, ws);
+            data_gradient(gpu, plan, plan.dgrad, how, weights, dy, beta, dx)?;
         }
         if let Some(side) = side {
             self.wgrad_done
@@ -1262,7 +1260,8 @@ mod tests {
             let mut run = |path, beta| {
                 let mut dx = gpu.compute.clone_dtod(&start).unwrap();
                 let weights = (&weight.slice(..), &mut *scratch);
-                data_gradient(gpu, plan, path, (k, ws), weights, &dy, beta, &mut dx).unwrap();
+                let how = (k, layout, ws);
+                data_gradient(gpu, plan, path, how, weights, &dy, beta, &mut dx).unwrap();
                 let host = gpu.compute.clone_dtoh(&dx).unwrap();
                 gpu.synchronize().unwrap();
                 host
