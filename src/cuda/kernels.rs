@@ -113,7 +113,10 @@ kernel_set!(
     sum2_relu_forward,
     sum2_relu_backward,
     im2col_batch,
-    wgrad_partial,
+    wgrad_partial_2,
+    wgrad_partial_3,
+    wgrad_partial_4,
+    wgrad_partial_5,
     wgrad_sum_partials,
     conv_forward_direct,
     direct_sum_splits,
@@ -156,7 +159,7 @@ mod fused;
 mod im2col;
 pub use cnn::PoolGeom;
 pub use fused::BnScaleRelu;
-pub use im2col::{ConvGeom, DirectTile};
+pub use im2col::{ConvGeom, DirectTile, IMPLICIT_WGRAD_WARPS};
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and

@@ -941,31 +941,27 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 
 // The weight gradient of an ungrouped NCHW convolution without a column matrix (an implicit
 // GEMM): dW (K, C·kh·kw) = Σ_j dy_j (K) ⊗ col_j (C·kh·kw) over j = (n, oy, ox), J = N·OH·OW, the
-// column values gathered from x as im2col_batch would lay them out. A block of WG_C threads owns
-// a WG_K × WG_C tile of dW and one chunk of `chunk` consecutive j (a multiple of WG_J), and writes
-// its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the chunks. Each step stages
-// WG_J values of j in shared memory — dy (WG_J × WG_K) and the column values (WG_J × WG_C) — and
-// each thread accumulates a 4 × 8 sub-tile with fused multiply-adds in ascending j; the next
-// step's values are loaded into registers while this step's are multiplied. Every sum runs in a
-// fixed order, so the result repeats bit for bit, and each is a plain FP32 dot product, as exact
-// as the CPU's GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones, so that
-// the same products give the bias gradient Σ_j dy_j (K), written after the weight's:
+// column values gathered from x as im2col_batch would lay them out. A block of WARPS warps owns
+// a WG_K × 32·WARPS tile of dW (a thread per column; wgrad_partial_2 … wgrad_partial_5 below, so
+// that the host can fit the tile's width to C·kh·kw: cifar10_quick's 75 + 1 columns fill 96 of
+// them, where a 128-wide tile left 52 idle) and one chunk of `chunk` consecutive j (a multiple of
+// WG_J), and writes its sums to partial (chunks, K, C·kh·kw); wgrad_sum_partials adds the
+// chunks. Each step stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column
+// values (WG_J × 32·WARPS) — and each thread accumulates a 4 × 8 sub-tile with fused
+// multiply-adds in ascending j; the next step's values are loaded into registers while this
+// step's are multiplied. Every sum runs in a fixed order, the same whatever the tile's width, so
+// the result repeats bit for bit, and each is a plain FP32 dot product, as exact as the CPU's
+// GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones, so that the same
+// products give the bias gradient Σ_j dy_j (K), written after the weight's:
 // partial (chunks, K·C·kh·kw + K).
 //
 // The gather: thread t stages position j0 + t % WG_J of each step, for column groups
-// t / WG_J, t / WG_J + WG_WARPS, … of 4 columns each, so that a warp's loads of one column run
+// t / WG_J, t / WG_J + WARPS, … of 4 columns each, so that a warp's loads of one column run
 // along consecutive output positions (contiguous in x within an output row) and each group is
 // one float4 store. What a column needs (its offsets in x, whether it is the ones column) is
 // worked out once per block in a table.
 #define WG_K 32
-#define WG_C 128
 #define WG_J 32
-#define WG_WARPS (WG_C / 32)
-// dy is staged in groups of 4 rows of K (one float4 store each); warp w takes groups w,
-// w + WG_WARPS, ...
-#define WG_DY_GROUPS (WG_K / 4 / WG_WARPS)
-// Column groups each thread gathers per step.
-#define WG_COL_GROUPS (WG_C / 4 / WG_WARPS)
 // An input row offset no window reaches: positions beyond the chunk, and columns beyond the
 // tile's, take it, so that their bounds check fails whatever is added to it.
 #define WG_NOWHERE (-(1 << 29))
@@ -983,21 +979,29 @@ __device__ __forceinline__ int4 wgrad_locate(int j, int j_end, ConvGeom g, int k
     return make_int4(n * g.c * g.h * g.w + y0 * g.w + x0, y0, x0, n * k_total * pq + p);
 }
 
-extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float* partial,
-                                         ConvGeom g, int k_total, int chunk, int with_bias) {
+template <int WARPS>
+__device__ __forceinline__ void wgrad_partial_tile(const float* x, const float* dy,
+                                                   float* partial, ConvGeom g, int k_total,
+                                                   int chunk, int with_bias) {
+    constexpr int TILE_C = 32 * WARPS;
+    // dy is staged in groups of 4 rows of K (one float4 store each): warp w takes groups w,
+    // w + WARPS, … below WG_K / 4.
+    constexpr int DY_GROUPS = (WG_K / 4 + WARPS - 1) / WARPS;
+    // Column groups each thread gathers per step.
+    constexpr int COL_GROUPS = TILE_C / 4 / WARPS;
     // Rows padded by 4 floats: a warp's float4 stores of consecutive j then spread over all
     // banks, and every row stays on 16 bytes for the float4 reads.
     __shared__ __align__(16) float s_dy[WG_J][WG_K + 4];
-    __shared__ __align__(16) float s_col[WG_J][WG_C + 4];
+    __shared__ __align__(16) float s_col[WG_J][TILE_C + 4];
     // Per column of the tile: x the offset in x of its channel and kernel offsets (with padding
     // and dilation), y and z those offsets in rows and columns (y = WG_NOWHERE for the ones
     // column and columns beyond C·kh·kw), w the bits of the value it takes outside the image
     // (1 for the ones column, else 0).
-    __shared__ int4 s_columns[WG_C];
+    __shared__ int4 s_columns[TILE_C];
     const int tid = threadIdx.x;
     const int rows = g.c * g.kh * g.kw;
     const int pq = g.oh * g.ow;
-    const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * WG_C;
+    const int k0 = blockIdx.y * WG_K, c0 = blockIdx.x * TILE_C;
     const int j_begin = blockIdx.z * chunk;
     const int j_end = min(j_begin + chunk, g.n * pq);
     {
@@ -1014,16 +1018,14 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         s_columns[tid] = column;
     }
     // The position this thread stages (its dy values and its column values) and its groups:
-    // dy rows 4·(load_q + i·WG_WARPS).., columns 4·(load_q + i·WG_WARPS)..
-    // (the bound on the dy group holds for every thread of a WG_C-thread block, but the kernel
-    // with it, guarding the loads and stores below, measured 4-6% faster on an H200)
+    // dy rows 4·(load_q + i·WARPS).., columns 4·(load_q + i·WARPS)..
     const int load_j = tid % WG_J, load_q = tid / WG_J;
     // The 4 × 8 sub-tile this thread accumulates: rows 4·ty.., columns 4·tx.. and
-    // WG_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous). A
-    // warp covers 8 values of tx and 4 of ty, so that each of its three float4 reads of a step
-    // touches 64 or 128 contiguous bytes: one shared-memory wavefront each.
+    // TILE_C / 2 + 4·tx.. (two halves, so that a warp's float4 reads of a row are contiguous). A
+    // warp covers 4 values of tx and all 8 of ty, so that each of its three float4 reads of a
+    // step touches 64 or 128 contiguous bytes: one shared-memory wavefront each.
     const int warp_id = tid / 32, lane_id = tid % 32;
-    const int tx = lane_id % 8 + 8 * (warp_id % 2), ty = lane_id / 8 + 4 * (warp_id / 2);
+    const int tx = lane_id % 4 + 4 * warp_id, ty = lane_id / 4;
     float acc[4][8];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
@@ -1031,20 +1033,20 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         for (int b = 0; b < 8; ++b) acc[a][b] = 0.0f;
     }
     const FastDiv by_pq = fast_div(pq), by_ow = fast_div(g.ow);
-    float next_dy[4 * WG_DY_GROUPS], next_col[4 * WG_COL_GROUPS];
+    float next_dy[4 * DY_GROUPS], next_col[4 * COL_GROUPS];
     // Loads step j0's values of this thread into the registers above.
     auto load = [&](int j0) {
         const int4 at = wgrad_locate(j0 + load_j, j_end, g, k_total, by_pq, by_ow);
         const bool inside = at.y != WG_NOWHERE;
 #pragma unroll
-        for (int i = 0; i < 4 * WG_DY_GROUPS; ++i) {
-            const int group = load_q + (i / 4) * WG_WARPS;
+        for (int i = 0; i < 4 * DY_GROUPS; ++i) {
+            const int group = load_q + (i / 4) * WARPS;
             const int k = k0 + 4 * group + i % 4;
             next_dy[i] = (inside && group < WG_K / 4 && k < k_total) ? dy[at.w + k * pq] : 0.0f;
         }
 #pragma unroll
-        for (int i = 0; i < 4 * WG_COL_GROUPS; ++i) {
-            const int4 column = s_columns[4 * (load_q + (i / 4) * WG_WARPS) + i % 4];
+        for (int i = 0; i < 4 * COL_GROUPS; ++i) {
+            const int4 column = s_columns[4 * (load_q + (i / 4) * WARPS) + i % 4];
             const unsigned y = at.y + column.y, xx = at.z + column.z;
             next_col[i] = (y < unsigned(g.h) && xx < unsigned(g.w))
                               ? x[at.x + column.x]
@@ -1055,16 +1057,16 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
     load(j_begin);
     for (int j0 = j_begin; j0 < j_end; j0 += WG_J) {
 #pragma unroll
-        for (int i = 0; i < 4 * WG_DY_GROUPS; i += 4) {
-            const int group = load_q + (i / 4) * WG_WARPS;
+        for (int i = 0; i < 4 * DY_GROUPS; i += 4) {
+            const int group = load_q + (i / 4) * WARPS;
             if (group < WG_K / 4) {
                 *reinterpret_cast<float4*>(&s_dy[load_j][4 * group]) =
                     make_float4(next_dy[i], next_dy[i + 1], next_dy[i + 2], next_dy[i + 3]);
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4 * WG_COL_GROUPS; i += 4) {
-            const int group = load_q + (i / 4) * WG_WARPS;
+        for (int i = 0; i < 4 * COL_GROUPS; i += 4) {
+            const int group = load_q + (i / 4) * WARPS;
             *reinterpret_cast<float4*>(&s_col[load_j][4 * group]) =
                 make_float4(next_col[i], next_col[i + 1], next_col[i + 2], next_col[i + 3]);
         }
@@ -1074,7 +1076,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         for (int jj = 0; jj < WG_J; ++jj) {
             const float4 a = *reinterpret_cast<const float4*>(&s_dy[jj][4 * ty]);
             const float4 b = *reinterpret_cast<const float4*>(&s_col[jj][4 * tx]);
-            const float4 e = *reinterpret_cast<const float4*>(&s_col[jj][WG_C / 2 + 4 * tx]);
+            const float4 e = *reinterpret_cast<const float4*>(&s_col[jj][TILE_C / 2 + 4 * tx]);
             const float av[4] = {a.x, a.y, a.z, a.w};
             const float bv[8] = {b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w};
 #pragma unroll
@@ -1091,7 +1093,7 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
         const int k = k0 + 4 * ty + r;
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-            const int col = c0 + (c < 4 ? 4 * tx + c : WG_C / 2 + 4 * tx + c - 4);
+            const int col = c0 + (c < 4 ? 4 * tx + c : TILE_C / 2 + 4 * tx + c - 4);
             if (k >= k_total) continue;
             if (col < rows) {
                 out[(long long)k * rows + col] = acc[r][c];
@@ -1100,6 +1102,24 @@ extern "C" __global__ void wgrad_partial(const float* x, const float* dy, float*
             }
         }
     }
+}
+
+// wgrad_partial_tile with tiles of 64, 96, 128 and 160 columns (blocks of 2 to 5 warps).
+extern "C" __global__ void wgrad_partial_2(const float* x, const float* dy, float* partial,
+                                           ConvGeom g, int k_total, int chunk, int with_bias) {
+    wgrad_partial_tile<2>(x, dy, partial, g, k_total, chunk, with_bias);
+}
+extern "C" __global__ void wgrad_partial_3(const float* x, const float* dy, float* partial,
+                                           ConvGeom g, int k_total, int chunk, int with_bias) {
+    wgrad_partial_tile<3>(x, dy, partial, g, k_total, chunk, with_bias);
+}
+extern "C" __global__ void wgrad_partial_4(const float* x, const float* dy, float* partial,
+                                           ConvGeom g, int k_total, int chunk, int with_bias) {
+    wgrad_partial_tile<4>(x, dy, partial, g, k_total, chunk, with_bias);
+}
+extern "C" __global__ void wgrad_partial_5(const float* x, const float* dy, float* partial,
+                                           ConvGeom g, int k_total, int chunk, int with_bias) {
+    wgrad_partial_tile<5>(x, dy, partial, g, k_total, chunk, with_bias);
 }
 
 // dw (n) = Σ over `chunks` of partial (chunks, n) [+ beta · dw]: a block of 8 warps per 32

@@ -16,12 +16,21 @@ use cudarc::driver::{
     CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-/// `wgrad_partial`'s tile of `dW` (`WG_K` rows of K × `WG_C` columns of C·kh·kw; `WG_C` is also
-/// its threads per block) and its step along `N·OH·OW`: the constants of the same names in
-/// cnn.cu.
+/// `wgrad_partial_*`'s rows of K per tile of `dW` and its step along `N·OH·OW`: the constants
+/// of the same names in cnn.cu. A tile is `32·warps` columns of C·kh·kw wide, a thread per
+/// column, for `warps` in [`IMPLICIT_WGRAD_WARPS`].
 const WG_K: usize = 32;
-const WG_C: usize = 128;
 const WG_J: usize = 32;
+
+/// The widths of the implicit weight gradient's tile of `dW` that its kernels come in, in warps
+/// of 32 columns (`wgrad_partial_2` … `wgrad_partial_5` in cnn.cu): 64 to 160 columns, so that
+/// a tile can fit `C·kh·kw` (cifar10_quick's first convolution, 75 + 1 columns, in 96).
+pub const IMPLICIT_WGRAD_WARPS: [usize; 4] = [2, 3, 4, 5];
+
+/// The width, in warps, for which the implicit weight gradient's split over `N·OH·OW` is worked
+/// out, whatever width runs: every width then adds the same values in the same order, so its
+/// result does not depend on the width chosen.
+const WG_SPLIT_WARPS: usize = 4;
 
 /// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
 /// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
@@ -191,19 +200,20 @@ impl ConvGeom {
         self.filter_rows() + usize::from(with_bias)
     }
 
-    /// Whether [`Kernels::implicit_wgrad`] computes the bias gradient at no extra cost: its
-    /// column of ones falls in the unused columns of the last tile of `dW` (`C·kh·kw` not a
-    /// multiple of the tile's width).
-    pub fn implicit_wgrad_fuses_bias(&self) -> bool {
-        !self.filter_rows().is_multiple_of(WG_C)
+    /// Whether [`Kernels::implicit_wgrad`] with tiles `warps` warps wide computes the bias
+    /// gradient at no extra cost: its column of ones falls in the unused columns of the last
+    /// tile of `dW` (`C·kh·kw` not a multiple of the tile's `32·warps` columns).
+    pub fn implicit_wgrad_fuses_bias(&self, warps: usize) -> bool {
+        !self.filter_rows().is_multiple_of(32 * warps)
     }
 
     /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
     /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
-    /// times the chunks come near [`WG_TARGET_BLOCKS`].
-    fn implicit_wgrad_split(&self, (k, with_bias): (usize, bool)) -> (usize, usize) {
+    /// times the chunks come near [`WG_TARGET_BLOCKS`], for tiles [`WG_SPLIT_WARPS`] wide
+    /// whatever the width that runs.
+    fn implicit_wgrad_split(&self, k: usize) -> (usize, usize) {
         let j_total = self.positions();
-        let tiles = k.div_ceil(WG_K) * self.implicit_wgrad_columns(with_bias).div_ceil(WG_C);
+        let tiles = k.div_ceil(WG_K) * self.filter_rows().div_ceil(32 * WG_SPLIT_WARPS);
         let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
         let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
         (chunk, j_total.div_ceil(chunk).max(1))
@@ -213,7 +223,7 @@ impl ConvGeom {
     /// gradient where `with_bias` (the chunks' partial sums), or `None` where an index of its
     /// kernels would leave the int range.
     pub fn implicit_wgrad_scratch(&self, (k, with_bias): (usize, bool)) -> Option<usize> {
-        let (_, chunks) = self.implicit_wgrad_split((k, with_bias));
+        let (_, chunks) = self.implicit_wgrad_split(k);
         let columns = self.implicit_wgrad_columns(with_bias);
         let partial = chunks.checked_mul(k)?.checked_mul(columns)?;
         let fits = |n: usize| i32::try_from(n).is_ok();
@@ -382,15 +392,16 @@ impl Kernels {
 
     /// `dw (K, C·kh·kw) (+)=` the weight gradient of an ungrouped convolution for the batch
     /// `x (N, C, H, W)` and the top gradient `dy (N, K, OH, OW)`, both NCHW, without a column
-    /// matrix: `wgrad_partial` sums fixed chunks of `N·OH·OW` per tile of `dw` into `partial`
+    /// matrix: `wgrad_partial_<warps>` sums fixed chunks of `N·OH·OW` per tile of `dw`
+    /// (`32·warps` columns wide, `warps` one of [`IMPLICIT_WGRAD_WARPS`]) into `partial`
     /// ([`ConvGeom::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
-    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic. With
-    /// `with_bias`, `dw` continues with the bias gradient `(K)`, computed in the same products
-    /// (see [`ConvGeom::implicit_wgrad_fuses_bias`]).
+    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic, and the same
+    /// bit for bit whatever `warps`. With `with_bias`, `dw` continues with the bias gradient
+    /// `(K)`, computed in the same products (see [`ConvGeom::implicit_wgrad_fuses_bias`]).
     ///
     /// # Panics
-    /// If a buffer is too short or the shape leaves the kernels' int range (`None` from
-    /// [`ConvGeom::implicit_wgrad_scratch`]).
+    /// If a buffer is too short, `warps` is not one of [`IMPLICIT_WGRAD_WARPS`] or the shape
+    /// leaves the kernels' int range (`None` from [`ConvGeom::implicit_wgrad_scratch`]).
     #[allow(clippy::too_many_arguments)]
     pub fn implicit_wgrad(
         &self,
@@ -399,6 +410,7 @@ impl Kernels {
         dy: &impl DevicePtr<f32>,
         geom: ConvGeom,
         (k, with_bias): (usize, bool),
+        warps: usize,
         partial: &mut impl DevicePtrMut<f32>,
         beta: f32,
         dw: &mut impl DevicePtrMut<f32>,
@@ -415,29 +427,41 @@ impl Kernels {
         if k * geom.filter_rows() == 0 {
             return Ok(());
         }
-        let (chunk, chunks) = geom.implicit_wgrad_split((k, with_bias));
+        let (chunk, chunks) = geom.implicit_wgrad_split(k);
         let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
         let (n, bias_i) = (to_i32(op, k * columns), i32::from(with_bias));
         let (xp, _x) = x.device_ptr(s);
         let (dyp, _dy) = dy.device_ptr(s);
         let (pp, _p) = partial.device_ptr_mut(s);
         let (dwp, _dw) = dw.device_ptr_mut(s);
+        let tile_columns = 32 * warps;
         let tiles = LaunchConfig {
             grid_dim: (
-                columns.div_ceil(WG_C) as u32,
+                columns.div_ceil(tile_columns) as u32,
                 k.div_ceil(WG_K) as u32,
                 chunks as u32,
             ),
-            block_dim: (WG_C as u32, 1, 1),
+            block_dim: (tile_columns as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(
-            self,
-            s,
-            wgrad_partial,
-            tiles,
-            [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
-        )?;
+        macro_rules! partial_sums {
+            ($func:ident) => {
+                launch!(
+                    self,
+                    s,
+                    $func,
+                    tiles,
+                    [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
+                )
+            };
+        }
+        match warps {
+            2 => partial_sums!(wgrad_partial_2),
+            3 => partial_sums!(wgrad_partial_3),
+            4 => partial_sums!(wgrad_partial_4),
+            5 => partial_sums!(wgrad_partial_5),
+            _ => panic!("{op}: no tile of {warps} warps (kernels take {IMPLICIT_WGRAD_WARPS:?})"),
+        }?;
         // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
             grid_dim: (
@@ -778,40 +802,42 @@ mod tests {
 
     /// Runs without a GPU: the implicit weight gradient's chunks are whole steps that cover
     /// `N·OH·OW` exactly once with none empty, come near the target number of blocks, and
-    /// depend on the shape alone; its scratch is refused beyond the int range.
+    /// depend on the shape alone, not on the tile's width; the bias's column fuses where the
+    /// last tile of a width has room for it; its scratch is refused beyond the int range.
     #[test]
     fn implicit_wgrad_split_covers_the_reduction() {
-        // cifar10_quick's three convolutions at batch 512, a one-sample one and a tiny one.
-        for (g, k) in [
-            (geom(512, 3, 32, 5, 2), 32),
-            (geom(512, 32, 16, 5, 2), 32),
-            (geom(512, 32, 8, 5, 2), 64),
-            (geom(1, 64, 56, 3, 1), 64),
-            (geom(1, 1, 3, 3, 0), 1),
+        // cifar10_quick's three convolutions at batch 512, a one-sample one and a tiny one, with
+        // the widths (in warps) whose last tile has room for the bias's column: every width for
+        // 75 and 9 filter rows; 800 = 5 · 160 and 576 = 9 · 64 = 6 · 96 fill their last tiles.
+        for (g, k, fusing) in [
+            (geom(512, 3, 32, 5, 2), 32, &[2, 3, 4, 5][..]),
+            (geom(512, 32, 16, 5, 2), 32, &[2, 3, 4]),
+            (geom(512, 32, 8, 5, 2), 64, &[2, 3, 4]),
+            (geom(1, 64, 56, 3, 1), 64, &[4, 5]),
+            (geom(1, 1, 3, 3, 0), 1, &[2, 3, 4, 5]),
         ] {
             let j_total = (g.n * g.oh * g.ow) as usize;
             let rows = (g.c * g.kh * g.kw) as usize;
-            let (chunk, chunks) = g.implicit_wgrad_split((k, false));
+            let (chunk, chunks) = g.implicit_wgrad_split(k);
             assert_eq!(chunk % WG_J, 0, "{g:?}");
             assert!(
                 chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
                 "{g:?}"
             );
-            let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(WG_C);
+            let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(32 * WG_SPLIT_WARPS);
             assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
             assert_eq!(
                 g.implicit_wgrad_scratch((k, false)),
                 Some(chunks * k * rows)
             );
-            // The bias's column falls in the last tile (rows 75, 800 and 800, 576, 9): the
-            // same split, one more column of partial sums.
-            assert!(g.implicit_wgrad_fuses_bias(), "{g:?}");
-            assert_eq!(g.implicit_wgrad_split((k, true)), (chunk, chunks));
+            // With the bias: one more column of partial sums.
             let partial = chunks * k * (rows + 1);
             assert_eq!(g.implicit_wgrad_scratch((k, true)), Some(partial));
+            for warps in IMPLICIT_WGRAD_WARPS {
+                let fuses = fusing.contains(&warps);
+                assert_eq!(g.implicit_wgrad_fuses_bias(warps), fuses, "{g:?}, {warps}");
+            }
         }
-        // 128 filter rows fill their tile: a bias column would take a tile of its own.
-        assert!(!geom(8, 128, 8, 1, 0).implicit_wgrad_fuses_bias());
         let huge = geom(4096, 256, 64, 3, 1);
         assert_eq!(huge.implicit_wgrad_scratch((256, false)), None);
     }

@@ -42,7 +42,7 @@ use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::kernels::{ConvGeom, DirectTile};
+use crate::cuda::kernels::{ConvGeom, DirectTile, IMPLICIT_WGRAD_WARPS};
 use crate::cuda::layout::Layout;
 use crate::cuda::path_timing::{median_times_in_turns, zeroed_floats};
 use crate::cuda::{gpu_error, Gpu};
@@ -61,14 +61,18 @@ enum Wgrad {
     Cudnn,
     /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
     Gemm,
-    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]).
-    Implicit,
+    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]), with tiles of
+    /// `dW` this many warps wide (one of [`IMPLICIT_WGRAD_WARPS`]).
+    Implicit(usize),
 }
 
 /// Whether `path` computes a layer's bias gradient (where it has one, `bias_term`) along with
 /// the weight's: an implicit one whose last tile has room for it.
 fn fuses_bias(bias_term: bool, geom: &ConvGeom, path: Wgrad) -> bool {
-    path == Wgrad::Implicit && bias_term && geom.implicit_wgrad_fuses_bias()
+    match path {
+        Wgrad::Implicit(warps) => bias_term && geom.implicit_wgrad_fuses_bias(warps),
+        Wgrad::Cudnn | Wgrad::Gemm => false,
+    }
 }
 
 /// How a plan computes the forward.
@@ -191,17 +195,17 @@ fn weight_gradient(
     dw: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     let (geom, s) = (plan.geom, lane.stream());
-    debug_assert!(!with_bias || path == Wgrad::Implicit);
+    debug_assert!(!with_bias || matches!(path, Wgrad::Implicit(_)));
     match path {
         Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
-        Wgrad::Implicit => {
+        Wgrad::Implicit(warps) => {
             let outputs = (num_output, with_bias);
             let partial = geom
                 .implicit_wgrad_scratch(outputs)
                 .expect("checked when the plan was made");
             return gpu.with_conv_scratch((partial, 0), |partial, _| {
                 gpu.kernels
-                    .implicit_wgrad(s, x, dy, geom, outputs, partial, beta, dw)
+                    .implicit_wgrad(s, x, dy, geom, outputs, warps, partial, beta, dw)
             });
         }
         Wgrad::Cudnn => {}
@@ -542,8 +546,9 @@ impl GpuConvolution {
     }
 
     /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
-    /// implicit GEMM, with the bias gradient where [`fuses_bias`]) on scratch buffers of
-    /// `plan`'s shapes and answers the fastest, the first of equals. Synchronises.
+    /// implicit GEMM at each width of its tile), each with the layer's bias gradient (fused where
+    /// [`fuses_bias`], else the channel sum), on scratch buffers of `plan`'s shapes and answers
+    /// the fastest, the first of equals. Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
         let k = self.num_output;
         let (x, dy, mut dw) = (
@@ -558,10 +563,21 @@ impl GpuConvolution {
             blas: &gpu.blas,
             ws: cudnn::Workspace { ptr: wsp, bytes },
         };
-        let bias_term = self.bias_term;
+        let (bias_term, wlen) = (self.bias_term, plan.w.count());
+        // A path that leaves the bias gradient apart is timed with the channel sum that then
+        // computes it (`backward`), so that every path is timed for the same work. The own
+        // paths take NCHW only: the top is (N, K, OH·OW).
+        let g = plan.geom;
+        let top = (g.n as usize, k, (g.oh * g.ow) as usize);
         fastest(gpu, (&self.name, plan), "weight gradient", paths, |path| {
-            let outputs = (k, fuses_bias(bias_term, &plan.geom, path));
-            weight_gradient(gpu, lane, plan, path, outputs, &x, &dy, 0.0, &mut dw)
+            let with_bias = fuses_bias(bias_term, &g, path);
+            weight_gradient(gpu, lane, plan, path, (k, with_bias), &x, &dy, 0.0, &mut dw)?;
+            if bias_term && !with_bias {
+                let bias = &mut dw.slice_mut(wlen..wlen + k);
+                gpu.kernels
+                    .channel_reduce(lane.stream(), &dy, &dy, false, bias, top, false)?;
+            }
+            Ok(())
         })
     }
 
@@ -726,14 +742,14 @@ impl GpuLayer for GpuConvolution {
             wgrad_bias: false,
         };
         // The project's own weight gradients take ungrouped NCHW convolutions within their
-        // index ranges; measured mode times them against cuDNN's choice.
+        // index ranges; measured mode times them against cuDNN's choice, the implicit one at
+        // each width of its tile.
         let mut paths = vec![Wgrad::Cudnn];
         if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
             paths.push(Wgrad::Gemm);
         }
-        let with_bias = fuses_bias(self.bias_term, &geom, Wgrad::Implicit);
-        if geom.implicit_wgrad_scratch((k, with_bias)).is_some() {
-            paths.push(Wgrad::Implicit);
+        if geom.implicit_wgrad_scratch((k, self.bias_term)).is_some() {
+            paths.extend(IMPLICIT_WGRAD_WARPS.map(Wgrad::Implicit));
         }
         let measured = n > 0 && gpu.conv_algorithm == ConvAlgorithm::Measured;
         let own_kernels = measured && layout == Layout::Nchw && g.group == 1;
@@ -1042,12 +1058,14 @@ mod tests {
 
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
-    /// implicit one over several tiles of `dW` (K = 40, C·kh·kw = 200) and many chunks of
-    /// `N·OH·OW`, and bit for bit the same when run again; with the bias gradient fused, the
-    /// same weight gradient and the bias gradient the sum of `dy` over samples and positions.
+    /// implicit one at every width of its tile, over several tiles of `dW` (K = 40, C·kh·kw =
+    /// 200) and many chunks of `N·OH·OW`, bit for bit the same at every width and when run
+    /// again; with the bias gradient fused (where the last tile of the width has room: not for
+    /// 800 columns in tiles of 160), the same weight gradient bit for bit and the bias gradient
+    /// the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
-        use super::{cudnn, weight_gradient, Wgrad};
+        use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_WARPS};
         use crate::cuda::test_util::assert_close;
         use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
@@ -1057,6 +1075,7 @@ mod tests {
             ("num_output = 16\nkernel_size = 1", [2, 24, 7, 7]),
             ("num_output = 8\nkernel_size = 5\npad = 2", [4, 3, 12, 12]),
             ("num_output = 40\nkernel_size = 5\npad = 2", [4, 8, 12, 12]),
+            ("num_output = 32\nkernel_size = 5\npad = 2", [2, 32, 8, 8]),
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(308);
         for (extra, shape) in cases {
@@ -1110,23 +1129,31 @@ mod tests {
                 let want = run(Wgrad::Cudnn, beta);
                 let gemm = run(Wgrad::Gemm, beta);
                 assert_close(&format!("{extra}, GEMM, beta {beta}"), &gemm, &want, 1e-5);
-                let implicit = run(Wgrad::Implicit, beta);
-                let what = format!("{extra}, implicit, beta {beta}");
-                assert_close(&what, &implicit, &want, 1e-5);
-                assert!(
-                    implicit == run(Wgrad::Implicit, beta),
-                    "{what}: the implicit weight gradient differs between two runs"
-                );
-                if plan.geom.implicit_wgrad_fuses_bias() {
-                    let fused = run_with(Wgrad::Implicit, true, beta);
-                    let (weight, bias) = fused.split_at(plan.w.count());
-                    assert_close(&format!("{what}, fused, weight"), weight, &want, 1e-5);
-                    assert_close(
-                        &format!("{what}, fused, bias"),
-                        bias,
-                        &want_bias(beta),
-                        1e-5,
+                let first = run(Wgrad::Implicit(IMPLICIT_WGRAD_WARPS[0]), beta);
+                for warps in IMPLICIT_WGRAD_WARPS {
+                    let implicit = run(Wgrad::Implicit(warps), beta);
+                    let what = format!("{extra}, implicit, {warps} warps, beta {beta}");
+                    assert_close(&what, &implicit, &want, 1e-5);
+                    assert!(
+                        implicit == first,
+                        "{what}: differs from the tiles of {} warps",
+                        IMPLICIT_WGRAD_WARPS[0]
                     );
+                    assert!(
+                        implicit == run(Wgrad::Implicit(warps), beta),
+                        "{what}: the implicit weight gradient differs between two runs"
+                    );
+                    if plan.geom.implicit_wgrad_fuses_bias(warps) {
+                        let fused = run_with(Wgrad::Implicit(warps), true, beta);
+                        let (weight, bias) = fused.split_at(plan.w.count());
+                        assert!(weight == implicit, "{what}: fused, the weight differs");
+                        assert_close(
+                            &format!("{what}, fused, bias"),
+                            bias,
+                            &want_bias(beta),
+                            1e-5,
+                        );
+                    }
                 }
             }
         }
