@@ -43,6 +43,10 @@ unsafe impl DeviceRepr for PoolGeom {}
 /// default limit, without opting in to more.
 const PLANE_SHARED_LIMIT: usize = 48 << 10;
 
+/// Elements of a pass of `pool_backward_planes` each thread takes at once: the constant of the
+/// same name in cnn.cu.
+const PLANE_RUN: usize = 4;
+
 /// The most rounds `max_pool_backward_scatter` runs per plane (one barrier each); beyond them
 /// (windows overlapping many times, as in global pooling) `pool_backward_planes` runs instead.
 const SCATTER_ROUNDS_MAX: usize = 9;
@@ -66,9 +70,17 @@ impl PoolGeom {
         )
     }
 
-    /// Shared-memory bytes of `pool_backward_planes`: covering tables, divisors, the top
-    /// gradient and argmax planes (the argmax plane is unused when averaging).
-    fn plane_shared_bytes(&self) -> usize {
+    /// Threads per block of a plane kernel: enough warps for the larger of the bottom and top
+    /// planes, at most `BLOCK`.
+    fn plane_threads(&self) -> usize {
+        let (area, pooled) = self.plane_areas();
+        area.max(pooled).next_multiple_of(32).min(BLOCK as usize)
+    }
+
+    /// Shared-memory bytes of `pool_backward_planes` taking `per_pass` planes at a time:
+    /// covering tables, divisors, the top gradient and argmax planes (the argmax planes are
+    /// unused when averaging).
+    fn plane_shared_bytes(&self, per_pass: usize) -> usize {
         let (_, pooled) = self.plane_areas();
         let (h, w, ph, pw) = (
             self.height as usize,
@@ -76,7 +88,19 @@ impl PoolGeom {
             self.pooled_h as usize,
             self.pooled_w as usize,
         );
-        4 * (2 * (h + w) + ph + pw + 2 * pooled)
+        4 * (2 * (h + w) + ph + pw + 2 * per_pass * pooled)
+    }
+
+    /// The planes `pool_backward_planes` takes per pass: as many as give each thread
+    /// `PLANE_RUN` elements, fewer where their top planes would not fit in shared memory, at
+    /// least one.
+    fn planes_per_pass(&self) -> usize {
+        let (area, _) = self.plane_areas();
+        let mut per_pass = (PLANE_RUN * self.plane_threads() / area.max(1)).max(1);
+        while per_pass > 1 && self.plane_shared_bytes(per_pass) > PLANE_SHARED_LIMIT {
+            per_pass -= 1;
+        }
+        per_pass
     }
 
     /// The rounds of `max_pool_backward_scatter` per axis: the most windows that cover one
@@ -100,24 +124,23 @@ impl PoolGeom {
 
 impl Kernels {
     /// The launch of a plane kernel (`pool_backward_planes`, `max_pool_backward_scatter`) taking
-    /// `bytes` of shared memory over the `planes` `(n, c)` planes of `g`, or `None` where the
-    /// generic kernel has to run: channels-last storage, or a plane too large for shared memory.
-    /// A block has enough warps for the larger of the bottom and top planes (at most `BLOCK`
-    /// threads), and the grid fills one wave of such blocks.
+    /// `bytes` of shared memory over `passes` groups of `(n, c)` planes of `g` (one block at a
+    /// time each), or `None` where the generic kernel has to run: channels-last storage, or a
+    /// plane too large for shared memory. A block has [`PoolGeom::plane_threads`] threads, and
+    /// the grid fills one wave of such blocks.
     fn backward_plane_grid(
         &self,
         g: &PoolGeom,
-        planes: usize,
+        passes: usize,
         bytes: usize,
     ) -> Option<LaunchConfig> {
-        if g.nhwc != 0 || bytes > PLANE_SHARED_LIMIT || planes == 0 {
+        if g.nhwc != 0 || bytes > PLANE_SHARED_LIMIT || passes == 0 {
             return None;
         }
-        let (area, pooled) = g.plane_areas();
-        let threads = area.max(pooled).next_multiple_of(32).min(BLOCK as usize);
+        let threads = g.plane_threads();
         let wave = self.max_blocks as usize * BLOCK as usize / threads;
         Some(LaunchConfig {
-            grid_dim: (planes.min(wave) as u32, 1, 1),
+            grid_dim: (passes.min(wave) as u32, 1, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: bytes as u32,
         })
@@ -521,15 +544,18 @@ impl Kernels {
                 [&dyp, &mp, &dxp, &pi, &g, &rh, &rw, &acc]
             );
         }
-        if let Some(cfg) = self.backward_plane_grid(&g, planes, g.plane_shared_bytes()) {
+        let per_pass = g.planes_per_pass();
+        let passes = planes.div_ceil(per_pass);
+        if let Some(cfg) = self.backward_plane_grid(&g, passes, g.plane_shared_bytes(per_pass)) {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
+            let per_pass = per_pass as i32;
             return launch!(
                 self,
                 s,
                 pool_backward_planes,
                 cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &average, &acc, &no_x, &relu, &slope]
+                [&dyp, &mp, &dxp, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
             );
         }
         launch!(
@@ -579,15 +605,18 @@ impl Kernels {
         };
         let (relu_i, slope) = (i32::from(relu.is_some()), relu.map_or(0.0, |r| r.1));
         let planes = batch * g.channels as usize;
-        if let Some(cfg) = self.backward_plane_grid(&g, planes, g.plane_shared_bytes()) {
+        let per_pass = g.planes_per_pass();
+        let passes = planes.div_ceil(per_pass);
+        if let Some(cfg) = self.backward_plane_grid(&g, passes, g.plane_shared_bytes(per_pass)) {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
+            let per_pass = per_pass as i32;
             return launch!(
                 self,
                 s,
                 pool_backward_planes,
                 cfg,
-                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc, &xp, &relu_i, &slope]
+                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
             );
         }
         launch!(
@@ -1382,6 +1411,33 @@ mod tests {
                 .max()
                 .unwrap();
             assert!(most <= g.scatter_rounds().0, "{size} {kernel} {stride}");
+        }
+    }
+
+    /// Runs without a GPU: the plane kernel's passes give each thread `PLANE_RUN` elements —
+    /// cifar10_quick's average poolings (16 × 16 and 8 × 8 planes) four planes a pass, its 32 ×
+    /// 32 planes one, global pooling's 1 × 1 tops `PLANE_RUN` · 32 — and stay within shared
+    /// memory wherever one plane a pass does.
+    #[test]
+    fn plane_passes_fill_the_threads_within_shared_memory() {
+        let pool2 = geom(16, 3, 2, 8);
+        assert_eq!((pool2.plane_threads(), pool2.planes_per_pass()), (256, 4));
+        let pool3 = geom(8, 3, 2, 4);
+        assert_eq!((pool3.plane_threads(), pool3.planes_per_pass()), (64, 4));
+        assert_eq!(geom(32, 3, 2, 16).planes_per_pass(), 1);
+        assert_eq!(geom(1, 1, 1, 1).planes_per_pass(), PLANE_RUN * 32);
+        for size in 1..=64 {
+            for (kernel, stride) in [(1, 1), (2, 2), (3, 1), (3, 2), (5, 3)] {
+                let g = geom(size, kernel, stride, (size - 1) / stride + 1);
+                let per_pass = g.planes_per_pass();
+                assert!(per_pass >= 1);
+                if g.plane_shared_bytes(1) <= PLANE_SHARED_LIMIT {
+                    assert!(
+                        g.plane_shared_bytes(per_pass) <= PLANE_SHARED_LIMIT,
+                        "{g:?}"
+                    );
+                }
+            }
         }
     }
 }

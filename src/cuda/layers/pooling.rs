@@ -24,12 +24,13 @@
 //!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
-//! fit in shared memory run a "plane" kernel (one block per `(n, c)` plane, the top gradient
-//! plane staged in shared memory): for max pooling the "scatter" kernel, which adds each top diff
-//! at its argmax in rounds ordered as the covering windows, for average pooling (and max pooling
-//! whose windows overlap many times) one that loops over each pixel's covering windows from
-//! per-row tables. Both compute the same sums in the same order as the generic kernels: the
-//! choice changes speed only.
+//! fit in shared memory run a "plane" kernel (a block per `(n, c)` plane at a time, the top
+//! gradient plane staged in shared memory): for max pooling the "scatter" kernel, which adds each
+//! top diff at its argmax in rounds ordered as the covering windows, for average pooling (and max
+//! pooling whose windows overlap many times) one that loops over each pixel's covering windows
+//! from per-row tables, several small planes per pass of a block so that each thread has a few
+//! elements' loads in flight. Both compute the same sums in the same order as the generic
+//! kernels: the choice changes speed only.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
 use crate::config::{LayerConfig, LayerKind, PoolMethod};
@@ -375,6 +376,21 @@ mod tests {
             &gpu,
             &case("pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1", &big),
             408,
+        );
+    }
+
+    /// 111 planes of 8 × 8: the average's plane kernel takes them four at a time, the last
+    /// pass three.
+    #[test]
+    fn ave_matches_cpu_over_many_planes_in_passes() {
+        let gpu = gpu_or_skip!("ave_matches_cpu_over_many_planes_in_passes");
+        check_against_cpu(
+            &gpu,
+            &case(
+                "pool = \"ave\"\nkernel_size = 3\nstride = 2",
+                &[3, 37, 8, 8],
+            ),
+            409,
         );
     }
 
