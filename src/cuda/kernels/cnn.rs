@@ -146,6 +146,15 @@ impl Kernels {
         })
     }
 
+    /// `pool_backward_planes`'s launch over the `planes` planes of `g` and its planes per pass
+    /// ([`PoolGeom::planes_per_pass`]), or `None` where the generic kernel has to run.
+    fn pool_planes_grid(&self, g: &PoolGeom, planes: usize) -> Option<(LaunchConfig, i32)> {
+        let per_pass = g.planes_per_pass();
+        let passes = planes.div_ceil(per_pass);
+        let cfg = self.backward_plane_grid(g, passes, g.plane_shared_bytes(per_pass))?;
+        Some((cfg, per_pass as i32))
+    }
+
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
     /// and the number of chunks each channel's values are split into (see `view_sums` in
     /// `cnn.cu`). For `inner > 1` a block of `BLOCK` threads per channel and chunk; for
@@ -544,12 +553,9 @@ impl Kernels {
                 [&dyp, &mp, &dxp, &pi, &g, &rh, &rw, &acc]
             );
         }
-        let per_pass = g.planes_per_pass();
-        let passes = planes.div_ceil(per_pass);
-        if let Some(cfg) = self.backward_plane_grid(&g, passes, g.plane_shared_bytes(per_pass)) {
+        if let Some((cfg, per_pass)) = self.pool_planes_grid(&g, planes) {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
-            let per_pass = per_pass as i32;
             return launch!(
                 self,
                 s,
@@ -605,12 +611,9 @@ impl Kernels {
         };
         let (relu_i, slope) = (i32::from(relu.is_some()), relu.map_or(0.0, |r| r.1));
         let planes = batch * g.channels as usize;
-        let per_pass = g.planes_per_pass();
-        let passes = planes.div_ceil(per_pass);
-        if let Some(cfg) = self.backward_plane_grid(&g, passes, g.plane_shared_bytes(per_pass)) {
+        if let Some((cfg, per_pass)) = self.pool_planes_grid(&g, planes) {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
-            let per_pass = per_pass as i32;
             return launch!(
                 self,
                 s,
