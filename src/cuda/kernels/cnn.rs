@@ -1419,8 +1419,8 @@ mod tests {
 
     /// Runs without a GPU: the plane kernel's passes give each thread `PLANE_RUN` elements —
     /// cifar10_quick's average poolings (16 × 16 and 8 × 8 planes) four planes a pass, its 32 ×
-    /// 32 planes one, global pooling's 1 × 1 tops `PLANE_RUN` · 32 — and stay within shared
-    /// memory wherever one plane a pass does.
+    /// 32 planes one, 1 × 1 planes `PLANE_RUN` · 32 (a warp's worth each) — and stay within
+    /// shared memory wherever one plane a pass does.
     #[test]
     fn plane_passes_fill_the_threads_within_shared_memory() {
         let pool2 = geom(16, 3, 2, 8);
