@@ -540,9 +540,10 @@ mod tests {
             (MAX_READY_BATCHES, MAX_READY_BATCHES / 2)
         );
         let mut reader = TrainReader::start(Arc::clone(&source), 5, true, 2, 0, 1, 0, 4, identity);
-        let full = |r: &TrainReader| {
+        // Waits (at most 20 s, against a hang) until the thread has filled more than `ready`.
+        let filled_beyond = |r: &TrainReader, ready: usize| {
             let t = Instant::now();
-            while r.queue_state().0 < capacity {
+            while r.queue_state().0 <= ready {
                 assert!(
                     t.elapsed() < Duration::from_secs(20),
                     "{:?}",
@@ -551,6 +552,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
+        let full = |r: &TrainReader| filled_beyond(r, capacity - 1);
         full(&reader);
         assert_eq!(reader.queue_state(), (capacity, 0));
         let taken = 4 * capacity;
@@ -560,15 +562,7 @@ mod tests {
             reader.recycle(got);
             if m % 64 == 63 {
                 // A consumer slower than the thread: it has refilled above the low-water mark.
-                let t = Instant::now();
-                while reader.queue_state().0 <= capacity - refill {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(20),
-                        "{:?}",
-                        reader.queue_state()
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                filled_beyond(&reader, capacity - refill);
             }
         }
         full(&reader); // woken at least once, and back to sleep on a full queue

@@ -437,11 +437,7 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
                     for (int ph = h_first[h]; ph < h_last[h]; ++ph) {
                         for (int pw = w_first[w]; pw < w_last[w]; ++pw) {
                             const int p = ph * g.pooled_w + pw;
-                            if (average) {
-                                gradient += plane_dy[p];
-                            } else if (plane_mask[p] == i) {
-                                gradient += plane_dy[p];
-                            }
+                            if (average || plane_mask[p] == i) gradient += plane_dy[p];
                         }
                     }
                     if (relu && !(below[e] > 0.0f)) gradient = slope * gradient;

@@ -32,9 +32,9 @@ pub const IMPLICIT_WGRAD_WARPS: [usize; 4] = [2, 3, 4, 5];
 /// result does not depend on the width chosen.
 const WG_SPLIT_WARPS: usize = 4;
 
-/// The blocks `wgrad_partial` aims for, a few per multiprocessor of any current device. A
-/// constant rather than a device's count, so that the split over `N·OH·OW`, and with it the
-/// rounding of the result, depends on the shape alone.
+/// The blocks `wgrad_partial_*` aim for (counted in tiles [`WG_SPLIT_WARPS`] wide), a few per
+/// multiprocessor of any current device. A constant rather than a device's count, so that the
+/// split over `N·OH·OW`, and with it the rounding of the result, depends on the shape alone.
 const WG_TARGET_BLOCKS: usize = 1024;
 
 /// `conv_forward_direct`'s output channels per block and output rows per thread, and its block

@@ -134,6 +134,14 @@ struct Plan {
     wgrad_bias: bool,
 }
 
+impl Plan {
+    /// The top's shape `(N, K, OH, OW)` for `k` outputs (NCHW order, whatever the layout).
+    fn top_shape(&self, k: usize) -> [usize; 4] {
+        let (oh, ow) = (self.geom.oh as usize, self.geom.ow as usize);
+        [self.bottom[0], k, oh, ow]
+    }
+}
+
 /// Where a weight gradient runs: a stream (the compute stream or the device's side stream) with
 /// its cuDNN and cuBLAS handles and a cuDNN workspace.
 #[derive(Clone, Copy)]
@@ -289,13 +297,7 @@ fn forward_pass(
         // One pass of the project's channel kernel: cuDNN's AddTensor took about twice as
         // long on cifar10_quick's first convolution.
         let b = params.slice(wlen..wlen + k);
-        let top = [
-            plan.bottom[0],
-            k,
-            plan.geom.oh as usize,
-            plan.geom.ow as usize,
-        ];
-        let (_, _, inner) = layout.channel_view(&top);
+        let (_, _, inner) = layout.channel_view(&plan.top_shape(k));
         gpu.kernels
             .channel_bias_inplace(s, y, &b, plan.y.count(), (k, inner))?;
     }
@@ -565,12 +567,10 @@ impl GpuConvolution {
         };
         let (bias_term, wlen) = (self.bias_term, plan.w.count());
         // A path that leaves the bias gradient apart is timed with the channel sum that then
-        // computes it (`backward`), so that every path is timed for the same work. The own
-        // paths take NCHW only: the top is (N, K, OH·OW).
-        let g = plan.geom;
-        let top = (g.n as usize, k, (g.oh * g.ow) as usize);
+        // computes it (`backward`), so that every path is timed for the same work.
+        let top = self.layout.channel_view(&plan.top_shape(k));
         fastest(gpu, (&self.name, plan), "weight gradient", paths, |path| {
-            let with_bias = fuses_bias(bias_term, &g, path);
+            let with_bias = fuses_bias(bias_term, &plan.geom, path);
             weight_gradient(gpu, lane, plan, path, (k, with_bias), &x, &dy, 0.0, &mut dw)?;
             if bias_term && !with_bias {
                 let bias = &mut dw.slice_mut(wlen..wlen + k);
@@ -1254,9 +1254,8 @@ mod tests {
 
     /// The data gradient by `path` agrees with cuDNN's (to 1e-5) on each of `cases` (a layer's
     /// keys and its NCHW bottom shape, planned in measured mode with its blobs in `layout`,
-    /// where `applies(plan, K, C)`),
-    /// overwriting and accumulating (beta 0 and 1), from random `dy`, weight and `dx`; and is
-    /// bit for bit the same when run again.
+    /// where `applies(plan, K, C)`), overwriting and accumulating (beta 0 and 1), from random
+    /// `dy`, weight and `dx`; and is bit for bit the same when run again.
     fn data_gradient_matches_cudnn(
         gpu: &Gpu,
         cases: &[(&str, [usize; 4])],
