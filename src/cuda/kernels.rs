@@ -43,6 +43,9 @@ macro_rules! kernel_set {
             $($name: CudaFunction,)*
             /// Blocks of one full wave of a grid-stride kernel on this device.
             max_blocks: u32,
+            /// Resident blocks of `wgrad_partial_<w>` on the whole device, for each `w` of
+            /// [`IMPLICIT_WGRAD_WARPS`].
+            implicit_wgrad_slots: [usize; IMPLICIT_WGRAD_WARPS.len()],
         }
 
         /// The names of every kernel [`Kernels`] loads from [`SOURCE`].
@@ -55,6 +58,7 @@ macro_rules! kernel_set {
                         .load_function(stringify!($name))
                         .map_err(|e| gpu_error(concat!("load kernel ", stringify!($name)), e))?,)*
                     max_blocks,
+                    implicit_wgrad_slots: [1; IMPLICIT_WGRAD_WARPS.len()],
                 })
             }
         }
@@ -235,7 +239,27 @@ impl Kernels {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| gpu_error("query the multiprocessor count", e))?;
-        Kernels::from_module(&module, (sms.max(1) as u32) * BLOCKS_PER_SM)
+        let sms = sms.max(1) as u32;
+        let mut kernels = Kernels::from_module(&module, sms * BLOCKS_PER_SM)?;
+        let partial_kernels = [
+            &kernels.wgrad_partial_2,
+            &kernels.wgrad_partial_3,
+            &kernels.wgrad_partial_4,
+            &kernels.wgrad_partial_5,
+        ];
+        let mut slots = [1; IMPLICIT_WGRAD_WARPS.len()];
+        for ((slot, kernel), warps) in slots
+            .iter_mut()
+            .zip(partial_kernels)
+            .zip(IMPLICIT_WGRAD_WARPS)
+        {
+            let per_sm = kernel
+                .occupancy_max_active_blocks_per_multiprocessor(32 * warps as u32, 0, None)
+                .map_err(|e| gpu_error("query the weight-gradient kernels' occupancy", e))?;
+            *slot = (per_sm.max(1) * sms) as usize;
+        }
+        kernels.implicit_wgrad_slots = slots;
+        Ok(kernels)
     }
 
     /// One wave of `BLOCK`-thread blocks over `n` elements (at least one block).

@@ -977,9 +977,9 @@ extern "C" __global__ void im2col_batch(const float* x, float* col, ConvGeom g) 
 // chunks. Each step stages WG_J values of j in shared memory — dy (WG_J × WG_K) and the column
 // values (WG_J × 32·WARPS) — and each thread accumulates a 4 × 8 sub-tile with fused
 // multiply-adds in ascending j; the next step's values are loaded into registers while this
-// step's are multiplied. Every sum runs in a fixed order, the same whatever the tile's width, so
-// the result repeats bit for bit, and each is a plain FP32 dot product, as exact as the CPU's
-// GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones, so that the same
+// step's are multiplied. Every sum runs in a fixed order, given by the chunks (which the host
+// fits to the device's waves for the width that runs), so the result repeats bit for bit, and
+// each is a plain FP32 dot product, as exact as the CPU's GEMM. With `with_bias`, column C·kh·kw of the gathered matrix is all ones, so that the same
 // products give the bias gradient Σ_j dy_j (K), written after the weight's:
 // partial (chunks, K·C·kh·kw + K).
 //

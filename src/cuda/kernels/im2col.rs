@@ -27,15 +27,13 @@ const WG_J: usize = 32;
 /// a tile can fit `C·kh·kw` (cifar10_quick's first convolution, 75 + 1 columns, in 96).
 pub const IMPLICIT_WGRAD_WARPS: [usize; 4] = [2, 3, 4, 5];
 
-/// The width, in warps, for which the implicit weight gradient's split over `N·OH·OW` is worked
-/// out, whatever width runs: every width then adds the same values in the same order, so its
-/// result does not depend on the width chosen.
-const WG_SPLIT_WARPS: usize = 4;
+/// The most waves of resident blocks the implicit weight gradient's grid is split into: more
+/// chunks of `N·OH·OW` shorten the last wave's idle tail but add partial sums to write and add.
+const WG_MAX_WAVES: usize = 4;
 
-/// The blocks `wgrad_partial_*` aim for (counted in tiles [`WG_SPLIT_WARPS`] wide), a few per
-/// multiprocessor of any current device. A constant rather than a device's count, so that the
-/// split over `N·OH·OW`, and with it the rounding of the result, depends on the shape alone.
-const WG_TARGET_BLOCKS: usize = 1024;
+/// What a block of `wgrad_partial_*` costs besides its steps, in steps: building its column
+/// table, its first loads and writing its partial sums.
+const WG_BLOCK_OVERHEAD_STEPS: usize = 2;
 
 /// `conv_forward_direct`'s output channels per block and output rows per thread, and its block
 /// size (one warp per 8 channels): the constants of the same names in cnn.cu.
@@ -207,23 +205,50 @@ impl ConvGeom {
         !self.filter_rows().is_multiple_of(32 * warps)
     }
 
-    /// The split of [`Kernels::implicit_wgrad`] for `k` outputs: `(chunk, chunks)`, chunks of
-    /// `chunk` values of `N·OH·OW` (a multiple of the kernel's step) such that the tiles of `dW`
-    /// times the chunks come near [`WG_TARGET_BLOCKS`], for tiles [`WG_SPLIT_WARPS`] wide
-    /// whatever the width that runs.
-    fn implicit_wgrad_split(&self, k: usize) -> (usize, usize) {
-        let j_total = self.positions();
-        let tiles = k.div_ceil(WG_K) * self.filter_rows().div_ceil(32 * WG_SPLIT_WARPS);
-        let wanted = WG_TARGET_BLOCKS.div_ceil(tiles.max(1)).max(1);
-        let chunk = j_total.div_ceil(wanted).next_multiple_of(WG_J).max(WG_J);
-        (chunk, j_total.div_ceil(chunk).max(1))
+    /// The split of [`Kernels::implicit_wgrad`] for `k` outputs (`with_bias`: and the bias's
+    /// column) in tiles `warps` warps wide, on a device that holds `slots` such blocks at once:
+    /// `(chunk, chunks)`, chunks of `chunk` values of `N·OH·OW` (whole steps of the kernel). The
+    /// grid (tiles × chunks) is fitted to whole waves of `slots`: of the splits into one to
+    /// [`WG_MAX_WAVES`] waves, the one whose waves times steps per block (plus
+    /// [`WG_BLOCK_OVERHEAD_STEPS`]) is least, and of equals the one with fewer chunks. A grid
+    /// of two waves and three blocks spends a third wave on those three (cifar10_quick's second
+    /// convolution at batch 512 in tiles of 96 columns, 9 tiles × 147 chunks on 660 slots).
+    /// The split decides the order of the sums, so the result's rounding depends on the shape,
+    /// the width and the device's occupancy, and repeats bit for bit for all three the same.
+    pub fn implicit_wgrad_split(
+        &self,
+        (k, with_bias): (usize, bool),
+        warps: usize,
+        slots: usize,
+    ) -> (usize, usize) {
+        let steps_total = self.positions().div_ceil(WG_J).max(1);
+        let tiles = k.div_ceil(WG_K) * self.implicit_wgrad_columns(with_bias).div_ceil(32 * warps);
+        let (tiles, slots) = (tiles.max(1), slots.max(1));
+        let (_, chunks, steps) = (1..=WG_MAX_WAVES)
+            .map(|waves| {
+                let wanted = (waves * slots / tiles).clamp(1, steps_total);
+                let steps = steps_total.div_ceil(wanted);
+                let chunks = steps_total.div_ceil(steps);
+                let rounds = (tiles * chunks).div_ceil(slots);
+                (rounds * (steps + WG_BLOCK_OVERHEAD_STEPS), chunks, steps)
+            })
+            .min()
+            .expect("at least one wave");
+        (steps * WG_J, chunks)
     }
 
     /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `k` outputs, with the bias
-    /// gradient where `with_bias` (the chunks' partial sums), or `None` where an index of its
-    /// kernels would leave the int range.
-    pub fn implicit_wgrad_scratch(&self, (k, with_bias): (usize, bool)) -> Option<usize> {
-        let (_, chunks) = self.implicit_wgrad_split(k);
+    /// gradient where `with_bias` (the chunks' partial sums), split as
+    /// [`ConvGeom::implicit_wgrad_split`] says for `warps` and `slots`, or `None` where an index
+    /// of its kernels would leave the int range.
+    pub fn implicit_wgrad_scratch(
+        &self,
+        outputs: (usize, bool),
+        warps: usize,
+        slots: usize,
+    ) -> Option<usize> {
+        let (k, with_bias) = outputs;
+        let (_, chunks) = self.implicit_wgrad_split(outputs, warps, slots);
         let columns = self.implicit_wgrad_columns(with_bias);
         let partial = chunks.checked_mul(k)?.checked_mul(columns)?;
         let fits = |n: usize| i32::try_from(n).is_ok();
@@ -390,18 +415,41 @@ impl Kernels {
         launch!(self, s, im2col_batch, self.grid(len), [&xp, &cp, &geom])
     }
 
+    /// Blocks of `wgrad_partial_<warps>` this device holds at once (its occupancy times the
+    /// multiprocessors; 1 for a width it has no kernel of).
+    pub fn implicit_wgrad_slots(&self, warps: usize) -> usize {
+        IMPLICIT_WGRAD_WARPS
+            .iter()
+            .position(|&w| w == warps)
+            .map_or(1, |i| self.implicit_wgrad_slots[i])
+    }
+
+    /// Floats of scratch [`Kernels::implicit_wgrad`] needs for `outputs` (`(k, with_bias)`) in
+    /// tiles `warps` wide on this device, or `None` where the shape leaves its kernels' int
+    /// range ([`ConvGeom::implicit_wgrad_scratch`]).
+    pub fn implicit_wgrad_scratch(
+        &self,
+        geom: &ConvGeom,
+        outputs: (usize, bool),
+        warps: usize,
+    ) -> Option<usize> {
+        geom.implicit_wgrad_scratch(outputs, warps, self.implicit_wgrad_slots(warps))
+    }
+
     /// `dw (K, C·kh·kw) (+)=` the weight gradient of an ungrouped convolution for the batch
     /// `x (N, C, H, W)` and the top gradient `dy (N, K, OH, OW)`, both NCHW, without a column
     /// matrix: `wgrad_partial_<warps>` sums fixed chunks of `N·OH·OW` per tile of `dw`
     /// (`32·warps` columns wide, `warps` one of [`IMPLICIT_WGRAD_WARPS`]) into `partial`
-    /// ([`ConvGeom::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
-    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic, and the same
-    /// bit for bit whatever `warps`. With `with_bias`, `dw` continues with the bias gradient
-    /// `(K)`, computed in the same products (see [`ConvGeom::implicit_wgrad_fuses_bias`]).
+    /// ([`Kernels::implicit_wgrad_scratch`] floats), then `wgrad_sum_partials` adds the chunks
+    /// in order (`dw = sum + beta · dw`; beta 0 never reads `dw`). Deterministic: the same bit
+    /// for bit for the same shape and `warps` on the same kind of device (the chunks are fitted
+    /// to the device's waves, [`ConvGeom::implicit_wgrad_split`]). With `with_bias`, `dw`
+    /// continues with the bias gradient `(K)`, computed in the same products (see
+    /// [`ConvGeom::implicit_wgrad_fuses_bias`]).
     ///
     /// # Panics
     /// If a buffer is too short, `warps` is not one of [`IMPLICIT_WGRAD_WARPS`] or the shape
-    /// leaves the kernels' int range (`None` from [`ConvGeom::implicit_wgrad_scratch`]).
+    /// leaves the kernels' int range (`None` from [`Kernels::implicit_wgrad_scratch`]).
     #[allow(clippy::too_many_arguments)]
     pub fn implicit_wgrad(
         &self,
@@ -416,8 +464,8 @@ impl Kernels {
         dw: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let op = "implicit_wgrad";
-        let scratch = geom
-            .implicit_wgrad_scratch((k, with_bias))
+        let scratch = self
+            .implicit_wgrad_scratch(&geom, (k, with_bias), warps)
             .unwrap_or_else(|| panic!("{op}: the shape exceeds the int range"));
         let columns = geom.implicit_wgrad_columns(with_bias);
         check_len(op, "x", x.len(), geom.input_len());
@@ -427,7 +475,8 @@ impl Kernels {
         if k * geom.filter_rows() == 0 {
             return Ok(());
         }
-        let (chunk, chunks) = geom.implicit_wgrad_split(k);
+        let (chunk, chunks) =
+            geom.implicit_wgrad_split((k, with_bias), warps, self.implicit_wgrad_slots(warps));
         let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
         let (n, bias_i) = (to_i32(op, k * columns), i32::from(with_bias));
         let (xp, _x) = x.device_ptr(s);
@@ -801,14 +850,16 @@ mod tests {
     }
 
     /// Runs without a GPU: the implicit weight gradient's chunks are whole steps that cover
-    /// `N·OH·OW` exactly once with none empty, come near the target number of blocks, and
-    /// depend on the shape alone, not on the tile's width; the bias's column fuses where the
-    /// last tile of a width has room for it; its scratch is refused beyond the int range.
+    /// `N·OH·OW` exactly once with none empty, in at most [`WG_MAX_WAVES`] waves of the device's
+    /// slots; the bias's column fuses where the last tile of a width has room for it; its
+    /// scratch holds the chunks' partial sums, and is refused beyond the int range.
     #[test]
     fn implicit_wgrad_split_covers_the_reduction() {
         // cifar10_quick's three convolutions at batch 512, a one-sample one and a tiny one, with
         // the widths (in warps) whose last tile has room for the bias's column: every width for
         // 75 and 9 filter rows; 800 = 5 · 160 and 576 = 9 · 64 = 6 · 96 fill their last tiles.
+        // Slots as an H100 holds the four widths' blocks (8, 5, 4 and 3 per multiprocessor of
+        // 132), and a device with room for one block.
         for (g, k, fusing) in [
             (geom(512, 3, 32, 5, 2), 32, &[2, 3, 4, 5][..]),
             (geom(512, 32, 16, 5, 2), 32, &[2, 3, 4]),
@@ -818,27 +869,32 @@ mod tests {
         ] {
             let j_total = (g.n * g.oh * g.ow) as usize;
             let rows = (g.c * g.kh * g.kw) as usize;
-            let (chunk, chunks) = g.implicit_wgrad_split(k);
-            assert_eq!(chunk % WG_J, 0, "{g:?}");
-            assert!(
-                chunks * chunk >= j_total && (chunks - 1) * chunk < j_total,
-                "{g:?}"
-            );
-            let blocks = chunks * k.div_ceil(WG_K) * rows.div_ceil(32 * WG_SPLIT_WARPS);
-            assert!(blocks <= 2 * WG_TARGET_BLOCKS, "{g:?}: {blocks} blocks");
-            assert_eq!(
-                g.implicit_wgrad_scratch((k, false)),
-                Some(chunks * k * rows)
-            );
-            // With the bias: one more column of partial sums.
-            let partial = chunks * k * (rows + 1);
-            assert_eq!(g.implicit_wgrad_scratch((k, true)), Some(partial));
-            for warps in IMPLICIT_WGRAD_WARPS {
-                let fuses = fusing.contains(&warps);
-                assert_eq!(g.implicit_wgrad_fuses_bias(warps), fuses, "{g:?}, {warps}");
+            for (warps, slots) in IMPLICIT_WGRAD_WARPS.into_iter().zip([1056, 660, 528, 396]) {
+                assert_eq!(g.implicit_wgrad_fuses_bias(warps), fusing.contains(&warps));
+                for slots in [slots, 1] {
+                    for with_bias in [false, true] {
+                        let what = format!("{g:?}, {warps} warps, {slots} slots, {with_bias}");
+                        let outputs = (k, with_bias);
+                        let (chunk, chunks) = g.implicit_wgrad_split(outputs, warps, slots);
+                        assert_eq!(chunk % WG_J, 0, "{what}");
+                        let covers = chunks * chunk >= j_total && (chunks - 1) * chunk < j_total;
+                        assert!(covers, "{what}");
+                        let columns = rows + usize::from(with_bias);
+                        let blocks = chunks * k.div_ceil(WG_K) * columns.div_ceil(32 * warps);
+                        assert!(chunks == 1 || blocks <= WG_MAX_WAVES * slots, "{what}");
+                        let scratch = g.implicit_wgrad_scratch(outputs, warps, slots);
+                        assert_eq!(scratch, Some(chunks * k * columns), "{what}");
+                    }
+                }
             }
         }
+        // cifar10_quick's second convolution with its bias in tiles of 96 columns on an H100:
+        // 9 tiles; 147 chunks, as a fixed target of 1,024 blocks of 128-column tiles gave, would
+        // take 1,323 blocks (two waves of 660 and three more); 72 chunks of 57 steps fill one
+        // wave, 648 blocks.
+        let (chunk, chunks) = geom(512, 32, 16, 5, 2).implicit_wgrad_split((32, true), 3, 660);
+        assert_eq!((chunk, chunks), (57 * WG_J, 72));
         let huge = geom(4096, 256, 64, 3, 1);
-        assert_eq!(huge.implicit_wgrad_scratch((256, false)), None);
+        assert_eq!(huge.implicit_wgrad_scratch((256, false), 4, 528), None);
     }
 }
