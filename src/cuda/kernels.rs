@@ -43,9 +43,9 @@ macro_rules! kernel_set {
             $($name: CudaFunction,)*
             /// Blocks of one full wave of a grid-stride kernel on this device.
             max_blocks: u32,
-            /// Resident blocks of `wgrad_partial_<w>` on the whole device, for each `w` of
-            /// [`IMPLICIT_WGRAD_WARPS`].
-            implicit_wgrad_slots: [usize; IMPLICIT_WGRAD_WARPS.len()],
+            /// Resident blocks of each of [`IMPLICIT_WGRAD_TILES`]'s kernels on the whole
+            /// device.
+            implicit_wgrad_slots: [usize; IMPLICIT_WGRAD_TILES.len()],
         }
 
         /// The names of every kernel [`Kernels`] loads from [`SOURCE`].
@@ -58,7 +58,7 @@ macro_rules! kernel_set {
                         .load_function(stringify!($name))
                         .map_err(|e| gpu_error(concat!("load kernel ", stringify!($name)), e))?,)*
                     max_blocks,
-                    implicit_wgrad_slots: [1; IMPLICIT_WGRAD_WARPS.len()],
+                    implicit_wgrad_slots: [1; IMPLICIT_WGRAD_TILES.len()],
                 })
             }
         }
@@ -117,10 +117,13 @@ kernel_set!(
     sum2_relu_forward,
     sum2_relu_backward,
     im2col_batch,
-    wgrad_partial_2,
-    wgrad_partial_3,
-    wgrad_partial_4,
-    wgrad_partial_5,
+    wgrad_partial_4x8_w2,
+    wgrad_partial_4x8_w3,
+    wgrad_partial_4x8_w4,
+    wgrad_partial_4x8_w5,
+    wgrad_partial_8x8_w2,
+    wgrad_partial_8x8_w3,
+    wgrad_partial_8x8_w4,
     wgrad_sum_partials,
     conv_forward_direct,
     direct_sum_splits,
@@ -163,7 +166,7 @@ mod fused;
 mod im2col;
 pub use cnn::PoolGeom;
 pub use fused::BnScaleRelu;
-pub use im2col::{ConvGeom, DirectTile, IMPLICIT_WGRAD_WARPS};
+pub use im2col::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and
@@ -241,20 +244,13 @@ impl Kernels {
             .map_err(|e| gpu_error("query the multiprocessor count", e))?;
         let sms = sms.max(1) as u32;
         let mut kernels = Kernels::from_module(&module, sms * BLOCKS_PER_SM)?;
-        let partial_kernels = [
-            &kernels.wgrad_partial_2,
-            &kernels.wgrad_partial_3,
-            &kernels.wgrad_partial_4,
-            &kernels.wgrad_partial_5,
-        ];
-        let mut slots = [1; IMPLICIT_WGRAD_WARPS.len()];
-        for ((slot, kernel), warps) in slots
-            .iter_mut()
-            .zip(partial_kernels)
-            .zip(IMPLICIT_WGRAD_WARPS)
-        {
+        let mut slots = [1; IMPLICIT_WGRAD_TILES.len()];
+        for (slot, tile) in slots.iter_mut().zip(IMPLICIT_WGRAD_TILES) {
+            let kernel = kernels
+                .wgrad_partial_kernel(tile)
+                .expect("every tile has a kernel");
             let per_sm = kernel
-                .occupancy_max_active_blocks_per_multiprocessor(32 * warps as u32, 0, None)
+                .occupancy_max_active_blocks_per_multiprocessor(tile.threads() as u32, 0, None)
                 .map_err(|e| gpu_error("query the weight-gradient kernels' occupancy", e))?;
             *slot = (per_sm.max(1) * sms) as usize;
         }

@@ -42,7 +42,7 @@ use crate::config::ConvAlgorithm;
 use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
-use crate::cuda::kernels::{ConvGeom, DirectTile, IMPLICIT_WGRAD_WARPS};
+use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 use crate::cuda::layout::Layout;
 use crate::cuda::path_timing::{median_times_in_turns, zeroed_floats};
 use crate::cuda::{gpu_error, Gpu};
@@ -61,16 +61,16 @@ enum Wgrad {
     Cudnn,
     /// im2col of the batch and one cuBLAS GEMM (see [`gemm_wgrad`]).
     Gemm,
-    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]), with tiles of
-    /// `dW` this many warps wide (one of [`IMPLICIT_WGRAD_WARPS`]).
-    Implicit(usize),
+    /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]), in tiles of
+    /// `dW` of this shape (one of [`IMPLICIT_WGRAD_TILES`]).
+    Implicit(WgradTile),
 }
 
 /// Whether `path` computes a layer's bias gradient (where it has one, `bias_term`) along with
 /// the weight's: an implicit one whose last tile has room for it.
 fn fuses_bias(bias_term: bool, geom: &ConvGeom, path: Wgrad) -> bool {
     match path {
-        Wgrad::Implicit(warps) => bias_term && geom.implicit_wgrad_fuses_bias(warps),
+        Wgrad::Implicit(tile) => bias_term && geom.implicit_wgrad_fuses_bias(tile),
         Wgrad::Cudnn | Wgrad::Gemm => false,
     }
 }
@@ -206,15 +206,15 @@ fn weight_gradient(
     debug_assert!(!with_bias || matches!(path, Wgrad::Implicit(_)));
     match path {
         Wgrad::Gemm => return gemm_wgrad(gpu, lane, geom, num_output, x, dy, beta, dw),
-        Wgrad::Implicit(warps) => {
+        Wgrad::Implicit(tile) => {
             let outputs = (num_output, with_bias);
             let partial = gpu
                 .kernels
-                .implicit_wgrad_scratch(&geom, outputs, warps)
+                .implicit_wgrad_scratch(&geom, outputs, tile)
                 .expect("checked when the plan was made");
             return gpu.with_conv_scratch((partial, 0), |partial, _| {
                 gpu.kernels
-                    .implicit_wgrad(s, x, dy, geom, outputs, warps, partial, beta, dw)
+                    .implicit_wgrad(s, x, dy, geom, outputs, tile, partial, beta, dw)
             });
         }
         Wgrad::Cudnn => {}
@@ -750,11 +750,10 @@ impl GpuLayer for GpuConvolution {
             paths.push(Wgrad::Gemm);
         }
         paths.extend(
-            IMPLICIT_WGRAD_WARPS
+            IMPLICIT_WGRAD_TILES
                 .into_iter()
-                .filter(|&warps| {
-                    let scratch =
-                        |bias| gpu.kernels.implicit_wgrad_scratch(&geom, (k, bias), warps);
+                .filter(|&tile| {
+                    let scratch = |bias| gpu.kernels.implicit_wgrad_scratch(&geom, (k, bias), tile);
                     scratch(false).is_some() && scratch(self.bias_term).is_some()
                 })
                 .map(Wgrad::Implicit),
@@ -1073,7 +1072,7 @@ mod tests {
     /// bit and the bias gradient the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
-        use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_WARPS};
+        use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_TILES};
         use crate::cuda::test_util::assert_close;
         use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
@@ -1137,16 +1136,16 @@ mod tests {
                 let want = run(Wgrad::Cudnn, beta);
                 let gemm = run(Wgrad::Gemm, beta);
                 assert_close(&format!("{extra}, GEMM, beta {beta}"), &gemm, &want, 1e-5);
-                for warps in IMPLICIT_WGRAD_WARPS {
-                    let implicit = run(Wgrad::Implicit(warps), beta);
-                    let what = format!("{extra}, implicit, {warps} warps, beta {beta}");
+                for tile in IMPLICIT_WGRAD_TILES {
+                    let implicit = run(Wgrad::Implicit(tile), beta);
+                    let what = format!("{extra}, implicit, {tile:?}, beta {beta}");
                     assert_close(&what, &implicit, &want, 1e-5);
                     assert!(
-                        implicit == run(Wgrad::Implicit(warps), beta),
+                        implicit == run(Wgrad::Implicit(tile), beta),
                         "{what}: the implicit weight gradient differs between two runs"
                     );
-                    if plan.geom.implicit_wgrad_fuses_bias(warps) {
-                        let fused = run_with(Wgrad::Implicit(warps), true, beta);
+                    if plan.geom.implicit_wgrad_fuses_bias(tile) {
+                        let fused = run_with(Wgrad::Implicit(tile), true, beta);
                         let (weight, bias) = fused.split_at(plan.w.count());
                         assert!(weight == implicit, "{what}: fused, the weight differs");
                         assert_close(
