@@ -246,7 +246,7 @@ impl ConvGeom {
     /// of two waves and three blocks spends a third wave on those three (cifar10_quick's second
     /// convolution at batch 512 in tiles of 96 columns, 9 tiles × 147 chunks on 660 slots).
     /// The split decides the order of the sums, so the result's rounding depends on the shape,
-    /// the width and the device's occupancy, and repeats bit for bit for all three the same.
+    /// the tile and the device's occupancy, and repeats bit for bit where all three are the same.
     pub fn implicit_wgrad_split(
         &self,
         (k, with_bias): (usize, bool),

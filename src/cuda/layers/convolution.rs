@@ -549,7 +549,7 @@ impl GpuConvolution {
     }
 
     /// Times each of `paths` (cuDNN's chosen backward-filter algorithm, [`gemm_wgrad`], the
-    /// implicit GEMM at each width of its tile), each with the layer's bias gradient (fused where
+    /// implicit GEMM in each of its tiles), each with the layer's bias gradient (fused where
     /// [`fuses_bias`], else the channel sum), on scratch buffers of `plan`'s shapes and answers
     /// the fastest, the first of equals. Synchronises.
     fn fastest_wgrad(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Wgrad]) -> Result<Wgrad> {
@@ -743,8 +743,8 @@ impl GpuLayer for GpuConvolution {
             wgrad_bias: false,
         };
         // The project's own weight gradients take ungrouped NCHW convolutions within their
-        // index ranges; measured mode times them against cuDNN's choice, the implicit one at
-        // each width of its tile.
+        // index ranges; measured mode times them against cuDNN's choice, the implicit one in
+        // each of its tiles.
         let mut paths = vec![Wgrad::Cudnn];
         if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
             paths.push(Wgrad::Gemm);
@@ -1065,11 +1065,11 @@ mod tests {
 
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
-    /// implicit one at every width of its tile, over several tiles of `dW` (K = 40, C·kh·kw =
-    /// 200) and many chunks of `N·OH·OW` (each width split as fits the device's waves), bit for
-    /// bit the same when run again; with the bias gradient fused (where the last tile of the
-    /// width has room: not for 800 columns in tiles of 160), the same weight gradient bit for
-    /// bit and the bias gradient the sum of `dy` over samples and positions.
+    /// implicit one in each of its tiles (sub-tiles of 4 × 8 and 8 × 8), over several tiles of
+    /// `dW` (K = 40, C·kh·kw = 200) and many chunks of `N·OH·OW` (each tile split as fits the
+    /// device's waves), bit for bit the same when run again; with the bias gradient fused (where
+    /// the last tile has room: not for 800 columns in tiles of 160), the same weight gradient bit
+    /// for bit and the bias gradient the sum of `dy` over samples and positions.
     #[test]
     fn own_weight_gradients_match_cudnn() {
         use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_TILES};
