@@ -147,17 +147,22 @@ kernel_set!(
 );
 
 /// Launches `$func` of `$k` on `$stream` with the given arguments (references to values that
-/// live until the launch returns), mapping an error to one naming the kernel.
+/// live until the launch returns), mapping an error to one naming the kernel. The form
+/// `launch!(function F, NAME, stream, cfg, [args])` launches the `CudaFunction` reference `F`
+/// instead, for a kernel picked at run time among several of the same parameter list.
 macro_rules! launch {
-    ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let mut builder = $stream.launch_builder(&$k.$func);
+    ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($arg:expr),* $(,)?]) => {
+        launch!(function &$k.$func, stringify!($func), $stream, $cfg, [$($arg),*])
+    };
+    (function $f:expr, $name:expr, $stream:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let mut builder = $stream.launch_builder($f);
         $(builder.arg($arg);)*
         // SAFETY: the arguments match the kernel's parameter list in SOURCE, in order and type
         // (device pointers are passed as 64-bit addresses), and the caller checked that every
         // buffer holds the elements the kernel touches.
         unsafe { builder.launch($cfg) }
             .map(|_| ())
-            .map_err(|e| gpu_error(concat!("launch ", stringify!($func)), e))
+            .map_err(|e| gpu_error(&format!("launch {}", $name), e))
     }};
 }
 

@@ -544,20 +544,14 @@ impl Kernels {
             block_dim: (tile.threads() as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut builder = s.launch_builder(func);
-        builder
-            .arg(&xp)
-            .arg(&dyp)
-            .arg(&pp)
-            .arg(&geom)
-            .arg(&ki)
-            .arg(&chunk_i)
-            .arg(&bias_i);
-        // SAFETY: the arguments match every wgrad_partial_* kernel's parameter list in SOURCE, in
-        // order and type, and the buffers were checked to hold what the grid touches.
-        unsafe { builder.launch(tiles) }
-            .map(|_| ())
-            .map_err(|e| gpu_error("launch wgrad_partial", e))?;
+        // Every wgrad_partial_* kernel takes the same parameters.
+        launch!(
+            function func,
+            format!("wgrad_partial ({tile:?})"),
+            s,
+            tiles,
+            [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
+        )?;
         // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
             grid_dim: (
