@@ -9,7 +9,8 @@
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch), all reduce modes, CPU–GPU agreement of a
 # whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
-# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU) — then the benchmarks beside PyTorch DDP.
+# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), a stopped and a killed rank ending the
+# job (scripts/gpu/faults.sh) — then the benchmarks beside PyTorch DDP.
 # Exits non-zero if a check fails.
 set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
@@ -106,6 +107,12 @@ for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
   fi
 done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
+
+if two_gpus "a stopped and a killed rank end the job (scripts/gpu/faults.sh)"; then
+  echo "== a stopped (SIGSTOP) and a killed (SIGKILL) rank end the job, no process left on a GPU" \
+    | tee -a "$OUT/summary.txt"
+  scripts/gpu/faults.sh "$BIN" "$OUT" cuda || fail "a stopped or killed rank did not end the job"
+fi
 
 if [ "$failed" -ne 0 ]; then
   echo "correctness failed: no timings" | tee -a "$OUT/summary.txt"

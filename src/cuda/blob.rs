@@ -54,6 +54,8 @@ impl GpuBlob {
     pub fn to_host(&self, gpu: &Gpu) -> Result<Blob> {
         let n = self.count();
         let mut b = Blob::new(&self.shape);
+        // Waited for first: a copy into pageable memory blocks without a deadline.
+        gpu.synchronize()?;
         gpu.compute
             .memcpy_dtoh(&self.data.slice(..n), &mut b.data[..])
             .map_err(|e| gpu_error("copy a blob to the host", e))?;

@@ -16,10 +16,11 @@ use super::cudnn::Cudnn;
 use super::gpu_error;
 use super::kernels::Kernels;
 use crate::config::{ConvAlgorithm, GpuLayout, MathMode};
+use crate::dist::deadline::{self, Wait};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// One device, as one replica drives it. Not meant to be shared between replicas: each builds
@@ -51,6 +52,9 @@ pub struct Gpu {
     /// shared by every convolution of the replica: they use it one after another (on `compute`
     /// or the side stream, each joined before the next convolution's backward).
     conv_scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
+    /// Recorded on `compute` and polled where the host waits for the device
+    /// ([`Gpu::synchronize`]).
+    idle: CudaEvent,
 }
 
 /// The second stream of a [`Gpu`] and its handles ([`Gpu::side`]).
@@ -65,6 +69,26 @@ pub struct Side {
 impl Side {
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.dnn.stream()
+    }
+}
+
+/// Waits until `event` has completed, polling it under the collective deadline
+/// ([`crate::dist::deadline`]). A blocking wait (`cuEventSynchronize`, `cuStreamSynchronize`)
+/// would never return when the awaited work is ordered after a collective whose peer has
+/// stopped; at the deadline this names the silent ranks and ends the job (NCCL communicators are
+/// aborted on the way, see [`crate::dist::abort_hooks`]). `op` names the awaited work.
+pub fn wait_for_event(event: &CudaEvent, op: &str) -> Result<()> {
+    let mut wait = Wait::new();
+    loop {
+        if event
+            .try_is_complete()
+            .map_err(|e| gpu_error(&format!("wait for {op}"), e))?
+        {
+            return Ok(());
+        }
+        if !wait.pause() {
+            deadline::expire(op, &wait, None);
+        }
     }
 }
 
@@ -147,6 +171,9 @@ impl Gpu {
             .map_err(|e| gpu_error("create the compute stream", e))?;
         let blas = blas_on(compute.clone(), math)?;
         let kernels = Arc::new(Kernels::load(&ctx)?);
+        let idle = ctx
+            .new_event(None)
+            .map_err(|e| gpu_error("create the host-wait event", e))?;
         Ok(Gpu {
             ordinal,
             ctx,
@@ -160,6 +187,7 @@ impl Gpu {
             dnn: OnceLock::new(),
             side: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
+            idle,
         })
     }
 
@@ -240,11 +268,13 @@ impl Gpu {
             .map_err(|e| gpu_error("bind the context to this thread", e))
     }
 
-    /// Waits for everything enqueued on the compute stream.
+    /// Waits for everything enqueued on the compute stream, polling under the collective
+    /// deadline ([`wait_for_event`]): that work may wait on a collective of a stopped peer.
     pub fn synchronize(&self) -> Result<()> {
-        self.compute
-            .synchronize()
-            .map_err(|e| gpu_error("synchronise the compute stream", e))
+        self.idle
+            .record(&self.compute)
+            .map_err(|e| gpu_error("record the host-wait event", e))?;
+        wait_for_event(&self.idle, "device work (compute stream)")
     }
 
     /// `c = alpha · op(a) · op(b) + beta · c`, all row-major, as `crate::backend::Cpu::gemm`:

@@ -55,6 +55,7 @@
 //! # }
 //! ```
 
+use crate::dist::abort_hooks::{self, Registration};
 use crate::dist::deadline::{self, Wait};
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
@@ -62,6 +63,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The environment variable that names the NCCL library to load (a path or a file name).
@@ -438,6 +440,12 @@ pub struct NcclComm {
     scratch: Option<CudaSlice<f64>>,
     /// Recorded where the host waits ([`Self::synchronize`]) and polled.
     done: CudaEvent,
+    /// Set by whoever releases the communicator first: [`Self::finish`], `Drop`, or the job's
+    /// abort ([`crate::dist::abort_hooks`]), which may run on another thread.
+    released: Arc<AtomicBool>,
+    /// Aborts the communicator if the process ends the job on an error (so that no kernel is
+    /// left waiting on a stopped peer); unregistered when the communicator is released.
+    _on_job_abort: Registration,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -490,6 +498,18 @@ impl NcclComm {
                 )));
             }
         };
+        let released = Arc::new(AtomicBool::new(false));
+        let on_job_abort = {
+            let (released, ctx, raw) = (released.clone(), stream.context().clone(), raw as usize);
+            abort_hooks::register(move || {
+                if !released.swap(true, Ordering::SeqCst) {
+                    let _ = ctx.bind_to_thread();
+                    // SAFETY: the communicator is live (`released` was not set) and is never
+                    // used again: the process is ending the job.
+                    let _ = unsafe { (lib.comm_abort)(raw as RawComm) };
+                }
+            })
+        };
         Ok(NcclComm {
             lib,
             raw,
@@ -498,6 +518,8 @@ impl NcclComm {
             size,
             scratch: None,
             done,
+            released,
+            _on_job_abort: on_job_abort,
         })
     }
 
@@ -640,10 +662,12 @@ impl NcclComm {
             .memcpy_htod(values, &mut scratch.slice_mut(..n))
             .map_err(|e| cuda("copy to device", e))?;
         self.all_reduce(&mut scratch, 0..n, ReduceOp::Sum, &stream)?;
+        // A copy into pageable host memory blocks until the sum is done, without a deadline: the
+        // stream is waited for first, polling (a peer may have stopped), and the copy is quick.
+        self.synchronize(&stream, "score sum")?;
         stream
             .memcpy_dtoh(&scratch.slice(..n), values)
             .map_err(|e| cuda("copy to host", e))?;
-        self.synchronize(&stream, "score sum")?;
         self.scratch = Some(scratch);
         Ok(())
     }
@@ -678,6 +702,9 @@ impl NcclComm {
     /// `ncclCommAbort` before the job ends: never waits for peers. The communicator is not
     /// used again (the caller ends the process).
     fn abort(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let _ = self.stream.context().bind_to_thread();
         // SAFETY: live communicator; the process ends right after, so it is not used again.
         let _ = unsafe { (self.lib.comm_abort)(self.raw) };
@@ -690,6 +717,11 @@ impl NcclComm {
         let (lib, raw) = (self.lib, self.raw);
         // From here on `Drop` leaves the communicator alone.
         self.raw = std::ptr::null_mut();
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Err(Error::Comm(
+                "NCCL: the communicator was aborted while the job ended".into(),
+            ));
+        }
         let finalized = self
             .stream
             .context()
@@ -735,8 +767,8 @@ fn out_of_range(op: &str, range: &Range<usize>, len: usize) -> Error {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        if self.raw.is_null() {
-            return; // finished
+        if self.raw.is_null() || self.released.swap(true, Ordering::SeqCst) {
+            return; // finished, or aborted as the job ended
         }
         // The device must be current for NCCL to release its resources; failures here cannot be
         // reported anywhere useful.

@@ -46,6 +46,7 @@
 //! ```
 
 use super::blob::GpuBlob;
+use super::device::wait_for_event;
 use super::event_clock::EventClock;
 use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
 use super::layout::Layout;
@@ -540,9 +541,7 @@ impl GpuNet {
         );
         let st = &mut self.staging[self.next_staging];
         self.next_staging ^= 1;
-        st.copied
-            .synchronize()
-            .map_err(|e| gpu_error("wait for the previous input copy", e))?;
+        wait_for_event(&st.copied, "the input copy of two batches ago")?;
         let map_err = |e| gpu_error("map pinned input staging", e);
         copy_to_staging(&mut st.data.as_mut_slice().map_err(map_err)?[..nd], data);
         st.labels.as_mut_slice().map_err(map_err)?[..nl].copy_from_slice(labels);
@@ -685,6 +684,8 @@ impl GpuNet {
     /// iteration's sub-batch losses. Synchronises.
     pub fn loss_window(&self, gpu: &Gpu) -> Result<Vec<f64>> {
         self.check_gpu(gpu);
+        // Waited for first: a copy into pageable memory blocks without a deadline.
+        gpu.synchronize()?;
         let v = gpu
             .compute
             .clone_dtoh(&self.loss_slots)
@@ -863,6 +864,8 @@ impl GpuNet {
         if outputs.is_empty() {
             return Ok(outputs);
         }
+        // Waited for first: a copy into pageable memory blocks without a deadline.
+        gpu.synchronize()?;
         let values = gpu
             .compute
             .clone_dtoh(&self.gathered.slice(..outputs.len()))

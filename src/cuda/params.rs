@@ -105,6 +105,8 @@ impl GpuParams {
             spans: self.spans.clone(),
         };
         if self.len > 0 {
+            // Waited for first: a copy into pageable memory blocks without a deadline.
+            gpu.synchronize()?;
             gpu.compute
                 .memcpy_dtoh(&self.data.slice(..self.len), &mut p.data[..])
                 .map_err(|e| gpu_error("copy the parameters to the host", e))?;

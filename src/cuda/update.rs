@@ -97,6 +97,8 @@ impl GpuSolver {
 
     /// Host copies of the history buffers, each `n` long. Synchronises.
     pub fn history_to_host(&self, gpu: &Gpu) -> Result<Vec<Vec<f32>>> {
+        // Waited for first: a copy into pageable memory blocks without a deadline.
+        gpu.synchronize()?;
         let out = self
             .history
             .iter()

@@ -307,6 +307,8 @@ pub fn abort_job(code: i32) -> ! {
         // SAFETY: _exit only ends the process; nothing is unwound or flushed.
         unsafe { libc::_exit(code) }
     });
+    // Communicators waiting on a stopped peer would keep this process (and its GPU) busy.
+    super::abort_hooks::run_all();
     // SAFETY: MPI_Abort may be called from any thread at any time after MPI_Init.
     unsafe {
         mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);

@@ -48,6 +48,12 @@ unsafe impl Send for Heartbeat {}
 
 static STATE: OnceLock<Mutex<Heartbeat>> = OnceLock::new();
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Set while [`watch_progress`]'s guard lives.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+/// How long past the collective deadline the watchdog waits before it ends a stalled job, so
+/// that a wait with a deadline of its own reports first (it knows which collective it awaits).
+const WATCHDOG_GRACE: Duration = Duration::from_secs(3);
 
 /// Starts the heartbeat of this process over a duplicate of `world`; with `threaded`, a thread
 /// beats every [`PERIOD`] until [`stop`]. A job of one process has nobody to hear from.
@@ -74,8 +80,10 @@ pub fn start(world: &SimpleCommunicator, threaded: bool) -> Option<std::thread::
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(|| {
+                let mut watchdog = Watchdog::new();
                 while !STOP.load(Ordering::Relaxed) {
                     pump();
+                    watchdog.check(Instant::now());
                     std::thread::sleep(PERIOD / 2);
                 }
             })
@@ -101,6 +109,86 @@ pub fn stop(thread: Option<std::thread::JoinHandle<()>>) {
             }
         }
     }
+}
+
+/// Turns the progress watchdog on until the guard is dropped (around the replicas' run, not
+/// around the writing of outputs after it, when peers that are done stop beating).
+///
+/// A thread of the replicas may block where no deadline reaches it: a blocking device call
+/// whose work is ordered after an NCCL collective, or a communicator's creation, when a peer has
+/// stopped (SIGSTOP, a hung host). The heartbeat thread, which runs regardless, then sees that
+/// the process's training iteration has not moved for the collective deadline plus a few
+/// seconds while some peer is silent, names that peer and ends the job (communicators aborted
+/// through [`super::abort_hooks`]). A process that is merely slow, with every peer beating, is
+/// left alone. Needs the heartbeat thread (`MPI_THREAD_MULTIPLE`).
+pub fn watch_progress() -> WatchGuard {
+    WATCHING.store(true, Ordering::SeqCst);
+    WatchGuard(())
+}
+
+/// Keeps the watchdog on; see [`watch_progress`].
+#[derive(Debug)]
+pub struct WatchGuard(());
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        WATCHING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The heartbeat thread's view of this process's progress.
+struct Watchdog {
+    /// The iteration word last seen, and since when (`None` while not watching).
+    seen: Option<(u64, Instant)>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Watchdog { seen: None }
+    }
+
+    /// Ends the job if the iteration has not moved for too long while some peer is silent.
+    fn check(&mut self, now: Instant) {
+        if !WATCHING.load(Ordering::SeqCst) {
+            self.seen = None;
+            return;
+        }
+        let word = super::deadline::iteration_word();
+        match self.seen {
+            Some((w, _)) if w == word => {}
+            _ => {
+                self.seen = Some((word, now));
+                return;
+            }
+        }
+        let since = self.seen.map_or(now, |(_, t)| t);
+        let timeout = super::deadline::timeout();
+        let stalled = now.saturating_duration_since(since);
+        if stalled < timeout + stale_after(timeout) + WATCHDOG_GRACE {
+            return;
+        }
+        let Some(state) = STATE.get() else { return };
+        let Ok(hb) = state.try_lock() else { return };
+        let silent = silent_peers(&hb.heard, hb.rank, now, stale_after(timeout));
+        if silent.is_empty() {
+            return;
+        }
+        let text = stall_message(hb.rank, word, stalled, &silent);
+        drop(hb);
+        super::bootstrap::say(&text);
+        super::bootstrap::abort_job(super::deadline::EXIT_CODE)
+    }
+}
+
+/// The watchdog's report: no progress for `stalled` at iteration word `word`, `silent` peers.
+fn stall_message(rank: usize, word: u64, stalled: Duration, silent: &[String]) -> String {
+    format!(
+        "p2ptrain: rank {rank}: error: no progress for {:.1} s {} ([cluster] \
+         collective_timeout_s plus a grace period); not heard from: {}; aborting the job\n",
+        stalled.as_secs_f64(),
+        super::deadline::describe_iteration(word),
+        silent.join(", ")
+    )
 }
 
 /// Beats (at most once per [`PERIOD`]) and takes in the peers' beats.
@@ -232,15 +320,10 @@ pub fn missing_ranks() -> String {
     )
 }
 
-/// Names the peers of `heard` (indexed by rank; `me` is skipped) silent for longer than `stale`.
-fn describe(
-    heard: &[(Instant, u64)],
-    me: usize,
-    now: Instant,
-    stale: Duration,
-    threaded: bool,
-) -> String {
-    let silent: Vec<String> = heard
+/// The peers of `heard` (indexed by rank; `me` is skipped) silent for longer than `stale`, each
+/// as `rank 2 (silent for 3.0 s, last heard at iteration 17)`.
+fn silent_peers(heard: &[(Instant, u64)], me: usize, now: Instant, stale: Duration) -> Vec<String> {
+    heard
         .iter()
         .enumerate()
         .filter(|&(r, &(t, _))| r != me && now.saturating_duration_since(t) > stale)
@@ -251,7 +334,18 @@ fn describe(
                 super::deadline::describe_iteration(word)
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Names the peers of `heard` (indexed by rank; `me` is skipped) silent for longer than `stale`.
+fn describe(
+    heard: &[(Instant, u64)],
+    me: usize,
+    now: Instant,
+    stale: Duration,
+    threaded: bool,
+) -> String {
+    let silent = silent_peers(heard, me, now, stale);
     if silent.is_empty() {
         let how = if threaded {
             ""
@@ -289,6 +383,21 @@ mod tests {
         assert!(!d.contains("rank 2"), "{d}");
         let d = describe(&heard[..1], 0, later, Duration::from_secs(2), true);
         assert!(d.starts_with("cannot tell"), "{d}");
+    }
+
+    #[test]
+    fn the_stall_message_names_the_iteration_and_the_silent_peers() {
+        let m = stall_message(
+            0,
+            41,
+            Duration::from_secs(28),
+            &["rank 1 (silent for 27.5 s, last heard at iteration 41)".into()],
+        );
+        assert!(
+            m.starts_with("p2ptrain: rank 0: error: no progress for 28.0 s at iteration 41"),
+            "{m}"
+        );
+        assert!(m.contains("not heard from: rank 1 (silent"), "{m}");
     }
 
     #[test]

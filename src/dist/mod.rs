@@ -5,6 +5,7 @@
 //!
 //! Universal rank of a replica = MPI rank × replicas_per_rank + local index.
 
+pub mod abort_hooks;
 pub mod bootstrap;
 pub mod cpu;
 pub mod deadline;

@@ -88,6 +88,7 @@ impl P2PManager {
         let (rank, size) = (boot.rank, boot.size);
         let shape = self.data.input_shape();
         let mut outputs = outputs;
+        let watchdog = crate::dist::heartbeat::watch_progress();
         let mut reports = match self.devices {
             Devices::Cpu {
                 threads_per_replica,
@@ -147,6 +148,7 @@ impl P2PManager {
                 })
             }
         };
+        drop(watchdog);
         let traces: Vec<_> = reports
             .iter_mut()
             .flat_map(|r| r.traces.drain(..))

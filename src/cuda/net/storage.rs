@@ -236,14 +236,15 @@ mod tests {
     /// 20); a net without convolutions is not wide.
     #[test]
     fn auto_layout_goes_channels_last_for_resnet50_only() {
-        let config = |name: &str| {
-            std::fs::read_to_string(format!("{}/config/{name}", env!("CARGO_MANIFEST_DIR")))
-                .unwrap()
-        };
-        assert!(wide(&config("resnet50.toml"), [3, 224, 224]));
-        assert!(!wide(&config("cifar10_quick.toml"), [3, 32, 32]));
-        assert!(!wide(&config("lenet.toml"), [1, 28, 28]));
-        assert!(!wide(&config("quickstart.toml"), [1, 28, 28]));
+        // Embedded, so that the packaged test binary runs from any directory.
+        let resnet50 = include_str!("../../../config/resnet50.toml");
+        let cifar10_quick = include_str!("../../../config/cifar10_quick.toml");
+        let lenet = include_str!("../../../config/lenet.toml");
+        let quickstart = include_str!("../../../config/quickstart.toml");
+        assert!(wide(resnet50, [3, 224, 224]));
+        assert!(!wide(cifar10_quick, [3, 32, 32]));
+        assert!(!wide(lenet, [1, 28, 28]));
+        assert!(!wide(quickstart, [1, 28, 28]));
     }
 
     fn layer(graph: &Net, name: &str) -> usize {
