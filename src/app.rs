@@ -544,7 +544,7 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                     report.step_clock
                 );
                 outln!("{:<12} {:>12} {:>8}", "phase", "ms/iter", "share");
-                for (p, s) in crate::parallel::timing::Phase::ALL.iter().zip(split) {
+                for (p, s) in crate::spans::Step::ALL.iter().zip(split) {
                     outln!(
                         "{:<12} {:>12.3} {:>7.1}%",
                         p.label(),

@@ -11,8 +11,7 @@
 
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
-use crate::parallel::timeline::{Name, ReplicaTrace, Span, Track};
-use crate::parallel::timing::Phase as Step;
+use crate::spans::{Name, ReplicaTrace, Span, Step, Track};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
@@ -122,7 +121,7 @@ pub fn write(boot: &Bootstrap, host: &str, traces: &[ReplicaTrace], path: &Path)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parallel::timeline::SpanLog;
+    use crate::spans::SpanLog;
     use std::time::{Duration, Instant};
 
     #[test]

@@ -5,10 +5,10 @@
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
 //! `plot` reads only `metrics.jsonl`.
 
-pub mod allreduce_bench;
 pub mod app;
 pub mod backend;
 pub mod chrome_trace;
+pub mod cmd;
 pub mod compute_mean;
 pub mod config;
 pub mod cuda;
@@ -27,4 +27,5 @@ pub mod resume;
 pub mod signals;
 pub mod snapshot;
 pub mod solver;
+pub mod spans;
 pub mod tensor;

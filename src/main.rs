@@ -15,8 +15,8 @@
 //! after a stop on SIGTERM (143), SIGINT (130) or SIGHUP (129).
 
 use clap::{Args, Parser, Subcommand};
-use p2ptrain::allreduce_bench::{self, BenchOptions};
 use p2ptrain::app::{self, Action, Options};
+use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
 use p2ptrain::compute_mean::{self, MeanOptions};
 use p2ptrain::config::BackendKind;
 use p2ptrain::plot::{self, PlotOptions};

@@ -15,6 +15,15 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// Where in training a forward/backward pass happens (topology-invariant randomness keys).
+#[derive(Debug, Clone, Copy)]
+pub struct PassCtx {
+    pub phase: Phase,
+    pub iter: u64,
+    /// Stream position (train) or test-set index of the replica's first record in the batch.
+    pub first_sample: u64,
+}
+
 /// Called with (layer index, start, end) after each layer of a traced pass.
 pub type LayerClock<'a> = dyn FnMut(usize, Instant, Instant) + 'a;
 

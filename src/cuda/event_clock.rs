@@ -8,7 +8,7 @@
 
 use super::{gpu_error, Gpu};
 use crate::error::Result;
-use crate::parallel::timing::Phase;
+use crate::spans::Step;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaEvent;
 
@@ -18,7 +18,7 @@ pub struct EventClock<K> {
 }
 
 /// The step phases' clock.
-pub type PhaseClock = EventClock<Phase>;
+pub type PhaseClock = EventClock<Step>;
 
 impl<K> Default for EventClock<K> {
     fn default() -> Self {
@@ -68,7 +68,7 @@ impl<K: Copy> EventClock<K> {
 }
 
 impl PhaseClock {
-    /// Seconds per phase (in `Phase::ALL` order) since recording started; clears the record.
+    /// Seconds per phase (in `Step::ALL` order) since recording started; clears the record.
     pub fn seconds(&mut self) -> Result<[f64; 5]> {
         let mut out = [0.0; 5];
         for (phase, start, end) in self.drain() {

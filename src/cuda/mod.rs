@@ -45,7 +45,7 @@ pub mod path_timing;
 pub mod update;
 
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 
 pub use device::Gpu;
 
@@ -86,8 +86,5 @@ const _: fn() = || {
 pub(crate) fn gpu_error(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Comm(format!("CUDA {op}: {e}"))
 }
-pub mod allreduce_bench;
-pub mod bucket;
-pub mod engine;
 pub mod event_clock;
 pub mod nccl;

@@ -31,7 +31,7 @@
 //! ```no_run
 //! # use p2ptrain::config::{MathMode, Phase};
 //! # use p2ptrain::cuda::{Gpu, net::GpuNet};
-//! # use p2ptrain::parallel::engine::PassCtx;
+//! # use p2ptrain::net::PassCtx;
 //! # fn run(cfg: &p2ptrain::config::Config, data: &[f32], labels: &[f32]) -> p2ptrain::error::Result<()> {
 //! let gpu = Gpu::new(0, MathMode::Fp32)?;
 //! let mut net = GpuNet::new(cfg, [1, 28, 28], cfg.data.batch_size, &gpu)?;
@@ -55,10 +55,9 @@ use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
-use crate::net::{Net, Output, DATA, LABEL};
-use crate::parallel::engine::PassCtx;
-use crate::parallel::timeline::Name;
+use crate::net::{Net, Output, PassCtx, DATA, LABEL};
 use crate::params::{ParamSpan, Params};
+use crate::spans::Name;
 use cudarc::driver::{
     result as driver, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
 };

@@ -1,17 +1,17 @@
 //! `CpuEngine`: a replica on the CPU backend — the `Net` with its flat `Params`, the `Solver`,
 //! and a `CpuComm` — behind the `Engine` seam.
 
-use super::engine::{Engine, PassCtx};
+use super::engine::Engine;
 use super::reducer::CommReducer;
-use super::timeline::{Name, SpanLog, Track};
 use crate::backend::Cpu;
 use crate::config::{Config, Phase};
 use crate::dist::{Communicator, CpuComm};
 use crate::error::{Error, Result};
 use crate::layers::Ctx;
-use crate::net::{weighted_loss, Net, Output};
+use crate::net::{weighted_loss, Net, Output, PassCtx};
 use crate::params::Params;
 use crate::solver::Solver;
+use crate::spans::{Name, SpanLog, Track};
 use std::time::Instant;
 
 /// One CPU replica.

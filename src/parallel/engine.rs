@@ -4,22 +4,12 @@
 //! GPU) until the loop asks for them: the loss window at display time, outputs at test time,
 //! parameters at snapshot time.
 
-use crate::config::Phase;
 use crate::error::Result;
-use crate::net::Output;
+use crate::net::{Output, PassCtx};
 use crate::params::Params;
 use std::time::Instant;
 
-use super::timeline::SpanLog;
-
-/// Where in training a forward/backward pass happens (topology-invariant randomness keys).
-#[derive(Debug, Clone, Copy)]
-pub struct PassCtx {
-    pub phase: Phase,
-    pub iter: u64,
-    /// Stream position (train) or test-set index of the replica's first record in the batch.
-    pub first_sample: u64,
-}
+use crate::spans::SpanLog;
 
 /// One replica's compute and communication.
 pub trait Engine {
@@ -70,7 +60,7 @@ pub trait Engine {
     fn perturb_param(&mut self) -> Result<()>;
     /// Starts (or stops) measuring the device time of each step phase (`bench`).
     fn time_device_phases(&mut self, _on: bool) {}
-    /// Device seconds per phase (in `timing::Phase::ALL` order) since measuring started; `None`
+    /// Device seconds per phase (in `spans::Step::ALL` order) since measuring started; `None`
     /// when the engine has no device clock (the CPU: the host timings are the device timings).
     fn device_phase_seconds(&mut self) -> Result<Option<[f64; 5]>> {
         Ok(None)

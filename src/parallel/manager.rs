@@ -5,10 +5,10 @@
 
 use super::cpu_engine::CpuEngine;
 use super::engine::Engine;
+use super::gpu_engine::GpuEngine;
 use super::sync::{Outputs, P2PSync, ReplicaReport};
 use crate::backend::Cpu;
 use crate::config::Plan;
-use crate::cuda::engine::GpuEngine;
 use crate::data::DataSplit;
 use crate::dist::bootstrap::run_replicas;
 use crate::dist::Bootstrap;

@@ -3,9 +3,11 @@
 //! data shard and talks to the others through its `Communicator`; `SharedScores` turns the
 //! replicas' local loss and accuracy into global figures.
 
+pub mod bucket;
 pub mod cpu_engine;
 pub mod engine;
 pub mod fault;
+pub mod gpu_engine;
 pub mod manager;
 pub mod reducer;
 pub mod scores;
@@ -14,7 +16,7 @@ pub mod timeline;
 pub mod timing;
 pub mod verify;
 
-pub use engine::{Engine, PassCtx};
+pub use engine::Engine;
 pub use manager::{Mode, P2PManager, RunReport};
 pub use scores::SharedScores;
 pub use sync::{Outputs, P2PSync, TestResult};

@@ -4,18 +4,19 @@
 //! the gradient, and applies the same update as every other replica. Universal rank 0 also logs,
 //! writes metrics and snapshots; the test pass and the displayed loss are global.
 
-use super::engine::{Engine, PassCtx};
+use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
 use super::scores::SharedScores;
-use super::timeline::{ReplicaTrace, Timeline};
-use super::timing::{Phase as Step, StepTimes};
+use super::timeline::Timeline;
+use super::timing::StepTimes;
 use crate::config::{Phase, Plan};
 use crate::data::{self, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
-use crate::net::weighted_loss;
+use crate::net::{weighted_loss, PassCtx};
 use crate::resume::{self, SaveState, SolverState};
 use crate::signals::{self, Decision, Effects, SignalWatch};
+use crate::spans::{ReplicaTrace, Step};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;

@@ -3,37 +3,8 @@
 //! `Timeline` attached, each phase is also recorded as a span (`p2ptrain train --timeline`).
 
 use super::timeline::Timeline;
+use crate::spans::Step;
 use std::time::Instant;
-
-/// The phases of a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Data,
-    Forward,
-    Backward,
-    AllReduce,
-    Update,
-}
-
-impl Phase {
-    pub const ALL: [Phase; 5] = [
-        Phase::Data,
-        Phase::Forward,
-        Phase::Backward,
-        Phase::AllReduce,
-        Phase::Update,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Phase::Data => "data wait",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::AllReduce => "all-reduce",
-            Phase::Update => "update",
-        }
-    }
-}
 
 /// Seconds spent per phase.
 #[derive(Debug, Default)]
@@ -70,7 +41,7 @@ impl StepTimes {
     }
 
     /// Runs `f`, adding its duration to `phase`.
-    pub fn time<T>(&mut self, phase: Phase, f: impl FnOnce() -> T) -> T {
+    pub fn time<T>(&mut self, phase: Step, f: impl FnOnce() -> T) -> T {
         if !self.enabled && self.timeline.is_none() {
             return f();
         }

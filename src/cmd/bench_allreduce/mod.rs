@@ -24,6 +24,8 @@
 //! p2ptrain bench-allreduce --backend cpu --replicas-per-rank 4 --max-bytes 16M
 //! ```
 
+mod cuda;
+
 use crate::config::BackendKind;
 use crate::dist::bootstrap::{report_error, run_replicas};
 use crate::dist::{Bootstrap, Communicator};
@@ -540,8 +542,7 @@ pub fn run(opts: &BenchOptions) -> i32 {
                 // As in training: device node-local rank x replicas_per_rank + local index.
                 let device = first_device + local;
                 let rank = process * k + local;
-                let mut ep =
-                    crate::cuda::allreduce_bench::GpuEndpoint::new(device, rank, n, id, max_count)?;
+                let mut ep = cuda::GpuEndpoint::new(device, rank, n, id, max_count)?;
                 let outcome = sweep(&mut ep, &sizes, warmup, iters)?;
                 ep.finish()?;
                 Ok(outcome)

@@ -1,8 +1,8 @@
-//! The GPU side of `p2ptrain bench-allreduce` ([`crate::allreduce_bench`]): one replica's device
-//! buffer, stream and NCCL communicator, timed between CUDA events on that stream.
+//! The GPU side of `p2ptrain bench-allreduce` ([`super`]): one replica's device buffer, stream
+//! and NCCL communicator, timed between CUDA events on that stream.
 
-use super::nccl::{NcclComm, NcclId};
-use crate::allreduce_bench::Endpoint;
+use super::Endpoint;
+use crate::cuda::nccl::{NcclComm, NcclId};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
@@ -136,8 +136,8 @@ impl Endpoint for GpuEndpoint {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{sizes, sweep};
     use super::*;
-    use crate::allreduce_bench::{sizes, sweep};
     use crate::cuda::test_util::skip_loudly;
 
     /// The whole check-then-time sweep on one GPU (a communicator of one).

@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use p2ptrain::config::ReduceMode;
-//! use p2ptrain::cuda::bucket::{BucketPlan, LayerSpan};
+//! use p2ptrain::parallel::bucket::{BucketPlan, LayerSpan};
 //! // Three layers with parameters: 0 (10 floats), 2 (1000 floats), 3 (5 floats).
 //! let layers = [
 //!     LayerSpan { layer: 0, range: 0..10 },

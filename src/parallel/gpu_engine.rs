@@ -14,19 +14,19 @@
 //! are not recorded).
 
 use super::bucket::{plan_buckets, Bucket};
-use super::event_clock::PhaseClock;
-use super::layers::Collective;
-use super::nccl::{NcclComm, NcclId};
-use super::net::GpuNet;
-use super::update::GpuSolver;
-use super::{gpu_error, Gpu};
+use super::engine::Engine;
 use crate::config::{Config, Phase, ReduceMode};
+use crate::cuda::event_clock::PhaseClock;
+use crate::cuda::layers::Collective;
+use crate::cuda::nccl::{NcclComm, NcclId};
+use crate::cuda::net::GpuNet;
+use crate::cuda::update::GpuSolver;
+use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use crate::net::Output;
-use crate::parallel::engine::{Engine, PassCtx};
-use crate::parallel::timeline::{Name, SpanLog, Track};
-use crate::parallel::timing::Phase as Step;
+use crate::net::PassCtx;
 use crate::params::Params;
+use crate::spans::{Name, SpanLog, Step, Track};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use std::sync::Arc;
 use std::time::Instant;
@@ -359,7 +359,7 @@ impl Engine for GpuEngine {
     fn perturb_param(&mut self) -> Result<()> {
         let mut host = self.net.params_to_host(&self.gpu)?;
         if let Some(w) = host.data.first_mut() {
-            *w = crate::parallel::cpu_engine::next_float(*w);
+            *w = super::cpu_engine::next_float(*w);
         }
         self.net.params_from_host(&self.gpu, &host)?;
         self.gpu.synchronize()
