@@ -236,8 +236,28 @@ fn with_default_command(mut args: Vec<String>) -> Vec<String> {
     args
 }
 
+/// This process's rank as the launcher set it (`mpirun`, `srun`, torchrun, or an MPICH-style
+/// `PMI_RANK`); 0 when started alone.
+fn launcher_rank() -> usize {
+    p2ptrain::dist::launch_env::LaunchEnv::detect()
+        .map(|l| l.rank)
+        .or_else(|| std::env::var("PMI_RANK").ok()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Parses the command line. A usage error (or `--help`) is printed by rank 0 only — every rank
+/// of a job parses the same arguments — and every rank exits with clap's code (2 for an error).
+fn parse_cli() -> Cli {
+    Cli::try_parse_from(with_default_command(std::env::args().collect())).unwrap_or_else(|e| {
+        if launcher_rank() == 0 {
+            let _ = e.print();
+        }
+        std::process::exit(e.exit_code())
+    })
+}
+
 fn main() {
-    let cli = Cli::parse_from(with_default_command(std::env::args().collect()));
+    let cli = parse_cli();
     let (action, opts) = match cli.command {
         None => (Action::Train, Options::default()),
         Some(Command::Train { common, timeline }) => (
