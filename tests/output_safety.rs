@@ -329,4 +329,17 @@ fn a_usage_error_is_printed_once_for_the_job() {
     let out = run(&mut c);
     let t = refused(&out, &["a value is required for '--output <DIR>'"]);
     assert_eq!(t.matches("a value is required").count(), 1, "{t}");
+
+    // Launched with two command lines, the one that is wrong is still reported, once.
+    let mut c = mpirun(1);
+    c.arg(bin())
+        .arg(&cfg)
+        .args([":", "-np", "2"])
+        .arg(bin())
+        .arg(&cfg)
+        .arg("--output");
+    let out = run(&mut c);
+    let t = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{t}");
+    assert_eq!(t.matches("a value is required").count(), 1, "{t}");
 }
