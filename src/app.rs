@@ -10,10 +10,11 @@ use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use crate::metrics::MetricsLog;
 use crate::net::Net;
+use crate::output_folder::{self, OutputLock};
 use crate::parallel::manager::Devices;
 use crate::parallel::{Mode, Outputs, P2PManager, RunReport};
 use crate::params::Params;
-use crate::resume::{self, ResumeRules, SnapshotFiles, SolverState};
+use crate::resume::{self, Lineage, ResumeRules, SnapshotFiles, SolverState};
 use crate::signals;
 use crate::snapshot;
 use crate::solver::Solver;
@@ -271,21 +272,85 @@ fn output_dir(opts: &Options) -> PathBuf {
     })
 }
 
-/// Opens the output directory; a resumed run appends to `metrics.jsonl` rather than replacing it.
-fn open_outputs(dir: &Path, max_iter: u64, progress: bool, resumed: bool) -> Result<Outputs> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+/// Claims the output directory for this job (its lock), checks that every output can be written
+/// there, and opens it; a resumed run appends to `metrics.jsonl` rather than replacing it, and
+/// takes over its lineage's snapshots for `snapshot_keep`.
+fn open_outputs(
+    dir: &Path,
+    plan: &Plan,
+    progress: bool,
+    resumed: Option<&SolverState>,
+) -> Result<Outputs> {
+    let host = hostname();
+    let lock = OutputLock::acquire(dir, &host)?;
+    let solver = &plan.config.solver;
+    output_folder::check_writable(dir, &solver.snapshot_prefix, solver.max_iter, &plan.source)?;
     let path = dir.join("metrics.jsonl");
-    let metrics = if resumed {
-        MetricsLog::append(&path)?
-    } else {
-        MetricsLog::create(&path)?
+    let (metrics, lineage) = match resumed {
+        Some(state) => (
+            MetricsLog::append(&path)?,
+            Lineage::resumed(state, dir, &solver.snapshot_prefix, &host),
+        ),
+        None => (MetricsLog::create(&path)?, Lineage::fresh(&host)),
     };
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
-        progress: progress.then(|| progress_bar(max_iter)).flatten(),
+        progress: progress.then(|| progress_bar(solver.max_iter)).flatten(),
+        lineage,
+        _lock: lock,
     })
+}
+
+/// What this rank starts from and the options every rank must share, as a key (equal on every
+/// rank of a sound launch) and a description for the error when they differ: the action, the
+/// timeline, `--allow-batch-change`, and the parameters and solver state the rank would train
+/// from (a snapshot's iteration and a hash of what it holds, `--weights`, or a fresh start).
+/// Paths are described but not compared: node-local output folders may differ.
+fn start_point(action: &Action, opts: &Options, prepared: &Prepared) -> (u64, String) {
+    use std::hash::{Hash, Hasher};
+    let mut content = crate::parallel::verify::hash_params(&prepared.initial.data);
+    let (iter, from) = match &prepared.resume {
+        Some((files, state)) => {
+            for h in &state.history {
+                content = content.rotate_left(7) ^ crate::parallel::verify::hash_params(h);
+            }
+            content ^= state.data_position.rotate_left(31);
+            (state.iter, format!("snapshot {}", files.weights.display()))
+        }
+        None => {
+            let from = match (&opts.weights, &opts.resume) {
+                (Some(w), _) => format!("--weights {}", w.display()),
+                (None, Some(ResumeFrom::Auto)) => format!(
+                    "a fresh start (--resume auto found no snapshot in {})",
+                    output_dir(opts).display()
+                ),
+                (None, _) => "a fresh start".to_string(),
+            };
+            (0, from)
+        }
+    };
+    let timeline = opts.timeline.as_ref().map(|_| opts.timeline_iters);
+    let action_text = format!("{action:?}");
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
+        &action_text,
+        timeline,
+        opts.allow_batch_change,
+        iter,
+        content,
+    )
+        .hash(&mut hasher);
+    let timeline_text = match (&opts.timeline, timeline) {
+        (Some(path), Some(n)) => format!("--timeline {} ({n} iterations)", path.display()),
+        _ => "no --timeline".to_string(),
+    };
+    let description = format!(
+        "{action_text} from {from} (iteration {iter}, parameters and solver state hash \
+         {content:016x}), {timeline_text}, --allow-batch-change {}",
+        if opts.allow_batch_change { "on" } else { "off" }
+    );
+    (hasher.finish(), description)
 }
 
 /// A progress bar on stdout, drawn only when stdout is a terminal (under mpirun it is a pipe).
@@ -359,6 +424,10 @@ pub fn run(action: Action, opts: Options) -> i32 {
     if let Err(code) = boot.agree(if boot.rank == 0 { fingerprint } else { Ok(()) }) {
         return code;
     }
+    let (start_key, start) = start_point(&action, &opts, &prepared);
+    if let Err(code) = boot.agree(boot.check_same_start(start_key, &start)) {
+        return code;
+    }
     let plan = prepared.plan.clone();
     let devices_line = match prepared.devices {
         Devices::Cpu {
@@ -405,9 +474,9 @@ pub fn run(action: Action, opts: Options) -> i32 {
     let outputs = match &action {
         Action::Train if boot.rank == 0 => Some(open_outputs(
             &dir,
-            plan.config.solver.max_iter,
+            &plan,
             opts.progress,
-            prepared.resume.is_some(),
+            prepared.resume.as_ref().map(|(_, state)| state),
         )),
         _ => None,
     };

@@ -20,6 +20,7 @@ pub mod layers;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod output_folder;
 pub mod parallel;
 pub mod params;
 pub mod plot;

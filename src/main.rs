@@ -236,8 +236,44 @@ fn with_default_command(mut args: Vec<String>) -> Vec<String> {
     args
 }
 
+/// This process's rank as the launcher set it (`mpirun`, `srun`, torchrun, or an MPICH-style
+/// `PMI_RANK`); 0 when started alone.
+fn launcher_rank() -> usize {
+    p2ptrain::dist::launch_env::LaunchEnv::detect()
+        .map(|l| l.rank)
+        .or_else(|| std::env::var("PMI_RANK").ok()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The first rank of this process's command line under OpenMPI's MPMD launch
+/// (`mpirun -np 2 A : -np 1 B`): the ranks of the application contexts before this one
+/// (`OMPI_APP_CTX_NUM_PROCS`, one count per context, and this one's index
+/// `OMPI_MCA_orte_app_num`). `None` where the launcher does not say.
+fn first_rank_of_command_line() -> Option<usize> {
+    let var = |k: &str| std::env::var(k).ok();
+    let app: usize = var("OMPI_MCA_orte_app_num")?.trim().parse().ok()?;
+    let counts: Vec<usize> = var("OMPI_APP_CTX_NUM_PROCS")?
+        .split_whitespace()
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    (app < counts.len()).then(|| counts[..app].iter().sum())
+}
+
+/// Parses the command line. Every rank started with one command line parses the same
+/// arguments, so a usage error (or `--help`) is printed by the first of them only (rank 0, or
+/// the first rank of each command line of an MPMD launch), and every rank exits with clap's code
+/// (2 for an error).
+fn parse_cli() -> Cli {
+    Cli::try_parse_from(with_default_command(std::env::args().collect())).unwrap_or_else(|e| {
+        if launcher_rank() == first_rank_of_command_line().unwrap_or(0) {
+            let _ = e.print();
+        }
+        std::process::exit(e.exit_code())
+    })
+}
+
 fn main() {
-    let cli = Cli::parse_from(with_default_command(std::env::args().collect()));
+    let cli = parse_cli();
     let (action, opts) = match cli.command {
         None => (Action::Train, Options::default()),
         Some(Command::Train { common, timeline }) => (

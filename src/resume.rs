@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 pub const FORMAT: &str = "p2ptrain-solverstate-1";
 const WEIGHTS_EXT: &str = "safetensors";
 const STATE_EXT: &str = "solverstate";
+/// The solver-state metadata naming the lineage of the run that wrote it.
+const LINEAGE_KEY: &str = "lineage";
 
 /// What a run resumes from besides the weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +44,9 @@ pub struct SolverState {
     pub loss_window: Vec<(u64, f64)>,
     /// Training records consumed before iteration `iter` (the data-stream position).
     pub data_position: u64,
+    /// The lineage of the run that wrote the snapshot (see [`Lineage`]); `None` in snapshots
+    /// written before lineages were recorded.
+    pub lineage: Option<String>,
 }
 
 impl SolverState {
@@ -101,6 +106,8 @@ pub struct SaveState<'a> {
     pub history: &'a [Vec<f32>],
     pub loss_window: &'a [(u64, f64)],
     pub train_records: usize,
+    /// The id of the run's lineage, stored so that a resumed run recognises its own snapshots.
+    pub lineage: &'a str,
 }
 
 /// Writes snapshot `state.iter` of `plan` into `dir`: the weights, then the solver state.
@@ -158,6 +165,7 @@ pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Resu
         ("shuffle", cfg.data.shuffle.to_string()),
         ("train_records", state.train_records.to_string()),
         ("loss_window", window),
+        (LINEAGE_KEY, state.lineage.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -220,42 +228,87 @@ pub fn latest(dir: &Path, prefix: &str) -> Result<SnapshotFiles> {
     })
 }
 
-/// Deletes the complete snapshots of `prefix` in `dir` older than the newest `keep` (and any
-/// half-written one older than those), after the newest is durable. `keep = 0` keeps all.
-/// Returns the files removed.
-pub fn prune(dir: &Path, prefix: &str, keep: usize) -> Vec<PathBuf> {
-    if keep == 0 {
-        return Vec::new();
-    }
-    let all = list(dir, prefix);
-    if all.len() <= keep {
-        return Vec::new();
-    }
-    let oldest_kept = all[all.len() - keep].iter;
-    let mut removed = Vec::new();
-    let base = dir.join(prefix);
-    let (Some(parent), Some(stem)) = (base.parent(), base.file_name().and_then(|s| s.to_str()))
-    else {
-        return removed;
-    };
-    let start = format!("{stem}_iter_");
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return removed;
-    };
-    for e in entries.filter_map(|e| e.ok()) {
-        let Ok(name) = e.file_name().into_string() else {
-            continue;
-        };
-        let n = name.strip_prefix(&start).and_then(|rest| {
-            let (n, ext) = rest.split_once('.')?;
-            (ext == STATE_EXT || ext == WEIGHTS_EXT).then_some(n.parse::<u64>().ok()?)
-        });
-        if matches!(n, Some(n) if n < oldest_kept) && std::fs::remove_file(e.path()).is_ok() {
-            removed.push(e.path());
+/// The snapshots a run may delete for `snapshot_keep`: those written by the run itself and by
+/// the runs it resumed from (one lineage, from a fresh start through every `--resume`), never
+/// another run's that share the output folder and prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lineage {
+    /// Stored in every solver state the lineage writes; made once by its fresh start.
+    pub id: String,
+    /// The lineage's complete snapshots in the output folder, oldest first.
+    pub snapshots: Vec<SnapshotFiles>,
+}
+
+impl Lineage {
+    /// A fresh start: a new id (host, process, time), no snapshots yet.
+    pub fn fresh(host: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Lineage {
+            id: format!("{host}-{}-{nanos}", std::process::id()),
+            snapshots: Vec::new(),
         }
     }
-    removed.sort();
-    removed
+
+    /// The lineage of a run resumed from `state`: the snapshots of `prefix` in `dir` that the same
+    /// lineage wrote up to the resumed iteration (later ones belong to an abandoned branch and
+    /// are left alone). A snapshot without a lineage starts a new one that owns nothing yet.
+    pub fn resumed(state: &SolverState, dir: &Path, prefix: &str, host: &str) -> Self {
+        let Some(id) = &state.lineage else {
+            return Lineage::fresh(host);
+        };
+        let snapshots = list(dir, prefix)
+            .into_iter()
+            .filter(|f| f.iter <= state.iter)
+            .filter(|f| lineage_of(&f.state).as_deref() == Some(id.as_str()))
+            .collect();
+        Lineage {
+            id: id.clone(),
+            snapshots,
+        }
+    }
+
+    /// Records snapshot `files`, just written, and deletes the oldest of the lineage's beyond
+    /// the newest `keep` (`keep = 0` keeps all). Returns the files removed.
+    pub fn add_and_prune(&mut self, files: SnapshotFiles, keep: usize) -> Vec<PathBuf> {
+        self.snapshots.retain(|f| f.iter != files.iter);
+        self.snapshots.push(files);
+        self.snapshots.sort_by_key(|f| f.iter);
+        let excess = match keep {
+            0 => 0,
+            k => self.snapshots.len().saturating_sub(k),
+        };
+        let mut removed = Vec::new();
+        for old in self.snapshots.drain(..excess) {
+            for path in [old.weights, old.state] {
+                if std::fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// The `lineage` metadata of the solver state at `path`, read from its header only.
+fn lineage_of(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).ok()?;
+    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+    if len > 100 << 20 {
+        return None;
+    }
+    let mut header = vec![0u8; len];
+    file.read_exact(&mut header).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(&header).ok()?;
+    header
+        .get("__metadata__")?
+        .get(LINEAGE_KEY)?
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// How a resume may differ from the run that wrote the snapshot.
@@ -438,6 +491,7 @@ pub fn load(
         history,
         loss_window,
         data_position: position,
+        lineage: meta.get(LINEAGE_KEY).cloned(),
     })
 }
 
@@ -482,9 +536,27 @@ fn diff(at: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<St
                 diff(&format!("{at}[{i}]"), p, q, out);
             }
         }
+        (Value::Number(x), Value::Number(y)) if same_number(x, y) => {}
         _ if a != b => out.push(format!("{at} (snapshot {a}, here {b})")),
         _ => {}
     }
+}
+
+/// Two config numbers that are one value: equal integers, or floats that differ only by the
+/// rounding of their text form (a float written to JSON and parsed back may come out one or two
+/// units in the last place away).
+fn same_number(x: &serde_json::Number, y: &serde_json::Number) -> bool {
+    if x == y {
+        return true;
+    }
+    if x.is_f64() || y.is_f64() {
+        let (a, b) = (
+            x.as_f64().unwrap_or(f64::NAN),
+            y.as_f64().unwrap_or(f64::NAN),
+        );
+        return (a - b).abs() <= 4.0 * f64::EPSILON * a.abs().max(b.abs());
+    }
+    false
 }
 
 #[cfg(test)]
@@ -506,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn latest_and_prune_consider_complete_snapshots_only() {
+    fn latest_considers_complete_snapshots_only() {
         let root = tempfile::tempdir().unwrap();
         let snap = root.path().join("s");
         assert!(latest(root.path(), "s/m")
@@ -522,21 +594,51 @@ mod tests {
         touch(&snap, "other_iter_5.solverstate");
         touch(&snap, ".m_iter_50.safetensors.tmp-1-0");
         assert_eq!(latest(root.path(), "s/m").unwrap().iter, 30);
-        assert_eq!(prune(root.path(), "s/m", 0), Vec::<PathBuf>::new());
-        let removed = prune(root.path(), "s/m", 2);
-        assert_eq!(removed.len(), 2, "{removed:?}");
+    }
+
+    #[test]
+    fn a_lineage_prunes_only_its_own_snapshots() {
+        let root = tempfile::tempdir().unwrap();
+        let snap = root.path().join("s");
+        // Another run's snapshots under the same prefix.
+        for n in [50, 100] {
+            touch(&snap, &format!("m_iter_{n}.safetensors"));
+            touch(&snap, &format!("m_iter_{n}.solverstate"));
+        }
+        let mut lineage = Lineage::fresh("host");
+        for n in [10, 20, 30] {
+            touch(&snap, &format!("m_iter_{n}.safetensors"));
+            touch(&snap, &format!("m_iter_{n}.solverstate"));
+            lineage.add_and_prune(SnapshotFiles::new(root.path(), "s/m", n), 2);
+        }
         assert_eq!(
             names(&snap),
             [
-                ".m_iter_50.safetensors.tmp-1-0",
+                "m_iter_100.safetensors",
+                "m_iter_100.solverstate",
                 "m_iter_20.safetensors",
                 "m_iter_20.solverstate",
                 "m_iter_30.safetensors",
                 "m_iter_30.solverstate",
-                "m_iter_40.safetensors",
-                "other_iter_5.solverstate"
+                "m_iter_50.safetensors",
+                "m_iter_50.solverstate",
             ]
         );
+        let iters: Vec<u64> = lineage.snapshots.iter().map(|f| f.iter).collect();
+        assert_eq!(iters, [20, 30]);
+    }
+
+    #[test]
+    fn a_config_round_tripped_through_its_stored_json_differs_in_no_key() {
+        let text = "[data]\nformat = \"digits\"\nbatch_size = 8\nscale = 0.00390625\n\
+                    [solver]\ntype = \"adam\"\nbase_lr = 0.001\nmomentum = 0.9\nmax_iter = 10\n\
+                    [[layer]]\nname = \"ip\"\ntype = \"inner_product\"\nbottom = [\"data\"]\n\
+                    top = [\"ip\"]\nnum_output = 10\n\
+                    [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\n\
+                    bottom = [\"ip\", \"label\"]\ntop = [\"loss\"]\n";
+        let (cfg, _) = crate::config::load_str("t.toml", text, Path::new("."), &[]).unwrap();
+        let stored = canonical(&cfg_for_state(&cfg)).to_string();
+        assert_eq!(differing_keys(&stored, &cfg), Vec::<String>::new());
     }
 
     #[test]
@@ -555,6 +657,7 @@ mod tests {
             history: vec![],
             loss_window: vec![(6, 1.0), (7, 2.0), (8, 3.0), (9, 4.0)],
             data_position: 0,
+            lineage: None,
         };
         // Same window, iter_size 2: slot j % 4 holds 2 × the mean of iteration j.
         assert_eq!(s.loss_slots(4, 2), [6.0, 8.0, 2.0, 4.0]);

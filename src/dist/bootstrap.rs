@@ -144,6 +144,36 @@ impl Bootstrap {
         }
     }
 
+    /// Checks that every rank starts the same way: `key` sums up what must agree (the resolved
+    /// snapshot or weights, options such as `--timeline`), `describe` says it in words. On a
+    /// mismatch rank 0 returns an [`Error::Usage`] listing every rank's description and the other
+    /// ranks return `Ok`: pass the outcome through [`Bootstrap::agree`] so that all stop.
+    pub fn check_same_start(&self, key: u64, describe: &str) -> Result<()> {
+        let mut all = vec![0u64; self.size];
+        mpi::request::scope(|scope| {
+            complete(
+                self.world
+                    .immediate_all_gather_into(scope, &key, &mut all[..]),
+                "start-up agreement",
+            )
+        });
+        if all.iter().all(|&k| k == all[0]) {
+            return Ok(());
+        }
+        let Some(described) = self.gather_bytes(describe.as_bytes()) else {
+            return Ok(());
+        };
+        let ranks: String = described
+            .iter()
+            .enumerate()
+            .map(|(r, d)| format!("\n  rank {r}: {}", String::from_utf8_lossy(d)))
+            .collect();
+        Err(Error::Usage(format!(
+            "the ranks would not start alike (every rank must be given the same options and find \
+             the same snapshot to resume):{ranks}"
+        )))
+    }
+
     /// Sums a few numbers over the processes (the main thread's own small collectives).
     pub fn sum_f64(&self, values: &mut [f64]) {
         let send = values.to_vec();

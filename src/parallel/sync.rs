@@ -14,7 +14,8 @@ use crate::data::{self, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::{weighted_loss, PassCtx};
-use crate::resume::{self, SaveState, SolverState};
+use crate::output_folder::OutputLock;
+use crate::resume::{self, Lineage, SaveState, SolverState};
 use crate::signals::{self, Decision, Effects, SignalWatch};
 use crate::spans::{ReplicaTrace, Step};
 use std::path::PathBuf;
@@ -28,6 +29,11 @@ pub struct Outputs {
     pub metrics: MetricsLog,
     /// Draws progress on stdout (rank 0, terminal only).
     pub progress: Option<indicatif::ProgressBar>,
+    /// The snapshots this run (and the runs it resumed from) wrote: the only ones
+    /// `snapshot_keep` deletes.
+    pub lineage: Lineage,
+    /// Held while the run writes into `dir`, so that no second job writes there too.
+    pub _lock: OutputLock,
 }
 
 /// The result of a test pass, global over all replicas.
@@ -557,7 +563,7 @@ impl<E: Engine> P2PSync<E> {
     /// A snapshot after `iter` iterations (every replica calls it at the same iteration): universal
     /// rank 0 writes `<prefix>_iter_<iter>.safetensors` (weights) and `.solverstate` (solver
     /// history, data position, loss window; see `resume`) into the output directory, then deletes
-    /// snapshots beyond `snapshot_keep`.
+    /// the run's own snapshots (its lineage's) beyond `snapshot_keep`.
     fn snapshot(&mut self, iter: u64, report: &mut ReplicaReport) -> Result<()> {
         let window = self.global_loss_window(iter)?;
         if self.outputs.is_none() {
@@ -566,7 +572,7 @@ impl<E: Engine> P2PSync<E> {
         let params = self.engine.params_to_host()?;
         let history = self.engine.solver_history()?;
         let history_names = self.engine.history_names();
-        let Some(out) = &self.outputs else {
+        let Some(out) = &mut self.outputs else {
             return Ok(());
         };
         let state = SaveState {
@@ -575,15 +581,17 @@ impl<E: Engine> P2PSync<E> {
             history: &history,
             loss_window: &window,
             train_records: self.data.train.len(),
+            lineage: &out.lineage.id,
         };
         let files = resume::save(&out.dir, &self.plan, &params, &state)?;
         info!("snapshot {}", files.weights.display());
-        let s = &self.plan.config.solver;
-        for old in resume::prune(&out.dir, &s.snapshot_prefix, s.snapshot_keep) {
+        let weights = files.weights.clone();
+        let keep = self.plan.config.solver.snapshot_keep;
+        for old in out.lineage.add_and_prune(files, keep) {
             tracing::debug!("snapshot_keep: removed {}", old.display());
             report.snapshots.retain(|p| p != &old);
         }
-        report.snapshots.push(files.weights);
+        report.snapshots.push(weights);
         Ok(())
     }
 }
