@@ -22,12 +22,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::info;
 
-/// `println!` that ignores a failed write: a launcher shutting down after a signal may have
-/// closed the rank's stdout, and a lost summary line must not turn a clean stop into a panic.
+/// `println!` through the output thread (`logging::out_line`): a failed write is ignored (a
+/// launcher shutting down after a signal may have closed the rank's stdout) and, after a stop
+/// signal, a write never blocks (the launcher may have stopped reading).
 macro_rules! outln {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        crate::logging::out_line(&format!($($arg)*));
     }};
 }
 
@@ -60,8 +60,8 @@ pub struct Options {
     pub weights: Option<PathBuf>,
     /// `--output DIR`; default `runs/<config stem>/`.
     pub output: Option<PathBuf>,
-    /// Draw a progress bar when stdout is a terminal.
-    pub progress: bool,
+    /// When to draw the progress bar.
+    pub progress: Progress,
     /// `--timeline FILE`: write a Chrome trace of the run (train only).
     pub timeline: Option<PathBuf>,
     /// `--timeline-iters N`: iterations recorded in detail, from the start.
@@ -70,6 +70,18 @@ pub struct Options {
     pub resume: Option<ResumeFrom>,
     /// `--allow-batch-change`: resume with another global batch.
     pub allow_batch_change: bool,
+}
+
+/// When rank 0 draws the progress bar: only ever when its stdout is a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Unless a launcher (mpirun, srun, torchrun) started the process: launchers give the ranks a
+    /// pseudo-terminal even when the job's output goes to a file.
+    Auto,
+    /// `--progress`: under a launcher too.
+    Always,
+    /// `--no-progress`.
+    Never,
 }
 
 /// Where `--resume` takes its snapshot from.
@@ -103,7 +115,7 @@ impl Default for Options {
             sets: Vec::new(),
             weights: None,
             output: None,
-            progress: true,
+            progress: Progress::Auto,
             timeline: None,
             timeline_iters: DEFAULT_TIMELINE_ITERS,
             resume: None,
@@ -278,7 +290,7 @@ fn output_dir(opts: &Options) -> PathBuf {
 fn open_outputs(
     dir: &Path,
     plan: &Plan,
-    progress: bool,
+    progress: Progress,
     resumed: Option<&SolverState>,
 ) -> Result<Outputs> {
     let host = hostname();
@@ -296,7 +308,7 @@ fn open_outputs(
     Ok(Outputs {
         dir: dir.to_path_buf(),
         metrics,
-        progress: progress.then(|| progress_bar(solver.max_iter)).flatten(),
+        progress: progress_bar(solver.max_iter, progress),
         lineage,
         _lock: lock,
     })
@@ -353,14 +365,22 @@ fn start_point(action: &Action, opts: &Options, prepared: &Prepared) -> (u64, St
     (hasher.finish(), description)
 }
 
-/// A progress bar on stdout, drawn only when stdout is a terminal (under mpirun it is a pipe).
-fn progress_bar(max_iter: u64) -> Option<indicatif::ProgressBar> {
+/// A progress bar on stdout, drawn only when stdout is a terminal and `when` allows it (see
+/// [`Progress`]); it writes through the output thread (`logging::SinkTerminal`).
+fn progress_bar(max_iter: u64, when: Progress) -> Option<indicatif::ProgressBar> {
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
     use std::io::IsTerminal;
-    if !std::io::stdout().is_terminal() {
+    let wanted = match when {
+        Progress::Auto => crate::dist::launch_env::LaunchEnv::detect().is_none(),
+        Progress::Always => true,
+        Progress::Never => false,
+    };
+    if !wanted || !std::io::stdout().is_terminal() {
         return None;
     }
-    let bar = ProgressBar::with_draw_target(Some(max_iter), ProgressDrawTarget::stdout());
+    let terminal = crate::logging::SinkTerminal::stdout();
+    let target = ProgressDrawTarget::term_like_with_hz(Box::new(terminal), 20);
+    let bar = ProgressBar::with_draw_target(Some(max_iter), target);
     let template = "{bar:40} {pos}/{len} iterations, {msg} [{elapsed} < {eta}]";
     bar.set_style(
         ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -397,6 +417,11 @@ fn threads_per_replica(cfg: &config::Config, boot: &Bootstrap) -> usize {
 
 /// Runs `action` and returns the exit code.
 pub fn run(action: Action, opts: Options) -> i32 {
+    // First thing: a signal sent at once is counted, and acted on once training starts.
+    let early_signals = match action {
+        Action::Train => signals::install_early(),
+        _ => Ok(()),
+    };
     let boot = match Bootstrap::init() {
         Ok(b) => b,
         Err(e) => {
@@ -511,7 +536,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         }
     }
     if let Action::Train = action {
-        if let Err(e) = signals::install(&plan.config.solver) {
+        if let Err(e) = early_signals.and_then(|()| signals::install(&plan.config.solver)) {
             tracing::warn!("signal handlers not installed ({e}): signals end the process");
         }
     }

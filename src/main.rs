@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
-//!          [--timeline FILE [--timeline-iters N]]
+//!          [--timeline FILE [--timeline-iters N]] [--progress | --no-progress]
 //!          [--resume FILE|latest|auto] [--allow-batch-change]
 //! p2ptrain check CONFIG [--set ...]
 //! p2ptrain bench CONFIG [--warmup N] [--iters N] [--layers] [--set ...]
@@ -183,9 +183,14 @@ struct Common {
     /// Output directory (default `runs/<config stem>/`).
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
-    /// Never draw the progress bar (drawn by rank 0 when its stdout is a terminal).
-    #[arg(long)]
+    /// Never draw the progress bar (drawn by rank 0 when its stdout is a terminal, under a
+    /// launcher only with --progress).
+    #[arg(long, conflicts_with = "progress")]
     no_progress: bool,
+    /// Draw the progress bar under a launcher too (mpirun, srun and torchrun give the ranks a
+    /// pseudo-terminal even when the job's output goes to a file).
+    #[arg(long)]
+    progress: bool,
     /// Go on from a snapshot: its `.safetensors` or `.solverstate` file, or `latest` (the newest
     /// complete snapshot of `snapshot_prefix` in the output directory), or `auto` (`latest` when
     /// there is one, else a fresh start: for job scripts that are requeued). Restores the weights,
@@ -205,7 +210,11 @@ impl From<Common> for Options {
             sets: c.sets,
             weights: c.weights,
             output: c.output,
-            progress: !c.no_progress,
+            progress: match (c.progress, c.no_progress) {
+                (true, _) => app::Progress::Always,
+                (_, true) => app::Progress::Never,
+                _ => app::Progress::Auto,
+            },
             resume: c.resume.as_deref().map(app::ResumeFrom::parse),
             allow_batch_change: c.allow_batch_change,
             ..Options::default()
@@ -321,5 +330,7 @@ fn main() {
             }))
         }
     };
-    std::process::exit(app::run(action, opts));
+    let code = app::run(action, opts);
+    p2ptrain::logging::drain();
+    std::process::exit(code);
 }

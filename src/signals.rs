@@ -1,8 +1,14 @@
 //! Signals that steer training: SIGUSR1 asks for a snapshot, SIGHUP and SIGINT/SIGTERM do what
 //! `[solver] sighup_effect` and `sigint_effect` say (snapshot, snapshot and stop, stop, nothing).
 //!
+//! The handlers are installed first thing in a training run ([`install_early`]), before MPI
+//! starts and the config is read, so that a signal sent at once is counted rather than fatal; its
+//! effect, which the config decides, applies at the first iteration boundary.
+//!
 //! The handler is async-signal-safe: it only increments one atomic counter per signal (and, for a
-//! second SIGINT, calls `_exit(130)` unless `sigint_effect = "none"`). Everything else happens at iteration boundaries in the training loop:
+//! second SIGINT, unlinks the snapshot temporaries being written — see [`PendingFile`] — and
+//! calls `_exit(130)` unless `sigint_effect = "none"`). Everything else happens at iteration
+//! boundaries in the training loop:
 //!
 //! 1. [`SignalWatch::counts`]: the first replica of each process reports how many of each signal
 //!    `[usr1, hup, int, term]` its process has received; the other replicas report zeros.
@@ -22,11 +28,16 @@
 //! after the snapshot when the effect includes one.
 
 use crate::config::{SignalEffect, SolverConfig};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::UnsafeCell;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// The watched signals, in the order of the agreement flags.
 const SIGNALS: [libc::c_int; 4] = [libc::SIGUSR1, libc::SIGHUP, libc::SIGINT, libc::SIGTERM];
 const INT: usize = 2;
+/// The signals that stop a run (or a launcher's shutdown of it): SIGHUP, SIGINT, SIGTERM.
+const STOPPING: [usize; 3] = [1, 2, 3];
 
 static COUNTS: [AtomicU64; 4] = [
     AtomicU64::new(0),
@@ -42,26 +53,54 @@ pub fn exit_code(sig: libc::c_int) -> i32 {
     128 + sig
 }
 
+/// Set once the job has agreed to stop (see [`note_stop_decided`]).
+static STOP_DECIDED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has received SIGHUP, SIGINT or SIGTERM, or its job has agreed to stop:
+/// from then on its output must never hold it up (see `logging`), a launcher shutting the job
+/// down may have stopped reading.
+pub fn stop_signalled() -> bool {
+    STOP_DECIDED.load(Ordering::Relaxed)
+        || STOPPING
+            .iter()
+            .any(|&i| COUNTS[i].load(Ordering::Relaxed) > 0)
+}
+
+/// Records that the job has agreed to stop (a signal another rank received): this process's
+/// output no longer waits either.
+pub fn note_stop_decided() {
+    STOP_DECIDED.store(true, Ordering::Relaxed);
+}
+
 extern "C" fn on_signal(sig: libc::c_int) {
     if let Some(i) = SIGNALS.iter().position(|&s| s == sig) {
         let before = COUNTS[i].fetch_add(1, Ordering::SeqCst);
         if i == INT && INT_EXITS.load(Ordering::Relaxed) && before > 0 {
+            unlink_pending_files();
             // SAFETY: _exit is async-signal-safe; a second Ctrl-C means "now".
             unsafe { libc::_exit(exit_code(libc::SIGINT)) };
         }
     }
 }
 
-/// Installs the handler for SIGUSR1, SIGHUP, SIGINT and SIGTERM (once per process; later calls
-/// only update whether a second SIGINT exits at once).
+/// Installs the handler for SIGUSR1, SIGHUP, SIGINT and SIGTERM before anything else of a
+/// training run: signals are counted from then on; a second SIGINT exits at once until
+/// [`install`] applies the config.
+pub fn install_early() -> std::io::Result<()> {
+    set_handlers()
+}
+
+/// Installs the handlers again (in case a library replaced them while starting) and applies the
+/// config: whether a second SIGINT exits at once (not when SIGINT is ignored).
 pub fn install(cfg: &SolverConfig) -> std::io::Result<()> {
     INT_EXITS.store(cfg.sigint_effect != SignalEffect::None, Ordering::Relaxed);
-    static INSTALLED: AtomicBool = AtomicBool::new(false);
-    if INSTALLED.swap(true, Ordering::SeqCst) {
-        return Ok(());
-    }
+    set_handlers()
+}
+
+fn set_handlers() -> std::io::Result<()> {
     for sig in SIGNALS {
-        // SAFETY: the handler only touches atomics and calls _exit, both async-signal-safe; the
+        // SAFETY: the handler only touches atomics and calls unlink and _exit, all
+        // async-signal-safe; the
         // sigaction struct is fully initialised before use.
         let rc = unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
@@ -75,6 +114,88 @@ pub fn install(cfg: &SolverConfig) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Slots for the paths of files being written that a second SIGINT removes.
+const PENDING_SLOTS: usize = 8;
+/// The longest path a slot holds, with its NUL.
+const PENDING_PATH_BYTES: usize = 4096;
+const SLOT_FREE: u8 = 0;
+/// Taken by one thread (registering it, or the handler unlinking it).
+const SLOT_BUSY: u8 = 1;
+/// Holds the NUL-terminated path of a file being written.
+const SLOT_READY: u8 = 2;
+
+/// One registered path. Its bytes are written only by the thread that moved the state from free
+/// to busy, and read only by the handler that moved it from ready to busy.
+struct PendingSlot {
+    state: AtomicU8,
+    path: UnsafeCell<[u8; PENDING_PATH_BYTES]>,
+}
+
+// SAFETY: access to `path` is serialised by `state` (see `PendingSlot`).
+unsafe impl Sync for PendingSlot {}
+
+static PENDING: [PendingSlot; PENDING_SLOTS] = [const {
+    PendingSlot {
+        state: AtomicU8::new(SLOT_FREE),
+        path: UnsafeCell::new([0; PENDING_PATH_BYTES]),
+    }
+}; PENDING_SLOTS];
+
+/// A file being written (a snapshot's temporary) that a second SIGINT, which ends the process at
+/// once, unlinks first: no partial file is left behind. The registration is stored where the
+/// signal handler can read it without allocating or locking; it ends when this is dropped.
+#[derive(Debug)]
+pub struct PendingFile {
+    slot: usize,
+}
+
+impl PendingFile {
+    /// Registers `path`; `None` when every slot is taken or the path is too long (the file is
+    /// then only not removed on a second SIGINT).
+    pub fn register(path: &Path) -> Option<PendingFile> {
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() >= PENDING_PATH_BYTES || bytes.contains(&0) {
+            return None;
+        }
+        PENDING.iter().enumerate().find_map(|(slot, p)| {
+            p.state
+                .compare_exchange(SLOT_FREE, SLOT_BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                .ok()?;
+            // SAFETY: the busy state gives this thread the slot's bytes alone.
+            let buf = unsafe { &mut *p.path.get() };
+            buf[..bytes.len()].copy_from_slice(bytes);
+            buf[bytes.len()] = 0;
+            p.state.store(SLOT_READY, Ordering::Release);
+            Some(PendingFile { slot })
+        })
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        // Fails only while the handler unlinks it, just before the process ends.
+        let _ = PENDING[self.slot].state.compare_exchange(
+            SLOT_READY,
+            SLOT_FREE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Unlinks every registered file (async-signal-safe: atomics and unlink(2) only).
+fn unlink_pending_files() {
+    for p in &PENDING {
+        if p.state
+            .compare_exchange(SLOT_READY, SLOT_BUSY, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: the slot holds a NUL-terminated path that no thread changes while busy.
+            unsafe { libc::unlink(p.path.get().cast::<libc::c_char>()) };
+        }
+    }
 }
 
 /// One replica's view of the signal counters and of the requests the job has acted on.

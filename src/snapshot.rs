@@ -246,10 +246,26 @@ impl View for F32View<'_> {
     }
 }
 
+/// Failure injection for testing: `P2PTRAIN_INJECT_SNAPSHOT_DELAY_MS=N` holds every file written
+/// through [`write_atomic`] for N ms between writing its temporary and renaming it, so that a
+/// test can signal a process while a temporary is on disk.
+pub const INJECT_SNAPSHOT_DELAY: &str = "P2PTRAIN_INJECT_SNAPSHOT_DELAY_MS";
+
+/// Sleeps for [`INJECT_SNAPSHOT_DELAY`] milliseconds when it is set.
+fn injected_delay() {
+    let ms = std::env::var(INJECT_SNAPSHOT_DELAY)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(ms) = ms {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Runs `write` on a fresh temporary file next to `path`, then syncs it, renames it over `path`
 /// and syncs the directory. On any failure the temporary file is removed and `path` is untouched
 /// (the rename is the only step that changes it, and it is atomic). `what` names the file in
-/// errors ("snapshot").
+/// errors ("snapshot"). While it is written, a second SIGINT removes the temporary before the
+/// process exits (see `signals::PendingFile`).
 pub(crate) fn write_atomic(
     path: &Path,
     what: &str,
@@ -290,8 +306,11 @@ pub(crate) fn write_atomic(
     let staged = (|| {
         // Claim the name first, so an unrelated file is never overwritten or removed.
         OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        // A second SIGINT, which ends the process at once, removes the temporary first.
+        let _pending = crate::signals::PendingFile::register(&tmp);
         let result = (|| {
             write(&tmp)?;
+            injected_delay();
             OpenOptions::new().write(true).open(&tmp)?.sync_all()?;
             fs::rename(&tmp, path)
         })();

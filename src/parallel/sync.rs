@@ -278,6 +278,9 @@ impl<E: Engine> P2PSync<E> {
             let done = iter + 1;
             self.verify_replicas(done)?;
             let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
+            if decision.stop.is_some() {
+                signals::note_stop_decided();
+            }
             if decision != Decision::default() {
                 info!(
                     "replica {}: signal agreed after iteration {done}: {decision:?}",

@@ -1,0 +1,462 @@
+//! Stopping and signalling a run through the real binary, alone and under `mpirun`: SIGTERM or
+//! SIGINT to `mpirun` (which stops relaying the ranks' output and signals them only
+//! `odls_base_sigkill_timeout` seconds later) ends in a complete snapshot; a log under a launcher
+//! gets plain lines, the progress bar only with `--progress`; a second SIGINT during a snapshot
+//! leaves no temporary file; SIGUSR1 before training starts is acted on at the first iteration.
+
+mod common;
+
+use common::{bin, mpi_env, mpirun, out_dir, tensors, text};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// An MLP on the bundled digits, quick to train and to snapshot.
+const CONFIG: &str = r#"
+[data]
+format = "digits"
+batch_size = 8
+scale = 0.00390625
+[solver]
+type = "sgd"
+base_lr = 0.05
+momentum = 0.9
+max_iter = 5
+display = 1
+snapshot = 0
+snapshot_prefix = "snap/m"
+[[layer]]
+name = "ip1"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip1"]
+num_output = 32
+[[layer]]
+name = "relu1"
+type = "relu"
+bottom = ["ip1"]
+top = ["ip1"]
+[[layer]]
+name = "ip2"
+type = "inner_product"
+bottom = ["ip1"]
+top = ["ip2"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip2", "label"]
+top = ["loss"]
+"#;
+
+/// Runs that go on until they are stopped.
+const ENDLESS: &[&str] = &["--set", "solver.max_iter=100000000"];
+
+/// How long a signalled job may take to end: mpirun's kill timeout twice, plus a wide margin for
+/// a loaded machine. Only a hang exceeds it.
+const END_WITHIN: Duration = Duration::from_secs(90);
+
+/// mpirun's delay between its SIGTERM to the ranks and its SIGKILL (it waits as long before the
+/// SIGTERM): room for the snapshot on a loaded machine.
+const SIGKILL_TIMEOUT_S: &str = "5";
+
+/// A fresh directory holding `cfg.toml`.
+fn setup(name: &str) -> (PathBuf, PathBuf) {
+    let dir = out_dir(name);
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    (dir, cfg)
+}
+
+fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// Whether process `pid` still runs (a zombie counts as ended).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
+fn ranks_of(parent: u32) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-P", &parent.to_string(), "p2ptrain"])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Waits until the run has written its first display line (it is training).
+fn wait_training(out: &Path, child: &mut Child) {
+    let metrics = out.join("metrics.jsonl");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the run ended before training started: {status}");
+        }
+        assert!(start.elapsed() < END_WITHIN, "no metrics");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `child` to end within [`END_WITHIN`]; kills it and fails otherwise.
+fn wait_end(child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > END_WITHIN {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running {END_WITHIN:?} after {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The names of the files in `out/snap`, sorted.
+fn snapshot_files(out: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(out.join("snap"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The iterations of the complete snapshots (both files) in `out/snap`, sorted.
+fn snapshot_iters(out: &Path) -> Vec<u64> {
+    let files = snapshot_files(out);
+    let mut v: Vec<u64> = files
+        .iter()
+        .filter_map(|n| n.strip_prefix("m_iter_")?.strip_suffix(".solverstate"))
+        .filter(|it| files.contains(&format!("m_iter_{it}.safetensors")))
+        .filter_map(|it| it.parse().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Asserts that no temporary file is left in `out/snap`.
+fn no_temporary(out: &Path) {
+    let files = snapshot_files(out);
+    assert!(
+        files.iter().all(|f| !f.contains(".tmp-")),
+        "temporary files left: {files:?}"
+    );
+}
+
+/// Asserts that `out` holds exactly one snapshot, complete, and that a run resumes from it;
+/// returns its iteration.
+fn one_resumable_snapshot(cfg: &Path, out: &Path) -> u64 {
+    no_temporary(out);
+    let iters = snapshot_iters(out);
+    assert_eq!(iters.len(), 1, "snapshots: {:?}", snapshot_files(out));
+    let k = iters[0];
+    let weights = out.join(format!("snap/m_iter_{k}.safetensors"));
+    assert!(!tensors(&weights).is_empty());
+    let end = format!("solver.max_iter={}", k + 3);
+    let mut c = mpirun(2);
+    c.arg(bin()).arg(cfg).arg("--output").arg(out).args([
+        "--no-progress",
+        "--resume",
+        "latest",
+        "--set",
+        &end,
+    ]);
+    let resumed = common::run(&mut c);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed));
+    assert!(
+        text(&resumed).contains(&format!("after iteration {k}")),
+        "{}",
+        text(&resumed)
+    );
+    k
+}
+
+/// Where mpirun's own output goes while a stop signal is tested.
+#[derive(Clone, Copy)]
+enum Sink {
+    /// A file: mpirun writes everything it relays.
+    File,
+    /// A pipe the test never reads.
+    UnreadPipe,
+}
+
+/// `mpirun -np 2` training without end, every rank logging each iteration, with mpirun's kill
+/// timeout raised as the README says.
+fn spawn_chatty_job(cfg: &Path, out: &Path, sink: Sink) -> Child {
+    let mut c = mpirun(2);
+    c.env("OMPI_MCA_odls_base_sigkill_timeout", SIGKILL_TIMEOUT_S)
+        .env("RUST_LOG", "info")
+        .arg(bin())
+        .arg(cfg)
+        .arg("--output")
+        .arg(out)
+        .args(ENDLESS);
+    match sink {
+        Sink::File => {
+            let log = std::fs::File::create(out.with_extension("log")).unwrap();
+            c.stdout(Stdio::from(log.try_clone().unwrap()))
+                .stderr(Stdio::from(log));
+        }
+        Sink::UnreadPipe => {
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+    }
+    c.spawn().expect("starting mpirun")
+}
+
+/// Sends `sig` to a chatty mpirun job and checks that the ranks end after one complete,
+/// resumable snapshot.
+fn stop_signal_to_mpirun_snapshots(name: &str, sig: libc::c_int, sink: Sink) {
+    let (dir, cfg) = setup(name);
+    let out = dir.join("o");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut job = spawn_chatty_job(&cfg, &out, sink);
+    wait_training(&out, &mut job);
+    let ranks = ranks_of(job.id());
+    assert_eq!(ranks.len(), 2, "ranks of mpirun: {ranks:?}");
+    kill(job.id(), sig);
+    match sink {
+        Sink::File => {
+            let status = wait_end(&mut job, "the stop signal");
+            eprintln!("--- mpirun: {status}");
+        }
+        Sink::UnreadPipe => {
+            // mpirun itself may wait forever to hand its backlog to the unread pipe: the ranks'
+            // end is what counts.
+            let start = Instant::now();
+            while ranks.iter().any(|&r| alive(r)) {
+                if start.elapsed() > END_WITHIN {
+                    let _ = job.kill();
+                    panic!("the ranks still run {END_WITHIN:?} after the stop signal");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = job.kill();
+            let _ = job.wait();
+        }
+    }
+    if let Ok(log) = std::fs::read(out.with_extension("log")) {
+        let log = String::from_utf8_lossy(&log);
+        eprintln!("--- job log (last lines)");
+        for l in log.lines().rev().take(20) {
+            eprintln!("{l}");
+        }
+    }
+    one_resumable_snapshot(&cfg, &out);
+}
+
+#[test]
+fn sigterm_to_mpirun_whose_ranks_log_every_iteration_ends_in_a_complete_snapshot() {
+    stop_signal_to_mpirun_snapshots("stop_term_file", libc::SIGTERM, Sink::File);
+}
+
+#[test]
+fn sigint_to_mpirun_whose_ranks_log_every_iteration_ends_in_a_complete_snapshot() {
+    stop_signal_to_mpirun_snapshots("stop_int_file", libc::SIGINT, Sink::File);
+}
+
+#[test]
+fn sigterm_to_mpirun_writing_to_an_unread_pipe_ends_in_a_complete_snapshot() {
+    stop_signal_to_mpirun_snapshots("stop_term_pipe", libc::SIGTERM, Sink::UnreadPipe);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The progress bar under a launcher.
+
+/// Whether `s` holds terminal control: carriage returns or escape sequences.
+fn has_redraws(s: &str) -> bool {
+    s.contains('\r') || s.contains('\x1b')
+}
+
+#[test]
+fn a_log_under_mpirun_gets_plain_lines_and_the_bar_only_with_progress() {
+    let (dir, cfg) = setup("progress_launcher");
+    let train = |out: &str, extra: &[&str]| -> Output {
+        let mut c = mpirun(2);
+        c.arg(bin())
+            .arg(&cfg)
+            .arg("--output")
+            .arg(dir.join(out))
+            .args(["--set", "solver.max_iter=40"])
+            .args(extra);
+        common::run(&mut c)
+    };
+    // The ranks see OpenMPI's pseudo-terminal although mpirun writes to a pipe.
+    let plain = train("plain", &[]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain));
+    let t = text(&plain);
+    assert!(t.contains("iter 39: loss"), "{t}");
+    assert!(!has_redraws(&t), "{t:?}");
+
+    let bar = train("bar", &["--progress"]);
+    assert_eq!(bar.status.code(), Some(0), "{}", text(&bar));
+    let t = text(&bar);
+    assert!(has_redraws(&t) && t.contains("iterations"), "{t:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A second SIGINT during a snapshot.
+
+/// The test-only delay, in milliseconds, between writing a snapshot file's temporary and renaming
+/// it (see README, "Resume and signals").
+const DELAY_VAR: &str = "P2PTRAIN_INJECT_SNAPSHOT_DELAY_MS";
+
+#[test]
+fn a_second_sigint_during_a_snapshot_leaves_no_temporary_and_the_earlier_snapshot_intact() {
+    let (dir, cfg) = setup("second_sigint");
+    let out = dir.join("o");
+    let mut c = Command::new(bin());
+    mpi_env(&mut c);
+    c.env(DELAY_VAR, "1000")
+        .arg(&cfg)
+        .arg("--output")
+        .arg(&out)
+        .args(["--no-progress", "--set", "solver.display=1000"])
+        .args(ENDLESS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut job = c.spawn().expect("starting p2ptrain");
+    wait_training(&out, &mut job);
+    // An earlier snapshot, complete.
+    kill(job.id(), libc::SIGUSR1);
+    let start = Instant::now();
+    while snapshot_iters(&out).is_empty() {
+        assert!(start.elapsed() < END_WITHIN, "no SIGUSR1 snapshot");
+        assert!(job.try_wait().unwrap().is_none(), "the run ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let earlier = snapshot_iters(&out)[0];
+    // Ctrl-C: a snapshot begins; a second Ctrl-C while its temporary is on disk.
+    kill(job.id(), libc::SIGINT);
+    let start = Instant::now();
+    while !snapshot_files(&out).iter().any(|f| f.contains(".tmp-")) {
+        assert!(
+            start.elapsed() < END_WITHIN,
+            "no snapshot temporary appeared"
+        );
+        assert!(job.try_wait().unwrap().is_none(), "the run ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(job.id(), libc::SIGINT);
+    let status = wait_end(&mut job, "the second SIGINT");
+    assert_eq!(status.code(), Some(130), "{status}");
+    no_temporary(&out);
+    assert_eq!(snapshot_iters(&out), vec![earlier]);
+    let weights = out.join(format!("snap/m_iter_{earlier}.safetensors"));
+    assert!(!tensors(&weights).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGUSR1 before training starts.
+
+/// Makes a named pipe at `path`: a config file that a process blocks reading until the test
+/// writes it, so that a signal provably arrives before the config is read.
+fn mkfifo(path: &Path) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Waits until a process has opened the named pipe `path` for reading, then returns its write
+/// end (opening it without blocking fails with ENXIO while no reader has).
+fn open_when_read(path: &Path, job: &mut Child) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let start = Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("opening {}: {e}", path.display()),
+        }
+        if let Some(status) = job.try_wait().unwrap() {
+            panic!("the run ended before reading its config: {status}");
+        }
+        assert!(start.elapsed() < END_WITHIN, "the config was never read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Writes the config into the pipe's write end and closes it (the reader then sees its end).
+/// The config is smaller than a pipe's buffer: one write, never blocked. A write fails only when
+/// the reader is gone (killed by the signal): the exit status then tells.
+fn hand_config(mut pipe: std::fs::File) {
+    use std::io::Write;
+    let _ = pipe.write_all(CONFIG.as_bytes());
+}
+
+#[test]
+fn sigusr1_to_a_process_still_reading_its_config_snapshots_at_the_first_iteration() {
+    let dir = out_dir("early_usr1_single");
+    let (fifo, out) = (dir.join("cfg.toml"), dir.join("o"));
+    mkfifo(&fifo);
+    let mut c = Command::new(bin());
+    mpi_env(&mut c);
+    c.arg(&fifo)
+        .arg("--output")
+        .arg(&out)
+        .arg("--no-progress")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut job = c.spawn().expect("starting p2ptrain");
+    let pipe = open_when_read(&fifo, &mut job);
+    kill(job.id(), libc::SIGUSR1);
+    hand_config(pipe);
+    let status = wait_end(&mut job, "SIGUSR1");
+    let output = job.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}: {}", text(&output));
+    assert_eq!(snapshot_iters(&out), vec![1, 5], "{}", text(&output));
+}
+
+#[test]
+fn sigusr1_to_mpirun_whose_ranks_still_read_their_config_snapshots_at_the_first_iteration() {
+    let dir = out_dir("early_usr1_mpirun");
+    let (fifo_a, fifo_b, out) = (dir.join("a.toml"), dir.join("b.toml"), dir.join("o"));
+    mkfifo(&fifo_a);
+    mkfifo(&fifo_b);
+    // One rank per config file (MPMD): each rank blocks on its own pipe.
+    let mut c = mpirun(1);
+    for (i, fifo) in [&fifo_a, &fifo_b].into_iter().enumerate() {
+        if i > 0 {
+            c.args([":", "-np", "1"]);
+        }
+        c.arg(bin())
+            .arg(fifo)
+            .arg("--output")
+            .arg(&out)
+            .arg("--no-progress");
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut job = c.spawn().expect("starting mpirun");
+    let pipes = [
+        open_when_read(&fifo_a, &mut job),
+        open_when_read(&fifo_b, &mut job),
+    ];
+    kill(job.id(), libc::SIGUSR1);
+    // mpirun forwards SIGUSR1 at once; give it a moment to reach both ranks before they read on.
+    std::thread::sleep(Duration::from_millis(300));
+    for pipe in pipes {
+        hand_config(pipe);
+    }
+    let status = wait_end(&mut job, "SIGUSR1");
+    let output = job.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}: {}", text(&output));
+    assert_eq!(snapshot_iters(&out), vec![1, 5], "{}", text(&output));
+}
