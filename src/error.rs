@@ -46,6 +46,9 @@ pub enum Error {
     /// A collective operation failed or the ranks disagree.
     #[error("{0}")]
     Comm(String),
+    /// A GPU, its driver or one of its libraries (CUDA, cuBLAS, cuDNN, NVRTC) failed or is missing.
+    #[error("{0}")]
+    Device(String),
 }
 
 fn fmt_config(file: &str, pos: &Option<Pos>, key: &str, msg: &str) -> String {
@@ -64,7 +67,7 @@ impl Error {
             | Error::Snapshot { .. }
             | Error::Net { .. }
             | Error::Usage(_) => 2,
-            Error::Io { .. } | Error::Comm(_) => 1,
+            Error::Io { .. } | Error::Comm(_) | Error::Device(_) => 1,
         }
     }
 

@@ -99,11 +99,11 @@ fn check(op: &str, status: cudnnStatus_t) -> Result<()> {
             std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    Err(Error::Comm(format!("cuDNN {op}: {text}")))
+    Err(Error::Device(format!("cuDNN {op}: {text}")))
 }
 
 fn int(op: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Comm(format!("cuDNN {op}: dimension {v} exceeds int")))
+    i32::try_from(v).map_err(|_| Error::Device(format!("cuDNN {op}: dimension {v} exceeds int")))
 }
 
 /// Whether libcudnn can be loaded and exports every function used here; the error names the
@@ -111,7 +111,7 @@ fn int(op: &str, v: usize) -> Result<i32> {
 pub fn load_check() -> Result<()> {
     // SAFETY: only probes whether the shared library can be opened.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::Comm(
+        return Err(Error::Device(
             "CUDA: the cuDNN library (libcudnn.so.9 or libcudnn.so) cannot be loaded; the \
              convolution layer needs it: install cuDNN 9 and add the directory that holds it to \
              LD_LIBRARY_PATH"
@@ -123,7 +123,7 @@ pub fn load_check() -> Result<()> {
     for name in SYMBOLS {
         // SAFETY: only the lookup; the pointer is never called through this type.
         if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-            return Err(Error::Comm(format!(
+            return Err(Error::Device(format!(
                 "CUDA: the loaded cuDNN library lacks `{name}`; cuDNN 8 or 9 is needed"
             )));
         }

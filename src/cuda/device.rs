@@ -149,13 +149,13 @@ impl Gpu {
     pub fn new(ordinal: usize, math: MathMode) -> Result<Gpu> {
         let count = super::device_count()?;
         if ordinal >= count {
-            return Err(Error::Comm(format!(
+            return Err(Error::Device(format!(
                 "CUDA: device {ordinal} requested, {count} present"
             )));
         }
         // SAFETY: only probes whether the shared library can be opened.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(Error::Comm(
+            return Err(Error::Device(
                 "CUDA: the cuBLAS library (libcublas.so) cannot be loaded; add the directory \
                  that holds it to LD_LIBRARY_PATH"
                     .into(),

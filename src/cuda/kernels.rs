@@ -926,7 +926,7 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Arc<String>> {
 pub fn compile(arch: &str) -> Result<String> {
     // SAFETY: only probes whether the shared library can be opened.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Comm(
+        return Err(Error::Device(
             "CUDA: the NVRTC library (libnvrtc.so) cannot be loaded; add the directory that \
              holds it to LD_LIBRARY_PATH"
                 .into(),

@@ -66,7 +66,7 @@ pub fn available() -> bool {
 pub fn device_count() -> Result<usize> {
     // SAFETY: only probes whether the shared library can be opened.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(Error::Comm(
+        return Err(Error::Device(
             "CUDA: the driver library (libcuda.so) cannot be loaded".into(),
         ));
     }
@@ -84,7 +84,7 @@ const _: fn() = || {
 
 /// A runtime CUDA failure as a library error naming the operation.
 pub(crate) fn gpu_error(op: &str, e: impl std::fmt::Display) -> Error {
-    Error::Comm(format!("CUDA {op}: {e}"))
+    Error::Device(format!("CUDA {op}: {e}"))
 }
 pub mod event_clock;
 pub mod nccl;

@@ -697,7 +697,7 @@ impl GpuNet {
     pub fn set_loss_window(&mut self, gpu: &Gpu, slots: &[f64]) -> Result<()> {
         self.check_gpu(gpu);
         if slots.len() != self.loss_slots.len() {
-            return Err(Error::Comm(format!(
+            return Err(Error::Device(format!(
                 "CUDA: a loss window of {} slots for {}",
                 slots.len(),
                 self.loss_slots.len()
@@ -893,7 +893,7 @@ impl GpuNet {
                 .zip(&self.params.spans)
                 .any(|(a, b)| a.full_name != b.full_name || a.shape != b.shape)
         {
-            return Err(Error::Comm(
+            return Err(Error::Device(
                 "CUDA: host parameters of another layout than the net's".into(),
             ));
         }

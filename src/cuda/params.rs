@@ -124,7 +124,7 @@ impl GpuParams {
         if params.data.len() != self.len
             || !(params.diff.is_empty() || params.diff.len() == self.len)
         {
-            return Err(Error::Comm(format!(
+            return Err(Error::Device(format!(
                 "CUDA: host parameters of {} floats (diff {}) do not fit the net's {}",
                 params.data.len(),
                 params.diff.len(),

@@ -116,7 +116,7 @@ impl GpuSolver {
     /// [`GpuSolver::history_names`], each `n` long.
     pub fn history_from_host(&mut self, gpu: &Gpu, history: &[Vec<f32>]) -> Result<()> {
         if history.len() != self.history.len() || history.iter().any(|h| h.len() != self.n) {
-            return Err(Error::Comm(format!(
+            return Err(Error::Device(format!(
                 "CUDA: solver history of {} buffers ({:?} floats) for {} buffers of {}",
                 history.len(),
                 history.iter().map(Vec::len).collect::<Vec<_>>(),

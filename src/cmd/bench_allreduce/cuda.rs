@@ -9,7 +9,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError}
 use std::sync::Arc;
 
 fn cuda(op: &str, device: usize) -> impl Fn(DriverError) -> Error + '_ {
-    move |e| Error::Comm(format!("CUDA {op} on device {device}: {e}"))
+    move |e| Error::Device(format!("CUDA {op} on device {device}: {e}"))
 }
 
 /// One GPU replica of the benchmark. Create it on the replica's thread (it holds the

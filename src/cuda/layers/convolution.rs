@@ -511,7 +511,7 @@ impl GpuConvolution {
         // that names the library and the layer. Both handles are made here, not in a step.
         gpu.cudnn()
             .and_then(|_| gpu.side())
-            .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", cfg.name)))?;
+            .map_err(|e| Error::Device(format!("layer `{}` (convolution): {e}", cfg.name)))?;
         Ok(GpuConvolution {
             name: cfg.name.clone(),
             num_output,
@@ -699,7 +699,7 @@ impl GpuLayer for GpuConvolution {
             self.geometry,
             &y,
         )
-        .map_err(|e| Error::Comm(format!("layer `{}` (convolution): {e}", self.name)))?;
+        .map_err(|e| Error::Device(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
         grow(gpu, &mut self.wgrad_workspace, algos.workspace)?;
         if layout == Layout::Nhwc {
