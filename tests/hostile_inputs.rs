@@ -377,3 +377,42 @@ fn a_figure_that_cannot_be_written_whole_leaves_the_previous_one_intact() {
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
+
+#[test]
+fn a_fifo_as_the_mean_file_is_refused_not_waited_on() {
+    let dir = out_dir("hostile_fifo_mean");
+    std::fs::write(dir.join("train.bin"), cifar10_records(16, 0, 1)).unwrap();
+    std::fs::write(dir.join("test.bin"), cifar10_records(8, 0, 2)).unwrap();
+    mkfifo(&dir.join("mean.binaryproto"));
+    let config = dir.join("cifar.toml");
+    std::fs::write(
+        &config,
+        r#"[data]
+format = "cifar10"
+train_files = ["train.bin"]
+test_files = ["test.bin"]
+batch_size = 8
+mean_file = "mean.binaryproto"
+
+[solver]
+base_lr = 0.05
+max_iter = 1
+
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip"]
+num_output = 10
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+"#,
+    )
+    .unwrap();
+    let out = p2ptrain_within_deadline(&dir, &[s(&config), "--output", s(&dir.join("run"))]);
+    failed_naming(&out, 2, &["mean.binaryproto", "a FIFO"]);
+}
