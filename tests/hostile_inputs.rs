@@ -219,6 +219,16 @@ fn idx_dimensions_whose_product_overflows_are_blamed_on_the_header() {
     let out = p2ptrain_within_deadline(&dir, &["check", s(&config)]);
     failed_naming(&out, 2, &[s(&images), "`data.train_images`", "overflow"]);
     assert!(!text(&out).contains("data.batch_size"), "{}", text(&out));
+    // A product that fits in 64 bits, of images far too large (gzip: no file length to compare).
+    let images = dir.join("wide-idx3-ubyte.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&idx_image_header([1500, u32::MAX, u32::MAX]))
+        .unwrap();
+    std::fs::write(&images, gz.finish().unwrap()).unwrap();
+    let config = idx_config(&dir, &images, &bundled_train_labels());
+    let out = p2ptrain_within_deadline(&dir, &["check", s(&config)]);
+    failed_naming(&out, 2, &[s(&images), "`rows` × `columns`", "2^31"]);
+    assert!(!text(&out).contains("data.batch_size"), "{}", text(&out));
 }
 
 #[test]

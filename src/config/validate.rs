@@ -30,7 +30,7 @@ const MAX_WORKER_THREADS: usize = 4096;
 const MAX_NUM_OUTPUT: usize = 1 << 28;
 /// The largest kernel size, stride, pad or dilation.
 const MAX_SPATIAL: usize = 1 << 20;
-/// Record elements of a synthetic shape must stay below this.
+/// Record elements of a synthetic shape or an IDX image must stay below this.
 const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// The bundled digits: 8×8 grey images of 10 classes.
 const DIGITS_SHAPE: [u64; 3] = [1, 8, 8];
@@ -1483,8 +1483,8 @@ fn idx_fields(ndims: usize) -> &'static [&'static str] {
     }
 }
 
-/// Checks IDX dimensions `dims` read from a header of `header` bytes: no zero image side, a
-/// data size that fits in a `u64`, and, for a raw file of `raw_len` bytes, exactly that many
+/// Checks IDX dimensions `dims` read from a header of `header` bytes: no zero image side, images
+/// of fewer than 2^31 pixels, a data size that fits in a `u64`, and, for a raw file of `raw_len` bytes, exactly that many
 /// bytes in all. The message names the header field at fault.
 fn idx_dims_fit(
     dims: &[u64],
@@ -1503,6 +1503,14 @@ fn idx_dims_fit(
             fields[i],
             i + 1
         ));
+    }
+    if let [_, rows, columns] = dims {
+        if rows.saturating_mul(*columns) >= MAX_RECORD_ELEMS {
+            return Err(format!(
+                "IDX header fields `rows` × `columns` ({rows}×{columns}) make images of 2^31 or \
+                 more pixels"
+            ));
+        }
     }
     let data = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
     let Some(total) = data.and_then(|d| d.checked_add(header)) else {
