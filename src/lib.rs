@@ -3,7 +3,7 @@
 //!
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
-//! `plot` reads only `metrics.jsonl`.
+//! `plot` reads only `metrics.jsonl`. Every input file is opened through `input_file`.
 
 pub mod app;
 pub mod backend;
@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod data;
 pub mod dist;
 pub mod error;
+pub mod input_file;
 pub mod inputs;
 pub mod layers;
 pub mod logging;

@@ -13,6 +13,7 @@
 //! (`assets/fonts/`), so PNG output needs no system font.
 
 use crate::error::{Error, Result};
+use crate::input_file::{read_regular, UNBOUNDED};
 use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -128,7 +129,9 @@ pub fn read_run(path: &Path, label: Option<String>) -> Result<Run> {
     } else {
         path.to_path_buf()
     };
-    let text = std::fs::read_to_string(&file).map_err(|e| Error::data(&file, e))?;
+    let bytes = read_regular(&file, UNBOUNDED).map_err(|e| Error::data(&file, e))?;
+    let text =
+        String::from_utf8(bytes).map_err(|e| Error::data(&file, format!("not UTF-8: {e}")))?;
     let (train, test) = parse_metrics(&text, &file)?;
     if train.is_empty() && test.is_empty() {
         return Err(Error::data(&file, "holds no train or test line"));
@@ -262,7 +265,22 @@ fn series(runs: &[Run], log_loss: bool) -> [Vec<Series>; 4] {
             })
             .collect()));
     }
+    for panel in &mut out {
+        for s in panel.iter_mut() {
+            s.points = s.points.iter().filter_map(|&p| on_axes(p)).collect();
+        }
+    }
     out
+}
+
+/// Largest magnitude drawn: a coordinate beyond it is drawn at it, so that an axis's span, its
+/// padding and its ticks stay finite (a loss of ±1e308 would make them infinite).
+const AXIS_LIMIT: f64 = 1e300;
+
+/// `(x, y)` clamped to ±[`AXIS_LIMIT`]; `None` when either is NaN.
+fn on_axes((x, y): (f64, f64)) -> Option<(f64, f64)> {
+    let clamp = |v: f64| (!v.is_nan()).then(|| v.clamp(-AXIS_LIMIT, AXIS_LIMIT));
+    Some((clamp(x)?, clamp(y)?))
 }
 
 /// The range of `values` (padded when empty or a single value).
@@ -288,26 +306,64 @@ fn ys(s: &[Series]) -> Option<Range<f64>> {
     extent(s.iter().flat_map(|s| s.points.iter().map(|p| p.1)))
 }
 
-/// Draws the figure into `path`.
+/// Draws the figure and writes it to `path` (see [`write_figure`]).
 pub fn draw(runs: &[Run], path: &Path, format: Format, log_loss: bool) -> Result<()> {
-    register_font();
-    let fail = |e: String| {
+    let bytes = render(runs, format, log_loss).map_err(|e| {
         Error::io(
             format!("drawing {}", path.display()),
             std::io::Error::other(e),
         )
-    };
+    })?;
+    write_figure(path, &bytes)
+}
+
+/// The figure's bytes in `format`, drawn in memory.
+fn render(runs: &[Run], format: Format, log_loss: bool) -> std::result::Result<Vec<u8>, String> {
+    register_font();
     match format {
         Format::Svg => {
-            let root = SVGBackend::new(path, SIZE).into_drawing_area();
-            draw_on(&root, runs, log_loss).map_err(|e| fail(e.to_string()))?;
-            root.present().map_err(|e| fail(e.to_string()))
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+                draw_on(&root, runs, log_loss).map_err(|e| e.to_string())?;
+                root.present().map_err(|e| e.to_string())?;
+            }
+            Ok(svg.into_bytes())
         }
         Format::Png => {
-            let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-            draw_on(&root, runs, log_loss).map_err(|e| fail(e.to_string()))?;
-            root.present().map_err(|e| fail(e.to_string()))
+            let (w, h) = SIZE;
+            let mut rgb = vec![0u8; w as usize * h as usize * 3];
+            {
+                let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+                draw_on(&root, runs, log_loss).map_err(|e| e.to_string())?;
+                root.present().map_err(|e| e.to_string())?;
+            }
+            encode_png(&rgb, SIZE).map_err(|e| e.to_string())
         }
+    }
+}
+
+/// `rgb` (8-bit RGB, row-major, `size` pixels) as a PNG file.
+fn encode_png(rgb: &[u8], size: (u32, u32)) -> std::result::Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, size.0, size.1);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
+    Ok(out)
+}
+
+/// Writes the figure's `bytes` to `path`, every write checked: through a temporary file next to
+/// it, synced and renamed over it, so that a full disk leaves the old file (or none), never a
+/// truncated one. An existing `path` that is not a regular file (a device, a FIFO) is written
+/// in place.
+fn write_figure(path: &Path, bytes: &[u8]) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => std::fs::write(path, bytes)
+            .map_err(|e| Error::io(format!("writing figure {}", path.display()), e)),
+        _ => crate::snapshot::write_atomic(path, "figure", |tmp| std::fs::write(tmp, bytes)),
     }
 }
 
@@ -504,10 +560,17 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     (first..=last).map(|i| i as f64 * step).collect()
 }
 
-/// An axis tick: at most four significant digits, no trailing zeros (`0.30000000000000004` → `0.3`).
+/// An axis tick: at most four significant digits, no trailing zeros (`0.30000000000000004` → `0.3`),
+/// in scientific notation from a million on (`2e299`, not three hundred digits).
 fn tick(v: f64) -> String {
     if v == 0.0 || !v.is_finite() {
         return format!("{v}");
+    }
+    if v.abs() >= 1e6 {
+        let s = format!("{v:.3e}");
+        let (mantissa, exponent) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
     }
     let digits = (3 - v.abs().log10().floor() as i32).max(0) as usize;
     let s = format!("{v:.digits$}");
@@ -634,6 +697,9 @@ mod tests {
         assert_eq!(tick(1500.0), "1500");
         assert_eq!(tick(0.0125), "0.0125");
         assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(2e299), "2e299");
+        assert_eq!(tick(-1.25e7), "-1.25e7");
+        assert_eq!(tick(999_999.0), "999999");
     }
 
     #[test]

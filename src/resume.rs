@@ -19,6 +19,7 @@
 
 use crate::config::{Config, Plan, RESUME_FREE_KEYS};
 use crate::error::{Error, Result};
+use crate::input_file::{read_regular, UNBOUNDED};
 use crate::params::Params;
 use crate::snapshot;
 use safetensors::{Dtype, SafeTensors};
@@ -330,7 +331,7 @@ pub fn load(
     rules: ResumeRules,
 ) -> Result<SolverState> {
     let path = &files.state;
-    let bytes = std::fs::read(path)
+    let bytes = read_regular(path, UNBOUNDED)
         .map_err(|e| Error::snapshot(path, format!("cannot read the solver state: {e}")))?;
     let st = snapshot::parse(path, &bytes)?;
     let (_, header) = SafeTensors::read_metadata(&bytes)

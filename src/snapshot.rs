@@ -37,6 +37,7 @@
 //! package, to check files against other tools.
 
 use crate::error::{Error, Result};
+use crate::input_file::{read_regular, UNBOUNDED};
 use crate::params::Params;
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use std::borrow::Cow;
@@ -193,7 +194,8 @@ pub fn load_metadata(path: &Path) -> Result<Vec<(String, String)>> {
 
 /// The whole file at `path` ([`Error::Snapshot`] naming it when it cannot be read).
 pub(crate) fn read(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|e| Error::snapshot(path, format!("cannot read weights: {e}")))
+    read_regular(path, UNBOUNDED)
+        .map_err(|e| Error::snapshot(path, format!("cannot read weights: {e}")))
 }
 
 /// `bytes` as a safetensors file ([`Error::Snapshot`] naming `path` when truncated or corrupt).

@@ -19,6 +19,7 @@
 use super::locate::{key_at, key_near, line_col, locate, set_error, KeyPath, Seg};
 use super::Config;
 use crate::error::{Error, Result};
+use crate::input_file::read_regular;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use toml_edit::{DocumentMut, InlineTable, Item, TableLike, Value};
@@ -35,6 +36,9 @@ pub struct Source {
     pub overrides: Vec<(String, String)>,
 }
 
+/// Largest config file read (16 MiB); a config is a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// The top-level tables a `--set` may address.
 const SECTIONS: [&str; 4] = ["cluster", "data", "solver", "layer"];
 
@@ -42,7 +46,7 @@ const SECTIONS: [&str; 4] = ["cluster", "data", "solver", "layer"];
 /// in the file are resolved against the file's directory; relative paths given by `--set`
 /// against the current directory.
 pub fn load(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = read_regular(path, MAX_CONFIG_BYTES).map_err(|e| {
         Error::Usage(format!(
             "{}: cannot read the config file: {e}",
             path.display()

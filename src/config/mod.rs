@@ -377,12 +377,94 @@ pub enum LayerKind {
 }
 
 /// A spatial size given once for every spatial axis or once per axis: `3` or `[3, 5]`
-/// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`). Anything else (a negative
+/// number, a string, a list holding one) is refused saying what the key accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Dims {
     One(usize),
     PerAxis(Vec<usize>),
+}
+
+/// What a [`Dims`] key accepts, in messages.
+const DIMS_EXPECTED: &str =
+    "a non-negative integer or a list of them, one per spatial axis (e.g. 1 or [1, 2])";
+
+impl<'de> Deserialize<'de> for Dims {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(DimsVisitor)
+    }
+}
+
+/// Reads a [`Dims`]: an integer or a sequence of them.
+struct DimsVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DimsVisitor {
+    type Value = Dims;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(DIMS_EXPECTED)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Dims, E> {
+        dim(v, DIMS_EXPECTED).map(Dims::One)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Dims, E> {
+        dim(v, DIMS_EXPECTED).map(Dims::One)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Dims, A::Error> {
+        let mut list = Vec::new();
+        while let Some(Dim(v)) = seq.next_element()? {
+            list.push(v);
+        }
+        Ok(Dims::PerAxis(list))
+    }
+}
+
+/// One entry of a per-axis [`Dims`] list.
+struct Dim(usize);
+
+/// What an entry of a per-axis [`Dims`] list accepts, in messages.
+const DIM_EXPECTED: &str = "a non-negative integer in each entry of the list";
+
+impl<'de> Deserialize<'de> for Dim {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(DimVisitor)
+    }
+}
+
+/// Reads a [`Dim`]: a non-negative integer.
+struct DimVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DimVisitor {
+    type Value = Dim;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(DIM_EXPECTED)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Dim, E> {
+        dim(v, DIM_EXPECTED).map(Dim)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Dim, E> {
+        dim(v, DIM_EXPECTED).map(Dim)
+    }
+}
+
+/// `v` as a size, or an error saying `expected` and what was found.
+fn dim<T, E>(v: T, expected: &str) -> std::result::Result<usize, E>
+where
+    T: Copy + std::fmt::Display + TryInto<usize>,
+    E: serde::de::Error,
+{
+    v.try_into()
+        .map_err(|_| E::custom(format!("expected {expected}, found {v}")))
 }
 
 impl Dims {

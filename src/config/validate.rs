@@ -12,6 +12,7 @@ use super::{
     LrPolicy, Phase, SolverType, Source,
 };
 use crate::error::{Error, Result};
+use crate::input_file::{open_regular, InputError};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
@@ -23,10 +24,13 @@ const MAX_TENSOR_BYTES: u64 = 64 * GIB;
 /// The most records one replica may read in a run (`max_iter × iter_size × batch_size`).
 const MAX_SAMPLES: u64 = 1 << 62;
 const MAX_REPLICAS_PER_RANK: usize = 1024;
+/// Most worker threads a rank starts (`threads_per_replica × replicas_per_rank`): far more cores
+/// than one node has, and few enough that their stacks fit in memory.
+const MAX_WORKER_THREADS: usize = 4096;
 const MAX_NUM_OUTPUT: usize = 1 << 28;
 /// The largest kernel size, stride, pad or dilation.
 const MAX_SPATIAL: usize = 1 << 20;
-/// Record elements of a synthetic shape must stay below this.
+/// Record elements of a synthetic shape or an IDX image must stay below this.
 const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// The bundled digits: 8×8 grey images of 10 classes.
 const DIGITS_SHAPE: [u64; 3] = [1, 8, 8];
@@ -152,6 +156,16 @@ impl Validator<'_> {
             return Err(self.err(
                 "cluster.replicas_per_rank",
                 format!("must be between 1 and {MAX_REPLICAS_PER_RANK}, got {r}"),
+            ));
+        }
+        let t = self.cfg.cluster.threads_per_replica;
+        if t.saturating_mul(r) > MAX_WORKER_THREADS {
+            return Err(self.err(
+                "cluster.threads_per_replica",
+                format!(
+                    "{t} threads × {r} replicas per rank exceeds the limit of \
+                     {MAX_WORKER_THREADS} worker threads per rank (0 = the node's cores)"
+                ),
             ));
         }
         if let Some(n) = self.cfg.cluster.world_size {
@@ -354,17 +368,11 @@ impl Validator<'_> {
         for (i, path) in list.iter().enumerate() {
             let k = format!("{key}[{i}]");
             let shown = path.display();
-            let meta = match std::fs::metadata(path) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(self.err(&k, format!("file not found: {shown}")))
-                }
-                Err(e) => return Err(self.err(&k, format!("cannot read {shown}: {e}"))),
-            };
-            if !meta.is_file() {
-                return Err(self.err(&k, format!("not a file: {shown}")));
-            }
-            let len = meta.len();
+            let (_, len) = open_regular(path).map_err(|e| match e {
+                InputError::Missing => self.err(&k, format!("file not found: {shown}")),
+                InputError::NotRegular(_) => self.err(&k, format!("not a file: {shown} ({e})")),
+                _ => self.err(&k, format!("cannot read {shown}: {e}")),
+            })?;
             if len == 0 || len % RECORD_BYTES as u64 != 0 {
                 return Err(self.err(
                     &k,
@@ -420,21 +428,22 @@ impl Validator<'_> {
     }
 
     /// The dimensions of the IDX file at `path` (gzip-compressed or raw), which must have
-    /// `magic` (0x0803: u8 images, 3 dimensions; 0x0801: u8 labels, 1 dimension).
+    /// `magic` (0x0803: u8 images, 3 dimensions; 0x0801: u8 labels, 1 dimension), checked before
+    /// anything is derived from them: images of at least 1×1 pixels, a product that fits, and (for
+    /// a raw file) exactly the file's length after the header.
     fn idx_header(&self, key: &str, path: Option<&Path>, magic: u32) -> Result<Vec<u64>> {
         let Some(path) = path else {
             return Err(self.err(key, "format \"idx\" needs this file"));
         };
         let shown = path.display();
-        if !path.exists() {
-            return Err(self.err(key, format!("file not found: {shown}")));
-        }
-        if !path.is_file() {
-            return Err(self.err(key, format!("not a file: {shown}")));
-        }
         let ndims = (magic & 0xff) as usize;
         let want = 4 + 4 * ndims;
-        let header = read_header(path, want)
+        let (file, len) = open_regular(path).map_err(|e| match e {
+            InputError::Missing => self.err(key, format!("file not found: {shown}")),
+            InputError::NotRegular(_) => self.err(key, format!("not a file: {shown} ({e})")),
+            _ => self.err(key, format!("cannot read {shown}: {e}")),
+        })?;
+        let (header, compressed) = read_header(file, want)
             .map_err(|e| self.err(key, format!("cannot read {shown}: {e}")))?;
         let what = if ndims == 1 { "labels" } else { "images" };
         if header.len() < 4 {
@@ -457,10 +466,14 @@ impl Validator<'_> {
         if header.len() < want {
             return Err(self.err(key, format!("{shown}: truncated IDX header")));
         }
-        Ok(header[4..]
+        let dims: Vec<u64> = header[4..]
             .chunks(4)
             .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as u64)
-            .collect())
+            .collect();
+        let raw_len = (!compressed).then_some(len);
+        idx_dims_fit(&dims, want as u64, raw_len)
+            .map_err(|msg| self.err(key, format!("{shown}: {msg}")))?;
+        Ok(dims)
     }
 
     /// Shape, classes and sizes of a synthetic source; returns (record shape, classes).
@@ -1462,21 +1475,76 @@ impl Validator<'_> {
     }
 }
 
-/// Up to `n` bytes from the start of the file's content, through gzip when it is compressed.
-fn read_header(path: &Path, n: usize) -> std::io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(path)?;
+/// The names of an IDX file's header fields, by number of dimensions.
+fn idx_fields(ndims: usize) -> &'static [&'static str] {
+    match ndims {
+        1 => &["number of labels"],
+        _ => &["number of images", "rows", "columns"],
+    }
+}
+
+/// Checks IDX dimensions `dims` read from a header of `header` bytes: no zero image side, images
+/// of fewer than 2^31 pixels, a data size that fits in a `u64`, and, for a raw file of `raw_len` bytes, exactly that many
+/// bytes in all. The message names the header field at fault.
+fn idx_dims_fit(
+    dims: &[u64],
+    header: u64,
+    raw_len: Option<u64>,
+) -> std::result::Result<(), String> {
+    let fields = idx_fields(dims.len());
+    let shown = dims
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("×");
+    if let Some(i) = (1..dims.len()).find(|&i| dims[i] == 0) {
+        return Err(format!(
+            "IDX header field `{}` (dimension {} of {shown}) is 0: images must be at least 1×1 pixels",
+            fields[i],
+            i + 1
+        ));
+    }
+    if let [_, rows, columns] = dims {
+        if rows.saturating_mul(*columns) >= MAX_RECORD_ELEMS {
+            return Err(format!(
+                "IDX header fields `rows` × `columns` ({rows}×{columns}) make images of 2^31 or \
+                 more pixels"
+            ));
+        }
+    }
+    let data = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+    let Some(total) = data.and_then(|d| d.checked_add(header)) else {
+        return Err(format!(
+            "IDX header dimensions {shown} ({}) overflow: their product is no size a file can have",
+            fields.join(" × ")
+        ));
+    };
+    match raw_len {
+        Some(len) if len != total => Err(format!(
+            "IDX header dimensions {shown} ({}) declare {total} bytes with the {header}-byte \
+             header, but the file holds {len}",
+            fields.join(" × ")
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Up to `n` bytes from the start of `file`'s content, through gzip when it is compressed, and
+/// whether it is.
+fn read_header(mut file: std::fs::File, n: usize) -> std::io::Result<(Vec<u8>, bool)> {
     let mut magic = [0u8; 2];
     let got = file.read(&mut magic)?;
     file.seek(std::io::SeekFrom::Start(0))?;
     let mut out = Vec::with_capacity(n);
-    if got == 2 && magic == [0x1f, 0x8b] {
+    let compressed = got == 2 && magic == [0x1f, 0x8b];
+    if compressed {
         flate2::read::GzDecoder::new(file)
             .take(n as u64)
             .read_to_end(&mut out)?;
     } else {
         file.take(n as u64).read_to_end(&mut out)?;
     }
-    Ok(out)
+    Ok((out, compressed))
 }
 
 #[cfg(test)]
@@ -1573,6 +1641,11 @@ phase = "test"
         has(
             &err("backend = \"cpu\"", "replicas_per_rank = 1025"),
             "`cluster.replicas_per_rank`",
+        );
+        has(
+            &err("backend = \"cpu\"", "threads_per_replica = 100000"),
+            "t.toml:2:1: `cluster.threads_per_replica`: 100000 threads × 1 replicas per rank \
+             exceeds the limit of 4096",
         );
         has(
             &err("base_lr = 0.05", "base_lr = -0.1"),

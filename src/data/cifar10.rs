@@ -3,13 +3,14 @@
 //!
 //! A file is a sequence of 3073-byte records: one label byte (0 to 9), then 3072 pixel bytes,
 //! the 32×32 red plane, then green, then blue, each row-major: one record is `(3, 32, 32)` in
-//! C, H, W order, which is the net's layout. Files are memory-mapped; records are numbered across
-//! the files in list order. Every error names the file (and, from [`Cifar10Source::open`], the
+//! C, H, W order, which is the net's layout. Files are read into memory when opened (not mapped:
+//! a file truncated or rewritten while training runs cannot change or fault the records read);
+//! records are numbered across the files in list order. Every error names the file (and, from [`Cifar10Source::open`], the
 //! config key that lists it) and says what was expected.
 
 use super::RecordSource;
 use crate::error::{Error, Result};
-use std::ops::Deref;
+use crate::input_file::{read_regular, InputError, UNBOUNDED};
 use std::path::{Path, PathBuf};
 
 /// Shape of one record, `(C, H, W)`.
@@ -20,22 +21,6 @@ pub const PIXELS: usize = 3 * 32 * 32;
 pub const RECORD_BYTES: usize = 1 + PIXELS;
 /// Labels are below this.
 pub const LABELS: usize = 10;
-
-/// A file's bytes: mapped, or owned when given in memory.
-enum Bytes {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
-}
 
 /// Checks CIFAR-10 `bytes` called `name` in messages: a positive whole number of records, every
 /// label below `min(10, classes)`. Returns the number of records. Never panics.
@@ -85,7 +70,7 @@ pub fn check(name: &str, bytes: &[u8], classes: usize) -> Result<usize> {
 /// CIFAR-10 batch files as one record source of `(3, 32, 32)` records.
 pub struct Cifar10Source {
     name: String,
-    files: Vec<Bytes>,
+    files: Vec<Vec<u8>>,
     /// `starts[f]` is the index of file f's first record; the last entry is the total.
     starts: Vec<usize>,
     classes: usize,
@@ -102,7 +87,7 @@ impl std::fmt::Debug for Cifar10Source {
 }
 
 impl Cifar10Source {
-    /// Maps and checks `paths` (at least one), listed in the config under `key` (named in
+    /// Reads and checks `paths` (at least one), listed in the config under `key` (named in
     /// messages about a missing or unreadable file).
     pub fn open(key: &str, paths: &[PathBuf], classes: usize) -> Result<Self> {
         if paths.is_empty() {
@@ -117,7 +102,7 @@ impl Cifar10Source {
         for (i, path) in paths.iter().enumerate() {
             files.push((
                 path.display().to_string(),
-                map(path, &format!("{key}[{i}]"))?,
+                read(path, &format!("{key}[{i}]"))?,
             ));
         }
         Self::build(files, classes)
@@ -125,16 +110,10 @@ impl Cifar10Source {
 
     /// As [`Cifar10Source::open`], from `(name, bytes)` pairs held in memory.
     pub fn from_bytes(files: Vec<(String, Vec<u8>)>, classes: usize) -> Result<Self> {
-        Self::build(
-            files
-                .into_iter()
-                .map(|(n, b)| (n, Bytes::Owned(b)))
-                .collect(),
-            classes,
-        )
+        Self::build(files, classes)
     }
 
-    fn build(files: Vec<(String, Bytes)>, classes: usize) -> Result<Self> {
+    fn build(files: Vec<(String, Vec<u8>)>, classes: usize) -> Result<Self> {
         let Some((first, _)) = files.first() else {
             return Err(Error::data("cifar10", "no files given"));
         };
@@ -165,27 +144,14 @@ impl Cifar10Source {
     }
 }
 
-/// Maps the file at `path` (listed as `key`), refusing a missing, unreadable or empty one.
-fn map(path: &Path, key: &str) -> Result<Bytes> {
-    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::data(path, format!("no such file (`{key}`)")),
+/// Reads the file at `path` (listed as `key`), refusing a missing, unreadable or irregular one.
+fn read(path: &Path, key: &str) -> Result<Vec<u8>> {
+    read_regular(path, UNBOUNDED).map_err(|e| match e {
+        InputError::Missing | InputError::NotRegular(_) => {
+            Error::data(path, format!("{e} (`{key}`)"))
+        }
         _ => Error::data(path, format!("cannot read (`{key}`): {e}")),
-    })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::data(path, format!("cannot read (`{key}`): {e}")))?;
-    if !meta.is_file() {
-        return Err(Error::data(path, format!("not a file (`{key}`)")));
-    }
-    if meta.len() == 0 {
-        // An empty mapping is an error on Linux; `check` reports the empty file.
-        return Ok(Bytes::Owned(Vec::new()));
-    }
-    // SAFETY: the mapping is read-only and private to this process; the data files are inputs
-    // that are not modified while training runs (as for any reader of them).
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| Error::data(path, format!("cannot map (`{key}`): {e}")))?;
-    Ok(Bytes::Mapped(map))
+    })
 }
 
 impl RecordSource for Cifar10Source {
@@ -317,5 +283,25 @@ pub(crate) mod tests {
             "{e}"
         );
         assert_eq!(check("x.bin", &b, 10).unwrap(), 6);
+    }
+
+    #[test]
+    fn a_file_truncated_after_the_open_still_reads_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("data_batch_1.bin");
+        std::fs::write(&p, batch_bytes(64, 0)).unwrap();
+        let s = Cifar10Source::open("data.train_files", std::slice::from_ref(&p), 10).unwrap();
+        // Truncated under a running job: a mapping of it would fault (SIGBUS) on the next read.
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let mut out = vec![0.0; PIXELS];
+        s.fill(63, &mut out);
+        assert_eq!(s.label(63), 3);
+        // Pixel 0 of record 63 is (3 · 63) mod 256.
+        assert_eq!(out[0], 189.0);
     }
 }

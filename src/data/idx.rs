@@ -31,16 +31,54 @@ pub struct IdxImages {
 }
 
 /// Decompresses `bytes` if they start with the gzip magic 1f 8b; returns them unchanged otherwise.
-pub fn decompress<'a>(name: &str, bytes: &'a [u8]) -> Result<Cow<'a, [u8]>> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(bytes)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::data(name, format!("corrupt or truncated gzip data: {e}")))?;
-        Ok(Cow::Owned(out))
-    } else {
-        Ok(Cow::Borrowed(bytes))
+/// The stream's IDX header (with `magic`) is read first, then at most the data it declares and
+/// one byte more: a stream that holds more (a gzip bomb) is refused without being inflated
+/// further. A header that is short, of another magic or of dimensions whose product overflows is
+/// returned as read, for [`parse`] to report.
+pub fn decompress<'a>(name: &str, bytes: &'a [u8], magic: u32) -> Result<Cow<'a, [u8]>> {
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(Cow::Borrowed(bytes));
     }
+    let corrupt =
+        |e: std::io::Error| Error::data(name, format!("corrupt or truncated gzip data: {e}"));
+    let mut stream = flate2::read::MultiGzDecoder::new(bytes);
+    let header = 4 + 4 * u64::from(magic & 0xff);
+    let mut out = Vec::new();
+    (&mut stream)
+        .take(header)
+        .read_to_end(&mut out)
+        .map_err(corrupt)?;
+    let Some(declared) = declared_bytes(&out, magic) else {
+        return Ok(Cow::Owned(out));
+    };
+    (&mut stream)
+        .take(declared.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(corrupt)?;
+    if out.len() as u64 > header + declared {
+        return Err(Error::data(
+            name,
+            format!(
+                "gzip data decompress to more than the {} bytes its IDX header declares \
+                 ({declared} bytes of data after the {header}-byte header): refused",
+                header + declared
+            ),
+        ));
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// The data bytes a complete IDX `header` of `magic` declares (the product of its dimensions);
+/// `None` for a short header, another magic, or a product that overflows.
+fn declared_bytes(header: &[u8], magic: u32) -> Option<u64> {
+    let ndims = (magic & 0xff) as usize;
+    if header.len() != 4 + 4 * ndims || header[..4] != magic.to_be_bytes() {
+        return None;
+    }
+    header[4..]
+        .chunks_exact(4)
+        .map(|c| u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+        .try_fold(1u64, |acc, d| acc.checked_mul(d))
 }
 
 fn type_name(t: u8) -> &'static str {
@@ -118,6 +156,18 @@ fn parse<'a>(
             .collect::<Vec<_>>()
             .join("×")
     };
+    if let Some(i) = (1..dims.len()).find(|&i| dims[i] == 0) {
+        let field = ["number of images", "rows", "columns"][i.min(2)];
+        return Err(Error::data(
+            name,
+            format!(
+                "IDX header field `{field}` (dimension {} of {}) is 0: images must be at least \
+                 1×1 pixels",
+                i + 1,
+                fmt_dims()
+            ),
+        ));
+    }
     let expected = dims
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -156,15 +206,9 @@ fn parse<'a>(
 
 /// Parses an IDX image file (gzip or raw) called `name` in messages.
 pub fn parse_images(name: &str, bytes: &[u8]) -> Result<IdxImages> {
-    let bytes = decompress(name, bytes)?;
+    let bytes = decompress(name, bytes, IMAGES_MAGIC)?;
     let (dims, data) = parse(name, &bytes, IMAGES_MAGIC, "an IDX image file: u8, N×H×W")?;
     let (count, height, width) = (dims[0], dims[1], dims[2]);
-    if height == 0 || width == 0 {
-        return Err(Error::data(
-            name,
-            format!("images of {height}×{width} pixels: both sides must be positive"),
-        ));
-    }
     Ok(IdxImages {
         count,
         height,
@@ -175,7 +219,7 @@ pub fn parse_images(name: &str, bytes: &[u8]) -> Result<IdxImages> {
 
 /// Parses an IDX label file (gzip or raw) called `name` in messages.
 pub fn parse_labels(name: &str, bytes: &[u8]) -> Result<Vec<u8>> {
-    let bytes = decompress(name, bytes)?;
+    let bytes = decompress(name, bytes, LABELS_MAGIC)?;
     let (_, data) = parse(name, &bytes, LABELS_MAGIC, "an IDX label file: u8, N")?;
     Ok(data.to_vec())
 }
@@ -393,7 +437,9 @@ pub(crate) mod tests {
 
         // The bundled set, decompressed to a raw file, reads the same as gzip.
         let gz_bytes = include_bytes!("../../data/digits/test-images-idx3-ubyte.gz");
-        let raw_bytes = decompress("x", gz_bytes).unwrap().into_owned();
+        let raw_bytes = decompress("x", gz_bytes, IMAGES_MAGIC)
+            .unwrap()
+            .into_owned();
         assert_ne!(raw_bytes.as_slice(), gz_bytes.as_slice());
         let a = parse_images("gz", gz_bytes).unwrap();
         let b = parse_images("raw", &raw_bytes).unwrap();
@@ -492,7 +538,36 @@ pub(crate) mod tests {
         b[4..8].copy_from_slice(&1u32.to_be_bytes());
         b[8..12].copy_from_slice(&0u32.to_be_bytes());
         let e = err(&b, &labels_bytes(2));
-        assert!(e.contains("positive"), "{e}");
+        assert!(
+            e.contains("img.idx") && e.contains("`rows`") && e.contains("is 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn gzip_data_beyond_the_declared_size_are_refused_unread() {
+        // A header of 2 images of 2×2, then 64 MiB of zeros: a small file that inflates far.
+        let mut bomb = IMAGES_MAGIC.to_be_bytes().to_vec();
+        for d in [2u32, 2, 2] {
+            bomb.extend_from_slice(&d.to_be_bytes());
+        }
+        bomb.resize(bomb.len() + (64 << 20), 0);
+        let e = parse_images("bomb.idx.gz", &gzip(&bomb))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("bomb.idx.gz: ")
+                && e.contains("more than the 24 bytes its IDX header declares"),
+            "{e}"
+        );
+        // Fewer bytes than declared: truncated.
+        let e = parse_images("short.idx.gz", &gzip(&bomb[..20]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("truncated") && e.contains("need 24 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! (`diff`, `double_diff`) are skipped.
 
 use crate::error::{Error, Result};
+use crate::input_file::{read_regular, UNBOUNDED};
 use prost::Message;
 use std::path::Path;
 
@@ -106,7 +107,8 @@ impl MeanImage {
 /// Reads the mean image at `path`; a missing, unreadable or malformed file is an
 /// [`Error::Data`] naming it.
 pub fn read(path: &Path) -> Result<MeanImage> {
-    let bytes = std::fs::read(path).map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
+    let bytes = read_regular(path, UNBOUNDED)
+        .map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
     parse(path, &bytes)
 }
 

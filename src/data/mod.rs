@@ -39,6 +39,7 @@ pub use transform::Transform;
 
 use crate::config::{DataConfig, DataFormat};
 use crate::error::{Error, Result};
+use crate::input_file::{read_regular, InputError, UNBOUNDED};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -366,8 +367,8 @@ pub fn test_batches(
 
 /// Reads a whole file, naming it in the error.
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::data(path, "no such file"),
+    read_regular(path, UNBOUNDED).map_err(|e| match e {
+        InputError::Missing | InputError::NotRegular(_) => Error::data(path, e),
         _ => Error::data(path, format!("cannot read: {e}")),
     })
 }
