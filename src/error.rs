@@ -46,6 +46,9 @@ pub enum Error {
     /// A collective operation failed or the ranks disagree.
     #[error("{0}")]
     Comm(String),
+    /// Training computed a NaN or an infinity (a diverging run).
+    #[error("{0}")]
+    NotFinite(String),
 }
 
 fn fmt_config(file: &str, pos: &Option<Pos>, key: &str, msg: &str) -> String {
@@ -64,7 +67,7 @@ impl Error {
             | Error::Snapshot { .. }
             | Error::Net { .. }
             | Error::Usage(_) => 2,
-            Error::Io { .. } | Error::Comm(_) => 1,
+            Error::Io { .. } | Error::Comm(_) | Error::NotFinite(_) => 1,
         }
     }
 

@@ -7,6 +7,7 @@ pub mod cpu_engine;
 pub mod engine;
 pub mod fault;
 pub mod manager;
+pub mod non_finite;
 pub mod reducer;
 pub mod scores;
 pub mod sync;
