@@ -2,12 +2,13 @@
 //! gradient stops every rank at that iteration (exit 1, the last good snapshot kept, no snapshot
 //! of non-finite weights) or, with `[solver] non_finite = "skip"`, skips that update on every
 //! replica and counts it in `metrics.jsonl`; a NaN in `--weights` or in a `--resume` snapshot is
-//! refused at load (exit 2, naming the tensor and the file).
+//! refused at load (exit 2, naming the tensor and the file); and ranks that read different data
+//! at the same place are refused at start-up (exit 2, naming the file and the ranks).
 
 mod common;
 
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 /// The environment variable that makes one replica's loss NaN at one iteration (`RANK:ITER`).
@@ -215,4 +216,74 @@ fn a_nan_in_weights_or_in_a_resume_snapshot_is_refused_naming_the_tensor_and_fil
         "the file is named:\n{all}"
     );
     no_panic(&all);
+}
+
+/// A config of the equivalence MLP reading CIFAR-10 batch files `train.bin` and `test.bin` next
+/// to it (relative paths), written into `dir` with those files: `train_records` training records
+/// generated from `seed`.
+fn cifar_copy(dir: &Path, train_records: usize, seed: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("train.bin"),
+        cifar10_records(train_records, 0, seed),
+    )
+    .unwrap();
+    std::fs::write(dir.join("test.bin"), cifar10_records(16, 0, 99)).unwrap();
+    let text = std::fs::read_to_string(equivalence_config())
+        .unwrap()
+        .replace(
+            "format = \"digits\"",
+            "format = \"cifar10\"\ntrain_files = [\"train.bin\"]\ntest_files = [\"test.bin\"]",
+        );
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// `p2ptrain check` with rank 0 reading config `a` and rank 1 config `b` (an MPMD launch).
+fn check_two_configs(a: &Path, b: &Path, out: &Path) -> Output {
+    let mut c = mpirun(1);
+    c.arg(bin())
+        .args([
+            "check",
+            a.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .args([":", "-np", "1"])
+        .arg(bin())
+        .args([
+            "check",
+            b.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+    run(&mut c)
+}
+
+#[test]
+fn ranks_that_read_different_data_at_the_same_place_exit_2_naming_the_file_and_ranks() {
+    let dir = out_dir("non_finite_data");
+    let a = cifar_copy(&dir.join("a"), 64, 1);
+    let same = cifar_copy(&dir.join("same"), 64, 1);
+    // Identical copies in other directories: the job starts.
+    let out = check_two_configs(&a, &same, &dir.join("out"));
+    assert!(out.status.success(), "{}", text(&out));
+
+    for (what, records, seed) in [("fewer records", 48, 1), ("other content", 64, 2)] {
+        let b = cifar_copy(&dir.join(format!("b_{records}_{seed}")), records, seed);
+        let out = check_two_configs(&a, &b, &dir.join("out"));
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{what}: {all}");
+        assert!(
+            all.contains("train.bin"),
+            "{what}: the file is named:\n{all}"
+        );
+        assert!(all.contains("rank 1"), "{what}: the rank is named:\n{all}");
+        assert!(
+            !all.contains("test.bin"),
+            "{what}: the test set agrees:\n{all}"
+        );
+        no_panic(&all);
+    }
 }
