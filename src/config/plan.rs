@@ -410,6 +410,32 @@ top = ["loss"]
         assert!(e.to_string().contains("overflow"), "{e}");
     }
 
+    /// Ranks reading node-local copies from other directories resolve the same config; another
+    /// file name (or anything else) still differs.
+    #[test]
+    fn the_rank_fingerprint_compares_data_paths_by_file_name() {
+        let with = |train: &str| {
+            let mut c = plan(&[], 1).unwrap().config;
+            c.data.train_files = Some(vec![train.into(), "/b/test.bin".into()]);
+            c.data.mean_file = Some(train.replace("train.bin", "mean.binaryproto").into());
+            c
+        };
+        let (a, b) = (with("/node0/data/train.bin"), with("/scratch/x/train.bin"));
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&b),
+            "the full fingerprint keeps the paths"
+        );
+        assert_eq!(rank_fingerprint(&a), rank_fingerprint(&b));
+        assert_ne!(
+            rank_fingerprint(&a),
+            rank_fingerprint(&with("/node0/data/train2.bin"))
+        );
+        let mut lr = a.clone();
+        lr.solver.base_lr = 0.5;
+        assert_ne!(rank_fingerprint(&a), rank_fingerprint(&lr));
+    }
+
     #[test]
     fn the_fingerprint_is_stable_and_follows_the_config() {
         let a = plan(&[], 1).unwrap().fingerprint;
