@@ -80,10 +80,12 @@ fn a_huge_learning_rate_stops_the_job_without_a_snapshot_of_non_finite_weights()
     let out = train(
         2,
         &dir,
+        // No display: the look after each step finds it.
         &[
             "solver.base_lr=1e38",
             "solver.max_iter=30",
             "solver.snapshot=0",
+            "solver.display=0",
         ],
         &[],
     );

@@ -276,9 +276,6 @@ impl<E: Engine> P2PSync<E> {
                 report.last_test = Some(times.test(|| self.test(iter))?);
             }
             let lr = self.step(iter, &mut reader, &mut times)?;
-            if self.engine.host_waits_each_step() {
-                self.look_at_non_finite()?;
-            }
             if s.display > 0 && iter % s.display == 0 {
                 let loss = self.global_loss(iter)?;
                 self.look_at_non_finite()?;
@@ -292,6 +289,10 @@ impl<E: Engine> P2PSync<E> {
             let done = iter + 1;
             self.verify_replicas(done)?;
             let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
+            // Where the host has just waited for the device anyway.
+            if self.engine.host_waits_each_step() {
+                self.look_at_non_finite()?;
+            }
             if decision != Decision::default() {
                 info!(
                     "replica {}: signal agreed after iteration {done}: {decision:?}",
