@@ -6,9 +6,10 @@
 //! and solver history stay as they were); `[solver] non_finite` says what follows:
 //!
 //! - `"stop"` (default): every later update is refused too, and the loop fails at its next look
-//!   at the record — after the step on the CPU, at the next display, test, snapshot or signal
-//!   agreement on a GPU, whose record stays in device memory until the host waits for the device
-//!   anyway — naming the first such iteration (exit 1); no snapshot is written after it.
+//!   at the record, naming the first such iteration (exit 1); no snapshot is written after it.
+//!   The loop looks after every step on the CPU and with several GPU replicas (whose host waits
+//!   for the device at the signal agreement anyway); a GPU replica alone keeps the record in
+//!   device memory until the next display, snapshot or signal stop, where the host waits too.
 //! - `"skip"`: training goes on; universal rank 0 logs each skipped step and counts it in
 //!   `metrics.jsonl` (`{"iter", "phase": "skip", "steps", "skipped_total"}`).
 //!
