@@ -436,7 +436,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
     };
     boot.set_collective_timeout(prepared.plan.config.cluster.collective_timeout_s);
     let fingerprint = boot
-        .check_same_fingerprint(prepared.plan.fingerprint)
+        .check_same_fingerprint(config::rank_fingerprint(&prepared.plan.config))
         .map_err(|e| {
             // Every rank sees the mismatch; rank 0 reports it.
             Error::Config {
@@ -452,6 +452,13 @@ pub fn run(action: Action, opts: Options) -> i32 {
     let (start_key, start) = start_point(&action, &opts, &prepared);
     if let Err(code) = boot.agree(boot.check_same_start(start_key, &start)) {
         return code;
+    }
+    if boot.size > 1 {
+        let gather = |words: &[u64]| boot.all_gather_u64(words);
+        let same = data::fingerprint::check_across_ranks(&prepared.data, gather);
+        if let Err(code) = boot.agree(same) {
+            return code;
+        }
     }
     let plan = prepared.plan.clone();
     let devices_line = match prepared.devices {

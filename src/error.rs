@@ -49,6 +49,9 @@ pub enum Error {
     /// A GPU, its driver or one of its libraries (CUDA, cuBLAS, cuDNN, NVRTC) failed or is missing.
     #[error("{0}")]
     Device(String),
+    /// Training computed a NaN or an infinity (a diverging run).
+    #[error("{0}")]
+    NotFinite(String),
 }
 
 fn fmt_config(file: &str, pos: &Option<Pos>, key: &str, msg: &str) -> String {
@@ -67,7 +70,7 @@ impl Error {
             | Error::Snapshot { .. }
             | Error::Net { .. }
             | Error::Usage(_) => 2,
-            Error::Io { .. } | Error::Comm(_) | Error::Device(_) => 1,
+            Error::Io { .. } | Error::Comm(_) | Error::Device(_) | Error::NotFinite(_) => 1,
         }
     }
 

@@ -52,6 +52,15 @@ impl MetricsLog {
         }))
     }
 
+    /// `{"iter", "phase": "skip", "steps", "skipped_total"}`: `steps` updates refused for
+    /// non-finite numbers since the previous such line, the latest at iteration `iter`
+    /// (`[solver] non_finite = "skip"`).
+    pub fn skip(&mut self, iter: u64, steps: u64, skipped_total: u64) -> Result<()> {
+        self.line(json!({
+            "iter": iter, "phase": "skip", "steps": steps, "skipped_total": skipped_total,
+        }))
+    }
+
     /// `{"iter", "phase": "test", "loss", "accuracy", ...}`; `extra` adds further named outputs
     /// (a second accuracy layer, say).
     pub fn test(

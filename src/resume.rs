@@ -472,6 +472,14 @@ pub fn load(
         ));
     }
 
+    for (h, buf) in history_names.iter().zip(&history) {
+        let named: Vec<(String, &[f32])> = params
+            .spans
+            .iter()
+            .map(|s| (format!("{h}/{}", s.full_name), &buf[s.range()]))
+            .collect();
+        snapshot::check_finite(path, named.iter().map(|(n, v)| (n, *v)))?;
+    }
     snapshot::load_weights(&files.weights, params)?;
     let weights_iter = snapshot::load_metadata(&files.weights)?
         .into_iter()

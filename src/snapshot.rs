@@ -175,6 +175,33 @@ pub fn load_weights(path: &Path, params: &mut Params) -> Result<()> {
             *w = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
     }
+    check_finite(
+        path,
+        params
+            .spans
+            .iter()
+            .map(|s| (&s.full_name, &params.data[s.range()])),
+    )
+}
+
+/// Fails ([`Error::Snapshot`] naming `path`) on the first tensor of `tensors` (name, values) that
+/// holds a NaN or an infinity, naming it: weights or solver history that would train on as NaN.
+pub(crate) fn check_finite<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a String, &'a [f32])>,
+) -> Result<()> {
+    for (name, values) in tensors {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::snapshot(
+                path,
+                format!(
+                    "`{name}` holds {} at element {i}: not finite, refused (it would train on as \
+                     NaN)",
+                    values[i]
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 

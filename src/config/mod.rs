@@ -10,7 +10,7 @@ mod plan;
 mod validate;
 
 pub use load::{load, load_bytes, load_str, Source};
-pub use plan::{fnv1a64, state_fingerprint, Plan, RESUME_FREE_KEYS};
+pub use plan::{fnv1a64, rank_fingerprint, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -335,6 +335,22 @@ pub struct SolverConfig {
     /// Clip the global L2 norm of the averaged gradient to this value (≤ 0: off).
     #[serde(default = "neg_one")]
     pub clip_gradients: f32,
+    /// What a step whose loss or averaged gradient is not finite does (see
+    /// `crate::parallel::non_finite`).
+    #[serde(default)]
+    pub non_finite: NonFiniteMode,
+}
+
+/// What a step whose loss or averaged gradient holds a NaN or an infinity does; its update is
+/// never applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFiniteMode {
+    /// Every rank fails at that iteration (exit 1), the last snapshot kept.
+    #[default]
+    Stop,
+    /// Training goes on without that update; the step is counted in `metrics.jsonl`.
+    Skip,
 }
 
 /// What a signal does to training, at the next iteration boundary agreed by every replica.

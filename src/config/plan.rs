@@ -53,12 +53,12 @@ pub fn fingerprint(config: &Config) -> u64 {
 /// `data.test_batch_size`, `data.prefetch`, `data.test_images` / `data.test_labels`, and
 /// `solver.max_iter`, `display`, `average_loss`, `test_interval`, `test_iter`,
 /// `test_initialization`, `snapshot`, `snapshot_prefix`, `snapshot_keep`, `sigint_effect`,
-/// `sighup_effect`.
+/// `sighup_effect`, `non_finite`.
 pub const RESUME_FREE_KEYS: &str = "[cluster], data.batch_size, data.test_batch_size, \
     data.prefetch, data.test_images, data.test_labels, solver.iter_size, solver.max_iter, \
     solver.display, solver.average_loss, solver.test_interval, solver.test_iter, \
     solver.test_initialization, solver.snapshot, solver.snapshot_prefix, solver.snapshot_keep, \
-    solver.sigint_effect, solver.sighup_effect";
+    solver.sigint_effect, solver.sighup_effect, solver.non_finite";
 
 /// The fingerprint of what a snapshot's state depends on: `fingerprint` of `config` with the
 /// [`RESUME_FREE_KEYS`] set to fixed values. A snapshot resumes under a config only when the two
@@ -84,6 +84,39 @@ pub fn state_fingerprint(config: &Config) -> u64 {
     s.snapshot_keep = 0;
     s.sigint_effect = super::SignalEffect::SnapshotStop;
     s.sighup_effect = super::SignalEffect::Snapshot;
+    s.non_finite = Default::default();
+    fingerprint(&c)
+}
+
+/// The fingerprint the ranks compare at start-up: [`fingerprint`] with every data path cut to its
+/// file name, so that ranks reading node-local copies from other directories agree; the records
+/// themselves are compared by `crate::data::fingerprint`.
+pub fn rank_fingerprint(config: &Config) -> u64 {
+    let mut c = config.clone();
+    let d = &mut c.data;
+    let file_name = |p: &mut std::path::PathBuf| {
+        if let Some(name) = p.file_name() {
+            *p = name.into();
+        }
+    };
+    for p in [
+        &mut d.train_images,
+        &mut d.train_labels,
+        &mut d.test_images,
+        &mut d.test_labels,
+        &mut d.mean_file,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        file_name(p);
+    }
+    for list in [&mut d.train_files, &mut d.test_files]
+        .into_iter()
+        .flatten()
+    {
+        list.iter_mut().for_each(file_name);
+    }
     fingerprint(&c)
 }
 
@@ -375,6 +408,32 @@ top = ["loss"]
         assert!(matches!(plan(&[], 0), Err(Error::Usage(_))));
         let e = plan(&["data.batch_size=4611686018427387904"], 4).unwrap_err();
         assert!(e.to_string().contains("overflow"), "{e}");
+    }
+
+    /// Ranks reading node-local copies from other directories resolve the same config; another
+    /// file name (or anything else) still differs.
+    #[test]
+    fn the_rank_fingerprint_compares_data_paths_by_file_name() {
+        let with = |train: &str| {
+            let mut c = plan(&[], 1).unwrap().config;
+            c.data.train_files = Some(vec![train.into(), "/b/test.bin".into()]);
+            c.data.mean_file = Some(train.replace("train.bin", "mean.binaryproto").into());
+            c
+        };
+        let (a, b) = (with("/node0/data/train.bin"), with("/scratch/x/train.bin"));
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&b),
+            "the full fingerprint keeps the paths"
+        );
+        assert_eq!(rank_fingerprint(&a), rank_fingerprint(&b));
+        assert_ne!(
+            rank_fingerprint(&a),
+            rank_fingerprint(&with("/node0/data/train2.bin"))
+        );
+        let mut lr = a.clone();
+        lr.solver.base_lr = 0.5;
+        assert_ne!(rank_fingerprint(&a), rank_fingerprint(&lr));
     }
 
     #[test]

@@ -228,7 +228,8 @@ extern "C" __global__ void softmax_loss_backward(const float* prob, const float*
 
 // ---------------------------------------------------------------------------------------------
 // Accuracy. One warp per row: a row is correct when fewer than top_k classes score strictly
-// higher than its label; rows whose label is ignored (or not a class) are never correct.
+// higher than its label; rows whose label is ignored (or not a class) are never correct. A NaN
+// score ranks above every score, so a row whose label scores NaN is never correct.
 
 extern "C" __global__ void accuracy_rows(const float* x, const float* labels, float* row_correct,
                                          int rows, int classes, int top_k, int has_ignore,
@@ -244,9 +245,10 @@ extern "C" __global__ void accuracy_rows(const float* x, const float* labels, fl
         const float* xr = x + (long long)row * classes;
         const float score = xr[l];
         int better = 0;
-        for (int c = lane; c < classes; c += 32) better += xr[c] > score ? 1 : 0;
+        for (int c = lane; c < classes; c += 32)
+            better += (xr[c] > score || isnan(xr[c])) ? 1 : 0;
         better = warp_sum_int(better);
-        if (lane == 0) row_correct[row] = better < top_k ? 1.0f : 0.0f;
+        if (lane == 0) row_correct[row] = (better < top_k && !isnan(score)) ? 1.0f : 0.0f;
     }
 }
 
@@ -272,9 +274,18 @@ extern "C" __global__ void loss_slot(const float* loss, double* slots, int slot,
         slots[slot] = (reset ? 0.0 : slots[slot]) + (double)loss[0];
 }
 
+// diff_at[0] = NaN where loss[0] (an iteration's summed loss) is not finite: a replica's
+// non-finite loss reaches every replica through the gradient all-reduce.
+extern "C" __global__ void poison_gradient(const double* loss, float* diff_at) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && !isfinite(loss[0]))
+        diff_at[0] = __int_as_float(0x7fc00000);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gradient clipping: the squared L2 norm of the whole gradient, then the update's scale factor,
-// both on the device.
+// both on the device. A gradient whose sum of squares is not finite (a NaN or an infinity in it)
+// is recorded in steps = [count, first, last] and gets a NaN scale, on which the update kernels
+// apply nothing; with latch, so does every later one.
 
 // partials[block] = sum of x[i]^2 over the block's grid-stride share, in double.
 extern "C" __global__ void sumsq_partial(const float* x, long long n, double* partials) {
@@ -290,11 +301,22 @@ extern "C" __global__ void sumsq_partial(const float* x, long long n, double* pa
 // One block: scale[0] = normalise, times clip / norm when parts > 0 and
 // norm = sqrt(sum(partials)) * normalise exceeds clip (the CPU solver's steps 1 and 2).
 extern "C" __global__ void clip_scale(const double* partials, int parts, double normalise,
-                                      double clip, float* scale) {
+                                      double clip, float* scale, long long* steps,
+                                      long long iter, int latch) {
     double s = 0.0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
     s = block_sum(s);
     if (threadIdx.x == 0) {
+        const bool finite = isfinite(s);
+        if (!finite) {
+            steps[0] += 1;
+            if (steps[1] < 0) steps[1] = iter;
+            steps[2] = iter;
+        }
+        if (!finite || (latch && steps[0] > 0)) {
+            scale[0] = __int_as_float(0x7fc00000);
+            return;
+        }
         double factor = normalise;
         if (parts > 0 && clip > 0.0) {
             const double norm = sqrt(s) * normalise;
@@ -391,6 +413,7 @@ __device__ void update(const Rule& rule, float* w, float* g, long long n, const 
     const long long stride = (long long)gridDim.x * blockDim.x;
     if (i >= n) return;
     const float sc = scale[0];
+    if (isnan(sc)) return;  // a step refused for a non-finite gradient
     int s = span_of(i, ends, spans);
     for (; i < n; i += stride) {
         while (i >= ends[s]) ++s;

@@ -84,6 +84,7 @@ kernel_set!(
     accuracy_finalize,
     weighted_sum,
     loss_slot,
+    poison_gradient,
     sumsq_partial,
     clip_scale,
     sgd_update,
@@ -772,6 +773,27 @@ impl Kernels {
         )
     }
 
+    /// `diff_at[0] = NaN` where `loss[0]` (an iteration's summed loss, in double) is not finite:
+    /// a replica's non-finite loss reaches every replica through the gradient all-reduce.
+    pub fn poison_gradient(
+        &self,
+        s: &CudaStream,
+        loss: &impl DevicePtr<f64>,
+        diff_at: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        check_len("poison_gradient", "loss", loss.len(), 1);
+        check_len("poison_gradient", "diff_at", diff_at.len(), 1);
+        let (lp, _l) = loss.device_ptr(s);
+        let (dp, _d) = diff_at.device_ptr_mut(s);
+        launch!(
+            self,
+            s,
+            poison_gradient,
+            Kernels::single_thread(),
+            [&lp, &dp]
+        )
+    }
+
     /// `partials[b]` = the sum of squares of block `b`'s share of `x[..n]`, in double, for
     /// `b < sumsq_parts(n)`.
     pub fn sumsq_partial(
@@ -795,7 +817,11 @@ impl Kernels {
     }
 
     /// `scale[0] = normalise`, times `clip / norm` when `parts > 0` and
-    /// `norm = √(Σ partials[..parts]) · normalise` exceeds `clip`.
+    /// `norm = √(Σ partials[..parts]) · normalise` exceeds `clip`. Where that sum of squares is
+    /// not finite, iteration `iter` is recorded in `steps` (`[count, first, last]`, `first` and
+    /// `last` −1 until one), and `scale[0]` is NaN, which makes the update kernels apply nothing;
+    /// with `latch`, so is it at every iteration after one was recorded.
+    #[allow(clippy::too_many_arguments)]
     pub fn clip_scale(
         &self,
         s: &CudaStream,
@@ -804,18 +830,24 @@ impl Kernels {
         normalise: f64,
         clip: f64,
         scale: &mut impl DevicePtrMut<f32>,
+        steps: &mut impl DevicePtrMut<i64>,
+        iter: u64,
+        latch: bool,
     ) -> Result<()> {
         check_len("clip_scale", "partials", partials.len(), parts);
         check_len("clip_scale", "scale", scale.len(), 1);
+        check_len("clip_scale", "steps", steps.len(), 3);
         let (pp, _p) = partials.device_ptr(s);
         let (sp, _s) = scale.device_ptr_mut(s);
+        let (stp, _st) = steps.device_ptr_mut(s);
         let parts = to_i32("clip_scale", parts);
+        let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
         launch!(
             self,
             s,
             clip_scale,
             Kernels::single_block(),
-            [&pp, &parts, &normalise, &clip, &sp]
+            [&pp, &parts, &normalise, &clip, &sp, &stp, &iter, &latch]
         )
     }
 

@@ -4,17 +4,20 @@
 //! for operation, and the learning rate from `crate::solver::learning_rate`. History buffers live
 //! on the device in the flat layout of the parameters.
 //!
-//! [`GpuSolver::apply`] enqueues at most three kernels and never synchronises: with clipping, the
-//! squared norm is reduced on the device (per-block partial sums in double, then one block), and
-//! the resulting scale factor stays in device memory where the update kernel reads it. The
-//! per-tensor `lr_mult` and `decay_mult` sit in small device tables built once, so one launch
-//! updates every tensor.
+//! [`GpuSolver::apply`] enqueues three kernels and never synchronises: the squared norm of the
+//! gradient is reduced on the device (per-block partial sums in double, then one block), and the
+//! resulting scale factor stays in device memory where the update kernel reads it. The same sum
+//! tells a non-finite gradient: that step is recorded on the device and gets a NaN scale, on
+//! which the update kernel applies nothing (`crate::parallel::non_finite`); the host reads the
+//! record only when it asks ([`GpuSolver::non_finite_steps`]). The per-tensor `lr_mult` and
+//! `decay_mult` sit in small device tables built once, so one launch updates every tensor.
 
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
-use crate::config::{Regularization, SolverConfig, SolverType};
+use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
 use crate::cuda::kernels::{Rule, UpdateArgs};
 use crate::error::{Error, Result};
+use crate::parallel::non_finite::NonFiniteSteps;
 use crate::params::ParamSpan;
 use crate::solver::{learning_rate, Solver};
 use cudarc::driver::CudaSlice;
@@ -36,8 +39,11 @@ pub struct GpuSolver {
     spans: usize,
     /// `(sumsq_parts(n))` partial sums of squares for clipping.
     partials: CudaSlice<f64>,
-    /// `(1)` the factor on the raw gradient: `1 / iter_size`, times the clipping factor.
+    /// `(1)` the factor on the raw gradient: `1 / iter_size`, times the clipping factor; NaN
+    /// for a refused step.
     scale: CudaSlice<f32>,
+    /// `(3)` the refused steps: count, first and last iteration (−1 until one).
+    steps: CudaSlice<i64>,
 }
 
 impl GpuSolver {
@@ -82,6 +88,7 @@ impl GpuSolver {
                 .alloc_zeros::<f64>(gpu.kernels.sumsq_parts(n).max(1))
                 .map_err(err("norm partials"))?,
             scale: s.alloc_zeros::<f32>(1).map_err(err("scale"))?,
+            steps: s.clone_htod(&[0i64, -1, -1]).map_err(err("step record"))?,
         })
     }
 
@@ -135,6 +142,22 @@ impl GpuSolver {
         Ok(())
     }
 
+    /// The steps refused so far for a non-finite gradient. Synchronises.
+    pub fn non_finite_steps(&self, gpu: &Gpu) -> Result<NonFiniteSteps> {
+        let v = gpu
+            .compute
+            .clone_dtoh(&self.steps)
+            .map_err(|e| gpu_error("copy the refused-step record to the host", e))?;
+        gpu.synchronize()?;
+        let iteration = |i: i64| u64::try_from(i).ok();
+        Ok(NonFiniteSteps {
+            count: v[0].max(0) as u64,
+            first: iteration(v[1]),
+            last: iteration(v[2]),
+            culprit: None,
+        })
+    }
+
     /// Applies one update of iteration `iter` (0-based) to `params` and returns the learning
     /// rate it used — `Solver::apply` step for step (its docs give the formulas). On entry
     /// `params.diff` holds the gradient summed over the `iter_size` sub-batches and averaged
@@ -160,21 +183,19 @@ impl GpuSolver {
         let (k, s) = (&gpu.kernels, &gpu.compute);
         let n = self.n;
 
-        // Steps 1 and 2: the factor on the raw diff, on the device.
+        // Steps 1 and 2: the factor on the raw diff, on the device (NaN for a refused step).
         let normalise = 1.0 / cfg.iter_size.max(1) as f64;
-        let parts = if cfg.clip_gradients > 0.0 {
-            k.sumsq_partial(s, &params.diff, n, &mut self.partials)?;
-            k.sumsq_parts(n)
-        } else {
-            0
-        };
+        k.sumsq_partial(s, &params.diff, n, &mut self.partials)?;
         k.clip_scale(
             s,
             &self.partials,
-            parts,
+            k.sumsq_parts(n),
             normalise,
             cfg.clip_gradients as f64,
             &mut self.scale,
+            &mut self.steps,
+            iter,
+            cfg.non_finite == NonFiniteMode::Stop,
         )?;
 
         // Steps 3 and 4, fused over every tensor.

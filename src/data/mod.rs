@@ -22,6 +22,7 @@
 pub mod augment;
 pub mod cifar10;
 mod digits;
+pub mod fingerprint;
 pub mod idx;
 pub mod mean_file;
 pub mod order;

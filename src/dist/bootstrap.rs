@@ -174,6 +174,19 @@ impl Bootstrap {
         )))
     }
 
+    /// Every process's `mine` (of one length everywhere), concatenated in rank order.
+    pub fn all_gather_u64(&self, mine: &[u64]) -> Vec<u64> {
+        let mut all = vec![0u64; mine.len() * self.size];
+        mpi::request::scope(|scope| {
+            complete(
+                self.world
+                    .immediate_all_gather_into(scope, mine, &mut all[..]),
+                "data fingerprint exchange",
+            )
+        });
+        all
+    }
+
     /// Sums a few numbers over the processes (the main thread's own small collectives).
     pub fn sum_f64(&self, values: &mut [f64]) {
         let send = values.to_vec();

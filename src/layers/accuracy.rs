@@ -6,7 +6,8 @@
 //! as f32. Top: scalar `[]`, `correct / N`.
 //!
 //! Ranking follows Caffe: a sample is correct when fewer than `top_k` classes score *strictly*
-//! higher than its label, so ties favour the label. A sample whose label is `ignore_label` is
+//! higher than its label, so ties favour the label. A NaN score ranks above every score, so a
+//! sample whose label scores NaN is never correct (a net that computes NaN scores nothing). A sample whose label is `ignore_label` is
 //! never correct but still counts in `N`, so the top is always a fraction of the batch (Caffe
 //! divides by the non-ignored samples instead).
 //!
@@ -109,8 +110,8 @@ impl Layer for Accuracy {
             );
             self.counted += 1;
             let score = row[label as usize];
-            let better = row.iter().filter(|&&s| s > score).count();
-            if better < self.top_k {
+            let better = row.iter().filter(|&&s| s > score || s.is_nan()).count();
+            if !score.is_nan() && better < self.top_k {
                 self.correct += 1;
             }
         }
@@ -202,6 +203,37 @@ mod tests {
         let mut layer = accuracy("ignore_label = 0");
         assert_eq!(run(&mut layer), 0.5);
         assert_eq!((layer.correct(), layer.counted()), (2, 2));
+    }
+
+    /// Regression: NaN compares false with everything, so NaN scores were counted as correct
+    /// and a net of NaN weights scored 100%.
+    #[test]
+    fn nan_scores_are_never_correct() {
+        let mut nan_label = SCORES;
+        nan_label[1] = f32::NAN; // row 0: its label (1) scores NaN
+        nan_label[12..16].fill(f32::NAN); // row 3: every class scores NaN
+        nan_label[8 + 3] = f32::NAN; // row 2: another class scores NaN, ahead of the label
+        let mut layer = accuracy("top_k = 2");
+        let mut scores = Blob::new(&[4, 4]);
+        scores.data = nan_label.to_vec();
+        let mut labels = Blob::new(&[4]);
+        labels.data = LABELS.to_vec();
+        layer.reshape(&[&[4, 4], &[4]]).unwrap();
+        let mut top = vec![Blob::new(&[])];
+        let cpu = Cpu::new(1);
+        let ctx = Ctx {
+            cpu: &cpu,
+            phase: Phase::Test,
+            iter: 0,
+            seed: 1,
+            first_sample: 0,
+            reducer: None,
+        };
+        layer.forward(&ctx, &[scores, labels], &[], &mut top);
+        // Rows 0 and 3: the label scores NaN. Row 1: two classes ahead, as without NaNs.
+        // Row 2: only the NaN ahead of the label, which is within the top 2: correct.
+        assert_eq!(layer.correct(), 1, "top {}", top[0].data[0]);
+        assert_eq!(top[0].data[0], 0.25);
     }
 
     #[test]

@@ -2,15 +2,16 @@
 //! and a `CpuComm` — behind the `Engine` seam.
 
 use super::engine::Engine;
+use super::non_finite::{self, NonFiniteSteps};
 use super::reducer::CommReducer;
 use crate::backend::Cpu;
-use crate::config::{Config, Phase};
+use crate::config::{Config, NonFiniteMode, Phase};
 use crate::dist::{Communicator, CpuComm};
 use crate::error::{Error, Result};
 use crate::layers::Ctx;
 use crate::net::{weighted_loss, Net, Output, PassCtx};
 use crate::params::Params;
-use crate::solver::Solver;
+use crate::solver::{learning_rate, Solver};
 use crate::spans::{Name, SpanLog, Track};
 use std::time::Instant;
 
@@ -29,6 +30,12 @@ pub struct CpuEngine {
     spans: Option<SpanLog>,
     /// Scratch of the cross-replica statistics (sync BatchNorm), reused between passes.
     reduce_scratch: Vec<f64>,
+    /// The loss slot of the current iteration.
+    slot: usize,
+    /// `[solver] non_finite`.
+    non_finite_mode: NonFiniteMode,
+    /// The steps refused so far.
+    non_finite: NonFiniteSteps,
 }
 
 impl CpuEngine {
@@ -53,6 +60,9 @@ impl CpuEngine {
             iter_size: cfg.solver.iter_size,
             spans: None,
             reduce_scratch: Vec::new(),
+            slot: 0,
+            non_finite_mode: cfg.solver.non_finite,
+            non_finite: NonFiniteSteps::default(),
         })
     }
 }
@@ -111,6 +121,7 @@ impl Engine for CpuEngine {
         let outputs = forward(&mut self.net, &ctx, &mut self.params, &mut self.spans);
         reducer.finish()?;
         let loss = weighted_loss(&outputs);
+        self.slot = slot;
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
         Ok(())
@@ -147,6 +158,12 @@ impl Engine for CpuEngine {
     }
 
     fn all_reduce_gradients(&mut self) -> Result<()> {
+        // A non-finite loss reaches every replica through the averaged gradient.
+        if !self.loss_slots[self.slot].is_finite() {
+            if let Some(g) = self.params.diff.first_mut() {
+                *g = f32::NAN;
+            }
+        }
         if self.comm.size() == 1 {
             // The average over one replica is its own gradient.
             return Ok(());
@@ -155,7 +172,31 @@ impl Engine for CpuEngine {
     }
 
     fn update(&mut self, iter: u64) -> Result<f32> {
+        let bad = non_finite::first_non_finite(&self.params.diff);
+        if let Some(at) = bad {
+            let (params, rank) = (&self.params, self.comm.rank());
+            let loss_finite = self.loss_slots[self.slot].is_finite();
+            self.non_finite.record(iter, || {
+                if loss_finite {
+                    non_finite::name_element(params, at, "the averaged gradient")
+                } else {
+                    format!("the loss of replica {rank}")
+                }
+            });
+        }
+        if self.non_finite.refuses(self.non_finite_mode, bad.is_none()) {
+            return Ok(learning_rate(self.solver.config(), iter));
+        }
         Ok(self.solver.apply(&self.cpu, iter, &mut self.params))
+    }
+
+    fn non_finite_steps(&mut self) -> Result<NonFiniteSteps> {
+        Ok(self.non_finite.clone())
+    }
+
+    fn inject_nan_loss(&mut self, slot: usize) -> Result<()> {
+        self.loss_slots[slot] = f64::NAN;
+        Ok(())
     }
 
     fn loss_window(&mut self) -> Result<Vec<f64>> {

@@ -9,6 +9,7 @@ use crate::net::{Output, PassCtx};
 use crate::params::Params;
 use std::time::Instant;
 
+use super::non_finite::NonFiniteSteps;
 use crate::spans::SpanLog;
 
 /// One replica's compute and communication.
@@ -36,8 +37,20 @@ pub trait Engine {
     fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;
     /// All-reduces and averages the gradients over every replica.
     fn all_reduce_gradients(&mut self) -> Result<()>;
-    /// Applies the update rule for iteration `iter`; returns the learning rate used.
+    /// Applies the update rule for iteration `iter`; returns the learning rate used. A step
+    /// whose averaged gradient is not finite (or, in `non_finite = "stop"` mode, any step after
+    /// one) applies nothing and is recorded (see `super::non_finite`).
     fn update(&mut self, iter: u64) -> Result<f32>;
+    /// The steps refused so far for non-finite numbers (a GPU engine waits for the device).
+    fn non_finite_steps(&mut self) -> Result<NonFiniteSteps>;
+    /// Whether the host waits for this engine's device every step anyway (always on the CPU), so
+    /// that reading [`Engine::non_finite_steps`] after each step costs no extra wait.
+    fn host_waits_each_step(&self) -> bool {
+        true
+    }
+    /// Makes this replica's loss of the current iteration NaN, in loss slot `slot` (failure
+    /// injection: `super::non_finite::INJECT_NAN`).
+    fn inject_nan_loss(&mut self, slot: usize) -> Result<()>;
     /// The loss slots, each the sum of one iteration's sub-batch losses (synchronises).
     fn loss_window(&mut self) -> Result<Vec<f64>>;
     /// Replaces `values` by their sums over every replica.

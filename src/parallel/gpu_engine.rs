@@ -8,6 +8,11 @@
 //! waits through [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the
 //! collective deadline.
 //!
+//! Non-finite numbers (`crate::parallel::non_finite`): the engine sums each iteration's loss into
+//! a device scalar of its own; where that sum is not finite, a one-thread kernel makes one
+//! gradient element NaN before the all-reduce, and the solver refuses the update of a
+//! non-finite averaged gradient on the device. Nothing of it synchronises.
+//!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
 //! backward, from the `EventClock`s of the step phases and of the net's layers, mapped onto the
 //! host clock through one event recorded when the timeline starts (per-bucket all-reduce spans
@@ -24,6 +29,7 @@ use crate::cuda::update::GpuSolver;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use crate::net::Output;
+use super::non_finite::NonFiniteSteps;
 use crate::net::PassCtx;
 use crate::params::Params;
 use crate::spans::{Name, SpanLog, Step, Track};
@@ -59,6 +65,8 @@ pub struct GpuEngine {
     fence: CudaEvent,
     /// Set while a timeline records the device's phases (through `clock`).
     timeline: Option<TimelineZero>,
+    /// `(1)` this iteration's summed loss so far, in double.
+    iter_loss: CudaSlice<f64>,
 }
 
 impl GpuEngine {
@@ -89,6 +97,10 @@ impl GpuEngine {
             .ctx
             .new_event(None)
             .map_err(|e| gpu_error("create the stream-ordering event", e))?;
+        let iter_loss = gpu
+            .compute
+            .alloc_zeros::<f64>(1)
+            .map_err(|e| gpu_error("allocate the iteration's loss", e))?;
         let comm = NcclComm::from_id(comm_stream.clone(), rank, size, id)?;
         let mode = match cfg.cluster.reduce {
             _ if size == 1 => ReduceMode::Flat,
@@ -113,6 +125,7 @@ impl GpuEngine {
             clock: PhaseClock::default(),
             fence,
             timeline: None,
+            iter_loss,
         })
     }
 
@@ -151,6 +164,16 @@ fn order(fence: &CudaEvent, on: &CudaStream, waiter: &CudaStream) -> Result<()> 
     waiter
         .wait(fence)
         .map_err(|e| gpu_error("wait for an event", e))
+}
+
+/// On the compute stream: element `at` of `diff` becomes NaN where `loss` (the iteration's) is not
+/// finite.
+fn poison(gpu: &Gpu, loss: &CudaSlice<f64>, diff: &mut CudaSlice<f32>, at: usize) -> Result<()> {
+    if at >= diff.len() {
+        return Ok(());
+    }
+    gpu.kernels
+        .poison_gradient(&gpu.compute, loss, &mut diff.slice_mut(at..at + 1))
 }
 
 /// Launches the all-reduce (average) of `bucket` on the communicator's stream.
@@ -197,7 +220,11 @@ impl Engine for GpuEngine {
         let coll = collective(&self.comm, &self.fence, &self.comm_stream);
         self.clock
             .time(gpu, Step::Forward, || net.forward(gpu, ctx, coll))?;
-        self.net.add_loss_to_slot(&self.gpu, slot, first)
+        self.net.add_loss_to_slot(&self.gpu, slot, first)?;
+        let loss = self.net.loss_device();
+        self.gpu
+            .kernels
+            .loss_slot(&self.gpu.compute, loss, &mut self.iter_loss, 0, first)
     }
 
     fn backward(&mut self, _ctx: PassCtx) -> Result<()> {
@@ -213,6 +240,7 @@ impl Engine for GpuEngine {
             launched,
             clock,
             fence,
+            iter_loss,
             ..
         } = self;
         let overlap = last && buckets.len() > 1;
@@ -223,7 +251,12 @@ impl Engine for GpuEngine {
                 return;
             }
             for &b in &ready_after[layer] {
-                let r = order(fence, &gpu.compute, comm_stream)
+                let poisoned = match b {
+                    0 => poison(gpu, iter_loss, diff, buckets[0].range.start),
+                    _ => Ok(()),
+                };
+                let r = poisoned
+                    .and_then(|_| order(fence, &gpu.compute, comm_stream))
                     .and_then(|_| launch(comm, diff, &buckets[b]));
                 if let Err(e) = r {
                     failure = Some(e);
@@ -255,9 +288,10 @@ impl Engine for GpuEngine {
     fn all_reduce_gradients(&mut self) -> Result<()> {
         if self.comm.size() == 1 {
             // The average over one replica is its own gradient.
-            return Ok(());
+            return poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0);
         }
         if !self.launched {
+            poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0)?;
             order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
             for b in &self.buckets {
                 launch(&self.comm, &mut self.net.params.diff, b)?;
@@ -275,6 +309,23 @@ impl Engine for GpuEngine {
         let (gpu, solver, params) = (&self.gpu, &mut self.solver, &mut self.net.params);
         self.clock
             .time(gpu, Step::Update, || solver.apply(gpu, iter, params))
+    }
+
+    fn non_finite_steps(&mut self) -> Result<NonFiniteSteps> {
+        self.wait_for_device("the refused-step record")?;
+        self.solver.non_finite_steps(&self.gpu)
+    }
+
+    /// With other replicas the loop agrees on signals every step, waiting for the device.
+    fn host_waits_each_step(&self) -> bool {
+        self.comm.size() > 1
+    }
+
+    fn inject_nan_loss(&mut self, _slot: usize) -> Result<()> {
+        self.gpu
+            .compute
+            .memcpy_htod(&[f64::NAN], &mut self.iter_loss)
+            .map_err(|e| gpu_error("inject a NaN loss", e))
     }
 
     fn time_device_phases(&mut self, on: bool) {

@@ -2,14 +2,17 @@
 //! communicator) and its data shard. At start it takes the parameters of universal rank 0; each
 //! iteration it runs forward and backward over `iter_size` sub-batches, all-reduces and averages
 //! the gradient, and applies the same update as every other replica. Universal rank 0 also logs,
-//! writes metrics and snapshots; the test pass and the displayed loss are global.
+//! writes metrics and snapshots; the test pass and the displayed loss are global. A step whose
+//! loss or averaged gradient is not finite stops every replica at the same iteration, or is
+//! skipped by all of them (`super::non_finite`).
 
 use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
+use super::non_finite::{self, NonFiniteSteps, INJECT_NAN};
 use super::scores::SharedScores;
 use super::timeline::Timeline;
 use super::timing::StepTimes;
-use crate::config::{Phase, Plan};
+use crate::config::{NonFiniteMode, Phase, Plan};
 use crate::data::{self, DataSplit, TrainReader};
 use crate::error::Result;
 use crate::metrics::MetricsLog;
@@ -90,6 +93,10 @@ pub struct P2PSync<E: Engine> {
     timeline_iters: Option<u64>,
     /// The state a resumed run starts from.
     resume: Option<Arc<SolverState>>,
+    /// The refused steps the loop has seen (and, in `skip` mode, logged).
+    non_finite_seen: NonFiniteSteps,
+    /// Where a replica's loss is made NaN (`INJECT_NAN`), if anywhere.
+    inject_nan: Option<InjectedPanic>,
 }
 
 impl<E: Engine> P2PSync<E> {
@@ -101,6 +108,8 @@ impl<E: Engine> P2PSync<E> {
             outputs,
             timeline_iters: None,
             resume: None,
+            non_finite_seen: NonFiniteSteps::default(),
+            inject_nan: None,
         }
     }
 
@@ -202,6 +211,13 @@ impl<E: Engine> P2PSync<E> {
             reader.recycle(batch);
             let engine = &mut self.engine;
             times.time(Step::Forward, || engine.forward_train(ctx, slot, sub == 0))?;
+            let here = Some(InjectedPanic {
+                rank: engine.rank(),
+                iter,
+            });
+            if sub + 1 == s.iter_size && self.inject_nan == here {
+                engine.inject_nan_loss(slot)?;
+            }
             times.time(Step::Backward, || engine.backward(ctx))?;
         }
         let engine = &mut self.engine;
@@ -241,6 +257,7 @@ impl<E: Engine> P2PSync<E> {
         let mut last_display = (started, first_iter);
         let fault = InjectedPanic::from_env();
         let perturb = InjectedPanic::from_var(INJECT_PERTURB);
+        self.inject_nan = InjectedPanic::from_var(INJECT_NAN);
         let local = self.engine.rank() % self.plan.replicas_per_rank.max(1);
         let mut watch = SignalWatch::new(local == 0);
         let effects = Effects::new(&s);
@@ -268,6 +285,7 @@ impl<E: Engine> P2PSync<E> {
             let lr = self.step(iter, &mut reader, &mut times)?;
             if s.display > 0 && iter % s.display == 0 {
                 let loss = self.global_loss(iter)?;
+                self.look_at_non_finite()?;
                 report.last_loss = Some(loss);
                 let now = Instant::now();
                 let samples = (iter + 1 - last_display.1) * self.plan.global_batch as u64;
@@ -280,6 +298,10 @@ impl<E: Engine> P2PSync<E> {
             let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
             if decision.stop.is_some() {
                 signals::note_stop_decided();
+            }
+            // Where the host has just waited for the device anyway.
+            if self.engine.host_waits_each_step() {
+                self.look_at_non_finite()?;
             }
             if decision != Decision::default() {
                 info!(
@@ -294,6 +316,7 @@ impl<E: Engine> P2PSync<E> {
                 self.snapshot(done, &mut report)?;
             }
             if let Some(code) = decision.stop {
+                self.look_at_non_finite()?;
                 if self.outputs.is_some() {
                     tracing::warn!(
                         "stopping after iteration {done} on a signal (exit code {code})"
@@ -329,6 +352,31 @@ impl<E: Engine> P2PSync<E> {
         self.engine.barrier()?;
         self.engine.finish()?;
         Ok(report)
+    }
+
+    /// Reads the engine's record of refused steps (see `super::non_finite`): in `stop` mode fails
+    /// once there is one; in `skip` mode universal rank 0 logs the new ones and counts them in
+    /// `metrics.jsonl`. Every replica calls it at the same iterations and reads the same record.
+    fn look_at_non_finite(&mut self) -> Result<()> {
+        let now = self.engine.non_finite_steps()?;
+        if self.plan.config.solver.non_finite == NonFiniteMode::Stop {
+            return now.stop_error().map_or(Ok(()), Err);
+        }
+        let new = now.count - self.non_finite_seen.count;
+        if let (Some(out), Some(last)) = (&mut self.outputs, now.last.filter(|_| new > 0)) {
+            let line = format!(
+                "iteration {last}: the loss or the averaged gradient is not finite; {new} \
+                 update(s) skipped ({} in all)",
+                now.count
+            );
+            match &out.progress {
+                Some(bar) => bar.suspend(|| tracing::warn!("{line}")),
+                None => tracing::warn!("{line}"),
+            }
+            out.metrics.skip(last, new, now.count)?;
+        }
+        self.non_finite_seen = now;
+        Ok(())
     }
 
     /// Universal rank 0 logs a display line and writes it to `metrics.jsonl`.
@@ -569,10 +617,13 @@ impl<E: Engine> P2PSync<E> {
     /// the run's own snapshots (its lineage's) beyond `snapshot_keep`.
     fn snapshot(&mut self, iter: u64, report: &mut ReplicaReport) -> Result<()> {
         let window = self.global_loss_window(iter)?;
+        self.look_at_non_finite()?;
+        // Every replica holds the same weights, so every one reaches the same verdict.
+        let params = self.engine.params_to_host()?;
+        non_finite::check_weights(&params, iter)?;
         if self.outputs.is_none() {
             return Ok(());
         }
-        let params = self.engine.params_to_host()?;
         let history = self.engine.solver_history()?;
         let history_names = self.engine.history_names();
         let Some(out) = &mut self.outputs else {

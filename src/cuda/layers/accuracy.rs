@@ -155,4 +155,21 @@ mod tests {
         ));
         check_against_cpu(&gpu, &case, 603);
     }
+
+    /// Regression: NaN compares false with everything, so rows of NaN scores were counted as
+    /// correct. The CPU layer's NaN example: the label scoring NaN (rows 0 and 3, every class in
+    /// row 3), a NaN ahead of the label within the top 2 (row 2).
+    #[test]
+    fn nan_scores_are_never_correct() {
+        let gpu = gpu_or_skip!("nan_scores_are_never_correct");
+        let nan = f32::NAN;
+        let mut case = case("top_k = 2", &[4, 4], 4);
+        case.fixed = Some((
+            vec![
+                1.0, nan, 3.0, 0.0, 1.0, 3.0, 3.0, 0.0, 0.5, 0.2, 0.1, nan, nan, nan, nan, nan,
+            ],
+            vec![1.0, 0.0, 0.0, 3.0],
+        ));
+        check_against_cpu(&gpu, &case, 604);
+    }
 }

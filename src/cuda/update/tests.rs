@@ -1,6 +1,7 @@
 //! Tests of [`GpuSolver`]: every rule against the CPU [`Solver`] over several steps from the
 //! same weights and gradients, with per-tensor multipliers, L1 and L2 decay, `iter_size`
-//! normalisation, and clipping both engaged and not.
+//! normalisation, and clipping both engaged and not; and a non-finite gradient, which applies
+//! nothing.
 
 use super::*;
 use crate::backend::Cpu;
@@ -199,4 +200,64 @@ fn no_parameters_is_a_no_op() {
     c.lr_policy = LrPolicy::Fixed;
     let mut s = GpuSolver::new(&gpu, &c, &[]).unwrap();
     assert_eq!(s.apply(&gpu, 0, &mut p).unwrap(), 0.05);
+}
+
+/// Applies one step of `grad` (the diff's first `grad.len()` values; the rest zero) at `iter` and
+/// returns the weights and history after it.
+fn step_with(
+    gpu: &Gpu,
+    solver: &mut GpuSolver,
+    dev: &mut GpuParams,
+    grad: &[f32],
+    iter: u64,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let mut diff = vec![0.0f32; dev.len()];
+    diff[..grad.len()].copy_from_slice(grad);
+    gpu.compute
+        .memcpy_htod(&diff[..], &mut dev.diff.slice_mut(..dev.len()))
+        .unwrap();
+    solver.apply(gpu, iter, dev).unwrap();
+    (
+        dev.to_host(gpu).unwrap().data,
+        solver.history_to_host(gpu).unwrap(),
+    )
+}
+
+/// A step whose gradient holds a NaN or an infinity changes neither the weights nor the history
+/// and is recorded; `stop` refuses every step after it, `skip` only that one (the CPU engine's
+/// rule, `crate::parallel::non_finite`).
+#[test]
+fn a_non_finite_gradient_applies_no_update_and_is_recorded() {
+    let gpu = gpu_or_skip!("a_non_finite_gradient_applies_no_update_and_is_recorded");
+    for mode in [NonFiniteMode::Stop, NonFiniteMode::Skip] {
+        let host = params(&[(300, 1.0, 1.0), (7, 1.0, 1.0)], 750);
+        let mut c = rule_cfg(SolverType::Sgd);
+        c.weight_decay = 1e-3;
+        c.non_finite = mode;
+        let mut dev = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut s = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let good = vec![0.25f32; 300];
+        let before = step_with(&gpu, &mut s, &mut dev, &good, 0);
+        assert_ne!(before.0, host.data, "{mode:?}: a finite step updates");
+        for (iter, bad) in [(1, f32::NAN), (2, f32::INFINITY)] {
+            let mut grad = good.clone();
+            grad[123] = bad;
+            let after = step_with(&gpu, &mut s, &mut dev, &grad, iter);
+            assert_eq!(
+                after, before,
+                "{mode:?}: iteration {iter} changed the state"
+            );
+        }
+        let steps = s.non_finite_steps(&gpu).unwrap();
+        assert_eq!(
+            (steps.count, steps.first, steps.last),
+            (2, Some(1), Some(2)),
+            "{mode:?}"
+        );
+        let later = step_with(&gpu, &mut s, &mut dev, &good, 3);
+        match mode {
+            NonFiniteMode::Stop => assert_eq!(later, before, "stop: later steps refused"),
+            NonFiniteMode::Skip => assert_ne!(later, before, "skip: training goes on"),
+        }
+    }
 }
