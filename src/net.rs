@@ -5,7 +5,7 @@
 //!
 //! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by the caller.
 
-use crate::config::{Config, LayerConfig, Phase};
+use crate::config::{Config, LayerConfig, LayerParams, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, filler, Ctx, Layer};
 use crate::params::{ParamSpan, Params};
@@ -34,6 +34,8 @@ pub const LABEL: usize = 1;
 
 struct Node {
     name: String,
+    /// The layer's resolved parameters (GPU nets build their layers from them too).
+    params: LayerParams,
     layer: Box<dyn Layer>,
     phase: Option<Phase>,
     bottoms: Vec<usize>,
@@ -57,6 +59,8 @@ impl Node {
 #[derive(Debug, Clone, Copy)]
 pub struct NodeView<'a> {
     pub name: &'a str,
+    /// The layer's resolved parameters.
+    pub params: &'a LayerParams,
     pub phase: Option<Phase>,
     /// Blob indices; blob 0 is `data`, blob 1 is `label`.
     pub bottoms: &'a [usize],
@@ -159,7 +163,8 @@ impl Net {
     }
 
     fn add_node(&mut self, lc: &LayerConfig, latest: &mut HashMap<String, usize>) -> Result<()> {
-        let layer = layers::build(lc)?;
+        let params = lc.params()?;
+        let layer = layers::build(&lc.name, &params);
         let mut bottoms = Vec::new();
         for b in &lc.bottom {
             let idx = *latest.get(b).ok_or_else(|| {
@@ -188,6 +193,7 @@ impl Net {
             .unwrap_or(if layer.is_loss() { 1.0 } else { 0.0 });
         self.nodes.push(Node {
             name: lc.name.clone(),
+            params,
             layer,
             phase: lc.phase,
             propagate_down: vec![false; bottoms.len()],
@@ -400,6 +406,7 @@ impl Net {
         let n = &self.nodes[i];
         NodeView {
             name: &n.name,
+            params: &n.params,
             phase: n.phase,
             bottoms: &n.bottoms,
             tops: &n.tops,

@@ -4,11 +4,13 @@
 //!
 //! The key names are the user contract: extend, never rename.
 
+pub mod layer_params;
 mod load;
 mod locate;
 mod plan;
 mod validate;
 
+pub use layer_params::LayerParams;
 pub use load::{load, load_bytes, load_str, Source};
 pub use plan::{fnv1a64, rank_fingerprint, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
@@ -638,6 +640,14 @@ pub struct LayerConfig {
     pub power: Option<f32>,
     pub scale: Option<f32>,
     pub shift: Option<f32>,
+}
+
+impl LayerConfig {
+    /// This layer's typed parameters (see [`layer_params`]); an error names the layer and the
+    /// key. `validate` reports the same errors with their positions in the file.
+    pub fn params(&self) -> crate::error::Result<LayerParams> {
+        LayerParams::resolve(self).map_err(|e| e.for_layer(&self.name))
+    }
 }
 
 fn one() -> usize {

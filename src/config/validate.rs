@@ -7,10 +7,8 @@
 //! inner product's weights `(num_output, K)` and tops `(N, num_output)` are checked against the
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 
-use super::{
-    Config, DataFormat, Dims, EltwiseOp, FillerConfig, FillerKind, LayerConfig, LayerKind,
-    LrPolicy, Phase, SolverType, Source,
-};
+use super::layer_params::{EltwiseParams, LayerParams, ParamError};
+use super::{Config, DataFormat, LayerConfig, LayerKind, LrPolicy, Phase, SolverType, Source};
 use crate::error::{Error, Result};
 use crate::input_file::{open_regular, InputError};
 use serde::Serialize;
@@ -27,9 +25,6 @@ const MAX_REPLICAS_PER_RANK: usize = 1024;
 /// Most worker threads a rank starts (`threads_per_replica × replicas_per_rank`): far more cores
 /// than one node has, and few enough that their stacks fit in memory.
 const MAX_WORKER_THREADS: usize = 4096;
-const MAX_NUM_OUTPUT: usize = 1 << 28;
-/// The largest kernel size, stride, pad or dilation.
-const MAX_SPATIAL: usize = 1 << 20;
 /// Record elements of a synthetic shape or an IDX image must stay below this.
 const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// The bundled digits: 8×8 grey images of 10 classes.
@@ -665,7 +660,7 @@ impl Validator<'_> {
                     format!("layer name `{}` is already used by layer[{j}]", l.name),
                 ));
             }
-            self.layer_keys(i, l)?;
+            let params = self.layer_params(i, l)?;
             self.layer_arity(i, l)?;
             let phases: &[usize] = match l.phase {
                 None => &[0, 1],
@@ -685,7 +680,7 @@ impl Validator<'_> {
                 }
                 bottoms.push(avail[phases[0]][b].1.clone());
             }
-            let top_shape = self.layer_shapes(i, l, &bottoms, data)?;
+            let top_shape = self.layer_shapes(i, l, &params, &bottoms, data)?;
             for (j, t) in l.top.iter().enumerate() {
                 if l.top[..j].contains(t) {
                     return Err(self.err(&key("top"), format!("top `{t}` is listed twice")));
@@ -777,131 +772,13 @@ impl Validator<'_> {
         false
     }
 
-    /// Keys set on layer `i` that its type does not take, and the ranges of those it does.
-    fn layer_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
+    /// The parameters of layer `i` resolved from its table (keys that do not apply to its type,
+    /// ranges), then the ranges of the keys every layer type shares.
+    fn layer_params(&self, i: usize, l: &LayerConfig) -> Result<LayerParams> {
         let key = |k: &str| format!("layer[{i}].{k}");
+        let params = LayerParams::resolve(l).map_err(|e| self.param_error(i, e))?;
         let kind = name_of(&l.kind);
-        let allowed: &[&str] = match l.kind {
-            LayerKind::InnerProduct => &[
-                "num_output",
-                "bias_term",
-                "weight_filler",
-                "bias_filler",
-                "axis",
-                "loss_weight",
-            ],
-            LayerKind::Relu => &["negative_slope", "loss_weight"],
-            LayerKind::Sigmoid | LayerKind::Tanh => &["loss_weight"],
-            LayerKind::SoftmaxWithLoss => &["axis", "ignore_label", "loss_weight"],
-            LayerKind::Accuracy => &["axis", "top_k", "ignore_label"],
-            LayerKind::Convolution => &[
-                "num_output",
-                "bias_term",
-                "weight_filler",
-                "bias_filler",
-                "kernel_size",
-                "stride",
-                "pad",
-                "dilation",
-                "group",
-                "loss_weight",
-            ],
-            LayerKind::Pooling => &["pool", "kernel_size", "stride", "pad", "global_pooling"],
-            LayerKind::Dropout => &["dropout_ratio"],
-            LayerKind::BatchNorm => &["moving_average_fraction", "eps", "use_global_stats", "sync"],
-            LayerKind::Scale => &["axis", "num_axes", "filler", "bias_term", "bias_filler"],
-            LayerKind::Bias => &["axis", "num_axes", "filler"],
-            LayerKind::Eltwise => &["operation", "coeff"],
-            LayerKind::Concat => &["axis"],
-            LayerKind::Flatten => &["axis", "end_axis"],
-            LayerKind::Reshape => &["axis", "num_axes", "shape"],
-            LayerKind::Softmax => &["axis"],
-            LayerKind::Power => &["power", "scale", "shift"],
-            LayerKind::AbsVal => &[],
-        };
-        let set = [
-            ("num_output", l.num_output.is_some()),
-            ("bias_term", l.bias_term.is_some()),
-            ("weight_filler", l.weight_filler.is_some()),
-            ("bias_filler", l.bias_filler.is_some()),
-            ("axis", l.axis.is_some()),
-            ("loss_weight", l.loss_weight.is_some()),
-            ("negative_slope", l.negative_slope.is_some()),
-            ("top_k", l.top_k.is_some()),
-            ("ignore_label", l.ignore_label.is_some()),
-            ("kernel_size", l.kernel_size.is_some()),
-            ("stride", l.stride.is_some()),
-            ("pad", l.pad.is_some()),
-            ("dilation", l.dilation.is_some()),
-            ("group", l.group.is_some()),
-            ("pool", l.pool.is_some()),
-            ("global_pooling", l.global_pooling.is_some()),
-            ("dropout_ratio", l.dropout_ratio.is_some()),
-            (
-                "moving_average_fraction",
-                l.moving_average_fraction.is_some(),
-            ),
-            ("eps", l.eps.is_some()),
-            ("use_global_stats", l.use_global_stats.is_some()),
-            ("sync", l.sync.is_some()),
-            ("num_axes", l.num_axes.is_some()),
-            ("filler", l.filler.is_some()),
-            ("operation", l.operation.is_some()),
-            ("coeff", l.coeff.is_some()),
-            ("end_axis", l.end_axis.is_some()),
-            ("shape", l.shape.is_some()),
-            ("power", l.power.is_some()),
-            ("scale", l.scale.is_some()),
-            ("shift", l.shift.is_some()),
-        ];
-        if let Some((k, _)) = set.iter().find(|(k, s)| *s && !allowed.contains(k)) {
-            return Err(self.err(
-                &key(k),
-                format!("`{k}` does not apply to a layer of type {kind}"),
-            ));
-        }
-        let bias = match l.kind {
-            LayerKind::InnerProduct | LayerKind::Convolution => l.bias_term != Some(false),
-            LayerKind::Scale => l.bias_term == Some(true),
-            _ => false,
-        };
-        let takes_bias_filler = matches!(
-            l.kind,
-            LayerKind::InnerProduct | LayerKind::Convolution | LayerKind::Scale
-        );
-        if l.bias_filler.is_some() && !bias && takes_bias_filler {
-            let off = if l.kind == LayerKind::Scale {
-                "unless bias_term = true"
-            } else {
-                "when bias_term = false"
-            };
-            return Err(self.err(
-                &key("bias_filler"),
-                format!("`bias_filler` does not apply {off}"),
-            ));
-        }
-        // Scale and Bias learn their tensor only with one bottom; a second bottom provides it.
-        let one_bottom = l.bottom.len() < 2;
-        let (learnable, tensors) = match l.kind {
-            LayerKind::InnerProduct | LayerKind::Convolution if bias => {
-                (2, "2 learnable tensors (weight, bias)")
-            }
-            LayerKind::InnerProduct | LayerKind::Convolution => {
-                (1, "1 learnable tensor (weight; bias_term = false)")
-            }
-            LayerKind::Scale if one_bottom && bias => (2, "2 learnable tensors (scale, bias)"),
-            LayerKind::Scale if one_bottom => (1, "1 learnable tensor (scale)"),
-            LayerKind::Scale if bias => (
-                1,
-                "1 learnable tensor (bias; the scale is the second bottom)",
-            ),
-            LayerKind::Bias if one_bottom => (1, "1 learnable tensor (bias)"),
-            _ => (0, ""),
-        };
-        // Dropout and BatchNorm keys.
-        if l.kind == LayerKind::Dropout || l.kind == LayerKind::BatchNorm {
-            self.dropout_batch_norm_keys(i, l)?;
-        }
+        let (learnable, tensors) = params.learnable_tensors(l.bottom.len());
         for (k, mults) in [("lr_mult", &l.lr_mult), ("decay_mult", &l.decay_mult)] {
             let Some(m) = mults else { continue };
             if learnable == 0 && !m.is_empty() {
@@ -923,221 +800,27 @@ impl Validator<'_> {
         if let Some(w) = l.loss_weight {
             self.finite(&key("loss_weight"), w)?;
         }
-        if let Some(s) = l.negative_slope {
-            self.finite(&key("negative_slope"), s)?;
-        }
-        if let Some(k) = l.top_k {
-            self.at_least_one(&key("top_k"), k as u64)?;
-        }
-        if let Some(a) = l.axis {
-            if !(1..=3).contains(&a) {
+        if let LayerParams::Eltwise(EltwiseParams { coeff: Some(c), .. }) = &params {
+            if c.len() != l.bottom.len() {
                 return Err(self.err(
-                    &key("axis"),
-                    format!("must be 1, 2 or 3 (axis 0 is the batch), got {a}"),
+                    &key("coeff"),
+                    format!(
+                        "has {} values but the layer has {} bottoms (one coefficient each)",
+                        c.len(),
+                        l.bottom.len()
+                    ),
                 ));
             }
         }
-        if l.kind == LayerKind::InnerProduct {
-            match l.num_output {
-                None => {
-                    return Err(self.err(
-                        &key("num_output"),
-                        "a layer of type inner_product needs `num_output`",
-                    ))
-                }
-                Some(n) if n == 0 || n > MAX_NUM_OUTPUT => {
-                    return Err(self.err(
-                        &key("num_output"),
-                        format!("must be between 1 and 2^28, got {n}"),
-                    ))
-                }
-                _ => {}
-            }
-        }
-        for (k, f) in [
-            ("weight_filler", &l.weight_filler),
-            ("bias_filler", &l.bias_filler),
-            ("filler", &l.filler),
-        ] {
-            if let Some(f) = f {
-                self.filler(&key(k), f)?;
-            }
-        }
-        self.conv_keys(i, l)
+        Ok(params)
     }
 
-    /// The ranges of the keys of the convolutional layer types.
-    fn conv_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
-        let key = |k: &str| format!("layer[{i}].{k}");
-        let kind = name_of(&l.kind);
-        let spatial = |k: &str, dims: &Option<Dims>, min: usize| -> Result<Option<[usize; 2]>> {
-            let Some(d) = dims else { return Ok(None) };
-            let Some(v) = d.per_axis(2) else {
-                return Err(self.err(
-                    &key(k),
-                    "takes 1 or 2 values (one per spatial axis; 2-D only)",
-                ));
-            };
-            for (j, &x) in v.iter().enumerate() {
-                let at = match d {
-                    Dims::PerAxis(list) if list.len() > 1 => format!("layer[{i}].{k}[{j}]"),
-                    _ => key(k),
-                };
-                if x < min || x > MAX_SPATIAL {
-                    return Err(self.src.error_at(
-                        &key(k),
-                        &at,
-                        format!("must be between {min} and {MAX_SPATIAL}, got {x}"),
-                    ));
-                }
-            }
-            Ok(Some([v[0], v[1]]))
-        };
-        match l.kind {
-            LayerKind::Convolution | LayerKind::Pooling => {
-                let conv = l.kind == LayerKind::Convolution;
-                let global = l.global_pooling == Some(true);
-                let kernel = spatial("kernel_size", &l.kernel_size, 1)?;
-                spatial("stride", &l.stride, 1)?;
-                let pad = spatial("pad", &l.pad, 0)?;
-                spatial("dilation", &l.dilation, 1)?;
-                if global {
-                    if let Some(k) = ["kernel_size", "stride", "pad"]
-                        .into_iter()
-                        .zip([l.kernel_size.is_some(), l.stride.is_some(), l.pad.is_some()])
-                        .find_map(|(k, set)| set.then_some(k))
-                    {
-                        return Err(self.err(
-                            &key(k),
-                            format!("`{k}` does not apply with global_pooling = true (the kernel is the whole image)"),
-                        ));
-                    }
-                } else if kernel.is_none() {
-                    let or = if conv {
-                        ""
-                    } else {
-                        " (or global_pooling = true)"
-                    };
-                    return Err(self.err(
-                        &key("kernel_size"),
-                        format!("a layer of type {kind} needs `kernel_size`{or}"),
-                    ));
-                }
-                if let (false, Some(k), Some(p)) = (conv, kernel, pad) {
-                    if p[0] >= k[0] || p[1] >= k[1] {
-                        return Err(self.err(
-                            &key("pad"),
-                            format!("must be smaller than the kernel {k:?}, got {p:?}"),
-                        ));
-                    }
-                }
-                if conv {
-                    let n = match l.num_output {
-                        None => {
-                            return Err(self.err(
-                                &key("num_output"),
-                                "a layer of type convolution needs `num_output`",
-                            ))
-                        }
-                        Some(n) if n == 0 || n > MAX_NUM_OUTPUT => {
-                            return Err(self.err(
-                                &key("num_output"),
-                                format!("must be between 1 and 2^28, got {n}"),
-                            ))
-                        }
-                        Some(n) => n,
-                    };
-                    if let Some(g) = l.group {
-                        if g == 0 || n % g != 0 {
-                            return Err(self.err(
-                                &key("group"),
-                                format!("must be at least 1 and divide num_output {n}, got {g}"),
-                            ));
-                        }
-                    }
-                }
-            }
-            LayerKind::Eltwise => {
-                if let Some(c) = &l.coeff {
-                    if l.operation.is_some_and(|op| op != EltwiseOp::Sum) {
-                        return Err(
-                            self.err(&key("coeff"), "`coeff` applies only to operation \"sum\"")
-                        );
-                    }
-                    if c.len() != l.bottom.len() {
-                        return Err(self.err(
-                            &key("coeff"),
-                            format!(
-                                "has {} values but the layer has {} bottoms (one coefficient each)",
-                                c.len(),
-                                l.bottom.len()
-                            ),
-                        ));
-                    }
-                    for (j, v) in c.iter().enumerate() {
-                        self.finite(&format!("layer[{i}].coeff[{j}]"), *v)?;
-                    }
-                }
-            }
-            LayerKind::Reshape => {
-                let Some(shape) = &l.shape else {
-                    return Err(self.err(
-                        &key("shape"),
-                        "a layer of type reshape needs `shape` (0 copies an axis, -1 infers one)",
-                    ));
-                };
-                if let Some(j) = shape.iter().position(|&d| d < -1) {
-                    return Err(self.src.error_at(
-                        &key("shape"),
-                        &format!("layer[{i}].shape[{j}]"),
-                        format!("must be -1 (infer), 0 (copy) or positive, got {}", shape[j]),
-                    ));
-                }
-                if shape.iter().filter(|&&d| d == -1).count() > 1 {
-                    return Err(self.err(&key("shape"), "may infer (-1) one axis only"));
-                }
-            }
-            _ => {}
-        }
-        if let Some(n) = l.num_axes {
-            if n < -1 {
-                return Err(self.err(
-                    &key("num_axes"),
-                    format!("must be -1 (to the last axis) or at least 0, got {n}"),
-                ));
-            }
-        }
-        for (k, v) in [("power", l.power), ("scale", l.scale), ("shift", l.shift)] {
-            if let Some(v) = v {
-                self.finite(&key(k), v)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn filler(&self, key: &str, f: &FillerConfig) -> Result<()> {
-        for (k, v) in [
-            ("value", f.value),
-            ("min", f.min),
-            ("max", f.max),
-            ("mean", f.mean),
-            ("std", f.std),
-        ] {
-            self.finite(&format!("{key}.{k}"), v)?;
-        }
-        match f.kind {
-            FillerKind::Uniform if f.min >= f.max => Err(self.err(
-                &format!("{key}.max"),
-                format!(
-                    "a uniform filler needs min < max, got min {} and max {}",
-                    f.min, f.max
-                ),
-            )),
-            FillerKind::Gaussian if f.std <= 0.0 => Err(self.err(
-                &format!("{key}.std"),
-                format!("a gaussian filler needs std > 0, got {}", f.std),
-            )),
-            _ => Ok(()),
+    /// The error of a key of layer `i`, at its position in the file.
+    fn param_error(&self, i: usize, e: ParamError) -> Error {
+        let key = format!("layer[{i}].{}", e.key);
+        match e.index {
+            Some(j) => self.src.error_at(&key, &format!("{key}[{j}]"), e.msg),
+            None => self.err(&key, e.msg),
         }
     }
 
@@ -1196,11 +879,17 @@ impl Validator<'_> {
         &self,
         i: usize,
         l: &LayerConfig,
+        params: &LayerParams,
         bottoms: &[Vec<u64>],
         data: &DataFacts,
     ) -> Result<Vec<u64>> {
         let key = |k: &str| format!("layer[{i}].{k}");
-        let axis = l.axis.unwrap_or(1);
+        let axis = match params {
+            LayerParams::InnerProduct(p) => p.axis,
+            LayerParams::SoftmaxWithLoss(p) => p.axis,
+            LayerParams::Accuracy(p) => p.axis,
+            _ => 1,
+        };
         let split = |shape: &[u64]| -> Result<(Vec<u64>, u64)> {
             if axis > shape.len() {
                 return Err(self.err(
@@ -1217,9 +906,9 @@ impl Validator<'_> {
                 product(&shape[axis - 1..]).unwrap_or(u64::MAX),
             ))
         };
-        match l.kind {
-            LayerKind::InnerProduct => {
-                let n = l.num_output.unwrap_or(1) as u64;
+        match params {
+            LayerParams::InnerProduct(p) => {
+                let n = p.num_output as u64;
                 let (mut outer, fan_in) = split(&bottoms[0])?;
                 let too_big = |what: String, dims: &[u64]| -> Result<()> {
                     match product(dims).and_then(|e| e.checked_mul(4)) {
@@ -1254,8 +943,10 @@ impl Validator<'_> {
                 )?;
                 Ok(outer)
             }
-            LayerKind::Relu | LayerKind::Sigmoid | LayerKind::Tanh => Ok(bottoms[0].clone()),
-            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
+            LayerParams::Relu(_) | LayerParams::Sigmoid(_) | LayerParams::Tanh(_) => {
+                Ok(bottoms[0].clone())
+            }
+            LayerParams::SoftmaxWithLoss(_) | LayerParams::Accuracy(_) => {
                 let (_, _) = split(&bottoms[0])?;
                 let scores = bottoms[0][axis - 1];
                 if l.bottom[1] == "label"
@@ -1270,8 +961,8 @@ impl Validator<'_> {
                         ),
                     ));
                 }
-                if let Some(k) = l.top_k {
-                    if k as u64 > scores {
+                if let (Some(k), LayerParams::Accuracy(p)) = (l.top_k, params) {
+                    if p.top_k as u64 > scores {
                         return Err(self.err(
                             &key("top_k"),
                             format!("top_k {k} exceeds the {scores} scores per sample"),
@@ -1280,8 +971,8 @@ impl Validator<'_> {
                 }
                 Ok(Vec::new())
             }
-            LayerKind::Dropout => Ok(bottoms[0].clone()),
-            LayerKind::BatchNorm => {
+            LayerParams::Dropout(_) => Ok(bottoms[0].clone()),
+            LayerParams::BatchNorm(_) => {
                 if bottoms[0].is_empty() {
                     return Err(self.err(
                         &key("bottom"),
@@ -1293,53 +984,8 @@ impl Validator<'_> {
                 }
                 Ok(bottoms[0].clone())
             }
-            _ => self.shape_by_layer(i, l, bottoms, data),
+            _ => self.shape_by_layer(i, l, params, bottoms, data),
         }
-    }
-
-    /// Ranges of the Dropout and BatchNorm keys: `dropout_ratio` in [0, 1),
-    /// `moving_average_fraction` in (0, 1], `eps` > 0; a BatchNorm's tensors are running
-    /// statistics, so `lr_mult` and `decay_mult` are rejected on it.
-    fn dropout_batch_norm_keys(&self, i: usize, l: &LayerConfig) -> Result<()> {
-        let key = |k: &str| format!("layer[{i}].{k}");
-        if let Some(r) = l.dropout_ratio {
-            if !(0.0..1.0).contains(&r) {
-                return Err(self.err(
-                    &key("dropout_ratio"),
-                    format!("must lie in [0, 1), got {r}"),
-                ));
-            }
-        }
-        if let Some(f) = l.moving_average_fraction {
-            if !(f > 0.0 && f <= 1.0) {
-                return Err(self.err(
-                    &key("moving_average_fraction"),
-                    format!("must lie in (0, 1], got {f}"),
-                ));
-            }
-        }
-        if let Some(e) = l.eps {
-            if !(e.is_finite() && e > 0.0) {
-                return Err(self.err(&key("eps"), format!("must be a finite number > 0, got {e}")));
-            }
-        }
-        if l.kind == LayerKind::BatchNorm {
-            for (k, set) in [
-                ("lr_mult", l.lr_mult.is_some()),
-                ("decay_mult", l.decay_mult.is_some()),
-            ] {
-                if set {
-                    return Err(self.err(
-                        &key(k),
-                        format!(
-                            "`{k}` does not apply to batch_norm: its tensors (running mean, variance, factor) \
-                             are statistics, never learned or decayed (their lr_mult and decay_mult are always 0)"
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The per-sample top shape of a layer computed by the layer's own `reshape` on
@@ -1349,6 +995,7 @@ impl Validator<'_> {
         &self,
         i: usize,
         l: &LayerConfig,
+        params: &LayerParams,
         bottoms: &[Vec<u64>],
         data: &DataFacts,
     ) -> Result<Vec<u64>> {
@@ -1405,9 +1052,9 @@ impl Validator<'_> {
             })
             .collect();
         let views: Vec<&[usize]> = full.iter().map(|b| b.as_slice()).collect();
-        if l.kind == LayerKind::Convolution {
+        if let LayerParams::Convolution(p) = params {
             let c = bottoms[0][0];
-            let g = l.group.unwrap_or(1) as u64;
+            let g = p.group as u64;
             if !c.is_multiple_of(g) {
                 return Err(self.err(
                     &key("group"),
@@ -1418,7 +1065,7 @@ impl Validator<'_> {
                 ));
             }
         }
-        let mut layer = crate::layers::build(l).map_err(fail)?;
+        let mut layer = crate::layers::build(&l.name, params);
         let top = layer.reshape(&views).map_err(fail)?.remove(0);
         let sample: Vec<u64> = top.iter().skip(1).map(|&d| d as u64).collect();
         let (size_key, what) = match l.kind {

@@ -314,14 +314,12 @@ impl GpuNet {
     pub fn new(cfg: &Config, record_shape: [usize; 3], batch: usize, gpu: &Gpu) -> Result<GpuNet> {
         gpu.bind()?;
         let (graph, layout) = Net::build(cfg, record_shape, 1)?;
-        let mut shapers = cfg
-            .layers
-            .iter()
-            .map(layers::build)
-            .collect::<Result<Vec<_>>>()?;
+        let mut shapers = (0..graph.len())
+            .map(|i| layers::build(graph.node(i).name, graph.node(i).params))
+            .collect::<Vec<_>>();
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
-        let layer_slots = fusion::plan(&cfg.layers, &graph, &layout.spans);
+        let layer_slots = fusion::plan(&graph, &layout.spans);
         let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
         let channels_last = gpu.layout.channels_last(gpu.math, wide);
         let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
@@ -339,23 +337,16 @@ impl GpuNet {
             .zip(&idle_blobs)
             .map(|(s, &idle)| GpuBlob::new(gpu, if idle { &[0] } else { s }, 0))
             .collect::<Result<Vec<_>>>()?;
-        let layers = cfg
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, lc)| {
-                let bottoms: Vec<&[usize]> = graph
-                    .node(i)
-                    .bottoms
-                    .iter()
-                    .map(|&b| &shapes[b][..])
-                    .collect();
+        let layers = (0..graph.len())
+            .map(|i| {
+                let node = graph.node(i);
+                let bottoms: Vec<&[usize]> = node.bottoms.iter().map(|&b| &shapes[b][..]).collect();
                 let runs = storage.runs[i];
                 match layer_slots[i] {
                     Slot::Head { last, .. } => {
-                        fusion::build(gpu, &cfg.layers, &layout.spans, i, last, &bottoms, runs)
+                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs)
                     }
-                    _ => gpu_layers::build(gpu, lc, &bottoms, runs),
+                    _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs),
                 }
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1,6 +1,6 @@
 //! `AbsVal`: `y = |x|` element-wise; `dx = dy · sign(x)` (0 at 0). Top: the bottom's shape.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::AbsValParams;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -12,9 +12,9 @@ pub struct AbsVal {
 }
 
 impl AbsVal {
-    pub fn new(cfg: &LayerConfig) -> Self {
+    pub fn new(name: &str, _params: &AbsValParams) -> Self {
         AbsVal {
-            name: cfg.name.clone(),
+            name: name.to_string(),
         }
     }
 }
@@ -60,11 +60,14 @@ impl Layer for AbsVal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn abs() -> AbsVal {
-        AbsVal::new(&layer_config("name = \"a\"\ntype = \"abs_val\""))
+        from_config(
+            AbsVal::new,
+            &layer_config("name = \"a\"\ntype = \"abs_val\""),
+        )
     }
 
     #[test]

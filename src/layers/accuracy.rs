@@ -16,7 +16,7 @@
 //! ([`count_from_fraction`] does this); that is how the net turns test accuracies back into
 //! topology-independent counts.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::AccuracyParams;
 use crate::error::{Error, Result};
 use crate::layers::softmax_with_loss::rows_and_classes;
 use crate::layers::{Ctx, Layer};
@@ -41,14 +41,13 @@ pub fn count_from_fraction(fraction: f32, n: usize) -> u64 {
 }
 
 impl Accuracy {
-    /// Reads `top_k` (default 1; checked against the classes at reshape), `axis` (default 1) and
-    /// `ignore_label`.
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`AccuracyParams`]).
+    pub fn new(name: &str, p: &AccuracyParams) -> Self {
         Accuracy {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            top_k: cfg.top_k.unwrap_or(1),
-            ignore_label: cfg.ignore_label,
+            name: name.to_string(),
+            axis: p.axis,
+            top_k: p.top_k,
+            ignore_label: p.ignore_label,
             classes: 0,
             correct: 0,
             counted: 0,
@@ -141,12 +140,13 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::layer_config;
+    use crate::layers::gradient_check::{from_config, layer_config};
 
     fn accuracy(extra: &str) -> Accuracy {
-        Accuracy::new(&layer_config(&format!(
-            "name = \"acc\"\ntype = \"accuracy\"\n{extra}"
-        )))
+        from_config(
+            Accuracy::new,
+            &layer_config(&format!("name = \"acc\"\ntype = \"accuracy\"\n{extra}")),
+        )
     }
 
     /// Rows: label 1 tied for the top; label 0 behind two; label 0 behind one; all tied.
@@ -240,7 +240,9 @@ mod tests {
     fn top_k_must_fit_the_classes() {
         let err = accuracy("top_k = 5").reshape(&[&[4, 4], &[4]]).unwrap_err();
         assert!(err.to_string().contains("top_k"), "{err}");
-        assert!(accuracy("top_k = 0").reshape(&[&[4, 4], &[4]]).is_err());
+        assert!(layer_config("name = \"a\"\ntype = \"accuracy\"\ntop_k = 0")
+            .params()
+            .is_err());
     }
 
     #[test]

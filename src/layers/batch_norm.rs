@@ -20,7 +20,8 @@
 //!   Without `sync` (or with one replica) the statistics are the replica's own batch's; the
 //!   running averages then differ between replicas, and snapshots save universal rank 0's.
 
-use crate::config::{FillerConfig, LayerConfig, Phase};
+use crate::config::layer_params::BatchNormParams;
+use crate::config::{FillerConfig, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::params::ParamSpec;
@@ -53,15 +54,14 @@ pub struct BatchNorm {
 }
 
 impl BatchNorm {
-    /// Reads `moving_average_fraction` (default 0.999), `eps` (1e-5), `use_global_stats` and
-    /// `sync` (default false); ranges are checked by validation.
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`BatchNormParams`]).
+    pub fn new(name: &str, p: &BatchNormParams) -> Self {
         BatchNorm {
-            name: cfg.name.clone(),
-            maf: cfg.moving_average_fraction.unwrap_or(0.999),
-            eps: cfg.eps.unwrap_or(1e-5),
-            use_global_stats: cfg.use_global_stats,
-            sync: cfg.sync.unwrap_or(false),
+            name: name.to_string(),
+            maf: p.moving_average_fraction,
+            eps: p.eps,
+            use_global_stats: p.use_global_stats,
+            sync: p.sync,
             channels: 0,
             spatial: 0,
             mean: Vec::new(),
@@ -270,14 +270,15 @@ mod tests {
     use crate::backend::Cpu;
     use crate::dist::local::LocalGroup;
     use crate::dist::CpuComm;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::parallel::reducer::CommReducer;
     use std::sync::Arc;
 
     fn bn(extra: &str) -> BatchNorm {
-        BatchNorm::new(&layer_config(&format!(
-            "name = \"bn\"\ntype = \"batch_norm\"\n{extra}"
-        )))
+        from_config(
+            BatchNorm::new,
+            &layer_config(&format!("name = \"bn\"\ntype = \"batch_norm\"\n{extra}")),
+        )
     }
 
     fn ctx<'a>(

@@ -5,10 +5,11 @@
 //! top: the bottom's shape. With one bottom the bias is learnable (tensor `bias`, `filler`
 //! default constant 0); with two, the second bottom is the bias and gets `Σ_{o,i} dtop`.
 
-use crate::config::{FillerConfig, LayerConfig};
-use crate::error::{Error, Result};
+use crate::config::layer_params::BiasParams;
+use crate::config::FillerConfig;
+use crate::error::Result;
 use crate::layers::scale::{broadcast, Broadcast};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::{Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -26,22 +27,17 @@ pub struct Bias {
 }
 
 impl Bias {
-    /// Reads `axis` (default 1), `num_axes` (default 1), `filler` (default constant 0).
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let filler = cfg
-            .filler
-            .clone()
-            .unwrap_or_else(|| FillerConfig::constant(0.0));
-        filler::check(&filler).map_err(|msg| Error::net(&cfg.name, format!("`filler`: {msg}")))?;
-        Ok(Bias {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            num_axes: cfg.num_axes.unwrap_or(1),
-            filler,
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &BiasParams) -> Self {
+        Bias {
+            name: name.to_string(),
+            axis: p.axis,
+            num_axes: p.num_axes,
+            filler: p.filler.clone(),
             bias_bottom: false,
             shape: Vec::new(),
             b: Broadcast::default(),
-        })
+        }
     }
 }
 
@@ -125,14 +121,14 @@ impl Layer for Bias {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn bias(extra: &str) -> Bias {
-        Bias::new(&layer_config(&format!(
-            "name = \"b\"\ntype = \"bias\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Bias::new,
+            &layer_config(&format!("name = \"b\"\ntype = \"bias\"\n{extra}")),
+        )
     }
 
     #[test]

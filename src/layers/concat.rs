@@ -4,7 +4,7 @@
 //! `Σ_b a_b` at `axis`. Viewing each bottom as `(outer, a_b·inner)`, the top row `o` is the
 //! concatenation of the bottoms' rows `o`; backward adds each slice of `dtop` back to its bottom.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -20,11 +20,11 @@ pub struct Concat {
 }
 
 impl Concat {
-    /// Reads `axis` (default 1).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`ConcatParams`]).
+    pub fn new(name: &str, p: &ConcatParams) -> Self {
         Concat {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
+            name: name.to_string(),
+            axis: p.axis,
             outer: 0,
             widths: Vec::new(),
         }
@@ -110,13 +110,14 @@ impl Layer for Concat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn concat(extra: &str) -> Concat {
-        Concat::new(&layer_config(&format!(
-            "name = \"c\"\ntype = \"concat\"\n{extra}"
-        )))
+        from_config(
+            Concat::new,
+            &layer_config(&format!("name = \"c\"\ntype = \"concat\"\n{extra}")),
+        )
     }
 
     #[test]

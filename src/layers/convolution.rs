@@ -18,10 +18,11 @@
 //! Large GEMMs keep the cores busy where one GEMM per sample (Caffe's way) would be too small to
 //! share. The buffers are kept in the layer and reused across steps.
 
-use crate::config::{FillerConfig, LayerConfig};
+use crate::config::layer_params::ConvolutionParams;
+use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::spatial::{pair, Geometry, Pair};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::spatial::{Geometry, Pair};
+use crate::layers::{Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 use rayon::prelude::*;
@@ -59,61 +60,19 @@ pub struct Convolution {
 }
 
 impl Convolution {
-    /// Reads `num_output` (required, > 0), `kernel_size` (required, ≥ 1), `stride` (≥ 1,
-    /// default 1), `pad` (default 0), `dilation` (≥ 1, default 1), `group` (≥ 1, dividing
-    /// `num_output`), `bias_term`, `weight_filler`, `bias_filler`.
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let name = &cfg.name;
-        let err = |msg: String| Err(Error::net(name, msg));
-        let num_output = match cfg.num_output {
-            Some(n) if n > 0 => n,
-            Some(_) => return err("`num_output` must be positive".into()),
-            None => return err("`num_output` is required".into()),
-        };
-        if cfg.kernel_size.is_none() {
-            return err("`kernel_size` is required".into());
-        }
-        let kernel = pair(name, "kernel_size", &cfg.kernel_size, 1)?;
-        let stride = pair(name, "stride", &cfg.stride, 1)?;
-        let pad = pair(name, "pad", &cfg.pad, 0)?;
-        let dilation = pair(name, "dilation", &cfg.dilation, 1)?;
-        for (key, v) in [
-            ("kernel_size", kernel),
-            ("stride", stride),
-            ("dilation", dilation),
-        ] {
-            if v.contains(&0) {
-                return err(format!("`{key}` must be at least 1, got {v:?}"));
-            }
-        }
-        let group = cfg.group.unwrap_or(1);
-        if group == 0 || num_output % group != 0 {
-            return err(format!(
-                "`group` {group} must be at least 1 and divide num_output {num_output}"
-            ));
-        }
-        let weight_filler = cfg.weight_filler.clone().unwrap_or_else(filler::xavier);
-        let bias_filler = cfg
-            .bias_filler
-            .clone()
-            .unwrap_or_else(|| FillerConfig::constant(0.0));
-        for (key, f) in [
-            ("weight_filler", &weight_filler),
-            ("bias_filler", &bias_filler),
-        ] {
-            filler::check(f).map_err(|msg| Error::net(name, format!("`{key}`: {msg}")))?;
-        }
-        Ok(Convolution {
-            name: name.clone(),
-            num_output,
-            bias_term: cfg.bias_term.unwrap_or(true),
-            group,
-            kernel,
-            stride,
-            pad,
-            dilation,
-            weight_filler,
-            bias_filler,
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &ConvolutionParams) -> Self {
+        Convolution {
+            name: name.to_string(),
+            num_output: p.num_output,
+            bias_term: p.bias_term,
+            group: p.group,
+            kernel: p.kernel,
+            stride: p.stride,
+            pad: p.pad,
+            dilation: p.dilation,
+            weight_filler: p.weight_filler.clone(),
+            bias_filler: p.bias_filler.clone(),
             channels: None,
             num: 0,
             geometry: Geometry::default(),
@@ -121,7 +80,7 @@ impl Convolution {
             out: Vec::new(),
             ones: Vec::new(),
             column_budget: COLUMN_BUDGET,
-        })
+        }
     }
 }
 
@@ -422,13 +381,13 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn conv(extra: &str) -> Convolution {
-        Convolution::new(&layer_config(&format!(
-            "name = \"conv\"\ntype = \"convolution\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Convolution::new,
+            &layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}")),
+        )
     }
 
     fn ctx(cpu: &Cpu) -> Ctx<'_> {
@@ -699,11 +658,10 @@ mod tests {
     #[test]
     fn rejects_bad_settings() {
         let new = |extra: &str| {
-            Convolution::new(&layer_config(&format!(
-                "name = \"c\"\ntype = \"convolution\"\n{extra}"
-            )))
-            .unwrap_err()
-            .to_string()
+            layer_config(&format!("name = \"c\"\ntype = \"convolution\"\n{extra}"))
+                .params()
+                .unwrap_err()
+                .to_string()
         };
         assert!(new("kernel_size = 3").contains("num_output"));
         assert!(new("num_output = 2").contains("kernel_size"));

@@ -9,7 +9,8 @@
 //! therefore drop the same elements of the same records. [`dropout_uniform`] and [`fnv1a64`] are
 //! public so that other backends draw the identical mask.
 
-use crate::config::{LayerConfig, Phase};
+use crate::config::layer_params::DropoutParams;
+use crate::config::Phase;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -50,11 +51,11 @@ pub struct Dropout {
 }
 
 impl Dropout {
-    /// Reads `dropout_ratio` (default 0.5, validated to lie in `[0, 1)`).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`DropoutParams`]).
+    pub fn new(name: &str, p: &DropoutParams) -> Self {
         Dropout {
-            name: cfg.name.clone(),
-            ratio: cfg.dropout_ratio.unwrap_or(0.5),
+            name: name.to_string(),
+            ratio: p.ratio,
             mask: Vec::new(),
         }
     }
@@ -124,12 +125,15 @@ impl Layer for Dropout {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn dropout(ratio: f32) -> Dropout {
-        Dropout::new(&layer_config(&format!(
-            "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = {ratio:?}"
-        )))
+        from_config(
+            Dropout::new,
+            &layer_config(&format!(
+                "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = {ratio:?}"
+            )),
+        )
     }
 
     fn ctx(cpu: &Cpu, phase: Phase, iter: u64, first_sample: u64) -> Ctx<'_> {
@@ -216,9 +220,10 @@ mod tests {
         assert_eq!(whole, halves);
         let next_iter = forward(&mut layer, &ctx(&cpu, Phase::Train, 3, 10), &x);
         assert_ne!(whole, next_iter);
-        let mut other = Dropout::new(&layer_config(
-            "name = \"drop2\"\ntype = \"dropout\"\ndropout_ratio = 0.5",
-        ));
+        let mut other = from_config(
+            Dropout::new,
+            &layer_config("name = \"drop2\"\ntype = \"dropout\"\ndropout_ratio = 0.5"),
+        );
         assert_ne!(
             whole,
             forward(&mut other, &ctx(&cpu, Phase::Train, 2, 10), &x)

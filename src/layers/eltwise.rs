@@ -4,7 +4,8 @@
 //! - `prod`: `top = Π_b bottom_b`; `dbottom_b += dtop · Π_{c≠b} bottom_c` (computed without division).
 //! - `max`: `top = max_b bottom_b`; the first bottom holding the maximum gets the whole gradient.
 
-use crate::config::{EltwiseOp, LayerConfig};
+use crate::config::layer_params::EltwiseParams;
+use crate::config::EltwiseOp;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -20,21 +21,14 @@ pub struct Eltwise {
 }
 
 impl Eltwise {
-    /// Reads `operation` (default sum) and `coeff` (sum only; one per bottom).
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let op = cfg.operation.unwrap_or(EltwiseOp::Sum);
-        if cfg.coeff.is_some() && op != EltwiseOp::Sum {
-            return Err(Error::net(
-                &cfg.name,
-                "`coeff` applies only to operation \"sum\"",
-            ));
-        }
-        Ok(Eltwise {
-            name: cfg.name.clone(),
-            op,
-            coeff: cfg.coeff.clone(),
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &EltwiseParams) -> Self {
+        Eltwise {
+            name: name.to_string(),
+            op: p.operation,
+            coeff: p.coeff.clone(),
             argmax: Vec::new(),
-        })
+        }
     }
 
     fn coeff(&self, b: usize) -> f32 {
@@ -152,14 +146,14 @@ impl Layer for Eltwise {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn eltwise(extra: &str) -> Eltwise {
-        Eltwise::new(&layer_config(&format!(
-            "name = \"e\"\ntype = \"eltwise\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Eltwise::new,
+            &layer_config(&format!("name = \"e\"\ntype = \"eltwise\"\n{extra}")),
+        )
     }
 
     fn three(seed: u64) -> Vec<Blob> {

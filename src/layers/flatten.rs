@@ -2,7 +2,7 @@
 //! `end_axis` default −1, the last): `(N, C, H, W)` becomes `(N, C·H·W)`. The data is copied; the
 //! gradient passes through unchanged.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::FlattenParams;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -16,12 +16,12 @@ pub struct Flatten {
 }
 
 impl Flatten {
-    /// Reads `axis` (default 1) and `end_axis` (default −1; negative counts from the end).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`FlattenParams`]).
+    pub fn new(name: &str, p: &FlattenParams) -> Self {
         Flatten {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            end_axis: cfg.end_axis.unwrap_or(-1),
+            name: name.to_string(),
+            axis: p.axis,
+            end_axis: p.end_axis,
         }
     }
 }
@@ -80,12 +80,13 @@ impl Layer for Flatten {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn flatten(extra: &str) -> Flatten {
-        Flatten::new(&layer_config(&format!(
-            "name = \"f\"\ntype = \"flatten\"\n{extra}"
-        )))
+        from_config(
+            Flatten::new,
+            &layer_config(&format!("name = \"f\"\ntype = \"flatten\"\n{extra}")),
+        )
     }
 
     #[test]

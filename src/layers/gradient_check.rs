@@ -210,6 +210,17 @@ pub(crate) fn layer_config(toml_text: &str) -> crate::config::LayerConfig {
     toml::from_str(toml_text).unwrap_or_else(|e| panic!("bad test layer config: {e}"))
 }
 
+/// The layer `new` builds from the resolved parameters of the `[[layer]]` table `cfg`, for
+/// layer tests (e.g. `from_config(Relu::new, &layer_config("name = \"r\"\ntype = \"relu\""))`).
+#[cfg(test)]
+pub(crate) fn from_config<P: crate::config::layer_params::KindParams, L>(
+    new: impl Fn(&str, &P) -> L,
+    cfg: &crate::config::LayerConfig,
+) -> L {
+    let params = P::resolve(cfg).unwrap_or_else(|e| panic!("bad test layer config: {e:?}"));
+    new(&cfg.name, &params)
+}
+
 /// Values of magnitude in `[0.5, 1.5]` with random sign.
 fn signed_weights(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     let mag = Uniform::new(0.5f32, 1.5);

@@ -8,9 +8,10 @@
 //! Caffe — filled by `weight_filler` (default xavier), and `bias` `(num_output)` when `bias_term`
 //! (default true), filled by `bias_filler` (default constant 0). `K` is fixed by the first reshape.
 
-use crate::config::{FillerConfig, LayerConfig};
+use crate::config::layer_params::InnerProductParams;
+use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::{Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -32,35 +33,19 @@ pub struct InnerProduct {
 }
 
 impl InnerProduct {
-    /// Reads `num_output` (required, > 0), `bias_term`, `axis`, `weight_filler`, `bias_filler`.
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let num_output = match cfg.num_output {
-            Some(n) if n > 0 => n,
-            Some(_) => return Err(Error::net(&cfg.name, "`num_output` must be positive")),
-            None => return Err(Error::net(&cfg.name, "`num_output` is required")),
-        };
-        let weight_filler = cfg.weight_filler.clone().unwrap_or_else(filler::xavier);
-        let bias_filler = cfg
-            .bias_filler
-            .clone()
-            .unwrap_or_else(|| FillerConfig::constant(0.0));
-        for (key, f) in [
-            ("weight_filler", &weight_filler),
-            ("bias_filler", &bias_filler),
-        ] {
-            filler::check(f).map_err(|msg| Error::net(&cfg.name, format!("`{key}`: {msg}")))?;
-        }
-        Ok(InnerProduct {
-            name: cfg.name.clone(),
-            num_output,
-            bias_term: cfg.bias_term.unwrap_or(true),
-            axis: cfg.axis.unwrap_or(1),
-            weight_filler,
-            bias_filler,
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &InnerProductParams) -> Self {
+        InnerProduct {
+            name: name.to_string(),
+            num_output: p.num_output,
+            bias_term: p.bias_term,
+            axis: p.axis,
+            weight_filler: p.weight_filler.clone(),
+            bias_filler: p.bias_filler.clone(),
             k: None,
             m: 0,
             ones: Vec::new(),
-        })
+        }
     }
 }
 
@@ -205,13 +190,13 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::{FillerKind, Phase};
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn ip(extra: &str) -> InnerProduct {
-        InnerProduct::new(&layer_config(&format!(
-            "name = \"ip\"\ntype = \"inner_product\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            InnerProduct::new,
+            &layer_config(&format!("name = \"ip\"\ntype = \"inner_product\"\n{extra}")),
+        )
     }
 
     fn ctx(cpu: &Cpu) -> Ctx<'_> {
@@ -306,7 +291,8 @@ mod tests {
 
     #[test]
     fn new_rejects_a_missing_num_output() {
-        let err = InnerProduct::new(&layer_config("name = \"fc\"\ntype = \"inner_product\""))
+        let err = layer_config("name = \"fc\"\ntype = \"inner_product\"")
+            .params()
             .unwrap_err()
             .to_string();
         assert!(err.contains("fc") && err.contains("num_output"), "{err}");

@@ -1,5 +1,5 @@
 //! Layers: the `Layer` trait (Caffe's setup/reshape/forward/backward), one file per layer, the
-//! fillers, and `build()` that turns a `[[layer]]` table into a boxed layer.
+//! fillers, and `build()` that turns a layer's resolved parameters into a boxed layer.
 //!
 //! Conventions:
 //! - Blobs are row-major with the batch first: `(N, ...)`.
@@ -47,7 +47,8 @@ pub mod tanh;
 mod test_util;
 
 use crate::backend::Cpu;
-use crate::config::{LayerConfig, LayerKind, Phase};
+use crate::config::layer_params::LayerParams;
+use crate::config::{LayerConfig, Phase};
 use crate::error::Result;
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
@@ -148,27 +149,35 @@ pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec
     }
 }
 
-/// Builds the layer a validated `[[layer]]` table describes.
-pub fn build(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
-    Ok(match cfg.kind {
-        LayerKind::InnerProduct => Box::new(inner_product::InnerProduct::new(cfg)?),
-        LayerKind::Relu => Box::new(relu::Relu::new(cfg)),
-        LayerKind::Sigmoid => Box::new(sigmoid::Sigmoid::new(cfg)),
-        LayerKind::Tanh => Box::new(tanh::TanH::new(cfg)),
-        LayerKind::SoftmaxWithLoss => Box::new(softmax_with_loss::SoftmaxWithLoss::new(cfg)),
-        LayerKind::Accuracy => Box::new(accuracy::Accuracy::new(cfg)),
-        LayerKind::Dropout => Box::new(dropout::Dropout::new(cfg)),
-        LayerKind::BatchNorm => Box::new(batch_norm::BatchNorm::new(cfg)),
-        LayerKind::Convolution => Box::new(convolution::Convolution::new(cfg)?),
-        LayerKind::Pooling => Box::new(pooling::Pooling::new(cfg)?),
-        LayerKind::Scale => Box::new(scale::Scale::new(cfg)?),
-        LayerKind::Bias => Box::new(bias::Bias::new(cfg)?),
-        LayerKind::Eltwise => Box::new(eltwise::Eltwise::new(cfg)?),
-        LayerKind::Concat => Box::new(concat::Concat::new(cfg)),
-        LayerKind::Flatten => Box::new(flatten::Flatten::new(cfg)),
-        LayerKind::Reshape => Box::new(reshape::Reshape::new(cfg)?),
-        LayerKind::Softmax => Box::new(softmax::Softmax::new(cfg)),
-        LayerKind::Power => Box::new(power::Power::new(cfg)),
-        LayerKind::AbsVal => Box::new(abs_val::AbsVal::new(cfg)),
-    })
+/// Builds the layer `name` from its resolved parameters (the CPU column of the layer registry,
+/// [`crate::config::layer_params`]).
+pub fn build(name: &str, params: &LayerParams) -> Box<dyn Layer> {
+    use LayerParams as P;
+    match params {
+        P::InnerProduct(p) => Box::new(inner_product::InnerProduct::new(name, p)),
+        P::Relu(p) => Box::new(relu::Relu::new(name, p)),
+        P::Sigmoid(p) => Box::new(sigmoid::Sigmoid::new(name, p)),
+        P::Tanh(p) => Box::new(tanh::TanH::new(name, p)),
+        P::SoftmaxWithLoss(p) => Box::new(softmax_with_loss::SoftmaxWithLoss::new(name, p)),
+        P::Accuracy(p) => Box::new(accuracy::Accuracy::new(name, p)),
+        P::Dropout(p) => Box::new(dropout::Dropout::new(name, p)),
+        P::BatchNorm(p) => Box::new(batch_norm::BatchNorm::new(name, p)),
+        P::Convolution(p) => Box::new(convolution::Convolution::new(name, p)),
+        P::Pooling(p) => Box::new(pooling::Pooling::new(name, p)),
+        P::Scale(p) => Box::new(scale::Scale::new(name, p)),
+        P::Bias(p) => Box::new(bias::Bias::new(name, p)),
+        P::Eltwise(p) => Box::new(eltwise::Eltwise::new(name, p)),
+        P::Concat(p) => Box::new(concat::Concat::new(name, p)),
+        P::Flatten(p) => Box::new(flatten::Flatten::new(name, p)),
+        P::Reshape(p) => Box::new(reshape::Reshape::new(name, p)),
+        P::Softmax(p) => Box::new(softmax::Softmax::new(name, p)),
+        P::Power(p) => Box::new(power::Power::new(name, p)),
+        P::AbsVal(p) => Box::new(abs_val::AbsVal::new(name, p)),
+    }
+}
+
+/// Builds the layer a `[[layer]]` table describes, resolving its parameters (an error names the
+/// layer and the key).
+pub fn build_from_config(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
+    Ok(build(&cfg.name, &cfg.params()?))
 }

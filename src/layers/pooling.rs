@@ -11,9 +11,10 @@
 //! - `ave`: the sum of the clipped window divided by the size of the window clipped to
 //!   `[−pad, H + pad)` (padding counts, the part beyond `H + pad` does not), exactly as Caffe.
 
-use crate::config::{LayerConfig, PoolMethod};
+use crate::config::layer_params::PoolingParams;
+use crate::config::PoolMethod;
 use crate::error::{Error, Result};
-use crate::layers::spatial::{pair, Pair};
+use crate::layers::spatial::Pair;
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
 
@@ -48,47 +49,20 @@ pub fn pooled_size(input: usize, kernel: usize, stride: usize, pad: usize) -> Op
 }
 
 impl Pooling {
-    /// Reads `pool` (default max), `kernel_size` (required unless `global_pooling`, ≥ 1),
-    /// `stride` (≥ 1, default 1), `pad` (< kernel, default 0), `global_pooling` (default false).
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let name = &cfg.name;
-        let err = |msg: String| Err(Error::net(name, msg));
-        let global = cfg.global_pooling.unwrap_or(false);
-        if global {
-            if cfg.kernel_size.is_some() || cfg.stride.is_some() || cfg.pad.is_some() {
-                return err(
-                    "`global_pooling` takes the whole image: leave out kernel_size, stride and pad"
-                        .into(),
-                );
-            }
-        } else if cfg.kernel_size.is_none() {
-            return err("`kernel_size` is required (or set global_pooling = true)".into());
-        }
-        let kernel = pair(name, "kernel_size", &cfg.kernel_size, 1)?;
-        let stride = pair(name, "stride", &cfg.stride, 1)?;
-        let pad = pair(name, "pad", &cfg.pad, 0)?;
-        for (key, v) in [("kernel_size", kernel), ("stride", stride)] {
-            if v.contains(&0) {
-                return err(format!("`{key}` must be at least 1, got {v:?}"));
-            }
-        }
-        if pad[0] >= kernel[0] || pad[1] >= kernel[1] {
-            return err(format!(
-                "`pad` {pad:?} must be smaller than the kernel {kernel:?}"
-            ));
-        }
-        Ok(Pooling {
-            name: name.clone(),
-            method: cfg.pool.unwrap_or(PoolMethod::Max),
-            global,
-            kernel,
-            stride,
-            pad,
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &PoolingParams) -> Self {
+        Pooling {
+            name: name.to_string(),
+            method: p.method,
+            global: p.global,
+            kernel: p.kernel,
+            stride: p.stride,
+            pad: p.pad,
             planes: 0,
             input: [0; 2],
             output: [0; 2],
             argmax: Vec::new(),
-        })
+        }
     }
 
     /// The clipped window of output `o` on one axis: `(start, end, divisor extent)`.
@@ -234,13 +208,13 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{layer_config, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, GradientChecker};
 
     fn pool(extra: &str) -> Pooling {
-        Pooling::new(&layer_config(&format!(
-            "name = \"pool\"\ntype = \"pooling\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Pooling::new,
+            &layer_config(&format!("name = \"pool\"\ntype = \"pooling\"\n{extra}")),
+        )
     }
 
     fn forward(layer: &mut Pooling, x: Blob) -> Blob {
@@ -410,11 +384,10 @@ mod tests {
     #[test]
     fn rejects_bad_settings() {
         let new = |extra: &str| {
-            Pooling::new(&layer_config(&format!(
-                "name = \"p\"\ntype = \"pooling\"\n{extra}"
-            )))
-            .unwrap_err()
-            .to_string()
+            layer_config(&format!("name = \"p\"\ntype = \"pooling\"\n{extra}"))
+                .params()
+                .unwrap_err()
+                .to_string()
         };
         assert!(new("stride = 2").contains("kernel_size"));
         assert!(new("kernel_size = 2\npad = 2").contains("pad"));

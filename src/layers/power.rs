@@ -2,7 +2,7 @@
 //! by default). Backward: `dx = dy · power · scale · (shift + scale·x)^(power − 1)` (0 when
 //! `power = 0`, `scale` when `power = 1`). Top: the bottom's shape.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::PowerParams;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -17,13 +17,13 @@ pub struct Power {
 }
 
 impl Power {
-    /// Reads `power`, `scale` (default 1) and `shift` (default 0).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`PowerParams`]).
+    pub fn new(name: &str, p: &PowerParams) -> Self {
         Power {
-            name: cfg.name.clone(),
-            power: cfg.power.unwrap_or(1.0),
-            scale: cfg.scale.unwrap_or(1.0),
-            shift: cfg.shift.unwrap_or(0.0),
+            name: name.to_string(),
+            power: p.power,
+            scale: p.scale,
+            shift: p.shift,
         }
     }
 }
@@ -73,13 +73,14 @@ impl Layer for Power {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn power(extra: &str) -> Power {
-        Power::new(&layer_config(&format!(
-            "name = \"p\"\ntype = \"power\"\n{extra}"
-        )))
+        from_config(
+            Power::new,
+            &layer_config(&format!("name = \"p\"\ntype = \"power\"\n{extra}")),
+        )
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `Relu`: the rectifier, elementwise `y = max(x, 0) + negative_slope · min(x, 0)` (Caffe's leaky
 //! ReLU; `negative_slope` defaults to 0). Bottom and top have the same shape `(N, ...)`.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::ReluParams;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -24,11 +24,11 @@ impl Default for Relu {
 }
 
 impl Relu {
-    /// Reads `negative_slope` (default 0).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`ReluParams`]).
+    pub fn new(name: &str, p: &ReluParams) -> Self {
         Relu {
-            name: cfg.name.clone(),
-            negative_slope: cfg.negative_slope.unwrap_or(0.0),
+            name: name.to_string(),
+            negative_slope: p.negative_slope,
         }
     }
 }
@@ -76,12 +76,15 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn relu(slope: f32) -> Relu {
-        Relu::new(&layer_config(&format!(
-            "name = \"r\"\ntype = \"relu\"\nnegative_slope = {slope:?}"
-        )))
+        from_config(
+            Relu::new,
+            &layer_config(&format!(
+                "name = \"r\"\ntype = \"relu\"\nnegative_slope = {slope:?}"
+            )),
+        )
     }
 
     fn forward(layer: &mut Relu, x: &[f32]) -> Vec<f32> {

@@ -4,7 +4,7 @@
 //! batch axis must come out unchanged (`shape = [0, -1]` flattens a sample). The data is copied;
 //! the gradient passes through unchanged.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::ReshapeParams;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -19,29 +19,14 @@ pub struct Reshape {
 }
 
 impl Reshape {
-    /// Reads `shape` (required), `axis` (default 0) and `num_axes` (default −1).
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let Some(shape) = cfg.shape.clone() else {
-            return Err(Error::net(&cfg.name, "`shape` is required"));
-        };
-        if let Some(d) = shape.iter().find(|&&d| d < -1) {
-            return Err(Error::net(
-                &cfg.name,
-                format!("`shape` values must be ≥ −1, got {d}"),
-            ));
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &ReshapeParams) -> Self {
+        Reshape {
+            name: name.to_string(),
+            axis: p.axis,
+            num_axes: p.num_axes,
+            shape: p.shape.clone(),
         }
-        if shape.iter().filter(|&&d| d == -1).count() > 1 {
-            return Err(Error::net(
-                &cfg.name,
-                "`shape` may infer (−1) one axis only",
-            ));
-        }
-        Ok(Reshape {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(0),
-            num_axes: cfg.num_axes.unwrap_or(-1),
-            shape,
-        })
     }
 }
 
@@ -141,13 +126,13 @@ impl Layer for Reshape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn reshape(extra: &str) -> Reshape {
-        Reshape::new(&layer_config(&format!(
-            "name = \"r\"\ntype = \"reshape\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Reshape::new,
+            &layer_config(&format!("name = \"r\"\ntype = \"reshape\"\n{extra}")),
+        )
     }
 
     #[test]
@@ -164,10 +149,11 @@ mod tests {
         assert!(top("shape = [-1, 6]").is_err()); // batch 20
         assert!(top("shape = [0, 7, -1]").is_err());
         assert!(top("shape = [0, 59]").is_err());
-        assert!(Reshape::new(&layer_config(
-            "name = \"r\"\ntype = \"reshape\"\nshape = [-1, -1]"
-        ))
-        .is_err());
+        assert!(
+            layer_config("name = \"r\"\ntype = \"reshape\"\nshape = [-1, -1]")
+                .params()
+                .is_err()
+        );
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! With two bottoms the second is the scale (its shape gives `num_axes`) and receives the
 //! gradient `Σ_{o,i} dtop · bottom`; the optional bias stays learnable.
 
-use crate::config::{FillerConfig, LayerConfig};
+use crate::config::layer_params::ScaleParams;
+use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::{Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -94,31 +95,19 @@ pub struct Scale {
 }
 
 impl Scale {
-    /// Reads `axis` (default 1), `num_axes` (default 1), `filler` (default constant 1),
-    /// `bias_term` (default false), `bias_filler` (default constant 0).
-    pub fn new(cfg: &LayerConfig) -> Result<Self> {
-        let filler = cfg
-            .filler
-            .clone()
-            .unwrap_or_else(|| FillerConfig::constant(1.0));
-        let bias_filler = cfg
-            .bias_filler
-            .clone()
-            .unwrap_or_else(|| FillerConfig::constant(0.0));
-        for (key, f) in [("filler", &filler), ("bias_filler", &bias_filler)] {
-            filler::check(f).map_err(|msg| Error::net(&cfg.name, format!("`{key}`: {msg}")))?;
-        }
-        Ok(Scale {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            num_axes: cfg.num_axes.unwrap_or(1),
-            filler,
-            bias_term: cfg.bias_term.unwrap_or(false),
-            bias_filler,
+    /// The layer `name` with parameters `p`.
+    pub fn new(name: &str, p: &ScaleParams) -> Self {
+        Scale {
+            name: name.to_string(),
+            axis: p.axis,
+            num_axes: p.num_axes,
+            filler: p.filler.clone(),
+            bias_term: p.bias_term,
+            bias_filler: p.bias_filler.clone(),
             scale_bottom: false,
             shape: Vec::new(),
             b: Broadcast::default(),
-        })
+        }
     }
 }
 
@@ -224,14 +213,14 @@ impl Layer for Scale {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn scale(extra: &str) -> Scale {
-        Scale::new(&layer_config(&format!(
-            "name = \"s\"\ntype = \"scale\"\n{extra}"
-        )))
-        .unwrap()
+        from_config(
+            Scale::new,
+            &layer_config(&format!("name = \"s\"\ntype = \"scale\"\n{extra}")),
+        )
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `Sigmoid`: the logistic function, elementwise `y = 1 / (1 + e^(−x))`. Bottom and top have the
 //! same shape `(N, ...)`.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::SigmoidParams;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -22,9 +22,9 @@ impl Default for Sigmoid {
 }
 
 impl Sigmoid {
-    pub fn new(cfg: &LayerConfig) -> Self {
+    pub fn new(name: &str, _params: &SigmoidParams) -> Self {
         Sigmoid {
-            name: cfg.name.clone(),
+            name: name.to_string(),
         }
     }
 }
@@ -71,10 +71,13 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn sigmoid() -> Sigmoid {
-        Sigmoid::new(&layer_config("name = \"s\"\ntype = \"sigmoid\""))
+        from_config(
+            Sigmoid::new,
+            &layer_config("name = \"s\"\ntype = \"sigmoid\""),
+        )
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (stably, after subtracting its maximum). Top: the bottom's shape.
 //! Backward: `dx = y ⊙ (dy − Σ_c dy·y)` per fibre.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::SoftmaxParams;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -19,11 +19,11 @@ pub struct Softmax {
 }
 
 impl Softmax {
-    /// Reads `axis` (default 1).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxParams`]).
+    pub fn new(name: &str, p: &SoftmaxParams) -> Self {
         Softmax {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
+            name: name.to_string(),
+            axis: p.axis,
             outer: 0,
             channels: 0,
             inner: 0,
@@ -106,13 +106,14 @@ impl Layer for Softmax {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
     use crate::layers::test_util::{blob, forward};
 
     fn softmax(extra: &str) -> Softmax {
-        Softmax::new(&layer_config(&format!(
-            "name = \"s\"\ntype = \"softmax\"\n{extra}"
-        )))
+        from_config(
+            Softmax::new,
+            &layer_config(&format!("name = \"s\"\ntype = \"softmax\"\n{extra}")),
+        )
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! Backward: `dscores_i += w · (p_i − onehot(label_i)) / V` for valid rows, where `w` is the top's
 //! diff, the loss weight the net sets there. Labels get no gradient.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::SoftmaxWithLossParams;
 use crate::error::{Error, Result};
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
@@ -36,12 +36,12 @@ pub struct SoftmaxWithLoss {
 }
 
 impl SoftmaxWithLoss {
-    /// Reads `axis` (default 1) and `ignore_label`.
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxWithLossParams`]).
+    pub fn new(name: &str, p: &SoftmaxWithLossParams) -> Self {
         SoftmaxWithLoss {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            ignore_label: cfg.ignore_label,
+            name: name.to_string(),
+            axis: p.axis,
+            ignore_label: p.ignore_label,
             rows: 0,
             classes: 0,
             prob: Vec::new(),
@@ -192,12 +192,17 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{label_blob, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{
+        from_config, label_blob, layer_config, uniform_blob, GradientChecker,
+    };
 
     fn softmax_loss(extra: &str) -> SoftmaxWithLoss {
-        SoftmaxWithLoss::new(&layer_config(&format!(
-            "name = \"loss\"\ntype = \"softmax_with_loss\"\n{extra}"
-        )))
+        from_config(
+            SoftmaxWithLoss::new,
+            &layer_config(&format!(
+                "name = \"loss\"\ntype = \"softmax_with_loss\"\n{extra}"
+            )),
+        )
     }
 
     fn loss_of(layer: &mut SoftmaxWithLoss, scores: &[f32], labels: &[f32]) -> f32 {

@@ -1,5 +1,5 @@
-//! Spatial geometry shared by Convolution and Pooling: reading `kernel_size`/`stride`/`pad`/
-//! `dilation` (one value or one per axis, 2-D only), and Caffe's `im2col`/`col2im` for one sample,
+//! Spatial geometry shared by Convolution and Pooling (their `[h, w]` keys are resolved in
+//! [`crate::config::layer_params`]): Caffe's `im2col`/`col2im` for one sample,
 //! one column-buffer row at a time (so that a batch's columns can be laid side by side).
 //!
 //! Column layout (Caffe's): for an image `(C, H, W)`, a kernel `(kh, kw)` and an output
@@ -7,26 +7,7 @@
 //! the input pixel `(c, oy·sh − ph + i·dh, ox·sw − pw + j·dw)` at column `oy·OW + ox` (0 outside
 //! the image).
 
-use crate::config::Dims;
-use crate::error::{Error, Result};
-
-/// A per-axis `(h, w)` pair.
-pub type Pair = [usize; 2];
-
-/// `key` of layer `name` as an `(h, w)` pair: `default` when absent; an error when a list has
-/// other than 1 or 2 values.
-pub fn pair(name: &str, key: &str, dims: &Option<Dims>, default: usize) -> Result<Pair> {
-    match dims {
-        None => Ok([default; 2]),
-        Some(d) => match d.per_axis(2) {
-            Some(v) => Ok([v[0], v[1]]),
-            None => Err(Error::net(
-                name,
-                format!("`{key}` takes 1 or 2 values (2-D only)"),
-            )),
-        },
-    }
-}
+pub use crate::config::layer_params::Pair;
 
 /// The geometry of one 2-D sliding window over `(C, H, W)` images.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -263,16 +244,5 @@ mod tests {
             let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
             assert!((lhs - rhs).abs() < 1e-4, "{k} {s} {p} {d}: {lhs} vs {rhs}");
         }
-    }
-
-    #[test]
-    fn pair_reads_one_or_two_values() {
-        assert_eq!(pair("c", "pad", &None, 0).unwrap(), [0, 0]);
-        assert_eq!(pair("c", "pad", &Some(Dims::One(2)), 0).unwrap(), [2, 2]);
-        let two = Some(Dims::PerAxis(vec![1, 3]));
-        assert_eq!(pair("c", "stride", &two, 1).unwrap(), [1, 3]);
-        let three = Some(Dims::PerAxis(vec![1, 2, 3]));
-        let err = pair("c", "stride", &three, 1).unwrap_err().to_string();
-        assert!(err.contains("stride") && err.contains("2-D"), "{err}");
     }
 }

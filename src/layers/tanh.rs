@@ -1,7 +1,7 @@
 //! `TanH`: the hyperbolic tangent, elementwise `y = tanh(x)`. Bottom and top have the same shape
 //! `(N, ...)`.
 
-use crate::config::LayerConfig;
+use crate::config::layer_params::TanhParams;
 use crate::error::Result;
 use crate::layers::{elementwise_shape, Ctx, Layer};
 use crate::tensor::Blob;
@@ -22,9 +22,9 @@ impl Default for TanH {
 }
 
 impl TanH {
-    pub fn new(cfg: &LayerConfig) -> Self {
+    pub fn new(name: &str, _params: &TanhParams) -> Self {
         TanH {
-            name: cfg.name.clone(),
+            name: name.to_string(),
         }
     }
 }
@@ -70,10 +70,10 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
 
     fn tanh() -> TanH {
-        TanH::new(&layer_config("name = \"t\"\ntype = \"tanh\""))
+        from_config(TanH::new, &layer_config("name = \"t\"\ntype = \"tanh\""))
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! the classes scoring strictly higher than the label; a one-block reduction writes the top.
 
 use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::AccuracyParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -28,13 +28,13 @@ pub struct GpuAccuracy {
 }
 
 impl GpuAccuracy {
-    /// Reads `top_k` (default 1), `axis` (default 1) and `ignore_label`.
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`AccuracyParams`]).
+    pub fn new(gpu: &Gpu, name: &str, p: &AccuracyParams) -> Result<Self> {
         Ok(GpuAccuracy {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            top_k: cfg.top_k.unwrap_or(1),
-            ignore: cfg.ignore_label.map(|l| l as f32),
+            name: name.to_string(),
+            axis: p.axis,
+            top_k: p.top_k,
+            ignore: p.ignore_label.map(|l| l as f32),
             rows: 0,
             classes: 0,
             row_correct: alloc(gpu, 1)?,

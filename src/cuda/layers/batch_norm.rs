@@ -24,7 +24,8 @@
 //! this layer to overwrite the parameter gradient).
 
 use super::{pick, scratch, GpuCtx, GpuLayer, Grad};
-use crate::config::{LayerConfig, Phase};
+use crate::config::layer_params::BatchNormParams;
+use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
@@ -55,16 +56,15 @@ pub struct GpuBatchNorm {
 }
 
 impl GpuBatchNorm {
-    /// Reads `moving_average_fraction` (0.999), `eps` (1e-5), `use_global_stats` and `sync`
-    /// (false).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`BatchNormParams`]).
+    pub fn new(gpu: &Gpu, name: &str, p: &BatchNormParams, layout: Layout) -> Result<Self> {
         Ok(GpuBatchNorm {
             layout,
-            name: cfg.name.clone(),
-            maf: cfg.moving_average_fraction.unwrap_or(0.999),
-            eps: cfg.eps.unwrap_or(1e-5),
-            use_global_stats: cfg.use_global_stats,
-            sync: cfg.sync.unwrap_or(false),
+            name: name.to_string(),
+            maf: p.moving_average_fraction,
+            eps: p.eps,
+            use_global_stats: p.use_global_stats,
+            sync: p.sync,
             dims: (0, 0, 0),
             channels: None,
             sums: scratch(gpu, 1)?,
@@ -289,7 +289,7 @@ mod tests {
     use crate::cuda::layers::Collective;
     use crate::cuda::nccl::{nccl_available, NcclComm, NcclId};
     use crate::cuda::test_util::{assert_close, gpu_or_skip, skip_loudly};
-    use crate::layers::gradient_check::{layer_config, uniform_blob};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
     use crate::layers::{self, Ctx};
     use crate::tensor::Blob;
 
@@ -298,7 +298,7 @@ mod tests {
     /// Top data, bottom diff (overwritten) and state after forward, state update and backward.
     type Run = (Vec<f32>, Vec<f32>, Vec<f32>);
 
-    fn cfg(extra: &str) -> LayerConfig {
+    fn cfg(extra: &str) -> crate::config::LayerConfig {
         layer_config(&format!("name = \"bn\"\ntype = \"batch_norm\"\n{extra}"))
     }
 
@@ -313,7 +313,7 @@ mod tests {
             first_sample: 0,
             reducer: None,
         };
-        let mut layer = layers::build(&cfg(extra)).unwrap();
+        let mut layer = layers::build_from_config(&cfg(extra)).unwrap();
         let tops = layer.reshape(&[&x.shape]).unwrap();
         let mut st = [
             state[..c].to_vec(),
@@ -353,7 +353,11 @@ mod tests {
             first_sample: 0,
             collective,
         };
-        let mut layer = GpuBatchNorm::new(gpu, &cfg(extra), Layout::Nchw).unwrap();
+        let mut layer = from_config(
+            |n, p| GpuBatchNorm::new(gpu, n, p, Layout::Nchw),
+            &cfg(extra),
+        )
+        .unwrap();
         layer.reshape(gpu, &[&x.shape]).unwrap();
         let len = state.len();
         let n = x.count();

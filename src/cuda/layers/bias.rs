@@ -8,7 +8,7 @@
 
 use super::scale::channel_view;
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::BiasParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -28,13 +28,13 @@ pub struct GpuBias {
 }
 
 impl GpuBias {
-    /// Reads `axis` (1) and `num_axes` (1).
-    pub fn new(_gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`BiasParams`]).
+    pub fn new(_gpu: &Gpu, name: &str, p: &BiasParams, layout: Layout) -> Self {
         GpuBias {
             layout,
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            num_axes: cfg.num_axes.unwrap_or(1),
+            name: name.to_string(),
+            axis: p.axis,
+            num_axes: p.num_axes,
             view: (0, 0, 0),
             two_bottoms: false,
         }

@@ -18,29 +18,28 @@
 
 use super::batch_norm::GpuBatchNorm;
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::{LayerConfig, LayerKind};
+use crate::config::layer_params::LayerParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::BnScaleRelu;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
+use crate::net::NodeView;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 /// Whether the layers `chain` (a BatchNorm, a Scale, optionally a ReLU, in net order, each
 /// reading the previous one's top) compute what one [`GpuBnScaleRelu`] does: a Scale with one
 /// bottom and one factor per channel (`axis = 1`, `num_axes = 1`), a ReLU with a slope ≥ 0.
 /// The net checks the wiring (single consumers, same phases).
-pub fn fusable(chain: &[&LayerConfig]) -> bool {
+pub fn fusable(chain: &[NodeView]) -> bool {
     match chain {
         [bn, scale, rest @ ..] if rest.len() <= 1 => {
-            bn.kind == LayerKind::BatchNorm
-                && scale.kind == LayerKind::Scale
-                && scale.bottom.len() == 1
-                && scale.axis.unwrap_or(1) == 1
-                && scale.num_axes.unwrap_or(1) == 1
-                && rest.iter().all(|relu| {
-                    relu.kind == LayerKind::Relu && relu.negative_slope.unwrap_or(0.0) >= 0.0
-                })
+            matches!(bn.params, LayerParams::BatchNorm(_))
+                && scale.bottoms.len() == 1
+                && matches!(scale.params, LayerParams::Scale(s) if s.axis == 1 && s.num_axes == 1)
+                && rest.iter().all(
+                    |relu| matches!(relu.params, LayerParams::Relu(r) if r.negative_slope >= 0.0),
+                )
         }
         _ => false,
     }
@@ -82,24 +81,25 @@ pub struct GpuBnScaleRelu {
 }
 
 impl GpuBnScaleRelu {
-    /// The chain of `configs` (checked by [`fusable`]), whose Scale's parameters start
+    /// The layers `chain` (checked by [`fusable`]), whose Scale's parameters start
     /// `scale_offset` floats after the BatchNorm's in the flat buffers.
-    pub fn new(
-        gpu: &Gpu,
-        configs: &[&LayerConfig],
-        scale_offset: usize,
-        layout: Layout,
-    ) -> Result<Self> {
+    pub fn new(gpu: &Gpu, chain: &[NodeView], scale_offset: usize, layout: Layout) -> Result<Self> {
+        let (LayerParams::BatchNorm(bn), LayerParams::Scale(scale)) =
+            (chain[0].params, chain[1].params)
+        else {
+            panic!("not a fusable BatchNorm → Scale → ReLU chain");
+        };
         assert!(
-            fusable(configs),
+            fusable(chain),
             "not a fusable BatchNorm → Scale → ReLU chain"
         );
         Ok(GpuBnScaleRelu {
-            bn: GpuBatchNorm::new(gpu, configs[0], layout)?,
-            bias_term: configs[1].bias_term.unwrap_or(false),
-            relu: configs
-                .get(2)
-                .map(|relu| relu.negative_slope.unwrap_or(0.0)),
+            bn: GpuBatchNorm::new(gpu, chain[0].name, bn, layout)?,
+            bias_term: scale.bias_term,
+            relu: chain.get(2).map(|relu| match relu.params {
+                LayerParams::Relu(r) => r.negative_slope,
+                _ => unreachable!("fusable checked the ReLU"),
+            }),
             scale_offset,
         })
     }

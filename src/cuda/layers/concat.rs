@@ -4,7 +4,7 @@
 //! copies (or adds) the same range of the top's diff back.
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::ConcatParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
@@ -21,11 +21,11 @@ pub struct GpuConcat {
 }
 
 impl GpuConcat {
-    /// Reads `axis` (1).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`ConcatParams`]).
+    pub fn new(name: &str, p: &ConcatParams) -> Self {
         GpuConcat {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
+            name: name.to_string(),
+            axis: p.axis,
             outer: 0,
             cols: Vec::new(),
         }

@@ -38,8 +38,8 @@
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
+use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
-use crate::config::LayerConfig;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
@@ -459,69 +459,25 @@ pub struct GpuConvolution {
     direct_scratch: CudaSlice<f32>,
 }
 
-/// The value per spatial axis `[h, w]` of an optional `Dims` key, `default` when absent.
-fn dims2(
-    cfg: &LayerConfig,
-    key: &str,
-    v: &Option<crate::config::Dims>,
-    default: usize,
-) -> Result<[usize; 2]> {
-    match v {
-        None => Ok([default; 2]),
-        Some(d) => match d.per_axis(2) {
-            Some(v) => Ok([v[0], v[1]]),
-            None => Err(Error::net(
-                &cfg.name,
-                format!("`{key}` must give one value or one per spatial axis (2)"),
-            )),
-        },
-    }
-}
-
 impl GpuConvolution {
-    /// Reads `num_output` (> 0), `kernel_size` (required), `stride` (1), `pad` (0),
-    /// `dilation` (1), `group` (1) and `bias_term` (true). Loads cuDNN (an error naming the
-    /// library where it is missing).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
-        let num_output = match cfg.num_output {
-            Some(n) if n > 0 => n,
-            _ => return Err(Error::net(&cfg.name, "`num_output` must be positive")),
-        };
-        if cfg.kernel_size.is_none() {
-            return Err(Error::net(&cfg.name, "`kernel_size` is required"));
-        }
-        let kernel = dims2(cfg, "kernel_size", &cfg.kernel_size, 1)?;
-        let stride = dims2(cfg, "stride", &cfg.stride, 1)?;
-        let pad = dims2(cfg, "pad", &cfg.pad, 0)?;
-        let dilation = dims2(cfg, "dilation", &cfg.dilation, 1)?;
-        let group = cfg.group.unwrap_or(1);
-        if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) || group == 0 {
-            return Err(Error::net(
-                &cfg.name,
-                "`kernel_size`, `stride`, `dilation` and `group` must be positive",
-            ));
-        }
-        if num_output % group != 0 {
-            return Err(Error::net(
-                &cfg.name,
-                format!("`num_output` {num_output} is not a multiple of `group` {group}"),
-            ));
-        }
+    /// The convolution `name` with parameters `p`. Loads cuDNN (an error naming the library
+    /// where it is missing).
+    pub fn new(gpu: &Gpu, name: &str, p: &ConvolutionParams, layout: Layout) -> Result<Self> {
         // A missing cuDNN is the machine's problem, not the config's: a runtime error (exit 1)
         // that names the library and the layer. Both handles are made here, not in a step.
         gpu.cudnn()
             .and_then(|_| gpu.side())
-            .map_err(|e| Error::Device(format!("layer `{}` (convolution): {e}", cfg.name)))?;
+            .map_err(|e| Error::Device(format!("layer `{name}` (convolution): {e}")))?;
         Ok(GpuConvolution {
-            name: cfg.name.clone(),
-            num_output,
-            bias_term: cfg.bias_term.unwrap_or(true),
-            kernel,
+            name: name.to_string(),
+            num_output: p.num_output,
+            bias_term: p.bias_term,
+            kernel: p.kernel,
             geometry: ConvGeometry {
-                pad,
-                stride,
-                dilation,
-                group,
+                pad: p.pad,
+                stride: p.stride,
+                dilation: p.dilation,
+                group: p.group,
             },
             channels: None,
             plans: Vec::new(),
@@ -971,7 +927,7 @@ mod tests {
     use crate::cuda::layout::Layout;
     use crate::cuda::test_util::gpu_or_skip;
     use crate::cuda::Gpu;
-    use crate::layers::gradient_check::layer_config;
+    use crate::layers::gradient_check::{from_config, layer_config};
     use cudarc::driver::CudaSlice;
     use rand::Rng;
     use rand_chacha::ChaCha8Rng;
@@ -993,7 +949,7 @@ mod tests {
     fn planned_in(gpu: &Gpu, extra: &str, shape: [usize; 4], layout: Layout) -> GpuConvolution {
         use crate::cuda::layers::GpuLayer;
         let cfg = layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}"));
-        let mut layer = GpuConvolution::new(gpu, &cfg, layout).unwrap();
+        let mut layer = from_config(|n, p| GpuConvolution::new(gpu, n, p, layout), &cfg).unwrap();
         layer.reshape(gpu, &[&shape]).unwrap();
         layer
     }

@@ -10,7 +10,8 @@
 //! layout).
 
 use super::{copy_data, pick, GpuCtx, GpuLayer, Grad};
-use crate::config::{LayerConfig, Phase};
+use crate::config::layer_params::DropoutParams;
+use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::{layout_matters, Layout};
 use crate::cuda::Gpu;
@@ -38,13 +39,13 @@ pub struct GpuDropout {
 }
 
 impl GpuDropout {
-    /// Reads `dropout_ratio` (default 0.5).
-    pub fn new(cfg: &LayerConfig, layout: Layout) -> Self {
-        let ratio = cfg.dropout_ratio.unwrap_or(0.5);
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`DropoutParams`]).
+    pub fn new(name: &str, p: &DropoutParams, layout: Layout) -> Self {
+        let ratio = p.ratio;
         GpuDropout {
             ratio,
             scale: 1.0 / (1.0 - ratio),
-            name_hash: fnv1a64(cfg.name.as_bytes()),
+            name_hash: fnv1a64(name.as_bytes()),
             layout,
         }
     }
@@ -147,7 +148,7 @@ mod tests {
     use crate::backend::Cpu;
     use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
     use crate::cuda::test_util::gpu_or_skip;
-    use crate::layers::gradient_check::{layer_config, uniform_blob};
+    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
     use crate::layers::{self, Ctx};
     use crate::tensor::Blob;
 
@@ -184,7 +185,7 @@ mod tests {
             first_sample: 4242,
             reducer: None,
         };
-        let mut cpu_layer = layers::build(&cfg).unwrap();
+        let mut cpu_layer = layers::build_from_config(&cfg).unwrap();
         let tops = cpu_layer.reshape(&[&shape]).unwrap();
         // Strictly positive inputs, so a dropped element (0) is never a kept one.
         let mut x = uniform_blob(&shape, 0.5, 2.0, 7);
@@ -193,7 +194,7 @@ mod tests {
         cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
 
         let gctx = GpuCtx::local(Phase::Train, 12345, 987, 4242);
-        let mut layer = GpuDropout::new(&cfg, Layout::Nchw);
+        let mut layer = from_config(|n, p| GpuDropout::new(n, p, Layout::Nchw), &cfg);
         let mut blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),

@@ -7,7 +7,8 @@
 //! first maximum kept per element; backward routes `dy` to that bottom only.
 
 use super::{grow, pick, scratch, GpuCtx, GpuLayer, Grad};
-use crate::config::{EltwiseOp, LayerConfig};
+use crate::config::layer_params::EltwiseParams;
+use crate::config::EltwiseOp;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
@@ -26,12 +27,12 @@ pub struct GpuEltwise {
 }
 
 impl GpuEltwise {
-    /// Reads `operation` (sum) and `coeff` (one per bottom, SUM only).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`EltwiseParams`]).
+    pub fn new(gpu: &Gpu, name: &str, p: &EltwiseParams) -> Result<Self> {
         Ok(GpuEltwise {
-            name: cfg.name.clone(),
-            op: cfg.operation.unwrap_or(EltwiseOp::Sum),
-            coeff: cfg.coeff.clone(),
+            name: name.to_string(),
+            op: p.operation,
+            coeff: p.coeff.clone(),
             mask: scratch(gpu, 1)?,
             product: scratch(gpu, 1)?,
         })

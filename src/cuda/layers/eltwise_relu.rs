@@ -8,27 +8,30 @@
 //! `y = relu(c0 · x0 + c1 · x1)`; backward `dx_k (+)= c_k · dy · relu'(y)`. No parameters.
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::{EltwiseOp, LayerConfig, LayerKind};
+use crate::config::layer_params::LayerParams;
+use crate::config::EltwiseOp;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
+use crate::net::NodeView;
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Whether the layers `chain` (an Eltwise, then a ReLU reading its top, in net order) compute
 /// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms (with two coefficients, if
 /// any) and a ReLU with a slope ≥ 0 (so that `relu'` can be read off the top). The net checks
 /// the wiring (single consumer, same phases).
-pub fn fusable(chain: &[&LayerConfig]) -> bool {
+pub fn fusable(chain: &[NodeView]) -> bool {
     match chain {
-        [sum, relu] => {
-            sum.kind == LayerKind::Eltwise
-                && sum.operation.unwrap_or(EltwiseOp::Sum) == EltwiseOp::Sum
-                && sum.bottom.len() == 2
-                && sum.bottom[0] != sum.bottom[1]
-                && sum.coeff.as_ref().is_none_or(|c| c.len() == 2)
-                && relu.kind == LayerKind::Relu
-                && relu.negative_slope.unwrap_or(0.0) >= 0.0
-        }
+        [sum, relu] => match (sum.params, relu.params) {
+            (LayerParams::Eltwise(e), LayerParams::Relu(r)) => {
+                e.operation == EltwiseOp::Sum
+                    && sum.bottoms.len() == 2
+                    && sum.bottoms[0] != sum.bottoms[1]
+                    && e.coeff.as_ref().is_none_or(|c| c.len() == 2)
+                    && r.negative_slope >= 0.0
+            }
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -42,14 +45,19 @@ pub struct GpuEltwiseRelu {
 }
 
 impl GpuEltwiseRelu {
-    /// The pair `configs` (checked by [`fusable`]).
-    pub fn new(configs: &[&LayerConfig]) -> Self {
-        assert!(fusable(configs), "not a fusable Eltwise SUM → ReLU pair");
-        let coeff = configs[0].coeff.as_deref().unwrap_or(&[1.0, 1.0]);
+    /// The pair `chain` (checked by [`fusable`]).
+    pub fn new(chain: &[NodeView]) -> Self {
+        let (LayerParams::Eltwise(sum), LayerParams::Relu(relu)) =
+            (chain[0].params, chain[1].params)
+        else {
+            panic!("not a fusable Eltwise SUM → ReLU pair");
+        };
+        assert!(fusable(chain), "not a fusable Eltwise SUM → ReLU pair");
+        let coeff = sum.coeff.as_deref().unwrap_or(&[1.0, 1.0]);
         GpuEltwiseRelu {
-            name: configs[0].name.clone(),
+            name: chain[0].name.to_string(),
             coeff: [coeff[0], coeff[1]],
-            slope: configs[1].negative_slope.unwrap_or(0.0),
+            slope: relu.negative_slope,
         }
     }
 }

@@ -11,7 +11,7 @@
 //! β = 1 to accumulate, 0 to overwrite).
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::InnerProductParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -33,17 +33,13 @@ pub struct GpuInnerProduct {
 }
 
 impl GpuInnerProduct {
-    /// Reads `num_output` (required, > 0), `bias_term` (default true) and `axis` (default 1).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
-        let num_output = match cfg.num_output {
-            Some(n) if n > 0 => n,
-            _ => return Err(Error::net(&cfg.name, "`num_output` must be positive")),
-        };
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`InnerProductParams`]).
+    pub fn new(gpu: &Gpu, name: &str, p: &InnerProductParams) -> Result<Self> {
         Ok(GpuInnerProduct {
-            name: cfg.name.clone(),
-            num_output,
-            bias_term: cfg.bias_term.unwrap_or(true),
-            axis: cfg.axis.unwrap_or(1),
+            name: name.to_string(),
+            num_output: p.num_output,
+            bias_term: p.bias_term,
+            axis: p.axis,
             k: None,
             m: 0,
             ones: ones(gpu, 1)?,

@@ -46,7 +46,8 @@ use super::blob::GpuBlob;
 use super::layout::Layout;
 use super::nccl::{NcclComm, ReduceOp};
 use super::{gpu_error, Gpu};
-use crate::config::{LayerConfig, LayerKind, Phase};
+use crate::config::layer_params::LayerParams;
+use crate::config::Phase;
 use crate::error::Result;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
 
@@ -195,37 +196,40 @@ pub trait GpuLayer: Send {
     }
 }
 
-/// Builds the GPU layer a validated `[[layer]]` table describes, for the given bottom shapes,
-/// running in `layout` (its 4-D bottoms and tops stored so; `Nhwc` only where
+/// Builds the GPU layer `name` from its resolved parameters (the GPU column of the layer
+/// registry, [`crate::config::layer_params`]), for the given bottom shapes, running in `layout`
+/// (its 4-D bottoms and tops stored so; `Nhwc` only where
 /// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows).
 pub fn build(
     gpu: &Gpu,
-    cfg: &LayerConfig,
+    name: &str,
+    params: &LayerParams,
     bottoms: &[&[usize]],
     layout: Layout,
 ) -> Result<Box<dyn GpuLayer>> {
-    let mut layer: Box<dyn GpuLayer> = match cfg.kind {
-        LayerKind::InnerProduct => Box::new(inner_product::GpuInnerProduct::new(gpu, cfg)?),
-        LayerKind::Relu => Box::new(relu::GpuRelu::new(cfg)),
-        LayerKind::Sigmoid => Box::new(sigmoid::GpuSigmoid),
-        LayerKind::Tanh => Box::new(tanh::GpuTanH),
-        LayerKind::SoftmaxWithLoss => {
-            Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, cfg)?)
+    use LayerParams as P;
+    let mut layer: Box<dyn GpuLayer> = match params {
+        P::InnerProduct(p) => Box::new(inner_product::GpuInnerProduct::new(gpu, name, p)?),
+        P::Relu(p) => Box::new(relu::GpuRelu::new(p)),
+        P::Sigmoid(_) => Box::new(sigmoid::GpuSigmoid),
+        P::Tanh(_) => Box::new(tanh::GpuTanH),
+        P::SoftmaxWithLoss(p) => {
+            Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, name, p)?)
         }
-        LayerKind::Accuracy => Box::new(accuracy::GpuAccuracy::new(gpu, cfg)?),
-        LayerKind::Convolution => Box::new(convolution::GpuConvolution::new(gpu, cfg, layout)?),
-        LayerKind::Pooling => Box::new(pooling::GpuPooling::new(gpu, cfg, layout)?),
-        LayerKind::Dropout => Box::new(dropout::GpuDropout::new(cfg, layout)),
-        LayerKind::BatchNorm => Box::new(batch_norm::GpuBatchNorm::new(gpu, cfg, layout)?),
-        LayerKind::Scale => Box::new(scale::GpuScale::new(gpu, cfg, layout)),
-        LayerKind::Bias => Box::new(bias::GpuBias::new(gpu, cfg, layout)),
-        LayerKind::Eltwise => Box::new(eltwise::GpuEltwise::new(gpu, cfg)?),
-        LayerKind::Concat => Box::new(concat::GpuConcat::new(cfg)),
-        LayerKind::Flatten => Box::new(flatten::GpuFlatten),
-        LayerKind::Reshape => Box::new(reshape::GpuReshape),
-        LayerKind::Softmax => Box::new(softmax::GpuSoftmax::new(cfg)),
-        LayerKind::Power => Box::new(power::GpuPower::new(cfg)),
-        LayerKind::AbsVal => Box::new(abs_val::GpuAbsVal),
+        P::Accuracy(p) => Box::new(accuracy::GpuAccuracy::new(gpu, name, p)?),
+        P::Convolution(p) => Box::new(convolution::GpuConvolution::new(gpu, name, p, layout)?),
+        P::Pooling(p) => Box::new(pooling::GpuPooling::new(gpu, name, p, layout)?),
+        P::Dropout(p) => Box::new(dropout::GpuDropout::new(name, p, layout)),
+        P::BatchNorm(p) => Box::new(batch_norm::GpuBatchNorm::new(gpu, name, p, layout)?),
+        P::Scale(p) => Box::new(scale::GpuScale::new(gpu, name, p, layout)),
+        P::Bias(p) => Box::new(bias::GpuBias::new(gpu, name, p, layout)),
+        P::Eltwise(p) => Box::new(eltwise::GpuEltwise::new(gpu, name, p)?),
+        P::Concat(p) => Box::new(concat::GpuConcat::new(name, p)),
+        P::Flatten(_) => Box::new(flatten::GpuFlatten),
+        P::Reshape(_) => Box::new(reshape::GpuReshape),
+        P::Softmax(p) => Box::new(softmax::GpuSoftmax::new(name, p)),
+        P::Power(p) => Box::new(power::GpuPower::new(p)),
+        P::AbsVal(_) => Box::new(abs_val::GpuAbsVal),
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)

@@ -33,12 +33,14 @@
 //! kernels: the choice changes speed only.
 
 use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
-use crate::config::{LayerConfig, LayerKind, PoolMethod};
+use crate::config::layer_params::{LayerParams, PoolingParams};
+use crate::config::PoolMethod;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::PoolGeom;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
+use crate::net::NodeView;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 /// Max or average pooling; see the module docs.
@@ -74,35 +76,20 @@ pub enum FusedRelu {
 /// one [`GpuPooling::with_relu`]: a max Pooling then a ReLU of slope 0, or a ReLU of slope ≥ 0
 /// then an average Pooling; `None` for any other pair. The net checks the wiring (single
 /// consumer, same phases).
-pub fn fused_relu(chain: &[&LayerConfig]) -> Option<FusedRelu> {
-    let method = |c: &LayerConfig| c.pool.unwrap_or(PoolMethod::Max);
-    let slope = |c: &LayerConfig| c.negative_slope.unwrap_or(0.0);
+pub fn fused_relu(chain: &[NodeView]) -> Option<FusedRelu> {
     match chain {
-        [pool, relu] if pool.kind == LayerKind::Pooling && relu.kind == LayerKind::Relu => {
-            (method(pool) == PoolMethod::Max && slope(relu) == 0.0).then_some(FusedRelu::After)
-        }
-        [relu, pool] if relu.kind == LayerKind::Relu && pool.kind == LayerKind::Pooling => {
-            let s = slope(relu);
-            (method(pool) == PoolMethod::Ave && s >= 0.0).then_some(FusedRelu::Before(s))
-        }
+        [a, b] => match (a.params, b.params) {
+            (LayerParams::Pooling(pool), LayerParams::Relu(relu)) => {
+                (pool.method == PoolMethod::Max && relu.negative_slope == 0.0)
+                    .then_some(FusedRelu::After)
+            }
+            (LayerParams::Relu(relu), LayerParams::Pooling(pool)) => {
+                let s = relu.negative_slope;
+                (pool.method == PoolMethod::Ave && s >= 0.0).then_some(FusedRelu::Before(s))
+            }
+            _ => None,
+        },
         _ => None,
-    }
-}
-
-fn dims2(
-    name: &str,
-    key: &str,
-    v: &Option<crate::config::Dims>,
-    default: usize,
-) -> Result<[usize; 2]> {
-    match v {
-        None => Ok([default; 2]),
-        Some(d) => d.per_axis(2).map(|v| [v[0], v[1]]).ok_or_else(|| {
-            Error::net(
-                name,
-                format!("`{key}` must give one value or one per spatial axis (2)"),
-            )
-        }),
     }
 }
 
@@ -121,33 +108,15 @@ fn int(name: &str, v: usize) -> Result<i32> {
 }
 
 impl GpuPooling {
-    /// Reads `pool` (max), `kernel_size` (required unless `global_pooling`), `stride` (1),
-    /// `pad` (0), `global_pooling` (false).
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Result<Self> {
-        let name = &cfg.name;
-        let global = cfg.global_pooling.unwrap_or(false);
-        if !global && cfg.kernel_size.is_none() {
-            return Err(Error::net(
-                name,
-                "`kernel_size` is required (or `global_pooling`)",
-            ));
-        }
-        let kernel = dims2(name, "kernel_size", &cfg.kernel_size, 1)?;
-        let stride = dims2(name, "stride", &cfg.stride, 1)?;
-        let pad = dims2(name, "pad", &cfg.pad, 0)?;
-        if kernel.contains(&0) || stride.contains(&0) {
-            return Err(Error::net(
-                name,
-                "`kernel_size` and `stride` must be positive",
-            ));
-        }
+    /// The pooling `name` with parameters `p`.
+    pub fn new(gpu: &Gpu, name: &str, p: &PoolingParams, layout: Layout) -> Result<Self> {
         Ok(GpuPooling {
-            name: name.clone(),
-            method: cfg.pool.unwrap_or(PoolMethod::Max),
-            global,
-            kernel,
-            stride,
-            pad,
+            name: name.to_string(),
+            method: p.method,
+            global: p.global,
+            kernel: p.kernel,
+            stride: p.stride,
+            pad: p.pad,
             batch: 0,
             geom: PoolGeom::default(),
             mask: scratch(gpu, 1)?,
@@ -157,13 +126,16 @@ impl GpuPooling {
     }
 
     /// The pair `chain` (checked by [`fused_relu`]) as one layer: its pooling with its ReLU.
-    pub fn with_relu(gpu: &Gpu, chain: &[&LayerConfig], layout: Layout) -> Result<Self> {
+    pub fn with_relu(gpu: &Gpu, chain: &[NodeView], layout: Layout) -> Result<Self> {
         let relu = fused_relu(chain).expect("a fusable Pooling and ReLU pair");
         let pool = match relu {
             FusedRelu::After => chain[0],
             FusedRelu::Before(_) => chain[1],
         };
-        let mut layer = GpuPooling::new(gpu, pool, layout)?;
+        let LayerParams::Pooling(params) = pool.params else {
+            unreachable!("fused_relu found a pooling");
+        };
+        let mut layer = GpuPooling::new(gpu, pool.name, params, layout)?;
         layer.relu = Some(relu);
         Ok(layer)
     }

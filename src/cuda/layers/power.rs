@@ -3,7 +3,7 @@
 //! (0 when power or scale is 0).
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::PowerParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -17,14 +17,10 @@ pub struct GpuPower {
 }
 
 impl GpuPower {
-    /// Reads `power` (1), `scale` (1), `shift` (0).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer with its resolved parameters (defaults and ranges: [`PowerParams`]).
+    pub fn new(p: &PowerParams) -> Self {
         GpuPower {
-            coef: (
-                cfg.power.unwrap_or(1.0),
-                cfg.scale.unwrap_or(1.0),
-                cfg.shift.unwrap_or(0.0),
-            ),
+            coef: (p.power, p.scale, p.shift),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::ReluParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -17,10 +17,10 @@ pub struct GpuRelu {
 }
 
 impl GpuRelu {
-    /// Reads `negative_slope` (default 0).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer with its resolved parameters (defaults and ranges: [`ReluParams`]).
+    pub fn new(p: &ReluParams) -> Self {
         GpuRelu {
-            negative_slope: cfg.negative_slope.unwrap_or(0.0),
+            negative_slope: p.negative_slope,
         }
     }
 }

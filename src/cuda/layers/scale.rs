@@ -12,7 +12,7 @@
 //! inner)` in double with fixed chunks and summation trees (deterministic).
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::ScaleParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -61,14 +61,14 @@ pub struct GpuScale {
 }
 
 impl GpuScale {
-    /// Reads `axis` (1), `num_axes` (1) and `bias_term` (false).
-    pub fn new(_gpu: &Gpu, cfg: &LayerConfig, layout: Layout) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`ScaleParams`]).
+    pub fn new(_gpu: &Gpu, name: &str, p: &ScaleParams, layout: Layout) -> Self {
         GpuScale {
             layout,
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            num_axes: cfg.num_axes.unwrap_or(1),
-            bias_term: cfg.bias_term.unwrap_or(false),
+            name: name.to_string(),
+            axis: p.axis,
+            num_axes: p.num_axes,
+            bias_term: p.bias_term,
             view: (0, 0, 0),
             two_bottoms: false,
         }

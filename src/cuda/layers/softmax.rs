@@ -4,7 +4,7 @@
 //! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
 
 use super::{pick, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::SoftmaxParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
@@ -19,11 +19,11 @@ pub struct GpuSoftmax {
 }
 
 impl GpuSoftmax {
-    /// Reads `axis` (1).
-    pub fn new(cfg: &LayerConfig) -> Self {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxParams`]).
+    pub fn new(name: &str, p: &SoftmaxParams) -> Self {
         GpuSoftmax {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
+            name: name.to_string(),
+            axis: p.axis,
             view: (0, 0, 0),
         }
     }

@@ -13,7 +13,7 @@
 //! they reach a net).
 
 use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
-use crate::config::LayerConfig;
+use crate::config::layer_params::SoftmaxWithLossParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -39,12 +39,12 @@ pub struct GpuSoftmaxWithLoss {
 }
 
 impl GpuSoftmaxWithLoss {
-    /// Reads `axis` (default 1) and `ignore_label`.
-    pub fn new(gpu: &Gpu, cfg: &LayerConfig) -> Result<Self> {
+    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxWithLossParams`]).
+    pub fn new(gpu: &Gpu, name: &str, p: &SoftmaxWithLossParams) -> Result<Self> {
         Ok(GpuSoftmaxWithLoss {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(1),
-            ignore: cfg.ignore_label.map(|l| l as f32),
+            name: name.to_string(),
+            axis: p.axis,
+            ignore: p.ignore_label.map(|l| l as f32),
             rows: 0,
             classes: 0,
             prob: alloc(gpu, 1)?,

@@ -123,10 +123,17 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         first_sample: 0,
         reducer: None,
     };
-    let mut cpu_layer = layers::build(&case.cfg).unwrap();
+    let mut cpu_layer = layers::build_from_config(&case.cfg).unwrap();
     let shapes: Vec<&[usize]> = case.bottoms.iter().map(Vec::as_slice).collect();
     let top_shapes = cpu_layer.reshape(&shapes).unwrap();
-    let mut gpu_layer = build(gpu, &case.cfg, &shapes, layout).unwrap();
+    let mut gpu_layer = build(
+        gpu,
+        &case.cfg.name,
+        &case.cfg.params().unwrap(),
+        &shapes,
+        layout,
+    )
+    .unwrap();
 
     // Bottoms with random data and random pre-existing diffs.
     let mut bottoms: Vec<Blob> = case

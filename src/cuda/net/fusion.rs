@@ -6,7 +6,7 @@
 //! backward at its last layer (so that every parameter gradient of the chain is complete when the
 //! backward reaches the last layer, where the gradient all-reduce may pick it up).
 
-use crate::config::{LayerConfig, LayerKind};
+use crate::config::LayerKind;
 use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
 use crate::cuda::layers::eltwise_relu::{self, GpuEltwiseRelu};
 use crate::cuda::layers::pooling::{self, GpuPooling};
@@ -14,7 +14,7 @@ use crate::cuda::layers::GpuLayer;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::Result;
-use crate::net::Net;
+use crate::net::{Net, NodeView};
 use crate::params::ParamSpan;
 use std::ops::Range;
 
@@ -34,7 +34,7 @@ pub enum Slot {
 /// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads
 /// the one top of the one before it, nobody else reads those intermediate tops, and all run in
 /// the same phases without a loss weight.
-fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
+fn chain_at(graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
     let linked = |a: usize, b: usize| {
         let (na, nb) = (graph.node(a), graph.node(b));
         na.tops.len() == 1
@@ -44,22 +44,23 @@ fn chain_at(cfg: &[LayerConfig], graph: &Net, consumers: &[usize], i: usize) -> 
             && na.loss_weight == 0.0
             && nb.loss_weight == 0.0
     };
-    if i + 1 >= cfg.len() || !linked(i, i + 1) {
+    if i + 1 >= graph.len() || !linked(i, i + 1) {
         return None;
     }
-    match (cfg[i].kind, graph.node(i).bottoms.len()) {
-        (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1),
+    let nodes = |last: usize| (i..=last).map(|j| graph.node(j)).collect::<Vec<_>>();
+    match (graph.node(i).params.kind(), graph.node(i).bottoms.len()) {
+        (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&nodes(i + 1)).then_some(i + 1),
         (LayerKind::Pooling | LayerKind::Relu, 1) => {
-            pooling::fused_relu(&[&cfg[i], &cfg[i + 1]]).map(|_| i + 1)
+            pooling::fused_relu(&nodes(i + 1)).map(|_| i + 1)
         }
         (LayerKind::BatchNorm, 1) => {
-            let with_relu = i + 2 < cfg.len()
+            let with_relu = i + 2 < graph.len()
                 && linked(i + 1, i + 2)
-                && bn_scale_relu::fusable(&[&cfg[i], &cfg[i + 1], &cfg[i + 2]]);
+                && bn_scale_relu::fusable(&nodes(i + 2));
             if with_relu {
                 Some(i + 2)
             } else {
-                bn_scale_relu::fusable(&[&cfg[i], &cfg[i + 1]]).then_some(i + 1)
+                bn_scale_relu::fusable(&nodes(i + 1)).then_some(i + 1)
             }
         }
         _ => None,
@@ -74,23 +75,24 @@ fn params_of(spans: &[ParamSpan], first: usize, last: usize) -> Option<Range<usi
     Some(first_span.offset..end)
 }
 
-/// The slot of every layer of `graph` (built from `cfg`) with parameters laid out as `spans`.
-pub fn plan(cfg: &[LayerConfig], graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> {
+/// The slot of every layer of `graph` with parameters laid out as `spans`.
+pub fn plan(graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> {
     let mut consumers = vec![0usize; graph.blob_count()];
     for i in 0..graph.len() {
         for &b in graph.node(i).bottoms {
             consumers[b] += 1;
         }
     }
-    let mut slots = vec![Slot::Own; cfg.len()];
+    let mut slots = vec![Slot::Own; graph.len()];
     let mut i = 0;
-    while i < cfg.len() {
+    while i < graph.len() {
         // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; the others have
         // none.
-        let chain = chain_at(cfg, graph, &consumers, i).and_then(|last| match cfg[i].kind {
-            LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
-            _ => Some((last, 0..0)),
-        });
+        let chain =
+            chain_at(graph, &consumers, i).and_then(|last| match graph.node(i).params.kind() {
+                LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
+                _ => Some((last, 0..0)),
+            });
         match chain {
             Some((last, params)) => {
                 slots[i] = Slot::Head { last, params };
@@ -125,17 +127,18 @@ pub fn idle_blobs(graph: &Net, slots: &[Slot]) -> Vec<bool> {
 /// `bottoms`.
 pub fn build(
     gpu: &Gpu,
-    cfg: &[LayerConfig],
+    graph: &Net,
     spans: &[ParamSpan],
     head: usize,
     last: usize,
     bottoms: &[&[usize]],
     layout: Layout,
 ) -> Result<Box<dyn GpuLayer>> {
-    let chain: Vec<&LayerConfig> = cfg[head..=last].iter().collect();
-    let mut layer: Box<dyn GpuLayer> = if cfg[head].kind == LayerKind::Eltwise {
+    let chain: Vec<NodeView> = (head..=last).map(|j| graph.node(j)).collect();
+    let kind = chain[0].params.kind();
+    let mut layer: Box<dyn GpuLayer> = if kind == LayerKind::Eltwise {
         Box::new(GpuEltwiseRelu::new(&chain))
-    } else if matches!(cfg[head].kind, LayerKind::Pooling | LayerKind::Relu) {
+    } else if matches!(kind, LayerKind::Pooling | LayerKind::Relu) {
         Box::new(GpuPooling::with_relu(gpu, &chain, layout)?)
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
@@ -168,7 +171,7 @@ mod tests {
     fn slots_for(text: &str, record: [usize; 3]) -> (Vec<Slot>, Vec<ParamSpan>) {
         let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
         let (graph, layout) = Net::build(&cfg, record, 1).unwrap();
-        (plan(&cfg.layers, &graph, &layout.spans), layout.spans)
+        (plan(&graph, &layout.spans), layout.spans)
     }
 
     #[test]

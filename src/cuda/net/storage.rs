@@ -199,7 +199,7 @@ mod tests {
         let mut shapers: Vec<_> = cfg
             .layers
             .iter()
-            .map(|l| layers::build(l).unwrap())
+            .map(|l| layers::build_from_config(l).unwrap())
             .collect();
         let shapes = infer_shapes(&graph, &mut shapers, record, 4).unwrap();
         Built {
@@ -214,7 +214,7 @@ mod tests {
     /// The storage plan of the config `text`, and its graph.
     fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
         let b = build(text, record);
-        let slots = fusion::plan(&b.cfg.layers, &b.graph, &b.spans);
+        let slots = fusion::plan(&b.graph, &b.spans);
         let plan = StoragePlan::new(&b.cfg.layers, &b.graph, &b.shapes, &slots, channels_last);
         (plan, b.graph)
     }

@@ -1,0 +1,66 @@
+//! Parameters of the classifier layers: SoftmaxWithLoss, Accuracy, Softmax.
+
+use super::{axis, KindParams, ParamError, Resolved};
+use crate::config::LayerConfig;
+
+/// `softmax_with_loss`: softmax over `axis`, then the mean negative log-likelihood.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftmaxWithLossParams {
+    /// The class axis (default 1).
+    pub axis: usize,
+    /// Samples with this label count toward nothing.
+    pub ignore_label: Option<i64>,
+}
+
+impl KindParams for SoftmaxWithLossParams {
+    const KEYS: &'static [&'static str] = &["axis", "ignore_label", "loss_weight"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(SoftmaxWithLossParams {
+            axis: axis(l, 1)?,
+            ignore_label: l.ignore_label,
+        })
+    }
+}
+
+/// `accuracy`: the fraction of samples whose label is among the `top_k` highest scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccuracyParams {
+    /// The class axis (default 1).
+    pub axis: usize,
+    /// At least 1, default 1.
+    pub top_k: usize,
+    /// Samples with this label are never correct.
+    pub ignore_label: Option<i64>,
+}
+
+impl KindParams for AccuracyParams {
+    const KEYS: &'static [&'static str] = &["axis", "top_k", "ignore_label"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        let top_k = l.top_k.unwrap_or(1);
+        if top_k == 0 {
+            return Err(ParamError::new("top_k", "must be at least 1, got 0"));
+        }
+        Ok(AccuracyParams {
+            axis: axis(l, 1)?,
+            top_k,
+            ignore_label: l.ignore_label,
+        })
+    }
+}
+
+/// `softmax`: normalised exponentials over `axis`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftmaxParams {
+    /// Default 1.
+    pub axis: usize,
+}
+
+impl KindParams for SoftmaxParams {
+    const KEYS: &'static [&'static str] = &["axis"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(SoftmaxParams { axis: axis(l, 1)? })
+    }
+}

@@ -1,0 +1,102 @@
+//! Parameters of the elementwise (neuron) layers: ReLU, Sigmoid, TanH, AbsVal, Power, Dropout.
+
+use super::{finite, KindParams, ParamError, Resolved};
+use crate::config::LayerConfig;
+
+/// `relu`: `y = max(x, 0) + negative_slope · min(x, 0)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReluParams {
+    /// Finite, default 0.
+    pub negative_slope: f32,
+}
+
+impl KindParams for ReluParams {
+    const KEYS: &'static [&'static str] = &["negative_slope", "loss_weight"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(ReluParams {
+            negative_slope: finite("negative_slope", l.negative_slope.unwrap_or(0.0))?,
+        })
+    }
+}
+
+/// `sigmoid`: no parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidParams;
+
+impl KindParams for SigmoidParams {
+    const KEYS: &'static [&'static str] = &["loss_weight"];
+
+    fn resolve(_: &LayerConfig) -> Resolved<Self> {
+        Ok(SigmoidParams)
+    }
+}
+
+/// `tanh`: no parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TanhParams;
+
+impl KindParams for TanhParams {
+    const KEYS: &'static [&'static str] = &["loss_weight"];
+
+    fn resolve(_: &LayerConfig) -> Resolved<Self> {
+        Ok(TanhParams)
+    }
+}
+
+/// `abs_val`: no parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AbsValParams;
+
+impl KindParams for AbsValParams {
+    const KEYS: &'static [&'static str] = &[];
+
+    fn resolve(_: &LayerConfig) -> Resolved<Self> {
+        Ok(AbsValParams)
+    }
+}
+
+/// `power`: `y = (shift + scale · x)^power`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PowerParams {
+    /// Finite, default 1.
+    pub power: f32,
+    /// Finite, default 1.
+    pub scale: f32,
+    /// Finite, default 0.
+    pub shift: f32,
+}
+
+impl KindParams for PowerParams {
+    const KEYS: &'static [&'static str] = &["power", "scale", "shift"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(PowerParams {
+            power: finite("power", l.power.unwrap_or(1.0))?,
+            scale: finite("scale", l.scale.unwrap_or(1.0))?,
+            shift: finite("shift", l.shift.unwrap_or(0.0))?,
+        })
+    }
+}
+
+/// `dropout`: zeroes each input with probability `ratio` in training, scaling the rest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutParams {
+    /// In [0, 1), default 0.5 (`dropout_ratio`).
+    pub ratio: f32,
+}
+
+impl KindParams for DropoutParams {
+    const KEYS: &'static [&'static str] = &["dropout_ratio"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        let ratio = l.dropout_ratio.unwrap_or(0.5);
+        if !(0.0..1.0).contains(&ratio) {
+            return Err(ParamError::new(
+                "dropout_ratio",
+                format!("must lie in [0, 1), got {ratio}"),
+            ));
+        }
+        Ok(DropoutParams { ratio })
+    }
+}
