@@ -184,6 +184,22 @@ impl RecordSource for Cifar10Source {
     }
 }
 
+/// Checks one CIFAR-10 binary batch before it is read: a regular file whose size is a positive
+/// multiple of [`RECORD_BYTES`] (its labels are checked when it is opened). The error is a
+/// message naming the file (config validation adds the key).
+pub fn check_file(path: &Path) -> std::result::Result<(), String> {
+    let shown = path.display();
+    let (_, len) = super::open_checked(path)?;
+    if len == 0 || len % RECORD_BYTES as u64 != 0 {
+        return Err(format!(
+            "{shown}: size {len} is not a positive multiple of the CIFAR-10 record \
+             size {RECORD_BYTES} (1 label byte + 3×32×32 pixels): truncated or not \
+             a CIFAR-10 binary batch"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

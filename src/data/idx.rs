@@ -9,7 +9,7 @@
 use super::{read_file, RecordSource};
 use crate::error::{Error, Result};
 use std::borrow::Cow;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 /// Magic number of an IDX image file: unsigned bytes, three dimensions.
@@ -337,6 +337,117 @@ impl RecordSource for IdxSource {
     fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The dimensions of the IDX file at `path` (gzip-compressed or raw), which must have `magic`
+/// ([`IMAGES_MAGIC`]: u8 images, 3 dimensions; [`LABELS_MAGIC`]: u8 labels, 1 dimension), read
+/// from its header alone and checked before anything is derived from them: images of at least
+/// 1×1 pixels, a product that fits, and (for a raw file) exactly the file's length after the
+/// header. The error is a message naming the file (config validation adds the key).
+pub fn check_header(path: &Path, magic: u32) -> std::result::Result<Vec<u64>, String> {
+    let shown = path.display();
+    let ndims = (magic & 0xff) as usize;
+    let want = 4 + 4 * ndims;
+    let (file, len) = super::open_checked(path)?;
+    let (header, compressed) =
+        read_header(file, want).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let what = if ndims == 1 { "labels" } else { "images" };
+    if header.len() < 4 {
+        return Err(format!("{shown} is too short for an IDX file"));
+    }
+    let found = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    if found != magic {
+        let hint = match found {
+            LABELS_MAGIC => " (an IDX label file)",
+            IMAGES_MAGIC => " (an IDX image file)",
+            _ => "",
+        };
+        return Err(format!(
+            "{shown}: magic 0x{found:08x}{hint}, expected IDX u8 {what} (0x{magic:08x})"
+        ));
+    }
+    if header.len() < want {
+        return Err(format!("{shown}: truncated IDX header"));
+    }
+    let dims: Vec<u64> = header[4..]
+        .chunks(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as u64)
+        .collect();
+    let raw_len = (!compressed).then_some(len);
+    idx_dims_fit(&dims, want as u64, raw_len).map_err(|msg| format!("{shown}: {msg}"))?;
+    Ok(dims)
+}
+
+/// The names of an IDX file's header fields, by number of dimensions.
+fn idx_fields(ndims: usize) -> &'static [&'static str] {
+    match ndims {
+        1 => &["number of labels"],
+        _ => &["number of images", "rows", "columns"],
+    }
+}
+
+/// Checks IDX dimensions `dims` read from a header of `header` bytes: no zero image side, images
+/// of fewer than 2^31 pixels, a data size that fits in a `u64`, and, for a raw file of `raw_len` bytes, exactly that many
+/// bytes in all. The message names the header field at fault.
+fn idx_dims_fit(
+    dims: &[u64],
+    header: u64,
+    raw_len: Option<u64>,
+) -> std::result::Result<(), String> {
+    let fields = idx_fields(dims.len());
+    let shown = dims
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("×");
+    if let Some(i) = (1..dims.len()).find(|&i| dims[i] == 0) {
+        return Err(format!(
+            "IDX header field `{}` (dimension {} of {shown}) is 0: images must be at least 1×1 pixels",
+            fields[i],
+            i + 1
+        ));
+    }
+    if let [_, rows, columns] = dims {
+        if rows.saturating_mul(*columns) >= super::MAX_RECORD_ELEMS {
+            return Err(format!(
+                "IDX header fields `rows` × `columns` ({rows}×{columns}) make images of 2^31 or \
+                 more pixels"
+            ));
+        }
+    }
+    let data = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+    let Some(total) = data.and_then(|d| d.checked_add(header)) else {
+        return Err(format!(
+            "IDX header dimensions {shown} ({}) overflow: their product is no size a file can have",
+            fields.join(" × ")
+        ));
+    };
+    match raw_len {
+        Some(len) if len != total => Err(format!(
+            "IDX header dimensions {shown} ({}) declare {total} bytes with the {header}-byte \
+             header, but the file holds {len}",
+            fields.join(" × ")
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Up to `n` bytes from the start of `file`'s content, through gzip when it is compressed, and
+/// whether it is.
+fn read_header(mut file: std::fs::File, n: usize) -> std::io::Result<(Vec<u8>, bool)> {
+    let mut magic = [0u8; 2];
+    let got = file.read(&mut magic)?;
+    file.seek(std::io::SeekFrom::Start(0))?;
+    let mut out = Vec::with_capacity(n);
+    let compressed = got == 2 && magic == [0x1f, 0x8b];
+    if compressed {
+        flate2::read::GzDecoder::new(file)
+            .take(n as u64)
+            .read_to_end(&mut out)?;
+    } else {
+        file.take(n as u64).read_to_end(&mut out)?;
+    }
+    Ok((out, compressed))
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub use transform::Transform;
 
 use crate::config::{DataConfig, DataFormat};
 use crate::error::{Error, Result};
-use crate::input_file::{read_regular, InputError, UNBOUNDED};
+use crate::input_file::{open_regular, read_regular, InputError, UNBOUNDED};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -123,6 +123,8 @@ pub enum Split {
 
 /// Classes when `classes` is not set.
 pub const DEFAULT_CLASSES: usize = 10;
+/// Record elements of a synthetic shape or an IDX image must stay below this (2^31).
+pub const MAX_RECORD_ELEMS: u64 = 1 << 31;
 /// Synthetic record shape when `shape` is not set (MNIST's).
 pub const DEFAULT_SYNTHETIC_SHAPE: [usize; 3] = [1, 28, 28];
 /// Synthetic training-set size when `train_size` is not set (MNIST's).
@@ -371,6 +373,17 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
     read_regular(path, UNBOUNDED).map_err(|e| match e {
         InputError::Missing | InputError::NotRegular(_) => Error::data(path, e),
         _ => Error::data(path, format!("cannot read: {e}")),
+    })
+}
+
+/// The input file at `path`, opened for a check before it is read, and its length; the error
+/// is a message naming the file.
+pub(crate) fn open_checked(path: &Path) -> std::result::Result<(std::fs::File, u64), String> {
+    let shown = path.display();
+    open_regular(path).map_err(|e| match e {
+        InputError::Missing => format!("file not found: {shown}"),
+        InputError::NotRegular(_) => format!("not a file: {shown} ({e})"),
+        _ => format!("cannot read {shown}: {e}"),
     })
 }
 

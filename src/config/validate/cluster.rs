@@ -1,0 +1,43 @@
+//! `[cluster]`: bucket size, replicas and threads per rank, deadlines.
+
+use super::*;
+
+impl Validator<'_> {
+    pub(super) fn cluster(&self) -> Result<()> {
+        let mb = self.cfg.cluster.bucket_mb;
+        if !(mb.is_finite() && mb > 0.0) {
+            return Err(self.err(
+                "cluster.bucket_mb",
+                format!("must be a positive number of MiB, got {mb}"),
+            ));
+        }
+        let t = self.cfg.cluster.collective_timeout_s;
+        if !(t.is_finite() && t > 0.0 && t <= 1e9) {
+            return Err(self.err(
+                "cluster.collective_timeout_s",
+                format!("must be a number of seconds > 0 (at most 1e9), got {t}"),
+            ));
+        }
+        let r = self.cfg.cluster.replicas_per_rank;
+        if r == 0 || r > MAX_REPLICAS_PER_RANK {
+            return Err(self.err(
+                "cluster.replicas_per_rank",
+                format!("must be between 1 and {MAX_REPLICAS_PER_RANK}, got {r}"),
+            ));
+        }
+        let t = self.cfg.cluster.threads_per_replica;
+        if t.saturating_mul(r) > MAX_WORKER_THREADS {
+            return Err(self.err(
+                "cluster.threads_per_replica",
+                format!(
+                    "{t} threads × {r} replicas per rank exceeds the limit of \
+                     {MAX_WORKER_THREADS} worker threads per rank (0 = the node's cores)"
+                ),
+            ));
+        }
+        if let Some(n) = self.cfg.cluster.world_size {
+            self.at_least_one("cluster.world_size", n as u64)?;
+        }
+        Ok(())
+    }
+}

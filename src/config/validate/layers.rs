@@ -1,0 +1,493 @@
+//! `[[layer]]`: each layer's parameters (resolved by [`crate::config::layer_params`], errors
+//! placed at their keys), its bottoms and tops, the graph (bottoms produced earlier in the same
+//! phase, no cycles, a train-phase loss), and the per-sample shapes and tensor sizes.
+
+use super::*;
+use crate::config::layer_params::{EltwiseParams, LayerParams, ParamError};
+use crate::config::{LayerConfig, LayerKind, Phase};
+
+impl Validator<'_> {
+    pub(super) fn layers(&self, data: &DataFacts) -> Result<()> {
+        let layers = &self.cfg.layers;
+        if layers.is_empty() {
+            return Err(self.err("layer", "the net needs at least one layer"));
+        }
+        // Per phase (0: train, 1: test), the blobs available so far: name → (producer, shape).
+        let mut avail: [Blobs; 2] = Default::default();
+        for a in &mut avail {
+            a.insert("data".into(), (None, data.record.clone()));
+            a.insert("label".into(), (None, Vec::new()));
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for (i, l) in layers.iter().enumerate() {
+            let key = |k: &str| format!("layer[{i}].{k}");
+            if l.name.trim().is_empty() {
+                return Err(self.err(&key("name"), "must not be empty"));
+            }
+            if let Some(j) = names.insert(&l.name, i) {
+                return Err(self.err(
+                    &key("name"),
+                    format!("layer name `{}` is already used by layer[{j}]", l.name),
+                ));
+            }
+            let params = self.layer_params(i, l)?;
+            self.layer_arity(i, l)?;
+            let phases: &[usize] = match l.phase {
+                None => &[0, 1],
+                Some(Phase::Train) => &[0],
+                Some(Phase::Test) => &[1],
+            };
+            let mut bottoms = Vec::new();
+            for (j, b) in l.bottom.iter().enumerate() {
+                for &q in phases {
+                    if !avail[q].contains_key(b) {
+                        return Err(self.src.error_at(
+                            &key("bottom"),
+                            &format!("layer[{i}].bottom[{j}]"),
+                            self.missing_bottom(i, b, q, &avail[1 - q]),
+                        ));
+                    }
+                }
+                bottoms.push(avail[phases[0]][b].1.clone());
+            }
+            let top_shape = self.layer_shapes(i, l, &params, &bottoms, data)?;
+            for (j, t) in l.top.iter().enumerate() {
+                if l.top[..j].contains(t) {
+                    return Err(self.err(&key("top"), format!("top `{t}` is listed twice")));
+                }
+                for &q in phases {
+                    if let Some((producer, _)) = avail[q].get(t) {
+                        if !l.bottom.contains(t) {
+                            let by = match producer {
+                                Some(p) => format!("layer `{}`", layers[*p].name),
+                                None => "the data source".into(),
+                            };
+                            return Err(self.src.error_at(
+                                &key("top"),
+                                &format!("layer[{i}].top[{j}]"),
+                                format!("top `{t}` is already produced by {by}; a layer may reuse a blob name only in place (as one of its bottoms)"),
+                            ));
+                        }
+                    }
+                }
+            }
+            for &q in phases {
+                for t in &l.top {
+                    avail[q].insert(t.clone(), (Some(i), top_shape.clone()));
+                }
+            }
+        }
+        let trains_a_loss = layers.iter().any(|l| {
+            l.kind == LayerKind::SoftmaxWithLoss
+                && l.phase != Some(Phase::Test)
+                && l.loss_weight != Some(0.0)
+        });
+        if !trains_a_loss {
+            return Err(self.err(
+                "layer",
+                "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why bottom `b` of layer `i` is missing in phase `q`.
+    fn missing_bottom(&self, i: usize, b: &str, q: usize, other_phase: &Blobs) -> String {
+        let layers = &self.cfg.layers;
+        let phase = ["train", "test"][q];
+        if let Some((Some(p), _)) = other_phase.get(b) {
+            let other = ["train", "test"][1 - q];
+            return format!(
+                "bottom `{b}` is produced only in the {other} phase (by layer `{}`), but this layer also runs in the {phase} phase",
+                layers[*p].name
+            );
+        }
+        let later = (i..layers.len()).find(|&j| layers[j].top.iter().any(|t| t == b));
+        match later {
+            Some(j) if j == i => format!(
+                "bottom `{b}` is produced by no earlier layer (only by this layer itself, a cycle)"
+            ),
+            Some(j) if self.depends_on(j, i) => format!(
+                "bottom `{b}` is produced by no earlier layer: layer `{}` produces it from this layer's output, a cycle",
+                layers[j].name
+            ),
+            Some(j) => format!(
+                "bottom `{b}` is produced by no earlier layer: only the later layer `{}` produces it; layers run in file order, so move that layer above this one",
+                layers[j].name
+            ),
+            None => format!("bottom `{b}` is produced by no earlier layer"),
+        }
+    }
+
+    /// Whether layer `j` consumes, directly or through other layers, a top of layer `i`.
+    fn depends_on(&self, j: usize, i: usize) -> bool {
+        let layers = &self.cfg.layers;
+        let mut seen = vec![false; layers.len()];
+        let mut stack = vec![j];
+        while let Some(k) = stack.pop() {
+            if std::mem::replace(&mut seen[k], true) {
+                continue;
+            }
+            for b in &layers[k].bottom {
+                for (p, l) in layers.iter().enumerate() {
+                    if l.top.contains(b) && p != k {
+                        if p == i {
+                            return true;
+                        }
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// The parameters of layer `i` resolved from its table (keys that do not apply to its type,
+    /// ranges), then the ranges of the keys every layer type shares.
+    fn layer_params(&self, i: usize, l: &LayerConfig) -> Result<LayerParams> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let params = LayerParams::resolve(l).map_err(|e| self.param_error(i, e))?;
+        let kind = name_of(&l.kind);
+        let (learnable, tensors) = params.learnable_tensors(l.bottom.len());
+        for (k, mults) in [("lr_mult", &l.lr_mult), ("decay_mult", &l.decay_mult)] {
+            let Some(m) = mults else { continue };
+            if learnable == 0 && !m.is_empty() {
+                return Err(self.err(
+                    &key(k),
+                    format!("`{k}` does not apply to a layer of type {kind} (it has no learnable tensors)"),
+                ));
+            }
+            if m.len() > learnable {
+                return Err(self.err(
+                    &key(k),
+                    format!("has {} values but the layer has {tensors}", m.len()),
+                ));
+            }
+            for (j, v) in m.iter().enumerate() {
+                self.non_negative(&format!("layer[{i}].{k}[{j}]"), *v)?;
+            }
+        }
+        if let Some(w) = l.loss_weight {
+            self.finite(&key("loss_weight"), w)?;
+        }
+        if let LayerParams::Eltwise(EltwiseParams { coeff: Some(c), .. }) = &params {
+            if c.len() != l.bottom.len() {
+                return Err(self.err(
+                    &key("coeff"),
+                    format!(
+                        "has {} values but the layer has {} bottoms (one coefficient each)",
+                        c.len(),
+                        l.bottom.len()
+                    ),
+                ));
+            }
+        }
+        Ok(params)
+    }
+
+    /// The error of a key of layer `i`, at its position in the file.
+    fn param_error(&self, i: usize, e: ParamError) -> Error {
+        let key = format!("layer[{i}].{}", e.key);
+        match e.index {
+            Some(j) => self.src.error_at(&key, &format!("{key}[{j}]"), e.msg),
+            None => self.err(&key, e.msg),
+        }
+    }
+
+    fn layer_arity(&self, i: usize, l: &LayerConfig) -> Result<()> {
+        let kind = name_of(&l.kind);
+        let (bottoms, tops, what) = match l.kind {
+            LayerKind::InnerProduct
+            | LayerKind::Relu
+            | LayerKind::Sigmoid
+            | LayerKind::Tanh
+            | LayerKind::Convolution
+            | LayerKind::Pooling
+            | LayerKind::Flatten
+            | LayerKind::Reshape
+            | LayerKind::Softmax
+            | LayerKind::Power
+            | LayerKind::AbsVal => (1..=1, 1, "1 bottom"),
+            LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
+                (2..=2, 1, "2 bottoms (scores, label)")
+            }
+            LayerKind::Scale => (1..=2, 1, "1 bottom, or 2 (data, scale)"),
+            LayerKind::Bias => (1..=2, 1, "1 bottom, or 2 (data, bias)"),
+            LayerKind::Eltwise => (2..=usize::MAX, 1, "2 or more bottoms"),
+            LayerKind::Concat => (1..=usize::MAX, 1, "1 or more bottoms"),
+            LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, 1, "1 bottom"),
+        };
+        if !bottoms.contains(&l.bottom.len()) {
+            return Err(self.err(
+                &format!("layer[{i}].bottom"),
+                format!(
+                    "a layer of type {kind} takes {what}, got {}",
+                    l.bottom.len()
+                ),
+            ));
+        }
+        if l.top.len() != tops {
+            return Err(self.err(
+                &format!("layer[{i}].top"),
+                format!("a layer of type {kind} has 1 top, got {}", l.top.len()),
+            ));
+        }
+        for (k, names) in [("bottom", &l.bottom), ("top", &l.top)] {
+            if let Some(j) = names.iter().position(|n| n.trim().is_empty()) {
+                return Err(self.src.error_at(
+                    &format!("layer[{i}].{k}"),
+                    &format!("layer[{i}].{k}[{j}]"),
+                    "blob names must not be empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-sample shape of layer `i`'s top from its bottoms' shapes; checks the sizes.
+    fn layer_shapes(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        params: &LayerParams,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<u64>> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        let axis = match params {
+            LayerParams::InnerProduct(p) => p.axis,
+            LayerParams::SoftmaxWithLoss(p) => p.axis,
+            LayerParams::Accuracy(p) => p.axis,
+            _ => 1,
+        };
+        let split = |shape: &[u64]| -> Result<(Vec<u64>, u64)> {
+            if axis > shape.len() {
+                return Err(self.err(
+                    &key(if l.axis.is_some() { "axis" } else { "bottom" }),
+                    format!(
+                        "axis {axis} is out of range for bottom `{}` of shape {}",
+                        l.bottom[0],
+                        shape_str(shape)
+                    ),
+                ));
+            }
+            Ok((
+                shape[..axis - 1].to_vec(),
+                product(&shape[axis - 1..]).unwrap_or(u64::MAX),
+            ))
+        };
+        match params {
+            LayerParams::InnerProduct(p) => {
+                let n = p.num_output as u64;
+                let (mut outer, fan_in) = split(&bottoms[0])?;
+                let too_big = |what: String, dims: &[u64]| -> Result<()> {
+                    match product(dims).and_then(|e| e.checked_mul(4)) {
+                        Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+                        Some(b) => Err(self.err(
+                            &key("num_output"),
+                            format!(
+                                "{what} would need {} GiB of f32 (limit {} GiB)",
+                                gib(b),
+                                MAX_TENSOR_BYTES / GIB
+                            ),
+                        )),
+                        None => Err(self.err(
+                            &key("num_output"),
+                            format!("{what} overflows the size of a tensor"),
+                        )),
+                    }
+                };
+                too_big(format!("the weights ({n} × {fan_in})"), &[n, fan_in])?;
+                outer.push(n);
+                let batch: Vec<u64> = std::iter::once(data.max_batch)
+                    .chain(outer.iter().copied())
+                    .collect();
+                too_big(
+                    format!(
+                        "the top `{}` {}, batch {}",
+                        l.top[0],
+                        shape_str(&outer),
+                        data.max_batch
+                    ),
+                    &batch,
+                )?;
+                Ok(outer)
+            }
+            LayerParams::Relu(_) | LayerParams::Sigmoid(_) | LayerParams::Tanh(_) => {
+                Ok(bottoms[0].clone())
+            }
+            LayerParams::SoftmaxWithLoss(_) | LayerParams::Accuracy(_) => {
+                let (_, _) = split(&bottoms[0])?;
+                let scores = bottoms[0][axis - 1];
+                if l.bottom[1] == "label"
+                    && bottoms[0].len() == 1
+                    && (scores as usize) < data.classes
+                {
+                    return Err(self.err(
+                        &key("bottom"),
+                        format!(
+                            "bottom `{}` has {scores} scores per sample but the data has {} classes",
+                            l.bottom[0], data.classes
+                        ),
+                    ));
+                }
+                if let (Some(k), LayerParams::Accuracy(p)) = (l.top_k, params) {
+                    if p.top_k as u64 > scores {
+                        return Err(self.err(
+                            &key("top_k"),
+                            format!("top_k {k} exceeds the {scores} scores per sample"),
+                        ));
+                    }
+                }
+                Ok(Vec::new())
+            }
+            LayerParams::Dropout(_) => Ok(bottoms[0].clone()),
+            LayerParams::BatchNorm(_) => {
+                if bottoms[0].is_empty() {
+                    return Err(self.err(
+                        &key("bottom"),
+                        format!(
+                            "batch_norm needs a bottom with channels (N, C, ...); `{}` is a scalar per sample",
+                            l.bottom[0]
+                        ),
+                    ));
+                }
+                Ok(bottoms[0].clone())
+            }
+            _ => self.shape_by_layer(i, l, params, bottoms, data),
+        }
+    }
+
+    /// The per-sample top shape of a layer computed by the layer's own `reshape` on
+    /// `[batch] + bottom`, its refusal reported at the key that most likely causes it; checks
+    /// the top's and (for a convolution) the weights' and column buffer's sizes.
+    fn shape_by_layer(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        params: &LayerParams,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<u64>> {
+        let key = |k: &str| format!("layer[{i}].{k}");
+        // The key blamed for a shape the layer refuses: the first of these that is set.
+        let suspects: &[(&str, bool)] = match l.kind {
+            LayerKind::Convolution => &[
+                ("group", l.group.is_some()),
+                ("kernel_size", l.kernel_size.is_some()),
+            ],
+            LayerKind::Pooling => &[
+                ("kernel_size", l.kernel_size.is_some()),
+                ("global_pooling", l.global_pooling.is_some()),
+            ],
+            LayerKind::Scale | LayerKind::Bias => &[
+                ("num_axes", l.num_axes.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Flatten => &[
+                ("end_axis", l.end_axis.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
+            LayerKind::Reshape => &[("shape", true)],
+            LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
+            _ => &[],
+        };
+        let blamed = suspects
+            .iter()
+            .find_map(|(k, set)| set.then_some(*k))
+            .unwrap_or("bottom");
+        let fail = |e: Error| match e {
+            Error::Net { msg, .. } => self.err(&key(blamed), msg),
+            other => other,
+        };
+        let rank4 = matches!(l.kind, LayerKind::Convolution | LayerKind::Pooling);
+        if rank4 && bottoms[0].len() != 3 {
+            return Err(self.err(
+                &key("bottom"),
+                format!(
+                    "bottom `{}` of shape {} is not an image (N, C, H, W)",
+                    l.bottom[0],
+                    shape_str(&bottoms[0])
+                ),
+            ));
+        }
+        let batch = data.max_batch;
+        let full: Vec<Vec<usize>> = bottoms
+            .iter()
+            .map(|b| {
+                std::iter::once(batch)
+                    .chain(b.iter().copied())
+                    .map(|d| d as usize)
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[usize]> = full.iter().map(|b| b.as_slice()).collect();
+        if let LayerParams::Convolution(p) = params {
+            let c = bottoms[0][0];
+            let g = p.group as u64;
+            if !c.is_multiple_of(g) {
+                return Err(self.err(
+                    &key("group"),
+                    format!(
+                        "group {g} does not divide the {c} channels of bottom `{}`",
+                        l.bottom[0]
+                    ),
+                ));
+            }
+        }
+        let mut layer = crate::layers::build(&l.name, params);
+        let top = layer.reshape(&views).map_err(fail)?.remove(0);
+        let sample: Vec<u64> = top.iter().skip(1).map(|&d| d as u64).collect();
+        let (size_key, what) = match l.kind {
+            LayerKind::Convolution => ("num_output", "the top"),
+            _ => ("top", "the top"),
+        };
+        let too_big = |k: &str, what: String, dims: &[u64]| -> Result<()> {
+            match product(dims).and_then(|e| e.checked_mul(4)) {
+                Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+                Some(b) => Err(self.err(
+                    &key(k),
+                    format!(
+                        "{what} would need {} GiB of f32 (limit {} GiB)",
+                        gib(b),
+                        MAX_TENSOR_BYTES / GIB
+                    ),
+                )),
+                None => Err(self.err(&key(k), format!("{what} overflows the size of a tensor"))),
+            }
+        };
+        let with_batch: Vec<u64> = std::iter::once(batch)
+            .chain(sample.iter().copied())
+            .collect();
+        too_big(
+            size_key,
+            format!(
+                "{what} `{}` {}, batch {batch}",
+                l.top[0],
+                shape_str(&sample)
+            ),
+            &with_batch,
+        )?;
+        if l.kind == LayerKind::Convolution {
+            for spec in layer.param_specs() {
+                let dims: Vec<u64> = spec.shape.iter().map(|&d| d as u64).collect();
+                too_big(
+                    "num_output",
+                    format!("the {} {:?}", spec.name, spec.shape),
+                    &dims,
+                )?;
+            }
+            let (c, k) = (bottoms[0][0], layer.param_specs()[0].shape.clone());
+            let col = [c, k[2] as u64, k[3] as u64, sample[1], sample[2]];
+            too_big(
+                "kernel_size",
+                format!(
+                    "the column buffer (C·kh·kw × OH·OW = {c}·{}·{} × {}·{})",
+                    k[2], k[3], sample[1], sample[2]
+                ),
+                &col,
+            )?;
+        }
+        Ok(sample)
+    }
+}

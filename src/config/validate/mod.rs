@@ -1,0 +1,137 @@
+//! Whole-config validation, run by `load` before anything is allocated: every value range, the
+//! keys each data format, lr policy, update rule and layer type needs or rejects, the layer graph
+//! (bottoms produced by earlier layers in the same phase, no cycles, a train-phase loss), and the
+//! memory the per-replica tensors would take. Each error names the dotted key and its position.
+//!
+//! Per-sample shapes are propagated through the layers (data `(C, H, W)`, label `()`), so an
+//! inner product's weights `(num_output, K)` and tops `(N, num_output)` are checked against the
+//! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
+//!
+//! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own), [`solver`],
+//! [`layers`] (keys through [`super::layer_params`], the graph and the shapes).
+
+mod cluster;
+mod data;
+mod layers;
+mod solver;
+#[cfg(test)]
+mod tests;
+
+use super::{Config, Source};
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+
+const GIB: u64 = 1 << 30;
+/// The largest single f32 tensor a replica may hold.
+const MAX_TENSOR_BYTES: u64 = 64 * GIB;
+/// The most records one replica may read in a run (`max_iter × iter_size × batch_size`).
+const MAX_SAMPLES: u64 = 1 << 62;
+const MAX_REPLICAS_PER_RANK: usize = 1024;
+/// Most worker threads a rank starts (`threads_per_replica × replicas_per_rank`): far more cores
+/// than one node has, and few enough that their stacks fit in memory.
+const MAX_WORKER_THREADS: usize = 4096;
+/// The bundled digits: 8×8 grey images of 10 classes.
+const DIGITS_SHAPE: [u64; 3] = [1, 8, 8];
+const DIGITS_CLASSES: usize = 10;
+/// Classes assumed for IDX and synthetic data when `classes` is not set.
+const DEFAULT_CLASSES: usize = 10;
+
+/// Blobs available in one phase: name → (producing layer, or `None` for the data source;
+/// per-sample shape).
+type Blobs = HashMap<String, (Option<usize>, Vec<u64>)>;
+
+/// The config name of an enum value (`inner_product`, `sgd`, `idx`).
+pub(crate) fn name_of<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+impl Config {
+    /// Checks the whole config, returning the first problem as an [`Error::Config`] that names
+    /// the key and its position in `src` (or the `--set` argument that set it). Reads the headers
+    /// of IDX files to learn the record size; allocates nothing else.
+    pub fn validate(&self, src: &Source) -> Result<()> {
+        let v = Validator { cfg: self, src };
+        v.cluster()?;
+        let data = v.data()?;
+        v.solver()?;
+        v.layers(&data)
+    }
+}
+
+/// What the data section implies for the net.
+struct DataFacts {
+    /// Per-sample shape of the `data` blob, `(C, H, W)`.
+    record: Vec<u64>,
+    /// Labels are below this.
+    classes: usize,
+    /// The larger of the train and test per-replica batches.
+    max_batch: u64,
+}
+
+struct Validator<'a> {
+    cfg: &'a Config,
+    src: &'a Source,
+}
+
+/// `(N, a, b)` for a per-sample shape `[a, b]`.
+fn shape_str(sample: &[u64]) -> String {
+    let mut s = String::from("(N");
+    for d in sample {
+        s.push_str(&format!(", {d}"));
+    }
+    s + ")"
+}
+
+fn product(dims: &[u64]) -> Option<u64> {
+    dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / GIB as f64)
+}
+
+impl Validator<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+        self.src.error(key, msg)
+    }
+
+    fn at_least_one(&self, key: &str, v: u64) -> Result<()> {
+        if v == 0 {
+            return Err(self.err(key, "must be at least 1, got 0"));
+        }
+        Ok(())
+    }
+
+    fn finite(&self, key: &str, v: f32) -> Result<()> {
+        if !v.is_finite() {
+            return Err(self.err(key, format!("must be a finite number, got {v}")));
+        }
+        Ok(())
+    }
+
+    fn positive(&self, key: &str, v: f32) -> Result<()> {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(self.err(key, format!("must be a finite number > 0, got {v}")));
+        }
+        Ok(())
+    }
+
+    fn non_negative(&self, key: &str, v: f32) -> Result<()> {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(self.err(key, format!("must be a finite number ≥ 0, got {v}")));
+        }
+        Ok(())
+    }
+
+    /// `v` in [0, 1).
+    fn fraction(&self, key: &str, v: f32) -> Result<()> {
+        if !(0.0..1.0).contains(&v) {
+            return Err(self.err(key, format!("must be in [0, 1), got {v}")));
+        }
+        Ok(())
+    }
+}
