@@ -4,6 +4,8 @@
 //! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
 //! `plot` reads only `metrics.jsonl`. Every input file is opened through `input_file`.
+//! Two edges still point upwards: `config`'s validation builds `layers` (from their resolved
+//! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
 
 pub mod app;
 pub mod backend;

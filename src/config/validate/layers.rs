@@ -244,6 +244,22 @@ impl Validator<'_> {
         Ok(())
     }
 
+    /// An error at `key` when a tensor `what` of `dims` would exceed the tensor limit.
+    fn tensor_fits(&self, key: &str, what: String, dims: &[u64]) -> Result<()> {
+        match product(dims).and_then(|e| e.checked_mul(4)) {
+            Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+            Some(b) => Err(self.err(
+                key,
+                format!(
+                    "{what} would need {} GiB of f32 (limit {} GiB)",
+                    gib(b),
+                    MAX_TENSOR_BYTES / GIB
+                ),
+            )),
+            None => Err(self.err(key, format!("{what} overflows the size of a tensor"))),
+        }
+    }
+
     /// The per-sample shape of layer `i`'s top from its bottoms' shapes; checks the sizes.
     fn layer_shapes(
         &self,
@@ -280,23 +296,8 @@ impl Validator<'_> {
             LayerParams::InnerProduct(p) => {
                 let n = p.num_output as u64;
                 let (mut outer, fan_in) = split(&bottoms[0])?;
-                let too_big = |what: String, dims: &[u64]| -> Result<()> {
-                    match product(dims).and_then(|e| e.checked_mul(4)) {
-                        Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
-                        Some(b) => Err(self.err(
-                            &key("num_output"),
-                            format!(
-                                "{what} would need {} GiB of f32 (limit {} GiB)",
-                                gib(b),
-                                MAX_TENSOR_BYTES / GIB
-                            ),
-                        )),
-                        None => Err(self.err(
-                            &key("num_output"),
-                            format!("{what} overflows the size of a tensor"),
-                        )),
-                    }
-                };
+                let too_big =
+                    |what: String, dims: &[u64]| self.tensor_fits(&key("num_output"), what, dims);
                 too_big(format!("the weights ({n} × {fan_in})"), &[n, fan_in])?;
                 outer.push(n);
                 let batch: Vec<u64> = std::iter::once(data.max_batch)
@@ -442,20 +443,7 @@ impl Validator<'_> {
             LayerKind::Convolution => ("num_output", "the top"),
             _ => ("top", "the top"),
         };
-        let too_big = |k: &str, what: String, dims: &[u64]| -> Result<()> {
-            match product(dims).and_then(|e| e.checked_mul(4)) {
-                Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
-                Some(b) => Err(self.err(
-                    &key(k),
-                    format!(
-                        "{what} would need {} GiB of f32 (limit {} GiB)",
-                        gib(b),
-                        MAX_TENSOR_BYTES / GIB
-                    ),
-                )),
-                None => Err(self.err(&key(k), format!("{what} overflows the size of a tensor"))),
-            }
-        };
+        let too_big = |k: &str, what: String, dims: &[u64]| self.tensor_fits(&key(k), what, dims);
         let with_batch: Vec<u64> = std::iter::once(batch)
             .chain(sample.iter().copied())
             .collect();
