@@ -5,11 +5,9 @@
 //! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
 //! `plot` reads only `metrics.jsonl`. Every input file is opened through `input_file`.
 
-pub mod app;
 pub mod backend;
 pub mod chrome_trace;
 pub mod cmd;
-pub mod compute_mean;
 pub mod config;
 pub mod cuda;
 pub mod data;
@@ -24,7 +22,6 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
-pub mod plot;
 pub mod resume;
 pub mod signals;
 pub mod snapshot;

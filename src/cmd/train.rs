@@ -32,7 +32,7 @@ macro_rules! outln {
 }
 
 /// The config embedded in the binary for `p2ptrain` without arguments.
-pub const QUICKSTART: &str = include_str!("../config/quickstart.toml");
+pub const QUICKSTART: &str = include_str!("../../config/quickstart.toml");
 
 /// Iterations a timeline records in detail unless `--timeline-iters` says otherwise.
 pub const DEFAULT_TIMELINE_ITERS: u64 = 50;
