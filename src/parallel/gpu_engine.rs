@@ -20,6 +20,7 @@
 
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;
+use super::non_finite::NonFiniteSteps;
 use crate::config::{Config, Phase, ReduceMode};
 use crate::cuda::event_clock::PhaseClock;
 use crate::cuda::layers::Collective;
@@ -29,7 +30,6 @@ use crate::cuda::update::GpuSolver;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use crate::net::Output;
-use super::non_finite::NonFiniteSteps;
 use crate::net::PassCtx;
 use crate::params::Params;
 use crate::spans::{Name, SpanLog, Step, Track};
