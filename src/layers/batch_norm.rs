@@ -286,12 +286,8 @@ mod tests {
         reducer: Option<&'a dyn crate::layers::Reducer>,
     ) -> Ctx<'a> {
         Ctx {
-            cpu,
-            phase,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
             reducer,
+            ..crate::layers::test_util::ctx(cpu, phase)
         }
     }
 
@@ -555,12 +551,8 @@ top = ["loss"]
                 assert!(params.data[state.clone()].iter().all(|&v| v == 0.0));
                 let cpu = Cpu::new(1);
                 let ctx = Ctx {
-                    cpu: &cpu,
-                    phase: Phase::Train,
-                    iter: 0,
                     seed: 3,
-                    first_sample: 0,
-                    reducer: None,
+                    ..crate::layers::test_util::ctx(&cpu, Phase::Train)
                 };
                 let (d, l) = net.inputs_mut();
                 d.iter_mut()

@@ -206,23 +206,13 @@ mod tests {
     use crate::backend::Cpu;
     use crate::config::{FillerKind, Phase};
     use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::ctx;
 
     fn ip(extra: &str) -> InnerProduct {
         InnerProduct::new(&layer_config(&format!(
             "name = \"ip\"\ntype = \"inner_product\"\n{extra}"
         )))
         .unwrap()
-    }
-
-    fn ctx(cpu: &Cpu) -> Ctx<'_> {
-        Ctx {
-            cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        }
     }
 
     #[test]
@@ -237,7 +227,7 @@ mod tests {
         let mut top = vec![Blob::new(&tops[0])];
         top[0].data.fill(f32::NAN);
         let cpu = Cpu::new(1);
-        layer.forward(&ctx(&cpu), &[bottom], &[&w, &b], &mut top);
+        layer.forward(&ctx(&cpu, Phase::Train), &[bottom], &[&w, &b], &mut top);
         let want = [-1.9, 2.8, -1.9, 7.3];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-5, "{:?} vs {want:?}", top[0].data);
@@ -258,7 +248,7 @@ mod tests {
         let mut dw = [100.0; 4];
         let cpu = Cpu::new(1);
         layer.backward(
-            &ctx(&cpu),
+            &ctx(&cpu, Phase::Train),
             &[top],
             &[true],
             &mut bottom,
@@ -359,7 +349,7 @@ mod tests {
             let cpu = Cpu::new(threads);
             let mut top = vec![Blob::new(&[32, 16])];
             layer.clone().forward(
-                &ctx(&cpu),
+                &ctx(&cpu, Phase::Train),
                 std::slice::from_ref(&bottom),
                 &[&w, &b],
                 &mut top,
