@@ -6,61 +6,23 @@
 
 mod common;
 
-use common::{bin, max_rel_diff, mpirun, out_dir, run, tensors, text};
+use common::{bin, config_dir, digits_mlp, max_rel_diff, mpirun, run, tensors, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits with augmentation and smoothing, so that the data position,
 /// the augmentation keys and the loss window all matter.
-const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 8
-scale = 0.00390625
-shift = 1
-[solver]
-type = "sgd"
-base_lr = 0.05
-momentum = 0.9
-lr_policy = "step"
-gamma = 0.5
-stepsize = 15
-max_iter = 40
-display = 5
-average_loss = 4
-snapshot = 0
-snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 32
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
-
-/// A fresh directory holding `cfg.toml`.
+fn config() -> String {
+    digits_mlp(
+        "shift = 1\n",
+        "lr_policy = \"step\"\ngamma = 0.5\nstepsize = 15\nmax_iter = 40\ndisplay = 5\naverage_loss = 4\n",
+        32,
+    )
+}
+/// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
-    let dir = out_dir(name);
-    let cfg = dir.join("cfg.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    (dir, cfg)
+    config_dir(name, &config())
 }
 
 /// `mpirun -np np p2ptrain cfg --output out args...`.

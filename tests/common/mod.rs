@@ -163,6 +163,57 @@ pub fn out_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The config of an MLP on the bundled digits: `[data]` (batch 8, scale 1/256, then the lines
+/// `data_extra`), `[solver]` (SGD, rate 0.05, momentum 0.9, then the lines `solver`, snapshots
+/// only on request under `snap/m`), and ip1 (`hidden` outputs) → relu1 → ip2 (10 outputs) →
+/// softmax_with_loss.
+pub fn digits_mlp(data_extra: &str, solver: &str, hidden: usize) -> String {
+    format!(
+        r#"
+[data]
+format = "digits"
+batch_size = 8
+scale = 0.00390625
+{data_extra}[solver]
+type = "sgd"
+base_lr = 0.05
+momentum = 0.9
+{solver}snapshot = 0
+snapshot_prefix = "snap/m"
+[[layer]]
+name = "ip1"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip1"]
+num_output = {hidden}
+[[layer]]
+name = "relu1"
+type = "relu"
+bottom = ["ip1"]
+top = ["ip1"]
+[[layer]]
+name = "ip2"
+type = "inner_product"
+bottom = ["ip1"]
+top = ["ip2"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip2", "label"]
+top = ["loss"]
+"#
+    )
+}
+
+/// A fresh output directory `name` holding `config` as `cfg.toml`: (the directory, the file).
+pub fn config_dir(name: &str, config: &str) -> (PathBuf, PathBuf) {
+    let dir = out_dir(name);
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, config).unwrap();
+    (dir, cfg)
+}
+
 /// stdout and stderr together, as text.
 pub fn text(out: &Output) -> String {
     format!(
