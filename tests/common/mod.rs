@@ -163,6 +163,63 @@ pub fn out_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// `tests/configs/equivalence.toml`, the MLP the equivalence and fault tests train.
+pub fn equivalence_config() -> String {
+    repo("tests/configs/equivalence.toml").display().to_string()
+}
+
+/// Trains the equivalence config for `max_iter` iterations on one rank into `dir`, asserting
+/// that it succeeds (its snapshot is `dir/snapshots/equiv_iter_{max_iter}.safetensors`).
+pub fn train_equivalence(dir: &Path, max_iter: usize) {
+    let out = mpi_p2ptrain(
+        1,
+        &[
+            &equivalence_config(),
+            "--output",
+            dir.to_str().unwrap(),
+            "--set",
+            &format!("solver.max_iter={max_iter}"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// Asserts that two runs logged the same metrics: the same lines (iteration and phase), losses
+/// within 2e-4 (relative, or absolute below 1), identical values of every key in `exact_test` on
+/// the test lines (accuracies: exact counts over the whole test set) and of every key in
+/// `exact_train` on the others. Returns the reference's lines for further checks.
+pub fn assert_same_metrics(
+    reference: &Path,
+    other: &Path,
+    what: &str,
+    exact_test: &[&str],
+    exact_train: &[&str],
+) -> Vec<serde_json::Value> {
+    let (a, b) = (
+        metrics(&reference.join("metrics.jsonl")),
+        metrics(&other.join("metrics.jsonl")),
+    );
+    assert_eq!(a.len(), b.len(), "{what}: metrics lines");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["iter"], y["iter"]);
+        assert_eq!(x["phase"], y["phase"]);
+        let (lx, ly) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
+        assert!(
+            (lx - ly).abs() < 2e-4 * lx.abs().max(1.0),
+            "{what}: loss at {x} vs {y}"
+        );
+        let (exact, phase) = if x["phase"] == "test" {
+            (exact_test, "test")
+        } else {
+            (exact_train, "train")
+        };
+        for key in exact {
+            assert_eq!(x[key], y[key], "{what}: {phase} {key}");
+        }
+    }
+    a
+}
+
 /// The config of an MLP on the bundled digits: `[data]` (batch 8, scale 1/256, then the lines
 /// `data_extra`), `[solver]` (SGD, rate 0.05, momentum 0.9, then the lines `solver`, snapshots
 /// only on request under `snap/m`), and ip1 (`hidden` outputs) → relu1 → ip2 (10 outputs) →
