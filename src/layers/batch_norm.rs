@@ -22,7 +22,7 @@
 
 use crate::config::{FillerConfig, LayerConfig, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -110,18 +110,12 @@ impl Layer for BatchNorm {
 
     /// One bottom `(N, C, ...)`; the top has its shape.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let shape = match bottoms {
-            [s] if s.len() >= 2 && s[1] > 0 => s.to_vec(),
-            [s] => {
+        let shape = match one_bottom(&self.name, bottoms)? {
+            s if s.len() >= 2 && s[1] > 0 => s.to_vec(),
+            s => {
                 return Err(Error::net(
                     &self.name,
                     format!("needs a bottom (N, C, ...) with C ≥ 1, got {s:?}"),
-                ))
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 bottom, got {}", bottoms.len()),
                 ))
             }
         };

@@ -21,7 +21,7 @@
 use crate::config::{FillerConfig, LayerConfig};
 use crate::error::{Error, Result};
 use crate::layers::spatial::{pair, Geometry, Pair};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::{filler, one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 use rayon::prelude::*;
@@ -218,10 +218,8 @@ impl Layer for Convolution {
     /// One bottom `(N, C, H, W)`; top `(N, num_output, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [shape] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
-        let &[n, c, h, w] = *shape else {
+        let shape = one_bottom(&self.name, bottoms)?;
+        let &[n, c, h, w] = shape else {
             return err(format!(
                 "takes a bottom (N, C, H, W), got {shape:?} (2-D convolution only)"
             ));

@@ -10,7 +10,7 @@
 
 use crate::config::{FillerConfig, LayerConfig};
 use crate::error::{Error, Result};
-use crate::layers::{filler, Ctx, Layer};
+use crate::layers::{filler, one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -71,12 +71,7 @@ impl Layer for InnerProduct {
 
     /// One bottom `(d0, ...)` of more than `axis` axes; top `(d0, ..., d_{axis-1}, num_output)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         if self.axis >= shape.len() {
             return Err(Error::net(
                 &self.name,

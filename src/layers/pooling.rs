@@ -14,7 +14,7 @@
 use crate::config::{LayerConfig, PoolMethod};
 use crate::error::{Error, Result};
 use crate::layers::spatial::{pair, Pair};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::tensor::Blob;
 
 /// The pooling layer; see the module docs.
@@ -111,10 +111,8 @@ impl Layer for Pooling {
     /// One bottom `(N, C, H, W)`; top `(N, C, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [shape] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
-        let &[n, c, h, w] = *shape else {
+        let shape = one_bottom(&self.name, bottoms)?;
+        let &[n, c, h, w] = shape else {
             return err(format!(
                 "takes a bottom (N, C, H, W), got {shape:?} (2-D pooling only)"
             ));
