@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, config_dir, digits_mlp, mpirun, run, text};
+use common::{bin, config_dir, digits_mlp, mpirun, run, snapshot_iters, text};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -62,24 +62,6 @@ fn refused(out: &Output, wanted: &[&str]) -> String {
     }
     assert!(!t.contains("panicked"), "{t}");
     t
-}
-
-/// The snapshot iterations in `out/snap` (each counted once, by its solver state), sorted.
-fn snapshot_iters(out: &Path) -> Vec<u64> {
-    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("m_iter_")?
-                    .strip_suffix(".solverstate")?
-                    .parse()
-                    .ok()
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]

@@ -6,9 +6,12 @@
 
 mod common;
 
-use common::{bin, config_dir, digits_mlp, max_rel_diff, mpirun, run, tensors, text};
+use common::{
+    bin, config_dir, digits_mlp, kill, max_rel_diff, mpirun, ranks_of, run, snapshot_iters,
+    tensors, text,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits with augmentation and smoothing, so that the data position,
@@ -357,23 +360,6 @@ fn wait_training(out: &Path, child: &mut std::process::Child) {
     }
 }
 
-fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
-}
-
-/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
-fn ranks_of(parent: u32) -> Vec<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "p2ptrain"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// The iteration after which each rank logged an agreed signal.
 fn agreed_iterations(log: &str) -> Vec<(String, u64)> {
     log.lines()
@@ -390,24 +376,6 @@ fn finish(child: std::process::Child) -> Output {
     let out = child.wait_with_output().expect("waiting for mpirun");
     eprintln!("--- exit {:?}\n{}", out.status.code(), text(&out));
     out
-}
-
-/// The snapshot iterations in `out/snap`, sorted.
-fn snapshot_iters(out: &Path) -> Vec<u64> {
-    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("m_iter_")?
-                    .strip_suffix(".solverstate")?
-                    .parse()
-                    .ok()
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{bin, config_dir, digits_mlp, mpi_env, mpirun, out_dir, tensors, text};
+use common::{
+    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, out_dir, ranks_of, tensors, text,
+};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -33,28 +35,11 @@ fn setup(name: &str) -> (PathBuf, PathBuf) {
     config_dir(name, &config())
 }
 
-fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
-}
-
 /// Whether process `pid` still runs (a zombie counts as ended).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
         .unwrap_or(false)
-}
-
-/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
-fn ranks_of(parent: u32) -> Vec<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "p2ptrain"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
 }
 
 /// Waits until the run has written its first display line (it is training).

@@ -271,6 +271,42 @@ pub fn config_dir(name: &str, config: &str) -> (PathBuf, PathBuf) {
     (dir, cfg)
 }
 
+/// The snapshot iterations in `out/snap` (each counted once, by its solver state), sorted.
+pub fn snapshot_iters(out: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("m_iter_")?
+                    .strip_suffix(".solverstate")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Sends `sig` to `pid`, asserting that it was delivered.
+pub fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
+pub fn ranks_of(parent: u32) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-P", &parent.to_string(), "p2ptrain"])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 /// stdout and stderr together, as text.
 pub fn text(out: &Output) -> String {
     format!(
