@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{bin, mpi_env, mpirun, out_dir, tensors, text};
+use common::{
+    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, out_dir, ranks_of, tensors, text,
+};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -14,43 +16,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits, quick to train and to snapshot.
-const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 8
-scale = 0.00390625
-[solver]
-type = "sgd"
-base_lr = 0.05
-momentum = 0.9
-max_iter = 5
-display = 1
-snapshot = 0
-snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 32
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
-
+fn config() -> String {
+    digits_mlp("", "max_iter = 5\ndisplay = 1\n", 32)
+}
 /// Runs that go on until they are stopped.
 const ENDLESS: &[&str] = &["--set", "solver.max_iter=100000000"];
 
@@ -62,17 +30,9 @@ const END_WITHIN: Duration = Duration::from_secs(90);
 /// SIGTERM): room for the snapshot on a loaded machine.
 const SIGKILL_TIMEOUT_S: &str = "5";
 
-/// A fresh directory holding `cfg.toml`.
+/// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
-    let dir = out_dir(name);
-    let cfg = dir.join("cfg.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    (dir, cfg)
-}
-
-fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    config_dir(name, &config())
 }
 
 /// Whether process `pid` still runs (a zombie counts as ended).
@@ -80,18 +40,6 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
         .unwrap_or(false)
-}
-
-/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
-fn ranks_of(parent: u32) -> Vec<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "p2ptrain"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
 }
 
 /// Waits until the run has written its first display line (it is training).
@@ -399,7 +347,7 @@ fn open_when_read(path: &Path, job: &mut Child) -> std::fs::File {
 /// the reader is gone (killed by the signal): the exit status then tells.
 fn hand_config(mut pipe: std::fs::File) {
     use std::io::Write;
-    let _ = pipe.write_all(CONFIG.as_bytes());
+    let _ = pipe.write_all(config().as_bytes());
 }
 
 #[test]

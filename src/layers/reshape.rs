@@ -6,13 +6,14 @@
 
 use crate::config::LayerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::reshaping::{ReshapingLayer, ShapeRule};
 
 /// The reshape layer; see the module docs.
+pub type Reshape = ReshapingLayer<ReshapeSpec>;
+
+/// Replaces the axes `axis .. axis + num_axes` by `shape` (0 copies, −1 infers).
 #[derive(Debug, Clone)]
-pub struct Reshape {
-    name: String,
+pub struct ReshapeSpec {
     axis: usize,
     num_axes: i64,
     shape: Vec<i64>,
@@ -36,25 +37,22 @@ impl Reshape {
                 "`shape` may infer (−1) one axis only",
             ));
         }
-        Ok(Reshape {
-            name: cfg.name.clone(),
-            axis: cfg.axis.unwrap_or(0),
-            num_axes: cfg.num_axes.unwrap_or(-1),
-            shape,
-        })
+        Ok(ReshapingLayer::with_rule(
+            cfg.name.clone(),
+            ReshapeSpec {
+                axis: cfg.axis.unwrap_or(0),
+                num_axes: cfg.num_axes.unwrap_or(-1),
+                shape,
+            },
+        ))
     }
 }
 
-impl Layer for Reshape {
-    fn type_name(&self) -> &'static str {
-        "reshape"
-    }
+impl ShapeRule for ReshapeSpec {
+    const TYPE_NAME: &'static str = "reshape";
 
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [bottom] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
+    fn top_shape(&self, layer: &str, bottom: &[usize]) -> Result<Vec<usize>> {
+        let err = |msg: String| Err(Error::net(layer, msg));
         let axis = self.axis;
         let end = match self.num_axes {
             -1 => bottom.len(),
@@ -114,27 +112,7 @@ impl Layer for Reshape {
                 self.shape
             ));
         }
-        Ok(vec![top])
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        tops[0].data.copy_from_slice(&bottoms[0].data);
-    }
-
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if propagate_down[0] {
-            for (d, &g) in bottoms[0].diff.iter_mut().zip(&tops[0].diff) {
-                *d += g;
-            }
-        }
+        Ok(top)
     }
 }
 
@@ -142,6 +120,7 @@ impl Layer for Reshape {
 mod tests {
     use super::*;
     use crate::layers::gradient_check::{layer_config, uniform_blob, GradientChecker};
+    use crate::layers::Layer;
 
     fn reshape(extra: &str) -> Reshape {
         Reshape::new(&layer_config(&format!(
