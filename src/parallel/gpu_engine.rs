@@ -20,7 +20,6 @@
 
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;
-use super::non_finite::NonFiniteSteps;
 use crate::config::{Config, Phase, ReduceMode};
 use crate::cuda::event_clock::PhaseClock;
 use crate::cuda::layers::Collective;
