@@ -7,13 +7,11 @@
 //! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
 use super::scale::channel_view;
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::LayerConfig;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The bias layer; see the module docs.
 #[derive(Debug)]
@@ -70,19 +68,12 @@ impl GpuLayer for GpuBias {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
         let (_, d, inner) = self.view;
         let s = &gpu.compute;
         if self.two_bottoms {
-            let [x, b, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, b, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             gpu.kernels.channel_affine(
                 s,
@@ -94,13 +85,13 @@ impl GpuLayer for GpuBias {
                 (d, inner),
             )
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             gpu.kernels.channel_affine(
                 s,
                 &x.data(),
                 None,
-                Some(&params.slice(..d)),
+                Some(&pass.params.slice(..d)),
                 &mut y.data_mut(),
                 n,
                 (d, inner),
@@ -108,25 +99,13 @@ impl GpuLayer for GpuBias {
         }
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (grads, blobs) = (pass.grads, &mut pass.blobs);
         let view = self.view;
         let d = view.1;
-        let s = &gpu.compute;
-        let k = &gpu.kernels;
-        let x_idx = bottoms[0];
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
         if self.two_bottoms {
-            let [b, y] = pick(blobs, [bottoms[1], tops[0]]);
+            let [b, y] = blobs.pick([blobs.bottoms[1], blobs.tops[0]]);
             if grads[1].wanted() {
                 let dy = y.diff();
                 k.channel_reduce(
@@ -140,20 +119,19 @@ impl GpuLayer for GpuBias {
                 )?;
             }
         } else {
-            let y = &blobs[tops[0]];
-            let dy = y.diff();
+            let dy = blobs.top(0).diff();
             k.channel_reduce(
                 s,
                 &dy,
                 &dy,
                 false,
-                &mut param_diff.slice_mut(..d),
+                &mut pass.param_diff.slice_mut(..d),
                 view,
-                param_grad.accumulate(),
+                pass.param_grad.accumulate(),
             )?;
         }
         if grads[0].wanted() {
-            let [x, y] = pick(blobs, [x_idx, tops[0]]);
+            let [x, y] = blobs.bottom_top();
             let n = x.count();
             k.scaled_copy(
                 s,

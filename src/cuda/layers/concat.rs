@@ -3,12 +3,10 @@
 //! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
 //! copies (or adds) the same range of the top's diff back.
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::LayerConfig;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Concatenation; see the module docs.
 #[derive(Debug)]
@@ -55,19 +53,13 @@ impl GpuLayer for GpuConcat {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
         let total: usize = self.cols.iter().sum();
         let mut off = 0;
         for (&b, &cols) in bottoms.iter().zip(&self.cols) {
-            let [x, y] = pick(blobs, [b, tops[0]]);
+            let [x, y] = pass.blobs.pick([b, top]);
             gpu.kernels.copy_strided(
                 &gpu.compute,
                 &x.data(),
@@ -83,23 +75,14 @@ impl GpuLayer for GpuConcat {
         Ok(())
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
         let total: usize = self.cols.iter().sum();
         let mut off = 0;
-        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(grads) {
+        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(pass.grads) {
             if g.wanted() {
-                let [x, y] = pick(blobs, [b, tops[0]]);
+                let [x, y] = pass.blobs.pick([b, top]);
                 gpu.kernels.copy_strided(
                     &gpu.compute,
                     &y.diff(),

@@ -2,16 +2,18 @@
 //! `crate::layers::power`; backward `dx (+)= dy · power · scale · (shift + scale · x)^(power−1)`
 //! (0 when power or scale is 0).
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad};
 use crate::config::LayerConfig;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Power; see the module docs.
+pub type GpuPower = GpuNeuron<Power>;
+
+/// The power function and its derivative.
 #[derive(Debug, Clone, Copy)]
-pub struct GpuPower {
+pub struct Power {
     /// `(power, scale, shift)`.
     coef: (f32, f32, f32),
 }
@@ -19,67 +21,35 @@ pub struct GpuPower {
 impl GpuPower {
     /// Reads `power` (1), `scale` (1), `shift` (0).
     pub fn new(cfg: &LayerConfig) -> Self {
-        GpuPower {
+        GpuNeuron(Power {
             coef: (
                 cfg.power.unwrap_or(1.0),
                 cfg.scale.unwrap_or(1.0),
                 cfg.shift.unwrap_or(0.0),
             ),
-        }
+        })
     }
 }
 
-impl GpuLayer for GpuPower {
+impl NeuronFn for Power {
     fn type_name(&self) -> &'static str {
         "power"
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(
-        &mut self,
+        &self,
         gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
+        x: &CudaView<'_, f32>,
+        y: &mut CudaViewMut<'_, f32>,
+        n: usize,
     ) -> Result<()> {
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        let n = x.count();
-        gpu.kernels
-            .power_forward(&gpu.compute, &x.data(), &mut y.data_mut(), n, self.coef)
+        gpu.kernels.power_forward(&gpu.compute, x, y, n, self.coef)
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if !grads[0].wanted() {
-            return Ok(());
-        }
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        let n = x.count();
-        let xd = x.data.slice(..n);
-        gpu.kernels.power_backward(
-            &gpu.compute,
-            &xd,
-            &y.diff(),
-            &mut x.diff.slice_mut(..n),
-            n,
-            self.coef,
-            grads[0].accumulate(),
-        )
+    fn backward(&self, gpu: &Gpu, mut g: NeuronGrad<'_>) -> Result<()> {
+        let (s, coef) = (&gpu.compute, self.coef);
+        gpu.kernels
+            .power_backward(s, &g.x, &g.dy, &mut g.dx, g.n, coef, g.accumulate)
     }
 }
 

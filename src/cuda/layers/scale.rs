@@ -11,13 +11,11 @@
 //! Backward: `dx (+)= dy · s[d]`; `ds[d] (+)= Σ dy·x`, `db[d] (+)= Σ dy` over `(outer,
 //! inner)` in double with fixed chunks and summation trees (deterministic).
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::LayerConfig;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// `(outer, dim, inner)` of `shape` around the axes `axis .. axis + num_axes` (`-1`: to the
 /// end), or an error naming the layer.
@@ -109,20 +107,13 @@ impl GpuLayer for GpuScale {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, params) = (pass.gpu, &pass.params);
         let d = self.dim();
         let (_, _, inner) = self.view;
         let s = &gpu.compute;
         if self.two_bottoms {
-            let [x, sc, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, sc, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             let bias = self.bias_term.then(|| params.slice(..d));
             gpu.kernels.channel_affine(
@@ -135,7 +126,7 @@ impl GpuLayer for GpuScale {
                 (d, inner),
             )
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             let scale = params.slice(..d);
             let bias = self.bias_term.then(|| params.slice(d..2 * d));
@@ -151,26 +142,15 @@ impl GpuLayer for GpuScale {
         }
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (grads, param_diff) = (pass.grads, &mut pass.param_diff);
         let d = self.dim();
         let view = self.view;
         let (_, _, inner) = view;
-        let s = &gpu.compute;
-        let acc = param_grad.accumulate();
-        let k = &gpu.kernels;
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
+        let acc = pass.param_grad.accumulate();
         if self.two_bottoms {
-            let [x, sc, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, sc, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             let dy = y.diff();
             if self.bias_term {
@@ -207,7 +187,7 @@ impl GpuLayer for GpuScale {
                 )?;
             }
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             let dy = y.diff();
             if self.bias_term {
@@ -235,7 +215,7 @@ impl GpuLayer for GpuScale {
                 k.channel_scale_backward(
                     s,
                     &dy,
-                    &params.slice(..d),
+                    &pass.params.slice(..d),
                     &mut x.diff_mut(),
                     n,
                     (d, inner),
