@@ -10,13 +10,12 @@ parameterless_neuron!(AbsVal, "abs_val", abs_forward, abs_backward, reads x);
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new("name = \"a\"\ntype = \"abs_val\"", vec![vec![4, 3, 5, 5]]);
-        check_against_cpu(&gpu, &case, 1201);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"a\"\ntype = \"abs_val\"",
+        vec![vec![4, 3, 5, 5]],
+        1201
+    );
 }

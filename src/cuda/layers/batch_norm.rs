@@ -268,7 +268,7 @@ impl GpuLayer for GpuBatchNorm {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::cuda::layers::testing::{check_against_cpu, cpu_ctx, Fixture, LayerCase};
+    use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::layers::Collective;
     use crate::cuda::nccl::{nccl_available, NcclComm, NcclId};
     use crate::cuda::test_util::{assert_close, gpu_or_skip, skip_loudly};
@@ -389,14 +389,14 @@ mod tests {
         }
     }
 
-    /// Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
-    /// overwriting gradients).
-    #[test]
-    fn train_on_features_matches_cpu_in_the_harness() {
-        let gpu = gpu_or_skip!("train_on_features_matches_cpu_in_the_harness");
-        let case = LayerCase::new("name = \"bn\"\ntype = \"batch_norm\"", vec![vec![16, 7]]);
-        check_against_cpu(&gpu, &case, 1321);
-    }
+    // Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
+    // overwriting gradients).
+    layer_matches_cpu!(
+        train_on_features_matches_cpu_in_the_harness,
+        "name = \"bn\"\ntype = \"batch_norm\"",
+        vec![vec![16, 7]],
+        1321
+    );
 
     /// `sync = true` on two GPUs (NCCL) with half the batch each equals one GPU with the whole
     /// batch: tops, bottom gradients and the running statistics, the latter bit-identical on

@@ -148,23 +148,19 @@ impl GpuLayer for GpuBias {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn learnable_matches_cpu() {
-        let gpu = gpu_or_skip!("learnable_matches_cpu");
-        let case = LayerCase::new("name = \"b\"\ntype = \"bias\"", vec![vec![3, 4, 5, 2]]);
-        check_against_cpu(&gpu, &case, 611);
-    }
+    layer_matches_cpu!(
+        learnable_matches_cpu,
+        "name = \"b\"\ntype = \"bias\"",
+        vec![vec![3, 4, 5, 2]],
+        611
+    );
 
-    #[test]
-    fn second_bottom_matches_cpu() {
-        let gpu = gpu_or_skip!("second_bottom_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"b\"\ntype = \"bias\"",
-            vec![vec![2, 3, 4, 4], vec![3]],
-        );
-        check_against_cpu(&gpu, &case, 612);
-    }
+    layer_matches_cpu!(
+        second_bottom_matches_cpu,
+        "name = \"b\"\ntype = \"bias\"",
+        vec![vec![2, 3, 4, 4], vec![3]],
+        612
+    );
 }

@@ -102,26 +102,19 @@ impl GpuLayer for GpuConcat {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn channels_match_cpu() {
-        let gpu = gpu_or_skip!("channels_match_cpu");
-        let case = LayerCase::new(
-            "name = \"c\"\ntype = \"concat\"",
-            vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]],
-        );
-        check_against_cpu(&gpu, &case, 801);
-    }
+    layer_matches_cpu!(
+        channels_match_cpu,
+        "name = \"c\"\ntype = \"concat\"",
+        vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]],
+        801
+    );
 
-    #[test]
-    fn axis_2_matches_cpu() {
-        let gpu = gpu_or_skip!("axis_2_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"c\"\ntype = \"concat\"\naxis = 2",
-            vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]],
-        );
-        check_against_cpu(&gpu, &case, 802);
-    }
+    layer_matches_cpu!(
+        axis_2_matches_cpu,
+        "name = \"c\"\ntype = \"concat\"\naxis = 2",
+        vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]],
+        802
+    );
 }

@@ -127,7 +127,7 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::cuda::blob::GpuBlob;
-    use crate::cuda::layers::testing::{check_against_cpu, cpu_ctx, Fixture, LayerCase};
+    use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::test_util::gpu_or_skip;
     use crate::layers;
     use crate::layers::gradient_check::{layer_config, uniform_blob};
@@ -140,15 +140,12 @@ mod tests {
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new(
-            "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = 0.3",
-            vec![vec![4, 3, 5, 5]],
-        );
-        check_against_cpu(&gpu, &case, 501);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = 0.3",
+        vec![vec![4, 3, 5, 5]],
+        501
+    );
 
     /// The kept elements are exactly the CPU's, at a later iteration and sample offset, and
     /// the kept values are bit-identical.

@@ -11,13 +11,12 @@ pub fn gpu_flatten() -> GpuView {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new("name = \"f\"\ntype = \"flatten\"", vec![vec![3, 4, 5, 2]]);
-        check_against_cpu(&gpu, &case, 901);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"f\"\ntype = \"flatten\"",
+        vec![vec![3, 4, 5, 2]],
+        901
+    );
 }

@@ -55,27 +55,20 @@ impl NeuronFn for Power {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn square_matches_cpu() {
-        let gpu = gpu_or_skip!("square_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"p\"\ntype = \"power\"\npower = 2.0\nscale = 0.5\nshift = 1.0",
-            vec![vec![3, 4, 5]],
-        );
-        check_against_cpu(&gpu, &case, 1101);
-    }
+    layer_matches_cpu!(
+        square_matches_cpu,
+        "name = \"p\"\ntype = \"power\"\npower = 2.0\nscale = 0.5\nshift = 1.0",
+        vec![vec![3, 4, 5]],
+        1101
+    );
 
-    /// A positive base (shift 3 over inputs in [-2, 2]) for a fractional power.
-    #[test]
-    fn fractional_power_matches_cpu() {
-        let gpu = gpu_or_skip!("fractional_power_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"p\"\ntype = \"power\"\npower = 1.5\nscale = 1.0\nshift = 3.0",
-            vec![vec![4, 25]],
-        );
-        check_against_cpu(&gpu, &case, 1102);
-    }
+    // A positive base (shift 3 over inputs in [-2, 2]) for a fractional power.
+    layer_matches_cpu!(
+        fractional_power_matches_cpu,
+        "name = \"p\"\ntype = \"power\"\npower = 1.5\nscale = 1.0\nshift = 3.0",
+        vec![vec![4, 25]],
+        1102
+    );
 }

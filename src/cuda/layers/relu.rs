@@ -59,23 +59,19 @@ impl NeuronFn for Relu {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new("name = \"r\"\ntype = \"relu\"", vec![vec![4, 3, 5, 7]]);
-        check_against_cpu(&gpu, &case, 201);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"r\"\ntype = \"relu\"",
+        vec![vec![4, 3, 5, 7]],
+        201
+    );
 
-    #[test]
-    fn matches_cpu_leaky() {
-        let gpu = gpu_or_skip!("matches_cpu_leaky");
-        let case = LayerCase::new(
-            "name = \"r\"\ntype = \"relu\"\nnegative_slope = 0.1",
-            vec![vec![3, 1000]],
-        );
-        check_against_cpu(&gpu, &case, 202);
-    }
+    layer_matches_cpu!(
+        matches_cpu_leaky,
+        "name = \"r\"\ntype = \"relu\"\nnegative_slope = 0.1",
+        vec![vec![3, 1000]],
+        202
+    );
 }

@@ -11,16 +11,12 @@ pub fn gpu_reshape() -> GpuView {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new(
-            "name = \"r\"\ntype = \"reshape\"\nshape = [0, -1, 10]",
-            vec![vec![3, 4, 5, 2]],
-        );
-        check_against_cpu(&gpu, &case, 902);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"r\"\ntype = \"reshape\"\nshape = [0, -1, 10]",
+        vec![vec![3, 4, 5, 2]],
+        902
+    );
 }

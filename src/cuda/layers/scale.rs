@@ -229,36 +229,26 @@ impl GpuLayer for GpuScale {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn per_channel_with_bias_matches_cpu() {
-        let gpu = gpu_or_skip!("per_channel_with_bias_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"\nbias_term = true",
-            vec![vec![3, 4, 5, 6]],
-        );
-        check_against_cpu(&gpu, &case, 601);
-    }
+    layer_matches_cpu!(
+        per_channel_with_bias_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"\nbias_term = true",
+        vec![vec![3, 4, 5, 6]],
+        601
+    );
 
-    #[test]
-    fn over_two_axes_matches_cpu() {
-        let gpu = gpu_or_skip!("over_two_axes_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2",
-            vec![vec![2, 3, 4, 5]],
-        );
-        check_against_cpu(&gpu, &case, 602);
-    }
+    layer_matches_cpu!(
+        over_two_axes_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2",
+        vec![vec![2, 3, 4, 5]],
+        602
+    );
 
-    #[test]
-    fn second_bottom_as_scale_matches_cpu() {
-        let gpu = gpu_or_skip!("second_bottom_as_scale_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"",
-            vec![vec![2, 3, 4, 4], vec![3]],
-        );
-        check_against_cpu(&gpu, &case, 603);
-    }
+    layer_matches_cpu!(
+        second_bottom_as_scale_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"",
+        vec![vec![2, 3, 4, 4], vec![3]],
+        603
+    );
 }

@@ -12,13 +12,12 @@ parameterless_neuron!(Sigmoid, "sigmoid", sigmoid_forward, sigmoid_backward, rea
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new("name = \"s\"\ntype = \"sigmoid\"", vec![vec![6, 5, 4]]);
-        check_against_cpu(&gpu, &case, 301);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"s\"\ntype = \"sigmoid\"",
+        vec![vec![6, 5, 4]],
+        301
+    );
 }

@@ -79,23 +79,19 @@ impl GpuLayer for GpuSoftmax {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn over_channels_matches_cpu() {
-        let gpu = gpu_or_skip!("over_channels_matches_cpu");
-        let case = LayerCase::new("name = \"s\"\ntype = \"softmax\"", vec![vec![3, 5, 4, 2]]);
-        check_against_cpu(&gpu, &case, 1001);
-    }
+    layer_matches_cpu!(
+        over_channels_matches_cpu,
+        "name = \"s\"\ntype = \"softmax\"",
+        vec![vec![3, 5, 4, 2]],
+        1001
+    );
 
-    #[test]
-    fn over_last_axis_matches_cpu() {
-        let gpu = gpu_or_skip!("over_last_axis_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"s\"\ntype = \"softmax\"\naxis = 2",
-            vec![vec![4, 3, 10]],
-        );
-        check_against_cpu(&gpu, &case, 1002);
-    }
+    layer_matches_cpu!(
+        over_last_axis_matches_cpu,
+        "name = \"s\"\ntype = \"softmax\"\naxis = 2",
+        vec![vec![4, 3, 10]],
+        1002
+    );
 }

@@ -12,13 +12,12 @@ parameterless_neuron!(TanH, "tanh", tanh_forward, tanh_backward, reads y);
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new("name = \"t\"\ntype = \"tanh\"", vec![vec![6, 5, 4]]);
-        check_against_cpu(&gpu, &case, 401);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"t\"\ntype = \"tanh\"",
+        vec![vec![6, 5, 4]],
+        401
+    );
 }

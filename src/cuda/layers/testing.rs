@@ -392,3 +392,21 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         rtol,
     );
 }
+
+/// `layer_matches_cpu!(test_name, toml_text, bottom_shapes, seed);`: a test `test_name` that
+/// runs [`check_against_cpu`] on the layer `toml_text` describes over `bottom_shapes`, with FP32
+/// math, or skips loudly where there is no GPU.
+macro_rules! layer_matches_cpu {
+    ($test:ident, $toml:expr, $bottoms:expr, $seed:expr) => {
+        #[test]
+        fn $test() {
+            let name = concat!(module_path!(), "::", stringify!($test));
+            let math = $crate::config::MathMode::Fp32;
+            if let Some(gpu) = $crate::cuda::test_util::gpu_for_test(name, math) {
+                let case = $crate::cuda::layers::testing::LayerCase::new($toml, $bottoms);
+                $crate::cuda::layers::testing::check_against_cpu(&gpu, &case, $seed);
+            }
+        }
+    };
+}
+pub(crate) use layer_matches_cpu;
