@@ -6,12 +6,12 @@
 //!
 //! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
-use super::scale::channel_view;
+use super::scale::operand_view;
 use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::LayerConfig;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The bias layer; see the module docs.
 #[derive(Debug)]
@@ -45,26 +45,8 @@ impl GpuLayer for GpuBias {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        match bottoms {
-            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
-                self.two_bottoms = false;
-                self.view = Layout::Nhwc.channel_view(x);
-            }
-            [x] => {
-                self.two_bottoms = false;
-                self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;
-            }
-            [x, b] => {
-                self.two_bottoms = true;
-                self.view = channel_view(&self.name, x, self.axis, b.len() as i64)?;
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
-                ))
-            }
-        }
+        let axes = (self.axis, self.num_axes);
+        (self.view, self.two_bottoms) = operand_view(&self.name, self.layout, axes, bottoms)?;
         Ok(())
     }
 

@@ -43,6 +43,29 @@ pub(crate) fn channel_view(
     ))
 }
 
+/// Scale's and Bias's reading of their bottoms: `((outer, dim, inner), two_bottoms)`. One
+/// bottom: the learned operand spans `axis .. axis + num_axes` of `x` (channels-last: the
+/// channel axis, last in storage). Two: the second bottom is the operand, over as many axes as
+/// it has.
+pub(crate) fn operand_view(
+    layer: &str,
+    layout: Layout,
+    (axis, num_axes): (usize, i64),
+    bottoms: &[&[usize]],
+) -> Result<((usize, usize, usize), bool)> {
+    match bottoms {
+        [x] if layout == Layout::Nhwc && axis == 1 && num_axes == 1 => {
+            Ok((Layout::Nhwc.channel_view(x), false))
+        }
+        [x] => Ok((channel_view(layer, x, axis, num_axes)?, false)),
+        [x, operand] => Ok((channel_view(layer, x, axis, operand.len() as i64)?, true)),
+        _ => Err(Error::net(
+            layer,
+            format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
+        )),
+    }
+}
+
 /// The scale layer; see the module docs.
 #[derive(Debug)]
 pub struct GpuScale {
@@ -84,26 +107,8 @@ impl GpuLayer for GpuScale {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        match bottoms {
-            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
-                self.two_bottoms = false;
-                self.view = Layout::Nhwc.channel_view(x);
-            }
-            [x] => {
-                self.two_bottoms = false;
-                self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;
-            }
-            [x, s] => {
-                self.two_bottoms = true;
-                self.view = channel_view(&self.name, x, self.axis, s.len() as i64)?;
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
-                ))
-            }
-        }
+        let axes = (self.axis, self.num_axes);
+        (self.view, self.two_bottoms) = operand_view(&self.name, self.layout, axes, bottoms)?;
         Ok(())
     }
 
