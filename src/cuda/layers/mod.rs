@@ -7,6 +7,10 @@
 //!   to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by
 //!   index in one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly
 //!   without collecting references (all indices of one layer are distinct; the net checks this).
+//!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
+//!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
+//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, and the views
+//!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`].
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
 //!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the only one to
 //!   contribute to that blob's gradient, and for the parameters on the first backward of an
