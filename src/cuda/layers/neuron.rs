@@ -17,17 +17,17 @@ pub trait NeuronFn: Send {
     fn type_name(&self) -> &'static str;
 
     /// `y (n) = f(x (n))`.
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        x: &CudaView<'_, f32>,
-        y: &mut CudaViewMut<'_, f32>,
-        n: usize,
-    ) -> Result<()>;
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()>;
 
     /// `dx (n) (+)= dy (n) · f'`, from whichever of `grad.x` and `grad.y` the derivative reads.
     fn backward(&self, gpu: &Gpu, grad: NeuronGrad<'_>) -> Result<()>;
 }
+
+/// `(n)` values on the device, read-only.
+pub type Values<'a> = CudaView<'a, f32>;
+
+/// `(n)` values on the device, writable.
+pub type ValuesMut<'a> = CudaViewMut<'a, f32>;
 
 /// The buffers of one neuron backward, all `(n)`.
 pub struct NeuronGrad<'a> {
@@ -100,8 +100,8 @@ macro_rules! parameterless_neuron {
             fn forward(
                 &self,
                 gpu: &$crate::cuda::Gpu,
-                x: &cudarc::driver::CudaView<'_, f32>,
-                y: &mut cudarc::driver::CudaViewMut<'_, f32>,
+                x: &$crate::cuda::layers::neuron::Values<'_>,
+                y: &mut $crate::cuda::layers::neuron::ValuesMut<'_>,
                 n: usize,
             ) -> $crate::error::Result<()> {
                 gpu.kernels.$forward(&gpu.compute, x, y, n)

@@ -2,11 +2,10 @@
 //! `crate::layers::power`; backward `dx (+)= dy · power · scale · (shift + scale · x)^(power−1)`
 //! (0 when power or scale is 0).
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad};
+use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
 use crate::config::LayerConfig;
 use crate::cuda::Gpu;
 use crate::error::Result;
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Power; see the module docs.
 pub type GpuPower = GpuNeuron<Power>;
@@ -36,13 +35,7 @@ impl NeuronFn for Power {
         "power"
     }
 
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        x: &CudaView<'_, f32>,
-        y: &mut CudaViewMut<'_, f32>,
-        n: usize,
-    ) -> Result<()> {
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()> {
         gpu.kernels.power_forward(&gpu.compute, x, y, n, self.coef)
     }
 

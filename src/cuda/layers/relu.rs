@@ -3,11 +3,10 @@
 //!
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad};
+use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
 use crate::config::LayerConfig;
 use crate::cuda::Gpu;
 use crate::error::Result;
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// The rectifier; see the module docs.
 pub type GpuRelu = GpuNeuron<Relu>;
@@ -32,13 +31,7 @@ impl NeuronFn for Relu {
         "relu"
     }
 
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        x: &CudaView<'_, f32>,
-        y: &mut CudaViewMut<'_, f32>,
-        n: usize,
-    ) -> Result<()> {
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()> {
         gpu.kernels
             .relu_forward(&gpu.compute, self.negative_slope, x, y, n)
     }

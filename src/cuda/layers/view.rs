@@ -3,10 +3,9 @@
 //! blob). On the device a view is the identity neuron: `y = x` (a copy) forward and
 //! `dx (+)= dy` backward.
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad};
+use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// A view layer; see the module docs.
 pub type GpuView = GpuNeuron<Identity>;
@@ -29,13 +28,7 @@ impl NeuronFn for Identity {
         self.type_name
     }
 
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        x: &CudaView<'_, f32>,
-        y: &mut CudaViewMut<'_, f32>,
-        _n: usize,
-    ) -> Result<()> {
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, _n: usize) -> Result<()> {
         gpu.compute
             .memcpy_dtod(x, y)
             .map_err(|e| gpu_error("copy a blob", e))
