@@ -147,17 +147,24 @@ kernel_set!(
     abs_backward,
 );
 
-/// Launches `$func` of `$k` on `$stream` with the given arguments (references to values that
-/// live until the launch returns), mapping an error to one naming the kernel. The form
-/// `launch!(function F, NAME, stream, cfg, [args])` launches the `CudaFunction` reference `F`
-/// instead, for a kernel picked at run time among several of the same parameter list.
+/// The one way every launcher starts a kernel: launches `$func` of `$k` on `$stream` with
+/// `$cfg` and the arguments in the kernel's parameter order, mapping an error to one naming the
+/// kernel. An argument is `in BUF` (a `DevicePtr` read by the kernel), `out BUF` (a
+/// `DevicePtrMut` it writes) or a reference to a value that lives until the launch returns; the
+/// device pointers of `in` and `out` buffers are taken on `$stream` and held until the launch
+/// has been enqueued. The form `launch!(function F, NAME, stream, cfg, [args])` launches the
+/// `CudaFunction` reference `F` instead, for a kernel picked at run time among several of the
+/// same parameter list.
 macro_rules! launch {
-    ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($arg:expr),* $(,)?]) => {
-        launch!(function &$k.$func, stringify!($func), $stream, $cfg, [$($arg),*])
+    ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($args:tt)*]) => {
+        launch!(@bind &$k.$func, stringify!($func), $stream, $cfg, [] [$($args)*])
     };
-    (function $f:expr, $name:expr, $stream:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let mut builder = $stream.launch_builder($f);
-        $(builder.arg($arg);)*
+    (function $f:expr, $name:expr, $stream:expr, $cfg:expr, [$($args:tt)*]) => {
+        launch!(@bind $f, $name, $stream, $cfg, [] [$($args)*])
+    };
+    (@bind $f:expr, $name:expr, $s:expr, $cfg:expr, [$($done:expr),*] []) => {{
+        let mut builder = $s.launch_builder($f);
+        $(builder.arg($done);)*
         // SAFETY: the arguments match the kernel's parameter list in SOURCE, in order and type
         // (device pointers are passed as 64-bit addresses), and the caller checked that every
         // buffer holds the elements the kernel touches.
@@ -165,6 +172,20 @@ macro_rules! launch {
             .map(|_| ())
             .map_err(|e| gpu_error(&format!("launch {}", $name), e))
     }};
+    (@bind $f:expr, $name:expr, $s:expr, $cfg:expr, [$($done:expr),*]
+        [in $x:expr $(, $($rest:tt)*)?]) => {{
+        let (ptr, _guard) = $x.device_ptr($s);
+        launch!(@bind $f, $name, $s, $cfg, [$($done,)* &ptr] [$($($rest)*)?])
+    }};
+    (@bind $f:expr, $name:expr, $s:expr, $cfg:expr, [$($done:expr),*]
+        [out $x:expr $(, $($rest:tt)*)?]) => {{
+        let (ptr, _guard) = $x.device_ptr_mut($s);
+        launch!(@bind $f, $name, $s, $cfg, [$($done,)* &ptr] [$($($rest)*)?])
+    }};
+    (@bind $f:expr, $name:expr, $s:expr, $cfg:expr, [$($done:expr),*]
+        [$arg:expr $(, $($rest:tt)*)?]) => {
+        launch!(@bind $f, $name, $s, $cfg, [$($done,)* $arg] [$($($rest)*)?])
+    };
 }
 
 mod cnn;
@@ -335,9 +356,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr_mut(s);
         let n64 = n as i64;
-        launch!(self, s, fill, self.grid(n), [&xp, &value, &n64])
+        launch!(self, s, fill, self.grid(n), [out x, &value, &n64])
     }
 
     /// `x[..n] *= alpha`.
@@ -352,9 +372,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr_mut(s);
         let n64 = n as i64;
-        launch!(self, s, scale, self.grid(n), [&xp, &alpha, &n64])
+        launch!(self, s, scale, self.grid(n), [out x, &alpha, &n64])
     }
 
     /// `y[..n] += alpha · x[..n]`.
@@ -371,10 +390,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         let n64 = n as i64;
-        launch!(self, s, axpy, self.grid(n), [&xp, &yp, &alpha, &n64])
+        launch!(self, s, axpy, self.grid(n), [in x, out y, &alpha, &n64])
     }
 
     /// `y = x > 0 ? x : slope · x` over `(n)`.
@@ -391,10 +408,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         let ni = to_i32("relu_forward", n);
-        launch!(self, s, relu_forward, self.grid(n), [&xp, &yp, &slope, &ni])
+        launch!(self, s, relu_forward, self.grid(n), [in x, out y, &slope, &ni])
     }
 
     /// `dx (+)= dy · (x > 0 ? 1 : slope)` over `(n)`; overwrites unless `accumulate`.
@@ -415,18 +430,9 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         let ni = to_i32("relu_backward", n);
         let acc = accumulate as i32;
-        launch!(
-            self,
-            s,
-            relu_backward,
-            self.grid(n),
-            [&xp, &dyp, &dxp, &slope, &ni, &acc]
-        )
+        launch!(self, s, relu_backward, self.grid(n), [in x, in dy, out dx, &slope, &ni, &acc])
     }
 
     /// `y = 1 / (1 + e^(−x))` over `(n)`.
@@ -510,15 +516,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         let ni = to_i32(op, n);
-        let mut builder = s.launch_builder(f);
-        builder.arg(&xp).arg(&yp).arg(&ni);
-        // SAFETY: `f` has the parameters (const float*, float*, int); both buffers hold n.
-        unsafe { builder.launch(self.grid(n)) }
-            .map(|_| ())
-            .map_err(|e| gpu_error(&format!("launch {op}"), e))
+        launch!(function f, op, s, self.grid(n), [in x, out y, &ni])
     }
 
     /// A kernel `(const float* y, const float* dy, float* dx, int n, int accumulate)`.
@@ -540,18 +539,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (yp, _y) = y.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
-        let ni = to_i32(op, n);
-        let acc = accumulate as i32;
-        let mut builder = s.launch_builder(f);
-        builder.arg(&yp).arg(&dyp).arg(&dxp).arg(&ni).arg(&acc);
-        // SAFETY: `f` has the parameters (const float*, const float*, float*, int, int); every
-        // buffer holds n.
-        unsafe { builder.launch(self.grid(n)) }
-            .map(|_| ())
-            .map_err(|e| gpu_error(&format!("launch {op}"), e))
+        let (ni, acc) = (to_i32(op, n), accumulate as i32);
+        launch!(function f, op, s, self.grid(n), [in y, in dy, out dx, &ni, &acc])
     }
 
     /// `y (rows, cols) += b (cols)` on every row.
@@ -568,17 +557,9 @@ impl Kernels {
         if rows * cols == 0 {
             return Ok(());
         }
-        let (yp, _y) = y.device_ptr_mut(s);
-        let (bp, _b) = b.device_ptr(s);
         let (r, c) = (to_i32("bias_add", rows), to_i32("bias_add", cols));
         to_i32("bias_add", rows * cols);
-        launch!(
-            self,
-            s,
-            bias_add,
-            self.grid(rows * cols),
-            [&yp, &bp, &r, &c]
-        )
+        launch!(self, s, bias_add, self.grid(rows * cols), [out y, in b, &r, &c])
     }
 
     /// Softmax with loss, forward: `prob (rows, classes)` = the softmax of each row of
@@ -612,28 +593,17 @@ impl Kernels {
         let (r, c) = (to_i32(op, rows), to_i32(op, classes));
         to_i32(op, rows * classes);
         let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
-        let (xp, _x) = x.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
-        let (pp, _p) = prob.device_ptr_mut(s);
         let (rlp, _rl) = row_loss.device_ptr_mut(s);
         let (rvp, _rv) = row_valid.device_ptr_mut(s);
-        let (lossp, _loss) = loss.device_ptr_mut(s);
-        let (vp, _v) = valid.device_ptr_mut(s);
         if rows > 0 {
             launch!(
-                self,
-                s,
-                softmax_loss_forward,
-                self.grid_rows(rows),
-                [&xp, &lp, &pp, &rlp, &rvp, &r, &c, &has_ignore, &ignore]
+                self, s, softmax_loss_forward, self.grid_rows(rows),
+                [in x, in labels, out prob, &rlp, &rvp, &r, &c, &has_ignore, &ignore]
             )?;
         }
         launch!(
-            self,
-            s,
-            loss_finalize,
-            Kernels::single_block(),
-            [&rlp, &rvp, &r, &lossp, &vp]
+            self, s, loss_finalize, Kernels::single_block(),
+            [&rlp, &rvp, &r, out loss, out valid]
         )
     }
 
@@ -666,17 +636,9 @@ impl Kernels {
         to_i32(op, rows * classes);
         let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
         let acc = accumulate as i32;
-        let (pp, _p) = prob.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
-        let (tp, _t) = top_diff.device_ptr(s);
-        let (vp, _v) = valid.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            softmax_loss_backward,
-            self.grid(rows * classes),
-            [&pp, &lp, &tp, &vp, &dxp, &r, &c, &has_ignore, &ignore, &acc]
+            self, s, softmax_loss_backward, self.grid(rows * classes),
+            [in prob, in labels, in top_diff, in valid, out dx, &r, &c, &has_ignore, &ignore, &acc]
         )
     }
 
@@ -705,26 +667,14 @@ impl Kernels {
         let (r, c, k) = (to_i32(op, rows), to_i32(op, classes), to_i32(op, top_k));
         to_i32(op, rows * classes);
         let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
-        let (xp, _x) = x.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
         let (rcp, _rc) = row_correct.device_ptr_mut(s);
-        let (outp, _out) = out.device_ptr_mut(s);
         if rows > 0 {
             launch!(
-                self,
-                s,
-                accuracy_rows,
-                self.grid_rows(rows),
-                [&xp, &lp, &rcp, &r, &c, &k, &has_ignore, &ignore]
+                self, s, accuracy_rows, self.grid_rows(rows),
+                [in x, in labels, &rcp, &r, &c, &k, &has_ignore, &ignore]
             )?;
         }
-        launch!(
-            self,
-            s,
-            accuracy_finalize,
-            Kernels::single_block(),
-            [&rcp, &r, &outp]
-        )
+        launch!(self, s, accuracy_finalize, Kernels::single_block(), [&rcp, &r, out out])
     }
 
     /// `dst[0] = (reset ? 0 : dst[0]) + weight · src[0]`.
@@ -738,16 +688,8 @@ impl Kernels {
     ) -> Result<()> {
         check_len("weighted_sum", "src", src.len(), 1);
         check_len("weighted_sum", "dst", dst.len(), 1);
-        let (sp, _s) = src.device_ptr(s);
-        let (dp, _d) = dst.device_ptr_mut(s);
         let reset = reset as i32;
-        launch!(
-            self,
-            s,
-            weighted_sum,
-            Kernels::single_thread(),
-            [&sp, &weight, &dp, &reset]
-        )
+        launch!(self, s, weighted_sum, Kernels::single_thread(), [in src, &weight, out dst, &reset])
     }
 
     /// `slots[slot] = (reset ? 0 : slots[slot]) + loss[0]`, in double.
@@ -761,16 +703,8 @@ impl Kernels {
     ) -> Result<()> {
         check_len("loss_slot", "loss", loss.len(), 1);
         check_len("loss_slot", "slots", slots.len(), slot + 1);
-        let (lp, _l) = loss.device_ptr(s);
-        let (sp, _s) = slots.device_ptr_mut(s);
         let (slot, reset) = (to_i32("loss_slot", slot), reset as i32);
-        launch!(
-            self,
-            s,
-            loss_slot,
-            Kernels::single_thread(),
-            [&lp, &sp, &slot, &reset]
-        )
+        launch!(self, s, loss_slot, Kernels::single_thread(), [in loss, out slots, &slot, &reset])
     }
 
     /// `diff_at[0] = NaN` where `loss[0]` (an iteration's summed loss, in double) is not finite:
@@ -783,15 +717,7 @@ impl Kernels {
     ) -> Result<()> {
         check_len("poison_gradient", "loss", loss.len(), 1);
         check_len("poison_gradient", "diff_at", diff_at.len(), 1);
-        let (lp, _l) = loss.device_ptr(s);
-        let (dp, _d) = diff_at.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            poison_gradient,
-            Kernels::single_thread(),
-            [&lp, &dp]
-        )
+        launch!(self, s, poison_gradient, Kernels::single_thread(), [in loss, out diff_at])
     }
 
     /// `partials[b]` = the sum of squares of block `b`'s share of `x[..n]`, in double, for
@@ -810,10 +736,8 @@ impl Kernels {
             partials.len(),
             self.sumsq_parts(n),
         );
-        let (xp, _x) = x.device_ptr(s);
-        let (pp, _p) = partials.device_ptr_mut(s);
         let n64 = n as i64;
-        launch!(self, s, sumsq_partial, self.grid(n), [&xp, &n64, &pp])
+        launch!(self, s, sumsq_partial, self.grid(n), [in x, &n64, out partials])
     }
 
     /// `scale[0] = normalise`, times `clip / norm` when `parts > 0` and
@@ -837,17 +761,11 @@ impl Kernels {
         check_len("clip_scale", "partials", partials.len(), parts);
         check_len("clip_scale", "scale", scale.len(), 1);
         check_len("clip_scale", "steps", steps.len(), 3);
-        let (pp, _p) = partials.device_ptr(s);
-        let (sp, _s) = scale.device_ptr_mut(s);
-        let (stp, _st) = steps.device_ptr_mut(s);
         let parts = to_i32("clip_scale", parts);
         let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
         launch!(
-            self,
-            s,
-            clip_scale,
-            Kernels::single_block(),
-            [&pp, &parts, &normalise, &clip, &sp, &stp, &iter, &latch]
+            self, s, clip_scale, Kernels::single_block(),
+            [in partials, &parts, &normalise, &clip, out scale, out steps, &iter, &latch]
         )
     }
 
@@ -865,60 +783,39 @@ impl Kernels {
             return Ok(());
         }
         let cfg = self.grid(a.n);
-        let (wp, _w) = a.w.device_ptr_mut(s);
-        let (gp, _g) = a.g.device_ptr_mut(s);
-        let (ep, _e) = a.ends.device_ptr(s);
-        let (lp, _l) = a.lr_mult.device_ptr(s);
-        let (dp, _d) = a.decay_mult.device_ptr(s);
-        let (sp, _s) = a.scale.device_ptr(s);
         let n64 = a.n as i64;
         let spans = to_i32(op, a.spans);
         let l1 = a.l1 as i32;
         let (lr, wd) = (a.lr, a.weight_decay);
-        // Pushes the arguments every rule shares, then the rule's own, and launches.
+        // Launches the rule's kernel with the arguments every rule shares (UPDATE_PARAMS in
+        // SOURCE), then the rule's own.
         macro_rules! launch_rule {
-            ($func:ident, [$($extra:expr),*]) => {{
-                let mut builder = s.launch_builder(&self.$func);
-                builder
-                    .arg(&wp)
-                    .arg(&gp)
-                    .arg(&n64)
-                    .arg(&ep)
-                    .arg(&lp)
-                    .arg(&dp)
-                    .arg(&spans)
-                    .arg(&sp)
-                    .arg(&lr)
-                    .arg(&wd)
-                    .arg(&l1);
-                $(builder.arg($extra);)*
-                // SAFETY: the shared arguments follow UPDATE_PARAMS in SOURCE and the rule's own
-                // follow its kernel's tail; every buffer was checked to hold its elements.
-                unsafe { builder.launch(cfg) }
-                    .map(|_| ())
-                    .map_err(|e| gpu_error(concat!("launch ", stringify!($func)), e))
-            }};
+            ($func:ident, [$($extra:tt)*]) => {
+                launch!(
+                    self, s, $func, cfg,
+                    [
+                        out a.w, out a.g, &n64, in a.ends, in a.lr_mult, in a.decay_mult, &spans,
+                        in a.scale, &lr, &wd, &l1, $($extra)*
+                    ]
+                )
+            };
         }
         match rule {
             Rule::Sgd { momentum, v } => {
                 check_len(op, "v", v.len(), a.n);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(sgd_update, [&vp, &momentum])
+                launch_rule!(sgd_update, [out v, &momentum])
             }
             Rule::Nesterov { momentum, v } => {
                 check_len(op, "v", v.len(), a.n);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(nesterov_update, [&vp, &momentum])
+                launch_rule!(nesterov_update, [out v, &momentum])
             }
             Rule::Adagrad { delta, h } => {
                 check_len(op, "h", h.len(), a.n);
-                let (hp, _h) = h.device_ptr_mut(s);
-                launch_rule!(adagrad_update, [&hp, &delta])
+                launch_rule!(adagrad_update, [out h, &delta])
             }
             Rule::Rmsprop { rho, delta, h } => {
                 check_len(op, "h", h.len(), a.n);
-                let (hp, _h) = h.device_ptr_mut(s);
-                launch_rule!(rmsprop_update, [&hp, &rho, &delta])
+                launch_rule!(rmsprop_update, [out h, &rho, &delta])
             }
             Rule::Adam {
                 beta1,
@@ -930,9 +827,7 @@ impl Kernels {
             } => {
                 check_len(op, "m", m.len(), a.n);
                 check_len(op, "v", v.len(), a.n);
-                let (mp, _m) = m.device_ptr_mut(s);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(adam_update, [&mp, &vp, &beta1, &beta2, &eps, &correction])
+                launch_rule!(adam_update, [out m, out v, &beta1, &beta2, &eps, &correction])
             }
         }
     }

@@ -213,9 +213,7 @@ impl Kernels {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(self, s, transpose_batched, cfg, [&xp, &yp, &ri, &ci, &acc])
+        launch!(self, s, transpose_batched, cfg, [in x, out y, &ri, &ci, &acc])
     }
 
     /// `dx (planes, h, w, inner) (+)= ` `t (planes, oh, ow, inner)` spread to the positions
@@ -248,14 +246,9 @@ impl Kernels {
         let ints = [planes, oh, ow, h, w, sh, sw, inner].map(|v| to_i32(op, v));
         let [pi, ohi, owi, hi, wi, shi, swi, ii] = ints;
         let acc = accumulate as i32;
-        let (tp, _t) = t.device_ptr(s);
-        let (dp, _d) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            unstride_planes,
-            self.grid(n),
-            [&tp, &dp, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &ii, &acc]
+            self, s, unstride_planes, self.grid(n),
+            [in t, out dx, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &ii, &acc]
         )
     }
 
@@ -295,14 +288,9 @@ impl Kernels {
         let (ds, doff) = (to_i32(op, dst_stride), to_i32(op, dst_off));
         to_i32(op, src.len().max(dst.len()));
         let acc = accumulate as i32;
-        let (sp, _s) = src.device_ptr(s);
-        let (dp, _d) = dst.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            copy_strided,
-            self.grid(rows * cols),
-            [&sp, &dp, &r, &c, &ss, &so, &ds, &doff, &acc]
+            self, s, copy_strided, self.grid(rows * cols),
+            [in src, out dst, &r, &c, &ss, &so, &ds, &doff, &acc]
         )
     }
 
@@ -324,15 +312,7 @@ impl Kernels {
         }
         let ni = to_i32(op, n);
         let acc = accumulate as i32;
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            scaled_copy,
-            self.grid(n),
-            [&xp, &yp, &alpha, &ni, &acc]
-        )
+        launch!(self, s, scaled_copy, self.grid(n), [in x, out y, &alpha, &ni, &acc])
     }
 
     /// `y = a · b` over `(n)`.
@@ -352,10 +332,7 @@ impl Kernels {
             return Ok(());
         }
         let ni = to_i32(op, n);
-        let (ap, _a) = a.device_ptr(s);
-        let (bp, _b) = b.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(self, s, mul_into, self.grid(n), [&ap, &bp, &yp, &ni])
+        launch!(self, s, mul_into, self.grid(n), [in a, in b, out y, &ni])
     }
 
     /// `y *= x` over `(n)`.
@@ -373,9 +350,7 @@ impl Kernels {
             return Ok(());
         }
         let ni = to_i32(op, n);
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(self, s, mul_inplace, self.grid(n), [&yp, &xp, &ni])
+        launch!(self, s, mul_inplace, self.grid(n), [out y, in x, &ni])
     }
 
     /// Eltwise MAX with bottom `k`: `k = 0` sets `y = x, mask = 0`; later bottoms replace where
@@ -397,16 +372,7 @@ impl Kernels {
             return Ok(());
         }
         let (ni, ki) = (to_i32(op, n), to_i32(op, k));
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let (mp, _m) = mask.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            eltwise_max_step,
-            self.grid(n),
-            [&xp, &yp, &mp, &ki, &ni]
-        )
+        launch!(self, s, eltwise_max_step, self.grid(n), [in x, out y, out mask, &ki, &ni])
     }
 
     /// `dx (+)= mask == k ? dy : 0` over `(n)`.
@@ -429,15 +395,9 @@ impl Kernels {
             return Ok(());
         }
         let (ni, ki, acc) = (to_i32(op, n), to_i32(op, k), accumulate as i32);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (mp, _m) = mask.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            eltwise_max_backward,
-            self.grid(n),
-            [&dyp, &mp, &dxp, &ki, &ni, &acc]
+            self, s, eltwise_max_backward, self.grid(n),
+            [in dy, in mask, out dx, &ki, &ni, &acc]
         )
     }
 
@@ -466,16 +426,7 @@ impl Kernels {
         let ti = to_i32(op, top);
         to_i32(op, batch * g.bottom_per_sample());
         let relu = i32::from(relu);
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let (mp, _m) = mask.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            max_pool_forward,
-            self.grid(top),
-            [&xp, &yp, &mp, &ti, &g, &relu]
-        )
+        launch!(self, s, max_pool_forward, self.grid(top), [in x, out y, out mask, &ti, &g, &relu])
     }
 
     /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
@@ -499,15 +450,7 @@ impl Kernels {
         let ti = to_i32(op, top);
         to_i32(op, batch * g.bottom_per_sample());
         let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            ave_pool_forward,
-            self.grid(top),
-            [&xp, &yp, &ti, &g, &relu, &slope]
-        )
+        launch!(self, s, ave_pool_forward, self.grid(top), [in x, out y, &ti, &g, &relu, &slope])
     }
 
     /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
@@ -655,25 +598,9 @@ impl Kernels {
         }
         let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
         let chans = to_i32(op, chans);
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            dropout_forward,
-            self.grid(n),
-            [
-                &xp,
-                &yp,
-                &ni,
-                &pi,
-                &chans,
-                &seed,
-                &iter,
-                &first_sample,
-                &ratio,
-                &scale
-            ]
+            self, s, dropout_forward, self.grid(n),
+            [in x, out y, &ni, &pi, &chans, &seed, &iter, &first_sample, &ratio, &scale]
         )
     }
 
@@ -700,26 +627,9 @@ impl Kernels {
         let (ni, pi) = (to_i32(op, n), to_i32(op, per_sample.max(1)));
         let chans = to_i32(op, chans);
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            dropout_backward,
-            self.grid(n),
-            [
-                &dyp,
-                &dxp,
-                &ni,
-                &pi,
-                &chans,
-                &seed,
-                &iter,
-                &first_sample,
-                &ratio,
-                &scale,
-                &acc
-            ]
+            self, s, dropout_backward, self.grid(n),
+            [in dy, out dx, &ni, &pi, &chans, &seed, &iter, &first_sample, &ratio, &scale, &acc]
         )
     }
 
@@ -756,26 +666,11 @@ impl Kernels {
             .alloc_zeros::<f64>(dim * splits)
             .map_err(|e| gpu_error("channel_reduce scratch", e))?;
         {
-            let (ap, _a) = a.device_ptr(s);
-            let (bp, _b) = b.device_ptr(s);
             let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(
-                self,
-                s,
-                channel_reduce,
-                grid,
-                [&ap, &bp, &hb, &pp, &o, &d, &i, &sp]
-            )?;
+            launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])?;
         }
         let (pp, _p) = partial.device_ptr(s);
-        let (outp, _out) = out.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            channel_reduce_finish,
-            self.grid_rows(dim),
-            [&pp, &outp, &d, &sp, &acc]
-        )
+        launch!(self, s, channel_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
     }
 
     /// Both sums of a Scale layer's gradient in one pass over a channel view
@@ -808,26 +703,11 @@ impl Kernels {
             .alloc_zeros::<f64>(2 * dim * splits)
             .map_err(|e| gpu_error("channel_reduce_pair scratch", e))?;
         {
-            let (ap, _a) = a.device_ptr(s);
-            let (bp, _b) = b.device_ptr(s);
             let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(
-                self,
-                s,
-                bn_sums,
-                grid,
-                [&ap, &bp, &has_b, &pp, &o, &d, &i, &sp]
-            )?;
+            launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])?;
         }
         let (pp, _p) = partial.device_ptr(s);
-        let (outp, _out) = out.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            pair_reduce_finish,
-            self.grid_rows(dim),
-            [&pp, &outp, &d, &sp, &acc]
-        )
+        launch!(self, s, pair_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
     }
 
     /// `y = x · scale[d] + bias[d]` over `(n)` viewed as `(n / (dim·inner), dim, inner)`; an
@@ -855,8 +735,6 @@ impl Kernels {
             return Ok(());
         }
         let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         // An absent operand passes x's address, never read (its flag is 0).
         let (sp, _s) = match scale {
             Some(v) => v.device_ptr(s),
@@ -868,11 +746,8 @@ impl Kernels {
         };
         let (hs, hb) = (scale.is_some() as i32, bias.is_some() as i32);
         launch!(
-            self,
-            s,
-            channel_affine,
-            self.grid(n),
-            [&xp, &sp, &hs, &bp, &hb, &yp, &ni, &d, &i]
+            self, s, channel_affine, self.grid(n),
+            [in x, &sp, &hs, &bp, &hb, out y, &ni, &d, &i]
         )
     }
 
@@ -894,16 +769,12 @@ impl Kernels {
         }
         let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
         let (yp, _y) = y.device_ptr_mut(s);
-        let (bp, _b) = bias.device_ptr(s);
         // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
         // scale operand is absent (flag 0, never read).
         let (no, yes) = (0i32, 1i32);
         launch!(
-            self,
-            s,
-            channel_affine,
-            self.grid(n),
-            [&yp, &yp, &no, &bp, &yes, &yp, &ni, &d, &i]
+            self, s, channel_affine, self.grid(n),
+            [&yp, &yp, &no, in bias, &yes, &yp, &ni, &d, &i]
         )
     }
 
@@ -928,15 +799,9 @@ impl Kernels {
         }
         let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (sp, _s) = scale.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            channel_scale_backward,
-            self.grid(n),
-            [&dyp, &sp, &dxp, &ni, &d, &i, &acc]
+            self, s, channel_scale_backward, self.grid(n),
+            [in dy, in scale, out dx, &ni, &d, &i, &acc]
         )
     }
 
@@ -962,7 +827,6 @@ impl Kernels {
         }
         to_i32(op, count);
         let (ni, ci, si) = (to_i32(op, n), to_i32(op, c), to_i32(op, sp));
-        let (ap, _a) = a.device_ptr(s);
         let (bp, _b) = match b {
             Some(v) => v.device_ptr(s),
             None => a.device_ptr(s),
@@ -976,23 +840,10 @@ impl Kernels {
             .map_err(|e| gpu_error("bn_sums scratch", e))?;
         {
             let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(
-                self,
-                s,
-                bn_sums,
-                grid,
-                [&ap, &bp, &hb, &pp, &ni, &ci, &si, &spl]
-            )?;
+            launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl])?;
         }
         let (pp, _p) = partial.device_ptr(s);
-        let (sump, _sum) = sums.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            bn_sums_finish,
-            self.grid_rows(c),
-            [&pp, &sump, &ci, &spl, &per]
-        )
+        launch!(self, s, bn_sums_finish, self.grid_rows(c), [&pp, out sums, &ci, &spl, &per])
     }
 
     /// Batch statistics `mean, var, inv_std (C)` from `sums (2C + 1)` of x and x².
@@ -1020,16 +871,9 @@ impl Kernels {
             return Ok(());
         }
         let ci = to_i32(op, c);
-        let (sump, _sum) = sums.device_ptr(s);
-        let (mp, _m) = mean.device_ptr_mut(s);
-        let (vp, _v) = var.device_ptr_mut(s);
-        let (isp, _is) = inv_std.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_batch_stats,
-            self.grid(c),
-            [&sump, &ci, &eps, &mp, &vp, &isp]
+            self, s, bn_batch_stats, self.grid(c),
+            [in sums, &ci, &eps, out mean, out var, out inv_std]
         )
     }
 
@@ -1059,16 +903,9 @@ impl Kernels {
             return Ok(());
         }
         let ci = to_i32(op, c);
-        let (pp, _p) = params.device_ptr(s);
-        let (mp, _m) = mean.device_ptr_mut(s);
-        let (vp, _v) = var.device_ptr_mut(s);
-        let (isp, _is) = inv_std.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_global_stats,
-            self.grid(c),
-            [&pp, &ci, &eps, &mp, &vp, &isp]
+            self, s, bn_global_stats, self.grid(c),
+            [in params, &ci, &eps, out mean, out var, out inv_std]
         )
     }
 
@@ -1093,16 +930,9 @@ impl Kernels {
             return Ok(());
         }
         let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
-        let (xp, _x) = x.device_ptr(s);
-        let (mp, _m) = mean.device_ptr(s);
-        let (isp, _is) = inv_std.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_normalize,
-            self.grid(count),
-            [&xp, &mp, &isp, &yp, &ni, &ci, &si]
+            self, s, bn_normalize, self.grid(count),
+            [in x, in mean, in inv_std, out y, &ni, &ci, &si]
         )
     }
 
@@ -1128,16 +958,9 @@ impl Kernels {
             return Ok(());
         }
         let ci = to_i32(op, c);
-        let (pp, _p) = params.device_ptr_mut(s);
-        let (mp, _m) = mean.device_ptr(s);
-        let (vp, _v) = var.device_ptr(s);
-        let (sump, _sum) = sums.device_ptr(s);
         launch!(
-            self,
-            s,
-            bn_update_running,
-            self.grid(c),
-            [&pp, &mp, &vp, &sump, &ci, &maf]
+            self, s, bn_update_running, self.grid(c),
+            [out params, in mean, in var, in sums, &ci, &maf]
         )
     }
 
@@ -1167,17 +990,9 @@ impl Kernels {
         }
         let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (yp, _y) = y.device_ptr(s);
-        let (sump, _sum) = sums.device_ptr(s);
-        let (isp, _is) = inv_std.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_backward,
-            self.grid(count),
-            [&dyp, &yp, &sump, &isp, &dxp, &ni, &ci, &si, &acc]
+            self, s, bn_backward, self.grid(count),
+            [in dy, in y, in sums, in inv_std, out dx, &ni, &ci, &si, &acc]
         )
     }
 
@@ -1202,15 +1017,9 @@ impl Kernels {
         }
         let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (isp, _is) = inv_std.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_backward_global,
-            self.grid(count),
-            [&dyp, &isp, &dxp, &ni, &ci, &si, &acc]
+            self, s, bn_backward_global, self.grid(count),
+            [in dy, in inv_std, out dx, &ni, &ci, &si, &acc]
         )
     }
 
@@ -1231,15 +1040,7 @@ impl Kernels {
         }
         to_i32(op, n);
         let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            softmax_forward,
-            self.grid(outer * inner),
-            [&xp, &yp, &o, &c, &i]
-        )
+        launch!(self, s, softmax_forward, self.grid(outer * inner), [in x, out y, &o, &c, &i])
     }
 
     /// Softmax backward from the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
@@ -1263,15 +1064,9 @@ impl Kernels {
         to_i32(op, n);
         let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
         let acc = accumulate as i32;
-        let (yp, _y) = y.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            softmax_backward,
-            self.grid(outer * inner),
-            [&yp, &dyp, &dxp, &o, &c, &i, &acc]
+            self, s, softmax_backward, self.grid(outer * inner),
+            [in y, in dy, out dx, &o, &c, &i, &acc]
         )
     }
 
@@ -1291,15 +1086,7 @@ impl Kernels {
             return Ok(());
         }
         let ni = to_i32(op, n);
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            power_forward,
-            self.grid(n),
-            [&xp, &yp, &ni, &power, &scale, &shift]
-        )
+        launch!(self, s, power_forward, self.grid(n), [in x, out y, &ni, &power, &scale, &shift])
     }
 
     /// `dx (+)= dy · power · scale · (shift + scale · x)^(power − 1)` over `(n)`.
@@ -1323,15 +1110,9 @@ impl Kernels {
         }
         let ni = to_i32(op, n);
         let acc = accumulate as i32;
-        let (xp, _x) = x.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            power_backward,
-            self.grid(n),
-            [&xp, &dyp, &dxp, &ni, &power, &scale, &shift, &acc]
+            self, s, power_backward, self.grid(n),
+            [in x, in dy, out dx, &ni, &power, &scale, &shift, &acc]
         )
     }
 

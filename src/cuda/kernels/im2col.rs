@@ -445,9 +445,7 @@ impl Kernels {
         if len == 0 {
             return Ok(());
         }
-        let (xp, _x) = x.device_ptr(s);
-        let (cp, _c) = col.device_ptr_mut(s);
-        launch!(self, s, im2col_batch, self.grid(len), [&xp, &cp, &geom])
+        launch!(self, s, im2col_batch, self.grid(len), [in x, out col, &geom])
     }
 
     /// Blocks of `tile`'s kernel this device holds at once (its occupancy times the
@@ -531,10 +529,7 @@ impl Kernels {
             geom.implicit_wgrad_split((k, with_bias), tile, self.implicit_wgrad_slots(tile));
         let (ki, chunk_i, chunks_i) = (to_i32(op, k), to_i32(op, chunk), to_i32(op, chunks));
         let (n, bias_i) = (to_i32(op, k * columns), i32::from(with_bias));
-        let (xp, _x) = x.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
         let (pp, _p) = partial.device_ptr_mut(s);
-        let (dwp, _dw) = dw.device_ptr_mut(s);
         let tiles = LaunchConfig {
             grid_dim: (
                 columns.div_ceil(tile.columns()) as u32,
@@ -546,11 +541,8 @@ impl Kernels {
         };
         // Every wgrad_partial_* kernel takes the same parameters.
         launch!(
-            function func,
-            format!("wgrad_partial ({tile:?})"),
-            s,
-            tiles,
-            [&xp, &dyp, &pp, &geom, &ki, &chunk_i, &bias_i]
+            function func, format!("wgrad_partial ({tile:?})"), s, tiles,
+            [in x, in dy, &pp, &geom, &ki, &chunk_i, &bias_i]
         )?;
         // `wgrad_sum_partials` takes blocks of eight warps (`BLOCK` threads), 32 sums each.
         let sums = LaunchConfig {
@@ -562,13 +554,7 @@ impl Kernels {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(
-            self,
-            s,
-            wgrad_sum_partials,
-            sums,
-            [&pp, &dwp, &n, &chunks_i, &beta]
-        )
+        launch!(self, s, wgrad_sum_partials, sums, [&pp, out dw, &n, &chunks_i, &beta])
     }
 
     /// `y (N, K, OH, OW) (+)= conv(x (N, C, H, W), weight)` (+ bias) of an ungrouped NCHW
@@ -646,8 +632,6 @@ impl Kernels {
             split_channels,
         };
         let [has_bias, flip, accumulate] = [bias.is_some(), flip, accumulate].map(i32::from);
-        let (xp, _x) = x.device_ptr(s);
-        let (wp, _w) = wt.device_ptr(s);
         // Without a bias the kernels read none: any valid pointer stands in.
         let (bp, _b) = match bias {
             Some(b) => b.device_ptr(s),
@@ -663,21 +647,8 @@ impl Kernels {
         // With splits, the kernel writes the splits' sums to `partial` instead of `y`.
         let out = if tile.splits > 1 { &pp } else { &yp };
         launch!(
-            self,
-            s,
-            conv_forward_direct,
-            cfg,
-            [
-                &xp,
-                &wp,
-                &bp,
-                &has_bias,
-                &flip,
-                &accumulate,
-                out,
-                &geom,
-                &shape
-            ]
+            self, s, conv_forward_direct, cfg,
+            [in x, in wt, &bp, &has_bias, &flip, &accumulate, out, &geom, &shape]
         )?;
         if tile.splits == 1 {
             return Ok(());
@@ -719,9 +690,7 @@ impl Kernels {
         }
         to_i32(op, n);
         let (ai, bi, pi) = (to_i32(op, a), to_i32(op, b), to_i32(op, p));
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        launch!(self, s, swap_outer, self.grid(n), [&xp, &yp, &ai, &bi, &pi])
+        launch!(self, s, swap_outer, self.grid(n), [in x, out y, &ai, &bi, &pi])
     }
 }
 
