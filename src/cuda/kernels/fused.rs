@@ -1,4 +1,4 @@
-//! Launch wrappers of the fused kernels (their source is in cnn.cu): BatchNorm → Scale → ReLU,
+//! Launchers of the fused kernels (`fused.cu`): BatchNorm → Scale → ReLU,
 //! what [`crate::cuda::layers::bn_scale_relu`] runs in place of three layers, and the two-bottom
 //! Eltwise SUM → ReLU of [`crate::cuda::layers::eltwise_relu`].
 //!

@@ -10,7 +10,6 @@
 //! ([`ConvGeom::data_gradient_geom`]).
 
 use super::{check_len, to_i32, Kernels, BLOCK};
-use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
