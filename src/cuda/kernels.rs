@@ -32,6 +32,14 @@ macro_rules! kernel_sources {
         /// Each family's file name and source, in the order of [`SOURCE`].
         pub const SOURCE_FILES: &[(&str, &str)] =
             &[$((concat!($family, ".cu"), include_str!(concat!("kernels/", $family, ".cu")))),*];
+
+        /// Each family's source and the Rust source of its launchers (`kernels/NAME.rs`).
+        #[cfg(test)]
+        const FAMILIES: &[(&str, &str, &str)] = &[$((
+            $family,
+            include_str!(concat!("kernels/", $family, ".cu")),
+            include_str!(concat!("kernels/", $family, ".rs")),
+        )),*];
     };
 }
 
@@ -172,6 +180,8 @@ kernel_set!(
 #[macro_use]
 mod common;
 mod channel;
+mod convolution_direct;
+mod convolution_implicit_gemm;
 mod copy;
 mod dropout;
 mod elementwise;
@@ -183,8 +193,10 @@ mod pooling;
 mod softmax;
 mod solver;
 use common::{check_len, to_i32, BLOCK};
+pub use convolution_direct::DirectTile;
+pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use fused::BnScaleRelu;
-pub use im2col::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
+pub use im2col::ConvGeom;
 pub use pooling::PoolGeom;
 pub use solver::{Rule, UpdateArgs};
 
@@ -284,6 +296,67 @@ mod tests {
             KERNEL_NAMES.len(),
             "a kernel in the sources is never loaded"
         );
+    }
+
+    /// The kernels a launcher file names: `launch!(self, s, NAME, ..)`,
+    /// `launch_rule!(NAME, ..)` and `&self.NAME` where `NAME` is a loaded kernel.
+    fn launched_kernels(launcher: &str) -> Vec<String> {
+        let ident = |rest: &str| -> String {
+            let rest = rest.trim_start();
+            rest.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut names = Vec::new();
+        for (at, _) in launcher.match_indices("launch!(") {
+            let args: Vec<&str> = launcher[at + 8..].splitn(4, ',').collect();
+            if args.len() == 4 && args[0].trim() == "self" && args[1].trim() == "s" {
+                names.push(ident(args[2]));
+            }
+        }
+        for marker in ["launch_rule!(", "&self."] {
+            for (at, _) in launcher.match_indices(marker) {
+                names.push(ident(&launcher[at + marker.len()..]));
+            }
+        }
+        names.retain(|name| KERNEL_NAMES.contains(&name.as_str()));
+        names
+    }
+
+    /// Kernels a family launches from another family's source: `(launcher family, kernel)`.
+    /// The Scale layer's pair of channel sums runs BatchNorm's two-sum kernel.
+    const BORROWED: &[(&str, &str)] = &[("channel", "bn_sums")];
+
+    /// Runs without a GPU: each `kernels/NAME.rs` launches only kernels that `kernels/NAME.cu`
+    /// defines (but for [`BORROWED`]), and every kernel is launched from some family's file, so
+    /// that the sources mirror their launchers and a kernel named in a launcher exists in the
+    /// compiled program.
+    #[test]
+    fn each_family_launches_the_kernels_of_its_own_source() {
+        let mut launched = Vec::new();
+        for (family, source, launcher) in FAMILIES {
+            let names = launched_kernels(launcher);
+            for name in &names {
+                if BORROWED.contains(&(*family, name.as_str())) {
+                    continue;
+                }
+                let decl = format!("extern \"C\" __global__ void {name}(");
+                assert!(
+                    source.contains(&decl),
+                    "kernels/{family}.rs launches `{name}`, which kernels/{family}.cu lacks"
+                );
+            }
+            launched.extend(names);
+        }
+        for name in KERNEL_NAMES {
+            assert!(
+                launched.iter().any(|l| l == name),
+                "no launcher file launches `{name}`"
+            );
+        }
+        let listed: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+        let files: Vec<&str> = SOURCE_FILES.iter().map(|f| f.0).collect();
+        assert_eq!(listed.len(), files.len(), "{listed:?} / {files:?}");
     }
 
     /// Compiles the source with NVRTC where the library is present (it needs no GPU), and says
