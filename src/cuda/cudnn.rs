@@ -938,7 +938,17 @@ pub unsafe fn conv_backward_data(
     beta: f32,
     dx: (&TensorDesc, u64),
 ) -> Result<()> {
-    convolution_call!(cudnnConvolutionBackwardData, dnn, w, dy, conv, algo, ws, beta, dx)
+    convolution_call!(
+        cudnnConvolutionBackwardData,
+        dnn,
+        w,
+        dy,
+        conv,
+        algo,
+        ws,
+        beta,
+        dx
+    )
 }
 
 /// `dw = corr(x, dy) + beta · dw`.
@@ -956,7 +966,17 @@ pub unsafe fn conv_backward_filter(
     beta: f32,
     dw: (&FilterDesc, u64),
 ) -> Result<()> {
-    convolution_call!(cudnnConvolutionBackwardFilter, dnn, x, dy, conv, algo, ws, beta, dw)
+    convolution_call!(
+        cudnnConvolutionBackwardFilter,
+        dnn,
+        x,
+        dy,
+        conv,
+        algo,
+        ws,
+        beta,
+        dw
+    )
 }
 
 #[cfg(test)]
