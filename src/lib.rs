@@ -7,11 +7,9 @@
 //! Two edges still point upwards: `config`'s validation builds `layers` (from their resolved
 //! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
 
-pub mod app;
 pub mod backend;
 pub mod chrome_trace;
 pub mod cmd;
-pub mod compute_mean;
 pub mod config;
 pub mod cuda;
 pub mod data;
@@ -26,7 +24,6 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
-pub mod plot;
 pub mod resume;
 pub mod signals;
 pub mod snapshot;

@@ -1,4 +1,4 @@
-//! The `p2ptrain` command line: parses arguments and hands over to `p2ptrain::app`.
+//! The `p2ptrain` command line: parses arguments and hands over to `p2ptrain::cmd`.
 //!
 //! ```text
 //! p2ptrain [train] [CONFIG] [--set section.key=value]... [--weights FILE] [--output DIR]
@@ -15,11 +15,11 @@
 //! after a stop on SIGTERM (143), SIGINT (130) or SIGHUP (129).
 
 use clap::{Args, Parser, Subcommand};
-use p2ptrain::app::{self, Action, Options};
 use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
-use p2ptrain::compute_mean::{self, MeanOptions};
+use p2ptrain::cmd::compute_mean::{self, MeanOptions};
+use p2ptrain::cmd::plot::{self, PlotOptions};
+use p2ptrain::cmd::train::{self as app, Action, Options};
 use p2ptrain::config::BackendKind;
-use p2ptrain::plot::{self, PlotOptions};
 use std::path::PathBuf;
 
 #[derive(Parser)]

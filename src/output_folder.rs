@@ -200,7 +200,8 @@ mod tests {
     fn a_snapshot_name_too_long_for_the_file_system_is_found_before_training() {
         let dir = tempfile::tempdir().unwrap();
         let (_, source) =
-            crate::config::load_str("t.toml", crate::app::QUICKSTART, Path::new("."), &[]).unwrap();
+            crate::config::load_str("t.toml", crate::cmd::train::QUICKSTART, Path::new("."), &[])
+                .unwrap();
         check_writable(dir.path(), "snap/model", 1000, &source).unwrap();
         let long = "m".repeat(300);
         let err = check_writable(dir.path(), &long, 1000, &source).unwrap_err();

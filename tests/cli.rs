@@ -8,10 +8,6 @@ use common::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn equivalence_config() -> String {
-    repo("tests/configs/equivalence.toml").display().to_string()
-}
-
 #[test]
 fn quickstart_without_arguments_reaches_93_percent_and_says_where_its_outputs_went() {
     let dir = out_dir("quickstart");
@@ -224,17 +220,7 @@ fn ranks_that_read_different_configs_are_stopped_before_training() {
 #[test]
 fn weights_round_trip_and_mismatched_weights_are_named() {
     let first = out_dir("weights_first");
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            &equivalence_config(),
-            "--output",
-            first.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=3",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    train_equivalence(&first, 3);
     let snap = first.join("snapshots/equiv_iter_3.safetensors");
     let t = tensors(&snap);
     assert_eq!(t["ip1.weight"].0, vec![48, 64], "PyTorch layout [out, in]");

@@ -16,10 +16,6 @@ const DEADLINE_S: u64 = 3;
 /// How long a job may take to end after the fault: the deadline plus 10 s.
 const END_WITHIN: Duration = Duration::from_secs(DEADLINE_S + 10);
 
-fn equivalence_config() -> String {
-    repo("tests/configs/equivalence.toml").display().to_string()
-}
-
 /// A training job of `np` ranks that runs until stopped, with the short deadline. Its output goes
 /// to `dir/job.log` (a pipe nobody reads while waiting would fill and stall the job).
 fn endless_job(np: usize, dir: &Path, launcher: &[&str]) -> Child {
@@ -298,17 +294,7 @@ fn corrupt_or_truncated_data_files_exit_2_naming_the_file() {
 #[test]
 fn a_corrupt_or_truncated_weights_file_exits_2_naming_it() {
     let dir = out_dir("faults_weights");
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            &equivalence_config(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=1",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    train_equivalence(&dir, 1);
     let good = std::fs::read(dir.join("snapshots/equiv_iter_1.safetensors")).unwrap();
     let mut garbled = good.clone();
     garbled[8..40].copy_from_slice(&[b'#'; 32]); // inside the JSON header

@@ -71,10 +71,6 @@ fn mkfifo(path: &Path) {
     assert!(status.success(), "mkfifo {}", path.display());
 }
 
-fn equivalence_config() -> String {
-    repo("tests/configs/equivalence.toml").display().to_string()
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }

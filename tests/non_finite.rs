@@ -14,10 +14,6 @@ use std::process::Output;
 /// The environment variable that makes one replica's loss NaN at one iteration (`RANK:ITER`).
 const INJECT_NAN: &str = "P2PTRAIN_INJECT_NAN";
 
-fn equivalence_config() -> String {
-    repo("tests/configs/equivalence.toml").display().to_string()
-}
-
 /// `p2ptrain` on the equivalence workload under `mpirun -np np`, writing into `dir`, with
 /// `--set` overrides `sets` and the extra environment `env`.
 fn train(np: usize, dir: &Path, sets: &[&str], env: &[(&str, &str)]) -> Output {

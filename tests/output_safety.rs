@@ -6,55 +6,18 @@
 
 mod common;
 
-use common::{bin, mpirun, out_dir, run, text};
+use common::{bin, config_dir, digits_mlp, mpirun, run, snapshot_iters, text};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// An MLP on the bundled digits, snapshots under `snap/m`.
-const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 8
-scale = 0.00390625
-[solver]
-type = "sgd"
-base_lr = 0.05
-momentum = 0.9
-max_iter = 40
-display = 10
-snapshot = 0
-snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 16
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
-
-/// A fresh directory holding `cfg.toml`.
+/// An MLP on the bundled digits (16 hidden units), snapshots under `snap/m`.
+fn config() -> String {
+    digits_mlp("", "max_iter = 40\ndisplay = 10\n", 16)
+}
+/// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
-    let dir = out_dir(name);
-    let cfg = dir.join("cfg.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    (dir, cfg)
+    config_dir(name, &config())
 }
 
 /// The arguments of one rank group: `p2ptrain cfg --output out --no-progress args...`.
@@ -99,24 +62,6 @@ fn refused(out: &Output, wanted: &[&str]) -> String {
     }
     assert!(!t.contains("panicked"), "{t}");
     t
-}
-
-/// The snapshot iterations in `out/snap` (each counted once, by its solver state), sorted.
-fn snapshot_iters(out: &Path) -> Vec<u64> {
-    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("m_iter_")?
-                    .strip_suffix(".solverstate")?
-                    .parse()
-                    .ok()
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]

@@ -6,61 +6,26 @@
 
 mod common;
 
-use common::{bin, max_rel_diff, mpirun, out_dir, run, tensors, text};
+use common::{
+    bin, config_dir, digits_mlp, kill, max_rel_diff, mpirun, ranks_of, run, snapshot_iters,
+    tensors, text,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits with augmentation and smoothing, so that the data position,
 /// the augmentation keys and the loss window all matter.
-const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 8
-scale = 0.00390625
-shift = 1
-[solver]
-type = "sgd"
-base_lr = 0.05
-momentum = 0.9
-lr_policy = "step"
-gamma = 0.5
-stepsize = 15
-max_iter = 40
-display = 5
-average_loss = 4
-snapshot = 0
-snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 32
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
-
-/// A fresh directory holding `cfg.toml`.
+fn config() -> String {
+    digits_mlp(
+        "shift = 1\n",
+        "lr_policy = \"step\"\ngamma = 0.5\nstepsize = 15\nmax_iter = 40\ndisplay = 5\naverage_loss = 4\n",
+        32,
+    )
+}
+/// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
-    let dir = out_dir(name);
-    let cfg = dir.join("cfg.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    (dir, cfg)
+    config_dir(name, &config())
 }
 
 /// `mpirun -np np p2ptrain cfg --output out args...`.
@@ -395,23 +360,6 @@ fn wait_training(out: &Path, child: &mut std::process::Child) {
     }
 }
 
-fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
-}
-
-/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
-fn ranks_of(parent: u32) -> Vec<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "p2ptrain"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// The iteration after which each rank logged an agreed signal.
 fn agreed_iterations(log: &str) -> Vec<(String, u64)> {
     log.lines()
@@ -428,24 +376,6 @@ fn finish(child: std::process::Child) -> Output {
     let out = child.wait_with_output().expect("waiting for mpirun");
     eprintln!("--- exit {:?}\n{}", out.status.code(), text(&out));
     out
-}
-
-/// The snapshot iterations in `out/snap`, sorted.
-fn snapshot_iters(out: &Path) -> Vec<u64> {
-    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("m_iter_")?
-                    .strip_suffix(".solverstate")?
-                    .parse()
-                    .ok()
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]

@@ -2,55 +2,20 @@
 //! SIGINT to `mpirun` (which stops relaying the ranks' output and signals them only
 //! `odls_base_sigkill_timeout` seconds later) ends in a complete snapshot; a log under a launcher
 //! gets plain lines, the progress bar only with `--progress`; a second SIGINT during a snapshot
-//! leaves no temporary file; SIGUSR1 before training starts is acted on at the first iteration.
+//! leaves no temporary file; SIGUSR1 before the config is even read is acted on at the first
+//! iteration.
 
 mod common;
 
-use common::{bin, mpi_env, mpirun, out_dir, tensors, text};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use common::{bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits, quick to train and to snapshot.
-const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 8
-scale = 0.00390625
-[solver]
-type = "sgd"
-base_lr = 0.05
-momentum = 0.9
-max_iter = 5
-display = 1
-snapshot = 0
-snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 32
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
-
+fn config() -> String {
+    digits_mlp("", "max_iter = 5\ndisplay = 1\n", 32)
+}
 /// Runs that go on until they are stopped.
 const ENDLESS: &[&str] = &["--set", "solver.max_iter=100000000"];
 
@@ -62,17 +27,9 @@ const END_WITHIN: Duration = Duration::from_secs(90);
 /// SIGTERM): room for the snapshot on a loaded machine.
 const SIGKILL_TIMEOUT_S: &str = "5";
 
-/// A fresh directory holding `cfg.toml`.
+/// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
-    let dir = out_dir(name);
-    let cfg = dir.join("cfg.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    (dir, cfg)
-}
-
-fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    config_dir(name, &config())
 }
 
 /// Whether process `pid` still runs (a zombie counts as ended).
@@ -80,18 +37,6 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
         .unwrap_or(false)
-}
-
-/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
-fn ranks_of(parent: u32) -> Vec<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "p2ptrain"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
 }
 
 /// Waits until the run has written its first display line (it is training).
@@ -363,62 +308,68 @@ fn a_second_sigint_during_a_snapshot_leaves_no_temporary_and_the_earlier_snapsho
 // ---------------------------------------------------------------------------------------------
 // SIGUSR1 before training starts.
 
-/// Makes a named pipe at `path`: a config file that a process blocks reading until the test
-/// writes it, so that a signal provably arrives before the config is read.
-fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-}
+/// Failure injection: a run waits before reading its config until this file exists.
+const START_GATE: &str = "P2PTRAIN_INJECT_START_GATE";
 
-/// Waits until a process has opened the named pipe `path` for reading, then returns its write
-/// end (opening it without blocking fails with ENXIO while no reader has).
-fn open_when_read(path: &Path, job: &mut Child) -> std::fs::File {
-    use std::os::unix::fs::OpenOptionsExt;
+/// Waits until `n` processes wait at the start gate `gate` (each made `gate.waiting.<pid>`,
+/// before reading its config) and returns their pids.
+fn held_at_gate(gate: &Path, n: usize, job: &mut Child) -> Vec<u32> {
+    let prefix = format!("{}.waiting.", gate.file_name().unwrap().to_string_lossy());
     let start = Instant::now();
     loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-        {
-            Ok(f) => return f,
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
-            Err(e) => panic!("opening {}: {e}", path.display()),
+        let pids: Vec<u32> = std::fs::read_dir(gate.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix(&prefix)?.parse().ok()
+            })
+            .collect();
+        if pids.len() == n {
+            return pids;
         }
         if let Some(status) = job.try_wait().unwrap() {
-            panic!("the run ended before reading its config: {status}");
+            panic!("the run ended before it reached the start gate: {status}");
         }
-        assert!(start.elapsed() < END_WITHIN, "the config was never read");
+        assert!(
+            start.elapsed() < END_WITHIN,
+            "no process reached the start gate"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
-/// Writes the config into the pipe's write end and closes it (the reader then sees its end).
-/// The config is smaller than a pipe's buffer: one write, never blocked. A write fails only when
-/// the reader is gone (killed by the signal): the exit status then tells.
-fn hand_config(mut pipe: std::fs::File) {
-    use std::io::Write;
-    let _ = pipe.write_all(CONFIG.as_bytes());
+/// Whether process `pid` catches `sig` (its `SigCgt` mask in /proc).
+fn catches(pid: u32, sig: libc::c_int) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or(0);
+    mask & (1 << (sig - 1)) != 0
 }
 
 #[test]
-fn sigusr1_to_a_process_still_reading_its_config_snapshots_at_the_first_iteration() {
-    let dir = out_dir("early_usr1_single");
-    let (fifo, out) = (dir.join("cfg.toml"), dir.join("o"));
-    mkfifo(&fifo);
+fn sigusr1_to_a_process_still_before_its_config_snapshots_at_the_first_iteration() {
+    let (dir, cfg) = setup("early_usr1_single");
+    let (gate, out) = (dir.join("gate"), dir.join("o"));
     let mut c = Command::new(bin());
     mpi_env(&mut c);
-    c.arg(&fifo)
+    c.arg(&cfg)
         .arg("--output")
         .arg(&out)
         .arg("--no-progress")
+        .env(START_GATE, &gate)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut job = c.spawn().expect("starting p2ptrain");
-    let pipe = open_when_read(&fifo, &mut job);
+    let held = held_at_gate(&gate, 1, &mut job);
+    assert!(
+        catches(held[0], libc::SIGUSR1),
+        "SIGUSR1 is not caught before the config is read"
+    );
     kill(job.id(), libc::SIGUSR1);
-    hand_config(pipe);
+    std::fs::write(&gate, b"").unwrap();
     let status = wait_end(&mut job, "SIGUSR1");
     let output = job.wait_with_output().unwrap();
     assert_eq!(status.code(), Some(0), "{status}: {}", text(&output));
@@ -426,35 +377,29 @@ fn sigusr1_to_a_process_still_reading_its_config_snapshots_at_the_first_iteratio
 }
 
 #[test]
-fn sigusr1_to_mpirun_whose_ranks_still_read_their_config_snapshots_at_the_first_iteration() {
-    let dir = out_dir("early_usr1_mpirun");
-    let (fifo_a, fifo_b, out) = (dir.join("a.toml"), dir.join("b.toml"), dir.join("o"));
-    mkfifo(&fifo_a);
-    mkfifo(&fifo_b);
-    // One rank per config file (MPMD): each rank blocks on its own pipe.
-    let mut c = mpirun(1);
-    for (i, fifo) in [&fifo_a, &fifo_b].into_iter().enumerate() {
-        if i > 0 {
-            c.args([":", "-np", "1"]);
-        }
-        c.arg(bin())
-            .arg(fifo)
-            .arg("--output")
-            .arg(&out)
-            .arg("--no-progress");
-    }
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+fn sigusr1_to_mpirun_whose_ranks_are_still_before_their_config_snapshots_at_the_first_iteration() {
+    let (dir, cfg) = setup("early_usr1_mpirun");
+    let (gate, out) = (dir.join("gate"), dir.join("o"));
+    let mut c = mpirun(2);
+    c.env(START_GATE, &gate)
+        .arg(bin())
+        .arg(&cfg)
+        .arg("--output")
+        .arg(&out)
+        .arg("--no-progress")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut job = c.spawn().expect("starting mpirun");
-    let pipes = [
-        open_when_read(&fifo_a, &mut job),
-        open_when_read(&fifo_b, &mut job),
-    ];
-    kill(job.id(), libc::SIGUSR1);
-    // mpirun forwards SIGUSR1 at once; give it a moment to reach both ranks before they read on.
-    std::thread::sleep(Duration::from_millis(300));
-    for pipe in pipes {
-        hand_config(pipe);
+    for pid in held_at_gate(&gate, 2, &mut job) {
+        assert!(
+            catches(pid, libc::SIGUSR1),
+            "rank {pid} does not catch SIGUSR1 before reading its config"
+        );
     }
+    kill(job.id(), libc::SIGUSR1);
+    // mpirun forwards SIGUSR1 at once; give it a moment to reach both ranks before they go on.
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&gate, b"").unwrap();
     let status = wait_end(&mut job, "SIGUSR1");
     let output = job.wait_with_output().unwrap();
     assert_eq!(status.code(), Some(0), "{status}: {}", text(&output));

@@ -60,30 +60,13 @@ fn final_snapshot(dir: &Path) -> PathBuf {
 fn assert_equivalent(reference: &Path, other: &Path, what: &str) {
     let diff = max_rel_diff(&final_snapshot(reference), &final_snapshot(other));
     assert!(diff < 2e-4, "{what}: weights differ by {diff:e} (relative)");
-    let (a, b) = (
-        metrics(&reference.join("metrics.jsonl")),
-        metrics(&other.join("metrics.jsonl")),
+    let a = assert_same_metrics(
+        reference,
+        other,
+        what,
+        &["accuracy", "accuracy_top3"],
+        &["lr"],
     );
-    assert_eq!(a.len(), b.len(), "{what}: metrics lines");
-    for (x, y) in a.iter().zip(&b) {
-        assert_eq!(x["iter"], y["iter"]);
-        assert_eq!(x["phase"], y["phase"]);
-        let (lx, ly) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
-        assert!(
-            (lx - ly).abs() < 2e-4 * lx.abs().max(1.0),
-            "{what}: loss at {x} vs {y}"
-        );
-        if x["phase"] == "test" {
-            // Exact correct/total over the whole test set: identical, not merely close.
-            assert_eq!(x["accuracy"], y["accuracy"], "{what}: test accuracy");
-            assert_eq!(
-                x["accuracy_top3"], y["accuracy_top3"],
-                "{what}: top-3 accuracy"
-            );
-        } else {
-            assert_eq!(x["lr"], y["lr"], "{what}: learning rate");
-        }
-    }
     let tests = a.iter().filter(|x| x["phase"] == "test").count();
     assert_eq!(tests, 2, "tests at iterations 15 and 30");
 }

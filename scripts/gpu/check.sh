@@ -108,6 +108,32 @@ for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
 done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
 
+echo "== a non-finite loss on GPUs: every rank stops at that iteration, or skips it (solver.non_finite)" \
+  | tee -a "$OUT/summary.txt"
+nan_case() { # name np expected-rc [sets...]
+  local name=$1 np=$2 want=$3 rc=0; shift 3
+  local sets=(--set 'cluster.backend="cuda"' --set solver.snapshot=5 --set solver.display=1)
+  for s in "$@"; do sets+=(--set "$s"); done
+  P2PTRAIN_INJECT_NAN=$((np - 1)):7 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train $EQ --no-progress \
+    --output "$OUT/runs/$name" "${sets[@]}" >"$OUT/runs-$name.log" 2>&1 || rc=$?
+  local snaps
+  snaps=$(ls "$OUT/runs/$name/snapshots" 2>/dev/null | grep -c safetensors)
+  echo "$name: exit $rc (want $want), $snaps weight snapshot(s); $(grep -m1 -o 'iteration 7[^;]*not finite[^.]*' "$OUT/runs-$name.log")" \
+    | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq "$want" ] || fail "$name: exit $rc, want $want"
+  if [ "$want" -ne 0 ]; then
+    grep -q "not finite" "$OUT/runs-$name.log" || fail "$name: the log does not say what was not finite"
+    [ ! -e "$OUT/runs/$name/snapshots/equiv_iter_10.safetensors" ] || fail "$name: a snapshot after the NaN"
+  else
+    grep -q '"phase":"skip"' "$OUT/runs/$name/metrics.jsonl" || fail "$name: the skipped step is not in metrics.jsonl"
+  fi
+}
+nan_case nan_gpu_1x1_stop 1 1
+if two_gpus "a non-finite loss on one of two GPU ranks"; then
+  nan_case nan_gpu_2x1_stop 2 1
+  nan_case nan_gpu_2x1_skip 2 0 'solver.non_finite="skip"'
+fi
+
 if two_gpus "a stopped and a killed rank end the job (scripts/gpu/faults.sh)"; then
   echo "== a stopped (SIGSTOP) and a killed (SIGKILL) rank end the job, no process left on a GPU" \
     | tee -a "$OUT/summary.txt"

@@ -1,5 +1,11 @@
-//! The subcommands beside training that have a module of their own: `bench-allreduce` (NCCL or
-//! the CPU path, checked then timed over a sweep of sizes). `train`, `check` and `bench` run
-//! through [`crate::app`].
+//! The subcommands, one module each, above every other module of the crate (the binary,
+//! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check` and `bench`
+//! share its flow: MPI start-up, config, data and weights agreed by every rank, the
+//! `P2PManager` run), `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of
+//! sizes), `plot` (curves from `metrics.jsonl`) and `compute-mean` (a dataset's mean image as a
+//! Caffe `binaryproto`).
 
 pub mod bench_allreduce;
+pub mod compute_mean;
+pub mod plot;
+pub mod train;

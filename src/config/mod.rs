@@ -338,7 +338,7 @@ pub struct SolverConfig {
     #[serde(default = "neg_one")]
     pub clip_gradients: f32,
     /// What a step whose loss or averaged gradient is not finite does (see
-    /// `crate::parallel::non_finite`).
+    /// `crate::solver::non_finite`).
     #[serde(default)]
     pub non_finite: NonFiniteMode,
 }

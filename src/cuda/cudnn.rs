@@ -875,6 +875,35 @@ pub struct Workspace {
     pub bytes: usize,
 }
 
+/// Calls the cuDNN convolution routine `$f` (the forward and both backwards take the same
+/// parameters but for the algorithm's type) with `alpha = 1`: `$a` and `$b` the two operands it
+/// reads and `$out` the one it writes, each a `(descriptor, device pointer)` pair, scaled by
+/// `beta` before the sum is added.
+macro_rules! convolution_call {
+    ($f:ident, $dnn:expr, $a:expr, $b:expr, $conv:expr, $algo:expr, $ws:expr, $beta:expr,
+        $out:expr) => {{
+        let alpha = 1.0f32;
+        check(
+            stringify!($f),
+            sys::$f(
+                $dnn.raw,
+                &alpha as *const f32 as *const c_void,
+                $a.0.raw,
+                $a.1 as *const c_void,
+                $b.0.raw,
+                $b.1 as *const c_void,
+                $conv.raw,
+                $algo,
+                $ws.ptr as *mut c_void,
+                $ws.bytes,
+                &$beta as *const f32 as *const c_void,
+                $out.0.raw,
+                $out.1 as *mut c_void,
+            ),
+        )
+    }};
+}
+
 /// `y = alpha · conv(x, w) + beta · y`.
 ///
 /// # Safety
@@ -891,25 +920,7 @@ pub unsafe fn conv_forward(
     beta: f32,
     y: (&TensorDesc, u64),
 ) -> Result<()> {
-    let alpha = 1.0f32;
-    check(
-        "cudnnConvolutionForward",
-        sys::cudnnConvolutionForward(
-            dnn.raw,
-            &alpha as *const f32 as *const c_void,
-            x.0.raw,
-            x.1 as *const c_void,
-            w.0.raw,
-            w.1 as *const c_void,
-            conv.raw,
-            algo,
-            ws.ptr as *mut c_void,
-            ws.bytes,
-            &beta as *const f32 as *const c_void,
-            y.0.raw,
-            y.1 as *mut c_void,
-        ),
-    )
+    convolution_call!(cudnnConvolutionForward, dnn, x, w, conv, algo, ws, beta, y)
 }
 
 /// `dx = conv_transpose(dy, w) + beta · dx`.
@@ -927,24 +938,16 @@ pub unsafe fn conv_backward_data(
     beta: f32,
     dx: (&TensorDesc, u64),
 ) -> Result<()> {
-    let alpha = 1.0f32;
-    check(
-        "cudnnConvolutionBackwardData",
-        sys::cudnnConvolutionBackwardData(
-            dnn.raw,
-            &alpha as *const f32 as *const c_void,
-            w.0.raw,
-            w.1 as *const c_void,
-            dy.0.raw,
-            dy.1 as *const c_void,
-            conv.raw,
-            algo,
-            ws.ptr as *mut c_void,
-            ws.bytes,
-            &beta as *const f32 as *const c_void,
-            dx.0.raw,
-            dx.1 as *mut c_void,
-        ),
+    convolution_call!(
+        cudnnConvolutionBackwardData,
+        dnn,
+        w,
+        dy,
+        conv,
+        algo,
+        ws,
+        beta,
+        dx
     )
 }
 
@@ -963,24 +966,16 @@ pub unsafe fn conv_backward_filter(
     beta: f32,
     dw: (&FilterDesc, u64),
 ) -> Result<()> {
-    let alpha = 1.0f32;
-    check(
-        "cudnnConvolutionBackwardFilter",
-        sys::cudnnConvolutionBackwardFilter(
-            dnn.raw,
-            &alpha as *const f32 as *const c_void,
-            x.0.raw,
-            x.1 as *const c_void,
-            dy.0.raw,
-            dy.1 as *const c_void,
-            conv.raw,
-            algo,
-            ws.ptr as *mut c_void,
-            ws.bytes,
-            &beta as *const f32 as *const c_void,
-            dw.0.raw,
-            dw.1 as *mut c_void,
-        ),
+    convolution_call!(
+        cudnnConvolutionBackwardFilter,
+        dnn,
+        x,
+        dy,
+        conv,
+        algo,
+        ws,
+        beta,
+        dw
     )
 }
 

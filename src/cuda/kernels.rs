@@ -1,7 +1,9 @@
-//! The GPU backend's own kernels: one CUDA C source ([`SOURCE`], the file `kernels.cu` beside
-//! this one) with every elementwise, reduction and update kernel the GPU layers and the GPU
-//! solver need, compiled by NVRTC once per process and compute capability, loaded once per
-//! context into [`Kernels`], and launched through typed methods that check buffer lengths.
+//! The GPU backend's own kernels: the CUDA C sources of `kernels/` ([`SOURCE`], one family per
+//! file: `kernels/NAME.cu` beside `kernels/NAME.rs`, which launches its kernels) with every
+//! elementwise, reduction, layer and update kernel the GPU layers and the GPU solver need,
+//! compiled by NVRTC as one program once per process and compute capability, loaded once per
+//! context into [`Kernels`], and launched through typed methods that check buffer lengths (all
+//! of them through the `launch!` macro of `kernels/common.rs`).
 //!
 //! The source is compiled to PTX for the virtual architecture `compute_XY` of the device (the
 //! driver turns it into machine code for the exact chip when the module is loaded) with
@@ -14,22 +16,50 @@
 
 use super::gpu_error;
 use crate::error::{Error, Result};
-use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The CUDA C source of every kernel: `kernels.cu` (elementwise, loss, update) followed by
-/// `kernels/cnn.cu` (the convolutional-net layers), compiled as one program.
-pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("kernels/cnn.cu"));
+/// Declares the kernel sources, `kernels/NAME.cu` for each family `NAME` in order (each beside
+/// `kernels/NAME.rs`, which launches its kernels): [`SOURCE`] and [`SOURCE_FILES`].
+macro_rules! kernel_sources {
+    ($($family:literal),* $(,)?) => {
+        /// The CUDA C source of every kernel: the families' sources concatenated in order (the
+        /// shared helpers of `common.cu` first), compiled as one program.
+        pub const SOURCE: &str = concat!($(include_str!(concat!("kernels/", $family, ".cu"))),*);
 
-/// Threads per block of the grid-stride kernels; a multiple of the warp size.
-const BLOCK: u32 = 256;
-/// Rows per block of the one-warp-per-row kernels (`BLOCK / 32`).
-const ROWS_PER_BLOCK: usize = (BLOCK / 32) as usize;
+        /// Each family's file name and source, in the order of [`SOURCE`].
+        pub const SOURCE_FILES: &[(&str, &str)] =
+            &[$((concat!($family, ".cu"), include_str!(concat!("kernels/", $family, ".cu")))),*];
+
+        /// Each family's source and the Rust source of its launchers (`kernels/NAME.rs`).
+        #[cfg(test)]
+        const FAMILIES: &[(&str, &str, &str)] = &[$((
+            $family,
+            include_str!(concat!("kernels/", $family, ".cu")),
+            include_str!(concat!("kernels/", $family, ".rs")),
+        )),*];
+    };
+}
+
+kernel_sources!(
+    "common",
+    "elementwise",
+    "loss",
+    "solver",
+    "copy",
+    "pooling",
+    "dropout",
+    "channel",
+    "normalization",
+    "fused",
+    "im2col",
+    "convolution_implicit_gemm",
+    "convolution_direct",
+    "softmax",
+);
+
 /// Resident blocks per multiprocessor that one wave of a grid-stride kernel aims for.
 const BLOCKS_PER_SM: u32 = 8;
 
@@ -147,92 +177,28 @@ kernel_set!(
     abs_backward,
 );
 
-/// Launches `$func` of `$k` on `$stream` with the given arguments (references to values that
-/// live until the launch returns), mapping an error to one naming the kernel. The form
-/// `launch!(function F, NAME, stream, cfg, [args])` launches the `CudaFunction` reference `F`
-/// instead, for a kernel picked at run time among several of the same parameter list.
-macro_rules! launch {
-    ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($arg:expr),* $(,)?]) => {
-        launch!(function &$k.$func, stringify!($func), $stream, $cfg, [$($arg),*])
-    };
-    (function $f:expr, $name:expr, $stream:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let mut builder = $stream.launch_builder($f);
-        $(builder.arg($arg);)*
-        // SAFETY: the arguments match the kernel's parameter list in SOURCE, in order and type
-        // (device pointers are passed as 64-bit addresses), and the caller checked that every
-        // buffer holds the elements the kernel touches.
-        unsafe { builder.launch($cfg) }
-            .map(|_| ())
-            .map_err(|e| gpu_error(&format!("launch {}", $name), e))
-    }};
-}
-
-mod cnn;
+#[macro_use]
+mod common;
+mod channel;
+mod convolution_direct;
+mod convolution_implicit_gemm;
+mod copy;
+mod dropout;
+mod elementwise;
 mod fused;
 mod im2col;
-pub use cnn::PoolGeom;
+mod loss;
+mod normalization;
+mod pooling;
+mod softmax;
+mod solver;
+use common::{check_len, to_i32, BLOCK};
+pub use convolution_direct::DirectTile;
+pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use fused::BnScaleRelu;
-pub use im2col::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
-
-/// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
-/// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and
-/// `decay_mult` `(spans)`, and the device scalar `scale` `(1)` that multiplies the raw gradient.
-pub struct UpdateArgs<'a> {
-    pub w: &'a mut CudaSlice<f32>,
-    pub g: &'a mut CudaSlice<f32>,
-    pub n: usize,
-    pub ends: &'a CudaSlice<i64>,
-    pub lr_mult: &'a CudaSlice<f32>,
-    pub decay_mult: &'a CudaSlice<f32>,
-    pub spans: usize,
-    pub scale: &'a CudaSlice<f32>,
-    /// The iteration's learning rate (before `lr_mult`).
-    pub lr: f32,
-    pub weight_decay: f32,
-    /// L1 instead of L2 regularisation.
-    pub l1: bool,
-}
-
-/// The rule-specific part of an update step and its history buffers `(n)`.
-pub enum Rule<'a> {
-    Sgd {
-        momentum: f32,
-        v: &'a mut CudaSlice<f32>,
-    },
-    Nesterov {
-        momentum: f32,
-        v: &'a mut CudaSlice<f32>,
-    },
-    Adagrad {
-        delta: f32,
-        h: &'a mut CudaSlice<f32>,
-    },
-    Rmsprop {
-        rho: f32,
-        delta: f32,
-        h: &'a mut CudaSlice<f32>,
-    },
-    Adam {
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        /// `√(1 − β₂ᵗ) / (1 − β₁ᵗ)`.
-        correction: f32,
-        m: &'a mut CudaSlice<f32>,
-        v: &'a mut CudaSlice<f32>,
-    },
-}
-
-fn check_len(op: &str, what: &str, have: usize, need: usize) {
-    assert!(
-        have >= need,
-        "{op}: `{what}` holds {have} elements, {need} needed"
-    );
-}
-
-fn to_i32(op: &str, n: usize) -> i32 {
-    i32::try_from(n).unwrap_or_else(|_| panic!("{op}: {n} elements exceed the kernel's int range"))
-}
+pub use im2col::ConvGeom;
+pub use pooling::PoolGeom;
+pub use solver::{Rule, UpdateArgs};
 
 impl Kernels {
     /// Compiles [`SOURCE`] for the device of `ctx` (once per process and compute capability)
@@ -262,679 +228,6 @@ impl Kernels {
         }
         kernels.implicit_wgrad_slots = slots;
         Ok(kernels)
-    }
-
-    /// One wave of `BLOCK`-thread blocks over `n` elements (at least one block).
-    fn grid(&self, n: usize) -> LaunchConfig {
-        let blocks = n
-            .div_ceil(BLOCK as usize)
-            .clamp(1, self.max_blocks as usize) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// One warp per row over `rows` rows.
-    fn grid_rows(&self, rows: usize) -> LaunchConfig {
-        let blocks = rows
-            .div_ceil(ROWS_PER_BLOCK)
-            .clamp(1, self.max_blocks as usize) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// A single block (the final step of a reduction).
-    fn single_block() -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// One warp, of which thread 0 works (scalar bookkeeping).
-    fn single_thread() -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// The number of partial sums [`Kernels::sumsq_partial`] writes for `n` elements.
-    pub fn sumsq_parts(&self, n: usize) -> usize {
-        self.grid(n).grid_dim.0 as usize
-    }
-
-    /// Keeps `s` busy for `ns` nanoseconds of device time (`hold_stream`, one thread): work
-    /// enqueued behind it starts no sooner.
-    pub fn hold_stream(&self, s: &CudaStream, ns: u64) -> Result<()> {
-        let ns = i64::try_from(ns).unwrap_or(i64::MAX);
-        let one = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, s, hold_stream, one, [&ns])
-    }
-
-    /// `x[..n] = value`.
-    pub fn fill(
-        &self,
-        s: &CudaStream,
-        x: &mut impl DevicePtrMut<f32>,
-        value: f32,
-        n: usize,
-    ) -> Result<()> {
-        check_len("fill", "x", x.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr_mut(s);
-        let n64 = n as i64;
-        launch!(self, s, fill, self.grid(n), [&xp, &value, &n64])
-    }
-
-    /// `x[..n] *= alpha`.
-    pub fn scale(
-        &self,
-        s: &CudaStream,
-        x: &mut impl DevicePtrMut<f32>,
-        alpha: f32,
-        n: usize,
-    ) -> Result<()> {
-        check_len("scale", "x", x.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr_mut(s);
-        let n64 = n as i64;
-        launch!(self, s, scale, self.grid(n), [&xp, &alpha, &n64])
-    }
-
-    /// `y[..n] += alpha · x[..n]`.
-    pub fn axpy(
-        &self,
-        s: &CudaStream,
-        alpha: f32,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        check_len("axpy", "x", x.len(), n);
-        check_len("axpy", "y", y.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let n64 = n as i64;
-        launch!(self, s, axpy, self.grid(n), [&xp, &yp, &alpha, &n64])
-    }
-
-    /// `y = x > 0 ? x : slope · x` over `(n)`.
-    pub fn relu_forward(
-        &self,
-        s: &CudaStream,
-        slope: f32,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        check_len("relu_forward", "x", x.len(), n);
-        check_len("relu_forward", "y", y.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let ni = to_i32("relu_forward", n);
-        launch!(self, s, relu_forward, self.grid(n), [&xp, &yp, &slope, &ni])
-    }
-
-    /// `dx (+)= dy · (x > 0 ? 1 : slope)` over `(n)`; overwrites unless `accumulate`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn relu_backward(
-        &self,
-        s: &CudaStream,
-        slope: f32,
-        x: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        for (what, len) in [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len("relu_backward", what, len, n);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
-        let ni = to_i32("relu_backward", n);
-        let acc = accumulate as i32;
-        launch!(
-            self,
-            s,
-            relu_backward,
-            self.grid(n),
-            [&xp, &dyp, &dxp, &slope, &ni, &acc]
-        )
-    }
-
-    /// `y = 1 / (1 + e^(−x))` over `(n)`.
-    pub fn sigmoid_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.unary("sigmoid_forward", &self.sigmoid_forward, s, x, y, n)
-    }
-
-    /// `dx (+)= dy · y · (1 − y)` over `(n)`, from the top's data `y`.
-    pub fn sigmoid_backward(
-        &self,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.unary_backward(
-            "sigmoid_backward",
-            &self.sigmoid_backward,
-            s,
-            y,
-            dy,
-            dx,
-            n,
-            accumulate,
-        )
-    }
-
-    /// `y = tanh(x)` over `(n)`.
-    pub fn tanh_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.unary("tanh_forward", &self.tanh_forward, s, x, y, n)
-    }
-
-    /// `dx (+)= dy · (1 − y²)` over `(n)`, from the top's data `y`.
-    pub fn tanh_backward(
-        &self,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.unary_backward(
-            "tanh_backward",
-            &self.tanh_backward,
-            s,
-            y,
-            dy,
-            dx,
-            n,
-            accumulate,
-        )
-    }
-
-    /// A kernel `(const float* x, float* y, int n)`.
-    fn unary(
-        &self,
-        op: &str,
-        f: &CudaFunction,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let ni = to_i32(op, n);
-        let mut builder = s.launch_builder(f);
-        builder.arg(&xp).arg(&yp).arg(&ni);
-        // SAFETY: `f` has the parameters (const float*, float*, int); both buffers hold n.
-        unsafe { builder.launch(self.grid(n)) }
-            .map(|_| ())
-            .map_err(|e| gpu_error(&format!("launch {op}"), e))
-    }
-
-    /// A kernel `(const float* y, const float* dy, float* dx, int n, int accumulate)`.
-    #[allow(clippy::too_many_arguments)]
-    fn unary_backward(
-        &self,
-        op: &str,
-        f: &CudaFunction,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        for (what, len) in [("y", y.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len(op, what, len, n);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (yp, _y) = y.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
-        let ni = to_i32(op, n);
-        let acc = accumulate as i32;
-        let mut builder = s.launch_builder(f);
-        builder.arg(&yp).arg(&dyp).arg(&dxp).arg(&ni).arg(&acc);
-        // SAFETY: `f` has the parameters (const float*, const float*, float*, int, int); every
-        // buffer holds n.
-        unsafe { builder.launch(self.grid(n)) }
-            .map(|_| ())
-            .map_err(|e| gpu_error(&format!("launch {op}"), e))
-    }
-
-    /// `y (rows, cols) += b (cols)` on every row.
-    pub fn bias_add(
-        &self,
-        s: &CudaStream,
-        y: &mut impl DevicePtrMut<f32>,
-        b: &impl DevicePtr<f32>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        check_len("bias_add", "y", y.len(), rows * cols);
-        check_len("bias_add", "b", b.len(), cols);
-        if rows * cols == 0 {
-            return Ok(());
-        }
-        let (yp, _y) = y.device_ptr_mut(s);
-        let (bp, _b) = b.device_ptr(s);
-        let (r, c) = (to_i32("bias_add", rows), to_i32("bias_add", cols));
-        to_i32("bias_add", rows * cols);
-        launch!(
-            self,
-            s,
-            bias_add,
-            self.grid(rows * cols),
-            [&yp, &bp, &r, &c]
-        )
-    }
-
-    /// Softmax with loss, forward: `prob (rows, classes)` = the softmax of each row of
-    /// `x (rows, classes)`, then `loss (1)` = the mean over counted rows of
-    /// `−ln max(p[label], f32::MIN_POSITIVE)` and `valid (1)` = the counted rows. A row counts
-    /// unless its label is `ignore` or not a class. `row_loss` `(rows)` and `row_valid`
-    /// `(rows)` are scratch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn softmax_loss_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
-        prob: &mut impl DevicePtrMut<f32>,
-        row_loss: &mut impl DevicePtrMut<f64>,
-        row_valid: &mut impl DevicePtrMut<f32>,
-        loss: &mut impl DevicePtrMut<f32>,
-        valid: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        ignore: Option<f32>,
-    ) -> Result<()> {
-        let op = "softmax_loss_forward";
-        check_len(op, "x", x.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
-        check_len(op, "prob", prob.len(), rows * classes);
-        check_len(op, "row_loss", row_loss.len(), rows);
-        check_len(op, "row_valid", row_valid.len(), rows);
-        check_len(op, "loss", loss.len(), 1);
-        check_len(op, "valid", valid.len(), 1);
-        let (r, c) = (to_i32(op, rows), to_i32(op, classes));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
-        let (xp, _x) = x.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
-        let (pp, _p) = prob.device_ptr_mut(s);
-        let (rlp, _rl) = row_loss.device_ptr_mut(s);
-        let (rvp, _rv) = row_valid.device_ptr_mut(s);
-        let (lossp, _loss) = loss.device_ptr_mut(s);
-        let (vp, _v) = valid.device_ptr_mut(s);
-        if rows > 0 {
-            launch!(
-                self,
-                s,
-                softmax_loss_forward,
-                self.grid_rows(rows),
-                [&xp, &lp, &pp, &rlp, &rvp, &r, &c, &has_ignore, &ignore]
-            )?;
-        }
-        launch!(
-            self,
-            s,
-            loss_finalize,
-            Kernels::single_block(),
-            [&rlp, &rvp, &r, &lossp, &vp]
-        )
-    }
-
-    /// Softmax with loss, backward: `dx (rows, classes) (+)= w / max(V, 1) · (prob − onehot)`
-    /// on counted rows, with `w = top_diff[0]` and `V = valid[0]` read on the device.
-    #[allow(clippy::too_many_arguments)]
-    pub fn softmax_loss_backward(
-        &self,
-        s: &CudaStream,
-        prob: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
-        top_diff: &impl DevicePtr<f32>,
-        valid: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        ignore: Option<f32>,
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "softmax_loss_backward";
-        check_len(op, "prob", prob.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
-        check_len(op, "top_diff", top_diff.len(), 1);
-        check_len(op, "valid", valid.len(), 1);
-        check_len(op, "dx", dx.len(), rows * classes);
-        if rows * classes == 0 {
-            return Ok(());
-        }
-        let (r, c) = (to_i32(op, rows), to_i32(op, classes));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
-        let acc = accumulate as i32;
-        let (pp, _p) = prob.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
-        let (tp, _t) = top_diff.device_ptr(s);
-        let (vp, _v) = valid.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            softmax_loss_backward,
-            self.grid(rows * classes),
-            [&pp, &lp, &tp, &vp, &dxp, &r, &c, &has_ignore, &ignore, &acc]
-        )
-    }
-
-    /// Top-k accuracy: `out (1)` = the fraction of the `rows` rows of `x (rows, classes)` whose
-    /// label has fewer than `top_k` classes scoring strictly higher; rows whose label is
-    /// `ignore` (or not a class) count in the denominator, never as correct. `row_correct`
-    /// `(rows)` is scratch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn accuracy(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
-        row_correct: &mut impl DevicePtrMut<f32>,
-        out: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        top_k: usize,
-        ignore: Option<f32>,
-    ) -> Result<()> {
-        let op = "accuracy";
-        check_len(op, "x", x.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
-        check_len(op, "row_correct", row_correct.len(), rows);
-        check_len(op, "out", out.len(), 1);
-        let (r, c, k) = (to_i32(op, rows), to_i32(op, classes), to_i32(op, top_k));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
-        let (xp, _x) = x.device_ptr(s);
-        let (lp, _l) = labels.device_ptr(s);
-        let (rcp, _rc) = row_correct.device_ptr_mut(s);
-        let (outp, _out) = out.device_ptr_mut(s);
-        if rows > 0 {
-            launch!(
-                self,
-                s,
-                accuracy_rows,
-                self.grid_rows(rows),
-                [&xp, &lp, &rcp, &r, &c, &k, &has_ignore, &ignore]
-            )?;
-        }
-        launch!(
-            self,
-            s,
-            accuracy_finalize,
-            Kernels::single_block(),
-            [&rcp, &r, &outp]
-        )
-    }
-
-    /// `dst[0] = (reset ? 0 : dst[0]) + weight · src[0]`.
-    pub fn weighted_sum(
-        &self,
-        s: &CudaStream,
-        src: &impl DevicePtr<f32>,
-        weight: f32,
-        dst: &mut impl DevicePtrMut<f32>,
-        reset: bool,
-    ) -> Result<()> {
-        check_len("weighted_sum", "src", src.len(), 1);
-        check_len("weighted_sum", "dst", dst.len(), 1);
-        let (sp, _s) = src.device_ptr(s);
-        let (dp, _d) = dst.device_ptr_mut(s);
-        let reset = reset as i32;
-        launch!(
-            self,
-            s,
-            weighted_sum,
-            Kernels::single_thread(),
-            [&sp, &weight, &dp, &reset]
-        )
-    }
-
-    /// `slots[slot] = (reset ? 0 : slots[slot]) + loss[0]`, in double.
-    pub fn loss_slot(
-        &self,
-        s: &CudaStream,
-        loss: &impl DevicePtr<f32>,
-        slots: &mut impl DevicePtrMut<f64>,
-        slot: usize,
-        reset: bool,
-    ) -> Result<()> {
-        check_len("loss_slot", "loss", loss.len(), 1);
-        check_len("loss_slot", "slots", slots.len(), slot + 1);
-        let (lp, _l) = loss.device_ptr(s);
-        let (sp, _s) = slots.device_ptr_mut(s);
-        let (slot, reset) = (to_i32("loss_slot", slot), reset as i32);
-        launch!(
-            self,
-            s,
-            loss_slot,
-            Kernels::single_thread(),
-            [&lp, &sp, &slot, &reset]
-        )
-    }
-
-    /// `diff_at[0] = NaN` where `loss[0]` (an iteration's summed loss, in double) is not finite:
-    /// a replica's non-finite loss reaches every replica through the gradient all-reduce.
-    pub fn poison_gradient(
-        &self,
-        s: &CudaStream,
-        loss: &impl DevicePtr<f64>,
-        diff_at: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        check_len("poison_gradient", "loss", loss.len(), 1);
-        check_len("poison_gradient", "diff_at", diff_at.len(), 1);
-        let (lp, _l) = loss.device_ptr(s);
-        let (dp, _d) = diff_at.device_ptr_mut(s);
-        launch!(
-            self,
-            s,
-            poison_gradient,
-            Kernels::single_thread(),
-            [&lp, &dp]
-        )
-    }
-
-    /// `partials[b]` = the sum of squares of block `b`'s share of `x[..n]`, in double, for
-    /// `b < sumsq_parts(n)`.
-    pub fn sumsq_partial(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        n: usize,
-        partials: &mut impl DevicePtrMut<f64>,
-    ) -> Result<()> {
-        check_len("sumsq_partial", "x", x.len(), n);
-        check_len(
-            "sumsq_partial",
-            "partials",
-            partials.len(),
-            self.sumsq_parts(n),
-        );
-        let (xp, _x) = x.device_ptr(s);
-        let (pp, _p) = partials.device_ptr_mut(s);
-        let n64 = n as i64;
-        launch!(self, s, sumsq_partial, self.grid(n), [&xp, &n64, &pp])
-    }
-
-    /// `scale[0] = normalise`, times `clip / norm` when `parts > 0` and
-    /// `norm = √(Σ partials[..parts]) · normalise` exceeds `clip`. Where that sum of squares is
-    /// not finite, iteration `iter` is recorded in `steps` (`[count, first, last]`, `first` and
-    /// `last` −1 until one), and `scale[0]` is NaN, which makes the update kernels apply nothing;
-    /// with `latch`, so is it at every iteration after one was recorded.
-    #[allow(clippy::too_many_arguments)]
-    pub fn clip_scale(
-        &self,
-        s: &CudaStream,
-        partials: &impl DevicePtr<f64>,
-        parts: usize,
-        normalise: f64,
-        clip: f64,
-        scale: &mut impl DevicePtrMut<f32>,
-        steps: &mut impl DevicePtrMut<i64>,
-        iter: u64,
-        latch: bool,
-    ) -> Result<()> {
-        check_len("clip_scale", "partials", partials.len(), parts);
-        check_len("clip_scale", "scale", scale.len(), 1);
-        check_len("clip_scale", "steps", steps.len(), 3);
-        let (pp, _p) = partials.device_ptr(s);
-        let (sp, _s) = scale.device_ptr_mut(s);
-        let (stp, _st) = steps.device_ptr_mut(s);
-        let parts = to_i32("clip_scale", parts);
-        let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
-        launch!(
-            self,
-            s,
-            clip_scale,
-            Kernels::single_block(),
-            [&pp, &parts, &normalise, &clip, &sp, &stp, &iter, &latch]
-        )
-    }
-
-    /// One update step of `rule` over the flat buffers of `a` (see `crate::solver::Solver::apply`
-    /// for the formulas, which the kernels follow operation for operation).
-    pub fn update(&self, s: &CudaStream, a: UpdateArgs<'_>, rule: Rule<'_>) -> Result<()> {
-        let op = "update";
-        check_len(op, "w", a.w.len(), a.n);
-        check_len(op, "g", a.g.len(), a.n);
-        check_len(op, "ends", a.ends.len(), a.spans);
-        check_len(op, "lr_mult", a.lr_mult.len(), a.spans);
-        check_len(op, "decay_mult", a.decay_mult.len(), a.spans);
-        check_len(op, "scale", a.scale.len(), 1);
-        if a.n == 0 || a.spans == 0 {
-            return Ok(());
-        }
-        let cfg = self.grid(a.n);
-        let (wp, _w) = a.w.device_ptr_mut(s);
-        let (gp, _g) = a.g.device_ptr_mut(s);
-        let (ep, _e) = a.ends.device_ptr(s);
-        let (lp, _l) = a.lr_mult.device_ptr(s);
-        let (dp, _d) = a.decay_mult.device_ptr(s);
-        let (sp, _s) = a.scale.device_ptr(s);
-        let n64 = a.n as i64;
-        let spans = to_i32(op, a.spans);
-        let l1 = a.l1 as i32;
-        let (lr, wd) = (a.lr, a.weight_decay);
-        // Pushes the arguments every rule shares, then the rule's own, and launches.
-        macro_rules! launch_rule {
-            ($func:ident, [$($extra:expr),*]) => {{
-                let mut builder = s.launch_builder(&self.$func);
-                builder
-                    .arg(&wp)
-                    .arg(&gp)
-                    .arg(&n64)
-                    .arg(&ep)
-                    .arg(&lp)
-                    .arg(&dp)
-                    .arg(&spans)
-                    .arg(&sp)
-                    .arg(&lr)
-                    .arg(&wd)
-                    .arg(&l1);
-                $(builder.arg($extra);)*
-                // SAFETY: the shared arguments follow UPDATE_PARAMS in SOURCE and the rule's own
-                // follow its kernel's tail; every buffer was checked to hold its elements.
-                unsafe { builder.launch(cfg) }
-                    .map(|_| ())
-                    .map_err(|e| gpu_error(concat!("launch ", stringify!($func)), e))
-            }};
-        }
-        match rule {
-            Rule::Sgd { momentum, v } => {
-                check_len(op, "v", v.len(), a.n);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(sgd_update, [&vp, &momentum])
-            }
-            Rule::Nesterov { momentum, v } => {
-                check_len(op, "v", v.len(), a.n);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(nesterov_update, [&vp, &momentum])
-            }
-            Rule::Adagrad { delta, h } => {
-                check_len(op, "h", h.len(), a.n);
-                let (hp, _h) = h.device_ptr_mut(s);
-                launch_rule!(adagrad_update, [&hp, &delta])
-            }
-            Rule::Rmsprop { rho, delta, h } => {
-                check_len(op, "h", h.len(), a.n);
-                let (hp, _h) = h.device_ptr_mut(s);
-                launch_rule!(rmsprop_update, [&hp, &rho, &delta])
-            }
-            Rule::Adam {
-                beta1,
-                beta2,
-                eps,
-                correction,
-                m,
-                v,
-            } => {
-                check_len(op, "m", m.len(), a.n);
-                check_len(op, "v", v.len(), a.n);
-                let (mp, _m) = m.device_ptr_mut(s);
-                let (vp, _v) = v.device_ptr_mut(s);
-                launch_rule!(adam_update, [&mp, &vp, &beta1, &beta2, &eps, &correction])
-            }
-        }
     }
 }
 
@@ -994,15 +287,76 @@ mod tests {
             assert_eq!(
                 SOURCE.matches(&decl).count(),
                 1,
-                "kernels.cu must define `{name}` exactly once"
+                "the sources must define `{name}` exactly once"
             );
         }
         let defined = SOURCE.matches("extern \"C\" __global__ void ").count();
         assert_eq!(
             defined,
             KERNEL_NAMES.len(),
-            "a kernel in kernels.cu is never loaded"
+            "a kernel in the sources is never loaded"
         );
+    }
+
+    /// The kernels a launcher file names: `launch!(self, s, NAME, ..)`,
+    /// `launch_rule!(NAME, ..)` and `&self.NAME` where `NAME` is a loaded kernel.
+    fn launched_kernels(launcher: &str) -> Vec<String> {
+        let ident = |rest: &str| -> String {
+            let rest = rest.trim_start();
+            rest.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut names = Vec::new();
+        for (at, _) in launcher.match_indices("launch!(") {
+            let args: Vec<&str> = launcher[at + 8..].splitn(4, ',').collect();
+            if args.len() == 4 && args[0].trim() == "self" && args[1].trim() == "s" {
+                names.push(ident(args[2]));
+            }
+        }
+        for marker in ["launch_rule!(", "&self."] {
+            for (at, _) in launcher.match_indices(marker) {
+                names.push(ident(&launcher[at + marker.len()..]));
+            }
+        }
+        names.retain(|name| KERNEL_NAMES.contains(&name.as_str()));
+        names
+    }
+
+    /// Kernels a family launches from another family's source: `(launcher family, kernel)`.
+    /// The Scale layer's pair of channel sums runs BatchNorm's two-sum kernel.
+    const BORROWED: &[(&str, &str)] = &[("channel", "bn_sums")];
+
+    /// Runs without a GPU: each `kernels/NAME.rs` launches only kernels that `kernels/NAME.cu`
+    /// defines (but for [`BORROWED`]), and every kernel is launched from some family's file, so
+    /// that the sources mirror their launchers and a kernel named in a launcher exists in the
+    /// compiled program.
+    #[test]
+    fn each_family_launches_the_kernels_of_its_own_source() {
+        let mut launched = Vec::new();
+        for (family, source, launcher) in FAMILIES {
+            let names = launched_kernels(launcher);
+            for name in &names {
+                if BORROWED.contains(&(*family, name.as_str())) {
+                    continue;
+                }
+                let decl = format!("extern \"C\" __global__ void {name}(");
+                assert!(
+                    source.contains(&decl),
+                    "kernels/{family}.rs launches `{name}`, which kernels/{family}.cu lacks"
+                );
+            }
+            launched.extend(names);
+        }
+        for name in KERNEL_NAMES {
+            assert!(
+                launched.iter().any(|l| l == name),
+                "no launcher file launches `{name}`"
+            );
+        }
+        let listed: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+        let files: Vec<&str> = SOURCE_FILES.iter().map(|f| f.0).collect();
+        assert_eq!(listed.len(), files.len(), "{listed:?} / {files:?}");
     }
 
     /// Compiles the source with NVRTC where the library is present (it needs no GPU), and says

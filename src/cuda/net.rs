@@ -48,7 +48,9 @@
 use super::blob::GpuBlob;
 use super::device::wait_for_event;
 use super::event_clock::EventClock;
-use super::layers::{self as gpu_layers, Collective, GpuCtx, GpuLayer, Grad};
+use super::layers::{
+    self as gpu_layers, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs,
+};
 use super::layout::Layout;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
@@ -626,7 +628,12 @@ impl GpuNet {
                         false,
                     )?;
                 }
-                layer.forward(gpu, &ctx, blobs, bottoms, tops, &params)
+                layer.forward(ForwardPass {
+                    gpu,
+                    ctx: &ctx,
+                    blobs: LayerBlobs::new(blobs, bottoms, tops),
+                    params,
+                })
             })?;
             if phase == Phase::Train {
                 layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
@@ -783,22 +790,20 @@ impl GpuNet {
                 },
             };
             if let Some((at, range)) = run {
-                let data = self.params.data.slice(range.clone());
-                let mut diff = self.params.diff.slice_mut(range);
+                let params = self.params.data.slice(range.clone());
+                let param_diff = self.params.diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
                 let (bottoms, storage) = (&self.bottoms[at], &self.storage);
                 self.layer_clock.time(gpu, Name::Backward(at as u32), || {
-                    layer.backward(
+                    layer.backward(BackwardPass {
                         gpu,
-                        &ctx,
-                        blobs,
-                        bottoms,
-                        node.tops,
-                        &plan.grads[at],
-                        &data,
+                        ctx: &ctx,
+                        blobs: LayerBlobs::new(blobs, bottoms, node.tops),
+                        grads: &plan.grads[at],
+                        params,
                         param_grad,
-                        &mut diff,
-                    )?;
+                        param_diff,
+                    })?;
                     let converted = storage.conversions.iter().zip(&plan.converted);
                     for (c, grad) in converted.filter(|(c, g)| c.layer == at && g.wanted()) {
                         let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);

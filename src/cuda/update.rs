@@ -8,7 +8,7 @@
 //! gradient is reduced on the device (per-block partial sums in double, then one block), and the
 //! resulting scale factor stays in device memory where the update kernel reads it. The same sum
 //! tells a non-finite gradient: that step is recorded on the device and gets a NaN scale, on
-//! which the update kernel applies nothing (`crate::parallel::non_finite`); the host reads the
+//! which the update kernel applies nothing (`crate::solver::non_finite`); the host reads the
 //! record only when it asks ([`GpuSolver::non_finite_steps`]). The per-tensor `lr_mult` and
 //! `decay_mult` sit in small device tables built once, so one launch updates every tensor.
 
@@ -17,8 +17,8 @@ use super::{gpu_error, Gpu};
 use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
 use crate::cuda::kernels::{Rule, UpdateArgs};
 use crate::error::{Error, Result};
-use crate::parallel::non_finite::NonFiniteSteps;
 use crate::params::ParamSpan;
+use crate::solver::non_finite::NonFiniteSteps;
 use crate::solver::{learning_rate, Solver};
 use cudarc::driver::CudaSlice;
 

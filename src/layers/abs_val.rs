@@ -1,58 +1,34 @@
 //! `AbsVal`: `y = |x|` element-wise; `dx = dy · sign(x)` (0 at 0). Top: the bottom's shape.
 
 use crate::config::layer_params::AbsValParams;
-use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The absolute-value layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct AbsVal {
-    name: String,
-}
+pub type AbsVal = NeuronLayer<Absolute>;
+
+/// `y = |x|`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Absolute;
 
 impl AbsVal {
     pub fn new(name: &str, _params: &AbsValParams) -> Self {
-        AbsVal {
-            name: name.to_string(),
-        }
+        NeuronLayer::with_neuron(name, Absolute)
     }
 }
 
-impl Layer for AbsVal {
-    fn type_name(&self) -> &'static str {
-        "abs_val"
+impl Neuron for Absolute {
+    const TYPE_NAME: &'static str = "abs_val";
+
+    fn forward(&self, x: f32) -> f32 {
+        x.abs()
     }
 
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        elementwise_shape(&self.name, bottoms)
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
-            *y = x.abs();
-        }
-    }
-
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
-            return;
-        }
-        let bottom = &mut bottoms[0];
-        for ((d, &x), &g) in bottom.diff.iter_mut().zip(&bottom.data).zip(&tops[0].diff) {
-            if x > 0.0 {
-                *d += g;
-            } else if x < 0.0 {
-                *d -= g;
-            }
+    /// `dx += dy` where `x > 0`, `dx −= dy` where `x < 0`; `dx` is left as it is at 0.
+    fn accumulate_gradient(&self, dx: &mut f32, x: f32, _y: f32, dy: f32) {
+        if x > 0.0 {
+            *dx += dy;
+        } else if x < 0.0 {
+            *dx -= dy;
         }
     }
 }

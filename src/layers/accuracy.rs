@@ -141,6 +141,7 @@ mod tests {
     use crate::backend::Cpu;
     use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config};
+    use crate::layers::test_util::{blob, ctx, forward_in};
 
     fn accuracy(extra: &str) -> Accuracy {
         from_config(
@@ -159,24 +160,10 @@ mod tests {
     const LABELS: [f32; 4] = [1.0, 0.0, 0.0, 3.0];
 
     fn run(layer: &mut Accuracy) -> f32 {
-        let mut scores = Blob::new(&[4, 4]);
-        scores.data = SCORES.to_vec();
-        let mut labels = Blob::new(&[4]);
-        labels.data = LABELS.to_vec();
-        let top_shapes = layer.reshape(&[&[4, 4], &[4]]).unwrap();
-        assert_eq!(top_shapes, vec![Vec::<usize>::new()]);
-        let mut top = vec![Blob::new(&[])];
-        top[0].data[0] = f32::NAN;
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Test,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[scores, labels], &[], &mut top);
+        let bottoms = [blob(&[4, 4], &SCORES), blob(&[4], &LABELS)];
+        let top = forward_in(Phase::Test, layer, &bottoms, &[]);
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].shape, Vec::<usize>::new());
         top[0].data[0]
     }
 
@@ -221,14 +208,7 @@ mod tests {
         layer.reshape(&[&[4, 4], &[4]]).unwrap();
         let mut top = vec![Blob::new(&[])];
         let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Test,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
+        let ctx = ctx(&cpu, Phase::Test);
         layer.forward(&ctx, &[scores, labels], &[], &mut top);
         // Rows 0 and 3: the label scores NaN. Row 1: two classes ahead, as without NaNs.
         // Row 2: only the NaN ahead of the label, which is within the top 2: correct.

@@ -23,7 +23,7 @@
 use crate::config::layer_params::BatchNormParams;
 use crate::config::{FillerConfig, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -110,18 +110,12 @@ impl Layer for BatchNorm {
 
     /// One bottom `(N, C, ...)`; the top has its shape.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let shape = match bottoms {
-            [s] if s.len() >= 2 && s[1] > 0 => s.to_vec(),
-            [s] => {
+        let shape = match one_bottom(&self.name, bottoms)? {
+            s if s.len() >= 2 && s[1] > 0 => s.to_vec(),
+            s => {
                 return Err(Error::net(
                     &self.name,
                     format!("needs a bottom (N, C, ...) with C ≥ 1, got {s:?}"),
-                ))
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 bottom, got {}", bottoms.len()),
                 ))
             }
         };
@@ -287,12 +281,8 @@ mod tests {
         reducer: Option<&'a dyn crate::layers::Reducer>,
     ) -> Ctx<'a> {
         Ctx {
-            cpu,
-            phase,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
             reducer,
+            ..crate::layers::test_util::ctx(cpu, phase)
         }
     }
 
@@ -556,12 +546,8 @@ top = ["loss"]
                 assert!(params.data[state.clone()].iter().all(|&v| v == 0.0));
                 let cpu = Cpu::new(1);
                 let ctx = Ctx {
-                    cpu: &cpu,
-                    phase: Phase::Train,
-                    iter: 0,
                     seed: 3,
-                    first_sample: 0,
-                    reducer: None,
+                    ..crate::layers::test_util::ctx(&cpu, Phase::Train)
                 };
                 let (d, l) = net.inputs_mut();
                 d.iter_mut()

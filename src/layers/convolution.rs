@@ -22,7 +22,7 @@ use crate::config::layer_params::ConvolutionParams;
 use crate::config::FillerConfig;
 use crate::error::{Error, Result};
 use crate::layers::spatial::{Geometry, Pair};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 use rayon::prelude::*;
@@ -177,10 +177,8 @@ impl Layer for Convolution {
     /// One bottom `(N, C, H, W)`; top `(N, num_output, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [shape] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
-        let &[n, c, h, w] = *shape else {
+        let shape = one_bottom(&self.name, bottoms)?;
+        let &[n, c, h, w] = shape else {
             return err(format!(
                 "takes a bottom (N, C, H, W), got {shape:?} (2-D convolution only)"
             ));
@@ -382,23 +380,13 @@ mod tests {
     use crate::backend::Cpu;
     use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::ctx;
 
     fn conv(extra: &str) -> Convolution {
         from_config(
             Convolution::new,
             &layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}")),
         )
-    }
-
-    fn ctx(cpu: &Cpu) -> Ctx<'_> {
-        Ctx {
-            cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        }
     }
 
     /// A direct 6-loop convolution with groups: `(N, C, H, W)` → `(N, M, OH, OW)`.
@@ -460,7 +448,12 @@ mod tests {
         let cpu = Cpu::new(1);
         let with_bias = specs.len() == 2;
         let params: Vec<&[f32]> = if with_bias { vec![&w, &b] } else { vec![&w] };
-        layer.forward(&ctx(&cpu), std::slice::from_ref(&x), &params, &mut top);
+        layer.forward(
+            &ctx(&cpu, Phase::Train),
+            std::slice::from_ref(&x),
+            &params,
+            &mut top,
+        );
         let g = layer.geometry;
         let want = direct(
             &x,
@@ -507,7 +500,12 @@ mod tests {
         x.data = (1..=9).map(|v| v as f32).collect();
         let mut top = vec![Blob::new(&tops[0])];
         let cpu = Cpu::new(1);
-        layer.forward(&ctx(&cpu), &[x], &[&[1.0; 4], &[0.5]], &mut top);
+        layer.forward(
+            &ctx(&cpu, Phase::Train),
+            &[x],
+            &[&[1.0; 4], &[0.5]],
+            &mut top,
+        );
         assert_eq!(top[0].data, vec![12.5, 16.5, 24.5, 28.5]);
     }
 
@@ -590,10 +588,10 @@ mod tests {
         top[0].diff = uniform_blob(&tops[0], -1.0, 1.0, 44).data;
         let cpu = Cpu::new(threads);
         let mut bottoms = [x];
-        layer.forward(&ctx(&cpu), &bottoms, &[&w, &b], &mut top);
+        layer.forward(&ctx(&cpu, Phase::Train), &bottoms, &[&w, &b], &mut top);
         let (mut dw, mut db) = (vec![1.0; w.len()], vec![1.0; b.len()]);
         layer.backward(
-            &ctx(&cpu),
+            &ctx(&cpu, Phase::Train),
             &top,
             &[true],
             &mut bottoms,

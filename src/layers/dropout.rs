@@ -138,12 +138,10 @@ mod tests {
 
     fn ctx(cpu: &Cpu, phase: Phase, iter: u64, first_sample: u64) -> Ctx<'_> {
         Ctx {
-            cpu,
-            phase,
             iter,
             seed: 1701,
             first_sample,
-            reducer: None,
+            ..crate::layers::test_util::ctx(cpu, phase)
         }
     }
 

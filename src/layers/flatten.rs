@@ -4,13 +4,14 @@
 
 use crate::config::layer_params::FlattenParams;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::reshaping::{ReshapingLayer, ShapeRule};
 
 /// The flatten layer; see the module docs.
+pub type Flatten = ReshapingLayer<FlattenAxes>;
+
+/// Merges the axes `axis ..= end_axis` into one.
 #[derive(Debug, Clone)]
-pub struct Flatten {
-    name: String,
+pub struct FlattenAxes {
     axis: usize,
     end_axis: i64,
 }
@@ -18,24 +19,20 @@ pub struct Flatten {
 impl Flatten {
     /// The layer `name` with its resolved parameters (defaults and ranges: [`FlattenParams`]).
     pub fn new(name: &str, p: &FlattenParams) -> Self {
-        Flatten {
-            name: name.to_string(),
-            axis: p.axis,
-            end_axis: p.end_axis,
-        }
+        ReshapingLayer::with_rule(
+            name,
+            FlattenAxes {
+                axis: p.axis,
+                end_axis: p.end_axis,
+            },
+        )
     }
 }
 
-impl Layer for Flatten {
-    fn type_name(&self) -> &'static str {
-        "flatten"
-    }
+impl ShapeRule for FlattenAxes {
+    const TYPE_NAME: &'static str = "flatten";
 
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [shape] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
+    fn top_shape(&self, layer: &str, shape: &[usize]) -> Result<Vec<usize>> {
         let rank = shape.len() as i64;
         let end = if self.end_axis < 0 {
             rank + self.end_axis
@@ -44,36 +41,19 @@ impl Layer for Flatten {
         };
         let axis = self.axis as i64;
         if axis >= rank || end < axis || end >= rank {
-            return err(format!(
-                "axes {} ..= {} are out of range for bottom {shape:?}",
-                self.axis, self.end_axis
+            return Err(Error::net(
+                layer,
+                format!(
+                    "axes {} ..= {} are out of range for bottom {shape:?}",
+                    self.axis, self.end_axis
+                ),
             ));
         }
         let (a, e) = (axis as usize, end as usize);
         let mut top = shape[..a].to_vec();
         top.push(shape[a..=e].iter().product());
         top.extend_from_slice(&shape[e + 1..]);
-        Ok(vec![top])
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        tops[0].data.copy_from_slice(&bottoms[0].data);
-    }
-
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if propagate_down[0] {
-            for (d, &g) in bottoms[0].diff.iter_mut().zip(&tops[0].diff) {
-                *d += g;
-            }
-        }
+        Ok(top)
     }
 }
 
@@ -81,6 +61,7 @@ impl Layer for Flatten {
 mod tests {
     use super::*;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::Layer;
 
     fn flatten(extra: &str) -> Flatten {
         from_config(

@@ -236,8 +236,8 @@ fn signed_weights(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The context of a training step at iteration 0.
-fn train_ctx(cpu: &Cpu, seed: u64) -> Ctx<'_> {
+/// The context of a training step at iteration 0 of one replica, seeded by `seed`.
+pub(crate) fn train_ctx(cpu: &Cpu, seed: u64) -> Ctx<'_> {
     Ctx {
         cpu,
         phase: Phase::Train,

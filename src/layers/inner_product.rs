@@ -11,7 +11,7 @@
 use crate::config::layer_params::InnerProductParams;
 use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -56,12 +56,7 @@ impl Layer for InnerProduct {
 
     /// One bottom `(d0, ...)` of more than `axis` axes; top `(d0, ..., d_{axis-1}, num_output)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         if self.axis >= shape.len() {
             return Err(Error::net(
                 &self.name,
@@ -191,23 +186,13 @@ mod tests {
     use crate::backend::Cpu;
     use crate::config::{FillerKind, Phase};
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::ctx;
 
     fn ip(extra: &str) -> InnerProduct {
         from_config(
             InnerProduct::new,
             &layer_config(&format!("name = \"ip\"\ntype = \"inner_product\"\n{extra}")),
         )
-    }
-
-    fn ctx(cpu: &Cpu) -> Ctx<'_> {
-        Ctx {
-            cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        }
     }
 
     #[test]
@@ -222,7 +207,7 @@ mod tests {
         let mut top = vec![Blob::new(&tops[0])];
         top[0].data.fill(f32::NAN);
         let cpu = Cpu::new(1);
-        layer.forward(&ctx(&cpu), &[bottom], &[&w, &b], &mut top);
+        layer.forward(&ctx(&cpu, Phase::Train), &[bottom], &[&w, &b], &mut top);
         let want = [-1.9, 2.8, -1.9, 7.3];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-5, "{:?} vs {want:?}", top[0].data);
@@ -243,7 +228,7 @@ mod tests {
         let mut dw = [100.0; 4];
         let cpu = Cpu::new(1);
         layer.backward(
-            &ctx(&cpu),
+            &ctx(&cpu, Phase::Train),
             &[top],
             &[true],
             &mut bottom,
@@ -345,7 +330,7 @@ mod tests {
             let cpu = Cpu::new(threads);
             let mut top = vec![Blob::new(&[32, 16])];
             layer.clone().forward(
-                &ctx(&cpu),
+                &ctx(&cpu, Phase::Train),
                 std::slice::from_ref(&bottom),
                 &[&w, &b],
                 &mut top,

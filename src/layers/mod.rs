@@ -33,10 +33,12 @@ pub mod filler;
 pub mod flatten;
 pub mod gradient_check;
 pub mod inner_product;
+pub mod neuron;
 pub mod pooling;
 pub mod power;
 pub mod relu;
 pub mod reshape;
+pub mod reshaping;
 pub mod scale;
 pub mod sigmoid;
 pub mod softmax;
@@ -138,15 +140,20 @@ pub trait Layer: Send {
     );
 }
 
-/// The top shapes of an elementwise layer: one bottom `(N, ...)`, one top of the same shape.
-pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+/// The only bottom shape of a layer that takes exactly one bottom.
+pub(crate) fn one_bottom<'b>(layer: &str, bottoms: &[&'b [usize]]) -> Result<&'b [usize]> {
     match bottoms {
-        [shape] => Ok(vec![shape.to_vec()]),
+        [shape] => Ok(shape),
         _ => Err(crate::error::Error::net(
             layer,
             format!("takes 1 bottom, got {}", bottoms.len()),
         )),
     }
+}
+
+/// The top shapes of an elementwise layer: one bottom `(N, ...)`, one top of the same shape.
+pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+    Ok(vec![one_bottom(layer, bottoms)?.to_vec()])
 }
 
 /// Builds the layer `name` from its resolved parameters (the CPU column of the layer registry,

@@ -15,7 +15,7 @@ use crate::config::layer_params::PoolingParams;
 use crate::config::PoolMethod;
 use crate::error::{Error, Result};
 use crate::layers::spatial::Pair;
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::tensor::Blob;
 
 /// The pooling layer; see the module docs.
@@ -85,10 +85,8 @@ impl Layer for Pooling {
     /// One bottom `(N, C, H, W)`; top `(N, C, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [shape] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
-        let &[n, c, h, w] = *shape else {
+        let shape = one_bottom(&self.name, bottoms)?;
+        let &[n, c, h, w] = shape else {
             return err(format!(
                 "takes a bottom (N, C, H, W), got {shape:?} (2-D pooling only)"
             ));
@@ -209,6 +207,7 @@ mod tests {
     use crate::backend::Cpu;
     use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config, GradientChecker};
+    use crate::layers::test_util::{self, ctx};
 
     fn pool(extra: &str) -> Pooling {
         from_config(
@@ -218,20 +217,7 @@ mod tests {
     }
 
     fn forward(layer: &mut Pooling, x: Blob) -> Blob {
-        let tops = layer.reshape(&[&x.shape]).unwrap();
-        let mut top = vec![Blob::new(&tops[0])];
-        top[0].data.fill(f32::NAN);
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[x], &[], &mut top);
-        top.remove(0)
+        test_util::forward(layer, &[x], &[]).remove(0)
     }
 
     /// Distinct values (a shuffled ramp) so that max pooling has no ties.
@@ -331,14 +317,7 @@ mod tests {
         let mut t = top;
         t.diff = vec![1.0];
         let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
+        let ctx = ctx(&cpu, Phase::Train);
         layer.backward(&ctx, &[t], &[true], &mut bottoms, &[], &mut []);
         assert_eq!(bottoms[0].diff, vec![0.0, 1.0, 0.0, 0.0]);
     }

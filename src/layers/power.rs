@@ -3,14 +3,14 @@
 //! `power = 0`, `scale` when `power = 1`). Top: the bottom's shape.
 
 use crate::config::layer_params::PowerParams;
-use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The power layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Power {
-    name: String,
+pub type Power = NeuronLayer<AffinePower>;
+
+/// `y = (shift + scale·x)^power`.
+#[derive(Debug, Clone, Copy)]
+pub struct AffinePower {
     power: f32,
     scale: f32,
     shift: f32,
@@ -19,54 +19,44 @@ pub struct Power {
 impl Power {
     /// The layer `name` with its resolved parameters (defaults and ranges: [`PowerParams`]).
     pub fn new(name: &str, p: &PowerParams) -> Self {
-        Power {
-            name: name.to_string(),
-            power: p.power,
-            scale: p.scale,
-            shift: p.shift,
-        }
+        NeuronLayer::with_neuron(
+            name,
+            AffinePower {
+                power: p.power,
+                scale: p.scale,
+                shift: p.shift,
+            },
+        )
     }
 }
 
-impl Layer for Power {
-    fn type_name(&self) -> &'static str {
-        "power"
-    }
+impl Neuron for AffinePower {
+    const TYPE_NAME: &'static str = "power";
 
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        elementwise_shape(&self.name, bottoms)
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&self, x: f32) -> f32 {
         let (p, a, b) = (self.power, self.scale, self.shift);
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
-            let base = b + a * x;
-            *y = if p == 1.0 { base } else { base.powf(p) };
+        let base = b + a * x;
+        if p == 1.0 {
+            base
+        } else {
+            base.powf(p)
         }
     }
 
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] || self.power == 0.0 {
-            return;
-        }
+    /// `dx += dy · power · scale · (shift + scale·x)^(power − 1)` (`dy · scale` when `power = 1`).
+    fn accumulate_gradient(&self, dx: &mut f32, x: f32, _y: f32, dy: f32) {
         let (p, a, b) = (self.power, self.scale, self.shift);
-        let bottom = &mut bottoms[0];
-        for ((d, &x), &g) in bottom.diff.iter_mut().zip(&bottom.data).zip(&tops[0].diff) {
-            let slope = if p == 1.0 {
-                a
-            } else {
-                p * a * (b + a * x).powf(p - 1.0)
-            };
-            *d += g * slope;
-        }
+        let slope = if p == 1.0 {
+            a
+        } else {
+            p * a * (b + a * x).powf(p - 1.0)
+        };
+        *dx += dy * slope;
+    }
+
+    /// A constant (`power = 0`) has no gradient.
+    fn has_gradient(&self) -> bool {
+        self.power != 0.0
     }
 }
 

@@ -2,81 +2,56 @@
 //! ReLU; `negative_slope` defaults to 0). Bottom and top have the same shape `(N, ...)`.
 
 use crate::config::layer_params::ReluParams;
-use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::neuron::{Neuron, NeuronLayer};
 
-/// The rectifier; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Relu {
-    name: String,
+/// The rectifier; see the module docs. Its default is a plain ReLU (slope 0) named `relu`.
+pub type Relu = NeuronLayer<Rectifier>;
+
+/// `y = x > 0 ? x : negative_slope · x`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rectifier {
     negative_slope: f32,
-}
-
-impl Default for Relu {
-    /// A plain ReLU (slope 0) named `relu`.
-    fn default() -> Self {
-        Relu {
-            name: "relu".into(),
-            negative_slope: 0.0,
-        }
-    }
 }
 
 impl Relu {
     /// The layer `name` with its resolved parameters (defaults and ranges: [`ReluParams`]).
     pub fn new(name: &str, p: &ReluParams) -> Self {
-        Relu {
-            name: name.to_string(),
-            negative_slope: p.negative_slope,
-        }
+        NeuronLayer::with_neuron(
+            name,
+            Rectifier {
+                negative_slope: p.negative_slope,
+            },
+        )
     }
 }
 
-impl Layer for Relu {
-    fn type_name(&self) -> &'static str {
-        "relu"
-    }
+impl Neuron for Rectifier {
+    const TYPE_NAME: &'static str = "relu";
 
-    /// One bottom `(N, ...)`; the top has its shape.
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        elementwise_shape(&self.name, bottoms)
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        let slope = self.negative_slope;
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
-            *y = if x > 0.0 { x } else { slope * x };
+    fn forward(&self, x: f32) -> f32 {
+        if x > 0.0 {
+            x
+        } else {
+            self.negative_slope * x
         }
     }
 
     /// `dx += dy · (x > 0 ? 1 : negative_slope)`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
-            return;
-        }
-        let slope = self.negative_slope;
-        let b = &mut bottoms[0];
-        for ((dx, &x), &dy) in b.diff.iter_mut().zip(&b.data).zip(&tops[0].diff) {
-            *dx += if x > 0.0 { dy } else { slope * dy };
-        }
+    fn accumulate_gradient(&self, dx: &mut f32, x: f32, _y: f32, dy: f32) {
+        *dx += if x > 0.0 {
+            dy
+        } else {
+            self.negative_slope * dy
+        };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
-    use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward};
+    use crate::layers::Layer;
 
     fn relu(slope: f32) -> Relu {
         from_config(
@@ -87,29 +62,21 @@ mod tests {
         )
     }
 
-    fn forward(layer: &mut Relu, x: &[f32]) -> Vec<f32> {
-        let mut bottom = Blob::new(&[1, x.len()]);
-        bottom.data = x.to_vec();
-        let mut top = vec![Blob::new(&layer.reshape(&[&bottom.shape]).unwrap()[0])];
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[bottom], &[], &mut top);
-        top.remove(0).data
+    fn forward_row(layer: &mut Relu, x: &[f32]) -> Vec<f32> {
+        forward(layer, &[blob(&[1, x.len()], x)], &[])
+            .remove(0)
+            .data
     }
 
     #[test]
     fn forward_by_hand() {
         let x = [-2.0, -0.5, 0.0, 1.5];
-        assert_eq!(forward(&mut relu(0.0), &x), vec![0.0, 0.0, 0.0, 1.5]);
-        assert_eq!(forward(&mut Relu::default(), &x), vec![0.0, 0.0, 0.0, 1.5]);
-        let leaky = forward(&mut relu(0.1), &x);
+        assert_eq!(forward_row(&mut relu(0.0), &x), vec![0.0, 0.0, 0.0, 1.5]);
+        assert_eq!(
+            forward_row(&mut Relu::default(), &x),
+            vec![0.0, 0.0, 0.0, 1.5]
+        );
+        let leaky = forward_row(&mut relu(0.1), &x);
         let want = [-0.2, -0.05, 0.0, 1.5];
         for (g, w) in leaky.iter().zip(want) {
             assert!((g - w).abs() < 1e-7, "{leaky:?} vs {want:?}");

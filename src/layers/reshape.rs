@@ -6,13 +6,14 @@
 
 use crate::config::layer_params::ReshapeParams;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::reshaping::{ReshapingLayer, ShapeRule};
 
 /// The reshape layer; see the module docs.
+pub type Reshape = ReshapingLayer<ReshapeSpec>;
+
+/// Replaces the axes `axis .. axis + num_axes` by `shape` (0 copies, −1 infers).
 #[derive(Debug, Clone)]
-pub struct Reshape {
-    name: String,
+pub struct ReshapeSpec {
     axis: usize,
     num_axes: i64,
     shape: Vec<i64>,
@@ -21,25 +22,22 @@ pub struct Reshape {
 impl Reshape {
     /// The layer `name` with parameters `p`.
     pub fn new(name: &str, p: &ReshapeParams) -> Self {
-        Reshape {
-            name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
-            shape: p.shape.clone(),
-        }
+        ReshapingLayer::with_rule(
+            name,
+            ReshapeSpec {
+                axis: p.axis,
+                num_axes: p.num_axes,
+                shape: p.shape.clone(),
+            },
+        )
     }
 }
 
-impl Layer for Reshape {
-    fn type_name(&self) -> &'static str {
-        "reshape"
-    }
+impl ShapeRule for ReshapeSpec {
+    const TYPE_NAME: &'static str = "reshape";
 
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let err = |msg: String| Err(Error::net(&self.name, msg));
-        let [bottom] = bottoms else {
-            return err(format!("takes 1 bottom, got {}", bottoms.len()));
-        };
+    fn top_shape(&self, layer: &str, bottom: &[usize]) -> Result<Vec<usize>> {
+        let err = |msg: String| Err(Error::net(layer, msg));
         let axis = self.axis;
         let end = match self.num_axes {
             -1 => bottom.len(),
@@ -99,27 +97,7 @@ impl Layer for Reshape {
                 self.shape
             ));
         }
-        Ok(vec![top])
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        tops[0].data.copy_from_slice(&bottoms[0].data);
-    }
-
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if propagate_down[0] {
-            for (d, &g) in bottoms[0].diff.iter_mut().zip(&tops[0].diff) {
-                *d += g;
-            }
-        }
+        Ok(top)
     }
 }
 
@@ -127,6 +105,7 @@ impl Layer for Reshape {
 mod tests {
     use super::*;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::Layer;
 
     fn reshape(extra: &str) -> Reshape {
         from_config(

@@ -2,76 +2,40 @@
 //! same shape `(N, ...)`.
 
 use crate::config::layer_params::SigmoidParams;
-use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The logistic function; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Sigmoid {
-    name: String,
-}
+pub type Sigmoid = NeuronLayer<Logistic>;
 
-impl Default for Sigmoid {
-    /// A layer named `sigmoid`.
-    fn default() -> Self {
-        Sigmoid {
-            name: "sigmoid".into(),
-        }
-    }
-}
+/// `y = 1 / (1 + e^(−x))`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Logistic;
 
 impl Sigmoid {
     pub fn new(name: &str, _params: &SigmoidParams) -> Self {
-        Sigmoid {
-            name: name.to_string(),
-        }
+        NeuronLayer::with_neuron(name, Logistic)
     }
 }
 
-impl Layer for Sigmoid {
-    fn type_name(&self) -> &'static str {
-        "sigmoid"
-    }
-
-    /// One bottom `(N, ...)`; the top has its shape.
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        elementwise_shape(&self.name, bottoms)
-    }
+impl Neuron for Logistic {
+    const TYPE_NAME: &'static str = "sigmoid";
 
     /// Saturates to exactly 0 and 1 for large |x|, never NaN.
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
-            *y = 1.0 / (1.0 + (-x).exp());
-        }
+    fn forward(&self, x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
     }
 
     /// `dx += dy · y · (1 − y)`, from the top's data.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
-            return;
-        }
-        let top = &tops[0];
-        for ((dx, &y), &dy) in bottoms[0].diff.iter_mut().zip(&top.data).zip(&top.diff) {
-            *dx += dy * y * (1.0 - y);
-        }
+    fn accumulate_gradient(&self, dx: &mut f32, _x: f32, y: f32, dy: f32) {
+        *dx += dy * y * (1.0 - y);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
-    use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward};
 
     fn sigmoid() -> Sigmoid {
         from_config(
@@ -82,20 +46,8 @@ mod tests {
 
     #[test]
     fn forward_by_hand() {
-        let mut layer = sigmoid();
-        let mut bottom = Blob::new(&[1, 5]);
-        bottom.data = vec![0.0, 1.0, -2.0, 100.0, -100.0];
-        let mut top = vec![Blob::new(&layer.reshape(&[&[1, 5]]).unwrap()[0])];
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[bottom], &[], &mut top);
+        let bottom = blob(&[1, 5], &[0.0, 1.0, -2.0, 100.0, -100.0]);
+        let top = forward(&mut sigmoid(), &[bottom], &[]);
         let want = [0.5, 0.731_058_6, 0.119_202_92, 1.0, 0.0];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{:?} vs {want:?}", top[0].data);

@@ -5,7 +5,7 @@
 
 use crate::config::layer_params::SoftmaxParams;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{one_bottom, Ctx, Layer};
 use crate::tensor::Blob;
 
 /// The softmax layer; see the module docs.
@@ -37,12 +37,7 @@ impl Layer for Softmax {
     }
 
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         if self.axis >= shape.len() {
             return Err(Error::net(
                 &self.name,

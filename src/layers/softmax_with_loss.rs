@@ -195,6 +195,7 @@ mod tests {
     use crate::layers::gradient_check::{
         from_config, label_blob, layer_config, uniform_blob, GradientChecker,
     };
+    use crate::layers::test_util::{self, blob, ctx};
 
     fn softmax_loss(extra: &str) -> SoftmaxWithLoss {
         from_config(
@@ -208,24 +209,10 @@ mod tests {
     fn loss_of(layer: &mut SoftmaxWithLoss, scores: &[f32], labels: &[f32]) -> f32 {
         let n = labels.len();
         let c = scores.len() / n;
-        let mut s = Blob::new(&[n, c]);
-        s.data = scores.to_vec();
-        let mut l = Blob::new(&[n]);
-        l.data = labels.to_vec();
-        let top_shapes = layer.reshape(&[&s.shape, &l.shape]).unwrap();
-        assert_eq!(top_shapes, vec![Vec::<usize>::new()]);
-        let mut top = vec![Blob::new(&top_shapes[0])];
-        top[0].data[0] = f32::NAN;
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[s, l], &[], &mut top);
+        let bottoms = [blob(&[n, c], scores), blob(&[n], labels)];
+        let top = test_util::forward(layer, &bottoms, &[]);
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].shape, Vec::<usize>::new());
         top[0].data[0]
     }
 
@@ -295,14 +282,7 @@ mod tests {
         labels.data = vec![7.0, 1.0];
         layer.reshape(&[&[2, 2], &[2]]).unwrap();
         let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
+        let ctx = ctx(&cpu, Phase::Train);
         let mut top = vec![Blob::new(&[])];
         let mut bottoms = [scores, labels];
         layer.forward(&ctx, &bottoms, &[], &mut top);

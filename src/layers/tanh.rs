@@ -2,75 +2,39 @@
 //! `(N, ...)`.
 
 use crate::config::layer_params::TanhParams;
-use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The hyperbolic tangent; see the module docs.
-#[derive(Debug, Clone)]
-pub struct TanH {
-    name: String,
-}
+pub type TanH = NeuronLayer<HyperbolicTangent>;
 
-impl Default for TanH {
-    /// A layer named `tanh`.
-    fn default() -> Self {
-        TanH {
-            name: "tanh".into(),
-        }
-    }
-}
+/// `y = tanh(x)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HyperbolicTangent;
 
 impl TanH {
     pub fn new(name: &str, _params: &TanhParams) -> Self {
-        TanH {
-            name: name.to_string(),
-        }
+        NeuronLayer::with_neuron(name, HyperbolicTangent)
     }
 }
 
-impl Layer for TanH {
-    fn type_name(&self) -> &'static str {
-        "tanh"
-    }
+impl Neuron for HyperbolicTangent {
+    const TYPE_NAME: &'static str = "tanh";
 
-    /// One bottom `(N, ...)`; the top has its shape.
-    fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        elementwise_shape(&self.name, bottoms)
-    }
-
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
-            *y = x.tanh();
-        }
+    fn forward(&self, x: f32) -> f32 {
+        x.tanh()
     }
 
     /// `dx += dy · (1 − y²)`, from the top's data.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
-            return;
-        }
-        let top = &tops[0];
-        for ((dx, &y), &dy) in bottoms[0].diff.iter_mut().zip(&top.data).zip(&top.diff) {
-            *dx += dy * (1.0 - y * y);
-        }
+    fn accumulate_gradient(&self, dx: &mut f32, _x: f32, y: f32, dy: f32) {
+        *dx += dy * (1.0 - y * y);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
-    use crate::config::Phase;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward};
 
     fn tanh() -> TanH {
         from_config(TanH::new, &layer_config("name = \"t\"\ntype = \"tanh\""))
@@ -78,20 +42,8 @@ mod tests {
 
     #[test]
     fn forward_by_hand() {
-        let mut layer = tanh();
-        let mut bottom = Blob::new(&[1, 5]);
-        bottom.data = vec![0.0, 0.5, -1.0, 50.0, -50.0];
-        let mut top = vec![Blob::new(&layer.reshape(&[&[1, 5]]).unwrap()[0])];
-        let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
-        layer.forward(&ctx, &[bottom], &[], &mut top);
+        let bottom = blob(&[1, 5], &[0.0, 0.5, -1.0, 50.0, -50.0]);
+        let top = forward(&mut tanh(), &[bottom], &[]);
         let want = [0.0, 0.462_117_16, -0.761_594_2, 1.0, -1.0];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{:?} vs {want:?}", top[0].data);

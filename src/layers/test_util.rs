@@ -1,13 +1,25 @@
-//! Test helpers shared by the layer tests: one forward pass at training settings.
+//! Test helpers shared by the layer tests: the context of a step and one forward pass at
+//! training settings.
 
 use crate::backend::Cpu;
 use crate::config::Phase;
+use crate::layers::gradient_check::train_ctx;
 use crate::layers::{Ctx, Layer};
 use crate::tensor::Blob;
 
-/// Reshapes `layer` for `bottoms`, runs forward with `params`, and returns the tops (their data
-/// pre-filled with NaN, so that an element the layer forgets to write shows).
+/// Reshapes `layer` for `bottoms`, runs a training forward pass with `params`, and returns the
+/// tops (their data pre-filled with NaN, so that an element the layer forgets to write shows).
 pub fn forward(layer: &mut dyn Layer, bottoms: &[Blob], params: &[&[f32]]) -> Vec<Blob> {
+    forward_in(Phase::Train, layer, bottoms, params)
+}
+
+/// [`forward`] in `phase`.
+pub fn forward_in(
+    phase: Phase,
+    layer: &mut dyn Layer,
+    bottoms: &[Blob],
+    params: &[&[f32]],
+) -> Vec<Blob> {
     let shapes: Vec<&[usize]> = bottoms.iter().map(|b| b.shape.as_slice()).collect();
     let mut tops: Vec<Blob> = layer
         .reshape(&shapes)
@@ -19,16 +31,16 @@ pub fn forward(layer: &mut dyn Layer, bottoms: &[Blob], params: &[&[f32]]) -> Ve
         t.data.fill(f32::NAN);
     }
     let cpu = Cpu::new(1);
-    let ctx = Ctx {
-        cpu: &cpu,
-        phase: Phase::Train,
-        iter: 0,
-        seed: 1,
-        first_sample: 0,
-        reducer: None,
-    };
-    layer.forward(&ctx, bottoms, params, &mut tops);
+    layer.forward(&ctx(&cpu, phase), bottoms, params, &mut tops);
     tops
+}
+
+/// The context of a step at iteration 0 in `phase`: seed 1, first sample 0, one replica.
+pub fn ctx(cpu: &Cpu, phase: Phase) -> Ctx<'_> {
+    Ctx {
+        phase,
+        ..train_ctx(cpu, 1)
+    }
 }
 
 /// A blob of `shape` holding `data`.

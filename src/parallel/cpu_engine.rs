@@ -2,7 +2,6 @@
 //! and a `CpuComm` — behind the `Engine` seam.
 
 use super::engine::Engine;
-use super::non_finite::{self, NonFiniteSteps};
 use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, NonFiniteMode, Phase};
@@ -11,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::layers::Ctx;
 use crate::net::{weighted_loss, Net, Output, PassCtx};
 use crate::params::Params;
+use crate::solver::non_finite::{self, NonFiniteSteps};
 use crate::solver::{learning_rate, Solver};
 use crate::spans::{Name, SpanLog, Track};
 use std::time::Instant;

@@ -9,7 +9,7 @@ use crate::net::{Output, PassCtx};
 use crate::params::Params;
 use std::time::Instant;
 
-use super::non_finite::NonFiniteSteps;
+use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::SpanLog;
 
 /// One replica's compute and communication.
@@ -39,7 +39,7 @@ pub trait Engine {
     fn all_reduce_gradients(&mut self) -> Result<()>;
     /// Applies the update rule for iteration `iter`; returns the learning rate used. A step
     /// whose averaged gradient is not finite (or, in `non_finite = "stop"` mode, any step after
-    /// one) applies nothing and is recorded (see `super::non_finite`).
+    /// one) applies nothing and is recorded (see `crate::solver::non_finite`).
     fn update(&mut self, iter: u64) -> Result<f32>;
     /// The steps refused so far for non-finite numbers (a GPU engine waits for the device).
     fn non_finite_steps(&mut self) -> Result<NonFiniteSteps>;
@@ -49,7 +49,7 @@ pub trait Engine {
         true
     }
     /// Makes this replica's loss of the current iteration NaN, in loss slot `slot` (failure
-    /// injection: `super::non_finite::INJECT_NAN`).
+    /// injection: `crate::solver::non_finite::INJECT_NAN`).
     fn inject_nan_loss(&mut self, slot: usize) -> Result<()>;
     /// The loss slots, each the sum of one iteration's sub-batch losses (synchronises).
     fn loss_window(&mut self) -> Result<Vec<f64>>;

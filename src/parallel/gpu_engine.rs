@@ -8,7 +8,7 @@
 //! waits through [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the
 //! collective deadline.
 //!
-//! Non-finite numbers (`crate::parallel::non_finite`): the engine sums each iteration's loss into
+//! Non-finite numbers (`crate::solver::non_finite`): the engine sums each iteration's loss into
 //! a device scalar of its own; where that sum is not finite, a one-thread kernel makes one
 //! gradient element NaN before the all-reduce, and the solver refuses the update of a
 //! non-finite averaged gradient on the device. Nothing of it synchronises.
@@ -29,9 +29,9 @@ use crate::cuda::update::GpuSolver;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use crate::net::Output;
-use super::non_finite::NonFiniteSteps;
 use crate::net::PassCtx;
 use crate::params::Params;
+use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::{Name, SpanLog, Step, Track};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use std::sync::Arc;

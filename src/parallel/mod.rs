@@ -9,7 +9,6 @@ pub mod engine;
 pub mod fault;
 pub mod gpu_engine;
 pub mod manager;
-pub mod non_finite;
 pub mod reducer;
 pub mod scores;
 pub mod sync;

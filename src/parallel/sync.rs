@@ -4,11 +4,10 @@
 //! the gradient, and applies the same update as every other replica. Universal rank 0 also logs,
 //! writes metrics and snapshots; the test pass and the displayed loss are global. A step whose
 //! loss or averaged gradient is not finite stops every replica at the same iteration, or is
-//! skipped by all of them (`super::non_finite`).
+//! skipped by all of them (`crate::solver::non_finite`).
 
 use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
-use super::non_finite::{self, NonFiniteSteps, INJECT_NAN};
 use super::scores::SharedScores;
 use super::timeline::Timeline;
 use super::timing::StepTimes;
@@ -20,6 +19,7 @@ use crate::net::{weighted_loss, PassCtx};
 use crate::output_folder::OutputLock;
 use crate::resume::{self, Lineage, SaveState, SolverState};
 use crate::signals::{self, Decision, Effects, SignalWatch};
+use crate::solver::non_finite::{self, NonFiniteSteps, INJECT_NAN};
 use crate::spans::{ReplicaTrace, Step};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -354,7 +354,7 @@ impl<E: Engine> P2PSync<E> {
         Ok(report)
     }
 
-    /// Reads the engine's record of refused steps (see `super::non_finite`): in `stop` mode fails
+    /// Reads the engine's record of refused steps (see `crate::solver::non_finite`): in `stop` mode fails
     /// once there is one; in `skip` mode universal rank 0 logs the new ones and counts them in
     /// `metrics.jsonl`. Every replica calls it at the same iterations and reads the same record.
     fn look_at_non_finite(&mut self) -> Result<()> {

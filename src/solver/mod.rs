@@ -34,6 +34,7 @@
 //! ```
 
 mod lr_policy;
+pub mod non_finite;
 mod update;
 
 pub use lr_policy::learning_rate;

@@ -163,6 +163,150 @@ pub fn out_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// `tests/configs/equivalence.toml`, the MLP the equivalence and fault tests train.
+pub fn equivalence_config() -> String {
+    repo("tests/configs/equivalence.toml").display().to_string()
+}
+
+/// Trains the equivalence config for `max_iter` iterations on one rank into `dir`, asserting
+/// that it succeeds (its snapshot is `dir/snapshots/equiv_iter_{max_iter}.safetensors`).
+pub fn train_equivalence(dir: &Path, max_iter: usize) {
+    let out = mpi_p2ptrain(
+        1,
+        &[
+            &equivalence_config(),
+            "--output",
+            dir.to_str().unwrap(),
+            "--set",
+            &format!("solver.max_iter={max_iter}"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// Asserts that two runs logged the same metrics: the same lines (iteration and phase), losses
+/// within 2e-4 (relative, or absolute below 1), identical values of every key in `exact_test` on
+/// the test lines (accuracies: exact counts over the whole test set) and of every key in
+/// `exact_train` on the others. Returns the reference's lines for further checks.
+pub fn assert_same_metrics(
+    reference: &Path,
+    other: &Path,
+    what: &str,
+    exact_test: &[&str],
+    exact_train: &[&str],
+) -> Vec<serde_json::Value> {
+    let (a, b) = (
+        metrics(&reference.join("metrics.jsonl")),
+        metrics(&other.join("metrics.jsonl")),
+    );
+    assert_eq!(a.len(), b.len(), "{what}: metrics lines");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["iter"], y["iter"]);
+        assert_eq!(x["phase"], y["phase"]);
+        let (lx, ly) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
+        assert!(
+            (lx - ly).abs() < 2e-4 * lx.abs().max(1.0),
+            "{what}: loss at {x} vs {y}"
+        );
+        let (exact, phase) = if x["phase"] == "test" {
+            (exact_test, "test")
+        } else {
+            (exact_train, "train")
+        };
+        for key in exact {
+            assert_eq!(x[key], y[key], "{what}: {phase} {key}");
+        }
+    }
+    a
+}
+
+/// The config of an MLP on the bundled digits: `[data]` (batch 8, scale 1/256, then the lines
+/// `data_extra`), `[solver]` (SGD, rate 0.05, momentum 0.9, then the lines `solver`, snapshots
+/// only on request under `snap/m`), and ip1 (`hidden` outputs) → relu1 → ip2 (10 outputs) →
+/// softmax_with_loss.
+pub fn digits_mlp(data_extra: &str, solver: &str, hidden: usize) -> String {
+    format!(
+        r#"
+[data]
+format = "digits"
+batch_size = 8
+scale = 0.00390625
+{data_extra}[solver]
+type = "sgd"
+base_lr = 0.05
+momentum = 0.9
+{solver}snapshot = 0
+snapshot_prefix = "snap/m"
+[[layer]]
+name = "ip1"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip1"]
+num_output = {hidden}
+[[layer]]
+name = "relu1"
+type = "relu"
+bottom = ["ip1"]
+top = ["ip1"]
+[[layer]]
+name = "ip2"
+type = "inner_product"
+bottom = ["ip1"]
+top = ["ip2"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip2", "label"]
+top = ["loss"]
+"#
+    )
+}
+
+/// A fresh output directory `name` holding `config` as `cfg.toml`: (the directory, the file).
+pub fn config_dir(name: &str, config: &str) -> (PathBuf, PathBuf) {
+    let dir = out_dir(name);
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, config).unwrap();
+    (dir, cfg)
+}
+
+/// The snapshot iterations in `out/snap` (each counted once, by its solver state), sorted.
+pub fn snapshot_iters(out: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(out.join("snap"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("m_iter_")?
+                    .strip_suffix(".solverstate")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Sends `sig` to `pid`, asserting that it was delivered.
+pub fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// The pids of the `p2ptrain` children of mpirun `parent` (its ranks).
+pub fn ranks_of(parent: u32) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-P", &parent.to_string(), "p2ptrain"])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 /// stdout and stderr together, as text.
 pub fn text(out: &Output) -> String {
     format!(

@@ -1,4 +1,4 @@
-//! Launch wrappers of the fused kernels (their source is in cnn.cu): BatchNorm → Scale → ReLU,
+//! Launchers of the fused kernels (`fused.cu`): BatchNorm → Scale → ReLU,
 //! what [`crate::cuda::layers::bn_scale_relu`] runs in place of three layers, and the two-bottom
 //! Eltwise SUM → ReLU of [`crate::cuda::layers::eltwise_relu`].
 //!
@@ -66,22 +66,17 @@ impl Kernels {
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
         let has_beta = op.beta.is_some() as i32;
-        let (xp, _x) = x.device_ptr(s);
-        let (mp, _m) = op.mean.device_ptr(s);
-        let (ip, _i) = op.inv_std.device_ptr(s);
-        let (gp, _g) = op.gamma.device_ptr(s);
         // An absent beta passes gamma's address, never read (has_beta is 0).
         let (bp, _b) = match &op.beta {
             Some(b) => b.device_ptr(s),
             None => op.gamma.device_ptr(s),
         };
-        let (zp, _z) = z.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_scale_relu_forward,
-            self.grid(count),
-            [&xp, &mp, &ip, &gp, &bp, &has_beta, &relu, &slope, &zp, &ni, &c, &sp]
+            self, s, bn_scale_relu_forward, self.grid(count),
+            [
+                in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, out z,
+                &ni, &c, &sp,
+            ]
         )
     }
 
@@ -121,30 +116,20 @@ impl Kernels {
             .alloc_zeros::<f64>(2 * c * splits)
             .map_err(|e| gpu_error("bn_scale_relu_sums scratch", e))?;
         {
-            let (dzp, _dz) = dz.device_ptr(s);
-            let (zp, _z) = z.device_ptr(s);
-            let (xp, _x) = x.device_ptr(s);
-            let (mp, _m) = op.mean.device_ptr(s);
-            let (ip, _i) = op.inv_std.device_ptr(s);
             let (pp, _p) = partial.device_ptr_mut(s);
             launch!(
-                self,
-                s,
-                bn_scale_relu_sums,
-                grid,
-                [&dzp, &zp, &xp, &mp, &ip, &relu, &slope, &pp, &ni, &ci, &si, &spl]
+                self, s, bn_scale_relu_sums, grid,
+                [
+                    in dz, in z, in x, in op.mean, in op.inv_std, &relu, &slope, &pp, &ni, &ci,
+                    &si, &spl,
+                ]
             )?;
         }
         let (pp, _p) = partial.device_ptr(s);
-        let (sump, _sum) = sums.device_ptr_mut(s);
-        let (dpp, _dp) = dparams.device_ptr_mut(s);
         let (hb, acc) = (has_beta as i32, accumulate as i32);
         launch!(
-            self,
-            s,
-            bn_scale_relu_finish,
-            self.grid_rows(c),
-            [&pp, &sump, &dpp, &hb, &ci, &spl, &per, &acc]
+            self, s, bn_scale_relu_finish, self.grid_rows(c),
+            [&pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc]
         )
     }
 
@@ -180,20 +165,12 @@ impl Kernels {
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
         let (bs, acc) = (batch_stats as i32, accumulate as i32);
-        let (dzp, _dz) = dz.device_ptr(s);
-        let (zp, _z) = z.device_ptr(s);
-        let (xp, _x) = x.device_ptr(s);
-        let (mp, _m) = op.mean.device_ptr(s);
-        let (ip, _i) = op.inv_std.device_ptr(s);
-        let (gp, _g) = op.gamma.device_ptr(s);
-        let (sump, _sum) = sums.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            bn_scale_relu_backward,
-            self.grid(count),
-            [&dzp, &zp, &xp, &mp, &ip, &gp, &sump, &bs, &relu, &slope, &dxp, &ni, &ci, &si, &acc]
+            self, s, bn_scale_relu_backward, self.grid(count),
+            [
+                in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
+                &slope, out dx, &ni, &ci, &si, &acc,
+            ]
         )
     }
 
@@ -217,15 +194,9 @@ impl Kernels {
             return Ok(());
         }
         let ni = to_i32(name, n);
-        let (x0p, _x0) = x0.device_ptr(s);
-        let (x1p, _x1) = x1.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
         launch!(
-            self,
-            s,
-            sum2_relu_forward,
-            self.grid(n),
-            [&x0p, &x1p, &c0, &c1, &slope, &yp, &ni]
+            self, s, sum2_relu_forward, self.grid(n),
+            [in x0, in x1, &c0, &c1, &slope, out y, &ni]
         )
     }
 
@@ -258,8 +229,6 @@ impl Kernels {
         let acc = dx
             .each_ref()
             .map(|d| d.as_ref().is_some_and(|(_, a)| *a) as i32);
-        let (yp, _y) = y.device_ptr(s);
-        let (dyp, _dy) = dy.device_ptr(s);
         // An unwanted gradient passes dy's address, never written (its want flag is 0).
         let [dx0, dx1] = dx;
         let (dx0p, _dx0) = match dx0 {
@@ -271,14 +240,8 @@ impl Kernels {
             None => dy.device_ptr(s),
         };
         launch!(
-            self,
-            s,
-            sum2_relu_backward,
-            self.grid(n),
-            [
-                &yp, &dyp, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1],
-                &ni
-            ]
+            self, s, sum2_relu_backward, self.grid(n),
+            [in y, in dy, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1], &ni]
         )
     }
 }

@@ -7,12 +7,11 @@
 //! is recovered exactly by `crate::layers::accuracy::count_from_fraction`. One warp per row counts
 //! the classes scoring strictly higher than the label; a one-block reduction writes the top.
 
-use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
+use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::AccuracyParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::CudaSlice;
 
 /// Top-k accuracy; see the module docs.
 #[derive(Debug)]
@@ -76,16 +75,9 @@ impl GpuLayer for GpuAccuracy {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.accuracy(
             &gpu.compute,
             &scores.data(),
@@ -100,18 +92,7 @@ impl GpuLayer for GpuAccuracy {
     }
 
     /// Nothing: accuracy is not differentiated.
-    fn backward(
-        &mut self,
-        _gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        _blobs: &mut [GpuBlob],
-        _bottoms: &[usize],
-        _tops: &[usize],
-        _grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, _pass: BackwardPass<'_>) -> Result<()> {
         Ok(())
     }
 }

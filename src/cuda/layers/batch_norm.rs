@@ -23,7 +23,7 @@
 //! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
 //! this layer to overwrite the parameter gradient).
 
-use super::{pick, scratch, GpuCtx, GpuLayer, Grad};
+use super::{scratch, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad};
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
@@ -189,17 +189,10 @@ impl GpuLayer for GpuBatchNorm {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
-        self.statistics(gpu, ctx, x, params)?;
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [x, y] = pass.blobs.bottom_top();
+        self.statistics(gpu, pass.ctx, x, &pass.params)?;
         gpu.kernels.bn_normalize(
             &gpu.compute,
             &x.data(),
@@ -232,28 +225,18 @@ impl GpuLayer for GpuBatchNorm {
         )
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad) = (pass.gpu, pass.grads[0]);
         let s = &gpu.compute;
-        if param_grad == Grad::Overwrite {
-            s.memset_zeros(param_diff)
+        if pass.param_grad == Grad::Overwrite {
+            s.memset_zeros(&mut pass.param_diff)
                 .map_err(|e| gpu_error("zero the batch-norm state gradient", e))?;
         }
-        if !grads[0].wanted() {
+        if !grad.wanted() {
             return Ok(());
         }
-        let acc = grads[0].accumulate();
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let acc = grad.accumulate();
+        let [x, y] = pass.blobs.bottom_top();
         if !self.batch_stats {
             return gpu.kernels.bn_backward_global(
                 s,
@@ -267,7 +250,7 @@ impl GpuLayer for GpuBatchNorm {
         let top = y.data();
         gpu.kernels
             .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims)?;
-        self.reduce(gpu, ctx)?;
+        self.reduce(gpu, pass.ctx)?;
         gpu.kernels.bn_backward(
             s,
             &y.diff(),
@@ -285,12 +268,12 @@ impl GpuLayer for GpuBatchNorm {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::layers::Collective;
     use crate::cuda::nccl::{nccl_available, NcclComm, NcclId};
     use crate::cuda::test_util::{assert_close, gpu_or_skip, skip_loudly};
+    use crate::layers;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
-    use crate::layers::{self, Ctx};
     use crate::tensor::Blob;
 
     const RTOL: f32 = 1e-5;
@@ -305,14 +288,7 @@ mod tests {
     fn cpu_run(extra: &str, phase: Phase, x: &Blob, dy: &[f32], state: &[f32]) -> Run {
         let c = x.shape[1];
         let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase,
-            iter: 0,
-            seed: 1,
-            first_sample: 0,
-            reducer: None,
-        };
+        let ctx = cpu_ctx(&cpu, &GpuCtx::local(phase, 0, 1, 0));
         let mut layer = layers::build_from_config(&cfg(extra)).unwrap();
         let tops = layer.reshape(&[&x.shape]).unwrap();
         let mut st = [
@@ -359,41 +335,23 @@ mod tests {
         )
         .unwrap();
         layer.reshape(gpu, &[&x.shape]).unwrap();
-        let len = state.len();
         let n = x.count();
-        let mut blobs = vec![
+        let blobs = vec![
             GpuBlob::from_host(gpu, x).unwrap(),
             GpuBlob::new(gpu, &x.shape, 0).unwrap(),
         ];
-        let mut params = gpu.compute.clone_htod(state).unwrap();
-        layer
-            .forward(gpu, &ctx, &mut blobs, &[0], &[1], &params.slice(..len))
-            .unwrap();
-        layer
-            .update_state(gpu, &ctx, &mut params.slice_mut(..len))
-            .unwrap();
+        let nan = vec![f32::NAN; state.len()];
+        let mut run = Fixture::new(gpu, blobs, 1, state, &nan);
+        run.forward(gpu, &ctx, &mut layer);
+        run.update_state(gpu, &ctx, &mut layer);
         gpu.compute
-            .memcpy_htod(dy, &mut blobs[1].diff.slice_mut(..n))
+            .memcpy_htod(dy, &mut run.blobs[1].diff.slice_mut(..n))
             .unwrap();
-        let mut pdiff = gpu.compute.clone_htod(&vec![f32::NAN; len]).unwrap();
-        layer
-            .backward(
-                gpu,
-                &ctx,
-                &mut blobs,
-                &[0],
-                &[1],
-                &[Grad::Overwrite],
-                &params.slice(..len),
-                Grad::Overwrite,
-                &mut pdiff.slice_mut(..len),
-            )
-            .unwrap();
-        let top = blobs[1].to_host(gpu).unwrap().data;
-        let dx = blobs[0].to_host(gpu).unwrap().diff;
-        let st = gpu.compute.clone_dtoh(&params).unwrap();
-        let pd = gpu.compute.clone_dtoh(&pdiff).unwrap();
-        gpu.synchronize().unwrap();
+        run.backward((gpu, &ctx), &mut layer, &[Grad::Overwrite], Grad::Overwrite);
+        let top = run.blobs[1].to_host(gpu).unwrap().data;
+        let dx = run.blobs[0].to_host(gpu).unwrap().diff;
+        let st = gpu.compute.clone_dtoh(&run.params).unwrap();
+        let pd = run.param_diff(gpu);
         assert!(pd.iter().all(|&g| g == 0.0), "state gradient {pd:?}");
         (top, dx, st)
     }
@@ -435,14 +393,14 @@ mod tests {
         }
     }
 
-    /// Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
-    /// overwriting gradients).
-    #[test]
-    fn train_on_features_matches_cpu_in_the_harness() {
-        let gpu = gpu_or_skip!("train_on_features_matches_cpu_in_the_harness");
-        let case = LayerCase::new("name = \"bn\"\ntype = \"batch_norm\"", vec![vec![16, 7]]);
-        check_against_cpu(&gpu, &case, 1321);
-    }
+    // Batch statistics on a 2-D `(N, C)` bottom through the common harness (accumulating and
+    // overwriting gradients).
+    layer_matches_cpu!(
+        train_on_features_matches_cpu_in_the_harness,
+        "name = \"bn\"\ntype = \"batch_norm\"",
+        vec![vec![16, 7]],
+        1321
+    );
 
     /// `sync = true` on two GPUs (NCCL) with half the batch each equals one GPU with the whole
     /// batch: tops, bottom gradients and the running statistics, the latter bit-identical on

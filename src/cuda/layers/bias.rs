@@ -6,14 +6,12 @@
 //!
 //! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
-use super::scale::channel_view;
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::scale::operand_view;
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::BiasParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
-use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
+use crate::error::Result;
 
 /// The bias layer; see the module docs.
 #[derive(Debug)]
@@ -47,42 +45,17 @@ impl GpuLayer for GpuBias {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        match bottoms {
-            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
-                self.two_bottoms = false;
-                self.view = Layout::Nhwc.channel_view(x);
-            }
-            [x] => {
-                self.two_bottoms = false;
-                self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;
-            }
-            [x, b] => {
-                self.two_bottoms = true;
-                self.view = channel_view(&self.name, x, self.axis, b.len() as i64)?;
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
-                ))
-            }
-        }
+        let axes = (self.axis, self.num_axes);
+        (self.view, self.two_bottoms) = operand_view(&self.name, self.layout, axes, bottoms)?;
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
         let (_, d, inner) = self.view;
         let s = &gpu.compute;
         if self.two_bottoms {
-            let [x, b, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, b, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             gpu.kernels.channel_affine(
                 s,
@@ -94,13 +67,13 @@ impl GpuLayer for GpuBias {
                 (d, inner),
             )
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             gpu.kernels.channel_affine(
                 s,
                 &x.data(),
                 None,
-                Some(&params.slice(..d)),
+                Some(&pass.params.slice(..d)),
                 &mut y.data_mut(),
                 n,
                 (d, inner),
@@ -108,25 +81,13 @@ impl GpuLayer for GpuBias {
         }
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (grads, blobs) = (pass.grads, &mut pass.blobs);
         let view = self.view;
         let d = view.1;
-        let s = &gpu.compute;
-        let k = &gpu.kernels;
-        let x_idx = bottoms[0];
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
         if self.two_bottoms {
-            let [b, y] = pick(blobs, [bottoms[1], tops[0]]);
+            let [b, y] = blobs.pick([blobs.bottoms[1], blobs.tops[0]]);
             if grads[1].wanted() {
                 let dy = y.diff();
                 k.channel_reduce(
@@ -140,20 +101,19 @@ impl GpuLayer for GpuBias {
                 )?;
             }
         } else {
-            let y = &blobs[tops[0]];
-            let dy = y.diff();
+            let dy = blobs.top(0).diff();
             k.channel_reduce(
                 s,
                 &dy,
                 &dy,
                 false,
-                &mut param_diff.slice_mut(..d),
+                &mut pass.param_diff.slice_mut(..d),
                 view,
-                param_grad.accumulate(),
+                pass.param_grad.accumulate(),
             )?;
         }
         if grads[0].wanted() {
-            let [x, y] = pick(blobs, [x_idx, tops[0]]);
+            let [x, y] = blobs.bottom_top();
             let n = x.count();
             k.scaled_copy(
                 s,
@@ -170,23 +130,19 @@ impl GpuLayer for GpuBias {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn learnable_matches_cpu() {
-        let gpu = gpu_or_skip!("learnable_matches_cpu");
-        let case = LayerCase::new("name = \"b\"\ntype = \"bias\"", vec![vec![3, 4, 5, 2]]);
-        check_against_cpu(&gpu, &case, 611);
-    }
+    layer_matches_cpu!(
+        learnable_matches_cpu,
+        "name = \"b\"\ntype = \"bias\"",
+        vec![vec![3, 4, 5, 2]],
+        611
+    );
 
-    #[test]
-    fn second_bottom_matches_cpu() {
-        let gpu = gpu_or_skip!("second_bottom_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"b\"\ntype = \"bias\"",
-            vec![vec![2, 3, 4, 4], vec![3]],
-        );
-        check_against_cpu(&gpu, &case, 612);
-    }
+    layer_matches_cpu!(
+        second_bottom_matches_cpu,
+        "name = \"b\"\ntype = \"bias\"",
+        vec![vec![2, 3, 4, 4], vec![3]],
+        612
+    );
 }

@@ -17,9 +17,8 @@
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
 
 use super::batch_norm::GpuBatchNorm;
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad};
 use crate::config::layer_params::LayerParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::BnScaleRelu;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
@@ -138,18 +137,11 @@ impl GpuLayer for GpuBnScaleRelu {
         self.bn.reshape(gpu, bottoms)
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x, z] = pick(blobs, [bottoms[0], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, params) = (pass.gpu, &pass.params);
+        let [x, z] = pass.blobs.bottom_top();
         let state = params.slice(..self.state_len());
-        self.bn.statistics(gpu, ctx, x, &state)?;
+        self.bn.statistics(gpu, pass.ctx, x, &state)?;
         let op = self.operands(self.bn.mean_and_inv_std(), params);
         gpu.kernels
             .bn_scale_relu_forward(&gpu.compute, &op, &x.data(), &mut z.data_mut())
@@ -165,18 +157,9 @@ impl GpuLayer for GpuBnScaleRelu {
         self.bn.update_state(gpu, ctx, &mut params.slice_mut(..n))
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad, params) = (pass.gpu, pass.grads[0], &pass.params);
+        let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
         let s = &gpu.compute;
         let state_len = self.state_len();
         if param_grad == Grad::Overwrite {
@@ -187,7 +170,7 @@ impl GpuLayer for GpuBnScaleRelu {
         let at = self.scale_offset;
         let scale_len = c * (1 + self.bias_term as usize);
         let batch_stats = self.bn.batch_stats();
-        let [x, z] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, z] = pass.blobs.bottom_top();
         {
             // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
             let shape = self.shape();
@@ -204,11 +187,11 @@ impl GpuLayer for GpuBnScaleRelu {
                 param_grad.accumulate(),
             )?;
         }
-        if !grads[0].wanted() {
+        if !grad.wanted() {
             return Ok(());
         }
         if batch_stats {
-            self.bn.reduce(gpu, ctx)?;
+            self.bn.reduce(gpu, pass.ctx)?;
         }
         let op = self.operands(self.bn.mean_and_inv_std(), params);
         gpu.kernels.bn_scale_relu_backward(
@@ -220,7 +203,7 @@ impl GpuLayer for GpuBnScaleRelu {
             self.bn.sums(),
             batch_stats,
             &mut x.diff,
-            grads[0].accumulate(),
+            grad.accumulate(),
         )
     }
 }

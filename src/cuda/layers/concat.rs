@@ -3,12 +3,10 @@
 //! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
 //! copies (or adds) the same range of the top's diff back.
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConcatParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Concatenation; see the module docs.
 #[derive(Debug)]
@@ -55,19 +53,13 @@ impl GpuLayer for GpuConcat {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
         let total: usize = self.cols.iter().sum();
         let mut off = 0;
         for (&b, &cols) in bottoms.iter().zip(&self.cols) {
-            let [x, y] = pick(blobs, [b, tops[0]]);
+            let [x, y] = pass.blobs.pick([b, top]);
             gpu.kernels.copy_strided(
                 &gpu.compute,
                 &x.data(),
@@ -83,23 +75,14 @@ impl GpuLayer for GpuConcat {
         Ok(())
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
         let total: usize = self.cols.iter().sum();
         let mut off = 0;
-        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(grads) {
+        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(pass.grads) {
             if g.wanted() {
-                let [x, y] = pick(blobs, [b, tops[0]]);
+                let [x, y] = pass.blobs.pick([b, top]);
                 gpu.kernels.copy_strided(
                     &gpu.compute,
                     &y.diff(),
@@ -119,26 +102,19 @@ impl GpuLayer for GpuConcat {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn channels_match_cpu() {
-        let gpu = gpu_or_skip!("channels_match_cpu");
-        let case = LayerCase::new(
-            "name = \"c\"\ntype = \"concat\"",
-            vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]],
-        );
-        check_against_cpu(&gpu, &case, 801);
-    }
+    layer_matches_cpu!(
+        channels_match_cpu,
+        "name = \"c\"\ntype = \"concat\"",
+        vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]],
+        801
+    );
 
-    #[test]
-    fn axis_2_matches_cpu() {
-        let gpu = gpu_or_skip!("axis_2_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"c\"\ntype = \"concat\"\naxis = 2",
-            vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]],
-        );
-        check_against_cpu(&gpu, &case, 802);
-    }
+    layer_matches_cpu!(
+        axis_2_matches_cpu,
+        "name = \"c\"\ntype = \"concat\"\naxis = 2",
+        vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]],
+        802
+    );
 }

@@ -37,10 +37,9 @@
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
-use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
+use super::{grow, nchw, scratch, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 use crate::cuda::layout::Layout;
@@ -49,9 +48,7 @@ use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
-};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
 /// How a plan computes the weight gradient.
@@ -756,15 +753,8 @@ impl GpuLayer for GpuConvolution {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, params) = (pass.gpu, &pass.params);
         let wlen = self.weight_len();
         let k = self.num_output;
         let filter = self.filter_matrix();
@@ -773,7 +763,7 @@ impl GpuLayer for GpuConvolution {
             return Ok(());
         }
         let s = &gpu.compute;
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         assert!(x.count() == plan.x.count() && y.count() == plan.y.count());
         if self.layout == Layout::Nhwc {
             let w = params.slice(..wlen);
@@ -795,18 +785,9 @@ impl GpuLayer for GpuConvolution {
         )
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad, params) = (pass.gpu, pass.grads[0], &pass.params);
+        let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
         let wlen = self.weight_len();
         let k = self.num_output;
         let beta = param_grad.beta();
@@ -822,7 +803,7 @@ impl GpuLayer for GpuConvolution {
             return Ok(());
         }
         let dnn = gpu.cudnn()?;
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         // Independent halves of the backward run on two streams, all of them only reading `x`,
         // `dy` and the weight and writing disjoint buffers: where the bottom wants a gradient,
         // the weight and bias gradients run on the side stream beside the data gradient; where
@@ -830,7 +811,7 @@ impl GpuLayer for GpuConvolution {
         // weight gradient. Two small convolutions' kernels fill the device better than one. The
         // compute stream waits for the side stream before this backward returns, so the layer's
         // gradients are complete where the net says so.
-        let wants_dx = grads[0].wanted();
+        let wants_dx = grad.wanted();
         // The implicit weight gradient may compute the bias gradient too.
         let bias_apart = self.bias_term && !plan.wgrad_bias;
         let side = (wants_dx || bias_apart).then(|| gpu.side()).transpose()?;
@@ -897,7 +878,7 @@ impl GpuLayer for GpuConvolution {
             };
             let weights = (&w, &mut self.direct_scratch);
             let (dy, dx) = (&y.diff, &mut x.diff);
-            let beta = grads[0].beta();
+            let beta = grad.beta();
             let how = (k, self.layout, ws);
             data_gradient(gpu, plan, plan.dgrad, how, weights, dy, beta, dx)?;
         }

@@ -9,14 +9,12 @@
 //! NCHW order, also where the blobs are stored channels-last (the mask does not depend on the
 //! layout).
 
-use super::{copy_data, pick, GpuCtx, GpuLayer, Grad};
+use super::{copy_data, BackwardPass, ForwardPass, GpuCtx, GpuLayer};
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::{layout_matters, Layout};
 use crate::cuda::Gpu;
 use crate::error::Result;
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// FNV-1a, 64 bits, of `bytes` (the contract's per-layer seed).
 pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -73,16 +71,9 @@ impl GpuLayer for GpuDropout {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, ctx) = (pass.gpu, pass.ctx);
+        let [x, y] = pass.blobs.bottom_top();
         if ctx.phase == Phase::Test {
             return copy_data(gpu, x, y);
         }
@@ -99,24 +90,14 @@ impl GpuLayer for GpuDropout {
         )
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if !grads[0].wanted() {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, ctx, grad) = (pass.gpu, pass.ctx, pass.grads[0]);
+        if !grad.wanted() {
             return Ok(());
         }
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         let n = x.count();
-        let acc = grads[0].accumulate();
+        let acc = grad.accumulate();
         if ctx.phase == Phase::Test {
             return gpu.kernels.scaled_copy(
                 &gpu.compute,
@@ -146,10 +127,11 @@ impl GpuLayer for GpuDropout {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::blob::GpuBlob;
+    use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::test_util::gpu_or_skip;
+    use crate::layers;
     use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
-    use crate::layers::{self, Ctx};
     use crate::tensor::Blob;
 
     /// Runs without a GPU: the contract's FNV-1a constants.
@@ -159,15 +141,12 @@ mod tests {
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 
-    #[test]
-    fn matches_cpu() {
-        let gpu = gpu_or_skip!("matches_cpu");
-        let case = LayerCase::new(
-            "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = 0.3",
-            vec![vec![4, 3, 5, 5]],
-        );
-        check_against_cpu(&gpu, &case, 501);
-    }
+    layer_matches_cpu!(
+        matches_cpu,
+        "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = 0.3",
+        vec![vec![4, 3, 5, 5]],
+        501
+    );
 
     /// The kept elements are exactly the CPU's, at a later iteration and sample offset, and
     /// the kept values are bit-identical.
@@ -176,15 +155,9 @@ mod tests {
         let gpu = gpu_or_skip!("mask_is_bit_identical_to_cpu");
         let cfg = layer_config("name = \"fc6/drop\"\ntype = \"dropout\"");
         let shape = vec![6, 100];
+        let gctx = GpuCtx::local(Phase::Train, 12345, 987, 4242);
         let cpu = Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 12345,
-            seed: 987,
-            first_sample: 4242,
-            reducer: None,
-        };
+        let ctx = cpu_ctx(&cpu, &gctx);
         let mut cpu_layer = layers::build_from_config(&cfg).unwrap();
         let tops = cpu_layer.reshape(&[&shape]).unwrap();
         // Strictly positive inputs, so a dropped element (0) is never a kept one.
@@ -193,17 +166,14 @@ mod tests {
         let mut want = vec![Blob::new(&tops[0])];
         cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
 
-        let gctx = GpuCtx::local(Phase::Train, 12345, 987, 4242);
         let mut layer = from_config(|n, p| GpuDropout::new(n, p, Layout::Nchw), &cfg);
-        let mut blobs = vec![
+        let blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),
         ];
-        let none = gpu.compute.alloc_zeros::<f32>(1).unwrap();
-        layer
-            .forward(&gpu, &gctx, &mut blobs, &[0], &[1], &none.slice(..0))
-            .unwrap();
-        let got = blobs[1].to_host(&gpu).unwrap();
+        let mut run = Fixture::new(&gpu, blobs, 1, &[], &[]);
+        run.forward(&gpu, &gctx, &mut layer);
+        let got = run.blobs[1].to_host(&gpu).unwrap();
         let kept = want[0].data.iter().filter(|&&v| v != 0.0).count();
         assert!(
             kept > 200 && kept < 400,

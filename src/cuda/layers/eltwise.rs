@@ -6,13 +6,12 @@
 //! `dy · y / x_k`, so a zero input is no problem). MAX: `y = max_k x_k` with the index of the
 //! first maximum kept per element; backward routes `dy` to that bottom only.
 
-use super::{grow, pick, scratch, GpuCtx, GpuLayer, Grad};
+use super::{grow, pick, scratch, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::CudaSlice;
 
 /// Elementwise SUM, PROD or MAX; see the module docs.
 #[derive(Debug)]
@@ -81,19 +80,11 @@ impl GpuLayer for GpuEltwise {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let s = &gpu.compute;
-        let k = &gpu.kernels;
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
+        let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
         for (i, &b) in bottoms.iter().enumerate() {
-            let [x, y] = pick(blobs, [b, tops[0]]);
+            let [x, y] = pass.blobs.pick([b, top]);
             let n = x.count();
             let (xd, mut yd) = (x.data(), y.data_mut());
             match self.op {
@@ -109,20 +100,11 @@ impl GpuLayer for GpuEltwise {
         Ok(())
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        let s = &gpu.compute;
-        let k = &gpu.kernels;
+    fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()> {
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
+        let (grads, blobs) = (pass.grads, pass.blobs);
+        let (bottoms, top) = (blobs.bottoms, blobs.tops[0]);
+        let blobs = blobs.all;
         for (i, &b) in bottoms.iter().enumerate() {
             if !grads[i].wanted() {
                 continue;
@@ -130,18 +112,18 @@ impl GpuLayer for GpuEltwise {
             let acc = grads[i].accumulate();
             match self.op {
                 EltwiseOp::Sum => {
-                    let [x, y] = pick(blobs, [b, tops[0]]);
+                    let [x, y] = pick(blobs, [b, top]);
                     let n = x.count();
                     k.scaled_copy(s, &y.diff(), &mut x.diff_mut(), self.coeff(i), n, acc)?;
                 }
                 EltwiseOp::Max => {
-                    let [x, y] = pick(blobs, [b, tops[0]]);
+                    let [x, y] = pick(blobs, [b, top]);
                     let n = x.count();
                     k.eltwise_max_backward(s, &y.diff(), &self.mask, &mut x.diff_mut(), i, n, acc)?;
                 }
                 EltwiseOp::Prod => {
                     let n = blobs[b].count();
-                    k.scaled_copy(s, &blobs[tops[0]].diff(), &mut self.product, 1.0, n, false)?;
+                    k.scaled_copy(s, &blobs[top].diff(), &mut self.product, 1.0, n, false)?;
                     for &other in bottoms.iter().filter(|&&o| o != b) {
                         k.mul_inplace(s, &mut self.product, &blobs[other].data(), n)?;
                     }

@@ -7,14 +7,12 @@
 //! Shapes: bottoms `x0`, `x1` and top `y`, all of one shape. Forward
 //! `y = relu(c0 · x0 + c1 · x1)`; backward `dx_k (+)= c_k · dy · relu'(y)`. No parameters.
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::LayerParams;
 use crate::config::EltwiseOp;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::net::NodeView;
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Whether the layers `chain` (an Eltwise, then a ReLU reading its top, in net order) compute
 /// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms (with two coefficients, if
@@ -78,16 +76,9 @@ impl GpuLayer for GpuEltwiseRelu {
         }
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x0, x1, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [x0, x1, y] = pass.blobs.two_bottoms_top();
         let n = y.count();
         gpu.kernels.sum2_relu_forward(
             &gpu.compute,
@@ -100,19 +91,9 @@ impl GpuLayer for GpuEltwiseRelu {
         )
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        let [x0, x1, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grads) = (pass.gpu, pass.grads);
+        let [x0, x1, y] = pass.blobs.two_bottoms_top();
         let n = y.count();
         let (mut dx0, mut dx1) = (x0.diff_mut(), x1.diff_mut());
         let dx = [

@@ -10,12 +10,11 @@
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::InnerProductParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::CudaSlice;
 
 /// The fully connected layer; see the module docs.
 #[derive(Debug)]
@@ -96,17 +95,10 @@ impl GpuLayer for GpuInnerProduct {
     }
 
     /// `top (M, N) = bottom (M, K) · Wᵀ (K, N) + ones (M, 1) · b (1, N)`.
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, params) = (pass.gpu, &pass.params);
         let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         let w = params.slice(..n * k);
         let mut top = y.data_mut();
         gpu.gemm(false, true, m, n, k, 1.0, &x.data(), &w, 0.0, &mut top)?;
@@ -119,22 +111,12 @@ impl GpuLayer for GpuInnerProduct {
 
     /// `dW (N, K) (+)= top_diffᵀ · bottom`, `db (N) (+)= top_diffᵀ · ones`,
     /// `bottom_diff (M, K) (+)= top_diff (M, N) · W (N, K)`.
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad, param_diff) = (pass.gpu, pass.grads[0], &mut pass.param_diff);
         let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         let top_diff = y.diff();
-        let beta = param_grad.beta();
+        let beta = pass.param_grad.beta();
         gpu.gemm(
             true,
             false,
@@ -158,8 +140,8 @@ impl GpuLayer for GpuInnerProduct {
                 &mut param_diff.slice_mut(n * k..n * k + n),
             )?;
         }
-        if grads[0].wanted() {
-            let w = params.slice(..n * k);
+        if grad.wanted() {
+            let w = pass.params.slice(..n * k);
             gpu.gemm(
                 false,
                 false,
@@ -169,7 +151,7 @@ impl GpuLayer for GpuInnerProduct {
                 1.0,
                 &top_diff,
                 &w,
-                grads[0].beta(),
+                grad.beta(),
                 &mut x.diff_mut(),
             )?;
         }

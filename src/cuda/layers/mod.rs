@@ -7,6 +7,10 @@
 //!   to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by
 //!   index in one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly
 //!   without collecting references (all indices of one layer are distinct; the net checks this).
+//!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
+//!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
+//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, and the views
+//!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`].
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
 //!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the only one to
 //!   contribute to that blob's gradient, and for the parameters on the first backward of an
@@ -32,6 +36,7 @@ pub mod eltwise;
 pub mod eltwise_relu;
 pub mod flatten;
 pub mod inner_product;
+pub mod neuron;
 pub mod pooling;
 pub mod power;
 pub mod relu;
@@ -41,6 +46,7 @@ pub mod sigmoid;
 pub mod softmax;
 pub mod softmax_with_loss;
 pub mod tanh;
+pub mod view;
 
 use super::blob::GpuBlob;
 use super::layout::Layout;
@@ -147,6 +153,75 @@ impl Grad {
     }
 }
 
+/// The blobs one layer call reads and writes: the net's blobs and the layer's bottoms and tops
+/// among them, by index (all distinct).
+pub struct LayerBlobs<'a> {
+    /// Every blob of the net (in a layer test: the bottoms, then the tops).
+    pub all: &'a mut [GpuBlob],
+    /// Indices of the layer's bottoms in `all`.
+    pub bottoms: &'a [usize],
+    /// Indices of the layer's tops in `all`.
+    pub tops: &'a [usize],
+}
+
+impl<'a> LayerBlobs<'a> {
+    pub fn new(all: &'a mut [GpuBlob], bottoms: &'a [usize], tops: &'a [usize]) -> Self {
+        LayerBlobs { all, bottoms, tops }
+    }
+
+    /// `N` distinct blobs by index into `all`, mutably (see [`pick`]).
+    pub fn pick<const N: usize>(&mut self, idx: [usize; N]) -> [&mut GpuBlob; N] {
+        pick(self.all, idx)
+    }
+
+    /// `[bottom 0, top 0]`, mutably: the blobs of a one-in, one-out layer.
+    pub fn bottom_top(&mut self) -> [&mut GpuBlob; 2] {
+        pick(self.all, [self.bottoms[0], self.tops[0]])
+    }
+
+    /// `[bottom 0, bottom 1, top 0]`, mutably: the blobs of a two-in, one-out layer.
+    pub fn two_bottoms_top(&mut self) -> [&mut GpuBlob; 3] {
+        pick(self.all, [self.bottoms[0], self.bottoms[1], self.tops[0]])
+    }
+
+    /// Bottom `i`.
+    pub fn bottom(&self, i: usize) -> &GpuBlob {
+        &self.all[self.bottoms[i]]
+    }
+
+    /// Top `i`.
+    pub fn top(&self, i: usize) -> &GpuBlob {
+        &self.all[self.tops[i]]
+    }
+}
+
+/// What a layer's forward gets: the device, the pass, its blobs and its learnable tensors.
+pub struct ForwardPass<'a> {
+    pub gpu: &'a Gpu,
+    pub ctx: &'a GpuCtx<'a>,
+    /// The bottoms to read and the tops (already shaped) to write.
+    pub blobs: LayerBlobs<'a>,
+    /// The layer's range of the flat parameters `(param_len)`, in `param_specs()` order.
+    pub params: CudaView<'a, f32>,
+}
+
+/// What a layer's backward gets: [`ForwardPass`]'s arguments, what to do with each gradient,
+/// and the layer's range of the flat gradient.
+pub struct BackwardPass<'a> {
+    pub gpu: &'a Gpu,
+    pub ctx: &'a GpuCtx<'a>,
+    /// The tops' diffs to read and the bottoms' diffs to write.
+    pub blobs: LayerBlobs<'a>,
+    /// What happens to bottom `i`'s diff: `grads[i]`.
+    pub grads: &'a [Grad],
+    /// The layer's range of the flat parameters `(param_len)`, in `param_specs()` order.
+    pub params: CudaView<'a, f32>,
+    /// What happens to `param_diff`: `Accumulate` or `Overwrite`.
+    pub param_grad: Grad,
+    /// The layer's range of the flat gradient `(param_len)`, laid out as `params`.
+    pub param_diff: CudaViewMut<'a, f32>,
+}
+
 /// A differentiable operation on device blobs.
 pub trait GpuLayer: Send {
     /// The config name of the layer type, e.g. `inner_product`.
@@ -156,33 +231,12 @@ pub trait GpuLayer: Send {
     /// the CPU layer has already checked them) and grows scratch buffers when needed.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()>;
 
-    /// Computes the tops `blobs[tops[..]]` (already shaped) from the bottoms `blobs[bottoms[..]]`
-    /// and the layer's learnable tensors `params`.
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()>;
+    /// Computes the tops (already shaped) from the bottoms and the layer's learnable tensors.
+    fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()>;
 
-    /// From the tops' diffs, writes the bottoms' diffs as `grads[i]` says and the layer's range
-    /// of the flat gradient `param_diff` as `param_grad` says (`Accumulate` or `Overwrite`).
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()>;
+    /// From the tops' diffs, writes the bottoms' diffs as `pass.grads[i]` says and the layer's
+    /// range of the flat gradient as `pass.param_grad` says (`Accumulate` or `Overwrite`).
+    fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()>;
 
     /// After a training forward: writes the layer's state kept in its range of the flat
     /// parameters `params` (BatchNorm's running statistics). Nothing for most layers.
@@ -211,8 +265,8 @@ pub fn build(
     let mut layer: Box<dyn GpuLayer> = match params {
         P::InnerProduct(p) => Box::new(inner_product::GpuInnerProduct::new(gpu, name, p)?),
         P::Relu(p) => Box::new(relu::GpuRelu::new(p)),
-        P::Sigmoid(_) => Box::new(sigmoid::GpuSigmoid),
-        P::Tanh(_) => Box::new(tanh::GpuTanH),
+        P::Sigmoid(_) => Box::new(sigmoid::GpuSigmoid::default()),
+        P::Tanh(_) => Box::new(tanh::GpuTanH::default()),
         P::SoftmaxWithLoss(p) => {
             Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, name, p)?)
         }
@@ -225,11 +279,11 @@ pub fn build(
         P::Bias(p) => Box::new(bias::GpuBias::new(gpu, name, p, layout)),
         P::Eltwise(p) => Box::new(eltwise::GpuEltwise::new(gpu, name, p)?),
         P::Concat(p) => Box::new(concat::GpuConcat::new(name, p)),
-        P::Flatten(_) => Box::new(flatten::GpuFlatten),
-        P::Reshape(_) => Box::new(reshape::GpuReshape),
+        P::Flatten(_) => Box::new(flatten::gpu_flatten()),
+        P::Reshape(_) => Box::new(reshape::gpu_reshape()),
         P::Softmax(p) => Box::new(softmax::GpuSoftmax::new(name, p)),
         P::Power(p) => Box::new(power::GpuPower::new(p)),
-        P::AbsVal(_) => Box::new(abs_val::GpuAbsVal),
+        P::AbsVal(_) => Box::new(abs_val::GpuAbsVal::default()),
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
@@ -288,7 +342,7 @@ pub(crate) fn nchw(layer: &str, shape: &[usize]) -> Result<[usize; 4]> {
     }
 }
 
-/// `x (n) → y (n)` copy on the compute stream (views: flatten, reshape).
+/// `x (n) → y (n)` copy on the compute stream (dropout at test time).
 pub(crate) fn copy_data(gpu: &Gpu, x: &GpuBlob, y: &mut GpuBlob) -> Result<()> {
     let n = x.count();
     gpu.compute

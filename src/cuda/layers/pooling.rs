@@ -32,16 +32,15 @@
 //! elements' loads in flight. Both compute the same sums in the same order as the generic
 //! kernels: the choice changes speed only.
 
-use super::{grow, nchw, pick, scratch, GpuCtx, GpuLayer, Grad};
+use super::{grow, nchw, scratch, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::{LayerParams, PoolingParams};
 use crate::config::PoolMethod;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::PoolGeom;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::net::NodeView;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::CudaSlice;
 
 /// Max or average pooling; see the module docs.
 #[derive(Debug)]
@@ -195,16 +194,9 @@ impl GpuLayer for GpuPooling {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [x, y] = pass.blobs.bottom_top();
         let s = &gpu.compute;
         match self.method {
             PoolMethod::Max => gpu.kernels.max_pool_forward(
@@ -227,24 +219,14 @@ impl GpuLayer for GpuPooling {
         }
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if !grads[0].wanted() {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad) = (pass.gpu, pass.grads[0]);
+        if !grad.wanted() {
             return Ok(());
         }
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         let s = &gpu.compute;
-        let acc = grads[0].accumulate();
+        let acc = grad.accumulate();
         match self.method {
             PoolMethod::Max => gpu.kernels.max_pool_backward(
                 s,

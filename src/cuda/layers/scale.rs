@@ -11,13 +11,11 @@
 //! Backward: `dx (+)= dy · s[d]`; `ds[d] (+)= Σ dy·x`, `db[d] (+)= Σ dy` over `(outer,
 //! inner)` in double with fixed chunks and summation trees (deterministic).
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::ScaleParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// `(outer, dim, inner)` of `shape` around the axes `axis .. axis + num_axes` (`-1`: to the
 /// end), or an error naming the layer.
@@ -43,6 +41,29 @@ pub(crate) fn channel_view(
         shape[axis..end].iter().product(),
         shape[end..].iter().product(),
     ))
+}
+
+/// Scale's and Bias's reading of their bottoms: `((outer, dim, inner), two_bottoms)`. One
+/// bottom: the learned operand spans `axis .. axis + num_axes` of `x` (channels-last: the
+/// channel axis, last in storage). Two: the second bottom is the operand, over as many axes as
+/// it has.
+pub(crate) fn operand_view(
+    layer: &str,
+    layout: Layout,
+    (axis, num_axes): (usize, i64),
+    bottoms: &[&[usize]],
+) -> Result<((usize, usize, usize), bool)> {
+    match bottoms {
+        [x] if layout == Layout::Nhwc && axis == 1 && num_axes == 1 => {
+            Ok((Layout::Nhwc.channel_view(x), false))
+        }
+        [x] => Ok((channel_view(layer, x, axis, num_axes)?, false)),
+        [x, operand] => Ok((channel_view(layer, x, axis, operand.len() as i64)?, true)),
+        _ => Err(Error::net(
+            layer,
+            format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
+        )),
+    }
 }
 
 /// The scale layer; see the module docs.
@@ -86,43 +107,18 @@ impl GpuLayer for GpuScale {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        match bottoms {
-            [x] if self.layout == Layout::Nhwc && self.axis == 1 && self.num_axes == 1 => {
-                self.two_bottoms = false;
-                self.view = Layout::Nhwc.channel_view(x);
-            }
-            [x] => {
-                self.two_bottoms = false;
-                self.view = channel_view(&self.name, x, self.axis, self.num_axes)?;
-            }
-            [x, s] => {
-                self.two_bottoms = true;
-                self.view = channel_view(&self.name, x, self.axis, s.len() as i64)?;
-            }
-            _ => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("takes 1 or 2 bottoms, got {}", bottoms.len()),
-                ))
-            }
-        }
+        let axes = (self.axis, self.num_axes);
+        (self.view, self.two_bottoms) = operand_view(&self.name, self.layout, axes, bottoms)?;
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        params: &CudaView<'_, f32>,
-    ) -> Result<()> {
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let (gpu, params) = (pass.gpu, &pass.params);
         let d = self.dim();
         let (_, _, inner) = self.view;
         let s = &gpu.compute;
         if self.two_bottoms {
-            let [x, sc, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, sc, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             let bias = self.bias_term.then(|| params.slice(..d));
             gpu.kernels.channel_affine(
@@ -135,7 +131,7 @@ impl GpuLayer for GpuScale {
                 (d, inner),
             )
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             let scale = params.slice(..d);
             let bias = self.bias_term.then(|| params.slice(d..2 * d));
@@ -151,26 +147,15 @@ impl GpuLayer for GpuScale {
         }
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        params: &CudaView<'_, f32>,
-        param_grad: Grad,
-        param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (grads, param_diff) = (pass.grads, &mut pass.param_diff);
         let d = self.dim();
         let view = self.view;
         let (_, _, inner) = view;
-        let s = &gpu.compute;
-        let acc = param_grad.accumulate();
-        let k = &gpu.kernels;
+        let (s, k) = (&pass.gpu.compute, &pass.gpu.kernels);
+        let acc = pass.param_grad.accumulate();
         if self.two_bottoms {
-            let [x, sc, y] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+            let [x, sc, y] = pass.blobs.two_bottoms_top();
             let n = x.count();
             let dy = y.diff();
             if self.bias_term {
@@ -207,7 +192,7 @@ impl GpuLayer for GpuScale {
                 )?;
             }
         } else {
-            let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+            let [x, y] = pass.blobs.bottom_top();
             let n = x.count();
             let dy = y.diff();
             if self.bias_term {
@@ -235,7 +220,7 @@ impl GpuLayer for GpuScale {
                 k.channel_scale_backward(
                     s,
                     &dy,
-                    &params.slice(..d),
+                    &pass.params.slice(..d),
                     &mut x.diff_mut(),
                     n,
                     (d, inner),
@@ -249,36 +234,26 @@ impl GpuLayer for GpuScale {
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn per_channel_with_bias_matches_cpu() {
-        let gpu = gpu_or_skip!("per_channel_with_bias_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"\nbias_term = true",
-            vec![vec![3, 4, 5, 6]],
-        );
-        check_against_cpu(&gpu, &case, 601);
-    }
+    layer_matches_cpu!(
+        per_channel_with_bias_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"\nbias_term = true",
+        vec![vec![3, 4, 5, 6]],
+        601
+    );
 
-    #[test]
-    fn over_two_axes_matches_cpu() {
-        let gpu = gpu_or_skip!("over_two_axes_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2",
-            vec![vec![2, 3, 4, 5]],
-        );
-        check_against_cpu(&gpu, &case, 602);
-    }
+    layer_matches_cpu!(
+        over_two_axes_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2",
+        vec![vec![2, 3, 4, 5]],
+        602
+    );
 
-    #[test]
-    fn second_bottom_as_scale_matches_cpu() {
-        let gpu = gpu_or_skip!("second_bottom_as_scale_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"sc\"\ntype = \"scale\"",
-            vec![vec![2, 3, 4, 4], vec![3]],
-        );
-        check_against_cpu(&gpu, &case, 603);
-    }
+    layer_matches_cpu!(
+        second_bottom_as_scale_matches_cpu,
+        "name = \"sc\"\ntype = \"scale\"",
+        vec![vec![2, 3, 4, 4], vec![3]],
+        603
+    );
 }

@@ -3,12 +3,10 @@
 //! subtracts the maximum over the channels, exponentiates and divides by the sum. Backward from
 //! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
 
-use super::{pick, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Softmax; see the module docs.
 #[derive(Debug)]
@@ -55,66 +53,45 @@ impl GpuLayer for GpuSoftmax {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [x, y] = pass.blobs.bottom_top();
         gpu.kernels
             .softmax_forward(&gpu.compute, &x.data(), &mut y.data_mut(), self.view)
     }
 
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if !grads[0].wanted() {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad) = (pass.gpu, pass.grads[0]);
+        if !grad.wanted() {
             return Ok(());
         }
-        let [x, y] = pick(blobs, [bottoms[0], tops[0]]);
+        let [x, y] = pass.blobs.bottom_top();
         gpu.kernels.softmax_backward(
             &gpu.compute,
             &y.data(),
             &y.diff(),
             &mut x.diff_mut(),
             self.view,
-            grads[0].accumulate(),
+            grad.accumulate(),
         )
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
-    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::layers::testing::layer_matches_cpu;
 
-    #[test]
-    fn over_channels_matches_cpu() {
-        let gpu = gpu_or_skip!("over_channels_matches_cpu");
-        let case = LayerCase::new("name = \"s\"\ntype = \"softmax\"", vec![vec![3, 5, 4, 2]]);
-        check_against_cpu(&gpu, &case, 1001);
-    }
+    layer_matches_cpu!(
+        over_channels_matches_cpu,
+        "name = \"s\"\ntype = \"softmax\"",
+        vec![vec![3, 5, 4, 2]],
+        1001
+    );
 
-    #[test]
-    fn over_last_axis_matches_cpu() {
-        let gpu = gpu_or_skip!("over_last_axis_matches_cpu");
-        let case = LayerCase::new(
-            "name = \"s\"\ntype = \"softmax\"\naxis = 2",
-            vec![vec![4, 3, 10]],
-        );
-        check_against_cpu(&gpu, &case, 1002);
-    }
+    layer_matches_cpu!(
+        over_last_axis_matches_cpu,
+        "name = \"s\"\ntype = \"softmax\"\naxis = 2",
+        vec![vec![4, 3, 10]],
+        1002
+    );
 }

@@ -12,12 +12,11 @@
 //! here that row is skipped like an ignored one (the data readers reject such labels before
 //! they reach a net).
 
-use super::{pick, rows_and_classes, GpuCtx, GpuLayer, Grad};
+use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxWithLossParams;
-use crate::cuda::blob::GpuBlob;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView};
 
 /// Softmax and multinomial logistic loss; see the module docs.
 #[derive(Debug)]
@@ -100,16 +99,9 @@ impl GpuLayer for GpuSoftmaxWithLoss {
         Ok(())
     }
 
-    fn forward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        _params: &CudaView<'_, f32>,
-    ) -> Result<()> {
-        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let gpu = pass.gpu;
+        let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.softmax_loss_forward(
             &gpu.compute,
             &scores.data(),
@@ -126,22 +118,12 @@ impl GpuLayer for GpuSoftmaxWithLoss {
     }
 
     /// `dscores += w · (p − onehot) / V` on counted rows, `w` = the top's diff.
-    fn backward(
-        &mut self,
-        gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        blobs: &mut [GpuBlob],
-        bottoms: &[usize],
-        tops: &[usize],
-        grads: &[Grad],
-        _params: &CudaView<'_, f32>,
-        _param_grad: Grad,
-        _param_diff: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if !grads[0].wanted() {
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let (gpu, grad) = (pass.gpu, pass.grads[0]);
+        if !grad.wanted() {
             return Ok(());
         }
-        let [scores, labels, top] = pick(blobs, [bottoms[0], bottoms[1], tops[0]]);
+        let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.softmax_loss_backward(
             &gpu.compute,
             &self.prob,
@@ -152,7 +134,7 @@ impl GpuLayer for GpuSoftmaxWithLoss {
             self.rows,
             self.classes,
             self.ignore,
-            grads[0].accumulate(),
+            grad.accumulate(),
         )
     }
 }

@@ -4,7 +4,7 @@
 //! parameter diffs (accumulated and overwritten). A layer that can run channels-last is checked
 //! twice: on NCHW blobs and on NHWC ones (converted on the host on the way in and out).
 
-use super::{build, GpuCtx, Grad};
+use super::{build, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs};
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
@@ -77,6 +77,90 @@ fn download(gpu: &Gpu, v: &CudaSlice<f32>, n: usize) -> Vec<f32> {
     out
 }
 
+/// The CPU twin of `gctx` (a CPU of one thread, no reducer), for the CPU reference layer.
+pub(crate) fn cpu_ctx<'a>(cpu: &'a Cpu, gctx: &GpuCtx<'_>) -> Ctx<'a> {
+    Ctx {
+        cpu,
+        phase: gctx.phase,
+        iter: gctx.iter,
+        seed: gctx.seed,
+        first_sample: gctx.first_sample,
+        reducer: None,
+    }
+}
+
+/// What one GPU layer runs on in a test: its blobs (the bottoms, then the tops), and its
+/// parameters and their gradient `(param_len)` on the device.
+pub(crate) struct Fixture {
+    pub blobs: Vec<GpuBlob>,
+    pub bottoms: Vec<usize>,
+    pub tops: Vec<usize>,
+    pub params: CudaSlice<f32>,
+    pub param_diff: CudaSlice<f32>,
+    pub param_len: usize,
+}
+
+impl Fixture {
+    /// `blobs` of which the last `tops` are the tops; `params` and `param_diff` of one length.
+    pub fn new(gpu: &Gpu, blobs: Vec<GpuBlob>, tops: usize, params: &[f32], diff: &[f32]) -> Self {
+        assert_eq!(params.len(), diff.len(), "parameters and their gradient");
+        let nb = blobs.len() - tops;
+        Fixture {
+            bottoms: (0..nb).collect(),
+            tops: (nb..blobs.len()).collect(),
+            blobs,
+            params: upload(gpu, params),
+            param_diff: upload(gpu, diff),
+            param_len: params.len(),
+        }
+    }
+
+    /// Runs `layer`'s forward in `ctx`.
+    pub fn forward(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>, layer: &mut dyn GpuLayer) {
+        layer
+            .forward(ForwardPass {
+                gpu,
+                ctx,
+                blobs: LayerBlobs::new(&mut self.blobs, &self.bottoms, &self.tops),
+                params: self.params.slice(..self.param_len),
+            })
+            .unwrap();
+    }
+
+    /// Runs `layer`'s update of its state in the parameters.
+    pub fn update_state(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>, layer: &mut dyn GpuLayer) {
+        let mut params = self.params.slice_mut(..self.param_len);
+        layer.update_state(gpu, ctx, &mut params).unwrap();
+    }
+
+    /// Runs `layer`'s backward in `ctx`, the bottoms' diffs as `grads` says and the parameters'
+    /// as `param_grad` says.
+    pub fn backward(
+        &mut self,
+        (gpu, ctx): (&Gpu, &GpuCtx<'_>),
+        layer: &mut dyn GpuLayer,
+        grads: &[Grad],
+        param_grad: Grad,
+    ) {
+        layer
+            .backward(BackwardPass {
+                gpu,
+                ctx,
+                blobs: LayerBlobs::new(&mut self.blobs, &self.bottoms, &self.tops),
+                grads,
+                params: self.params.slice(..self.param_len),
+                param_grad,
+                param_diff: self.param_diff.slice_mut(..self.param_len),
+            })
+            .unwrap();
+    }
+
+    /// The parameters' gradient on the host.
+    pub fn param_diff(&self, gpu: &Gpu) -> Vec<f32> {
+        download(gpu, &self.param_diff, self.param_len)
+    }
+}
+
 /// Runs `case` on the CPU and the GPU from the same random state drawn from `seed` and asserts
 /// that they agree (see the module docs).
 pub(crate) fn check_against_cpu(gpu: &Gpu, case: &LayerCase, seed: u64) {
@@ -115,14 +199,7 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
     let name = &format!("{} ({layout:?})", case.cfg.name);
     let gctx = GpuCtx::local(Phase::Train, 0, 1, 0);
     let cpu = Cpu::new(1);
-    let ctx = Ctx {
-        cpu: &cpu,
-        phase: Phase::Train,
-        iter: 0,
-        seed: 1,
-        first_sample: 0,
-        reducer: None,
-    };
+    let ctx = cpu_ctx(&cpu, &gctx);
     let mut cpu_layer = layers::build_from_config(&case.cfg).unwrap();
     let shapes: Vec<&[usize]> = case.bottoms.iter().map(Vec::as_slice).collect();
     let top_shapes = cpu_layer.reshape(&shapes).unwrap();
@@ -202,22 +279,10 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
             .unwrap();
         blobs.push(t);
     }
-    let nb = bottoms.len();
-    let bottom_idx: Vec<usize> = (0..nb).collect();
-    let top_idx: Vec<usize> = (nb..nb + top_shapes.len()).collect();
-    let params = upload(gpu, &p_data);
-    gpu_layer
-        .forward(
-            gpu,
-            &gctx,
-            &mut blobs,
-            &bottom_idx,
-            &top_idx,
-            &params.slice(..p_len),
-        )
-        .unwrap();
-    for (j, t) in top_idx.iter().enumerate() {
-        let got = to_host(gpu, &blobs[*t], layout);
+    let mut gpu_run = Fixture::new(gpu, blobs, top_shapes.len(), &p_data, &p_diff0);
+    gpu_run.forward(gpu, &gctx, gpu_layer.as_mut());
+    for (j, &t) in gpu_run.tops.iter().enumerate() {
+        let got = to_host(gpu, &gpu_run.blobs[t], layout);
         assert_eq!(got.shape, top_shapes[j], "{name}: top {j} shape");
         assert_close(
             &format!("{name}: top {j} data"),
@@ -238,7 +303,7 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
             t.diff = uniform_blob(&t.shape, -1.0, 1.0, seed + 40 + j as u64).data;
         }
         let n = t.count();
-        let gt = &mut blobs[top_idx[j]];
+        let gt = &mut gpu_run.blobs[gpu_run.tops[j]];
         let stored = convert(&t.diff, &t.shape, Layout::Nchw, layout);
         gpu.compute
             .memcpy_htod(&stored[..n], &mut gt.diff.slice_mut(..n))
@@ -262,32 +327,20 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         .iter()
         .map(|&p| if p { Grad::Accumulate } else { Grad::Skip })
         .collect();
-    let mut p_diff = upload(gpu, &p_diff0);
-    gpu_layer
-        .backward(
-            gpu,
-            &gctx,
-            &mut blobs,
-            &bottom_idx,
-            &top_idx,
-            &grads,
-            &params.slice(..p_len),
-            Grad::Accumulate,
-            &mut p_diff.slice_mut(..p_len),
-        )
-        .unwrap();
-    for i in 0..nb {
-        let got = to_host(gpu, &blobs[i], layout);
+    let run = (gpu, &gctx);
+    gpu_run.backward(run, gpu_layer.as_mut(), &grads, Grad::Accumulate);
+    for (i, want) in cpu_bottoms.iter().enumerate() {
+        let got = to_host(gpu, &gpu_run.blobs[i], layout);
         assert_close(
             &format!("{name}: bottom {i} diff (accumulated)"),
             &got.diff,
-            &cpu_bottoms[i].diff,
+            &want.diff,
             rtol,
         );
     }
     assert_close(
         &format!("{name}: parameter diff"),
-        &download(gpu, &p_diff, p_len),
+        &gpu_run.param_diff(gpu),
         &cpu_p_diff,
         rtol,
     );
@@ -317,31 +370,20 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         .collect();
     for (i, &p) in propagate.iter().enumerate() {
         if p {
-            let n = blobs[i].count();
+            let b = &mut gpu_run.blobs[i];
+            let n = b.count();
             gpu.kernels
-                .fill(&gpu.compute, &mut blobs[i].diff, f32::NAN, n)
+                .fill(&gpu.compute, &mut b.diff, f32::NAN, n)
                 .unwrap();
         }
     }
     gpu.kernels
-        .fill(&gpu.compute, &mut p_diff, f32::NAN, p_len)
+        .fill(&gpu.compute, &mut gpu_run.param_diff, f32::NAN, p_len)
         .unwrap();
-    gpu_layer
-        .backward(
-            gpu,
-            &gctx,
-            &mut blobs,
-            &bottom_idx,
-            &top_idx,
-            &grads,
-            &params.slice(..p_len),
-            Grad::Overwrite,
-            &mut p_diff.slice_mut(..p_len),
-        )
-        .unwrap();
+    gpu_run.backward(run, gpu_layer.as_mut(), &grads, Grad::Overwrite);
     for (i, &p) in propagate.iter().enumerate() {
         if p {
-            let got = to_host(gpu, &blobs[i], layout);
+            let got = to_host(gpu, &gpu_run.blobs[i], layout);
             assert_close(
                 &format!("{name}: bottom {i} diff (overwritten)"),
                 &got.diff,
@@ -352,8 +394,26 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
     }
     assert_close(
         &format!("{name}: parameter diff (overwritten)"),
-        &download(gpu, &p_diff, p_len),
+        &gpu_run.param_diff(gpu),
         &scratch.concat(),
         rtol,
     );
 }
+
+/// `layer_matches_cpu!(test_name, toml_text, bottom_shapes, seed);`: a test `test_name` that
+/// runs [`check_against_cpu`] on the layer `toml_text` describes over `bottom_shapes`, with FP32
+/// math, or skips loudly where there is no GPU.
+macro_rules! layer_matches_cpu {
+    ($test:ident, $toml:expr, $bottoms:expr, $seed:expr) => {
+        #[test]
+        fn $test() {
+            let name = concat!(module_path!(), "::", stringify!($test));
+            let math = $crate::config::MathMode::Fp32;
+            if let Some(gpu) = $crate::cuda::test_util::gpu_for_test(name, math) {
+                let case = $crate::cuda::layers::testing::LayerCase::new($toml, $bottoms);
+                $crate::cuda::layers::testing::check_against_cpu(&gpu, &case, $seed);
+            }
+        }
+    };
+}
+pub(crate) use layer_matches_cpu;

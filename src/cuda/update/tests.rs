@@ -225,7 +225,7 @@ fn step_with(
 
 /// A step whose gradient holds a NaN or an infinity changes neither the weights nor the history
 /// and is recorded; `stop` refuses every step after it, `skip` only that one (the CPU engine's
-/// rule, `crate::parallel::non_finite`).
+/// rule, `crate::solver::non_finite`).
 #[test]
 fn a_non_finite_gradient_applies_no_update_and_is_recorded() {
     let gpu = gpu_or_skip!("a_non_finite_gradient_applies_no_update_and_is_recorded");

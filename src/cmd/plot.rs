@@ -585,7 +585,7 @@ fn tick(v: f64) -> String {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        static FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+        static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
         // The font is a fixed, valid TrueType file: registration cannot fail at run time.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     });

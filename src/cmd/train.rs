@@ -32,7 +32,7 @@ macro_rules! outln {
 }
 
 /// The config embedded in the binary for `p2ptrain` without arguments.
-pub const QUICKSTART: &str = include_str!("../config/quickstart.toml");
+pub const QUICKSTART: &str = include_str!("../../config/quickstart.toml");
 
 /// Iterations a timeline records in detail unless `--timeline-iters` says otherwise.
 pub const DEFAULT_TIMELINE_ITERS: u64 = 50;
@@ -135,7 +135,27 @@ struct Prepared {
     workers: usize,
 }
 
+/// Failure injection for testing: with `P2PTRAIN_INJECT_START_GATE=PATH`, a run creates
+/// `PATH.waiting.<pid>` and waits, before it reads its config, until the file `PATH` exists (at
+/// most a minute), so that a test can signal it at a known point of its start-up.
+pub const INJECT_START_GATE: &str = "P2PTRAIN_INJECT_START_GATE";
+
+/// Waits at the [`INJECT_START_GATE`] when it is set.
+fn wait_at_start_gate() {
+    let Some(gate) = std::env::var_os(INJECT_START_GATE).map(PathBuf::from) else {
+        return;
+    };
+    let mut waiting = gate.clone().into_os_string();
+    waiting.push(format!(".waiting.{}", std::process::id()));
+    let _ = std::fs::write(&waiting, b"");
+    let start = std::time::Instant::now();
+    while !gate.exists() && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
+    wait_at_start_gate();
     let (cfg, source) = match &opts.config {
         Some(path) => config::load(path, &opts.sets)?,
         None => config::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,

@@ -1,0 +1,140 @@
+// ---------------------------------------------------------------------------------------------
+// Per-channel reductions in two deterministic stages over a channel view (outer, dim, inner):
+// chunk k of `splits` equal chunks of a channel's outer * inner values (of its outer rows when
+// inner == 1) is summed by one block into `partial`, and a finishing kernel adds a channel's
+// partials in chunk order. The chunking and the summation trees depend only on the shape, so the
+// result is the same on every run.
+//
+// Grids (Kernels::grid_channel_sums): for inner > 1, blockIdx.y is the channel and blockIdx.x the
+// chunk, 256 threads reading a channel's contiguous runs; for inner == 1 (channels-last), a block
+// of 32 x 8 threads covers the 32 channels of tile blockIdx.y over chunk blockIdx.x of the rows,
+// so that each warp reads whole 128-byte runs of adjacent channels.
+
+#define SUM_TILE 32
+#define SUM_ROWS 8
+
+// Stage 1 of one or two sums per channel: term(idx, d) is the (first, second) term of element
+// idx of channel d. Writes partial[(d * splits + k) * 2 + {0, 1}] when pair, else only the first
+// sum at partial[d * splits + k].
+template <class Term>
+__device__ __forceinline__ void view_sums(Term term, double* partial, int pair, int outer,
+                                          int dim, int inner, int splits) {
+    const int k = blockIdx.x;
+    double s1 = 0.0, s2 = 0.0;
+    int d;
+    if (inner == 1) {
+        __shared__ double rows[2][SUM_ROWS][SUM_TILE];
+        d = blockIdx.y * SUM_TILE + threadIdx.x;
+        const int chunk = (outer + splits - 1) / splits;
+        const int begin = k * chunk;
+        const int end = min(outer, begin + chunk);
+        if (d < dim) {
+            // Four rows' loads in flight per thread, added in row order as one at a time would.
+            int r = begin + threadIdx.y;
+            for (; r + 3 * SUM_ROWS < end; r += 4 * SUM_ROWS) {
+                double2 t[4];
+                for (int u = 0; u < 4; ++u) t[u] = term((r + u * SUM_ROWS) * dim + d, d);
+                for (int u = 0; u < 4; ++u) {
+                    s1 += t[u].x;
+                    s2 += t[u].y;
+                }
+            }
+            for (; r < end; r += SUM_ROWS) {
+                const double2 t = term(r * dim + d, d);
+                s1 += t.x;
+                s2 += t.y;
+            }
+        }
+        rows[0][threadIdx.y][threadIdx.x] = s1;
+        rows[1][threadIdx.y][threadIdx.x] = s2;
+        __syncthreads();
+        if (threadIdx.y != 0 || d >= dim) return;
+        s1 = 0.0;
+        s2 = 0.0;
+        for (int y = 0; y < SUM_ROWS; ++y) {
+            s1 += rows[0][y][threadIdx.x];
+            s2 += rows[1][y][threadIdx.x];
+        }
+    } else {
+        d = blockIdx.y;
+        const int per = outer * inner;
+        const int chunk = (per + splits - 1) / splits;
+        const int begin = k * chunk;
+        const int end = min(per, begin + chunk);
+        const FastDiv by_inner = fast_div(inner);
+        for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+            const int o = div_by(j, by_inner);
+            const double2 t = term((o * dim + d) * inner + (j - o * inner), d);
+            s1 += t.x;
+            s2 += t.y;
+        }
+        s1 = block_sum(s1);
+        s2 = pair ? block_sum(s2) : 0.0;
+        if (threadIdx.x != 0) return;
+    }
+    if (pair) {
+        partial[(d * splits + k) * 2] = s1;
+        partial[(d * splits + k) * 2 + 1] = s2;
+    } else {
+        partial[d * splits + k] = s1;
+    }
+}
+
+// partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1).
+extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b,
+                                          double* partial, int outer, int dim, int inner,
+                                          int splits) {
+    view_sums(
+        [=](int idx, int) {
+            return make_double2(has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx], 0.0);
+        },
+        partial, 0, outer, dim, inner, splits);
+}
+
+// out[d] (+)= sum over k of partial[d * splits + k] (chunk_sums' order).
+extern "C" __global__ void channel_reduce_finish(const double* partial, float* out, int dim,
+                                                 int splits, int accumulate) {
+    WARP_PER_CHANNEL(d, dim) {
+        double s, unused;
+        chunk_sums(partial, d, splits, 1, &s, &unused);
+        if ((threadIdx.x & 31) == 0) out[d] = accumulate ? out[d] + (float)s : (float)s;
+    }
+}
+
+// From bn_sums' partials of (a, b) over a channel view: out[d] (+)= sum a*b and
+// out[dim + d] (+)= sum a, each over its chunks (a Scale layer's [scale, bias] gradient in one
+// pass over dy and x).
+extern "C" __global__ void pair_reduce_finish(const double* partial, float* out, int dim,
+                                              int splits, int accumulate) {
+    WARP_PER_CHANNEL(d, dim) {
+        double sa, sab;
+        chunk_sums(partial, d, splits, 2, &sa, &sab);
+        if ((threadIdx.x & 31) != 0) continue;
+        out[d] = accumulate ? out[d] + (float)sab : (float)sab;
+        out[dim + d] = accumulate ? out[dim + d] + (float)sa : (float)sa;
+    }
+}
+
+// y = x * s[d] (+ b[d]) over the view (n / (dim * inner), dim, inner); has_s/has_b select.
+extern "C" __global__ void channel_affine(const float* x, const float* s, int has_s,
+                                          const float* b, int has_b, float* y, int n, int dim,
+                                          int inner) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
+    GRID_STRIDE_INT(i, n) {
+        const int d = channel_of(i, by_inner, by_dim);
+        float v = x[i];
+        if (has_s) v = v * s[d];
+        if (has_b) v = v + b[d];
+        y[i] = v;
+    }
+}
+
+// dx (+)= dy * s[d]
+extern "C" __global__ void channel_scale_backward(const float* dy, const float* s, float* dx,
+                                                  int n, int dim, int inner, int accumulate) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
+    GRID_STRIDE_INT(i, n) {
+        const float g = dy[i] * s[channel_of(i, by_inner, by_dim)];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,0 +1,211 @@
+//! Launchers of the per-channel kernels (`channel.cu`): deterministic two-stage reductions over a
+//! channel view and per-channel affine maps. A "channel view" `(outer, dim, inner)` of a blob has
+//! the channel index `(i / inner) % dim`: `(N, C, H·W)` for NCHW, `(N·H·W, C, 1)` for NHWC.
+
+use super::{check_len, to_i32, Kernels, BLOCK};
+use crate::cuda::gpu_error;
+use crate::error::Result;
+use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+impl Kernels {
+    /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
+    /// and the number of chunks each channel's values are split into (see `view_sums` in
+    /// `channel.cu`). For `inner > 1` a block of `BLOCK` threads per channel and chunk; for
+    /// `inner == 1` (channels-last) a block of 32 × 8 threads per tile of 32 channels and chunk
+    /// of rows. Enough blocks to fill the device a few times, none with fewer than a few
+    /// thousand values.
+    pub(super) fn grid_channel_sums(
+        &self,
+        (outer, dim, inner): (usize, usize, usize),
+    ) -> (LaunchConfig, usize) {
+        const MIN_CHUNK: usize = 4096;
+        const TILE: usize = 32;
+        let (blocks_y, per_block_row, block_dim) = if inner == 1 {
+            (dim.div_ceil(TILE), TILE, (TILE as u32, 8, 1))
+        } else {
+            (dim, 1, (BLOCK, 1, 1))
+        };
+        let want = (4 * self.max_blocks as usize).div_ceil(blocks_y.max(1));
+        let values = outer * inner * per_block_row;
+        let splits = want.min(values.div_ceil(MIN_CHUNK)).clamp(1, 1024);
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, blocks_y as u32, 1),
+            block_dim,
+            shared_mem_bytes: 0,
+        };
+        (cfg, splits)
+    }
+
+    /// `out[d] (+)= Σ_{o,i} a · (b or 1)` at `(o, d, i)` of the view `(outer, dim, inner)`, in
+    /// double with a fixed summation tree. `use_b = false` ignores `b`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_reduce(
+        &self,
+        s: &Arc<CudaStream>,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        use_b: bool,
+        out: &mut impl DevicePtrMut<f32>,
+        (outer, dim, inner): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_reduce";
+        let n = outer * dim * inner;
+        check_len(op, "a", a.len(), n);
+        if use_b {
+            check_len(op, "b", b.len(), n);
+        }
+        check_len(op, "out", out.len(), dim);
+        if dim == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
+        let (hb, acc) = (use_b as i32, accumulate as i32);
+        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
+        let sp = to_i32(op, splits);
+        // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
+        let mut partial = s
+            .alloc_zeros::<f64>(dim * splits)
+            .map_err(|e| gpu_error("channel_reduce scratch", e))?;
+        {
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
+        launch!(self, s, channel_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
+    }
+
+    /// Both sums of a Scale layer's gradient in one pass over a channel view
+    /// `(outer, dim, inner)`: `out[d] (+)= Σ a·b`, `out[dim + d] (+)= Σ a` (`out` at least
+    /// `2·dim`); the same chunking, and so the same values, as two [`Kernels::channel_reduce`]
+    /// calls.
+    pub fn channel_reduce_pair(
+        &self,
+        s: &Arc<CudaStream>,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        (outer, dim, inner): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_reduce_pair";
+        let n = outer * dim * inner;
+        check_len(op, "a", a.len(), n);
+        check_len(op, "b", b.len(), n);
+        check_len(op, "out", out.len(), 2 * dim);
+        if dim == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
+        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
+        let sp = to_i32(op, splits);
+        let (has_b, acc) = (1i32, accumulate as i32);
+        let mut partial = s
+            .alloc_zeros::<f64>(2 * dim * splits)
+            .map_err(|e| gpu_error("channel_reduce_pair scratch", e))?;
+        {
+            let (pp, _p) = partial.device_ptr_mut(s);
+            launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
+        launch!(self, s, pair_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
+    }
+
+    /// `y = x · scale[d] + bias[d]` over `(n)` viewed as `(n / (dim·inner), dim, inner)`; an
+    /// absent `scale` or `bias` is skipped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_affine(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        scale: Option<&CudaView<'_, f32>>,
+        bias: Option<&CudaView<'_, f32>>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+    ) -> Result<()> {
+        let op = "channel_affine";
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        for (what, v) in [("scale", scale), ("bias", bias)] {
+            if let Some(v) = v {
+                check_len(op, what, v.len(), dim);
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        // An absent operand passes x's address, never read (its flag is 0).
+        let (sp, _s) = match scale {
+            Some(v) => v.device_ptr(s),
+            None => x.device_ptr(s),
+        };
+        let (bp, _b) = match bias {
+            Some(v) => v.device_ptr(s),
+            None => x.device_ptr(s),
+        };
+        let (hs, hb) = (scale.is_some() as i32, bias.is_some() as i32);
+        launch!(
+            self, s, channel_affine, self.grid(n),
+            [in x, &sp, &hs, &bp, &hb, out y, &ni, &d, &i]
+        )
+    }
+
+    /// `y += bias[d]` in place over `(n)` viewed as `(n / (dim·inner), dim, inner)` (a
+    /// convolution's bias: `dim` output channels of `inner` pixels).
+    pub fn channel_bias_inplace(
+        &self,
+        s: &CudaStream,
+        y: &mut impl DevicePtrMut<f32>,
+        bias: &CudaView<'_, f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+    ) -> Result<()> {
+        let op = "channel_bias_inplace";
+        check_len(op, "y", y.len(), n);
+        check_len(op, "bias", bias.len(), dim);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        let (yp, _y) = y.device_ptr_mut(s);
+        // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
+        // scale operand is absent (flag 0, never read).
+        let (no, yes) = (0i32, 1i32);
+        launch!(
+            self, s, channel_affine, self.grid(n),
+            [&yp, &yp, &no, in bias, &yes, &yp, &ni, &d, &i]
+        )
+    }
+
+    /// `dx (+)= dy · scale[d]` over `(n)` viewed as `(·, dim, inner)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn channel_scale_backward(
+        &self,
+        s: &CudaStream,
+        dy: &impl DevicePtr<f32>,
+        scale: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "channel_scale_backward";
+        check_len(op, "dy", dy.len(), n);
+        check_len(op, "scale", scale.len(), dim);
+        check_len(op, "dx", dx.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        let acc = accumulate as i32;
+        launch!(
+            self, s, channel_scale_backward, self.grid(n),
+            [in dy, in scale, out dx, &ni, &d, &i, &acc]
+        )
+    }
+}

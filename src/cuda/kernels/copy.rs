@@ -1,0 +1,119 @@
+//! Launchers of the copy kernels (`copy.cu`): strided rows (concat, slices), strided planes (a
+//! strided 1 × 1 convolution's data gradient) and batched transposes (NCHW ↔ NHWC).
+
+use super::{check_len, to_i32, Kernels};
+use crate::error::Result;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+impl Kernels {
+    /// `y[b] (+)= x[b]ᵀ` for `batch` row-major `(rows, cols)` matrices `x`, each becoming
+    /// `(cols, rows)`: NCHW ↔ NHWC (`rows = C, cols = H·W` or the reverse) and KCRS ↔ KRSC.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transpose(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        batch: usize,
+        (rows, cols): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "transpose";
+        let n = batch * rows * cols;
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let (ri, ci) = (to_i32(op, rows), to_i32(op, cols));
+        let acc = accumulate as i32;
+        let batch = u32::try_from(batch)
+            .ok()
+            .filter(|&b| b <= 65_535)
+            .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, s, transpose_batched, cfg, [in x, out y, &ri, &ci, &acc])
+    }
+
+    /// `dx (planes, h, w, inner) (+)= ` `t (planes, oh, ow, inner)` spread to the positions
+    /// `(oy·sh, ox·sw)`, zero elsewhere: the data gradient of a strided 1 × 1 convolution
+    /// without padding from `t = Wᵀ·dy` (NCHW: `planes = N·C`, `inner = 1`; NHWC: `planes = N`,
+    /// `inner = C`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn unstride_planes(
+        &self,
+        s: &CudaStream,
+        t: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        (planes, oh, ow, inner): (usize, usize, usize, usize),
+        (h, w): (usize, usize),
+        (sh, sw): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "unstride_planes";
+        let n = planes * h * w * inner;
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(
+            sh > 0 && sw > 0 && oh <= h.div_ceil(sh) && ow <= w.div_ceil(sw),
+            "{op}: a ({oh}, {ow}) grid of strides ({sh}, {sw}) does not fit ({h}, {w})"
+        );
+        check_len(op, "t", t.len(), planes * oh * ow * inner);
+        check_len(op, "dx", dx.len(), n);
+        to_i32(op, n);
+        let ints = [planes, oh, ow, h, w, sh, sw, inner].map(|v| to_i32(op, v));
+        let [pi, ohi, owi, hi, wi, shi, swi, ii] = ints;
+        let acc = accumulate as i32;
+        launch!(
+            self, s, unstride_planes, self.grid(n),
+            [in t, out dx, &pi, &ohi, &owi, &hi, &wi, &shi, &swi, &ii, &acc]
+        )
+    }
+
+    /// `dst[r·dst_stride + dst_off + c] (+)= src[r·src_stride + src_off + c]` for `r < rows`,
+    /// `c < cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_strided(
+        &self,
+        s: &CudaStream,
+        src: &impl DevicePtr<f32>,
+        dst: &mut impl DevicePtrMut<f32>,
+        rows: usize,
+        cols: usize,
+        (src_stride, src_off): (usize, usize),
+        (dst_stride, dst_off): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "copy_strided";
+        if rows * cols == 0 {
+            return Ok(());
+        }
+        check_len(
+            op,
+            "src",
+            src.len(),
+            (rows - 1) * src_stride + src_off + cols,
+        );
+        check_len(
+            op,
+            "dst",
+            dst.len(),
+            (rows - 1) * dst_stride + dst_off + cols,
+        );
+        let (r, c) = (to_i32(op, rows), to_i32(op, cols));
+        to_i32(op, rows * cols);
+        let (ss, so) = (to_i32(op, src_stride), to_i32(op, src_off));
+        let (ds, doff) = (to_i32(op, dst_stride), to_i32(op, dst_off));
+        to_i32(op, src.len().max(dst.len()));
+        let acc = accumulate as i32;
+        launch!(
+            self, s, copy_strided, self.grid(rows * cols),
+            [in src, out dst, &r, &c, &ss, &so, &ds, &doff, &acc]
+        )
+    }
+}

@@ -1,0 +1,153 @@
+// ---------------------------------------------------------------------------------------------
+// Vector helpers over (n) floats.
+
+extern "C" __global__ void fill(float* x, float value, long long n) {
+    GRID_STRIDE_LONG(i, n) x[i] = value;
+}
+
+extern "C" __global__ void scale(float* x, float alpha, long long n) {
+    GRID_STRIDE_LONG(i, n) x[i] = alpha * x[i];
+}
+
+// y += alpha * x
+extern "C" __global__ void axpy(const float* x, float* y, float alpha, long long n) {
+    GRID_STRIDE_LONG(i, n) y[i] = y[i] + alpha * x[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations over (n) floats: forward y = f(x), backward dx (+)= dy * f'(.).
+
+extern "C" __global__ void relu_forward(const float* x, float* y, float slope, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        y[i] = v > 0.0f ? v : slope * v;
+    }
+}
+
+extern "C" __global__ void relu_backward(const float* x, const float* dy, float* dx, float slope,
+                                         int n, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = x[i] > 0.0f ? dy[i] : slope * dy[i];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+extern "C" __global__ void sigmoid_forward(const float* x, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+// From the top's data y: dx (+)= dy * y * (1 - y).
+extern "C" __global__ void sigmoid_backward(const float* y, const float* dy, float* dx, int n,
+                                            int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = y[i];
+        const float g = dy[i] * v * (1.0f - v);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+extern "C" __global__ void tanh_forward(const float* x, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = tanhf(x[i]);
+}
+
+// From the top's data y: dx (+)= dy * (1 - y^2).
+extern "C" __global__ void tanh_backward(const float* y, const float* dy, float* dx, int n,
+                                         int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = y[i];
+        const float g = dy[i] * (1.0f - v * v);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// y (rows, cols) += b (cols) broadcast over the rows.
+extern "C" __global__ void bias_add(float* y, const float* b, int rows, int cols) {
+    GRID_STRIDE_INT(i, rows * cols) y[i] = y[i] + b[i % cols];
+}
+
+// y (+)= alpha * x
+extern "C" __global__ void scaled_copy(const float* x, float* y, float alpha, int n,
+                                       int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = alpha * x[i];
+        y[i] = accumulate ? y[i] + v : v;
+    }
+}
+
+// y = a * b
+extern "C" __global__ void mul_into(const float* a, const float* b, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = a[i] * b[i];
+}
+
+// y *= x
+extern "C" __global__ void mul_inplace(float* y, const float* x, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = y[i] * x[i];
+}
+
+// Eltwise MAX, one bottom at a time: bottom k = 0 initialises; later bottoms replace the
+// running maximum only when strictly greater (the first maximum wins).
+extern "C" __global__ void eltwise_max_step(const float* x, float* y, int* mask, int k, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        if (k == 0 || v > y[i]) {
+            y[i] = v;
+            mask[i] = k;
+        }
+    }
+}
+
+// dx (+)= mask == k ? dy : 0
+extern "C" __global__ void eltwise_max_backward(const float* dy, const int* mask, float* dx,
+                                                int k, int n, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float g = mask[i] == k ? dy[i] : 0.0f;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Power and absolute value.
+
+// y = (shift + scale * x)^power (1 when power is 0).
+extern "C" __global__ void power_forward(const float* x, float* y, int n, float power,
+                                         float scale, float shift) {
+    GRID_STRIDE_INT(i, n) {
+        const float t = shift + scale * x[i];
+        y[i] = power == 0.0f ? 1.0f : (power == 1.0f ? t : powf(t, power));
+    }
+}
+
+// dx (+)= dy * power * scale * (shift + scale * x)^(power - 1)
+extern "C" __global__ void power_backward(const float* x, const float* dy, float* dx, int n,
+                                          float power, float scale, float shift,
+                                          int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float t = shift + scale * x[i];
+        float d;
+        if (power == 0.0f || scale == 0.0f) {
+            d = 0.0f;
+        } else if (power == 1.0f) {
+            d = scale;
+        } else if (power == 2.0f) {
+            d = 2.0f * scale * t;
+        } else {
+            d = power * scale * powf(t, power - 1.0f);
+        }
+        const float g = dy[i] * d;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+extern "C" __global__ void abs_forward(const float* x, float* y, int n) {
+    GRID_STRIDE_INT(i, n) y[i] = fabsf(x[i]);
+}
+
+// dx (+)= sign(x) * dy (0 at 0)
+extern "C" __global__ void abs_backward(const float* x, const float* dy, float* dx, int n,
+                                        int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        const float g = v > 0.0f ? dy[i] : (v < 0.0f ? -dy[i] : 0.0f);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,0 +1,107 @@
+// ---------------------------------------------------------------------------------------------
+// BatchNorm over (N, C, S = H * W), statistics in double. sums holds 2C + 1 doubles:
+// [sum a (C), sum a*b or a*a (C), count].
+
+// Stage 1 of the sums (see the per-channel reductions above) over the view (n, c, s): over
+// chunk k of channel ch, partial[(ch * splits + k) * 2] = sum a,
+// partial[... + 1] = sum a * (has_b ? b : a).
+extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
+                                   int n, int c, int s, int splits) {
+    view_sums(
+        [=](int idx, int) {
+            const double v = (double)a[idx];
+            return make_double2(v, v * (has_b ? (double)b[idx] : v));
+        },
+        partial, 1, n, c, s, splits);
+}
+
+// Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials;
+// sums[2C] = n * s.
+extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, int c, int splits,
+                                          int per) {
+    WARP_PER_CHANNEL(ch, c) {
+        double s1, s2;
+        chunk_sums(partial, ch, splits, 2, &s1, &s2);
+        if ((threadIdx.x & 31) != 0) continue;
+        sums[ch] = s1;
+        sums[c + ch] = s2;
+        if (ch == 0) sums[2 * c] = (double)per;
+    }
+}
+
+// Batch statistics from the sums of x and x^2 over m = sums[2C] values: mean, biased variance,
+// inv_std = 1 / sqrt(var + eps).
+extern "C" __global__ void bn_batch_stats(const double* sums, int c, float eps, float* mean,
+                                          float* var, float* inv_std) {
+    GRID_STRIDE_INT(ch, c) {
+        const double m = sums[2 * c];
+        const double mu = sums[ch] / m;
+        double v = sums[c + ch] / m - mu * mu;
+        if (v < 0.0) v = 0.0;
+        mean[ch] = (float)mu;
+        var[ch] = (float)v;
+        inv_std[ch] = 1.0f / sqrtf((float)v + eps);
+    }
+}
+
+// Global statistics from the running ones in params = [mean (C), var (C), factor (1)]:
+// s = factor == 0 ? 0 : 1 / factor; mean = running_mean * s, var = running_var * s.
+extern "C" __global__ void bn_global_stats(const float* params, int c, float eps, float* mean,
+                                           float* var, float* inv_std) {
+    const float f = params[2 * c];
+    const float s = f == 0.0f ? 0.0f : 1.0f / f;
+    GRID_STRIDE_INT(ch, c) {
+        mean[ch] = params[ch] * s;
+        var[ch] = params[c + ch] * s;
+        inv_std[ch] = 1.0f / sqrtf(var[ch] + eps);
+    }
+}
+
+// y = (x - mean[c]) * inv_std[c]
+extern "C" __global__ void bn_normalize(const float* x, const float* mean, const float* inv_std,
+                                        float* y, int n, int c, int s) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    GRID_STRIDE_INT(i, n) {
+        const int ch = channel_of(i, by_s, by_c);
+        y[i] = (x[i] - mean[ch]) * inv_std[ch];
+    }
+}
+
+// factor = factor * maf + 1; running_mean = running_mean * maf + mean;
+// running_var = running_var * maf + (m / (m - 1)) * var, m = sums[2C] (correction 1 if m <= 1).
+extern "C" __global__ void bn_update_running(float* params, const float* mean, const float* var,
+                                             const double* sums, int c, float maf) {
+    const double m = sums[2 * c];
+    const float corr = m > 1.0 ? (float)(m / (m - 1.0)) : 1.0f;
+    GRID_STRIDE_INT(ch, c) {
+        params[ch] = params[ch] * maf + mean[ch];
+        params[c + ch] = params[c + ch] * maf + corr * var[ch];
+        if (ch == 0) params[2 * c] = params[2 * c] * maf + 1.0f;
+    }
+}
+
+// Batch statistics: dx (+)= (dy - mean(dy) - mean(dy * y) * y) * inv_std, the means over
+// m = sums[2C] values from sums = [sum dy (C), sum dy*y (C), m].
+extern "C" __global__ void bn_backward(const float* dy, const float* y, const double* sums,
+                                       const float* inv_std, float* dx, int n, int c, int s,
+                                       int accumulate) {
+    const double inv_m = 1.0 / sums[2 * c];
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    GRID_STRIDE_INT(i, n) {
+        const int ch = channel_of(i, by_s, by_c);
+        const float mean_dy = (float)(sums[ch] * inv_m);
+        const float mean_dyy = (float)(sums[c + ch] * inv_m);
+        const float g = (dy[i] - mean_dy - mean_dyy * y[i]) * inv_std[ch];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// Global statistics: dx (+)= dy * inv_std
+extern "C" __global__ void bn_backward_global(const float* dy, const float* inv_std, float* dx,
+                                              int n, int c, int s, int accumulate) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    GRID_STRIDE_INT(i, n) {
+        const float g = dy[i] * inv_std[channel_of(i, by_s, by_c)];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,0 +1,341 @@
+// ---------------------------------------------------------------------------------------------
+// Pooling, Caffe's kernels (BVLC pooling_layer.cu) with its output sizes.
+
+struct PoolGeom {
+    int channels, height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
+        pad_h, pad_w, nhwc;
+};
+
+// (plane, row, col) of element i of a (planes, rows, cols) tensor; a plane is one (n, c).
+__device__ __forceinline__ void plane_pos(int i, FastDiv cols, FastDiv rows, int* plane, int* r,
+                                          int* c) {
+    const int q = div_by(i, cols);
+    *c = i - q * (int)cols.d;
+    *plane = div_by(q, rows);
+    *r = q - *plane * (int)rows.d;
+}
+
+// Row, column, sample and channel of element i of a (N, C, rows, cols) tensor stored NCHW or
+// (nhwc) NHWC.
+__device__ __forceinline__ void plane_of(int i, FastDiv cols, FastDiv rows, FastDiv chans,
+                                         int nhwc, int* r, int* c, int* n, int* ch) {
+    if (nhwc) {
+        const int q = div_by(i, chans);
+        *ch = i - q * (int)chans.d;
+        plane_pos(q, cols, rows, n, r, c);
+    } else {
+        int plane;
+        plane_pos(i, cols, rows, &plane, r, c);
+        *n = div_by(plane, chans);
+        *ch = plane - *n * (int)chans.d;
+    }
+}
+
+// Where the (n, ch) plane of a tensor of `area` pixels per plane starts: pixel p of the plane is at
+// plane_base + p * step, step 1 for NCHW and `channels` for NHWC.
+__device__ __forceinline__ int plane_base(int n, int ch, int channels, int area, int nhwc) {
+    return nhwc ? n * area * channels + ch : (n * channels + ch) * area;
+}
+
+// The first and one-past-last window along an axis covering padded position p (position + pad)
+// of the bottom: windows start every `stride` and span `kernel`, `pooled` of them.
+__device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int pooled, int* start,
+                                         int* end) {
+    *start = (p < kernel) ? 0 : div_by(p - kernel, stride) + 1;
+    *end = min(div_by(p, stride) + 1, pooled);
+}
+
+// One thread per top element: the maximum of the window clipped to the image, and its index
+// h * width + w in the (n, c) plane (the first maximum in row-major order wins). With `relu` (a
+// ReLU after the pooling, fused): a maximum that is not positive becomes 0 with index -1, so
+// that the backward, which gives each bottom element the top diffs whose index it is, passes no
+// gradient through it — the ReLU's derivative.
+extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
+                                            PoolGeom g, int relu) {
+    const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
+    GRID_STRIDE_INT(index, top_count) {
+        int ph, pw, n, ch;
+        plane_of(index, by_pw, by_ph, by_c, g.nhwc, &ph, &pw, &n, &ch);
+        int hstart = ph * g.stride_h - g.pad_h;
+        int wstart = pw * g.stride_w - g.pad_w;
+        const int hend = min(hstart + g.kernel_h, g.height);
+        const int wend = min(wstart + g.kernel_w, g.width);
+        hstart = max(hstart, 0);
+        wstart = max(wstart, 0);
+        float maxval = -3.402823466e+38f;
+        int maxidx = -1;
+        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
+        for (int h = hstart; h < hend; ++h) {
+            for (int w = wstart; w < wend; ++w) {
+                const float v = slice[(h * g.width + w) * step];
+                if (v > maxval) {
+                    maxidx = h * g.width + w;
+                    maxval = v;
+                }
+            }
+        }
+        if (relu && !(maxval > 0.0f)) {
+            maxval = 0.0f;
+            maxidx = -1;
+        }
+        y[index] = maxval;
+        mask[index] = maxidx;
+    }
+}
+
+// One thread per top element: the window's sum divided by its size clipped to
+// [-pad, size + pad) (padding counts, the part beyond the padded image does not). With `relu` (a
+// ReLU before the pooling, fused): each value read goes through the ReLU of slope `slope` first.
+extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g,
+                                            int relu, float slope) {
+    const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
+    GRID_STRIDE_INT(index, top_count) {
+        int ph, pw, n, ch;
+        plane_of(index, by_pw, by_ph, by_c, g.nhwc, &ph, &pw, &n, &ch);
+        int hstart = ph * g.stride_h - g.pad_h;
+        int wstart = pw * g.stride_w - g.pad_w;
+        int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
+        int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
+        const int pool_size = (hend - hstart) * (wend - wstart);
+        hstart = max(hstart, 0);
+        wstart = max(wstart, 0);
+        hend = min(hend, g.height);
+        wend = min(wend, g.width);
+        float aveval = 0.0f;
+        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
+        for (int h = hstart; h < hend; ++h) {
+            for (int w = wstart; w < wend; ++w) {
+                const float v = slice[(h * g.width + w) * step];
+                aveval += (relu && !(v > 0.0f)) ? slope * v : v;
+            }
+        }
+        y[index] = aveval / pool_size;
+    }
+}
+
+// One thread per bottom element: the sum of the top diffs whose argmax it is (no atomics).
+extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, float* dx,
+                                             int bottom_count, PoolGeom g, int accumulate) {
+    const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
+    const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
+    GRID_STRIDE_INT(index, bottom_count) {
+        int h, w, n, ch;
+        plane_of(index, by_w, by_h, by_c, g.nhwc, &h, &w, &n, &ch);
+        int phstart, phend, pwstart, pwend;
+        covering(h + g.pad_h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
+        covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
+        float gradient = 0.0f;
+        const int offset = plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
+        const float* dy_slice = dy + offset;
+        const int* mask_slice = mask + offset;
+        const int self = h * g.width + w;
+        for (int ph = phstart; ph < phend; ++ph) {
+            for (int pw = pwstart; pw < pwend; ++pw) {
+                const int p = (ph * g.pooled_w + pw) * step;
+                if (mask_slice[p] == self) gradient += dy_slice[p];
+            }
+        }
+        dx[index] = accumulate ? dx[index] + gradient : gradient;
+    }
+}
+
+// One thread per bottom element: the sum over the windows covering it of top diff / pool size;
+// with `relu` (fused before the pooling), times the ReLU's derivative at the bottom's value x.
+extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
+                                             PoolGeom g, int accumulate, const float* x, int relu,
+                                             float slope) {
+    const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
+    const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
+    const FastDiv by_c = fast_div(g.channels);
+    const int step = g.nhwc ? g.channels : 1;
+    GRID_STRIDE_INT(index, bottom_count) {
+        int h, w, n, ch;
+        plane_of(index, by_w, by_h, by_c, g.nhwc, &h, &w, &n, &ch);
+        h += g.pad_h;
+        w += g.pad_w;
+        int phstart, phend, pwstart, pwend;
+        covering(h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
+        covering(w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
+        float gradient = 0.0f;
+        const float* dy_slice =
+            dy + plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
+        for (int ph = phstart; ph < phend; ++ph) {
+            const int hstart = ph * g.stride_h - g.pad_h;
+            const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
+            for (int pw = pwstart; pw < pwend; ++pw) {
+                const int wstart = pw * g.stride_w - g.pad_w;
+                const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
+                const int pool_size = (hend - hstart) * (wend - wstart);
+                gradient += dy_slice[(ph * g.pooled_w + pw) * step] / pool_size;
+            }
+        }
+        if (relu && !(x[index] > 0.0f)) gradient = slope * gradient;
+        dx[index] = accumulate ? dx[index] + gradient : gradient;
+    }
+}
+
+// Both backward kernels for NCHW planes that fit in shared memory ("plane" kernel): a block takes
+// one (n, c) plane at a time (grid-stride over planes), stages the plane's top gradient (and
+// argmax) in shared memory and looks up which windows cover each bottom row and column in tables
+// built once per block, so that an element costs one division (its row) instead of seven
+// (cifar10_quick's max-pooling backward at batch 512: 154 → 91 µs). The same arithmetic, in the
+// same order, as the kernels above: the results are bitwise the same. (A forward twin that staged
+// the bottom plane was slower than the kernels above, whose window reads hit L1 anyway.)
+
+// Caffe's divisor of an average along one axis for window p: the window clipped to the padded
+// image (the part beyond the image but within the padding counts).
+__device__ __forceinline__ int window_divisor(int p, int kernel, int stride, int pad, int size) {
+    const int lo = p * stride - pad;
+    return min(lo + kernel, size + pad) - lo;
+}
+
+// Backward table, per bottom row (column): the first and one-past-last window covering it.
+__device__ __forceinline__ void cover_table(int size, int kernel, int stride, int pad, int pooled,
+                                            int* first, int* last) {
+    const FastDiv by_s = fast_div(stride);
+    for (int i = threadIdx.x; i < size; i += blockDim.x)
+        covering(i + pad, kernel, by_s, pooled, &first[i], &last[i]);
+}
+
+// Shared memory: per bottom row and column the covering windows (2 * (height + width) ints), per
+// top row and column the average's divisor (pooled_h + pooled_w ints), then the top gradients of
+// `per_pass` planes and, for max, their argmaxes (per_pass * pooled_h * pooled_w floats and
+// ints). A block takes `per_pass` consecutive planes at a time (grid-stride over such groups):
+// consecutive planes lie one after another, so a pass reads and writes contiguous runs, and each
+// thread takes PLANE_RUN elements of the pass at once, their loads issued together (one plane
+// per pass, one element per thread, left the device waiting on memory latency: cifar10_quick's
+// fused ReLU and average pooling, 16 × 16 planes, took 56 µs for 38 MB). An average's top
+// gradient is divided by its divisor as it is staged, the same quotient the sum used to compute
+// per covering window. `x`, `relu` and `slope` as in ave_pool_backward (averages only).
+#define PLANE_RUN 4
+extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask, float* dx,
+                                                int planes, PoolGeom g, int average,
+                                                int accumulate, const float* x, int relu,
+                                                float slope, int per_pass) {
+    extern __shared__ int smem[];
+    int* h_first = smem;
+    int* h_last = h_first + g.height;
+    int* w_first = h_last + g.height;
+    int* w_last = w_first + g.width;
+    int* h_div = w_last + g.width;
+    int* w_div = h_div + g.pooled_h;
+    float* pass_dy = (float*)(w_div + g.pooled_w);
+    int* pass_mask = (int*)(pass_dy + per_pass * g.pooled_h * g.pooled_w);
+    cover_table(g.height, g.kernel_h, g.stride_h, g.pad_h, g.pooled_h, h_first, h_last);
+    cover_table(g.width, g.kernel_w, g.stride_w, g.pad_w, g.pooled_w, w_first, w_last);
+    for (int p = threadIdx.x; p < g.pooled_h; p += blockDim.x)
+        h_div[p] = window_divisor(p, g.kernel_h, g.stride_h, g.pad_h, g.height);
+    for (int p = threadIdx.x; p < g.pooled_w; p += blockDim.x)
+        w_div[p] = window_divisor(p, g.kernel_w, g.stride_w, g.pad_w, g.width);
+    const int area = g.height * g.width, pooled = g.pooled_h * g.pooled_w;
+    const FastDiv by_w = fast_div(g.width), by_area = fast_div(area),
+                  by_pooled = fast_div(pooled), by_pw = fast_div(g.pooled_w);
+    for (int first = blockIdx.x * per_pass; first < planes; first += gridDim.x * per_pass) {
+        const int count = min(per_pass, planes - first);
+        __syncthreads();  // the tables written, the previous pass's planes read
+        const long long top = (long long)first * pooled;
+        for (int t = threadIdx.x; t < count * pooled; t += blockDim.x) {
+            if (average) {
+                const int p = t - div_by(t, by_pooled) * pooled;
+                const int ph = div_by(p, by_pw), pw = p - ph * g.pooled_w;
+                pass_dy[t] = dy[top + t] / (h_div[ph] * w_div[pw]);
+            } else {
+                pass_dy[t] = dy[top + t];
+                pass_mask[t] = mask[top + t];
+            }
+        }
+        __syncthreads();
+        float* pdx = dx + (long long)first * area;
+        const float* px = x + (long long)first * area;
+        const int n = count * area;
+        for (int t0 = threadIdx.x; t0 < n; t0 += PLANE_RUN * blockDim.x) {
+            float below[PLANE_RUN], old[PLANE_RUN];
+#pragma unroll
+            for (int e = 0; e < PLANE_RUN; ++e) {
+                const int t = t0 + e * blockDim.x;
+                below[e] = (relu && t < n) ? px[t] : 0.0f;
+                old[e] = (accumulate && t < n) ? pdx[t] : 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < PLANE_RUN; ++e) {
+                const int t = t0 + e * blockDim.x;
+                if (t < n) {
+                    const int plane = div_by(t, by_area), i = t - plane * area;
+                    const int h = div_by(i, by_w), w = i - h * g.width;
+                    const float* plane_dy = pass_dy + plane * pooled;
+                    const int* plane_mask = pass_mask + plane * pooled;
+                    float gradient = 0.0f;
+                    for (int ph = h_first[h]; ph < h_last[h]; ++ph) {
+                        for (int pw = w_first[w]; pw < w_last[w]; ++pw) {
+                            const int p = ph * g.pooled_w + pw;
+                            if (average || plane_mask[p] == i) gradient += plane_dy[p];
+                        }
+                    }
+                    if (relu && !(below[e] > 0.0f)) gradient = slope * gradient;
+                    pdx[t] = accumulate ? old[e] + gradient : gradient;
+                }
+            }
+        }
+    }
+}
+
+// Max pooling backward for NCHW planes that fit in shared memory, by top element ("scatter"
+// kernel): a block takes one (n, c) plane at a time (grid-stride over planes), stages the plane's
+// top gradient and argmax, zeroes the plane's bottom gradient in shared memory and adds each top
+// diff at its argmax, in rounds. A top whose window is the (dh, dw)-th of the windows covering
+// its argmax pixel (counted from the first, as in the tables above) is added in round
+// dh · rounds_w + dw: within a round no two tops share an argmax, and the rounds go in ascending
+// (dh, dw), so each pixel sums its windows' diffs in ascending (ph, pw), the order of the kernels
+// above — bitwise the same result — with a few instructions per top instead of a covering-window
+// loop per bottom element. rounds_h × rounds_w bounds the windows covering one pixel
+// (ceil(kernel / stride) per axis). A top without an argmax (-1) adds nothing.
+extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int* mask, float* dx,
+                                                     int planes, PoolGeom g, int rounds_h,
+                                                     int rounds_w, int accumulate) {
+    extern __shared__ int smem[];
+    const int area = g.height * g.width, pooled = g.pooled_h * g.pooled_w;
+    int* h_first = smem;
+    int* h_last = h_first + g.height;
+    int* w_first = h_last + g.height;
+    int* w_last = w_first + g.width;
+    int* plane_mask = w_last + g.width;
+    int* plane_round = plane_mask + pooled;
+    float* plane_dy = (float*)(plane_round + pooled);
+    float* plane_dx = plane_dy + pooled;
+    cover_table(g.height, g.kernel_h, g.stride_h, g.pad_h, g.pooled_h, h_first, h_last);
+    cover_table(g.width, g.kernel_w, g.stride_w, g.pad_w, g.pooled_w, w_first, w_last);
+    const FastDiv by_w = fast_div(g.width), by_pw = fast_div(g.pooled_w);
+    for (int plane = blockIdx.x; plane < planes; plane += gridDim.x) {
+        __syncthreads();  // the tables built; the previous plane written out
+        const long long top = (long long)plane * pooled;
+        for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
+            const int m = mask[top + p];
+            plane_mask[p] = m;
+            plane_dy[p] = dy[top + p];
+            int round = -1;
+            if (m >= 0) {
+                const int ah = div_by(m, by_w), aw = m - ah * g.width;
+                const int ph = div_by(p, by_pw), pw = p - ph * g.pooled_w;
+                round = (ph - h_first[ah]) * rounds_w + (pw - w_first[aw]);
+            }
+            plane_round[p] = round;
+        }
+        for (int i = threadIdx.x; i < area; i += blockDim.x) plane_dx[i] = 0.0f;
+        __syncthreads();
+        for (int r = 0; r < rounds_h * rounds_w; ++r) {
+            for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
+                if (plane_round[p] == r) plane_dx[plane_mask[p]] += plane_dy[p];
+            }
+            __syncthreads();
+        }
+        float* pdx = dx + (long long)plane * area;
+        for (int i = threadIdx.x; i < area; i += blockDim.x)
+            pdx[i] = accumulate ? pdx[i] + plane_dx[i] : plane_dx[i];
+    }
+}

@@ -1,0 +1,172 @@
+// ---------------------------------------------------------------------------------------------
+// Gradient clipping: the squared L2 norm of the whole gradient, then the update's scale factor,
+// both on the device. A gradient whose sum of squares is not finite (a NaN or an infinity in it)
+// is recorded in steps = [count, first, last] and gets a NaN scale, on which the update kernels
+// apply nothing; with latch, so does every later one.
+
+// partials[block] = sum of x[i]^2 over the block's grid-stride share, in double.
+extern "C" __global__ void sumsq_partial(const float* x, long long n, double* partials) {
+    double s = 0.0;
+    GRID_STRIDE_LONG(i, n) {
+        const double v = (double)x[i];
+        s += v * v;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// One block: scale[0] = normalise, times clip / norm when parts > 0 and
+// norm = sqrt(sum(partials)) * normalise exceeds clip (the CPU solver's steps 1 and 2).
+extern "C" __global__ void clip_scale(const double* partials, int parts, double normalise,
+                                      double clip, float* scale, long long* steps,
+                                      long long iter, int latch) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        const bool finite = isfinite(s);
+        if (!finite) {
+            steps[0] += 1;
+            if (steps[1] < 0) steps[1] = iter;
+            steps[2] = iter;
+        }
+        if (!finite || (latch && steps[0] > 0)) {
+            scale[0] = __int_as_float(0x7fc00000);
+            return;
+        }
+        double factor = normalise;
+        if (parts > 0 && clip > 0.0) {
+            const double norm = sqrt(s) * normalise;
+            if (norm > clip) factor *= clip / norm;
+        }
+        scale[0] = (float)factor;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update rules over the flat buffers w, g (n) and their history, tensor by tensor: tensor s
+// holds the elements [ends[s-1], ends[s]) (ends ascending, the last equal to n) and has its
+// own lr_mult and decay_mult. Per element, as the CPU solver: the effective gradient
+// grad = scale * g + weight_decay * decay_mult * r(w), r(w) = w (L2) or sign(w) (L1), is stored
+// back into g, then the rule updates the history and w with lr * lr_mult.
+
+// The first s with i < ends[s].
+__device__ __forceinline__ int span_of(long long i, const long long* ends, int spans) {
+    int lo = 0;
+    int hi = spans - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (i < ends[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+struct SgdRule {
+    float momentum;
+    float* v;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float next = momentum * v[i] + lr * grad;
+        v[i] = next;
+        return w - next;
+    }
+};
+
+struct NesterovRule {
+    float momentum;
+    float* v;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float prev = v[i];
+        const float next = momentum * prev + lr * grad;
+        v[i] = next;
+        return w - ((1.0f + momentum) * next - momentum * prev);
+    }
+};
+
+struct AdagradRule {
+    float delta;
+    float* h;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float hi = h[i] + grad * grad;
+        h[i] = hi;
+        return w - lr * grad / (sqrtf(hi) + delta);
+    }
+};
+
+struct RmspropRule {
+    float rho;
+    float delta;
+    float* h;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float hi = rho * h[i] + (1.0f - rho) * grad * grad;
+        h[i] = hi;
+        return w - lr * grad / (sqrtf(hi) + delta);
+    }
+};
+
+struct AdamRule {
+    float beta1;
+    float beta2;
+    float eps;
+    // sqrt(1 - beta2^t) / (1 - beta1^t)
+    float correction;
+    float* m;
+    float* v;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float step = lr * correction;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * grad;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+        m[i] = mi;
+        v[i] = vi;
+        return w - step * mi / (sqrtf(vi) + eps);
+    }
+};
+
+template <typename Rule>
+__device__ void update(const Rule& rule, float* w, float* g, long long n, const long long* ends,
+                       const float* lr_mult, const float* decay_mult, int spans,
+                       const float* scale, float lr, float weight_decay, int l1) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if (i >= n) return;
+    const float sc = scale[0];
+    if (isnan(sc)) return;  // a step refused for a non-finite gradient
+    int s = span_of(i, ends, spans);
+    for (; i < n; i += stride) {
+        while (i >= ends[s]) ++s;
+        const float lr_s = lr * lr_mult[s];
+        const float decay_s = weight_decay * decay_mult[s];
+        const float wi = w[i];
+        const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
+        const float grad = sc * g[i] + decay_s * r;
+        g[i] = grad;
+        w[i] = rule(i, wi, grad, lr_s);
+    }
+}
+
+#define UPDATE_PARAMS                                                                             \
+    float *w, float *g, long long n, const long long *ends, const float *lr_mult,                \
+        const float *decay_mult, int spans, const float *scale, float lr, float weight_decay,    \
+        int l1
+#define UPDATE_ARGS w, g, n, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, l1
+
+extern "C" __global__ void sgd_update(UPDATE_PARAMS, float* v, float momentum) {
+    update(SgdRule{momentum, v}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void nesterov_update(UPDATE_PARAMS, float* v, float momentum) {
+    update(NesterovRule{momentum, v}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void adagrad_update(UPDATE_PARAMS, float* h, float delta) {
+    update(AdagradRule{delta, h}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void rmsprop_update(UPDATE_PARAMS, float* h, float rho, float delta) {
+    update(RmspropRule{rho, delta, h}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void adam_update(UPDATE_PARAMS, float* m, float* v, float beta1,
+                                       float beta2, float eps, float correction) {
+    update(AdamRule{beta1, beta2, eps, correction, m, v}, UPDATE_ARGS);
+}

@@ -1,0 +1,175 @@
+//! Launchers of the solver's kernels (`solver.cu`): gradient clipping's sum of squares and scale
+//! factor, and one update step of every rule (SGD, Nesterov, AdaGrad, RMSProp, Adam) over the flat
+//! parameter and gradient buffers, operation for operation as the CPU solver.
+
+use super::{check_len, to_i32, Kernels};
+use crate::error::Result;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+
+/// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
+/// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and
+/// `decay_mult` `(spans)`, and the device scalar `scale` `(1)` that multiplies the raw gradient.
+pub struct UpdateArgs<'a> {
+    pub w: &'a mut CudaSlice<f32>,
+    pub g: &'a mut CudaSlice<f32>,
+    pub n: usize,
+    pub ends: &'a CudaSlice<i64>,
+    pub lr_mult: &'a CudaSlice<f32>,
+    pub decay_mult: &'a CudaSlice<f32>,
+    pub spans: usize,
+    pub scale: &'a CudaSlice<f32>,
+    /// The iteration's learning rate (before `lr_mult`).
+    pub lr: f32,
+    pub weight_decay: f32,
+    /// L1 instead of L2 regularisation.
+    pub l1: bool,
+}
+
+/// The rule-specific part of an update step and its history buffers `(n)`.
+pub enum Rule<'a> {
+    Sgd {
+        momentum: f32,
+        v: &'a mut CudaSlice<f32>,
+    },
+    Nesterov {
+        momentum: f32,
+        v: &'a mut CudaSlice<f32>,
+    },
+    Adagrad {
+        delta: f32,
+        h: &'a mut CudaSlice<f32>,
+    },
+    Rmsprop {
+        rho: f32,
+        delta: f32,
+        h: &'a mut CudaSlice<f32>,
+    },
+    Adam {
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        /// `√(1 − β₂ᵗ) / (1 − β₁ᵗ)`.
+        correction: f32,
+        m: &'a mut CudaSlice<f32>,
+        v: &'a mut CudaSlice<f32>,
+    },
+}
+
+impl Kernels {
+    /// The number of partial sums [`Kernels::sumsq_partial`] writes for `n` elements.
+    pub fn sumsq_parts(&self, n: usize) -> usize {
+        self.grid(n).grid_dim.0 as usize
+    }
+
+    /// `partials[b]` = the sum of squares of block `b`'s share of `x[..n]`, in double, for
+    /// `b < sumsq_parts(n)`.
+    pub fn sumsq_partial(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        partials: &mut impl DevicePtrMut<f64>,
+    ) -> Result<()> {
+        check_len("sumsq_partial", "x", x.len(), n);
+        check_len(
+            "sumsq_partial",
+            "partials",
+            partials.len(),
+            self.sumsq_parts(n),
+        );
+        let n64 = n as i64;
+        launch!(self, s, sumsq_partial, self.grid(n), [in x, &n64, out partials])
+    }
+
+    /// `scale[0] = normalise`, times `clip / norm` when `parts > 0` and
+    /// `norm = √(Σ partials[..parts]) · normalise` exceeds `clip`. Where that sum of squares is
+    /// not finite, iteration `iter` is recorded in `steps` (`[count, first, last]`, `first` and
+    /// `last` −1 until one), and `scale[0]` is NaN, which makes the update kernels apply nothing;
+    /// with `latch`, so is it at every iteration after one was recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn clip_scale(
+        &self,
+        s: &CudaStream,
+        partials: &impl DevicePtr<f64>,
+        parts: usize,
+        normalise: f64,
+        clip: f64,
+        scale: &mut impl DevicePtrMut<f32>,
+        steps: &mut impl DevicePtrMut<i64>,
+        iter: u64,
+        latch: bool,
+    ) -> Result<()> {
+        check_len("clip_scale", "partials", partials.len(), parts);
+        check_len("clip_scale", "scale", scale.len(), 1);
+        check_len("clip_scale", "steps", steps.len(), 3);
+        let parts = to_i32("clip_scale", parts);
+        let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
+        launch!(
+            self, s, clip_scale, Kernels::single_block(),
+            [in partials, &parts, &normalise, &clip, out scale, out steps, &iter, &latch]
+        )
+    }
+
+    /// One update step of `rule` over the flat buffers of `a` (see `crate::solver::Solver::apply`
+    /// for the formulas, which the kernels follow operation for operation).
+    pub fn update(&self, s: &CudaStream, a: UpdateArgs<'_>, rule: Rule<'_>) -> Result<()> {
+        let op = "update";
+        check_len(op, "w", a.w.len(), a.n);
+        check_len(op, "g", a.g.len(), a.n);
+        check_len(op, "ends", a.ends.len(), a.spans);
+        check_len(op, "lr_mult", a.lr_mult.len(), a.spans);
+        check_len(op, "decay_mult", a.decay_mult.len(), a.spans);
+        check_len(op, "scale", a.scale.len(), 1);
+        if a.n == 0 || a.spans == 0 {
+            return Ok(());
+        }
+        let cfg = self.grid(a.n);
+        let n64 = a.n as i64;
+        let spans = to_i32(op, a.spans);
+        let l1 = a.l1 as i32;
+        let (lr, wd) = (a.lr, a.weight_decay);
+        // Launches the rule's kernel with the arguments every rule shares (UPDATE_PARAMS in
+        // SOURCE), then the rule's own.
+        macro_rules! launch_rule {
+            ($func:ident, [$($extra:tt)*]) => {
+                launch!(
+                    self, s, $func, cfg,
+                    [
+                        out a.w, out a.g, &n64, in a.ends, in a.lr_mult, in a.decay_mult, &spans,
+                        in a.scale, &lr, &wd, &l1, $($extra)*
+                    ]
+                )
+            };
+        }
+        match rule {
+            Rule::Sgd { momentum, v } => {
+                check_len(op, "v", v.len(), a.n);
+                launch_rule!(sgd_update, [out v, &momentum])
+            }
+            Rule::Nesterov { momentum, v } => {
+                check_len(op, "v", v.len(), a.n);
+                launch_rule!(nesterov_update, [out v, &momentum])
+            }
+            Rule::Adagrad { delta, h } => {
+                check_len(op, "h", h.len(), a.n);
+                launch_rule!(adagrad_update, [out h, &delta])
+            }
+            Rule::Rmsprop { rho, delta, h } => {
+                check_len(op, "h", h.len(), a.n);
+                launch_rule!(rmsprop_update, [out h, &rho, &delta])
+            }
+            Rule::Adam {
+                beta1,
+                beta2,
+                eps,
+                correction,
+                m,
+                v,
+            } => {
+                check_len(op, "m", m.len(), a.n);
+                check_len(op, "v", v.len(), a.n);
+                launch_rule!(adam_update, [out m, out v, &beta1, &beta2, &eps, &correction])
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! `GpuNeuron`: Caffe's NeuronLayer on the device, one body for every layer whose top has the
+//! bottom's shape `(N, ...)` and is computed element by element. Each kind (relu, sigmoid, tanh,
+//! abs_val, power, and the views flatten and reshape) is a [`NeuronFn`] in its own file: its
+//! forward and backward kernels and the data its backward reads.
+//!
+//! Forward: `y = f(x)` over the `(n)` elements. Backward, only where the bottom wants a
+//! gradient: `dx (+)= dy · f'` over `(n)`, from the bottom's data `x` or the top's data `y`.
+
+use super::{BackwardPass, ForwardPass, GpuLayer};
+use crate::cuda::Gpu;
+use crate::error::Result;
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// One elementwise function and its derivative: what distinguishes one neuron layer from another.
+pub trait NeuronFn: Send {
+    /// The config name of the layer type, e.g. `relu`.
+    fn type_name(&self) -> &'static str;
+
+    /// `y (n) = f(x (n))`.
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()>;
+
+    /// `dx (n) (+)= dy (n) · f'`, from whichever of `grad.x` and `grad.y` the derivative reads.
+    fn backward(&self, gpu: &Gpu, grad: NeuronGrad<'_>) -> Result<()>;
+}
+
+/// `(n)` values on the device, read-only.
+pub type Values<'a> = CudaView<'a, f32>;
+
+/// `(n)` values on the device, writable.
+pub type ValuesMut<'a> = CudaViewMut<'a, f32>;
+
+/// The buffers of one neuron backward, all `(n)`.
+pub struct NeuronGrad<'a> {
+    /// The bottom's data.
+    pub x: CudaView<'a, f32>,
+    /// The top's data.
+    pub y: CudaView<'a, f32>,
+    /// The top's diff.
+    pub dy: CudaView<'a, f32>,
+    /// The bottom's diff.
+    pub dx: CudaViewMut<'a, f32>,
+    pub n: usize,
+    /// `dx += …` rather than `dx = …`.
+    pub accumulate: bool,
+}
+
+/// The neuron layer of kind `F`; see the module docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuNeuron<F>(pub F);
+
+impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
+    fn type_name(&self) -> &'static str {
+        self.0.type_name()
+    }
+
+    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
+        Ok(())
+    }
+
+    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+        let [x, y] = pass.blobs.bottom_top();
+        let n = x.count();
+        self.0.forward(pass.gpu, &x.data(), &mut y.data_mut(), n)
+    }
+
+    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+        let wanted = pass.grads[0];
+        if !wanted.wanted() {
+            return Ok(());
+        }
+        let [x, y] = pass.blobs.bottom_top();
+        let n = x.count();
+        let grad = NeuronGrad {
+            x: x.data.slice(..n),
+            y: y.data.slice(..n),
+            dy: y.diff.slice(..n),
+            dx: x.diff.slice_mut(..n),
+            n,
+            accumulate: wanted.accumulate(),
+        };
+        self.0.backward(pass.gpu, grad)
+    }
+}
+
+/// `parameterless_neuron!(Kind, "name", forward_kernel, backward_kernel, reads x)`: a
+/// [`NeuronFn`] `Kind` without parameters, from the kernels `gpu.kernels.forward_kernel(s, x, y,
+/// n)` and `gpu.kernels.backward_kernel(s, input, dy, dx, n, accumulate)`, whose `input` is the
+/// bottom's data (`reads x`) or the top's (`reads y`).
+macro_rules! parameterless_neuron {
+    ($kind:ident, $name:literal, $forward:ident, $backward:ident, reads $input:ident) => {
+        #[doc = concat!("The elementwise function of `", $name, "` and its derivative.")]
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $kind;
+
+        impl $crate::cuda::layers::neuron::NeuronFn for $kind {
+            fn type_name(&self) -> &'static str {
+                $name
+            }
+
+            fn forward(
+                &self,
+                gpu: &$crate::cuda::Gpu,
+                x: &$crate::cuda::layers::neuron::Values<'_>,
+                y: &mut $crate::cuda::layers::neuron::ValuesMut<'_>,
+                n: usize,
+            ) -> $crate::error::Result<()> {
+                gpu.kernels.$forward(&gpu.compute, x, y, n)
+            }
+
+            fn backward(
+                &self,
+                gpu: &$crate::cuda::Gpu,
+                mut g: $crate::cuda::layers::neuron::NeuronGrad<'_>,
+            ) -> $crate::error::Result<()> {
+                let input = &g.$input;
+                gpu.kernels
+                    .$backward(&gpu.compute, input, &g.dy, &mut g.dx, g.n, g.accumulate)
+            }
+        }
+    };
+}
+pub(crate) use parameterless_neuron;
