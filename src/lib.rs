@@ -1,9 +1,13 @@
 //! p2ptrain: data-parallel neural-network training across MPI ranks and local replicas, in the
-//! line of Caffe's P2PManager/P2PSync. The binary (`main.rs`) is glue; the work happens here.
+//! line of Caffe's P2PManager/P2PSync. The binary (`main.rs`) only parses arguments and calls
+//! `cmd`; the work happens here.
 //!
-//! Dependency direction, top to bottom: `error` → `config` → `backend` → `tensor` → `params` →
-//! `layers` → `net` → `solver` → `snapshot` → `data` → `dist` → `parallel` → `chrome_trace`;
-//! `plot` reads only `metrics.jsonl`. Every input file is opened through `input_file`.
+//! Dependency direction, from the modules that import nothing of the crate up to the top:
+//! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` → `params` → `layers` → `net`
+//! → `solver` → `signals` → `snapshot` → `resume` → `data` → `inputs` → `dist` → `metrics`,
+//! `logging`, `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) →
+//! `parallel` (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline)
+//! → `chrome_trace` → `cmd` (the subcommands). Every input file is opened through `input_file`.
 //! Two edges still point upwards: `config`'s validation builds `layers` (from their resolved
 //! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
 
