@@ -142,13 +142,15 @@ impl GpuSolver {
         Ok(())
     }
 
-    /// The steps refused so far for a non-finite gradient. Synchronises.
+    /// The steps refused so far for a non-finite gradient. Synchronises (under the collective
+    /// deadline, before the copy: a copy into host memory would block without one); allocates
+    /// nothing, as it may run every step.
     pub fn non_finite_steps(&self, gpu: &Gpu) -> Result<NonFiniteSteps> {
-        let v = gpu
-            .compute
-            .clone_dtoh(&self.steps)
-            .map_err(|e| gpu_error("copy the refused-step record to the host", e))?;
         gpu.synchronize()?;
+        let mut v = [0i64; 3];
+        gpu.compute
+            .memcpy_dtoh(&self.steps, &mut v)
+            .map_err(|e| gpu_error("copy the refused-step record to the host", e))?;
         let iteration = |i: i64| u64::try_from(i).ok();
         Ok(NonFiniteSteps {
             count: v[0].max(0) as u64,
