@@ -286,11 +286,12 @@ impl TrainReader {
         self.shared.lock().free.push(batch);
     }
 
-    /// How many batches are ready now, and how many times the thread has been woken to refill.
+    /// How many batches are ready now, how many times the thread has been woken to refill, and
+    /// whether it is asleep on a queue that has not drained to its low-water mark since it was full.
     #[cfg(test)]
-    fn queue_state(&self) -> (usize, u64) {
+    fn queue_state(&self) -> (usize, u64, bool) {
         let q = self.shared.lock();
-        (q.ready.len(), q.refills)
+        (q.ready.len(), q.refills, q.producer_waiting)
     }
 
     fn stopped(&self, why: &str) -> Error {
@@ -540,10 +541,10 @@ mod tests {
             (MAX_READY_BATCHES, MAX_READY_BATCHES / 2)
         );
         let mut reader = TrainReader::start(Arc::clone(&source), 5, true, 2, 0, 1, 0, 4, identity);
-        // Waits (at most 20 s, against a hang) until the thread has filled more than `ready`.
-        let filled_beyond = |r: &TrainReader, ready: usize| {
+        // Waits (at most 20 s, against a hang) until `done` holds for the queue's state.
+        let wait_until = |r: &TrainReader, done: &dyn Fn((usize, u64, bool)) -> bool| {
             let t = Instant::now();
-            while r.queue_state().0 <= ready {
+            while !done(r.queue_state()) {
                 assert!(
                     t.elapsed() < Duration::from_secs(20),
                     "{:?}",
@@ -552,9 +553,8 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
-        let full = |r: &TrainReader| filled_beyond(r, capacity - 1);
-        full(&reader);
-        assert_eq!(reader.queue_state(), (capacity, 0));
+        wait_until(&reader, &|(ready, _, asleep)| ready == capacity && asleep);
+        assert_eq!(reader.queue_state(), (capacity, 0, true));
         let taken = 4 * capacity;
         for m in 0..taken as u64 {
             let got = reader.next().unwrap();
@@ -562,10 +562,14 @@ mod tests {
             reader.recycle(got);
             if m % 64 == 63 {
                 // A consumer slower than the thread: it has refilled above the low-water mark.
-                filled_beyond(&reader, capacity - refill);
+                wait_until(&reader, &|(ready, _, _)| ready > capacity - refill);
             }
         }
-        full(&reader); // woken at least once, and back to sleep on a full queue
+        // Woken at least once, and back to sleep: it filled the queue and it has not been drained
+        // to the low-water mark since (the consumer may have taken some of that refill already).
+        wait_until(&reader, &|(ready, _, asleep)| {
+            asleep && ready > capacity - refill
+        });
         let refills = reader.queue_state().1;
         let most = (taken / refill) as u64;
         assert!(
