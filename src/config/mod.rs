@@ -10,7 +10,7 @@ mod locate;
 mod plan;
 mod validate;
 
-pub use layer_params::LayerParams;
+pub use layer_params::{LayerKind, LayerParams};
 pub use load::{load, load_bytes, load_str, Source};
 pub use plan::{fnv1a64, rank_fingerprint, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
@@ -369,30 +369,6 @@ pub enum SignalEffect {
     None,
 }
 
-/// Layer types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LayerKind {
-    InnerProduct,
-    Relu,
-    Sigmoid,
-    Tanh,
-    SoftmaxWithLoss,
-    Accuracy,
-    Convolution,
-    Pooling,
-    Dropout,
-    BatchNorm,
-    Scale,
-    Bias,
-    Eltwise,
-    Concat,
-    Flatten,
-    Reshape,
-    Softmax,
-    Power,
-    AbsVal,
-}
 
 /// A spatial size given once for every spatial axis or once per axis: `3` or `[3, 5]`
 /// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`). Anything else (a negative

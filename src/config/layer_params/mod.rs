@@ -8,8 +8,9 @@
 //!   → LayerParams::Convolution(ConvolutionParams { num_output: 8, kernel: [3, 3], stride: [1, 1], .. })
 //! ```
 //!
-//! Adding a layer type: its parameter struct (with `KEYS` and `resolve`), its variant in
-//! [`LayerParams`] (the `layer_kinds!` registry line), its CPU file and its GPU file.
+//! Adding a layer type: its parameter struct (with `KEYS` and `resolve`), its CPU file (the layer
+//! and `impl BuildCpu for ItsParams`), its GPU file (`impl BuildGpu for ItsParams`), and one line
+//! in [`for_each_layer_kind`], the registry from which the enum and both builders are generated.
 
 mod affine;
 mod blob;
@@ -27,7 +28,7 @@ pub use neuron::{AbsValParams, DropoutParams, PowerParams, ReluParams, SigmoidPa
 pub use normalization::BatchNormParams;
 pub use spatial::{ConvolutionParams, Pair, PoolingParams};
 
-use super::{Dims, FillerConfig, FillerKind, LayerConfig, LayerKind};
+use super::{Dims, FillerConfig, FillerKind, LayerConfig};
 use crate::error::Error;
 
 /// The largest `num_output` (2^28).
@@ -85,6 +86,13 @@ pub trait KindParams: Sized {
 /// The registry of layer kinds: the type, its parameters and its variant of [`LayerParams`].
 macro_rules! layer_kinds {
     ($($kind:ident => $params:ident,)*) => {
+        /// Layer types, as `type` names them in a `[[layer]]` table (`inner_product`, `abs_val`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum LayerKind {
+            $($kind,)*
+        }
+
         /// The resolved parameters of one layer, by kind.
         #[derive(Debug, Clone)]
         pub enum LayerParams {
@@ -119,27 +127,39 @@ macro_rules! layer_kinds {
     };
 }
 
-layer_kinds! {
-    InnerProduct => InnerProductParams,
-    Relu => ReluParams,
-    Sigmoid => SigmoidParams,
-    Tanh => TanhParams,
-    SoftmaxWithLoss => SoftmaxWithLossParams,
-    Accuracy => AccuracyParams,
-    Convolution => ConvolutionParams,
-    Pooling => PoolingParams,
-    Dropout => DropoutParams,
-    BatchNorm => BatchNormParams,
-    Scale => ScaleParams,
-    Bias => BiasParams,
-    Eltwise => EltwiseParams,
-    Concat => ConcatParams,
-    Flatten => FlattenParams,
-    Reshape => ReshapeParams,
-    Softmax => SoftmaxParams,
-    Power => PowerParams,
-    AbsVal => AbsValParams,
+/// The registry of layer kinds, the one line a new kind adds: `Kind => ParamsStruct`. It calls
+/// `$callback! { Kind => ParamsStruct, ... }` with every kind, so that the enum here, the CPU
+/// builder ([`crate::layers::build`]) and the GPU builder (`cuda::layers::build`) are each
+/// generated from this one list: a kind missing its CPU or GPU file is a compile error.
+macro_rules! for_each_layer_kind {
+    ($callback:ident) => {
+        $callback! {
+            InnerProduct => InnerProductParams,
+            Relu => ReluParams,
+            Sigmoid => SigmoidParams,
+            Tanh => TanhParams,
+            SoftmaxWithLoss => SoftmaxWithLossParams,
+            Accuracy => AccuracyParams,
+            Convolution => ConvolutionParams,
+            Pooling => PoolingParams,
+            Dropout => DropoutParams,
+            BatchNorm => BatchNormParams,
+            Scale => ScaleParams,
+            Bias => BiasParams,
+            Eltwise => EltwiseParams,
+            Concat => ConcatParams,
+            Flatten => FlattenParams,
+            Reshape => ReshapeParams,
+            Softmax => SoftmaxParams,
+            Power => PowerParams,
+            AbsVal => AbsValParams,
+        }
+    };
 }
+#[allow(unused_imports)] // used by the CPU and GPU builders
+pub(crate) use for_each_layer_kind;
+
+for_each_layer_kind!(layer_kinds);
 
 impl LayerParams {
     /// The learnable tensors of a layer with these parameters and `bottoms` bottoms: their
