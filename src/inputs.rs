@@ -4,19 +4,20 @@
 //! Caffe mean image (`mean.binaryproto`).
 //! Each returns the parser's verdict; none may panic, whatever the bytes.
 
-use crate::config::{self, Plan};
+use crate::config::Plan;
 use crate::data::{cifar10, idx, mean_file, Cifar10Source, IdxSource, RecordSource};
 use crate::error::Result;
+use crate::validate;
 use std::path::Path;
 
 /// Records read back from a parsed source, at most (bounds the work per input).
 const READ_BACK: usize = 64;
 
-/// A config file's bytes through `config::load_bytes` (syntax, types, unknown keys, whole-config
+/// A config file's bytes through `validate::load_bytes` (syntax, types, unknown keys, whole-config
 /// validation; relative data paths resolve under a directory that does not exist) and
 /// [`Plan::new`] for 4 processes, then the plan's summary.
 pub fn config(bytes: &[u8]) -> Result<()> {
-    let (cfg, source) = config::load_bytes(
+    let (cfg, source) = validate::load_bytes(
         "fuzz.toml",
         bytes,
         Path::new("/nonexistent/p2ptrain-inputs"),

@@ -3,13 +3,14 @@
 //! `cmd`; the work happens here.
 //!
 //! Dependency direction, from the modules that import nothing of the crate up to the top:
-//! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` → `params` → `layers` → `net`
-//! → `solver` → `signals` → `snapshot` → `resume` → `data` → `inputs` → `dist` → `metrics`,
-//! `logging`, `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) →
-//! `parallel` (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline)
-//! → `chrome_trace` → `cmd` (the subcommands). Every input file is opened through `input_file`.
-//! Two edges still point upwards: `config`'s validation builds `layers` (from their resolved
-//! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
+//! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` (the schema, parsing, typed
+//! layer parameters and the layer registry) → `params` → `layers` → `net` → `solver` → `signals`
+//! → `snapshot` → `resume` → `data` → `validate` (loading a config: parsing plus the whole-config
+//! checks, which read data file headers and infer shapes through the layers) → `inputs` → `dist`
+//! → `metrics`, `logging`, `output_folder` → `cuda` (the GPU backend: device, kernels, GPU
+//! layers, NCCL) → `parallel` (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient
+//! buckets, the timeline) → `chrome_trace` → `cmd` (the subcommands). Every input file is opened
+//! through `input_file`. No module imports one above it outside of tests.
 
 pub mod backend;
 pub mod chrome_trace;
@@ -34,3 +35,4 @@ pub mod snapshot;
 pub mod solver;
 pub mod spans;
 pub mod tensor;
+pub mod validate;

@@ -452,7 +452,7 @@ fn restore_blobs(blobs: &mut [Blob], idx: &[usize], from: &mut Vec<Blob>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load_str;
+    use crate::validate::load_str;
     use std::path::Path;
 
     const NET: &str = r#"

@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # fn main() -> p2ptrain::error::Result<()> {
-//! # let (cfg, source) = p2ptrain::config::load(std::path::Path::new("cfg.toml"), &[])?;
+//! # let (cfg, source) = p2ptrain::validate::load(std::path::Path::new("cfg.toml"), &[])?;
 //! use p2ptrain::output_folder::{check_writable, OutputLock};
 //! let dir = std::path::Path::new("runs/cfg");
 //! let _lock = OutputLock::acquire(dir, "node1")?; // held until dropped
@@ -200,7 +200,7 @@ mod tests {
     fn a_snapshot_name_too_long_for_the_file_system_is_found_before_training() {
         let dir = tempfile::tempdir().unwrap();
         let (_, source) =
-            crate::config::load_str("t.toml", crate::cmd::train::QUICKSTART, Path::new("."), &[])
+            crate::validate::load_str("t.toml", crate::cmd::train::QUICKSTART, Path::new("."), &[])
                 .unwrap();
         check_writable(dir.path(), "snap/model", 1000, &source).unwrap();
         let long = "m".repeat(300);

@@ -645,7 +645,7 @@ mod tests {
                     top = [\"ip\"]\nnum_output = 10\n\
                     [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\n\
                     bottom = [\"ip\", \"label\"]\ntop = [\"loss\"]\n";
-        let (cfg, _) = crate::config::load_str("t.toml", text, Path::new("."), &[]).unwrap();
+        let (cfg, _) = crate::validate::load_str("t.toml", text, Path::new("."), &[]).unwrap();
         let stored = canonical(&cfg_for_state(&cfg)).to_string();
         assert_eq!(differing_keys(&stored, &cfg), Vec::<String>::new());
     }

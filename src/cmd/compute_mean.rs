@@ -4,10 +4,10 @@
 //!
 //! Shapes: records `(C, H, W)`; the image has the same shape.
 
-use crate::config;
 use crate::data::mean_file::{self, MeanImage};
 use crate::data::{self, RecordSource};
 use crate::error::Result;
+use crate::validate;
 use std::path::PathBuf;
 
 /// What `p2ptrain compute-mean` was asked.
@@ -47,7 +47,7 @@ pub fn run(opts: &MeanOptions) -> i32 {
 
 /// Returns the image written and the number of records it averages.
 fn compute(opts: &MeanOptions) -> Result<(MeanImage, usize)> {
-    let (cfg, _) = config::load(&opts.config, &opts.sets)?;
+    let (cfg, _) = validate::load(&opts.config, &opts.sets)?;
     let (train, _) = data::open_sources(&cfg.data, cfg.solver.random_seed)?;
     let image = mean_of(train.as_ref());
     mean_file::write(&opts.output, &image)?;

@@ -18,6 +18,7 @@ use crate::resume::{self, Lineage, ResumeRules, SnapshotFiles, SolverState};
 use crate::signals;
 use crate::snapshot;
 use crate::solver::Solver;
+use crate::validate;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::info;
@@ -157,8 +158,8 @@ fn wait_at_start_gate() {
 fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     wait_at_start_gate();
     let (cfg, source) = match &opts.config {
-        Some(path) => config::load(path, &opts.sets)?,
-        None => config::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
+        Some(path) => validate::load(path, &opts.sets)?,
+        None => validate::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
     };
     if let Some(n) = cfg.cluster.world_size {
         if n != boot.size {

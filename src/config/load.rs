@@ -1,14 +1,15 @@
 //! Reading a config: the file (or an embedded string) as UTF-8 text, the `--set section.key=value`
 //! overrides applied to its `toml_edit` document, deserialisation into [`Config`] with every
 //! error turned into `file:line:col: `dotted.key`: message` (unknown keys and values get the
-//! nearest valid name suggested), relative data paths resolved against the config's directory,
-//! and [`Config::validate`] run before anything is returned.
+//! nearest valid name suggested), and relative data paths resolved against the config's
+//! directory. The whole-config validation (ranges, data file headers, the layer graph and its
+//! shapes) is [`crate::validate`]'s: `validate::load` runs both, and is what callers use.
 //!
 //! ```no_run
 //! use p2ptrain::config;
 //! use std::path::Path;
 //! let sets = vec!["solver.base_lr=0.1".to_string(), "layer[0].num_output=64".to_string()];
-//! let (config, source) = config::load(Path::new("cluster.toml"), &sets)?;
+//! let (config, source) = config::parse(Path::new("cluster.toml"), &sets)?;
 //! assert_eq!(config.solver.base_lr, 0.1);
 //! # Ok::<(), p2ptrain::error::Error>(())
 //! ```
@@ -42,10 +43,11 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// The top-level tables a `--set` may address.
 const SECTIONS: [&str; 4] = ["cluster", "data", "solver", "layer"];
 
-/// Reads, overrides, deserialises and validates the config file at `path`. Relative data paths
+/// Reads, overrides and deserialises the config file at `path` (not yet validated as a whole:
+/// see `validate::load`). Relative data paths
 /// in the file are resolved against the file's directory; relative paths given by `--set`
 /// against the current directory.
-pub fn load(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
+pub fn parse(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
     let bytes = read_regular(path, MAX_CONFIG_BYTES).map_err(|e| {
         Error::Usage(format!(
             "{}: cannot read the config file: {e}",
@@ -56,22 +58,22 @@ pub fn load(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    load_owned(path.to_path_buf(), bytes, dir, sets)
+    parse_owned(path.to_path_buf(), bytes, dir, sets)
 }
 
-/// Like [`load`], for a config file's bytes held in memory (which need not be UTF-8: that is
+/// Like [`parse`], for a config file's bytes held in memory (which need not be UTF-8: that is
 /// reported as for a file): `name` stands for the file in messages and relative data paths are
 /// resolved against `base_dir`. Never panics, whatever the bytes (the fuzz targets' entry).
-pub fn load_bytes(
+pub fn parse_bytes(
     name: &str,
     bytes: &[u8],
     base_dir: &Path,
     sets: &[String],
 ) -> Result<(Config, Source)> {
-    load_owned(PathBuf::from(name), bytes.to_vec(), base_dir, sets)
+    parse_owned(PathBuf::from(name), bytes.to_vec(), base_dir, sets)
 }
 
-fn load_owned(
+fn parse_owned(
     path: PathBuf,
     bytes: Vec<u8>,
     base_dir: &Path,
@@ -87,21 +89,21 @@ fn load_owned(
             ))
         }
     };
-    load_text(path, text, base_dir, sets)
+    parse_text(path, text, base_dir, sets)
 }
 
-/// Like [`load`], for a config held in memory: `name` stands for the file in messages and
+/// Like [`parse`], for a config held in memory: `name` stands for the file in messages and
 /// relative data paths are resolved against `base_dir`.
-pub fn load_str(
+pub fn parse_str(
     name: &str,
     text: &str,
     base_dir: &Path,
     sets: &[String],
 ) -> Result<(Config, Source)> {
-    load_text(PathBuf::from(name), text.to_string(), base_dir, sets)
+    parse_text(PathBuf::from(name), text.to_string(), base_dir, sets)
 }
 
-fn load_text(
+fn parse_text(
     path: PathBuf,
     text: String,
     base_dir: &Path,
@@ -128,7 +130,6 @@ fn load_text(
     let mut config: Config =
         toml::from_str(&effective).map_err(|e| deserialize_error(&source, &effective, &e))?;
     resolve_paths(&mut config, &source, base_dir);
-    config.validate(&source)?;
     Ok((config, source))
 }
 
@@ -491,6 +492,7 @@ mod tests {
     use super::*;
     use crate::config::{DataFormat, LrPolicy};
     use crate::error::Pos;
+    use crate::validate::{load, load_str};
 
     const BASE: &str = r#"[cluster]
 backend = "cpu"

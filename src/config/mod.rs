@@ -8,10 +8,9 @@ pub mod layer_params;
 mod load;
 mod locate;
 mod plan;
-mod validate;
 
 pub use layer_params::{LayerKind, LayerParams};
-pub use load::{load, load_bytes, load_str, Source};
+pub use load::{parse, parse_bytes, parse_str, Source};
 pub use plan::{fnv1a64, rank_fingerprint, state_fingerprint, Plan, RESUME_FREE_KEYS};
 
 use serde::{Deserialize, Serialize};
@@ -369,7 +368,6 @@ pub enum SignalEffect {
     None,
 }
 
-
 /// A spatial size given once for every spatial axis or once per axis: `3` or `[3, 5]`
 /// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`). Anything else (a negative
 /// number, a string, a list holding one) is refused saying what the key accepts.
@@ -673,4 +671,12 @@ fn sighup_effect_default() -> SignalEffect {
 }
 fn snapshot_prefix_default() -> String {
     "snapshots/model".to_string()
+}
+
+/// The config name of an enum value (`inner_product`, `sgd`, `idx`).
+pub(crate) fn name_of<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
 }

@@ -4,7 +4,7 @@
 //! training. Its `Display` (and [`Plan::describe`], to which the caller adds lines such as the
 //! parameter count and devices) is what `p2ptrain check` prints.
 
-use super::validate::name_of;
+use super::name_of;
 use super::{Config, DataFormat, LrPolicy, Source};
 use crate::error::{Error, Result};
 use std::fmt;
@@ -352,7 +352,7 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load_str;
+    use crate::validate::load_str;
     use std::path::Path;
 
     const TEXT: &str = r#"[cluster]

@@ -477,10 +477,11 @@ mod tests {
     /// and weight decay) changes them.
     mod in_the_net {
         use crate::backend::Cpu;
-        use crate::config::{load_str, Phase, SolverType};
+        use crate::config::{Phase, SolverType};
         use crate::layers::Ctx;
         use crate::net::Net;
         use crate::solver::Solver;
+        use crate::validate::load_str;
         use std::path::Path;
 
         const NET: &str = r#"
@@ -592,7 +593,7 @@ top = ["loss"]
 
     /// Validation of the Dropout and BatchNorm keys, through the config loader.
     mod config_checks {
-        use crate::config::load_str;
+        use crate::validate::load_str;
         use std::path::Path;
 
         fn net(layer: &str) -> String {

@@ -302,8 +302,8 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load_str;
     use crate::dist::local::LocalGroup;
+    use crate::validate::load_str;
     use std::path::Path;
     use std::sync::Arc;
 

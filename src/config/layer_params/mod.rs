@@ -237,7 +237,7 @@ fn keys_apply(l: &LayerConfig, allowed: &[&str]) -> Resolved<()> {
             k,
             format!(
                 "`{k}` does not apply to a layer of type {}",
-                super::validate::name_of(&l.kind)
+                super::name_of(&l.kind)
             ),
         )),
         None => Ok(()),

@@ -157,7 +157,8 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{load_str, Config};
+    use crate::config::Config;
+    use crate::validate::load_str;
     use std::path::Path;
 
     const CNN: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");

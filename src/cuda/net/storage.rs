@@ -175,10 +175,11 @@ pub fn wide_convolutions_dominate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{load_str, Config};
+    use crate::config::Config;
     use crate::cuda::net::fusion;
     use crate::cuda::net::infer_shapes;
     use crate::layers;
+    use crate::validate::load_str;
     use std::path::Path;
 
     const CNN: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");

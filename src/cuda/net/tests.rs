@@ -4,11 +4,12 @@
 
 use super::*;
 use crate::backend::Cpu;
-use crate::config::{load_str, GpuLayout, MathMode};
+use crate::config::{GpuLayout, MathMode};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::cuda::update::GpuSolver;
 use crate::layers::Ctx;
 use crate::solver::Solver;
+use crate::validate::load_str;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;

@@ -1,4 +1,7 @@
-//! Whole-config validation, run by `load` before anything is allocated: every value range, the
+//! Loading a config: [`load`] parses it ([`crate::config::parse`]) and validates it as a whole
+//! before anything is allocated. It sits above `config`, `layers` and `data`, because it reads
+//! the IDX and CIFAR-10 headers (`data`'s checks) and infers shapes through the layers' own
+//! `reshape`. Whole-config validation: every value range, the
 //! keys each data format, lr policy, update rule and layer type needs or rejects, the layer graph
 //! (bottoms produced by earlier layers in the same phase, no cycles, a train-phase loss), and the
 //! memory the per-replica tensors would take. Each error names the dotted key and its position.
@@ -8,7 +11,7 @@
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 //!
 //! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own), [`solver`],
-//! [`layers`] (keys through [`super::layer_params`], the graph and the shapes).
+//! [`layers`] (keys through [`crate::config::layer_params`], the graph and the shapes).
 
 mod cluster;
 mod data;
@@ -17,10 +20,11 @@ mod solver;
 #[cfg(test)]
 mod tests;
 
-use super::{Config, Source};
+use crate::config::{name_of, Config, Source};
+use crate::config::{parse, parse_bytes, parse_str};
 use crate::error::{Error, Result};
-use serde::Serialize;
 use std::collections::HashMap;
+use std::path::Path;
 
 const GIB: u64 = 1 << 30;
 /// The largest single f32 tensor a replica may hold.
@@ -41,12 +45,38 @@ const DEFAULT_CLASSES: usize = 10;
 /// per-sample shape).
 type Blobs = HashMap<String, (Option<usize>, Vec<u64>)>;
 
-/// The config name of an enum value (`inner_product`, `sgd`, `idx`).
-pub(crate) fn name_of<T: Serialize>(v: &T) -> String {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => String::new(),
-    }
+/// Reads, overrides, deserialises and validates the config file at `path`. Relative data paths
+/// in the file are resolved against the file's directory; relative paths given by `--set`
+/// against the current directory.
+pub fn load(path: &Path, sets: &[String]) -> Result<(Config, Source)> {
+    checked(parse(path, sets)?)
+}
+
+/// Like [`load`], for a config file's bytes held in memory (which need not be UTF-8): `name`
+/// stands for the file in messages and relative data paths are resolved against `base_dir`.
+/// Never panics, whatever the bytes (the fuzz targets' entry).
+pub fn load_bytes(
+    name: &str,
+    bytes: &[u8],
+    base_dir: &Path,
+    sets: &[String],
+) -> Result<(Config, Source)> {
+    checked(parse_bytes(name, bytes, base_dir, sets)?)
+}
+
+/// Like [`load`], for a config held in memory.
+pub fn load_str(
+    name: &str,
+    text: &str,
+    base_dir: &Path,
+    sets: &[String],
+) -> Result<(Config, Source)> {
+    checked(parse_str(name, text, base_dir, sets)?)
+}
+
+fn checked((config, source): (Config, Source)) -> Result<(Config, Source)> {
+    config.validate(&source)?;
+    Ok((config, source))
 }
 
 impl Config {

@@ -1,7 +1,7 @@
 //! Validation errors: their keys, positions and messages; the good and bad config corpora.
 
+use super::load_str;
 use super::*;
-use crate::config::load_str;
 use std::path::Path;
 
 const BASE: &str = r#"[cluster]
@@ -636,7 +636,7 @@ fn the_bad_config_corpus_fails_as_expected() {
         let sets: Vec<String> = std::fs::read_to_string(file.with_extension("sets"))
             .map(|t| t.lines().map(str::to_string).collect())
             .unwrap_or_default();
-        let e = match crate::config::load(&file, &sets) {
+        let e = match super::load(&file, &sets) {
             Ok(_) => panic!("{} loads without error", file.display()),
             Err(e) => e,
         };
@@ -672,7 +672,7 @@ fn the_good_configs_load() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            crate::config::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+            super::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
             n += 1;
         }
     }
