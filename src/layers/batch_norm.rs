@@ -568,11 +568,15 @@ mod tests {
         use crate::layers::test_util::{in_place, net_around};
         use std::path::Path;
 
-        /// The result of loading a net with the layer `x` of type `kind` and the keys `keys`
-        /// between the inner product and the loss (`x`'s keys start on line 18).
+        /// The config text of a net with the layer `x` of type `kind` and the keys `keys`
+        /// between the inner product and the loss.
+        fn text(kind: &str, keys: &str) -> String {
+            net_around(&in_place("x", kind, keys))
+        }
+
+        /// The result of loading [`text`].
         fn load(kind: &str, keys: &str) -> crate::error::Result<crate::config::Config> {
-            let text = net_around(&in_place("x", kind, keys));
-            load_str("t.toml", &text, Path::new("."), &[]).map(|(cfg, _)| cfg)
+            load_str("t.toml", &text(kind, keys), Path::new("."), &[]).map(|(cfg, _)| cfg)
         }
 
         #[test]
@@ -591,10 +595,24 @@ mod tests {
             }
         }
 
+        /// The error names the file, line and column of the key.
         #[test]
-        fn out_of_range_values_name_the_key_and_position() {
+        fn an_error_names_the_position_of_the_key() {
+            let line = 1 + text("dropout", "dropout_ratio = 1.0")
+                .lines()
+                .position(|l| l.starts_with("dropout_ratio"))
+                .unwrap();
+            let e = load("dropout", "dropout_ratio = 1.0")
+                .unwrap_err()
+                .to_string();
+            let want = format!("t.toml:{line}:1: `layer[1].dropout_ratio`");
+            assert!(e.starts_with(&want), "{e:?} does not start with {want:?}");
+        }
+
+        #[test]
+        fn out_of_range_values_name_the_key() {
             for (kind, keys, want) in [
-                ("dropout", "dropout_ratio = 1.0", "t.toml:18:1: `layer[1].dropout_ratio`: must lie in [0, 1), got 1"),
+                ("dropout", "dropout_ratio = 1.0", "`layer[1].dropout_ratio`: must lie in [0, 1), got 1"),
                 ("dropout", "dropout_ratio = -0.1", "`layer[1].dropout_ratio`: must lie in [0, 1)"),
                 ("batch_norm", "moving_average_fraction = 0.0", "`layer[1].moving_average_fraction`: must lie in (0, 1], got 0"),
                 ("batch_norm", "moving_average_fraction = 1.5", "must lie in (0, 1], got 1.5"),

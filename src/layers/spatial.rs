@@ -84,15 +84,6 @@ impl Geometry {
         }
     }
 
-    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`, row by row.
-    #[cfg(test)]
-    pub fn im2col(&self, image: &[f32], col: &mut [f32]) {
-        let p = self.col_cols();
-        for (r, dst) in col.chunks_exact_mut(p).enumerate() {
-            self.im2col_row(r, image, dst);
-        }
-    }
-
     /// Row `r` of `im2col(image (C, H, W))` into `dst (OH·OW)`.
     pub fn im2col_row(&self, r: usize, image: &[f32], dst: &mut [f32]) {
         let ow = self.output[1];
@@ -120,16 +111,6 @@ impl Geometry {
                 dst[lo..hi].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
             }
         });
-    }
-
-    /// `image (C, H, W) += col2im(col (C·kh·kw, OH·OW))`: each column entry is added back to
-    /// the pixel it was read from (padding entries are dropped); row by row.
-    #[cfg(test)]
-    pub fn col2im_add(&self, col: &[f32], image: &mut [f32]) {
-        let p = self.col_cols();
-        for (r, src) in col.chunks_exact(p).enumerate() {
-            self.col2im_row_add(r, src, image);
-        }
     }
 
     /// `image (C, H, W) +=` row `r` of the columns, `src (OH·OW)`, at the pixels it was read from.
@@ -168,6 +149,12 @@ struct InputRow {
 mod tests {
     use super::*;
 
+    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`, row by row.
+    fn im2col(g: &Geometry, image: &[f32], col: &mut [f32]) {
+        let rows = col.chunks_exact_mut(g.col_cols()).enumerate();
+        rows.for_each(|(r, dst)| g.im2col_row(r, image, dst));
+    }
+
     fn geometry(k: usize, s: usize, p: usize, d: usize) -> Geometry {
         let input = [3, 4];
         let span = d * (k - 1) + 1;
@@ -198,7 +185,7 @@ mod tests {
         };
         let image = [1.0, 2.0, 3.0, 4.0];
         let mut col = vec![f32::NAN; g.col_rows() * g.col_cols()];
-        g.im2col(&image, &mut col);
+        im2col(&g, &image, &mut col);
         assert_eq!(&col[..9], &[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 4.0]);
         assert_eq!(&col[27..], &[1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
     }
@@ -262,9 +249,11 @@ mod tests {
             let x: Vec<f32> = (0..n_in).map(|i| (i as f32 * 0.37).sin()).collect();
             let c: Vec<f32> = (0..n_col).map(|i| (i as f32 * 0.71).cos()).collect();
             let mut col = vec![0.0; n_col];
-            g.im2col(&x, &mut col);
+            im2col(&g, &x, &mut col);
             let mut back = vec![0.0; n_in];
-            g.col2im_add(&c, &mut back);
+            for (r, src) in c.chunks_exact(g.col_cols()).enumerate() {
+                g.col2im_row_add(r, src, &mut back);
+            }
             let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
             let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
             assert!((lhs - rhs).abs() < 1e-4, "{k} {s} {p} {d}: {lhs} vs {rhs}");

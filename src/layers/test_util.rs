@@ -104,35 +104,26 @@ pub fn blob(shape: &[usize], data: &[f32]) -> Blob {
     b
 }
 
+/// A `[[layer]]` table (TOML): `name` of type `kind` from `bottoms` to `tops`, with the keys
+/// `keys` (TOML lines).
+pub fn layer_table(name: &str, kind: &str, bottoms: &[&str], tops: &[&str], keys: &str) -> String {
+    format!("[[layer]]\nname = {name:?}\ntype = {kind:?}\nbottom = {bottoms:?}\ntop = {tops:?}\n{keys}\n")
+}
+
 /// A `[[layer]]` table `name` of type `kind` with the keys `keys` that reads and writes the
 /// blob `ip`, for [`net_around`].
 pub fn in_place(name: &str, kind: &str, keys: &str) -> String {
-    format!("[[layer]]\nname = \"{name}\"\ntype = \"{kind}\"\nbottom = [\"ip\"]\ntop = [\"ip\"]\n{keys}\n")
+    layer_table(name, kind, &["ip"], &["ip"], keys)
 }
 
 /// A config of the smallest trainable net around the layers `middle` (`[[layer]]` tables that
 /// read and write the blob `ip`): digits in batches of 4, an inner product `ip` of 10 outputs,
 /// `middle`, and a softmax loss; one iteration of plain SGD at rate 0.1.
 pub fn net_around(middle: &str) -> String {
+    let ip = layer_table("ip", "inner_product", &["data"], &["ip"], "num_output = 10");
+    let loss = layer_table("loss", "softmax_with_loss", &["ip", "label"], &["loss"], "");
     format!(
-        r#"[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-{middle}
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#
+        "data = {{ format = \"digits\", batch_size = 4 }}\n\
+         solver = {{ base_lr = 0.1, max_iter = 1 }}\n{ip}{middle}{loss}"
     )
 }
