@@ -7,7 +7,7 @@
 
 use crate::config::{Config, LayerConfig, LayerParams, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{self, filler, Ctx, Layer};
+use crate::layers::{self, filler, BackwardPass, Ctx, ForwardPass, Layer};
 use crate::params::{ParamSpan, Params};
 use crate::tensor::Blob;
 use rand::SeedableRng;
@@ -311,7 +311,12 @@ impl Net {
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
             take_blobs(&mut self.blobs, &node.tops, tops);
-            node.layer.forward(ctx, bottoms, &data, tops);
+            node.layer.forward(ForwardPass {
+                ctx,
+                bottoms,
+                params: &data,
+                tops,
+            });
             if node.layer.has_state() {
                 node.layer.update_state(ctx, &mut params.layer_data_mut(i));
             }
@@ -376,8 +381,14 @@ impl Net {
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
             take_blobs(&mut self.blobs, &node.tops, tops);
-            node.layer
-                .backward(ctx, tops, &node.propagate_down, bottoms, &data, &mut diffs);
+            node.layer.backward(BackwardPass {
+                ctx,
+                tops,
+                propagate_down: &node.propagate_down,
+                bottoms,
+                params: &data,
+                param_diffs: &mut diffs,
+            });
             restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
             restore_blobs(&mut self.blobs, &node.tops, tops);
             if let (Some(f), Some(start)) = (on_layer.as_mut(), start) {
@@ -452,32 +463,13 @@ fn restore_blobs(blobs: &mut [Blob], idx: &[usize], from: &mut Vec<Blob>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::test_util::net_around;
     use crate::validate::load_str;
     use std::path::Path;
 
-    const NET: &str = r#"
-[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
-
     #[test]
     fn a_layer_reading_one_blob_twice_is_rejected() {
-        let (mut cfg, _) = load_str("t.toml", NET, Path::new("."), &[]).unwrap();
+        let (mut cfg, _) = load_str("t.toml", &net_around(""), Path::new("."), &[]).unwrap();
         Net::build(&cfg, [1, 8, 8], 4).expect("the valid net builds");
         cfg.layers[1].bottom = vec!["ip".into(), "ip".into()];
         let err = Net::build(&cfg, [1, 8, 8], 4).err().expect("an error");
@@ -487,7 +479,7 @@ top = ["loss"]
 
     #[test]
     fn forward_and_backward_run_repeatedly_with_the_same_results() {
-        let (cfg, _) = load_str("t.toml", NET, Path::new("."), &[]).unwrap();
+        let (cfg, _) = load_str("t.toml", &net_around(""), Path::new("."), &[]).unwrap();
         let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
         Net::init_params(&mut params, 3);
         let cpu = crate::backend::Cpu::new(1);

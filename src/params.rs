@@ -22,6 +22,17 @@ pub struct ParamSpec {
     pub filler: FillerConfig,
 }
 
+impl ParamSpec {
+    /// The tensor `name` of `shape`, filled by `filler`.
+    pub fn new(name: &str, shape: Vec<usize>, filler: &FillerConfig) -> Self {
+        ParamSpec {
+            name: name.into(),
+            shape,
+            filler: filler.clone(),
+        }
+    }
+}
+
 /// Where one learnable tensor lives in the flat buffers.
 #[derive(Debug, Clone)]
 pub struct ParamSpan {

@@ -4,19 +4,10 @@ use crate::config::layer_params::AbsValParams;
 use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The absolute-value layer; see the module docs.
-pub type AbsVal = NeuronLayer<Absolute>;
+pub type AbsVal = NeuronLayer<AbsValParams>;
 
 /// `y = |x|`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Absolute;
-
-impl AbsVal {
-    pub fn new(name: &str, _params: &AbsValParams) -> Self {
-        NeuronLayer::with_neuron(name, Absolute)
-    }
-}
-
-impl Neuron for Absolute {
+impl Neuron for AbsValParams {
     const TYPE_NAME: &'static str = "abs_val";
 
     fn forward(&self, x: f32) -> f32 {
@@ -36,14 +27,11 @@ impl Neuron for Absolute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
     fn abs() -> AbsVal {
-        from_config(
-            AbsVal::new,
-            &layer_config("name = \"a\"\ntype = \"abs_val\""),
-        )
+        layer::<AbsValParams>("abs_val", "")
     }
 
     #[test]
@@ -55,13 +43,8 @@ mod tests {
     #[test]
     fn gradient() {
         let x = uniform_blob(&[2, 3, 4], -1.0, 1.0, 95);
-        let checker = GradientChecker {
-            kink: 0.0,
-            kink_range: 0.01,
-            ..GradientChecker::default()
-        };
-        let report = checker.check(&mut abs(), &[x], &[true]).unwrap();
-        report.assert_ok();
+        let report =
+            GradientChecker::skipping_kink(0.0, 0.01).assert_passes(&mut abs(), &[x], &[true]);
         assert!(report.checked > 10, "{report}");
     }
 }

@@ -18,9 +18,8 @@
 
 use crate::config::layer_params::AccuracyParams;
 use crate::error::{Error, Result};
-use crate::layers::softmax_with_loss::rows_and_classes;
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::softmax_with_loss::{class_of, rows_and_classes};
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// Top-k accuracy; see the module docs.
 #[derive(Debug, Clone)]
@@ -40,20 +39,24 @@ pub fn count_from_fraction(fraction: f32, n: usize) -> u64 {
     (fraction as f64 * n as f64).round() as u64
 }
 
-impl Accuracy {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`AccuracyParams`]).
-    pub fn new(name: &str, p: &AccuracyParams) -> Self {
+impl BuildCpu for AccuracyParams {
+    type Layer = Accuracy;
+
+    /// The layer `name` (defaults and ranges: [`AccuracyParams`]).
+    fn build(&self, name: &str) -> Accuracy {
         Accuracy {
             name: name.to_string(),
-            axis: p.axis,
-            top_k: p.top_k,
-            ignore_label: p.ignore_label,
+            axis: self.axis,
+            top_k: self.top_k,
+            ignore_label: self.ignore_label,
             classes: 0,
             correct: 0,
             counted: 0,
         }
     }
+}
 
+impl Accuracy {
     /// Correct samples of the last forward.
     pub fn correct(&self) -> usize {
         self.correct
@@ -92,30 +95,24 @@ impl Layer for Accuracy {
 
     /// # Panics
     /// On a label that is not `ignore_label` and not an integer in `[0, C)`.
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
         let c = self.classes;
-        let labels = &bottoms[1].data;
+        let (scores, labels) = (&pass.bottoms[0].data, &pass.bottoms[1].data);
         self.correct = 0;
         self.counted = 0;
-        for (i, row) in bottoms[0].data.chunks_exact(c).enumerate() {
-            let label = labels[i];
-            if self.ignore_label.is_some_and(|ig| label == ig as f32) {
+        for (i, row) in scores.chunks_exact(c).enumerate() {
+            let Some(label) = class_of(&self.name, labels[i], self.ignore_label, c, i) else {
                 continue;
-            }
-            assert!(
-                label >= 0.0 && label.fract() == 0.0 && (label as usize) < c,
-                "layer `{}`: label {label} of sample {i} is not a class in [0, {c})",
-                self.name
-            );
+            };
             self.counted += 1;
-            let score = row[label as usize];
+            let score = row[label];
             let better = row.iter().filter(|&&s| s > score || s.is_nan()).count();
             if !score.is_nan() && better < self.top_k {
                 self.correct += 1;
             }
         }
         let n = labels.len();
-        tops[0].data[0] = if n == 0 {
+        pass.tops[0].data[0] = if n == 0 {
             0.0
         } else {
             self.correct as f32 / n as f32
@@ -123,16 +120,7 @@ impl Layer for Accuracy {
     }
 
     /// Nothing: accuracy is not differentiated.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        _tops: &[Blob],
-        _propagate_down: &[bool],
-        _bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-    }
+    fn backward(&mut self, _pass: BackwardPass<'_>) {}
 }
 
 #[cfg(test)]
@@ -140,14 +128,20 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{from_config, layer_config};
-    use crate::layers::test_util::{blob, ctx, forward_in};
+    use crate::layers::test_util::{blob, ctx, forward_in, layer, params_error};
 
-    fn accuracy(extra: &str) -> Accuracy {
-        from_config(
-            Accuracy::new,
-            &layer_config(&format!("name = \"acc\"\ntype = \"accuracy\"\n{extra}")),
-        )
+    fn accuracy(keys: &str) -> Accuracy {
+        layer::<AccuracyParams>("accuracy", keys)
+    }
+
+    /// The top of a test-phase forward of `layer` on `scores` `(4, 4)` and [`LABELS`].
+    fn top_of(layer: &mut Accuracy, scores: &[f32]) -> f32 {
+        let bottoms = [blob(&[4, 4], scores), blob(&[4], &LABELS)];
+        let cpu = Cpu::new(1);
+        let top = forward_in(&ctx(&cpu, Phase::Test), layer, &bottoms, &[]);
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].shape, Vec::<usize>::new());
+        top[0].data[0]
     }
 
     /// Rows: label 1 tied for the top; label 0 behind two; label 0 behind one; all tied.
@@ -160,11 +154,7 @@ mod tests {
     const LABELS: [f32; 4] = [1.0, 0.0, 0.0, 3.0];
 
     fn run(layer: &mut Accuracy) -> f32 {
-        let bottoms = [blob(&[4, 4], &SCORES), blob(&[4], &LABELS)];
-        let top = forward_in(Phase::Test, layer, &bottoms, &[]);
-        assert_eq!(top.len(), 1);
-        assert_eq!(top[0].shape, Vec::<usize>::new());
-        top[0].data[0]
+        top_of(layer, &SCORES)
     }
 
     #[test]
@@ -201,28 +191,18 @@ mod tests {
         nan_label[12..16].fill(f32::NAN); // row 3: every class scores NaN
         nan_label[8 + 3] = f32::NAN; // row 2: another class scores NaN, ahead of the label
         let mut layer = accuracy("top_k = 2");
-        let mut scores = Blob::new(&[4, 4]);
-        scores.data = nan_label.to_vec();
-        let mut labels = Blob::new(&[4]);
-        labels.data = LABELS.to_vec();
-        layer.reshape(&[&[4, 4], &[4]]).unwrap();
-        let mut top = vec![Blob::new(&[])];
-        let cpu = Cpu::new(1);
-        let ctx = ctx(&cpu, Phase::Test);
-        layer.forward(&ctx, &[scores, labels], &[], &mut top);
+        let top = top_of(&mut layer, &nan_label);
         // Rows 0 and 3: the label scores NaN. Row 1: two classes ahead, as without NaNs.
         // Row 2: only the NaN ahead of the label, which is within the top 2: correct.
-        assert_eq!(layer.correct(), 1, "top {}", top[0].data[0]);
-        assert_eq!(top[0].data[0], 0.25);
+        assert_eq!(layer.correct(), 1, "top {top}");
+        assert_eq!(top, 0.25);
     }
 
     #[test]
     fn top_k_must_fit_the_classes() {
         let err = accuracy("top_k = 5").reshape(&[&[4, 4], &[4]]).unwrap_err();
         assert!(err.to_string().contains("top_k"), "{err}");
-        assert!(layer_config("name = \"a\"\ntype = \"accuracy\"\ntop_k = 0")
-            .params()
-            .is_err());
+        assert!(params_error("accuracy", "top_k = 0").contains("top_k"));
     }
 
     #[test]

@@ -23,9 +23,8 @@
 use crate::config::layer_params::BatchNormParams;
 use crate::config::{FillerConfig, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, Ctx, Layer};
+use crate::layers::{one_bottom, BackwardPass, BuildCpu, Ctx, ForwardPass, Layer};
 use crate::params::ParamSpec;
-use crate::tensor::Blob;
 
 /// Batch normalisation; see the module docs.
 #[derive(Debug, Clone)]
@@ -53,15 +52,17 @@ pub struct BatchNorm {
     sums: Vec<f64>,
 }
 
-impl BatchNorm {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`BatchNormParams`]).
-    pub fn new(name: &str, p: &BatchNormParams) -> Self {
+impl BuildCpu for BatchNormParams {
+    type Layer = BatchNorm;
+
+    /// The layer `name` (defaults and ranges: [`BatchNormParams`]).
+    fn build(&self, name: &str) -> BatchNorm {
         BatchNorm {
             name: name.to_string(),
-            maf: p.moving_average_fraction,
-            eps: p.eps,
-            use_global_stats: p.use_global_stats,
-            sync: p.sync,
+            maf: self.moving_average_fraction,
+            eps: self.eps,
+            use_global_stats: self.use_global_stats,
+            sync: self.sync,
             channels: 0,
             spatial: 0,
             mean: Vec::new(),
@@ -72,7 +73,9 @@ impl BatchNorm {
             sums: Vec::new(),
         }
     }
+}
 
+impl BatchNorm {
     fn global_stats(&self, ctx: &Ctx) -> bool {
         self.use_global_stats.unwrap_or(ctx.phase == Phase::Test)
     }
@@ -137,11 +140,8 @@ impl Layer for BatchNorm {
 
     /// Running mean `(C)`, running variance `(C)`, moving-average factor `(1)`; all 0 at start.
     fn param_specs(&self) -> Vec<ParamSpec> {
-        let spec = |name: &str, n: usize| ParamSpec {
-            name: name.into(),
-            shape: vec![n],
-            filler: FillerConfig::constant(0.0),
-        };
+        let zero = FillerConfig::constant(0.0);
+        let spec = |name: &str, n: usize| ParamSpec::new(name, vec![n], &zero);
         vec![
             spec("mean", self.channels),
             spec("variance", self.channels),
@@ -153,9 +153,9 @@ impl Layer for BatchNorm {
         true
     }
 
-    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-        let c = self.channels;
-        let x = &bottoms[0].data;
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let (ctx, params, c) = (pass.ctx, pass.params, self.channels);
+        let x = &pass.bottoms[0].data;
         self.pending = false;
         if self.global_stats(ctx) {
             let factor = params[2][0];
@@ -182,7 +182,7 @@ impl Layer for BatchNorm {
             self.inv_std[ch] = 1.0 / (self.var[ch] + self.eps).sqrt();
         }
         let hw = self.spatial;
-        for (i, (ys, xs)) in tops[0]
+        for (i, (ys, xs)) in pass.tops[0]
             .data
             .chunks_exact_mut(hw)
             .zip(x.chunks_exact(hw))
@@ -197,21 +197,13 @@ impl Layer for BatchNorm {
 
     /// Batch statistics: `dx += (dy − mean(dy) − mean(dy·y)·y)/√(var + eps)`; global:
     /// `dx += dy/√(var + eps)`. The state tensors get no gradient.
-    fn backward(
-        &mut self,
-        ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let ctx = pass.ctx;
+        let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
-        }
+        };
         let (c, hw) = (self.channels, self.spatial);
-        let (y, dy) = (&tops[0].data, &tops[0].diff);
-        let dx = &mut bottoms[0].diff;
+        let (y, dy, dx) = (&top.data, &top.diff, &mut bottom.diff);
         if self.global_stats(ctx) {
             for (i, (dxs, dys)) in dx.chunks_exact_mut(hw).zip(dy.chunks_exact(hw)).enumerate() {
                 let inv = self.inv_std[i % c];
@@ -264,15 +256,14 @@ mod tests {
     use crate::backend::Cpu;
     use crate::dist::local::LocalGroup;
     use crate::dist::CpuComm;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{forward_in, layer};
     use crate::parallel::reducer::CommReducer;
+    use crate::tensor::Blob;
     use std::sync::Arc;
 
-    fn bn(extra: &str) -> BatchNorm {
-        from_config(
-            BatchNorm::new,
-            &layer_config(&format!("name = \"bn\"\ntype = \"batch_norm\"\n{extra}")),
-        )
+    fn bn(keys: &str) -> BatchNorm {
+        layer::<BatchNormParams>("batch_norm", keys)
     }
 
     fn ctx<'a>(
@@ -288,12 +279,11 @@ mod tests {
 
     /// Forward then `update_state`; returns the top.
     fn step(layer: &mut BatchNorm, c: &Ctx, x: &Blob, state: &mut [Vec<f32>]) -> Blob {
-        let mut top = vec![Blob::new(&layer.reshape(&[&x.shape]).unwrap()[0])];
         let params: Vec<&[f32]> = state.iter().map(|s| s.as_slice()).collect();
-        layer.forward(c, std::slice::from_ref(x), &params, &mut top);
+        let top = forward_in(c, layer, std::slice::from_ref(x), &params).remove(0);
         let mut views: Vec<&mut [f32]> = state.iter_mut().map(|s| s.as_mut_slice()).collect();
         layer.update_state(c, &mut views);
-        top.pop().unwrap()
+        top
     }
 
     /// Per-channel (mean, biased variance) of `x` `(N, C, HW)` computed directly, in f64.
@@ -404,8 +394,7 @@ mod tests {
                 threshold: 2e-3,
                 ..Default::default()
             };
-            let r = checker.check(&mut layer, &[x], &[true]).unwrap();
-            r.assert_ok();
+            let r = checker.assert_passes(&mut layer, &[x], &[true]);
             assert!(r.checked > 0);
         }
     }
@@ -433,7 +422,14 @@ mod tests {
             top.diff.copy_from_slice(dy);
             let mut bottom = vec![x.clone()];
             bottom[0].diff.fill(0.0);
-            layer.backward(c, &[top.clone()], &[true], &mut bottom, &[], &mut []);
+            layer.backward(BackwardPass {
+                ctx: c,
+                tops: &[top.clone()],
+                propagate_down: &[true],
+                bottoms: &mut bottom,
+                params: &[],
+                param_diffs: &mut [],
+            });
             (top.data, bottom.pop().unwrap().diff, state)
         };
         let cpu = Cpu::new(1);
@@ -478,48 +474,24 @@ mod tests {
     mod in_the_net {
         use crate::backend::Cpu;
         use crate::config::{Phase, SolverType};
+        use crate::layers::test_util::{in_place, net_around};
         use crate::layers::Ctx;
         use crate::net::Net;
         use crate::solver::Solver;
         use crate::validate::load_str;
         use std::path::Path;
 
-        const NET: &str = r#"
-[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-momentum = 0.9
-weight_decay = 0.01
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "bn"
-type = "batch_norm"
-bottom = ["ip"]
-top = ["ip"]
-moving_average_fraction = 0.5
-[[layer]]
-name = "drop"
-type = "dropout"
-bottom = ["ip"]
-top = ["ip"]
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
-
         #[test]
         fn state_is_moved_by_forward_only() {
-            let (mut cfg, _) = load_str("t.toml", NET, Path::new("."), &[]).unwrap();
+            let middle = [
+                in_place("bn", "batch_norm", "moving_average_fraction = 0.5"),
+                in_place("drop", "dropout", ""),
+            ];
+            let text = net_around(&middle.concat());
+            let (mut cfg, _) = load_str("t.toml", &text, Path::new("."), &[]).unwrap();
+            // Momentum history and weight decay, which must not move the state either.
+            cfg.solver.momentum = 0.9;
+            cfg.solver.weight_decay = 0.01;
             for kind in [
                 SolverType::Sgd,
                 SolverType::Nesterov,
@@ -593,73 +565,67 @@ top = ["loss"]
 
     /// Validation of the Dropout and BatchNorm keys, through the config loader.
     mod config_checks {
+        use crate::layers::test_util::{in_place, net_around};
         use crate::validate::load_str;
         use std::path::Path;
 
-        fn net(layer: &str) -> String {
-            format!(
-                r#"[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "x"
-bottom = ["ip"]
-top = ["ip"]
-{layer}
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#
-            )
+        /// The config text of a net with the layer `x` of type `kind` and the keys `keys`
+        /// between the inner product and the loss.
+        fn text(kind: &str, keys: &str) -> String {
+            net_around(&in_place("x", kind, keys))
         }
 
-        fn err(layer: &str) -> String {
-            let e = load_str("t.toml", &net(layer), Path::new("."), &[])
-                .err()
-                .unwrap_or_else(|| panic!("{layer:?} was accepted"));
-            assert_eq!(e.exit_code(), 2);
-            e.to_string()
+        /// The result of loading [`text`].
+        fn load(kind: &str, keys: &str) -> crate::error::Result<crate::config::Config> {
+            load_str("t.toml", &text(kind, keys), Path::new("."), &[]).map(|(cfg, _)| cfg)
         }
 
         #[test]
         fn valid_layers_pass() {
-            for layer in [
-                "type = \"dropout\"",
-                "type = \"dropout\"\ndropout_ratio = 0.0",
-                "type = \"batch_norm\"",
-                "type = \"batch_norm\"\nmoving_average_fraction = 1.0\neps = 1e-3\nsync = true",
-                "type = \"batch_norm\"\nuse_global_stats = true",
+            for (kind, keys) in [
+                ("dropout", ""),
+                ("dropout", "dropout_ratio = 0.0"),
+                ("batch_norm", ""),
+                (
+                    "batch_norm",
+                    "moving_average_fraction = 1.0\neps = 1e-3\nsync = true",
+                ),
+                ("batch_norm", "use_global_stats = true"),
             ] {
-                load_str("t.toml", &net(layer), Path::new("."), &[])
-                    .unwrap_or_else(|e| panic!("{layer:?}: {e}"));
+                load(kind, keys).unwrap_or_else(|e| panic!("{kind} {keys:?}: {e}"));
             }
         }
 
+        /// The error names the file, line and column of the key.
         #[test]
-        fn out_of_range_values_name_the_key_and_position() {
-            for (layer, want) in [
-                ("type = \"dropout\"\ndropout_ratio = 1.0", "t.toml:18:1: `layer[1].dropout_ratio`: must lie in [0, 1), got 1"),
-                ("type = \"dropout\"\ndropout_ratio = -0.1", "`layer[1].dropout_ratio`: must lie in [0, 1)"),
-                ("type = \"batch_norm\"\nmoving_average_fraction = 0.0", "`layer[1].moving_average_fraction`: must lie in (0, 1], got 0"),
-                ("type = \"batch_norm\"\nmoving_average_fraction = 1.5", "must lie in (0, 1], got 1.5"),
-                ("type = \"batch_norm\"\neps = 0.0", "`layer[1].eps`: must be a finite number > 0, got 0"),
-                ("type = \"batch_norm\"\nlr_mult = [0, 0, 0]", "`layer[1].lr_mult`: `lr_mult` does not apply to batch_norm: its tensors (running mean, variance, factor) are statistics"),
-                ("type = \"batch_norm\"\ndecay_mult = [0]", "`layer[1].decay_mult`: `decay_mult` does not apply to batch_norm"),
-                ("type = \"dropout\"\neps = 0.1", "`layer[1].eps`: `eps` does not apply to a layer of type dropout"),
+        fn an_error_names_the_position_of_the_key() {
+            let line = 1 + text("dropout", "dropout_ratio = 1.0")
+                .lines()
+                .position(|l| l.starts_with("dropout_ratio"))
+                .unwrap();
+            let e = load("dropout", "dropout_ratio = 1.0")
+                .unwrap_err()
+                .to_string();
+            let want = format!("t.toml:{line}:1: `layer[1].dropout_ratio`");
+            assert!(e.starts_with(&want), "{e:?} does not start with {want:?}");
+        }
+
+        #[test]
+        fn out_of_range_values_name_the_key() {
+            for (kind, keys, want) in [
+                ("dropout", "dropout_ratio = 1.0", "`layer[1].dropout_ratio`: must lie in [0, 1), got 1"),
+                ("dropout", "dropout_ratio = -0.1", "`layer[1].dropout_ratio`: must lie in [0, 1)"),
+                ("batch_norm", "moving_average_fraction = 0.0", "`layer[1].moving_average_fraction`: must lie in (0, 1], got 0"),
+                ("batch_norm", "moving_average_fraction = 1.5", "must lie in (0, 1], got 1.5"),
+                ("batch_norm", "eps = 0.0", "`layer[1].eps`: must be a finite number > 0, got 0"),
+                ("batch_norm", "lr_mult = [0, 0, 0]", "`layer[1].lr_mult`: `lr_mult` does not apply to batch_norm: its tensors (running mean, variance, factor) are statistics"),
+                ("batch_norm", "decay_mult = [0]", "`layer[1].decay_mult`: `decay_mult` does not apply to batch_norm"),
+                ("dropout", "eps = 0.1", "`layer[1].eps`: `eps` does not apply to a layer of type dropout"),
             ] {
-                let e = err(layer);
-                assert!(e.contains(want), "{layer:?}: {e:?} lacks {want:?}");
+                let e = load(kind, keys).err().unwrap_or_else(|| panic!("{kind} {keys:?} was accepted"));
+                assert_eq!(e.exit_code(), 2);
+                let e = e.to_string();
+                assert!(e.contains(want), "{kind} {keys:?}: {e:?} lacks {want:?}");
             }
         }
     }

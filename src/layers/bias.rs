@@ -1,42 +1,34 @@
 //! `Bias`: Caffe's broadcast addition `top = bottom + bias`.
 //!
-//! Shapes as [`Scale`](crate::layers::scale): the bias has the shape `d[axis .. axis + num_axes]`
-//! (`axis` default 1, `num_axes` default 1, −1 = to the last axis) and broadcasts over the rest;
-//! top: the bottom's shape. With one bottom the bias is learnable (tensor `bias`, `filler`
-//! default constant 0); with two, the second bottom is the bias and gets `Σ_{o,i} dtop`.
+//! Shapes as [`Scale`](crate::layers::scale) (the [`Broadcast`] rules): the bias has the shape
+//! `d[axis .. axis + num_axes]` (`axis` default 1, `num_axes` default 1, −1 = to the last axis)
+//! and broadcasts over the rest; top: the bottom's shape. With one bottom the bias is learnable
+//! (tensor `bias`, `filler` default constant 0); with two, the second bottom is the bias and gets
+//! `Σ_{o,i} dtop`.
 
 use crate::config::layer_params::BiasParams;
 use crate::config::FillerConfig;
 use crate::error::Result;
-use crate::layers::scale::{broadcast, Broadcast};
-use crate::layers::{Ctx, Layer};
+use crate::layers::broadcast::Broadcast;
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 use crate::params::ParamSpec;
-use crate::tensor::Blob;
 
 /// The bias layer; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Bias {
     name: String,
-    axis: usize,
-    num_axes: i64,
     filler: FillerConfig,
-    /// Whether the bias is the second bottom (fixed by the first reshape).
-    bias_bottom: bool,
-    shape: Vec<usize>,
-    b: Broadcast,
+    bias: Broadcast,
 }
 
-impl Bias {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &BiasParams) -> Self {
+impl BuildCpu for BiasParams {
+    type Layer = Bias;
+
+    fn build(&self, name: &str) -> Bias {
         Bias {
             name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
-            filler: p.filler.clone(),
-            bias_bottom: false,
-            shape: Vec::new(),
-            b: Broadcast::default(),
+            filler: self.filler.clone(),
+            bias: Broadcast::new(self.axis, self.num_axes),
         }
     }
 }
@@ -48,39 +40,26 @@ impl Layer for Bias {
 
     /// Bottoms `(d0, …)` and optionally the bias; top `(d0, …)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let (b, shape) = broadcast(&self.name, self.axis, self.num_axes, bottoms)?;
-        self.b = b;
-        self.shape = shape;
-        self.bias_bottom = bottoms.len() == 2;
-        Ok(vec![bottoms[0].to_vec()])
+        self.bias.reshape(&self.name, bottoms)
     }
 
     /// `bias` of the broadcast shape (one bottom only).
     fn param_specs(&self) -> Vec<ParamSpec> {
-        if self.bias_bottom {
-            return Vec::new();
+        match self.bias.from_bottom {
+            true => Vec::new(),
+            false => vec![self.bias.spec("bias", &self.filler)],
         }
-        vec![ParamSpec {
-            name: "bias".into(),
-            shape: self.shape.clone(),
-            filler: self.filler.clone(),
-        }]
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-        let Broadcast { dim, inner, .. } = self.b;
-        let bias = if self.bias_bottom {
-            &bottoms[1].data[..]
-        } else {
-            params[0]
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let Broadcast { dim, inner, .. } = self.bias;
+        let bias = match self.bias.from_bottom {
+            true => &pass.bottoms[1].data[..],
+            false => pass.params[0],
         };
-        let x = &bottoms[0].data;
-        for (row, (yr, xr)) in tops[0]
-            .data
-            .chunks_mut(inner)
-            .zip(x.chunks(inner))
-            .enumerate()
-        {
+        let x = &pass.bottoms[0].data;
+        let rows = pass.tops[0].data.chunks_mut(inner).zip(x.chunks(inner));
+        for (row, (yr, xr)) in rows.enumerate() {
             let c = bias[row % dim];
             for (y, &v) in yr.iter_mut().zip(xr) {
                 *y = v + c;
@@ -89,31 +68,19 @@ impl Layer for Bias {
     }
 
     /// `dbottom += dtop`; `dbias[s] += Σ dtop`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        param_diffs: &mut [&mut [f32]],
-    ) {
-        let Broadcast { dim, inner, .. } = self.b;
-        let dy = &tops[0].diff;
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let (dy, propagate_down, bottoms) = (&pass.tops[0].diff, pass.propagate_down, pass.bottoms);
         if propagate_down[0] {
             for (d, &g) in bottoms[0].diff.iter_mut().zip(dy) {
                 *d += g;
             }
         }
-        let target: Option<&mut [f32]> = if self.bias_bottom {
-            (propagate_down[1]).then(|| &mut bottoms[1].diff[..])
-        } else {
-            Some(&mut *param_diffs[0])
+        let db: Option<&mut [f32]> = match self.bias.from_bottom {
+            true => propagate_down[1].then(|| &mut bottoms[1].diff[..]),
+            false => Some(&mut *pass.param_diffs[0]),
         };
-        if let Some(db) = target {
-            for (row, dyr) in dy.chunks(inner).enumerate() {
-                db[row % dim] += dyr.iter().sum::<f32>();
-            }
+        if let Some(db) = db {
+            self.bias.add_row_sums(dy, db);
         }
     }
 }
@@ -121,14 +88,11 @@ impl Layer for Bias {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
-    fn bias(extra: &str) -> Bias {
-        from_config(
-            Bias::new,
-            &layer_config(&format!("name = \"b\"\ntype = \"bias\"\n{extra}")),
-        )
+    fn bias(keys: &str) -> Bias {
+        layer::<BiasParams>("bias", keys)
     }
 
     #[test]
@@ -141,10 +105,8 @@ mod tests {
     #[test]
     fn gradient_one_bottom() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 61);
-        let report = GradientChecker::default()
-            .check(&mut bias("num_axes = 2"), &[x], &[true])
-            .unwrap();
-        report.assert_ok();
+        let report =
+            GradientChecker::default().assert_passes(&mut bias("num_axes = 2"), &[x], &[true]);
         assert_eq!(report.checked, 24 + 6);
     }
 
@@ -152,9 +114,6 @@ mod tests {
     fn gradient_two_bottoms() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 62);
         let b = uniform_blob(&[3], -1.0, 1.0, 63);
-        GradientChecker::default()
-            .check(&mut bias(""), &[x, b], &[true, true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut bias(""), &[x, b], &[true, true]);
     }
 }

@@ -6,8 +6,7 @@
 
 use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// The concatenation layer; see the module docs.
 #[derive(Debug, Clone)]
@@ -19,12 +18,14 @@ pub struct Concat {
     widths: Vec<usize>,
 }
 
-impl Concat {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ConcatParams`]).
-    pub fn new(name: &str, p: &ConcatParams) -> Self {
+impl BuildCpu for ConcatParams {
+    type Layer = Concat;
+
+    /// The layer `name` (defaults and ranges: [`ConcatParams`]).
+    fn build(&self, name: &str) -> Concat {
         Concat {
             name: name.to_string(),
-            axis: p.axis,
+            axis: self.axis,
             outer: 0,
             widths: Vec::new(),
         }
@@ -68,11 +69,11 @@ impl Layer for Concat {
         Ok(vec![top])
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
         let total: usize = self.widths.iter().sum();
-        let y = &mut tops[0].data;
+        let y = &mut pass.tops[0].data;
         let mut start = 0;
-        for (bottom, &w) in bottoms.iter().zip(&self.widths) {
+        for (bottom, &w) in pass.bottoms.iter().zip(&self.widths) {
             for o in 0..self.outer {
                 y[o * total + start..o * total + start + w]
                     .copy_from_slice(&bottom.data[o * w..(o + 1) * w]);
@@ -81,19 +82,12 @@ impl Layer for Concat {
         }
     }
 
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
         let total: usize = self.widths.iter().sum();
-        let dy = &tops[0].diff;
+        let dy = &pass.tops[0].diff;
         let mut start = 0;
-        for ((bottom, &w), &down) in bottoms.iter_mut().zip(&self.widths).zip(propagate_down) {
+        let bottoms = pass.bottoms.iter_mut().zip(&self.widths);
+        for ((bottom, &w), &down) in bottoms.zip(pass.propagate_down) {
             if down {
                 for o in 0..self.outer {
                     let src = &dy[o * total + start..o * total + start + w];
@@ -110,14 +104,11 @@ impl Layer for Concat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
-    fn concat(extra: &str) -> Concat {
-        from_config(
-            Concat::new,
-            &layer_config(&format!("name = \"c\"\ntype = \"concat\"\n{extra}")),
-        )
+    fn concat(keys: &str) -> Concat {
+        layer::<ConcatParams>("concat", keys)
     }
 
     #[test]
@@ -142,10 +133,7 @@ mod tests {
             uniform_blob(&[2, 1, 2, 2], -1.0, 1.0, 82),
             uniform_blob(&[2, 2, 2, 2], -1.0, 1.0, 83),
         ];
-        GradientChecker::default()
-            .check(&mut concat(""), &bottoms, &[true, false, true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut concat(""), &bottoms, &[true, false, true]);
     }
 
     #[test]
@@ -154,10 +142,7 @@ mod tests {
             uniform_blob(&[2, 3, 1, 2], -1.0, 1.0, 84),
             uniform_blob(&[2, 3, 3, 2], -1.0, 1.0, 85),
         ];
-        GradientChecker::default()
-            .check(&mut concat("axis = 2"), &bottoms, &[true, true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut concat("axis = 2"), &bottoms, &[true, true]);
     }
 
     #[test]

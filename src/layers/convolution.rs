@@ -18,13 +18,12 @@
 //! Large GEMMs keep the cores busy where one GEMM per sample (Caffe's way) would be too small to
 //! share. The buffers are kept in the layer and reused across steps.
 
+use crate::backend::Cpu;
 use crate::config::layer_params::ConvolutionParams;
-use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::spatial::{Geometry, Pair};
-use crate::layers::{one_bottom, Ctx, Layer};
+use crate::layers::spatial::{image_bottom, Geometry};
+use crate::layers::{weight_and_bias, BackwardPass, BuildCpu, ForwardPass, Layer};
 use crate::params::ParamSpec;
-use crate::tensor::Blob;
 use rayon::prelude::*;
 
 /// Floats the column and output buffers of one chunk of samples may take together (8 MiB: a
@@ -35,15 +34,7 @@ pub const COLUMN_BUDGET: usize = 1 << 21;
 #[derive(Debug, Clone)]
 pub struct Convolution {
     name: String,
-    num_output: usize,
-    bias_term: bool,
-    group: usize,
-    kernel: Pair,
-    stride: Pair,
-    pad: Pair,
-    dilation: Pair,
-    weight_filler: FillerConfig,
-    bias_filler: FillerConfig,
+    settings: ConvolutionParams,
     /// Input channels, fixed by the first reshape.
     channels: Option<usize>,
     /// Batch of the current bottom.
@@ -59,20 +50,13 @@ pub struct Convolution {
     column_budget: usize,
 }
 
-impl Convolution {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &ConvolutionParams) -> Self {
+impl BuildCpu for ConvolutionParams {
+    type Layer = Convolution;
+
+    fn build(&self, name: &str) -> Convolution {
         Convolution {
             name: name.to_string(),
-            num_output: p.num_output,
-            bias_term: p.bias_term,
-            group: p.group,
-            kernel: p.kernel,
-            stride: p.stride,
-            pad: p.pad,
-            dilation: p.dilation,
-            weight_filler: p.weight_filler.clone(),
-            bias_filler: p.bias_filler.clone(),
+            settings: self.clone(),
             channels: None,
             num: 0,
             geometry: Geometry::default(),
@@ -84,11 +68,39 @@ impl Convolution {
     }
 }
 
+/// The GEMM sizes of one pass: per group, the weight `W_g (M, K)` with `M = num_output/group`
+/// and `K = C/group·kh·kw`; `P = OH·OW` outputs per sample, `S` samples per chunk.
+#[derive(Debug, Clone, Copy)]
+struct Gemms {
+    groups: usize,
+    m: usize,
+    k: usize,
+    p: usize,
+    chunk: usize,
+    /// Whether im2col and col2im spread over the rayon pool.
+    parallel: bool,
+}
+
+impl Gemms {
+    /// `(first, S)` of each chunk of a batch of `num` samples.
+    fn chunks(&self, num: usize) -> impl Iterator<Item = (usize, usize)> {
+        let chunk = self.chunk;
+        (0..num)
+            .step_by(chunk)
+            .map(move |first| (first, chunk.min(num - first)))
+    }
+
+    /// Group `gi`'s block of a matrix of `rows` rows per group and `cols` columns.
+    fn block(&self, gi: usize, rows: usize, cols: usize) -> std::ops::Range<usize> {
+        gi * rows * cols..(gi + 1) * rows * cols
+    }
+}
+
 impl Convolution {
     /// Floats one sample takes in the chunk buffers.
     fn floats_per_sample(&self) -> usize {
         let g = self.geometry;
-        (g.col_rows() + self.num_output) * g.col_cols()
+        (g.col_rows() + self.settings.num_output) * g.col_cols()
     }
 
     /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
@@ -96,14 +108,23 @@ impl Convolution {
         (self.column_budget / self.floats_per_sample().max(1)).clamp(1, self.num.max(1))
     }
 
-    /// Sizes the buffers for chunks of `samples`; allocates only when they grow (reshape itself
-    /// allocates nothing, so that validation can call it freely).
-    fn buffers(&mut self, samples: usize) {
+    /// The sizes of a pass on `cpu`, with the buffers sized for its chunks: they grow only
+    /// here, never in reshape, so that validation can reshape freely.
+    fn prepare(&mut self, cpu: &Cpu) -> Gemms {
         let g = self.geometry;
-        let ld = samples * g.col_cols();
+        let groups = self.settings.group;
+        let sizes = Gemms {
+            groups,
+            m: self.settings.num_output / groups,
+            k: g.col_rows() / groups,
+            p: g.col_cols(),
+            chunk: self.chunk(),
+            parallel: cpu.threads > 1,
+        };
+        let ld = sizes.chunk * sizes.p;
         for (buf, rows) in [
             (&mut self.col, g.col_rows()),
-            (&mut self.out, self.num_output),
+            (&mut self.out, self.settings.num_output),
         ] {
             if buf.len() < rows * ld {
                 buf.resize(rows * ld, 0.0);
@@ -112,6 +133,7 @@ impl Convolution {
         if self.ones.len() < ld {
             self.ones.resize(ld, 1.0);
         }
+        sizes
     }
 }
 
@@ -177,16 +199,12 @@ impl Layer for Convolution {
     /// One bottom `(N, C, H, W)`; top `(N, num_output, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let shape = one_bottom(&self.name, bottoms)?;
-        let &[n, c, h, w] = shape else {
-            return err(format!(
-                "takes a bottom (N, C, H, W), got {shape:?} (2-D convolution only)"
-            ));
-        };
-        if c % self.group != 0 {
+        let shape @ [n, c, h, w] = image_bottom(&self.name, "convolution", bottoms)?;
+        let s = &self.settings;
+        if c % s.group != 0 {
             return err(format!(
                 "`group` {} does not divide the {c} channels of the bottom",
-                self.group
+                s.group
             ));
         }
         match self.channels {
@@ -199,121 +217,88 @@ impl Layer for Convolution {
         }
         let mut output = [0; 2];
         for (a, size) in [h, w].into_iter().enumerate() {
-            let span = self.dilation[a] * (self.kernel[a] - 1) + 1;
-            let padded = size + 2 * self.pad[a];
+            let span = s.dilation[a] * (s.kernel[a] - 1) + 1;
+            let padded = size + 2 * s.pad[a];
             if padded < span {
                 return err(format!(
                     "the kernel spans {span} pixels, more than the padded input ({padded}) of bottom {shape:?}"
                 ));
             }
-            output[a] = (padded - span) / self.stride[a] + 1;
+            output[a] = (padded - span) / s.stride[a] + 1;
         }
         self.geometry = Geometry {
             channels: c,
             input: [h, w],
-            kernel: self.kernel,
-            stride: self.stride,
-            pad: self.pad,
-            dilation: self.dilation,
+            kernel: s.kernel,
+            stride: s.stride,
+            pad: s.pad,
+            dilation: s.dilation,
             output,
         };
         self.num = n;
-        Ok(vec![vec![n, self.num_output, output[0], output[1]]])
+        Ok(vec![vec![n, s.num_output, output[0], output[1]]])
     }
 
     /// `weight` `(num_output, C/group, kh, kw)`, then `bias` `(num_output)` if `bias_term`.
     fn param_specs(&self) -> Vec<ParamSpec> {
-        let c = self.channels.unwrap_or(0) / self.group;
-        let mut specs = vec![ParamSpec {
-            name: "weight".into(),
-            shape: vec![self.num_output, c, self.kernel[0], self.kernel[1]],
-            filler: self.weight_filler.clone(),
-        }];
-        if self.bias_term {
-            specs.push(ParamSpec {
-                name: "bias".into(),
-                shape: vec![self.num_output],
-                filler: self.bias_filler.clone(),
-            });
-        }
-        specs
+        let s = &self.settings;
+        let c = self.channels.unwrap_or(0) / s.group;
+        weight_and_bias(
+            vec![s.num_output, c, s.kernel[0], s.kernel[1]],
+            &s.weight_filler,
+            s.bias_term.then_some(&s.bias_filler),
+        )
     }
 
-    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-        let g = self.geometry;
-        let (groups, p) = (self.group, g.col_cols());
-        let m = self.num_output / groups;
-        let k = g.col_rows() / groups;
-        let out_len = self.num_output * p;
-        let chunk = self.chunk();
-        let parallel = ctx.cpu.threads > 1;
-        self.buffers(chunk);
-        let mut first = 0;
-        while first < self.num {
-            let samples = chunk.min(self.num - first);
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let gemms = self.prepare(pass.ctx.cpu);
+        let Gemms { m, k, p, .. } = gemms;
+        let (g, weight) = (self.geometry, pass.params[0]);
+        let out_len = self.settings.num_output * p;
+        for (first, samples) in gemms.chunks(self.num) {
             let ld = samples * p;
-            columns(
-                &g,
-                &mut self.col,
-                &bottoms[0].data,
-                first,
-                samples,
-                parallel,
-            );
-            for gi in 0..groups {
-                ctx.cpu.gemm(
+            let images = &pass.bottoms[0].data;
+            columns(&g, &mut self.col, images, first, samples, gemms.parallel);
+            for gi in 0..gemms.groups {
+                pass.ctx.cpu.gemm(
                     false,
                     false,
                     m,
                     ld,
                     k,
                     1.0,
-                    &params[0][gi * m * k..(gi + 1) * m * k],
-                    &self.col[gi * k * ld..(gi + 1) * k * ld],
+                    &weight[gemms.block(gi, m, k)],
+                    &self.col[gemms.block(gi, k, ld)],
                     0.0,
-                    &mut self.out[gi * m * ld..(gi + 1) * m * ld],
+                    &mut self.out[gemms.block(gi, m, ld)],
                 );
             }
             // Sample j's channel r is row r's columns j·P..(j+1)·P, plus the bias.
-            let top = &mut tops[0].data[first * out_len..(first + samples) * out_len];
+            let top = &mut pass.tops[0].data[first * out_len..(first + samples) * out_len];
             for (j, sample) in top.chunks_exact_mut(out_len).enumerate() {
                 for (r, plane) in sample.chunks_exact_mut(p).enumerate() {
                     let src = &self.out[r * ld + j * p..r * ld + (j + 1) * p];
-                    match self.bias_term {
+                    match self.settings.bias_term {
                         true => {
-                            let b = params[1][r];
+                            let b = pass.params[1][r];
                             plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v + b);
                         }
                         false => plane.copy_from_slice(src),
                     }
                 }
             }
-            first += samples;
         }
     }
 
-    fn backward(
-        &mut self,
-        ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        params: &[&[f32]],
-        param_diffs: &mut [&mut [f32]],
-    ) {
-        let g = self.geometry;
-        let (groups, p) = (self.group, g.col_cols());
-        let m = self.num_output / groups;
-        let k = g.col_rows() / groups;
-        let out_len = self.num_output * p;
-        let weight = params[0];
-        let chunk = self.chunk();
-        let parallel = ctx.cpu.threads > 1;
-        self.buffers(chunk);
-        let bottom = &mut bottoms[0];
-        let mut first = 0;
-        while first < self.num {
-            let samples = chunk.min(self.num - first);
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let gemms = self.prepare(pass.ctx.cpu);
+        let Gemms { m, k, p, .. } = gemms;
+        let (g, cpu, weight) = (self.geometry, pass.ctx.cpu, pass.params[0]);
+        let (tops, param_diffs) = (pass.tops, pass.param_diffs);
+        let num_output = self.settings.num_output;
+        let out_len = num_output * p;
+        let bottom = &mut pass.bottoms[0];
+        for (first, samples) in gemms.chunks(self.num) {
             let ld = samples * p;
             // dy (num_output, S·P): sample j's channel r in row r, columns j·P..(j+1)·P.
             let dtop = &tops[0].diff[first * out_len..(first + samples) * out_len];
@@ -322,54 +307,62 @@ impl Layer for Convolution {
                     self.out[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
                 }
             }
-            let dy = &self.out[..self.num_output * ld];
-            if self.bias_term {
-                ctx.cpu.gemm(
+            let dy = &self.out[..num_output * ld];
+            if self.settings.bias_term {
+                let ones = &self.ones[..ld];
+                cpu.gemm(
                     false,
                     false,
-                    self.num_output,
+                    num_output,
                     1,
                     ld,
                     1.0,
                     dy,
-                    &self.ones[..ld],
+                    ones,
                     1.0,
                     param_diffs[1],
                 );
             }
-            columns(&g, &mut self.col, &bottom.data, first, samples, parallel);
-            for gi in 0..groups {
-                ctx.cpu.gemm(
+            columns(
+                &g,
+                &mut self.col,
+                &bottom.data,
+                first,
+                samples,
+                gemms.parallel,
+            );
+            for gi in 0..gemms.groups {
+                cpu.gemm(
                     false,
                     true,
                     m,
                     k,
                     ld,
                     1.0,
-                    &dy[gi * m * ld..(gi + 1) * m * ld],
-                    &self.col[gi * k * ld..(gi + 1) * k * ld],
+                    &dy[gemms.block(gi, m, ld)],
+                    &self.col[gemms.block(gi, k, ld)],
                     1.0,
-                    &mut param_diffs[0][gi * m * k..(gi + 1) * m * k],
+                    &mut param_diffs[0][gemms.block(gi, m, k)],
                 );
             }
-            if propagate_down[0] {
-                for gi in 0..groups {
-                    ctx.cpu.gemm(
+            if pass.propagate_down[0] {
+                for gi in 0..gemms.groups {
+                    cpu.gemm(
                         true,
                         false,
                         k,
                         ld,
                         m,
                         1.0,
-                        &weight[gi * m * k..(gi + 1) * m * k],
-                        &dy[gi * m * ld..(gi + 1) * m * ld],
+                        &weight[gemms.block(gi, m, k)],
+                        &dy[gemms.block(gi, m, ld)],
                         0.0,
-                        &mut self.col[gi * k * ld..(gi + 1) * k * ld],
+                        &mut self.col[gemms.block(gi, k, ld)],
                     );
                 }
+                let parallel = gemms.parallel;
                 add_columns(&g, &self.col, &mut bottom.diff, first, samples, parallel);
             }
-            first += samples;
         }
     }
 }
@@ -377,16 +370,13 @@ impl Layer for Convolution {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
     use crate::config::Phase;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::ctx;
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, ctx, forward, forward_in, layer, params_error};
+    use crate::tensor::Blob;
 
-    fn conv(extra: &str) -> Convolution {
-        from_config(
-            Convolution::new,
-            &layer_config(&format!("name = \"conv\"\ntype = \"convolution\"\n{extra}")),
-        )
+    fn conv(keys: &str) -> Convolution {
+        layer::<ConvolutionParams>("convolution", keys)
     }
 
     /// A direct 6-loop convolution with groups: `(N, C, H, W)` → `(N, M, OH, OW)`.
@@ -443,17 +433,10 @@ mod tests {
         let w = uniform_blob(&specs[0].shape, -1.0, 1.0, seed).data;
         let b = uniform_blob(&[m], -1.0, 1.0, seed + 1).data;
         let x = uniform_blob(&shape, -1.0, 1.0, seed + 2);
-        let mut top = vec![Blob::new(&tops[0])];
-        top[0].data.fill(f32::NAN);
-        let cpu = Cpu::new(1);
         let with_bias = specs.len() == 2;
         let params: Vec<&[f32]> = if with_bias { vec![&w, &b] } else { vec![&w] };
-        layer.forward(
-            &ctx(&cpu, Phase::Train),
-            std::slice::from_ref(&x),
-            &params,
-            &mut top,
-        );
+        let top = forward(&mut layer, std::slice::from_ref(&x), &params);
+        assert_eq!(top[0].shape, tops[0]);
         let g = layer.geometry;
         let want = direct(
             &x,
@@ -495,17 +478,11 @@ mod tests {
     fn forward_by_hand() {
         // 1×1×3×3 input, 2×2 kernel of ones, bias 0.5: each output is a 2×2 window sum + 0.5.
         let mut layer = conv("num_output = 1\nkernel_size = 2");
-        let tops = layer.reshape(&[&[1, 1, 3, 3]]).unwrap();
-        let mut x = Blob::new(&[1, 1, 3, 3]);
-        x.data = (1..=9).map(|v| v as f32).collect();
-        let mut top = vec![Blob::new(&tops[0])];
-        let cpu = Cpu::new(1);
-        layer.forward(
-            &ctx(&cpu, Phase::Train),
-            &[x],
-            &[&[1.0; 4], &[0.5]],
-            &mut top,
+        let x = blob(
+            &[1, 1, 3, 3],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
         );
+        let top = forward(&mut layer, &[x], &[&[1.0; 4], &[0.5]]);
         assert_eq!(top[0].data, vec![12.5, 16.5, 24.5, 28.5]);
     }
 
@@ -536,13 +513,9 @@ mod tests {
         );
     }
 
-    fn gradient(extra: &str, shape: [usize; 4]) {
+    fn gradient(keys: &str, shape: [usize; 4]) {
         let bottom = uniform_blob(&shape, -1.0, 1.0, 31);
-        let mut layer = conv(extra);
-        let report = GradientChecker::default()
-            .check(&mut layer, &[bottom], &[true])
-            .unwrap();
-        report.assert_ok();
+        let report = GradientChecker::default().assert_passes(&mut conv(keys), &[bottom], &[true]);
         assert!(report.checked > 0);
     }
 
@@ -584,20 +557,20 @@ mod tests {
         let b = uniform_blob(&specs[1].shape, -1.0, 1.0, 42).data;
         let mut x = uniform_blob(&shape, -1.0, 1.0, 43);
         x.diff.fill(0.5);
-        let mut top = vec![Blob::new(&tops[0])];
-        top[0].diff = uniform_blob(&tops[0], -1.0, 1.0, 44).data;
         let cpu = Cpu::new(threads);
+        let ctx = ctx(&cpu, Phase::Train);
         let mut bottoms = [x];
-        layer.forward(&ctx(&cpu, Phase::Train), &bottoms, &[&w, &b], &mut top);
+        let mut top = forward_in(&ctx, layer, &bottoms, &[&w, &b]);
+        top[0].diff = uniform_blob(&tops[0], -1.0, 1.0, 44).data;
         let (mut dw, mut db) = (vec![1.0; w.len()], vec![1.0; b.len()]);
-        layer.backward(
-            &ctx(&cpu, Phase::Train),
-            &top,
-            &[true],
-            &mut bottoms,
-            &[&w, &b],
-            &mut [&mut dw, &mut db],
-        );
+        layer.backward(BackwardPass {
+            ctx: &ctx,
+            tops: &top,
+            propagate_down: &[true],
+            bottoms: &mut bottoms,
+            params: &[&w, &b],
+            param_diffs: &mut [&mut dw, &mut db],
+        });
         let [x] = bottoms;
         [top.remove(0).data, x.diff, dw, db]
     }
@@ -638,10 +611,7 @@ mod tests {
         let mut layer = conv("num_output = 3\nkernel_size = 3\npad = 1");
         layer.reshape(&[&[3, 2, 5, 4]]).unwrap();
         layer.column_budget = 2 * layer.floats_per_sample();
-        let report = GradientChecker::default()
-            .check(&mut layer, &[bottom], &[true])
-            .unwrap();
-        report.assert_ok();
+        let report = GradientChecker::default().assert_passes(&mut layer, &[bottom], &[true]);
         assert!(report.checked > 0);
     }
 
@@ -655,12 +625,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_settings() {
-        let new = |extra: &str| {
-            layer_config(&format!("name = \"c\"\ntype = \"convolution\"\n{extra}"))
-                .params()
-                .unwrap_err()
-                .to_string()
-        };
+        let new = |keys: &str| params_error("convolution", keys);
         assert!(new("kernel_size = 3").contains("num_output"));
         assert!(new("num_output = 2").contains("kernel_size"));
         assert!(new("num_output = 2\nkernel_size = 0").contains("kernel_size"));

@@ -12,8 +12,7 @@
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
 use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// FNV-1a, 64 bits (offset 0xcbf29ce484222325, prime 0x100000001b3): the layer's share of the seed.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -50,12 +49,14 @@ pub struct Dropout {
     mask: Vec<f32>,
 }
 
-impl Dropout {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`DropoutParams`]).
-    pub fn new(name: &str, p: &DropoutParams) -> Self {
+impl BuildCpu for DropoutParams {
+    type Layer = Dropout;
+
+    /// The layer `name` (defaults and ranges: [`DropoutParams`]).
+    fn build(&self, name: &str) -> Dropout {
         Dropout {
             name: name.to_string(),
-            ratio: p.ratio,
+            ratio: self.ratio,
             mask: Vec::new(),
         }
     }
@@ -73,15 +74,16 @@ impl Layer for Dropout {
         Ok(tops)
     }
 
-    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        let (x, y) = (&bottoms[0].data, &mut tops[0].data);
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let (ctx, bottom) = (pass.ctx, &pass.bottoms[0]);
+        let (x, y) = (&bottom.data, &mut pass.tops[0].data);
         if ctx.phase == Phase::Test {
             y.copy_from_slice(x);
             return;
         }
         let seed = layer_seed(ctx.seed, &self.name);
         let scale = 1.0 / (1.0 - self.ratio);
-        let inner = bottoms[0].inner().max(1);
+        let inner = bottom.inner().max(1);
         for (n, ((ys, xs), ms)) in y
             .chunks_exact_mut(inner)
             .zip(x.chunks_exact(inner))
@@ -98,24 +100,17 @@ impl Layer for Dropout {
     }
 
     /// `dx += dy · mask` (train phase; the mask of the last forward).
-    fn backward(
-        &mut self,
-        ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let phase = pass.ctx.phase;
+        let Some((top, bottom)) = pass.top_and_bottom() else {
+            return;
+        };
+        let (dx, dy) = (&mut bottom.diff, &top.diff);
+        if phase == Phase::Test {
+            dx.iter_mut().zip(dy).for_each(|(d, &g)| *d += g);
             return;
         }
-        let dx = &mut bottoms[0].diff;
-        if ctx.phase == Phase::Test {
-            dx.iter_mut().zip(&tops[0].diff).for_each(|(d, &g)| *d += g);
-            return;
-        }
-        for ((d, &g), &m) in dx.iter_mut().zip(&tops[0].diff).zip(&self.mask) {
+        for ((d, &g), &m) in dx.iter_mut().zip(dy).zip(&self.mask) {
             *d += g * m;
         }
     }
@@ -125,15 +120,13 @@ impl Layer for Dropout {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{self, forward_in, named};
+    use crate::layers::Ctx;
+    use crate::tensor::Blob;
 
     fn dropout(ratio: f32) -> Dropout {
-        from_config(
-            Dropout::new,
-            &layer_config(&format!(
-                "name = \"drop\"\ntype = \"dropout\"\ndropout_ratio = {ratio:?}"
-            )),
-        )
+        named::<DropoutParams>("drop", "dropout", &format!("dropout_ratio = {ratio:?}"))
     }
 
     fn ctx(cpu: &Cpu, phase: Phase, iter: u64, first_sample: u64) -> Ctx<'_> {
@@ -141,14 +134,14 @@ mod tests {
             iter,
             seed: 1701,
             first_sample,
-            ..crate::layers::test_util::ctx(cpu, phase)
+            ..test_util::ctx(cpu, phase)
         }
     }
 
     fn forward(layer: &mut Dropout, c: &Ctx, x: &Blob) -> Vec<f32> {
-        let mut top = vec![Blob::new(&layer.reshape(&[&x.shape]).unwrap()[0])];
-        layer.forward(c, std::slice::from_ref(x), &[], &mut top);
-        top.pop().unwrap().data
+        forward_in(c, layer, std::slice::from_ref(x), &[])
+            .remove(0)
+            .data
     }
 
     #[test]
@@ -218,10 +211,7 @@ mod tests {
         assert_eq!(whole, halves);
         let next_iter = forward(&mut layer, &ctx(&cpu, Phase::Train, 3, 10), &x);
         assert_ne!(whole, next_iter);
-        let mut other = from_config(
-            Dropout::new,
-            &layer_config("name = \"drop2\"\ntype = \"dropout\"\ndropout_ratio = 0.5"),
-        );
+        let mut other = named::<DropoutParams>("drop2", "dropout", "dropout_ratio = 0.5");
         assert_ne!(
             whole,
             forward(&mut other, &ctx(&cpu, Phase::Train, 2, 10), &x)
@@ -246,10 +236,7 @@ mod tests {
         for ratio in [0.0, 0.3, 0.5] {
             let mut layer = dropout(ratio);
             let x = uniform_blob(&[3, 2, 4, 4], -1.0, 1.0, 6);
-            GradientChecker::default()
-                .check(&mut layer, &[x], &[true])
-                .unwrap()
-                .assert_ok();
+            GradientChecker::default().assert_passes(&mut layer, &[x], &[true]);
         }
     }
 }

@@ -7,8 +7,7 @@
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// The element-wise layer; see the module docs.
 #[derive(Debug, Clone)]
@@ -20,17 +19,20 @@ pub struct Eltwise {
     argmax: Vec<u32>,
 }
 
-impl Eltwise {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &EltwiseParams) -> Self {
+impl BuildCpu for EltwiseParams {
+    type Layer = Eltwise;
+
+    fn build(&self, name: &str) -> Eltwise {
         Eltwise {
             name: name.to_string(),
-            op: p.operation,
-            coeff: p.coeff.clone(),
+            op: self.operation,
+            coeff: self.coeff.clone(),
             argmax: Vec::new(),
         }
     }
+}
 
+impl Eltwise {
     fn coeff(&self, b: usize) -> f32 {
         self.coeff.as_ref().map_or(1.0, |c| c[b])
     }
@@ -65,8 +67,8 @@ impl Layer for Eltwise {
         Ok(vec![bottoms[0].to_vec()])
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        let y = &mut tops[0].data;
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let (bottoms, y) = (pass.bottoms, &mut pass.tops[0].data);
         match self.op {
             EltwiseOp::Sum => {
                 y.fill(0.0);
@@ -101,16 +103,8 @@ impl Layer for Eltwise {
         }
     }
 
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        let dy = &tops[0].diff;
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let (dy, propagate_down, bottoms) = (&pass.tops[0].diff, pass.propagate_down, pass.bottoms);
         for b in 0..bottoms.len() {
             if !propagate_down[b] {
                 continue;
@@ -146,20 +140,20 @@ impl Layer for Eltwise {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
+    use crate::tensor::Blob;
 
-    fn eltwise(extra: &str) -> Eltwise {
-        from_config(
-            Eltwise::new,
-            &layer_config(&format!("name = \"e\"\ntype = \"eltwise\"\n{extra}")),
-        )
+    fn eltwise(keys: &str) -> Eltwise {
+        layer::<EltwiseParams>("eltwise", keys)
     }
 
-    fn three(seed: u64) -> Vec<Blob> {
-        (0..3)
+    /// The default gradient check of `eltwise(keys)` on three random bottoms.
+    fn gradient(keys: &str, seed: u64, propagate: [bool; 3]) {
+        let bottoms: Vec<Blob> = (0..3)
             .map(|i| uniform_blob(&[2, 3, 2], -1.0, 1.0, seed + i))
-            .collect()
+            .collect();
+        GradientChecker::default().assert_passes(&mut eltwise(keys), &bottoms, &propagate);
     }
 
     #[test]
@@ -177,36 +171,19 @@ mod tests {
 
     #[test]
     fn gradient_sum_with_coeff() {
-        GradientChecker::default()
-            .check(
-                &mut eltwise("coeff = [1.0, -2.0, 0.5]"),
-                &three(71),
-                &[true; 3],
-            )
-            .unwrap()
-            .assert_ok();
+        gradient("coeff = [1.0, -2.0, 0.5]", 71, [true; 3]);
     }
 
     #[test]
     fn gradient_prod() {
-        GradientChecker::default()
-            .check(&mut eltwise("operation = \"prod\""), &three(72), &[true; 3])
-            .unwrap()
-            .assert_ok();
+        gradient("operation = \"prod\"", 72, [true; 3]);
     }
 
     #[test]
     fn gradient_max_with_one_bottom_not_propagated() {
         // Uniform random inputs: ties closer than the step are improbable at this size and
         // the seed is fixed.
-        GradientChecker::default()
-            .check(
-                &mut eltwise("operation = \"max\""),
-                &three(73),
-                &[true, false, true],
-            )
-            .unwrap()
-            .assert_ok();
+        gradient("operation = \"max\"", 73, [true, false, true]);
     }
 
     #[test]

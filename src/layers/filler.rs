@@ -224,53 +224,33 @@ mod tests {
         close("gaussian variance", var, 4.0, 4.0 * 0.03);
     }
 
+    /// Xavier (uniform in ±√(3/n)) and MSRA (gaussian) have mean 0 and variance `gain / n`,
+    /// `n` the fan the variance norm picks. (num_output, K) = (100, 1000): fan_in 1000, fan_out
+    /// 100, average 550.
     #[test]
-    fn xavier_statistics_per_variance_norm() {
-        // (num_output, K) = (100, 1000): fan_in 1000, fan_out 100, average 550.
-        let shape = [100, 1000];
-        for (norm, n) in [
-            (VarianceNorm::FanIn, 1000.0f64),
-            (VarianceNorm::FanOut, 100.0),
-            (VarianceNorm::Average, 550.0),
-        ] {
-            let mut c = cfg(FillerKind::Xavier);
-            c.variance_norm = norm;
-            let (mean, var, out) = stats(&c, &shape);
-            let bound = (3.0f64 / n).sqrt() as f32;
-            assert!(
-                out.iter().all(|v| v.abs() <= bound),
-                "{norm:?}: outside ±{bound}"
-            );
-            let want = 1.0 / n;
-            close(
-                &format!("xavier {norm:?} mean"),
-                mean,
-                0.0,
-                5.0 * want.sqrt() / 316.0,
-            );
-            close(&format!("xavier {norm:?} variance"), var, want, 0.03 * want);
-        }
-    }
-
-    #[test]
-    fn msra_statistics_per_variance_norm() {
-        let shape = [100, 1000];
-        for (norm, n) in [
-            (VarianceNorm::FanIn, 1000.0f64),
-            (VarianceNorm::FanOut, 100.0),
-            (VarianceNorm::Average, 550.0),
-        ] {
-            let mut c = cfg(FillerKind::Msra);
-            c.variance_norm = norm;
-            let (mean, var, _) = stats(&c, &shape);
-            let want = 2.0 / n;
-            close(
-                &format!("msra {norm:?} mean"),
-                mean,
-                0.0,
-                5.0 * want.sqrt() / 316.0,
-            );
-            close(&format!("msra {norm:?} variance"), var, want, 0.03 * want);
+    fn variance_scaling_statistics_per_variance_norm() {
+        for (kind, gain) in [(FillerKind::Xavier, 1.0), (FillerKind::Msra, 2.0)] {
+            for (norm, n) in [
+                (VarianceNorm::FanIn, 1000.0f64),
+                (VarianceNorm::FanOut, 100.0),
+                (VarianceNorm::Average, 550.0),
+            ] {
+                let mut c = cfg(kind);
+                c.variance_norm = norm;
+                let (mean, var, out) = stats(&c, &[100, 1000]);
+                let bound = (3.0f64 / n).sqrt() as f32;
+                let bounded = kind != FillerKind::Xavier || out.iter().all(|v| v.abs() <= bound);
+                assert!(bounded, "{norm:?}: outside ±{bound}");
+                let want = gain / n;
+                let what = format!("{kind:?} {norm:?}");
+                close(
+                    &format!("{what} mean"),
+                    mean,
+                    0.0,
+                    5.0 * want.sqrt() / 316.0,
+                );
+                close(&format!("{what} variance"), var, want, 0.03 * want);
+            }
         }
     }
 

@@ -5,31 +5,21 @@
 use crate::config::layer_params::FlattenParams;
 use crate::error::{Error, Result};
 use crate::layers::reshaping::{ReshapingLayer, ShapeRule};
+use crate::layers::BuildCpu;
 
 /// The flatten layer; see the module docs.
-pub type Flatten = ReshapingLayer<FlattenAxes>;
+pub type Flatten = ReshapingLayer<FlattenParams>;
 
-/// Merges the axes `axis ..= end_axis` into one.
-#[derive(Debug, Clone)]
-pub struct FlattenAxes {
-    axis: usize,
-    end_axis: i64,
-}
+impl BuildCpu for FlattenParams {
+    type Layer = Flatten;
 
-impl Flatten {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`FlattenParams`]).
-    pub fn new(name: &str, p: &FlattenParams) -> Self {
-        ReshapingLayer::with_rule(
-            name,
-            FlattenAxes {
-                axis: p.axis,
-                end_axis: p.end_axis,
-            },
-        )
+    fn build(&self, name: &str) -> Flatten {
+        ReshapingLayer::with_rule(name, *self)
     }
 }
 
-impl ShapeRule for FlattenAxes {
+/// Merges the axes `axis ..= end_axis` into one.
+impl ShapeRule for FlattenParams {
     const TYPE_NAME: &'static str = "flatten";
 
     fn top_shape(&self, layer: &str, shape: &[usize]) -> Result<Vec<usize>> {
@@ -60,41 +50,28 @@ impl ShapeRule for FlattenAxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::layer;
     use crate::layers::Layer;
 
-    fn flatten(extra: &str) -> Flatten {
-        from_config(
-            Flatten::new,
-            &layer_config(&format!("name = \"f\"\ntype = \"flatten\"\n{extra}")),
-        )
+    fn top(keys: &str, bottom: &[usize]) -> Result<Vec<Vec<usize>>> {
+        layer::<FlattenParams>("flatten", keys).reshape(&[bottom])
     }
 
     #[test]
     fn shapes() {
         let s: &[usize] = &[2, 3, 4, 5];
-        assert_eq!(flatten("").reshape(&[s]).unwrap(), vec![vec![2, 60]]);
-        assert_eq!(
-            flatten("axis = 2").reshape(&[s]).unwrap(),
-            vec![vec![2, 3, 20]]
-        );
-        assert_eq!(
-            flatten("end_axis = 2").reshape(&[s]).unwrap(),
-            vec![vec![2, 12, 5]]
-        );
-        assert_eq!(
-            flatten("end_axis = -2").reshape(&[s]).unwrap(),
-            vec![vec![2, 12, 5]]
-        );
-        assert!(flatten("axis = 3\nend_axis = 2").reshape(&[s]).is_err());
+        assert_eq!(top("", s).unwrap(), vec![vec![2, 60]]);
+        assert_eq!(top("axis = 2", s).unwrap(), vec![vec![2, 3, 20]]);
+        assert_eq!(top("end_axis = 2", s).unwrap(), vec![vec![2, 12, 5]]);
+        assert_eq!(top("end_axis = -2", s).unwrap(), vec![vec![2, 12, 5]]);
+        assert!(top("axis = 3\nend_axis = 2", s).is_err());
     }
 
     #[test]
     fn gradient() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 91);
-        GradientChecker::default()
-            .check(&mut flatten(""), &[x], &[true])
-            .unwrap()
-            .assert_ok();
+        let mut flatten = layer::<FlattenParams>("flatten", "");
+        GradientChecker::default().assert_passes(&mut flatten, &[x], &[true]);
     }
 }

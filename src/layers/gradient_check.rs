@@ -17,21 +17,19 @@
 //! not propagated (labels) must keep their pre-filled diff untouched.
 //!
 //! ```
+//! use p2ptrain::config::layer_params::TanhParams;
 //! use p2ptrain::layers::gradient_check::{uniform_blob, GradientChecker};
-//! use p2ptrain::layers::tanh::TanH;
+//! use p2ptrain::layers::BuildCpu;
 //!
-//! let mut layer = TanH::default();
+//! let mut layer = TanhParams.build("tanh");
 //! let bottom = uniform_blob(&[2, 3], -1.0, 1.0, 7);
-//! GradientChecker::default()
-//!     .check(&mut layer, &[bottom], &[true])
-//!     .unwrap()
-//!     .assert_ok();
+//! GradientChecker::default().assert_passes(&mut layer, &[bottom], &[true]);
 //! ```
 
 use crate::backend::Cpu;
 use crate::config::Phase;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::layers::{BackwardPass, Ctx, ForwardPass, Layer};
 use crate::tensor::Blob;
 use rand::distributions::{Distribution, Uniform};
 use rand::{Rng, SeedableRng};
@@ -62,6 +60,18 @@ impl Default for GradientChecker {
             kink: 0.0,
             kink_range: -1.0,
             seed: 1701,
+        }
+    }
+}
+
+impl GradientChecker {
+    /// The default settings, skipping the points within `kink_range` of the non-differentiable
+    /// point `kink` (Caffe's ReLU test: kink 0, range 0.01).
+    pub fn skipping_kink(kink: f32, kink_range: f32) -> Self {
+        GradientChecker {
+            kink,
+            kink_range,
+            ..GradientChecker::default()
         }
     }
 }
@@ -265,8 +275,12 @@ impl Problem<'_> {
         let cpu = self.cpu;
         let ctx = train_ctx(&cpu, self.seed);
         let params: Vec<&[f32]> = self.params.iter().map(|p| p.as_slice()).collect();
-        self.layer
-            .forward(&ctx, &self.bottoms, &params, &mut self.tops);
+        self.layer.forward(ForwardPass {
+            ctx: &ctx,
+            bottoms: &self.bottoms,
+            params: &params,
+            tops: &mut self.tops,
+        });
         self.tops
             .iter()
             .zip(&self.top_weights)
@@ -300,14 +314,14 @@ impl Problem<'_> {
         let ctx = train_ctx(&cpu, self.seed);
         let params: Vec<&[f32]> = self.params.iter().map(|p| p.as_slice()).collect();
         let mut diff_views: Vec<&mut [f32]> = diffs.iter_mut().map(|d| d.as_mut_slice()).collect();
-        self.layer.backward(
-            &ctx,
-            &self.tops,
-            propagate,
-            &mut self.bottoms,
-            &params,
-            &mut diff_views,
-        );
+        self.layer.backward(BackwardPass {
+            ctx: &ctx,
+            tops: &self.tops,
+            propagate_down: propagate,
+            bottoms: &mut self.bottoms,
+            params: &params,
+            param_diffs: &mut diff_views,
+        });
         let bottom_diffs = self.bottoms.iter().map(|b| b.diff.clone()).collect();
         (bottom_diffs, diffs)
     }
@@ -344,6 +358,22 @@ impl GradientChecker {
             })
             .collect::<Vec<Vec<f32>>>();
         self.check_with_params(layer, bottoms, params, check_bottom)
+    }
+
+    /// [`check`](Self::check), asserting that it ran and every element passed; returns the
+    /// report for further checks (the number of points compared).
+    #[track_caller]
+    pub fn assert_passes(
+        &self,
+        layer: &mut dyn Layer,
+        bottoms: &[Blob],
+        check_bottom: &[bool],
+    ) -> CheckReport {
+        let report = self
+            .check(layer, bottoms, check_bottom)
+            .unwrap_or_else(|e| panic!("gradient check did not run: {e}"));
+        report.assert_ok();
+        report
     }
 
     /// As [`check`](Self::check), with the learnable tensors given (in `param_specs()` order).
@@ -527,28 +557,22 @@ mod tests {
             Ok(vec![bottoms[0].to_vec()])
         }
         fn param_specs(&self) -> Vec<ParamSpec> {
-            vec![ParamSpec {
-                name: "weight".into(),
-                shape: vec![1],
-                filler: FillerConfig::constant(1.0),
-            }]
+            vec![ParamSpec::new(
+                "weight",
+                vec![1],
+                &FillerConfig::constant(1.0),
+            )]
         }
-        fn forward(&mut self, _: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-            let a = params[0][0];
-            for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
+        fn forward(&mut self, pass: ForwardPass<'_>) {
+            let a = pass.params[0][0];
+            for (y, &x) in pass.tops[0].data.iter_mut().zip(&pass.bottoms[0].data) {
                 *y = a * x * x;
             }
         }
-        fn backward(
-            &mut self,
-            _: &Ctx,
-            tops: &[Blob],
-            propagate_down: &[bool],
-            bottoms: &mut [Blob],
-            params: &[&[f32]],
-            param_diffs: &mut [&mut [f32]],
-        ) {
-            let a = params[0][0];
+        fn backward(&mut self, pass: BackwardPass<'_>) {
+            let (tops, propagate_down, param_diffs) =
+                (pass.tops, pass.propagate_down, pass.param_diffs);
+            let (a, bottoms) = (pass.params[0][0], pass.bottoms);
             let bug = self.bug;
             let (first, rest) = bottoms.split_at_mut(1);
             let b = &mut first[0];

@@ -9,21 +9,15 @@
 //! (default true), filled by `bias_filler` (default constant 0). `K` is fixed by the first reshape.
 
 use crate::config::layer_params::InnerProductParams;
-use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, Ctx, Layer};
+use crate::layers::{one_bottom, weight_and_bias, BackwardPass, BuildCpu, ForwardPass, Layer};
 use crate::params::ParamSpec;
-use crate::tensor::Blob;
 
 /// The fully connected layer; see the module docs.
 #[derive(Debug, Clone)]
 pub struct InnerProduct {
     name: String,
-    num_output: usize,
-    bias_term: bool,
-    axis: usize,
-    weight_filler: FillerConfig,
-    bias_filler: FillerConfig,
+    settings: InnerProductParams,
     /// Input features per row, fixed by the first reshape.
     k: Option<usize>,
     /// Rows of the current bottom.
@@ -32,20 +26,24 @@ pub struct InnerProduct {
     ones: Vec<f32>,
 }
 
-impl InnerProduct {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &InnerProductParams) -> Self {
+impl BuildCpu for InnerProductParams {
+    type Layer = InnerProduct;
+
+    fn build(&self, name: &str) -> InnerProduct {
         InnerProduct {
             name: name.to_string(),
-            num_output: p.num_output,
-            bias_term: p.bias_term,
-            axis: p.axis,
-            weight_filler: p.weight_filler.clone(),
-            bias_filler: p.bias_filler.clone(),
+            settings: self.clone(),
             k: None,
             m: 0,
             ones: Vec::new(),
         }
+    }
+}
+
+impl InnerProduct {
+    /// `(M, N, K)`: rows, outputs and input features.
+    fn dims(&self) -> (usize, usize, usize) {
+        (self.m, self.settings.num_output, self.k.unwrap_or(0))
     }
 }
 
@@ -57,122 +55,92 @@ impl Layer for InnerProduct {
     /// One bottom `(d0, ...)` of more than `axis` axes; top `(d0, ..., d_{axis-1}, num_output)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let shape = one_bottom(&self.name, bottoms)?;
-        if self.axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {} out of range for bottom {shape:?}", self.axis),
-            ));
+        let axis = self.settings.axis;
+        let err = |msg: String| Err(Error::net(&self.name, msg));
+        if axis >= shape.len() {
+            return err(format!("`axis` {axis} out of range for bottom {shape:?}"));
         }
-        let m: usize = shape[..self.axis].iter().product();
-        let k: usize = shape[self.axis..].iter().product();
+        let m: usize = shape[..axis].iter().product();
+        let k: usize = shape[axis..].iter().product();
         match self.k {
             Some(k0) if k0 != k => {
-                return Err(Error::net(
-                    &self.name,
-                    format!(
-                        "bottom {shape:?} has {k} features from axis {}, the weight expects {k0}",
-                        self.axis
-                    ),
+                return err(format!(
+                    "bottom {shape:?} has {k} features from axis {axis}, the weight expects {k0}"
                 ))
             }
             _ => self.k = Some(k),
         }
         self.m = m;
         self.ones = vec![1.0; m];
-        let mut top = shape[..self.axis].to_vec();
-        top.push(self.num_output);
+        let mut top = shape[..axis].to_vec();
+        top.push(self.settings.num_output);
         Ok(vec![top])
     }
 
     /// `weight` `(num_output, K)`, then `bias` `(num_output)` if `bias_term`.
     fn param_specs(&self) -> Vec<ParamSpec> {
-        let mut specs = vec![ParamSpec {
-            name: "weight".into(),
-            shape: vec![self.num_output, self.k.unwrap_or(0)],
-            filler: self.weight_filler.clone(),
-        }];
-        if self.bias_term {
-            specs.push(ParamSpec {
-                name: "bias".into(),
-                shape: vec![self.num_output],
-                filler: self.bias_filler.clone(),
-            });
-        }
-        specs
+        let s = &self.settings;
+        weight_and_bias(
+            vec![s.num_output, self.k.unwrap_or(0)],
+            &s.weight_filler,
+            s.bias_term.then_some(&s.bias_filler),
+        )
     }
 
     /// `top (M, N) = bottom (M, K) · Wᵀ (K, N) + ones (M, 1) · b (1, N)`.
-    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-        let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
-        let top = &mut tops[0].data;
-        ctx.cpu.gemm(
-            false,
-            true,
-            m,
-            n,
-            k,
-            1.0,
-            &bottoms[0].data,
-            params[0],
-            0.0,
-            top,
-        );
-        if self.bias_term {
-            ctx.cpu
-                .gemm(false, false, m, n, 1, 1.0, &self.ones, params[1], 1.0, top);
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let (m, n, k) = self.dims();
+        let (cpu, params) = (pass.ctx.cpu, pass.params);
+        let top = &mut pass.tops[0].data;
+        let bottom = &pass.bottoms[0].data;
+        cpu.gemm(false, true, m, n, k, 1.0, bottom, params[0], 0.0, top);
+        if self.settings.bias_term {
+            cpu.gemm(false, false, m, n, 1, 1.0, &self.ones, params[1], 1.0, top);
         }
     }
 
     /// `dW (N, K) += top_diffᵀ · bottom`, `db (N) += top_diffᵀ · ones`,
     /// `bottom_diff (M, K) += top_diff (M, N) · W (N, K)`.
-    fn backward(
-        &mut self,
-        ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        params: &[&[f32]],
-        param_diffs: &mut [&mut [f32]],
-    ) {
-        let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
-        let top_diff = &tops[0].diff;
-        let bottom = &mut bottoms[0];
-        ctx.cpu.gemm(
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let (m, n, k) = self.dims();
+        let (cpu, dy, param_diffs) = (pass.ctx.cpu, &pass.tops[0].diff, pass.param_diffs);
+        let bottom = &mut pass.bottoms[0];
+        cpu.gemm(
             true,
             false,
             n,
             k,
             m,
             1.0,
-            top_diff,
+            dy,
             &bottom.data,
             1.0,
             param_diffs[0],
         );
-        if self.bias_term {
-            ctx.cpu.gemm(
+        if self.settings.bias_term {
+            cpu.gemm(
                 true,
                 false,
                 n,
                 1,
                 m,
                 1.0,
-                top_diff,
+                dy,
                 &self.ones,
                 1.0,
                 param_diffs[1],
             );
         }
-        if propagate_down[0] {
-            ctx.cpu.gemm(
+        if pass.propagate_down[0] {
+            cpu.gemm(
                 false,
                 false,
                 m,
                 k,
                 n,
                 1.0,
-                top_diff,
-                params[0],
+                dy,
+                pass.params[0],
                 1.0,
                 &mut bottom.diff,
             );
@@ -185,29 +153,22 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::config::{FillerKind, Phase};
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::ctx;
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{self, blob, ctx, forward, forward_in, named, params_error};
+    use crate::tensor::Blob;
 
-    fn ip(extra: &str) -> InnerProduct {
-        from_config(
-            InnerProduct::new,
-            &layer_config(&format!("name = \"ip\"\ntype = \"inner_product\"\n{extra}")),
-        )
+    fn ip(keys: &str) -> InnerProduct {
+        named::<InnerProductParams>("ip", "inner_product", keys)
     }
 
     #[test]
     fn forward_by_hand() {
         let mut layer = ip("num_output = 2");
-        let tops = layer.reshape(&[&[2, 3]]).unwrap();
-        assert_eq!(tops, vec![vec![2, 2]]);
-        let mut bottom = Blob::new(&[2, 3]);
-        bottom.data = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let bottom = blob(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let w = [1.0, 0.0, -1.0, 0.5, 0.5, 0.5];
         let b = [0.1, -0.2];
-        let mut top = vec![Blob::new(&tops[0])];
-        top[0].data.fill(f32::NAN);
-        let cpu = Cpu::new(1);
-        layer.forward(&ctx(&cpu, Phase::Train), &[bottom], &[&w, &b], &mut top);
+        let top = forward(&mut layer, &[bottom], &[&w, &b]);
+        assert_eq!(top[0].shape, vec![2, 2]);
         let want = [-1.9, 2.8, -1.9, 7.3];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-5, "{:?} vs {want:?}", top[0].data);
@@ -226,9 +187,8 @@ mod tests {
         top.diff = vec![1.0, -1.0];
         let w = [1.0, 2.0, 3.0, 4.0];
         let mut dw = [100.0; 4];
-        let cpu = Cpu::new(1);
-        layer.backward(
-            &ctx(&cpu, Phase::Train),
+        test_util::backward(
+            &mut layer,
             &[top],
             &[true],
             &mut bottom,
@@ -276,33 +236,24 @@ mod tests {
 
     #[test]
     fn new_rejects_a_missing_num_output() {
-        let err = layer_config("name = \"fc\"\ntype = \"inner_product\"")
-            .params()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("fc") && err.contains("num_output"), "{err}");
+        let err = params_error("inner_product", "");
+        assert!(
+            err.contains("`inner_product`") && err.contains("num_output"),
+            "{err}"
+        );
     }
 
     #[test]
     fn gradient_with_bias() {
         let bottom = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 11);
-        GradientChecker::default()
-            .check(&mut ip("num_output = 5"), &[bottom], &[true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut ip("num_output = 5"), &[bottom], &[true]);
     }
 
     #[test]
     fn gradient_without_bias() {
         let bottom = uniform_blob(&[3, 6], -1.0, 1.0, 12);
-        let report = GradientChecker::default()
-            .check(
-                &mut ip("num_output = 4\nbias_term = false"),
-                &[bottom],
-                &[true],
-            )
-            .unwrap();
-        report.assert_ok();
+        let mut layer = ip("num_output = 4\nbias_term = false");
+        let report = GradientChecker::default().assert_passes(&mut layer, &[bottom], &[true]);
         assert_eq!(report.checked, 3 * 6 + 4 * 6);
     }
 
@@ -312,10 +263,7 @@ mod tests {
         let mut layer = ip("num_output = 5\naxis = 2");
         assert_eq!(layer.reshape(&[&[2, 3, 4]]).unwrap(), vec![vec![2, 3, 5]]);
         let bottom = uniform_blob(&[2, 3, 4], -1.0, 1.0, 13);
-        let report = GradientChecker::default()
-            .check(&mut layer, &[bottom], &[true])
-            .unwrap();
-        report.assert_ok();
+        let report = GradientChecker::default().assert_passes(&mut layer, &[bottom], &[true]);
         assert_eq!(report.checked, 24 + 5 * 4 + 5);
     }
 
@@ -328,14 +276,11 @@ mod tests {
         let b = uniform_blob(&[16], -1.0, 1.0, 16).data;
         let run = |threads| {
             let cpu = Cpu::new(threads);
-            let mut top = vec![Blob::new(&[32, 16])];
-            layer.clone().forward(
-                &ctx(&cpu, Phase::Train),
-                std::slice::from_ref(&bottom),
-                &[&w, &b],
-                &mut top,
-            );
-            top.remove(0).data
+            let bottoms = std::slice::from_ref(&bottom);
+            let ctx = ctx(&cpu, Phase::Train);
+            forward_in(&ctx, &mut layer.clone(), bottoms, &[&w, &b])
+                .remove(0)
+                .data
         };
         let (one, four) = (run(1), run(4));
         for (a, b) in one.iter().zip(&four) {

@@ -1,5 +1,13 @@
-//! Layers: the `Layer` trait (Caffe's setup/reshape/forward/backward), one file per layer, the
-//! fillers, and `build()` that turns a layer's resolved parameters into a boxed layer.
+//! Layers: the `Layer` trait (Caffe's setup/reshape/forward/backward) with its per-call
+//! arguments ([`ForwardPass`], [`BackwardPass`]), one file per layer, the fillers, and the CPU
+//! column of the layer registry: [`BuildCpu`], which each kind's parameter struct implements in
+//! its layer's file, and [`build`], generated from the registry, which turns a layer's resolved
+//! parameters into a boxed layer.
+//!
+//! Adding a layer type (the whole list is in [`crate::config::layer_params`]): its file here
+//! holds the layer, its `impl Layer`, its `impl BuildCpu for ItsParams` and its tests, a
+//! gradient check ([`gradient_check`]) among them; `build` picks it up from the registry line, and
+//! a kind whose parameters lack `BuildCpu` does not compile.
 //!
 //! Conventions:
 //! - Blobs are row-major with the batch first: `(N, ...)`.
@@ -25,6 +33,7 @@ pub mod abs_val;
 pub mod accuracy;
 pub mod batch_norm;
 pub mod bias;
+pub mod broadcast;
 pub mod concat;
 pub mod convolution;
 pub mod dropout;
@@ -46,12 +55,12 @@ pub mod softmax_with_loss;
 pub mod spatial;
 pub mod tanh;
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 
 use crate::backend::Cpu;
-use crate::config::layer_params::LayerParams;
-use crate::config::{LayerConfig, Phase};
-use crate::error::Result;
+use crate::config::layer_params::{for_each_layer_kind, LayerParams};
+use crate::config::{FillerConfig, LayerConfig, Phase};
+use crate::error::{Error, Result};
 use crate::params::ParamSpec;
 use crate::tensor::Blob;
 
@@ -84,6 +93,50 @@ pub trait Reducer {
 impl std::fmt::Debug for dyn Reducer + '_ {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Reducer")
+    }
+}
+
+/// What a layer's forward gets: the step, its bottoms and learnable tensors, and its tops.
+pub struct ForwardPass<'a> {
+    pub ctx: &'a Ctx<'a>,
+    /// The bottoms to read, in the layer's order.
+    pub bottoms: &'a [Blob],
+    /// The learnable tensors, in `param_specs()` order.
+    pub params: &'a [&'a [f32]],
+    /// The tops to write, already shaped.
+    pub tops: &'a mut [Blob],
+}
+
+/// What a layer's backward gets: [`ForwardPass`]'s blobs and tensors after the forward, which
+/// bottoms want a gradient, and the gradients of the learnable tensors.
+pub struct BackwardPass<'a> {
+    pub ctx: &'a Ctx<'a>,
+    /// The tops as forward left them, with the gradient to propagate in their `diff`.
+    pub tops: &'a [Blob],
+    /// Whether bottom `i` wants a gradient: `propagate_down[i]`.
+    pub propagate_down: &'a [bool],
+    /// The bottoms; their `diff` is accumulated into where propagated, left alone elsewhere.
+    pub bottoms: &'a mut [Blob],
+    /// The learnable tensors, in `param_specs()` order.
+    pub params: &'a [&'a [f32]],
+    /// Their gradients, laid out as `params`, accumulated into.
+    pub param_diffs: &'a mut [&'a mut [f32]],
+}
+
+impl<'a> BackwardPass<'a> {
+    /// Top 0 and bottom 0 of a one-in, one-out layer when the bottom wants its gradient, `None`
+    /// when it does not.
+    pub fn top_and_bottom(self) -> Option<(&'a Blob, &'a mut Blob)> {
+        let BackwardPass {
+            tops,
+            propagate_down,
+            bottoms,
+            ..
+        } = self;
+        match propagate_down[0] {
+            true => Some((&tops[0], &mut bottoms[0])),
+            false => None,
+        }
     }
 }
 
@@ -124,27 +177,52 @@ pub trait Layer: Send {
     /// statistics).
     fn update_state(&mut self, _ctx: &Ctx, _state: &mut [&mut [f32]]) {}
 
-    /// Computes `tops` from `bottoms` and `params`; `tops` are already shaped.
-    fn forward(&mut self, ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]);
+    /// Computes the tops from the bottoms and the learnable tensors.
+    fn forward(&mut self, pass: ForwardPass<'_>);
 
     /// Accumulates gradients into `bottoms[i].diff` where `propagate_down[i]`, and into
-    /// `param_diffs`, from `tops[..].diff`.
-    fn backward(
-        &mut self,
-        ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        params: &[&[f32]],
-        param_diffs: &mut [&mut [f32]],
-    );
+    /// `param_diffs`, from the tops' diffs.
+    fn backward(&mut self, pass: BackwardPass<'_>);
+}
+
+/// The CPU column of the layer registry: a kind's resolved parameters build its layer. Every
+/// parameter struct of [`crate::config::layer_params`] implements it in its layer's file.
+pub trait BuildCpu {
+    /// The layer these parameters describe.
+    type Layer: Layer + 'static;
+
+    /// The layer `name` with these parameters.
+    fn build(&self, name: &str) -> Self::Layer;
+}
+
+/// Generates [`build`] from the registry's list of kinds.
+macro_rules! cpu_builder {
+    ($($kind:ident => $params:ident,)*) => {
+        /// Builds the layer `name` from its resolved parameters (the CPU column of the layer
+        /// registry, [`crate::config::layer_params`]).
+        pub fn build(name: &str, params: &LayerParams) -> Box<dyn Layer> {
+            match params {
+                $(LayerParams::$kind(p) => Box::new(
+                    <crate::config::layer_params::$params as BuildCpu>::build(p, name),
+                ),)*
+            }
+        }
+    };
+}
+
+for_each_layer_kind!(cpu_builder);
+
+/// Builds the layer a `[[layer]]` table describes, resolving its parameters (an error names the
+/// layer and the key).
+pub fn build_from_config(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
+    Ok(build(&cfg.name, &cfg.params()?))
 }
 
 /// The only bottom shape of a layer that takes exactly one bottom.
 pub(crate) fn one_bottom<'b>(layer: &str, bottoms: &[&'b [usize]]) -> Result<&'b [usize]> {
     match bottoms {
         [shape] => Ok(shape),
-        _ => Err(crate::error::Error::net(
+        _ => Err(Error::net(
             layer,
             format!("takes 1 bottom, got {}", bottoms.len()),
         )),
@@ -156,35 +234,26 @@ pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec
     Ok(vec![one_bottom(layer, bottoms)?.to_vec()])
 }
 
-/// Builds the layer `name` from its resolved parameters (the CPU column of the layer registry,
-/// [`crate::config::layer_params`]).
-pub fn build(name: &str, params: &LayerParams) -> Box<dyn Layer> {
-    use LayerParams as P;
-    match params {
-        P::InnerProduct(p) => Box::new(inner_product::InnerProduct::new(name, p)),
-        P::Relu(p) => Box::new(relu::Relu::new(name, p)),
-        P::Sigmoid(p) => Box::new(sigmoid::Sigmoid::new(name, p)),
-        P::Tanh(p) => Box::new(tanh::TanH::new(name, p)),
-        P::SoftmaxWithLoss(p) => Box::new(softmax_with_loss::SoftmaxWithLoss::new(name, p)),
-        P::Accuracy(p) => Box::new(accuracy::Accuracy::new(name, p)),
-        P::Dropout(p) => Box::new(dropout::Dropout::new(name, p)),
-        P::BatchNorm(p) => Box::new(batch_norm::BatchNorm::new(name, p)),
-        P::Convolution(p) => Box::new(convolution::Convolution::new(name, p)),
-        P::Pooling(p) => Box::new(pooling::Pooling::new(name, p)),
-        P::Scale(p) => Box::new(scale::Scale::new(name, p)),
-        P::Bias(p) => Box::new(bias::Bias::new(name, p)),
-        P::Eltwise(p) => Box::new(eltwise::Eltwise::new(name, p)),
-        P::Concat(p) => Box::new(concat::Concat::new(name, p)),
-        P::Flatten(p) => Box::new(flatten::Flatten::new(name, p)),
-        P::Reshape(p) => Box::new(reshape::Reshape::new(name, p)),
-        P::Softmax(p) => Box::new(softmax::Softmax::new(name, p)),
-        P::Power(p) => Box::new(power::Power::new(name, p)),
-        P::AbsVal(p) => Box::new(abs_val::AbsVal::new(name, p)),
+/// The end of the axes `axis .. axis + num_axes` of a shape of `rank` axes (`num_axes` −1: to
+/// the last axis); `None` past the last axis.
+pub(crate) fn axes_end(axis: usize, num_axes: i64, rank: usize) -> Option<usize> {
+    match num_axes {
+        -1 => Some(rank),
+        n if n >= 0 && axis + n as usize <= rank => Some(axis + n as usize),
+        _ => None,
     }
 }
 
-/// Builds the layer a `[[layer]]` table describes, resolving its parameters (an error names the
-/// layer and the key).
-pub fn build_from_config(cfg: &LayerConfig) -> Result<Box<dyn Layer>> {
-    Ok(build(&cfg.name, &cfg.params()?))
+/// The tensors of a layer with a weight and an optional bias (InnerProduct, Convolution):
+/// `weight` of `shape` `(num_output, ...)`, then `bias` `(num_output)` when `bias` gives its
+/// filler.
+pub(crate) fn weight_and_bias(
+    shape: Vec<usize>,
+    weight: &FillerConfig,
+    bias: Option<&FillerConfig>,
+) -> Vec<ParamSpec> {
+    let num_output = shape[0];
+    let mut specs = vec![ParamSpec::new("weight", shape, weight)];
+    specs.extend(bias.map(|f| ParamSpec::new("bias", vec![num_output], f)));
+    specs
 }

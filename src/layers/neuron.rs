@@ -1,15 +1,16 @@
 //! `NeuronLayer<F>`: Caffe's NeuronLayer, the one body of every elementwise layer. One bottom
 //! `(N, ...)`, one top of the same shape; `F` (a [`Neuron`]) says what happens to one element
 //! forward and backward, and the layer runs it over the blob. The kinds live in their own files
-//! (`sigmoid.rs`, `tanh.rs`, `relu.rs`, `abs_val.rs`, `power.rs`), each a `Neuron` and a type
-//! alias `NeuronLayer<ThatNeuron>` under the layer's name.
+//! (`sigmoid.rs`, `tanh.rs`, `relu.rs`, `abs_val.rs`, `power.rs`), each a type alias
+//! `NeuronLayer<ItsParams>` under the layer's name and the `Neuron` of its parameter struct:
+//! the resolved parameters are the function. Every `Neuron` builds its layer ([`BuildCpu`],
+//! implemented here once for the family).
 
 use crate::error::Result;
-use crate::layers::{elementwise_shape, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// One elementwise function and its derivative.
-pub trait Neuron: Send {
+pub trait Neuron: Clone + Send + 'static {
     /// The config name of the layer type, e.g. `sigmoid`.
     const TYPE_NAME: &'static str;
 
@@ -33,20 +34,15 @@ pub struct NeuronLayer<F> {
     neuron: F,
 }
 
-impl<F: Neuron> NeuronLayer<F> {
-    /// A layer named `name` applying `neuron`.
-    pub fn with_neuron(name: impl Into<String>, neuron: F) -> Self {
-        NeuronLayer {
-            name: name.into(),
-            neuron,
-        }
-    }
-}
+impl<F: Neuron> BuildCpu for F {
+    type Layer = NeuronLayer<F>;
 
-impl<F: Neuron + Default> Default for NeuronLayer<F> {
-    /// The default function, in a layer named after its type (`relu`, `sigmoid`, ...).
-    fn default() -> Self {
-        NeuronLayer::with_neuron(F::TYPE_NAME, F::default())
+    /// The layer `name` applying these parameters' function.
+    fn build(&self, name: &str) -> NeuronLayer<F> {
+        NeuronLayer {
+            name: name.to_string(),
+            neuron: self.clone(),
+        }
     }
 }
 
@@ -61,26 +57,20 @@ impl<F: Neuron> Layer for NeuronLayer<F> {
     }
 
     /// `top[i] = f(bottom[i])`.
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        for (y, &x) in tops[0].data.iter_mut().zip(&bottoms[0].data) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        for (y, &x) in pass.tops[0].data.iter_mut().zip(&pass.bottoms[0].data) {
             *y = self.neuron.forward(x);
         }
     }
 
     /// `bottom.diff[i] += f'(bottom[i]) · top.diff[i]`, as the neuron writes it.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] || !self.neuron.has_gradient() {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let Some((top, bottom)) = pass.top_and_bottom() else {
+            return;
+        };
+        if !self.neuron.has_gradient() {
             return;
         }
-        let (top, bottom) = (&tops[0], &mut bottoms[0]);
         let inputs = bottom.data.iter().zip(&top.data).zip(&top.diff);
         for (dx, ((&x, &y), &dy)) in bottom.diff.iter_mut().zip(inputs) {
             self.neuron.accumulate_gradient(dx, x, y, dy);

@@ -14,9 +14,8 @@
 use crate::config::layer_params::PoolingParams;
 use crate::config::PoolMethod;
 use crate::error::{Error, Result};
-use crate::layers::spatial::Pair;
-use crate::layers::{one_bottom, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::spatial::{image_bottom, Pair};
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// The pooling layer; see the module docs.
 #[derive(Debug, Clone)]
@@ -48,23 +47,26 @@ pub fn pooled_size(input: usize, kernel: usize, stride: usize, pad: usize) -> Op
     Some(out)
 }
 
-impl Pooling {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &PoolingParams) -> Self {
+impl BuildCpu for PoolingParams {
+    type Layer = Pooling;
+
+    fn build(&self, name: &str) -> Pooling {
         Pooling {
             name: name.to_string(),
-            method: p.method,
-            global: p.global,
-            kernel: p.kernel,
-            stride: p.stride,
-            pad: p.pad,
+            method: self.method,
+            global: self.global,
+            kernel: self.kernel,
+            stride: self.stride,
+            pad: self.pad,
             planes: 0,
             input: [0; 2],
             output: [0; 2],
             argmax: Vec::new(),
         }
     }
+}
 
+impl Pooling {
     /// The clipped window of output `o` on one axis: `(start, end, divisor extent)`.
     #[inline]
     fn window(&self, a: usize, o: usize) -> (usize, usize, usize) {
@@ -85,12 +87,7 @@ impl Layer for Pooling {
     /// One bottom `(N, C, H, W)`; top `(N, C, OH, OW)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
-        let shape = one_bottom(&self.name, bottoms)?;
-        let &[n, c, h, w] = shape else {
-            return err(format!(
-                "takes a bottom (N, C, H, W), got {shape:?} (2-D pooling only)"
-            ));
-        };
+        let shape @ [n, c, h, w] = image_bottom(&self.name, "pooling", bottoms)?;
         if self.global {
             self.kernel = [h, w];
         }
@@ -115,11 +112,11 @@ impl Layer for Pooling {
         Ok(vec![vec![n, c, output[0], output[1]]])
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
         let [h, w] = self.input;
         let [oh, ow] = self.output;
-        let x = &bottoms[0].data;
-        let y = &mut tops[0].data;
+        let x = &pass.bottoms[0].data;
+        let y = &mut pass.tops[0].data;
         if self.method == PoolMethod::Max {
             // A no-op after the first step at a given batch size.
             self.argmax.resize(y.len(), 0);
@@ -161,22 +158,13 @@ impl Layer for Pooling {
     }
 
     /// Max: `dx[argmax] += dy`; ave: every input of the window gets `dy / divisor`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
-        }
+        };
         let [h, w] = self.input;
         let [oh, ow] = self.output;
-        let dy = &tops[0].diff;
-        let dx = &mut bottoms[0].diff;
+        let (dy, dx) = (&top.diff, &mut bottom.diff);
         for p in 0..self.planes {
             let plane = &mut dx[p * h * w..(p + 1) * h * w];
             for oy in 0..oh {
@@ -204,16 +192,12 @@ impl Layer for Pooling {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
-    use crate::config::Phase;
-    use crate::layers::gradient_check::{from_config, layer_config, GradientChecker};
-    use crate::layers::test_util::{self, ctx};
+    use crate::layers::gradient_check::GradientChecker;
+    use crate::layers::test_util::{self, layer, params_error};
+    use crate::tensor::Blob;
 
-    fn pool(extra: &str) -> Pooling {
-        from_config(
-            Pooling::new,
-            &layer_config(&format!("name = \"pool\"\ntype = \"pooling\"\n{extra}")),
-        )
+    fn pool(keys: &str) -> Pooling {
+        layer::<PoolingParams>("pooling", keys)
     }
 
     fn forward(layer: &mut Pooling, x: Blob) -> Blob {
@@ -316,58 +300,40 @@ mod tests {
         let mut bottoms = vec![x];
         let mut t = top;
         t.diff = vec![1.0];
-        let cpu = Cpu::new(1);
-        let ctx = ctx(&cpu, Phase::Train);
-        layer.backward(&ctx, &[t], &[true], &mut bottoms, &[], &mut []);
+        test_util::backward(&mut layer, &[t], &[true], &mut bottoms, &[], &mut []);
         assert_eq!(bottoms[0].diff, vec![0.0, 1.0, 0.0, 0.0]);
     }
 
-    fn gradient(extra: &str, shape: &[usize]) {
-        let bottom = distinct_blob(shape, 41);
-        let report = GradientChecker::default()
-            .check(&mut pool(extra), &[bottom], &[true])
-            .unwrap();
-        report.assert_ok();
-        assert!(report.checked > 0);
-    }
-
+    /// Max and average pooling, padded, strided, rectangular and global, each at a shape of
+    /// its own (distinct values: no ties within the step).
     #[test]
-    fn gradient_max() {
-        gradient("kernel_size = 2\nstride = 2", &[2, 2, 4, 5]);
-        gradient("kernel_size = 3\nstride = 2", &[1, 2, 7, 6]);
-    }
-
-    #[test]
-    fn gradient_max_with_padding() {
-        gradient("kernel_size = 3\nstride = 2\npad = 1", &[2, 2, 5, 6]);
-    }
-
-    #[test]
-    fn gradient_ave_with_padding() {
-        gradient(
-            "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
-            &[2, 2, 5, 6],
-        );
-        gradient(
-            "pool = \"ave\"\nkernel_size = [2, 3]\nstride = [1, 2]",
-            &[1, 3, 4, 7],
-        );
-    }
-
-    #[test]
-    fn gradient_global() {
-        gradient("global_pooling = true", &[2, 3, 3, 4]);
-        gradient("global_pooling = true\npool = \"ave\"", &[2, 3, 3, 4]);
+    fn gradients() {
+        for (keys, shape) in [
+            ("kernel_size = 2\nstride = 2", [2, 2, 4, 5]),
+            ("kernel_size = 3\nstride = 2", [1, 2, 7, 6]),
+            ("kernel_size = 3\nstride = 2\npad = 1", [2, 2, 5, 6]),
+            (
+                "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
+                [2, 2, 5, 6],
+            ),
+            (
+                "pool = \"ave\"\nkernel_size = [2, 3]\nstride = [1, 2]",
+                [1, 3, 4, 7],
+            ),
+            ("global_pooling = true", [2, 3, 3, 4]),
+            ("global_pooling = true\npool = \"ave\"", [2, 3, 3, 4]),
+        ] {
+            let bottom = distinct_blob(&shape, 41);
+            let report = GradientChecker::default()
+                .check(&mut pool(keys), &[bottom], &[true])
+                .unwrap();
+            assert!(report.is_ok() && report.checked > 0, "{keys:?}: {report}");
+        }
     }
 
     #[test]
     fn rejects_bad_settings() {
-        let new = |extra: &str| {
-            layer_config(&format!("name = \"p\"\ntype = \"pooling\"\n{extra}"))
-                .params()
-                .unwrap_err()
-                .to_string()
-        };
+        let new = |keys: &str| params_error("pooling", keys);
         assert!(new("stride = 2").contains("kernel_size"));
         assert!(new("kernel_size = 2\npad = 2").contains("pad"));
         assert!(new("kernel_size = 2\nstride = 0").contains("stride"));

@@ -6,50 +6,34 @@ use crate::config::layer_params::PowerParams;
 use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The power layer; see the module docs.
-pub type Power = NeuronLayer<AffinePower>;
+pub type Power = NeuronLayer<PowerParams>;
 
-/// `y = (shift + scale·x)^power`.
-#[derive(Debug, Clone, Copy)]
-pub struct AffinePower {
-    power: f32,
-    scale: f32,
-    shift: f32,
-}
-
-impl Power {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`PowerParams`]).
-    pub fn new(name: &str, p: &PowerParams) -> Self {
-        NeuronLayer::with_neuron(
-            name,
-            AffinePower {
-                power: p.power,
-                scale: p.scale,
-                shift: p.shift,
-            },
-        )
+impl PowerParams {
+    /// `shift + scale·x`.
+    fn base(&self, x: f32) -> f32 {
+        self.shift + self.scale * x
     }
 }
 
-impl Neuron for AffinePower {
+/// `y = (shift + scale·x)^power`.
+impl Neuron for PowerParams {
     const TYPE_NAME: &'static str = "power";
 
     fn forward(&self, x: f32) -> f32 {
-        let (p, a, b) = (self.power, self.scale, self.shift);
-        let base = b + a * x;
-        if p == 1.0 {
-            base
+        if self.power == 1.0 {
+            self.base(x)
         } else {
-            base.powf(p)
+            self.base(x).powf(self.power)
         }
     }
 
     /// `dx += dy · power · scale · (shift + scale·x)^(power − 1)` (`dy · scale` when `power = 1`).
     fn accumulate_gradient(&self, dx: &mut f32, x: f32, _y: f32, dy: f32) {
-        let (p, a, b) = (self.power, self.scale, self.shift);
+        let (p, a) = (self.power, self.scale);
         let slope = if p == 1.0 {
             a
         } else {
-            p * a * (b + a * x).powf(p - 1.0)
+            p * a * self.base(x).powf(p - 1.0)
         };
         *dx += dy * slope;
     }
@@ -63,14 +47,11 @@ impl Neuron for AffinePower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
-    fn power(extra: &str) -> Power {
-        from_config(
-            Power::new,
-            &layer_config(&format!("name = \"p\"\ntype = \"power\"\n{extra}")),
-        )
+    fn power(keys: &str) -> Power {
+        layer::<PowerParams>("power", keys)
     }
 
     #[test]
@@ -94,10 +75,7 @@ mod tests {
             "power = 0.0",
         ] {
             let x = uniform_blob(&[2, 3, 2], -1.0, 1.0, 94);
-            GradientChecker::default()
-                .check(&mut power(extra), &[x], &[true])
-                .unwrap()
-                .assert_ok();
+            GradientChecker::default().assert_passes(&mut power(extra), &[x], &[true]);
         }
     }
 }

@@ -4,28 +4,11 @@
 use crate::config::layer_params::ReluParams;
 use crate::layers::neuron::{Neuron, NeuronLayer};
 
-/// The rectifier; see the module docs. Its default is a plain ReLU (slope 0) named `relu`.
-pub type Relu = NeuronLayer<Rectifier>;
+/// The rectifier; see the module docs.
+pub type Relu = NeuronLayer<ReluParams>;
 
 /// `y = x > 0 ? x : negative_slope · x`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Rectifier {
-    negative_slope: f32,
-}
-
-impl Relu {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ReluParams`]).
-    pub fn new(name: &str, p: &ReluParams) -> Self {
-        NeuronLayer::with_neuron(
-            name,
-            Rectifier {
-                negative_slope: p.negative_slope,
-            },
-        )
-    }
-}
-
-impl Neuron for Rectifier {
+impl Neuron for ReluParams {
     const TYPE_NAME: &'static str = "relu";
 
     fn forward(&self, x: f32) -> f32 {
@@ -49,17 +32,12 @@ impl Neuron for Rectifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
     use crate::layers::Layer;
 
     fn relu(slope: f32) -> Relu {
-        from_config(
-            Relu::new,
-            &layer_config(&format!(
-                "name = \"r\"\ntype = \"relu\"\nnegative_slope = {slope:?}"
-            )),
-        )
+        layer::<ReluParams>("relu", &format!("negative_slope = {slope:?}"))
     }
 
     fn forward_row(layer: &mut Relu, x: &[f32]) -> Vec<f32> {
@@ -72,10 +50,8 @@ mod tests {
     fn forward_by_hand() {
         let x = [-2.0, -0.5, 0.0, 1.5];
         assert_eq!(forward_row(&mut relu(0.0), &x), vec![0.0, 0.0, 0.0, 1.5]);
-        assert_eq!(
-            forward_row(&mut Relu::default(), &x),
-            vec![0.0, 0.0, 0.0, 1.5]
-        );
+        let plain = forward_row(&mut layer::<ReluParams>("relu", ""), &x);
+        assert_eq!(plain, vec![0.0, 0.0, 0.0, 1.5]);
         let leaky = forward_row(&mut relu(0.1), &x);
         let want = [-0.2, -0.05, 0.0, 1.5];
         for (g, w) in leaky.iter().zip(want) {
@@ -86,13 +62,11 @@ mod tests {
     /// Caffe's ReLU test settings: the kink at 0 is skipped within one step.
     fn check(slope: f32) {
         let bottom = uniform_blob(&[2, 3, 4, 5], -1.0, 1.0, 21);
-        let checker = GradientChecker {
-            kink: 0.0,
-            kink_range: 0.01,
-            ..GradientChecker::default()
-        };
-        let report = checker.check(&mut relu(slope), &[bottom], &[true]).unwrap();
-        report.assert_ok();
+        let report = GradientChecker::skipping_kink(0.0, 0.01).assert_passes(
+            &mut relu(slope),
+            &[bottom],
+            &[true],
+        );
         assert!(report.checked > 100, "{report}");
     }
 

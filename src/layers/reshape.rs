@@ -7,46 +7,31 @@
 use crate::config::layer_params::ReshapeParams;
 use crate::error::{Error, Result};
 use crate::layers::reshaping::{ReshapingLayer, ShapeRule};
+use crate::layers::{axes_end, BuildCpu};
 
 /// The reshape layer; see the module docs.
-pub type Reshape = ReshapingLayer<ReshapeSpec>;
+pub type Reshape = ReshapingLayer<ReshapeParams>;
 
-/// Replaces the axes `axis .. axis + num_axes` by `shape` (0 copies, −1 infers).
-#[derive(Debug, Clone)]
-pub struct ReshapeSpec {
-    axis: usize,
-    num_axes: i64,
-    shape: Vec<i64>,
-}
+impl BuildCpu for ReshapeParams {
+    type Layer = Reshape;
 
-impl Reshape {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &ReshapeParams) -> Self {
-        ReshapingLayer::with_rule(
-            name,
-            ReshapeSpec {
-                axis: p.axis,
-                num_axes: p.num_axes,
-                shape: p.shape.clone(),
-            },
-        )
+    fn build(&self, name: &str) -> Reshape {
+        ReshapingLayer::with_rule(name, self.clone())
     }
 }
 
-impl ShapeRule for ReshapeSpec {
+/// Replaces the axes `axis .. axis + num_axes` by `shape` (0 copies, −1 infers).
+impl ShapeRule for ReshapeParams {
     const TYPE_NAME: &'static str = "reshape";
 
     fn top_shape(&self, layer: &str, bottom: &[usize]) -> Result<Vec<usize>> {
         let err = |msg: String| Err(Error::net(layer, msg));
         let axis = self.axis;
-        let end = match self.num_axes {
-            -1 => bottom.len(),
-            n if n >= 0 && axis + n as usize <= bottom.len() => axis + n as usize,
-            n => {
-                return err(format!(
-                    "`num_axes` {n} from axis {axis} is out of range for bottom {bottom:?}"
-                ))
-            }
+        let Some(end) = axes_end(axis, self.num_axes, bottom.len()) else {
+            return err(format!(
+                "`num_axes` {} from axis {axis} is out of range for bottom {bottom:?}",
+                self.num_axes
+            ));
         };
         if axis > bottom.len() {
             return err(format!(
@@ -104,14 +89,12 @@ impl ShapeRule for ReshapeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{layer, params_error};
     use crate::layers::Layer;
 
-    fn reshape(extra: &str) -> Reshape {
-        from_config(
-            Reshape::new,
-            &layer_config(&format!("name = \"r\"\ntype = \"reshape\"\n{extra}")),
-        )
+    fn reshape(keys: &str) -> Reshape {
+        layer::<ReshapeParams>("reshape", keys)
     }
 
     #[test]
@@ -128,19 +111,12 @@ mod tests {
         assert!(top("shape = [-1, 6]").is_err()); // batch 20
         assert!(top("shape = [0, 7, -1]").is_err());
         assert!(top("shape = [0, 59]").is_err());
-        assert!(
-            layer_config("name = \"r\"\ntype = \"reshape\"\nshape = [-1, -1]")
-                .params()
-                .is_err()
-        );
+        assert!(params_error("reshape", "shape = [-1, -1]").contains("shape"));
     }
 
     #[test]
     fn gradient() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 92);
-        GradientChecker::default()
-            .check(&mut reshape("shape = [0, -1, 3]"), &[x], &[true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut reshape("shape = [0, -1, 3]"), &[x], &[true]);
     }
 }

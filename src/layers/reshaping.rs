@@ -5,8 +5,7 @@
 //! and a type alias `ReshapingLayer<ThatRule>` under the layer's name.
 
 use crate::error::Result;
-use crate::layers::{one_bottom, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{one_bottom, BackwardPass, ForwardPass, Layer};
 
 /// How a shape-only layer derives its top shape from its bottom's.
 pub trait ShapeRule: Send {
@@ -46,22 +45,14 @@ impl<S: ShapeRule> Layer for ReshapingLayer<S> {
     }
 
     /// Copies the data.
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
-        tops[0].data.copy_from_slice(&bottoms[0].data);
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        pass.tops[0].data.copy_from_slice(&pass.bottoms[0].data);
     }
 
     /// `bottom.diff += top.diff`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if propagate_down[0] {
-            for (d, &g) in bottoms[0].diff.iter_mut().zip(&tops[0].diff) {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        if let Some((top, bottom)) = pass.top_and_bottom() {
+            for (d, &g) in bottom.diff.iter_mut().zip(&top.diff) {
                 *d += g;
             }
         }

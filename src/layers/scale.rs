@@ -12,101 +12,27 @@
 //! gradient `Σ_{o,i} dtop · bottom`; the optional bias stays learnable.
 
 use crate::config::layer_params::ScaleParams;
-use crate::config::FillerConfig;
-use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
+use crate::error::Result;
+use crate::layers::broadcast::Broadcast;
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 use crate::params::ParamSpec;
-use crate::tensor::Blob;
-
-/// How a `(dim)` tensor broadcasts over a bottom viewed as `(outer, dim, inner)`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Broadcast {
-    pub outer: usize,
-    pub dim: usize,
-    pub inner: usize,
-}
-
-/// The broadcast of Scale and Bias: with one bottom, the axes `axis .. axis + num_axes` of it;
-/// with two, the second bottom's shape must equal the first's from `axis`. Returns the
-/// broadcast and the shape of the broadcast tensor.
-pub(crate) fn broadcast(
-    name: &str,
-    axis: usize,
-    num_axes: i64,
-    bottoms: &[&[usize]],
-) -> Result<(Broadcast, Vec<usize>)> {
-    let err = |msg: String| Err(Error::net(name, msg));
-    let shape = match bottoms {
-        [s] | [s, _] => *s,
-        _ => return err(format!("takes 1 or 2 bottoms, got {}", bottoms.len())),
-    };
-    if axis >= shape.len() {
-        return err(format!(
-            "`axis` {axis} is out of range for bottom {shape:?}"
-        ));
-    }
-    let tensor: Vec<usize> = match bottoms {
-        [_, second] => {
-            let end = axis + second.len();
-            if end > shape.len() || shape[axis..end] != **second {
-                return err(format!(
-                    "the second bottom {second:?} must match the first bottom {shape:?} from axis {axis}"
-                ));
-            }
-            second.to_vec()
-        }
-        _ => {
-            let end = match num_axes {
-                -1 => shape.len(),
-                n if n >= 0 && axis + n as usize <= shape.len() => axis + n as usize,
-                n => {
-                    return err(format!(
-                        "`num_axes` {n} is out of range for bottom {shape:?} from axis {axis}"
-                    ))
-                }
-            };
-            shape[axis..end].to_vec()
-        }
-    };
-    let end = axis + tensor.len();
-    Ok((
-        Broadcast {
-            outer: shape[..axis].iter().product(),
-            dim: tensor.iter().product(),
-            inner: shape[end..].iter().product(),
-        },
-        tensor,
-    ))
-}
 
 /// The scale layer; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Scale {
     name: String,
-    axis: usize,
-    num_axes: i64,
-    filler: FillerConfig,
-    bias_term: bool,
-    bias_filler: FillerConfig,
-    /// Whether the scale is the second bottom (fixed by the first reshape).
-    scale_bottom: bool,
-    shape: Vec<usize>,
-    b: Broadcast,
+    settings: ScaleParams,
+    scale: Broadcast,
 }
 
-impl Scale {
-    /// The layer `name` with parameters `p`.
-    pub fn new(name: &str, p: &ScaleParams) -> Self {
+impl BuildCpu for ScaleParams {
+    type Layer = Scale;
+
+    fn build(&self, name: &str) -> Scale {
         Scale {
             name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
-            filler: p.filler.clone(),
-            bias_term: p.bias_term,
-            bias_filler: p.bias_filler.clone(),
-            scale_bottom: false,
-            shape: Vec::new(),
-            b: Broadcast::default(),
+            settings: self.clone(),
+            scale: Broadcast::new(self.axis, self.num_axes),
         }
     }
 }
@@ -118,42 +44,25 @@ impl Layer for Scale {
 
     /// Bottoms `(d0, …)` and optionally the scale; top `(d0, …)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let (b, shape) = broadcast(&self.name, self.axis, self.num_axes, bottoms)?;
-        self.b = b;
-        self.shape = shape;
-        self.scale_bottom = bottoms.len() == 2;
-        Ok(vec![bottoms[0].to_vec()])
+        self.scale.reshape(&self.name, bottoms)
     }
 
     /// `scale` (one bottom only), then `bias` when `bias_term`; both of the broadcast shape.
     fn param_specs(&self) -> Vec<ParamSpec> {
-        let mut specs = Vec::new();
-        if !self.scale_bottom {
-            specs.push(ParamSpec {
-                name: "scale".into(),
-                shape: self.shape.clone(),
-                filler: self.filler.clone(),
-            });
-        }
-        if self.bias_term {
-            specs.push(ParamSpec {
-                name: "bias".into(),
-                shape: self.shape.clone(),
-                filler: self.bias_filler.clone(),
-            });
-        }
-        specs
+        let s = &self.settings;
+        let scale = (!self.scale.from_bottom).then(|| self.scale.spec("scale", &s.filler));
+        let bias = s.bias_term.then(|| self.scale.spec("bias", &s.bias_filler));
+        scale.into_iter().chain(bias).collect()
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], params: &[&[f32]], tops: &mut [Blob]) {
-        let Broadcast { dim, inner, .. } = self.b;
-        let (scale, bias) = if self.scale_bottom {
-            (&bottoms[1].data[..], params.first().copied())
-        } else {
-            (params[0], params.get(1).copied())
+    fn forward(&mut self, pass: ForwardPass<'_>) {
+        let Broadcast { dim, inner, .. } = self.scale;
+        let (scale, bias) = match self.scale.from_bottom {
+            true => (&pass.bottoms[1].data[..], pass.params.first().copied()),
+            false => (pass.params[0], pass.params.get(1).copied()),
         };
-        let x = &bottoms[0].data;
-        let y = &mut tops[0].data;
+        let x = &pass.bottoms[0].data;
+        let y = &mut pass.tops[0].data;
         for (row, (yr, xr)) in y.chunks_mut(inner).zip(x.chunks(inner)).enumerate() {
             let s = row % dim;
             let (a, c) = (scale[s], bias.map_or(0.0, |b| b[s]));
@@ -164,41 +73,31 @@ impl Layer for Scale {
     }
 
     /// `dbottom += dtop · scale`; `dscale[s] += Σ dtop · bottom`; `dbias[s] += Σ dtop`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        params: &[&[f32]],
-        param_diffs: &mut [&mut [f32]],
-    ) {
-        let Broadcast { dim, inner, .. } = self.b;
-        let dy = &tops[0].diff;
-        let (first, rest) = bottoms.split_at_mut(1);
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let Broadcast { dim, inner, .. } = self.scale;
+        let (dy, propagate_down, param_diffs) =
+            (&pass.tops[0].diff, pass.propagate_down, pass.param_diffs);
+        let (first, rest) = pass.bottoms.split_at_mut(1);
         let x = &mut first[0];
-        let learn_scale = !self.scale_bottom;
+        let learn_scale = !self.scale.from_bottom;
         let want_scale = learn_scale || propagate_down.get(1) == Some(&true);
-        for (row, (dyr, xr)) in dy.chunks(inner).zip(x.data.chunks(inner)).enumerate() {
-            let s = row % dim;
-            if want_scale {
-                let g: f32 = dyr.iter().zip(xr).map(|(a, b)| a * b).sum();
-                if learn_scale {
-                    param_diffs[0][s] += g;
-                } else {
-                    rest[0].diff[s] += g;
-                }
-            }
-            if self.bias_term {
-                let k = learn_scale as usize;
-                param_diffs[k][s] += dyr.iter().sum::<f32>();
+        if want_scale {
+            let ds = match learn_scale {
+                true => &mut *param_diffs[0],
+                false => &mut rest[0].diff[..],
+            };
+            for (row, (dyr, xr)) in dy.chunks(inner).zip(x.data.chunks(inner)).enumerate() {
+                ds[row % dim] += dyr.iter().zip(xr).map(|(a, b)| a * b).sum::<f32>();
             }
         }
+        if self.settings.bias_term {
+            self.scale
+                .add_row_sums(dy, param_diffs[learn_scale as usize]);
+        }
         if propagate_down[0] {
-            let scale = if learn_scale {
-                params[0]
-            } else {
-                &rest[0].data[..]
+            let scale = match learn_scale {
+                true => pass.params[0],
+                false => &rest[0].data[..],
             };
             for (row, (dxr, dyr)) in x.diff.chunks_mut(inner).zip(dy.chunks(inner)).enumerate() {
                 let a = scale[row % dim];
@@ -213,14 +112,11 @@ impl Layer for Scale {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
-    fn scale(extra: &str) -> Scale {
-        from_config(
-            Scale::new,
-            &layer_config(&format!("name = \"s\"\ntype = \"scale\"\n{extra}")),
-        )
+    fn scale(keys: &str) -> Scale {
+        layer::<ScaleParams>("scale", keys)
     }
 
     #[test]
@@ -253,19 +149,14 @@ mod tests {
     #[test]
     fn gradient_one_bottom() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 51);
-        GradientChecker::default()
-            .check(&mut scale(""), &[x], &[true])
-            .unwrap()
-            .assert_ok();
+        GradientChecker::default().assert_passes(&mut scale(""), &[x], &[true]);
     }
 
     #[test]
     fn gradient_one_bottom_with_bias_over_two_axes() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 52);
-        let report = GradientChecker::default()
-            .check(&mut scale("num_axes = 2\nbias_term = true"), &[x], &[true])
-            .unwrap();
-        report.assert_ok();
+        let mut layer = scale("num_axes = 2\nbias_term = true");
+        let report = GradientChecker::default().assert_passes(&mut layer, &[x], &[true]);
         assert_eq!(report.checked, 24 + 6 + 6);
     }
 
@@ -273,10 +164,8 @@ mod tests {
     fn gradient_two_bottoms() {
         let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 53);
         let s = uniform_blob(&[3, 2], -1.0, 1.0, 54);
-        let report = GradientChecker::default()
-            .check(&mut scale("bias_term = true"), &[x, s], &[true, true])
-            .unwrap();
-        report.assert_ok();
+        let mut layer = scale("bias_term = true");
+        let report = GradientChecker::default().assert_passes(&mut layer, &[x, s], &[true, true]);
         assert_eq!(report.checked, 24 + 6 + 6);
     }
 }

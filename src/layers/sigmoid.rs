@@ -5,19 +5,10 @@ use crate::config::layer_params::SigmoidParams;
 use crate::layers::neuron::{Neuron, NeuronLayer};
 
 /// The logistic function; see the module docs.
-pub type Sigmoid = NeuronLayer<Logistic>;
+pub type Sigmoid = NeuronLayer<SigmoidParams>;
 
 /// `y = 1 / (1 + e^(−x))`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Logistic;
-
-impl Sigmoid {
-    pub fn new(name: &str, _params: &SigmoidParams) -> Self {
-        NeuronLayer::with_neuron(name, Logistic)
-    }
-}
-
-impl Neuron for Logistic {
+impl Neuron for SigmoidParams {
     const TYPE_NAME: &'static str = "sigmoid";
 
     /// Saturates to exactly 0 and 1 for large |x|, never NaN.
@@ -34,20 +25,13 @@ impl Neuron for Logistic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
-
-    fn sigmoid() -> Sigmoid {
-        from_config(
-            Sigmoid::new,
-            &layer_config("name = \"s\"\ntype = \"sigmoid\""),
-        )
-    }
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
     #[test]
     fn forward_by_hand() {
         let bottom = blob(&[1, 5], &[0.0, 1.0, -2.0, 100.0, -100.0]);
-        let top = forward(&mut sigmoid(), &[bottom], &[]);
+        let top = forward(&mut layer::<SigmoidParams>("sigmoid", ""), &[bottom], &[]);
         let want = [0.5, 0.731_058_6, 0.119_202_92, 1.0, 0.0];
         for (g, w) in top[0].data.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{:?} vs {want:?}", top[0].data);
@@ -57,9 +41,7 @@ mod tests {
     #[test]
     fn gradient() {
         let bottom = uniform_blob(&[2, 3, 4], -3.0, 3.0, 31);
-        GradientChecker::default()
-            .check(&mut sigmoid(), &[bottom], &[true])
-            .unwrap()
-            .assert_ok();
+        let mut sigmoid = layer::<SigmoidParams>("sigmoid", "");
+        GradientChecker::default().assert_passes(&mut sigmoid, &[bottom], &[true]);
     }
 }

@@ -5,8 +5,7 @@
 
 use crate::config::layer_params::SoftmaxParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{one_bottom, BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// The softmax layer; see the module docs.
 #[derive(Debug, Clone)]
@@ -18,12 +17,14 @@ pub struct Softmax {
     inner: usize,
 }
 
-impl Softmax {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxParams`]).
-    pub fn new(name: &str, p: &SoftmaxParams) -> Self {
+impl BuildCpu for SoftmaxParams {
+    type Layer = Softmax;
+
+    /// The layer `name` (defaults and ranges: [`SoftmaxParams`]).
+    fn build(&self, name: &str) -> Softmax {
         Softmax {
             name: name.to_string(),
-            axis: p.axis,
+            axis: self.axis,
             outer: 0,
             channels: 0,
             inner: 0,
@@ -50,10 +51,10 @@ impl Layer for Softmax {
         Ok(vec![shape.to_vec()])
     }
 
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
         let (c, inner) = (self.channels, self.inner);
-        let x = &bottoms[0].data;
-        let y = &mut tops[0].data;
+        let x = &pass.bottoms[0].data;
+        let y = &mut pass.tops[0].data;
         for o in 0..self.outer {
             for i in 0..inner {
                 let at = |k: usize| (o * c + k) * inner + i;
@@ -71,21 +72,12 @@ impl Layer for Softmax {
         }
     }
 
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
-        }
+        };
         let (c, inner) = (self.channels, self.inner);
-        let (y, dy) = (&tops[0].data, &tops[0].diff);
-        let dx = &mut bottoms[0].diff;
+        let (y, dy, dx) = (&top.data, &top.diff, &mut bottom.diff);
         for o in 0..self.outer {
             for i in 0..inner {
                 let at = |k: usize| (o * c + k) * inner + i;
@@ -101,21 +93,14 @@ impl Layer for Softmax {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob, GradientChecker};
-    use crate::layers::test_util::{blob, forward};
-
-    fn softmax(extra: &str) -> Softmax {
-        from_config(
-            Softmax::new,
-            &layer_config(&format!("name = \"s\"\ntype = \"softmax\"\n{extra}")),
-        )
-    }
+    use crate::layers::gradient_check::{uniform_blob, GradientChecker};
+    use crate::layers::test_util::{blob, forward, layer};
 
     #[test]
     fn forward_by_hand() {
         // Axis 1 of (1, 2, 2): fibres (0, ln 3) and (1, 1).
         let x = blob(&[1, 2, 2], &[0.0, 1.0, 3f32.ln(), 1.0]);
-        let top = forward(&mut softmax(""), &[x], &[]);
+        let top = forward(&mut layer::<SoftmaxParams>("softmax", ""), &[x], &[]);
         let want = [0.25, 0.5, 0.75, 0.5];
         for (a, b) in top[0].data.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{:?}", top[0].data);
@@ -124,12 +109,10 @@ mod tests {
 
     #[test]
     fn gradient_axis_1_and_2() {
-        for extra in ["", "axis = 2"] {
+        for keys in ["", "axis = 2"] {
             let x = uniform_blob(&[2, 3, 2, 2], -1.0, 1.0, 93);
-            GradientChecker::default()
-                .check(&mut softmax(extra), &[x], &[true])
-                .unwrap()
-                .assert_ok();
+            let mut softmax = layer::<SoftmaxParams>("softmax", keys);
+            GradientChecker::default().assert_passes(&mut softmax, &[x], &[true]);
         }
     }
 }

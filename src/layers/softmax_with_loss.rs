@@ -15,8 +15,7 @@
 
 use crate::config::layer_params::SoftmaxWithLossParams;
 use crate::error::{Error, Result};
-use crate::layers::{Ctx, Layer};
-use crate::tensor::Blob;
+use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
 
 /// Softmax and multinomial logistic loss; see the module docs.
 #[derive(Debug, Clone)]
@@ -35,13 +34,15 @@ pub struct SoftmaxWithLoss {
     valid: usize,
 }
 
-impl SoftmaxWithLoss {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxWithLossParams`]).
-    pub fn new(name: &str, p: &SoftmaxWithLossParams) -> Self {
+impl BuildCpu for SoftmaxWithLossParams {
+    type Layer = SoftmaxWithLoss;
+
+    /// The layer `name` (defaults and ranges: [`SoftmaxWithLossParams`]).
+    fn build(&self, name: &str) -> SoftmaxWithLoss {
         SoftmaxWithLoss {
             name: name.to_string(),
-            axis: p.axis,
-            ignore_label: p.ignore_label,
+            axis: self.axis,
+            ignore_label: self.ignore_label,
             rows: 0,
             classes: 0,
             prob: Vec::new(),
@@ -49,7 +50,9 @@ impl SoftmaxWithLoss {
             valid: 0,
         }
     }
+}
 
+impl SoftmaxWithLoss {
     /// `(N, C)` softmax probabilities of the last forward.
     pub fn prob(&self) -> &[f32] {
         &self.prob
@@ -98,6 +101,28 @@ pub(crate) fn rows_and_classes(
     Ok((rows, classes))
 }
 
+/// The class sample `i`'s `label` names, `None` when it is `ignore_label` (a classifier layer's
+/// reading of its labels).
+///
+/// # Panics
+/// On a label that is not `ignore_label` and not an integer in `[0, classes)`.
+pub(crate) fn class_of(
+    layer: &str,
+    label: f32,
+    ignore_label: Option<i64>,
+    classes: usize,
+    i: usize,
+) -> Option<usize> {
+    if ignore_label.is_some_and(|ig| label == ig as f32) {
+        return None;
+    }
+    assert!(
+        label >= 0.0 && label.fract() == 0.0 && (label as usize) < classes,
+        "layer `{layer}`: label {label} of sample {i} is not a class in [0, {classes})"
+    );
+    Some(label as usize)
+}
+
 impl Layer for SoftmaxWithLoss {
     fn type_name(&self) -> &'static str {
         "softmax_with_loss"
@@ -119,10 +144,10 @@ impl Layer for SoftmaxWithLoss {
 
     /// # Panics
     /// On a label that is not `ignore_label` and not an integer in `[0, C)`.
-    fn forward(&mut self, _ctx: &Ctx, bottoms: &[Blob], _params: &[&[f32]], tops: &mut [Blob]) {
+    fn forward(&mut self, pass: ForwardPass<'_>) {
         let c = self.classes;
-        let scores = &bottoms[0].data;
-        let labels = &bottoms[1].data;
+        let scores = &pass.bottoms[0].data;
+        let labels = &pass.bottoms[1].data;
         let mut loss = 0.0f64;
         self.valid = 0;
         for (i, (row, prob)) in scores
@@ -139,40 +164,23 @@ impl Layer for SoftmaxWithLoss {
             let inv = 1.0 / sum;
             prob.iter_mut().for_each(|p| *p *= inv);
 
-            let label = labels[i];
-            if self.ignore_label.is_some_and(|ig| label == ig as f32) {
-                self.targets[i] = None;
-                continue;
+            self.targets[i] = class_of(&self.name, labels[i], self.ignore_label, c, i);
+            if let Some(l) = self.targets[i] {
+                loss -= (prob[l].max(f32::MIN_POSITIVE) as f64).ln();
+                self.valid += 1;
             }
-            assert!(
-                label >= 0.0 && label.fract() == 0.0 && (label as usize) < c,
-                "layer `{}`: label {label} of sample {i} is not a class in [0, {c})",
-                self.name
-            );
-            let l = label as usize;
-            self.targets[i] = Some(l);
-            loss -= (prob[l].max(f32::MIN_POSITIVE) as f64).ln();
-            self.valid += 1;
         }
-        tops[0].data[0] = (loss / self.valid.max(1) as f64) as f32;
+        pass.tops[0].data[0] = (loss / self.valid.max(1) as f64) as f32;
     }
 
     /// `dscores += w · (p − onehot) / V` on valid rows, `w = tops[0].diff[0]`.
-    fn backward(
-        &mut self,
-        _ctx: &Ctx,
-        tops: &[Blob],
-        propagate_down: &[bool],
-        bottoms: &mut [Blob],
-        _params: &[&[f32]],
-        _param_diffs: &mut [&mut [f32]],
-    ) {
-        if !propagate_down[0] {
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let Some((top, scores)) = pass.top_and_bottom() else {
             return;
-        }
+        };
         let c = self.classes;
-        let scale = tops[0].diff[0] / self.valid.max(1) as f32;
-        let rows = bottoms[0]
+        let scale = top.diff[0] / self.valid.max(1) as f32;
+        let rows = scores
             .diff
             .chunks_exact_mut(c)
             .zip(self.prob.chunks_exact(c));
@@ -190,20 +198,11 @@ impl Layer for SoftmaxWithLoss {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
-    use crate::config::Phase;
-    use crate::layers::gradient_check::{
-        from_config, label_blob, layer_config, uniform_blob, GradientChecker,
-    };
-    use crate::layers::test_util::{self, blob, ctx};
+    use crate::layers::gradient_check::{label_blob, uniform_blob, GradientChecker};
+    use crate::layers::test_util::{self, blob, layer};
 
-    fn softmax_loss(extra: &str) -> SoftmaxWithLoss {
-        from_config(
-            SoftmaxWithLoss::new,
-            &layer_config(&format!(
-                "name = \"loss\"\ntype = \"softmax_with_loss\"\n{extra}"
-            )),
-        )
+    fn softmax_loss(keys: &str) -> SoftmaxWithLoss {
+        layer::<SoftmaxWithLossParams>("softmax_with_loss", keys)
     }
 
     fn loss_of(layer: &mut SoftmaxWithLoss, scores: &[f32], labels: &[f32]) -> f32 {
@@ -253,10 +252,8 @@ mod tests {
     fn gradient() {
         let scores = uniform_blob(&[4, 5], -2.0, 2.0, 51);
         let labels = label_blob(4, 5, 52);
-        GradientChecker::default()
-            .check(&mut softmax_loss(""), &[scores, labels], &[true, false])
-            .unwrap()
-            .assert_ok();
+        let bottoms = [scores, labels];
+        GradientChecker::default().assert_passes(&mut softmax_loss(""), &bottoms, &[true, false]);
     }
 
     #[test]
@@ -266,28 +263,20 @@ mod tests {
         labels.data[1] = -1.0;
         labels.data[4] = -1.0;
         let mut layer = softmax_loss("ignore_label = -1");
-        let report = GradientChecker::default()
-            .check(&mut layer, &[scores, labels], &[true, false])
-            .unwrap();
-        report.assert_ok();
+        GradientChecker::default().assert_passes(&mut layer, &[scores, labels], &[true, false]);
         assert_eq!(layer.valid(), 4);
     }
 
     #[test]
     fn ignored_rows_get_no_gradient() {
         let mut layer = softmax_loss("ignore_label = 7");
-        let mut scores = Blob::new(&[2, 2]);
-        scores.data = vec![1.0, -1.0, 0.5, 0.5];
-        let mut labels = Blob::new(&[2]);
-        labels.data = vec![7.0, 1.0];
-        layer.reshape(&[&[2, 2], &[2]]).unwrap();
-        let cpu = Cpu::new(1);
-        let ctx = ctx(&cpu, Phase::Train);
-        let mut top = vec![Blob::new(&[])];
-        let mut bottoms = [scores, labels];
-        layer.forward(&ctx, &bottoms, &[], &mut top);
+        let mut bottoms = [
+            blob(&[2, 2], &[1.0, -1.0, 0.5, 0.5]),
+            blob(&[2], &[7.0, 1.0]),
+        ];
+        let mut top = test_util::forward(&mut layer, &bottoms, &[]);
         top[0].diff[0] = 2.0;
-        layer.backward(&ctx, &top, &[true, false], &mut bottoms, &[], &mut []);
+        test_util::backward(&mut layer, &top, &[true, false], &mut bottoms, &[], &mut []);
         // Row 1: 2 · ([0.5, 0.5] − [0, 1]) / 1.
         assert_eq!(bottoms[0].diff, vec![0.0, 0.0, 1.0, -1.0]);
         assert_eq!(bottoms[1].diff, vec![0.0, 0.0]);

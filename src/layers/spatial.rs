@@ -1,6 +1,7 @@
 //! Spatial geometry shared by Convolution and Pooling (their `[h, w]` keys are resolved in
-//! [`crate::config::layer_params`]): Caffe's `im2col`/`col2im` for one sample,
-//! one column-buffer row at a time (so that a batch's columns can be laid side by side).
+//! [`crate::config::layer_params`]): their image bottom `(N, C, H, W)`, and Caffe's
+//! `im2col`/`col2im` for one sample, one column-buffer row at a time (so that a batch's columns
+//! can be laid side by side).
 //!
 //! Column layout (Caffe's): for an image `(C, H, W)`, a kernel `(kh, kw)` and an output
 //! `(OH, OW)`, the column buffer is `(C·kh·kw, OH·OW)` row-major; row `(c·kh + i)·kw + j` holds
@@ -8,6 +9,20 @@
 //! the image).
 
 pub use crate::config::layer_params::Pair;
+use crate::error::{Error, Result};
+use crate::layers::one_bottom;
+
+/// The one bottom `(N, C, H, W)` of the 2-D layer `layer` of type `kind`, or an error naming
+/// the layer.
+pub(crate) fn image_bottom(layer: &str, kind: &str, bottoms: &[&[usize]]) -> Result<[usize; 4]> {
+    match *one_bottom(layer, bottoms)? {
+        [n, c, h, w] => Ok([n, c, h, w]),
+        ref shape => Err(Error::net(
+            layer,
+            format!("takes a bottom (N, C, H, W), got {shape:?} (2-D {kind} only)"),
+        )),
+    }
+}
 
 /// The geometry of one 2-D sliding window over `(C, H, W)` images.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,7 +50,7 @@ impl Geometry {
     /// Walks row `r = (c·kh + i)·kw + j` of the column buffer one output row at a time:
     /// `f(oy, window)` for output row `oy`, where `window` is `None` when the kernel row lies in
     /// the padding, else `Some(InputRow)`: the columns `lo..hi` of this output row read the input
-    /// pixels `line + x0 + ox·sw` (the others are padding).
+    /// pixels `first + (ox − lo)·sw` (the others are padding).
     #[inline]
     fn for_each_in_row(&self, r: usize, mut f: impl FnMut(usize, Option<InputRow>)) {
         let [h, w] = self.input;
@@ -54,34 +69,33 @@ impl Geometry {
         } else {
             0
         };
+        let lo = lo.min(hi);
+        // The input column output column `lo` reads (inside the image when lo < hi).
+        let x_first = (x0 + (lo * sw) as isize).max(0) as usize;
         for oy in 0..self.output[0] {
             let iy = (oy * self.stride[0] + ki * self.dilation[0]) as isize - self.pad[0] as isize;
             let window = (iy >= 0 && iy < h as isize).then(|| InputRow {
-                line: (c * h + iy as usize) * w,
-                x0,
-                lo: lo.min(hi),
+                first: (c * h + iy as usize) * w + x_first,
+                step: sw,
+                lo,
                 hi,
             });
             f(oy, window);
         }
     }
 
-    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`, row by row.
-    #[cfg(test)]
-    pub fn im2col(&self, image: &[f32], col: &mut [f32]) {
-        let p = self.col_cols();
-        for (r, dst) in col.chunks_exact_mut(p).enumerate() {
-            self.im2col_row(r, image, dst);
-        }
-    }
-
     /// Row `r` of `im2col(image (C, H, W))` into `dst (OH·OW)`.
     pub fn im2col_row(&self, r: usize, image: &[f32], dst: &mut [f32]) {
         let ow = self.output[1];
-        let sw = self.stride[1];
         self.for_each_in_row(r, |oy, window| {
             let dst = &mut dst[oy * ow..(oy + 1) * ow];
-            let Some(InputRow { line, x0, lo, hi }) = window else {
+            let Some(InputRow {
+                first,
+                step,
+                lo,
+                hi,
+            }) = window
+            else {
                 dst.fill(0.0);
                 return;
             };
@@ -90,38 +104,30 @@ impl Geometry {
             if lo == hi {
                 return;
             }
-            let first = (line as isize + x0 + (lo * sw) as isize) as usize;
-            if sw == 1 {
+            if step == 1 {
                 dst[lo..hi].copy_from_slice(&image[first..first + hi - lo]);
             } else {
-                let src = image[first..].iter().step_by(sw);
+                let src = image[first..].iter().step_by(step);
                 dst[lo..hi].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
             }
         });
     }
 
-    /// `image (C, H, W) += col2im(col (C·kh·kw, OH·OW))`: each column entry is added back to
-    /// the pixel it was read from (padding entries are dropped); row by row.
-    #[cfg(test)]
-    pub fn col2im_add(&self, col: &[f32], image: &mut [f32]) {
-        let p = self.col_cols();
-        for (r, src) in col.chunks_exact(p).enumerate() {
-            self.col2im_row_add(r, src, image);
-        }
-    }
-
     /// `image (C, H, W) +=` row `r` of the columns, `src (OH·OW)`, at the pixels it was read from.
     pub fn col2im_row_add(&self, r: usize, src: &[f32], image: &mut [f32]) {
         let ow = self.output[1];
-        let sw = self.stride[1];
         self.for_each_in_row(r, |oy, window| {
-            let Some(InputRow { line, x0, lo, hi }) = window.filter(|w| w.lo < w.hi) else {
-                return;
-            };
-            let src = &src[oy * ow + lo..oy * ow + hi];
-            let first = (line as isize + x0 + (lo * sw) as isize) as usize;
-            let dst = image[first..].iter_mut().step_by(sw);
-            dst.zip(src).for_each(|(d, &v)| *d += v);
+            if let Some(InputRow {
+                first,
+                step,
+                lo,
+                hi,
+            }) = window.filter(|w| w.lo < w.hi)
+            {
+                let src = &src[oy * ow + lo..oy * ow + hi];
+                let dst = image[first..].iter_mut().step_by(step);
+                dst.zip(src).for_each(|(d, &v)| *d += v);
+            }
         });
     }
 }
@@ -130,10 +136,10 @@ impl Geometry {
 /// [`Geometry::for_each_in_row`].
 #[derive(Debug, Clone, Copy)]
 struct InputRow {
-    /// Flat index of the input row's first pixel, `(c·H + iy)·W`.
-    line: usize,
-    /// Input column of output column 0 (negative in the left padding).
-    x0: isize,
+    /// Flat index of the pixel output column `lo` reads (meaningful when `lo < hi`).
+    first: usize,
+    /// Pixels between the reads of neighbouring output columns (the horizontal stride).
+    step: usize,
     /// The output columns that read inside the image (`lo ≤ hi`, possibly none).
     lo: usize,
     hi: usize,
@@ -142,6 +148,12 @@ struct InputRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `col (C·kh·kw, OH·OW) = im2col(image (C, H, W))`, row by row.
+    fn im2col(g: &Geometry, image: &[f32], col: &mut [f32]) {
+        let rows = col.chunks_exact_mut(g.col_cols()).enumerate();
+        rows.for_each(|(r, dst)| g.im2col_row(r, image, dst));
+    }
 
     fn geometry(k: usize, s: usize, p: usize, d: usize) -> Geometry {
         let input = [3, 4];
@@ -173,7 +185,7 @@ mod tests {
         };
         let image = [1.0, 2.0, 3.0, 4.0];
         let mut col = vec![f32::NAN; g.col_rows() * g.col_cols()];
-        g.im2col(&image, &mut col);
+        im2col(&g, &image, &mut col);
         assert_eq!(&col[..9], &[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 4.0]);
         assert_eq!(&col[27..], &[1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
     }
@@ -237,9 +249,11 @@ mod tests {
             let x: Vec<f32> = (0..n_in).map(|i| (i as f32 * 0.37).sin()).collect();
             let c: Vec<f32> = (0..n_col).map(|i| (i as f32 * 0.71).cos()).collect();
             let mut col = vec![0.0; n_col];
-            g.im2col(&x, &mut col);
+            im2col(&g, &x, &mut col);
             let mut back = vec![0.0; n_in];
-            g.col2im_add(&c, &mut back);
+            for (r, src) in c.chunks_exact(g.col_cols()).enumerate() {
+                g.col2im_row_add(r, src, &mut back);
+            }
             let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
             let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
             assert!((lhs - rhs).abs() < 1e-4, "{k} {s} {p} {d}: {lhs} vs {rhs}");

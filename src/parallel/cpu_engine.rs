@@ -303,35 +303,16 @@ fn forward(
 mod tests {
     use super::*;
     use crate::dist::local::LocalGroup;
+    use crate::layers::test_util::net_around;
     use crate::validate::load_str;
     use std::path::Path;
     use std::sync::Arc;
-
-    const CONFIG: &str = r#"
-[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
 
     /// Whatever each replica starts from, after `broadcast_params` all hold universal rank 0's
     /// parameters (design decision 5: rank 0 is broadcast at start regardless).
     #[test]
     fn every_replica_starts_from_rank_zeros_parameters() {
-        let (cfg, _) = load_str("t.toml", CONFIG, Path::new("."), &[]).unwrap();
+        let (cfg, _) = load_str("t.toml", &net_around(""), Path::new("."), &[]).unwrap();
         let cfg = Arc::new(cfg);
         let k = 3;
         let group = Arc::new(LocalGroup::new(k));

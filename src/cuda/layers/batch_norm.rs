@@ -299,7 +299,12 @@ mod tests {
         let mut top = vec![Blob::new(&tops[0])];
         {
             let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
-            layer.forward(&ctx, std::slice::from_ref(x), &p, &mut top);
+            layer.forward(layers::ForwardPass {
+                ctx: &ctx,
+                bottoms: std::slice::from_ref(x),
+                params: &p,
+                tops: &mut top,
+            });
         }
         {
             let mut v: Vec<&mut [f32]> = st.iter_mut().map(Vec::as_mut_slice).collect();
@@ -309,7 +314,14 @@ mod tests {
         let mut bottom = vec![x.clone()];
         bottom[0].diff.fill(0.0);
         let p: Vec<&[f32]> = st.iter().map(Vec::as_slice).collect();
-        layer.backward(&ctx, &top, &[true], &mut bottom, &p, &mut []);
+        layer.backward(layers::BackwardPass {
+            ctx: &ctx,
+            tops: &top,
+            propagate_down: &[true],
+            bottoms: &mut bottom,
+            params: &p,
+            param_diffs: &mut [],
+        });
         (top[0].data.clone(), bottom[0].diff.clone(), st.concat())
     }
 

@@ -164,7 +164,12 @@ mod tests {
         let mut x = uniform_blob(&shape, 0.5, 2.0, 7);
         x.diff.fill(0.0);
         let mut want = vec![Blob::new(&tops[0])];
-        cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
+        cpu_layer.forward(layers::ForwardPass {
+            ctx: &ctx,
+            bottoms: std::slice::from_ref(&x),
+            params: &[],
+            tops: &mut want,
+        });
 
         let mut layer = from_config(|n, p| GpuDropout::new(n, p, Layout::Nchw), &cfg);
         let blobs = vec![

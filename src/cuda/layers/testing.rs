@@ -267,7 +267,12 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
     let mut cpu_tops: Vec<Blob> = top_shapes.iter().map(|s| Blob::new(s)).collect();
     let p_views = views(&p_data);
     let p_refs: Vec<&[f32]> = p_views.iter().map(Vec::as_slice).collect();
-    cpu_layer.forward(&ctx, &bottoms, &p_refs, &mut cpu_tops);
+    cpu_layer.forward(layers::ForwardPass {
+        ctx: &ctx,
+        bottoms: &bottoms,
+        params: &p_refs,
+        tops: &mut cpu_tops,
+    });
 
     // GPU forward: blobs = bottoms then tops; tops start as NaN to catch unwritten elements.
     let mut blobs: Vec<GpuBlob> = bottoms.iter().map(|b| to_device(gpu, b, layout)).collect();
@@ -314,14 +319,14 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
     let mut cpu_bottoms = bottoms.clone();
     let mut p_diff_views = views(&p_diff0);
     let mut p_diff_refs: Vec<&mut [f32]> = p_diff_views.iter_mut().map(Vec::as_mut_slice).collect();
-    cpu_layer.backward(
-        &ctx,
-        &cpu_tops,
-        &propagate,
-        &mut cpu_bottoms,
-        &p_refs,
-        &mut p_diff_refs,
-    );
+    cpu_layer.backward(layers::BackwardPass {
+        ctx: &ctx,
+        tops: &cpu_tops,
+        propagate_down: &propagate,
+        bottoms: &mut cpu_bottoms,
+        params: &p_refs,
+        param_diffs: &mut p_diff_refs,
+    });
     let cpu_p_diff: Vec<f32> = p_diff_views.concat();
     let grads: Vec<Grad> = propagate
         .iter()
@@ -356,14 +361,14 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         .map(|s| vec![0.0; s.shape.iter().product()])
         .collect();
     let mut scratch_refs: Vec<&mut [f32]> = scratch.iter_mut().map(Vec::as_mut_slice).collect();
-    cpu_layer.backward(
-        &ctx,
-        &cpu_tops,
-        &propagate,
-        &mut cpu_zeroed,
-        &p_refs,
-        &mut scratch_refs,
-    );
+    cpu_layer.backward(layers::BackwardPass {
+        ctx: &ctx,
+        tops: &cpu_tops,
+        propagate_down: &propagate,
+        bottoms: &mut cpu_zeroed,
+        params: &p_refs,
+        param_diffs: &mut scratch_refs,
+    });
     let grads: Vec<Grad> = propagate
         .iter()
         .map(|&p| if p { Grad::Overwrite } else { Grad::Skip })
