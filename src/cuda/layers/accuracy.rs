@@ -7,8 +7,9 @@
 //! is recovered exactly by `crate::layers::accuracy::count_from_fraction`. One warp per row counts
 //! the classes scoring strictly higher than the label; a one-block reduction writes the top.
 
-use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
+use super::{rows_and_classes, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::AccuracyParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -45,6 +46,12 @@ fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     gpu.compute
         .alloc_zeros::<f32>(n.max(1))
         .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} floats"), e))
+}
+
+impl BuildGpu for AccuracyParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuAccuracy::new(gpu, name, self)?))
+    }
 }
 
 impl GpuLayer for GpuAccuracy {

@@ -23,7 +23,7 @@
 //! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
 //! this layer to overwrite the parameter gradient).
 
-use super::{scratch, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad};
+use super::{scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad};
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
@@ -146,6 +146,12 @@ impl GpuBatchNorm {
     /// The sums after [`Self::reduce`].
     pub(super) fn sums(&self) -> &CudaSlice<f64> {
         &self.sums
+    }
+}
+
+impl BuildGpu for BatchNormParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuBatchNorm::new(gpu, name, self, layout)?))
     }
 }
 

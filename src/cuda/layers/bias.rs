@@ -7,7 +7,7 @@
 //! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
 use super::scale::operand_view;
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::BiasParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -36,6 +36,12 @@ impl GpuBias {
             view: (0, 0, 0),
             two_bottoms: false,
         }
+    }
+}
+
+impl BuildGpu for BiasParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuBias::new(gpu, name, self, layout)))
     }
 }
 

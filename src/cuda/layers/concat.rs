@@ -3,8 +3,9 @@
 //! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
 //! copies (or adds) the same range of the top's diff back.
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConcatParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 
@@ -27,6 +28,12 @@ impl GpuConcat {
             outer: 0,
             cols: Vec::new(),
         }
+    }
+}
+
+impl BuildGpu for ConcatParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuConcat::new(name, self)))
     }
 }
 

@@ -9,7 +9,7 @@
 //! NCHW order, also where the blobs are stored channels-last (the mask does not depend on the
 //! layout).
 
-use super::{copy_data, BackwardPass, ForwardPass, GpuCtx, GpuLayer};
+use super::{copy_data, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer};
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
 use crate::cuda::layout::{layout_matters, Layout};
@@ -59,6 +59,12 @@ impl GpuDropout {
     /// `(layer seed, iteration, first sample)` of a pass.
     fn stream_key(&self, ctx: &GpuCtx<'_>) -> (u64, u64, u64) {
         (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample)
+    }
+}
+
+impl BuildGpu for DropoutParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuDropout::new(name, self, layout)))
     }
 }
 

@@ -6,9 +6,10 @@
 //! `dy · y / x_k`, so a zero input is no problem). MAX: `y = max_k x_k` with the index of the
 //! first maximum kept per element; backward routes `dy` to that bottom only.
 
-use super::{grow, pick, scratch, BackwardPass, ForwardPass, GpuLayer};
+use super::{grow, pick, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -43,6 +44,12 @@ impl GpuEltwise {
             .and_then(|c| c.get(k))
             .copied()
             .unwrap_or(1.0)
+    }
+}
+
+impl BuildGpu for EltwiseParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuEltwise::new(gpu, name, self)?))
     }
 }
 

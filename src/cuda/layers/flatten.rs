@@ -3,10 +3,21 @@
 //! shapes every blob); on the device the layer is a [`GpuView`].
 
 use super::view::GpuView;
+use super::{BuildGpu, GpuLayer};
+use crate::config::layer_params::FlattenParams;
+use crate::cuda::layout::Layout;
+use crate::cuda::Gpu;
+use crate::error::Result;
 
 /// Flatten; see the module docs.
 pub fn gpu_flatten() -> GpuView {
     GpuView::named("flatten")
+}
+
+impl BuildGpu for FlattenParams {
+    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(gpu_flatten()))
+    }
 }
 
 #[cfg(test)]

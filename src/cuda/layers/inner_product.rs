@@ -10,8 +10,9 @@
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::InnerProductParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -55,6 +56,12 @@ fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     let len = v.len();
     gpu.kernels.fill(&gpu.compute, &mut v, 1.0, len)?;
     Ok(v)
+}
+
+impl BuildGpu for InnerProductParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuInnerProduct::new(gpu, name, self)?))
+    }
 }
 
 impl GpuLayer for GpuInnerProduct {

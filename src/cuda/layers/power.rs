@@ -3,7 +3,9 @@
 //! (0 when power or scale is 0).
 
 use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
+use super::{BuildGpu, GpuLayer};
 use crate::config::layer_params::PowerParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::Result;
 
@@ -23,6 +25,12 @@ impl GpuPower {
         GpuNeuron(Power {
             coef: (p.power, p.scale, p.shift),
         })
+    }
+}
+
+impl BuildGpu for PowerParams {
+    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuPower::new(self)))
     }
 }
 

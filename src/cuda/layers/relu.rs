@@ -4,7 +4,9 @@
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
 use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
+use super::{BuildGpu, GpuLayer};
 use crate::config::layer_params::ReluParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::Result;
 
@@ -23,6 +25,12 @@ impl GpuRelu {
         GpuNeuron(Relu {
             negative_slope: p.negative_slope,
         })
+    }
+}
+
+impl BuildGpu for ReluParams {
+    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuRelu::new(self)))
     }
 }
 

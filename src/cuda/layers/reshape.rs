@@ -3,10 +3,21 @@
 //! on the device the layer is a [`GpuView`].
 
 use super::view::GpuView;
+use super::{BuildGpu, GpuLayer};
+use crate::config::layer_params::ReshapeParams;
+use crate::cuda::layout::Layout;
+use crate::cuda::Gpu;
+use crate::error::Result;
 
 /// Reshape; see the module docs.
 pub fn gpu_reshape() -> GpuView {
     GpuView::named("reshape")
+}
+
+impl BuildGpu for ReshapeParams {
+    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(gpu_reshape()))
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! Backward: `dx (+)= dy · s[d]`; `ds[d] (+)= Σ dy·x`, `db[d] (+)= Σ dy` over `(outer,
 //! inner)` in double with fixed chunks and summation trees (deterministic).
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ScaleParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -98,6 +98,12 @@ impl GpuScale {
     /// Elements of the scale (and of the bias).
     fn dim(&self) -> usize {
         self.view.1
+    }
+}
+
+impl BuildGpu for ScaleParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuScale::new(gpu, name, self, layout)))
     }
 }
 

@@ -3,8 +3,9 @@
 //! subtracts the maximum over the channels, exponentiates and divides by the sum. Backward from
 //! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 
@@ -24,6 +25,12 @@ impl GpuSoftmax {
             axis: p.axis,
             view: (0, 0, 0),
         }
+    }
+}
+
+impl BuildGpu for SoftmaxParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuSoftmax::new(name, self)))
     }
 }
 

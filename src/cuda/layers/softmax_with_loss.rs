@@ -12,8 +12,9 @@
 //! here that row is skipped like an ignored one (the data readers reject such labels before
 //! they reach a net).
 
-use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
+use super::{rows_and_classes, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxWithLossParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
@@ -71,6 +72,12 @@ fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     gpu.compute
         .alloc_zeros::<T>(n.max(1))
         .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} elements"), e))
+}
+
+impl BuildGpu for SoftmaxWithLossParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuSoftmaxWithLoss::new(gpu, name, self)?))
+    }
 }
 
 impl GpuLayer for GpuSoftmaxWithLoss {
