@@ -2,22 +2,11 @@
 //! `crate::layers::abs_val`.
 
 use super::neuron::{parameterless_neuron, GpuNeuron};
-use super::{BuildGpu, GpuLayer};
-use crate::config::layer_params::AbsValParams;
-use crate::cuda::layout::Layout;
-use crate::cuda::Gpu;
-use crate::error::Result;
 
 /// Absolute value; see the module docs.
 pub type GpuAbsVal = GpuNeuron<AbsVal>;
 
-parameterless_neuron!(AbsVal, "abs_val", abs_forward, abs_backward, reads x);
-
-impl BuildGpu for AbsValParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuAbsVal::default()))
-    }
-}
+parameterless_neuron!(AbsVal, "abs_val", AbsValParams, abs_forward, abs_backward, reads x);
 
 #[cfg(test)]
 mod tests {

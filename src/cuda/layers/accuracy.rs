@@ -27,21 +27,6 @@ pub struct GpuAccuracy {
     row_correct: CudaSlice<f32>,
 }
 
-impl GpuAccuracy {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`AccuracyParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &AccuracyParams) -> Result<Self> {
-        Ok(GpuAccuracy {
-            name: name.to_string(),
-            axis: p.axis,
-            top_k: p.top_k,
-            ignore: p.ignore_label.map(|l| l as f32),
-            rows: 0,
-            classes: 0,
-            row_correct: alloc(gpu, 1)?,
-        })
-    }
-}
-
 fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     gpu.compute
         .alloc_zeros::<f32>(n.max(1))
@@ -50,7 +35,15 @@ fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
 
 impl BuildGpu for AccuracyParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuAccuracy::new(gpu, name, self)?))
+        Ok(Box::new(GpuAccuracy {
+            name: name.to_string(),
+            axis: self.axis,
+            top_k: self.top_k,
+            ignore: self.ignore_label.map(|l| l as f32),
+            rows: 0,
+            classes: 0,
+            row_correct: alloc(gpu, 1)?,
+        }))
     }
 }
 

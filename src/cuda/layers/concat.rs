@@ -19,21 +19,14 @@ pub struct GpuConcat {
     cols: Vec<usize>,
 }
 
-impl GpuConcat {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ConcatParams`]).
-    pub fn new(name: &str, p: &ConcatParams) -> Self {
-        GpuConcat {
-            name: name.to_string(),
-            axis: p.axis,
-            outer: 0,
-            cols: Vec::new(),
-        }
-    }
-}
-
 impl BuildGpu for ConcatParams {
     fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuConcat::new(name, self)))
+        Ok(Box::new(GpuConcat {
+            name: name.to_string(),
+            axis: self.axis,
+            outer: 0,
+            cols: Vec::new(),
+        }))
     }
 }
 

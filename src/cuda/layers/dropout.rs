@@ -37,17 +37,6 @@ pub struct GpuDropout {
 }
 
 impl GpuDropout {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`DropoutParams`]).
-    pub fn new(name: &str, p: &DropoutParams, layout: Layout) -> Self {
-        let ratio = p.ratio;
-        GpuDropout {
-            ratio,
-            scale: 1.0 / (1.0 - ratio),
-            name_hash: fnv1a64(name.as_bytes()),
-            layout,
-        }
-    }
-
     /// `(elements per sample, channels per pixel when stored channels-last or 0)` of a blob of
     /// `shape` `(N, ...)`: the kernels number a channels-last sample's elements in NCHW order.
     fn sample_layout(&self, shape: &[usize]) -> (usize, usize) {
@@ -64,7 +53,13 @@ impl GpuDropout {
 
 impl BuildGpu for DropoutParams {
     fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuDropout::new(name, self, layout)))
+        let ratio = self.ratio;
+        Ok(Box::new(GpuDropout {
+            ratio,
+            scale: 1.0 / (1.0 - ratio),
+            name_hash: fnv1a64(name.as_bytes()),
+            layout,
+        }))
     }
 }
 
@@ -134,10 +129,11 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::cuda::blob::GpuBlob;
+    use crate::cuda::layers::build;
     use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::test_util::gpu_or_skip;
     use crate::layers;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
+    use crate::layers::gradient_check::{layer_config, uniform_blob};
     use crate::tensor::Blob;
 
     /// Runs without a GPU: the contract's FNV-1a constants.
@@ -172,13 +168,14 @@ mod tests {
         let mut want = vec![Blob::new(&tops[0])];
         cpu_layer.forward(&ctx, std::slice::from_ref(&x), &[], &mut want);
 
-        let mut layer = from_config(|n, p| GpuDropout::new(n, p, Layout::Nchw), &cfg);
+        let params = cfg.params().unwrap();
+        let mut layer = build(&gpu, &cfg.name, &params, &[&shape], Layout::Nchw).unwrap();
         let blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),
         ];
         let mut run = Fixture::new(&gpu, blobs, 1, &[], &[]);
-        run.forward(&gpu, &gctx, &mut layer);
+        run.forward(&gpu, &gctx, layer.as_mut());
         let got = run.blobs[1].to_host(&gpu).unwrap();
         let kept = want[0].data.iter().filter(|&&v| v != 0.0).count();
         assert!(

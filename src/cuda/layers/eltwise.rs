@@ -27,17 +27,6 @@ pub struct GpuEltwise {
 }
 
 impl GpuEltwise {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`EltwiseParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &EltwiseParams) -> Result<Self> {
-        Ok(GpuEltwise {
-            name: name.to_string(),
-            op: p.operation,
-            coeff: p.coeff.clone(),
-            mask: scratch(gpu, 1)?,
-            product: scratch(gpu, 1)?,
-        })
-    }
-
     fn coeff(&self, k: usize) -> f32 {
         self.coeff
             .as_ref()
@@ -49,7 +38,13 @@ impl GpuEltwise {
 
 impl BuildGpu for EltwiseParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuEltwise::new(gpu, name, self)?))
+        Ok(Box::new(GpuEltwise {
+            name: name.to_string(),
+            op: self.operation,
+            coeff: self.coeff.clone(),
+            mask: scratch(gpu, 1)?,
+            product: scratch(gpu, 1)?,
+        }))
     }
 }
 

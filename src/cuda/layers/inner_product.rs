@@ -32,21 +32,6 @@ pub struct GpuInnerProduct {
     ones: CudaSlice<f32>,
 }
 
-impl GpuInnerProduct {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`InnerProductParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &InnerProductParams) -> Result<Self> {
-        Ok(GpuInnerProduct {
-            name: name.to_string(),
-            num_output: p.num_output,
-            bias_term: p.bias_term,
-            axis: p.axis,
-            k: None,
-            m: 0,
-            ones: ones(gpu, 1)?,
-        })
-    }
-}
-
 /// `(n)` ones on the device.
 fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     let mut v = gpu
@@ -60,7 +45,15 @@ fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
 
 impl BuildGpu for InnerProductParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuInnerProduct::new(gpu, name, self)?))
+        Ok(Box::new(GpuInnerProduct {
+            name: name.to_string(),
+            num_output: self.num_output,
+            bias_term: self.bias_term,
+            axis: self.axis,
+            k: None,
+            m: 0,
+            ones: ones(gpu, 1)?,
+        }))
     }
 }
 

@@ -1,7 +1,8 @@
 //! `GpuNeuron`: Caffe's NeuronLayer on the device, one body for every layer whose top has the
 //! bottom's shape `(N, ...)` and is computed element by element. Each kind (relu, sigmoid, tanh,
 //! abs_val, power, and the views flatten and reshape) is a [`NeuronFn`] in its own file: its
-//! forward and backward kernels and the data its backward reads.
+//! forward and backward kernels and the data its backward reads; its parameters build the layer
+//! through [`neuron_builder`].
 //!
 //! Forward: `y = f(x)` over the `(n)` elements. Backward, only where the bottom wants a
 //! gradient: `dx (+)= dy · f'` over `(n)`, from the bottom's data `x` or the top's data `y`.
@@ -82,12 +83,16 @@ impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
     }
 }
 
-/// `parameterless_neuron!(Kind, "name", forward_kernel, backward_kernel, reads x)`: a
-/// [`NeuronFn`] `Kind` without parameters, from the kernels `gpu.kernels.forward_kernel(s, x, y,
-/// n)` and `gpu.kernels.backward_kernel(s, input, dy, dx, n, accumulate)`, whose `input` is the
-/// bottom's data (`reads x`) or the top's (`reads y`).
+/// `parameterless_neuron!(Kind, "name", KindParams, forward_kernel, backward_kernel, reads x)`:
+/// a [`NeuronFn`] `Kind` without parameters, from the kernels `gpu.kernels.forward_kernel(s, x,
+/// y, n)` and `gpu.kernels.backward_kernel(s, input, dy, dx, n, accumulate)`, whose `input` is
+/// the bottom's data (`reads x`) or the top's (`reads y`); and the builder of `KindParams`
+/// (see [`neuron_builder`]).
 macro_rules! parameterless_neuron {
-    ($kind:ident, $name:literal, $forward:ident, $backward:ident, reads $input:ident) => {
+    (
+        $kind:ident, $name:literal, $params:ident,
+        $forward:ident, $backward:ident, reads $input:ident
+    ) => {
         #[doc = concat!("The elementwise function of `", $name, "` and its derivative.")]
         #[derive(Debug, Clone, Copy, Default)]
         pub struct $kind;
@@ -117,6 +122,28 @@ macro_rules! parameterless_neuron {
                     .$backward(&gpu.compute, input, &g.dy, &mut g.dx, g.n, g.accumulate)
             }
         }
+
+        $crate::cuda::layers::neuron::neuron_builder!($params, |_| $kind);
     };
 }
 pub(crate) use parameterless_neuron;
+
+/// `neuron_builder!(KindParams, |p| f)`: the [`BuildGpu`](super::BuildGpu) of a neuron kind's
+/// parameters `KindParams`, a [`GpuNeuron`] of the [`NeuronFn`] `f` (an expression of the
+/// parameters `p`).
+macro_rules! neuron_builder {
+    ($params:ident, |$p:pat_param| $f:expr) => {
+        impl $crate::cuda::layers::BuildGpu for $crate::config::layer_params::$params {
+            fn build_gpu(
+                &self,
+                _gpu: &$crate::cuda::Gpu,
+                _name: &str,
+                _layout: $crate::cuda::layout::Layout,
+            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
+                let $p = self;
+                Ok(Box::new($crate::cuda::layers::neuron::GpuNeuron($f)))
+            }
+        }
+    };
+}
+pub(crate) use neuron_builder;

@@ -2,10 +2,7 @@
 //! `crate::layers::power`; backward `dx (+)= dy · power · scale · (shift + scale · x)^(power−1)`
 //! (0 when power or scale is 0).
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
-use super::{BuildGpu, GpuLayer};
-use crate::config::layer_params::PowerParams;
-use crate::cuda::layout::Layout;
+use super::neuron::{neuron_builder, GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
 use crate::cuda::Gpu;
 use crate::error::Result;
 
@@ -19,20 +16,9 @@ pub struct Power {
     coef: (f32, f32, f32),
 }
 
-impl GpuPower {
-    /// The layer with its resolved parameters (defaults and ranges: [`PowerParams`]).
-    pub fn new(p: &PowerParams) -> Self {
-        GpuNeuron(Power {
-            coef: (p.power, p.scale, p.shift),
-        })
-    }
-}
-
-impl BuildGpu for PowerParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuPower::new(self)))
-    }
-}
+neuron_builder!(PowerParams, |p| Power {
+    coef: (p.power, p.scale, p.shift)
+});
 
 impl NeuronFn for Power {
     fn type_name(&self) -> &'static str {

@@ -3,10 +3,7 @@
 //!
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
-use super::{BuildGpu, GpuLayer};
-use crate::config::layer_params::ReluParams;
-use crate::cuda::layout::Layout;
+use super::neuron::{neuron_builder, GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
 use crate::cuda::Gpu;
 use crate::error::Result;
 
@@ -19,20 +16,9 @@ pub struct Relu {
     negative_slope: f32,
 }
 
-impl GpuRelu {
-    /// The layer with its resolved parameters (defaults and ranges: [`ReluParams`]).
-    pub fn new(p: &ReluParams) -> Self {
-        GpuNeuron(Relu {
-            negative_slope: p.negative_slope,
-        })
-    }
-}
-
-impl BuildGpu for ReluParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuRelu::new(self)))
-    }
-}
+neuron_builder!(ReluParams, |p| Relu {
+    negative_slope: p.negative_slope
+});
 
 impl NeuronFn for Relu {
     fn type_name(&self) -> &'static str {

@@ -82,19 +82,6 @@ pub struct GpuScale {
 }
 
 impl GpuScale {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ScaleParams`]).
-    pub fn new(_gpu: &Gpu, name: &str, p: &ScaleParams, layout: Layout) -> Self {
-        GpuScale {
-            layout,
-            name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
-            bias_term: p.bias_term,
-            view: (0, 0, 0),
-            two_bottoms: false,
-        }
-    }
-
     /// Elements of the scale (and of the bias).
     fn dim(&self) -> usize {
         self.view.1
@@ -102,8 +89,16 @@ impl GpuScale {
 }
 
 impl BuildGpu for ScaleParams {
-    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuScale::new(gpu, name, self, layout)))
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuScale {
+            layout,
+            name: name.to_string(),
+            axis: self.axis,
+            num_axes: self.num_axes,
+            bias_term: self.bias_term,
+            view: (0, 0, 0),
+            two_bottoms: false,
+        }))
     }
 }
 

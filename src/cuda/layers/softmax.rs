@@ -17,20 +17,13 @@ pub struct GpuSoftmax {
     view: (usize, usize, usize),
 }
 
-impl GpuSoftmax {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxParams`]).
-    pub fn new(name: &str, p: &SoftmaxParams) -> Self {
-        GpuSoftmax {
-            name: name.to_string(),
-            axis: p.axis,
-            view: (0, 0, 0),
-        }
-    }
-}
-
 impl BuildGpu for SoftmaxParams {
     fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuSoftmax::new(name, self)))
+        Ok(Box::new(GpuSoftmax {
+            name: name.to_string(),
+            axis: self.axis,
+            view: (0, 0, 0),
+        }))
     }
 }
 

@@ -39,21 +39,6 @@ pub struct GpuSoftmaxWithLoss {
 }
 
 impl GpuSoftmaxWithLoss {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxWithLossParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &SoftmaxWithLossParams) -> Result<Self> {
-        Ok(GpuSoftmaxWithLoss {
-            name: name.to_string(),
-            axis: p.axis,
-            ignore: p.ignore_label.map(|l| l as f32),
-            rows: 0,
-            classes: 0,
-            prob: alloc(gpu, 1)?,
-            row_loss: alloc(gpu, 1)?,
-            row_valid: alloc(gpu, 1)?,
-            valid: alloc(gpu, 1)?,
-        })
-    }
-
     /// `(N, C)` probabilities of the last forward (for tests and diagnostics).
     pub fn prob(&self) -> CudaView<'_, f32> {
         self.prob.slice(..self.rows * self.classes)
@@ -76,7 +61,17 @@ fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 
 impl BuildGpu for SoftmaxWithLossParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuSoftmaxWithLoss::new(gpu, name, self)?))
+        Ok(Box::new(GpuSoftmaxWithLoss {
+            name: name.to_string(),
+            axis: self.axis,
+            ignore: self.ignore_label.map(|l| l as f32),
+            rows: 0,
+            classes: 0,
+            prob: alloc(gpu, 1)?,
+            row_loss: alloc(gpu, 1)?,
+            row_valid: alloc(gpu, 1)?,
+            valid: alloc(gpu, 1)?,
+        }))
     }
 }
 

@@ -4,22 +4,11 @@
 //! Backward: `dx (+)= dy · (1 − y²)`, from the top's data.
 
 use super::neuron::{parameterless_neuron, GpuNeuron};
-use super::{BuildGpu, GpuLayer};
-use crate::config::layer_params::TanhParams;
-use crate::cuda::layout::Layout;
-use crate::cuda::Gpu;
-use crate::error::Result;
 
 /// The hyperbolic tangent; see the module docs.
 pub type GpuTanH = GpuNeuron<TanH>;
 
-parameterless_neuron!(TanH, "tanh", tanh_forward, tanh_backward, reads y);
-
-impl BuildGpu for TanhParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuTanH::default()))
-    }
-}
+parameterless_neuron!(TanH, "tanh", TanhParams, tanh_forward, tanh_backward, reads y);
 
 #[cfg(test)]
 mod tests {
