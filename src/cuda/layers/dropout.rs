@@ -12,6 +12,7 @@
 use super::{copy_data, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer};
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
+use crate::cuda::kernels::DropoutMask;
 use crate::cuda::layout::{layout_matters, Layout};
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -37,17 +38,18 @@ pub struct GpuDropout {
 }
 
 impl GpuDropout {
-    /// `(elements per sample, channels per pixel when stored channels-last or 0)` of a blob of
-    /// `shape` `(N, ...)`: the kernels number a channels-last sample's elements in NCHW order.
-    fn sample_layout(&self, shape: &[usize]) -> (usize, usize) {
-        let per_sample = shape.iter().skip(1).product();
+    /// The mask of a pass in `ctx` over a blob of `shape` `(N, ...)`: its elements per sample,
+    /// its channels per pixel when stored channels-last (the kernels number a channels-last
+    /// sample's elements in NCHW order), and the key `(layer seed, iteration, first sample)`.
+    fn mask(&self, shape: &[usize], ctx: &GpuCtx<'_>) -> DropoutMask {
         let channels_last = self.layout == Layout::Nhwc && layout_matters(shape);
-        (per_sample, if channels_last { shape[1] } else { 0 })
-    }
-
-    /// `(layer seed, iteration, first sample)` of a pass.
-    fn stream_key(&self, ctx: &GpuCtx<'_>) -> (u64, u64, u64) {
-        (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample)
+        DropoutMask {
+            per_sample: shape.iter().skip(1).product(),
+            chans: if channels_last { shape[1] } else { 0 },
+            key: (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample),
+            ratio: self.ratio,
+            scale: self.scale,
+        }
     }
 }
 
@@ -78,17 +80,9 @@ impl GpuLayer for GpuDropout {
         if ctx.phase == Phase::Test {
             return copy_data(gpu, x, y);
         }
-        let n = x.count();
-        gpu.kernels.dropout_forward(
-            &gpu.compute,
-            &x.data(),
-            &mut y.data_mut(),
-            n,
-            self.sample_layout(&x.shape),
-            self.stream_key(ctx),
-            self.ratio,
-            self.scale,
-        )
+        let (mask, n) = (self.mask(&x.shape, ctx), x.count());
+        gpu.kernels
+            .dropout_forward(&gpu.compute, &mask, &x.data(), &mut y.data_mut(), n)
     }
 
     fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
@@ -109,18 +103,10 @@ impl GpuLayer for GpuDropout {
                 acc,
             );
         }
-        let per = self.sample_layout(&x.shape);
-        gpu.kernels.dropout_backward(
-            &gpu.compute,
-            &y.diff(),
-            &mut x.diff_mut(),
-            n,
-            per,
-            self.stream_key(ctx),
-            self.ratio,
-            self.scale,
-            acc,
-        )
+        let mask = self.mask(&x.shape, ctx);
+        let (dy, dx) = (&y.diff(), &mut x.diff_mut());
+        gpu.kernels
+            .dropout_backward(&gpu.compute, &mask, dy, dx, n, acc)
     }
 }
 

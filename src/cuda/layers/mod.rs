@@ -308,13 +308,25 @@ pub(crate) fn pick<const N: usize>(blobs: &mut [GpuBlob], idx: [usize; N]) -> [&
         .unwrap_or_else(|e| panic!("layer blobs {idx:?}: {e}"))
 }
 
-/// `(rows, classes)` of scores flattened at `axis`, as the CPU classifier layers view them.
-pub(crate) fn rows_and_classes(shape: &[usize], axis: usize) -> (usize, usize) {
-    let axis = axis.min(shape.len());
-    (
-        shape[..axis].iter().product(),
-        shape[axis..].iter().product(),
-    )
+/// `(rows, classes)` of a classifier layer's bottoms `[scores, labels (rows)]` (accuracy,
+/// softmax with loss): the scores flattened at `axis`, as the CPU classifier layers view them;
+/// an error naming the layer unless it has two bottoms.
+pub(crate) fn classifier_rows(
+    layer: &str,
+    bottoms: &[&[usize]],
+    axis: usize,
+) -> Result<(usize, usize)> {
+    let [scores, _labels] = bottoms else {
+        return Err(crate::error::Error::net(
+            layer,
+            format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
+        ));
+    };
+    let axis = axis.min(scores.len());
+    Ok((
+        scores[..axis].iter().product(),
+        scores[axis..].iter().product(),
+    ))
 }
 
 /// `(n)` elements of scratch on the device, zeroed (allocated at build or when the batch grows,
