@@ -192,11 +192,15 @@ mod normalization;
 mod pooling;
 mod softmax;
 mod solver;
-use common::{check_len, to_i32, BLOCK};
+use common::{check_len, check_lens, int_count, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
+pub use dropout::DropoutMask;
+pub use elementwise::Activation;
 pub use fused::BnScaleRelu;
 pub use im2col::ConvGeom;
+pub use loss::LabelledRows;
+pub use normalization::StatsSource;
 pub use pooling::PoolGeom;
 pub use solver::{Rule, UpdateArgs};
 

@@ -5,6 +5,7 @@
 use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
@@ -37,6 +38,32 @@ impl Kernels {
         (cfg, splits)
     }
 
+    /// A two-stage channel reduction over the view `dims` = `(outer, dim, inner)` (see
+    /// [`Kernels::grid_channel_sums`]): `stage1(grid, partial, splits)` writes `per_channel · dim ·
+    /// splits` partial sums in double into the scratch `partial`, then `finish(partial, splits)`
+    /// reduces them in a fixed order.
+    pub(super) fn two_stage_sums(
+        &self,
+        s: &Arc<CudaStream>,
+        (op, per_channel): (&str, usize),
+        dims: (usize, usize, usize),
+        stage1: impl FnOnce(LaunchConfig, CUdeviceptr, i32) -> Result<()>,
+        finish: impl FnOnce(CUdeviceptr, i32) -> Result<()>,
+    ) -> Result<()> {
+        let (grid, splits) = self.grid_channel_sums(dims);
+        let sp = to_i32(op, splits);
+        // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
+        let mut partial = s
+            .alloc_zeros::<f64>(per_channel * dims.1 * splits)
+            .map_err(|e| gpu_error(&format!("{op} scratch"), e))?;
+        {
+            let (pp, _p) = partial.device_ptr_mut(s);
+            stage1(grid, pp, sp)?;
+        }
+        let (pp, _p) = partial.device_ptr(s);
+        finish(pp, sp)
+    }
+
     /// `out[d] (+)= Σ_{o,i} a · (b or 1)` at `(o, d, i)` of the view `(outer, dim, inner)`, in
     /// double with a fixed summation tree. `use_b = false` ignores `b`.
     #[allow(clippy::too_many_arguments)]
@@ -63,18 +90,18 @@ impl Kernels {
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
         let (hb, acc) = (use_b as i32, accumulate as i32);
-        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
-        let sp = to_i32(op, splits);
-        // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
-        let mut partial = s
-            .alloc_zeros::<f64>(dim * splits)
-            .map_err(|e| gpu_error("channel_reduce scratch", e))?;
-        {
-            let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])?;
-        }
-        let (pp, _p) = partial.device_ptr(s);
-        launch!(self, s, channel_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
+        self.two_stage_sums(
+            s,
+            (op, 1),
+            (outer, dim, inner),
+            |grid, pp, sp| {
+                launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])
+            },
+            |pp, sp| {
+                let rows = self.grid_rows(dim);
+                launch!(self, s, channel_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
+            },
+        )
     }
 
     /// Both sums of a Scale layer's gradient in one pass over a channel view
@@ -100,18 +127,19 @@ impl Kernels {
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (grid, splits) = self.grid_channel_sums((outer, dim, inner));
-        let sp = to_i32(op, splits);
         let (has_b, acc) = (1i32, accumulate as i32);
-        let mut partial = s
-            .alloc_zeros::<f64>(2 * dim * splits)
-            .map_err(|e| gpu_error("channel_reduce_pair scratch", e))?;
-        {
-            let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])?;
-        }
-        let (pp, _p) = partial.device_ptr(s);
-        launch!(self, s, pair_reduce_finish, self.grid_rows(dim), [&pp, out out, &d, &sp, &acc])
+        self.two_stage_sums(
+            s,
+            (op, 2),
+            (outer, dim, inner),
+            |grid, pp, sp| {
+                launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])
+            },
+            |pp, sp| {
+                let rows = self.grid_rows(dim);
+                launch!(self, s, pair_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
+            },
+        )
     }
 
     /// `y = x · scale[d] + bias[d]` over `(n)` viewed as `(n / (dim·inner), dim, inner)`; an

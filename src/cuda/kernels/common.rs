@@ -1,6 +1,7 @@
 //! What every launcher shares (the kernels' shared helpers are in `common.cu` beside this file):
 //! the [`launch!`] macro every launcher starts its kernel with, the launch geometries of the
-//! grid-stride, one-warp-per-row and single-block kernels, the length checks, and the
+//! grid-stride, one-warp-per-row and single-block kernels, the length checks (one buffer at a
+//! time, or every buffer of a kernel over `(n)` elements at once), and the
 //! stream-holding kernel of the path timings.
 //!
 //! Every launcher enqueues on the stream it is given and returns at once; nothing synchronises.
@@ -66,6 +67,22 @@ pub(super) fn check_len(op: &str, what: &str, have: usize, need: usize) {
 
 pub(super) fn to_i32(op: &str, n: usize) -> i32 {
     i32::try_from(n).unwrap_or_else(|_| panic!("{op}: {n} elements exceed the kernel's int range"))
+}
+
+/// The checks of a kernel over `(n)` elements: panics unless every buffer of `lens`
+/// `(name, elements)` holds `n` elements ([`check_len`]). Returns whether there is anything to
+/// launch (`n > 0`).
+pub(super) fn check_lens(op: &str, n: usize, lens: &[(&str, usize)]) -> bool {
+    for &(what, len) in lens {
+        check_len(op, what, len, n);
+    }
+    n > 0
+}
+
+/// [`check_lens`], then `n` as the kernel's `int` (panics beyond its range); `None` when there is
+/// nothing to launch.
+pub(super) fn int_count(op: &str, n: usize, lens: &[(&str, usize)]) -> Option<i32> {
+    check_lens(op, n, lens).then(|| to_i32(op, n))
 }
 
 impl Kernels {

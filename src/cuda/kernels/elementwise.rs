@@ -1,10 +1,34 @@
 //! Launchers of the elementwise kernels (`elementwise.cu`): fill, scale, axpy, the activations
-//! (ReLU, sigmoid, tanh, power, absolute value) forward and backward, bias rows, scaled copies,
-//! elementwise products and Eltwise MAX. Every operand is `(n)` unless a method says otherwise.
+//! of the neuron layers ([`Activation`]: ReLU, sigmoid, tanh, absolute value, power) forward and
+//! backward, bias rows, scaled copies, elementwise products and Eltwise MAX. Every operand is
+//! `(n)` unless a method says otherwise.
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, check_lens, int_count, to_i32, Kernels};
 use crate::error::Result;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+
+/// An elementwise activation and its parameters: which pair of kernels a neuron layer runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    /// `y = x > 0 ? x : negative_slope · x`.
+    Relu { negative_slope: f32 },
+    /// `y = 1 / (1 + e^(−x))`.
+    Sigmoid,
+    /// `y = tanh(x)`.
+    Tanh,
+    /// `y = |x|`.
+    Abs,
+    /// `y = (shift + scale · x)^power`.
+    Power { power: f32, scale: f32, shift: f32 },
+}
+
+impl Activation {
+    /// Whether the derivative is computed from the top's data `y` (sigmoid, tanh) rather than
+    /// from the bottom's data `x`.
+    pub fn derivative_reads_top(self) -> bool {
+        matches!(self, Activation::Sigmoid | Activation::Tanh)
+    }
+}
 
 impl Kernels {
     /// `x[..n] = value`.
@@ -15,8 +39,7 @@ impl Kernels {
         value: f32,
         n: usize,
     ) -> Result<()> {
-        check_len("fill", "x", x.len(), n);
-        if n == 0 {
+        if !check_lens("fill", n, &[("x", x.len())]) {
             return Ok(());
         }
         let n64 = n as i64;
@@ -31,8 +54,7 @@ impl Kernels {
         alpha: f32,
         n: usize,
     ) -> Result<()> {
-        check_len("scale", "x", x.len(), n);
-        if n == 0 {
+        if !check_lens("scale", n, &[("x", x.len())]) {
             return Ok(());
         }
         let n64 = n as i64;
@@ -48,162 +70,88 @@ impl Kernels {
         y: &mut impl DevicePtrMut<f32>,
         n: usize,
     ) -> Result<()> {
-        check_len("axpy", "x", x.len(), n);
-        check_len("axpy", "y", y.len(), n);
-        if n == 0 {
+        if !check_lens("axpy", n, &[("x", x.len()), ("y", y.len())]) {
             return Ok(());
         }
         let n64 = n as i64;
         launch!(self, s, axpy, self.grid(n), [in x, out y, &alpha, &n64])
     }
 
-    /// `y = x > 0 ? x : slope · x` over `(n)`.
-    pub fn relu_forward(
+    /// `y = f(x)` over `(n)`.
+    pub fn activation_forward(
         &self,
         s: &CudaStream,
-        slope: f32,
+        f: Activation,
         x: &impl DevicePtr<f32>,
         y: &mut impl DevicePtrMut<f32>,
         n: usize,
     ) -> Result<()> {
-        check_len("relu_forward", "x", x.len(), n);
-        check_len("relu_forward", "y", y.len(), n);
-        if n == 0 {
+        let Some(ni) = int_count("activation_forward", n, &[("x", x.len()), ("y", y.len())]) else {
             return Ok(());
+        };
+        let grid = self.grid(n);
+        match f {
+            Activation::Relu { negative_slope } => {
+                launch!(self, s, relu_forward, grid, [in x, out y, &negative_slope, &ni])
+            }
+            Activation::Sigmoid => launch!(self, s, sigmoid_forward, grid, [in x, out y, &ni]),
+            Activation::Tanh => launch!(self, s, tanh_forward, grid, [in x, out y, &ni]),
+            Activation::Abs => launch!(self, s, abs_forward, grid, [in x, out y, &ni]),
+            Activation::Power {
+                power,
+                scale,
+                shift,
+            } => launch!(
+                self, s, power_forward, grid,
+                [in x, out y, &ni, &power, &scale, &shift]
+            ),
         }
-        let ni = to_i32("relu_forward", n);
-        launch!(self, s, relu_forward, self.grid(n), [in x, out y, &slope, &ni])
     }
 
-    /// `dx (+)= dy · (x > 0 ? 1 : slope)` over `(n)`; overwrites unless `accumulate`.
+    /// `dx (+)= dy · f'` over `(n)`, `f'` computed from `input`: the top's data `y` where
+    /// [`Activation::derivative_reads_top`], else the bottom's data `x`. ReLU:
+    /// `dy · (x > 0 ? 1 : negative_slope)`; sigmoid: `dy · y · (1 − y)`; tanh: `dy · (1 − y²)`;
+    /// absolute value: `sign(x) · dy`; power: `dy · power · scale · (shift + scale · x)^(power −
+    /// 1)`.
     #[allow(clippy::too_many_arguments)]
-    pub fn relu_backward(
+    pub fn activation_backward(
         &self,
         s: &CudaStream,
-        slope: f32,
-        x: &impl DevicePtr<f32>,
+        f: Activation,
+        input: &impl DevicePtr<f32>,
         dy: &impl DevicePtr<f32>,
         dx: &mut impl DevicePtrMut<f32>,
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        for (what, len) in [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len("relu_backward", what, len, n);
-        }
-        if n == 0 {
+        let lens = [("input", input.len()), ("dy", dy.len()), ("dx", dx.len())];
+        let Some(ni) = int_count("activation_backward", n, &lens) else {
             return Ok(());
+        };
+        let (grid, acc) = (self.grid(n), accumulate as i32);
+        match f {
+            Activation::Relu { negative_slope } => launch!(
+                self, s, relu_backward, grid,
+                [in input, in dy, out dx, &negative_slope, &ni, &acc]
+            ),
+            Activation::Sigmoid => {
+                launch!(self, s, sigmoid_backward, grid, [in input, in dy, out dx, &ni, &acc])
+            }
+            Activation::Tanh => {
+                launch!(self, s, tanh_backward, grid, [in input, in dy, out dx, &ni, &acc])
+            }
+            Activation::Abs => {
+                launch!(self, s, abs_backward, grid, [in input, in dy, out dx, &ni, &acc])
+            }
+            Activation::Power {
+                power,
+                scale,
+                shift,
+            } => launch!(
+                self, s, power_backward, grid,
+                [in input, in dy, out dx, &ni, &power, &scale, &shift, &acc]
+            ),
         }
-        let ni = to_i32("relu_backward", n);
-        let acc = accumulate as i32;
-        launch!(self, s, relu_backward, self.grid(n), [in x, in dy, out dx, &slope, &ni, &acc])
-    }
-
-    /// `y = 1 / (1 + e^(−x))` over `(n)`.
-    pub fn sigmoid_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.unary("sigmoid_forward", &self.sigmoid_forward, s, x, y, n)
-    }
-
-    /// `dx (+)= dy · y · (1 − y)` over `(n)`, from the top's data `y`.
-    pub fn sigmoid_backward(
-        &self,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.unary_backward(
-            "sigmoid_backward",
-            &self.sigmoid_backward,
-            s,
-            y,
-            dy,
-            dx,
-            n,
-            accumulate,
-        )
-    }
-
-    /// `y = tanh(x)` over `(n)`.
-    pub fn tanh_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.unary("tanh_forward", &self.tanh_forward, s, x, y, n)
-    }
-
-    /// `dx (+)= dy · (1 − y²)` over `(n)`, from the top's data `y`.
-    pub fn tanh_backward(
-        &self,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.unary_backward(
-            "tanh_backward",
-            &self.tanh_backward,
-            s,
-            y,
-            dy,
-            dx,
-            n,
-            accumulate,
-        )
-    }
-
-    /// A kernel `(const float* x, float* y, int n)`.
-    fn unary(
-        &self,
-        op: &str,
-        f: &CudaFunction,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let ni = to_i32(op, n);
-        launch!(function f, op, s, self.grid(n), [in x, out y, &ni])
-    }
-
-    /// A kernel `(const float* y, const float* dy, float* dx, int n, int accumulate)`.
-    #[allow(clippy::too_many_arguments)]
-    fn unary_backward(
-        &self,
-        op: &str,
-        f: &CudaFunction,
-        s: &CudaStream,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        for (what, len) in [("y", y.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len(op, what, len, n);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (ni, acc) = (to_i32(op, n), accumulate as i32);
-        launch!(function f, op, s, self.grid(n), [in y, in dy, out dx, &ni, &acc])
     }
 
     /// `y (rows, cols) += b (cols)` on every row.
@@ -235,13 +183,9 @@ impl Kernels {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let op = "scaled_copy";
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        let Some(ni) = int_count("scaled_copy", n, &[("x", x.len()), ("y", y.len())]) else {
             return Ok(());
-        }
-        let ni = to_i32(op, n);
+        };
         let acc = accumulate as i32;
         launch!(self, s, scaled_copy, self.grid(n), [in x, out y, &alpha, &ni, &acc])
     }
@@ -255,14 +199,10 @@ impl Kernels {
         y: &mut impl DevicePtrMut<f32>,
         n: usize,
     ) -> Result<()> {
-        let op = "mul_into";
-        check_len(op, "a", a.len(), n);
-        check_len(op, "b", b.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        let lens = [("a", a.len()), ("b", b.len()), ("y", y.len())];
+        let Some(ni) = int_count("mul_into", n, &lens) else {
             return Ok(());
-        }
-        let ni = to_i32(op, n);
+        };
         launch!(self, s, mul_into, self.grid(n), [in a, in b, out y, &ni])
     }
 
@@ -274,13 +214,9 @@ impl Kernels {
         x: &impl DevicePtr<f32>,
         n: usize,
     ) -> Result<()> {
-        let op = "mul_inplace";
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        let Some(ni) = int_count("mul_inplace", n, &[("x", x.len()), ("y", y.len())]) else {
             return Ok(());
-        }
-        let ni = to_i32(op, n);
+        };
         launch!(self, s, mul_inplace, self.grid(n), [out y, in x, &ni])
     }
 
@@ -296,13 +232,11 @@ impl Kernels {
         n: usize,
     ) -> Result<()> {
         let op = "eltwise_max_step";
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        check_len(op, "mask", mask.len(), n);
-        if n == 0 {
+        let lens = [("x", x.len()), ("y", y.len()), ("mask", mask.len())];
+        let Some(ni) = int_count(op, n, &lens) else {
             return Ok(());
-        }
-        let (ni, ki) = (to_i32(op, n), to_i32(op, k));
+        };
+        let ki = to_i32(op, k);
         launch!(self, s, eltwise_max_step, self.grid(n), [in x, out y, out mask, &ki, &ni])
     }
 
@@ -319,95 +253,14 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = "eltwise_max_backward";
-        check_len(op, "dy", dy.len(), n);
-        check_len(op, "mask", mask.len(), n);
-        check_len(op, "dx", dx.len(), n);
-        if n == 0 {
+        let lens = [("dy", dy.len()), ("mask", mask.len()), ("dx", dx.len())];
+        let Some(ni) = int_count(op, n, &lens) else {
             return Ok(());
-        }
-        let (ni, ki, acc) = (to_i32(op, n), to_i32(op, k), accumulate as i32);
+        };
+        let (ki, acc) = (to_i32(op, k), accumulate as i32);
         launch!(
             self, s, eltwise_max_backward, self.grid(n),
             [in dy, in mask, out dx, &ki, &ni, &acc]
-        )
-    }
-
-    /// `y = (shift + scale · x)^power` over `(n)`; `(power, scale, shift)`.
-    pub fn power_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (power, scale, shift): (f32, f32, f32),
-    ) -> Result<()> {
-        let op = "power_forward";
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
-            return Ok(());
-        }
-        let ni = to_i32(op, n);
-        launch!(self, s, power_forward, self.grid(n), [in x, out y, &ni, &power, &scale, &shift])
-    }
-
-    /// `dx (+)= dy · power · scale · (shift + scale · x)^(power − 1)` over `(n)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn power_backward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (power, scale, shift): (f32, f32, f32),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "power_backward";
-        for (what, len) in [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len(op, what, len, n);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let ni = to_i32(op, n);
-        let acc = accumulate as i32;
-        launch!(
-            self, s, power_backward, self.grid(n),
-            [in x, in dy, out dx, &ni, &power, &scale, &shift, &acc]
-        )
-    }
-
-    /// `y = |x|` over `(n)`.
-    pub fn abs_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.unary("abs_forward", &self.abs_forward, s, x, y, n)
-    }
-
-    /// `dx (+)= sign(x) · dy` over `(n)`, from the bottom's data `x`.
-    pub fn abs_backward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.unary_backward(
-            "abs_backward",
-            &self.abs_backward,
-            s,
-            x,
-            dy,
-            dx,
-            n,
-            accumulate,
         )
     }
 }

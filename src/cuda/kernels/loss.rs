@@ -5,43 +5,62 @@ use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
+/// Rows of scores `(rows, classes)` with a label each `(rows)`, as the classifier kernels take
+/// them: a row counts unless its label is `ignore` or not a class.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LabelledRows {
+    pub rows: usize,
+    pub classes: usize,
+    /// The ignored label, as the f32 the labels are compared with.
+    pub ignore: Option<f32>,
+}
+
+impl LabelledRows {
+    /// Elements of the scores: `rows · classes`.
+    pub fn scores(&self) -> usize {
+        self.rows * self.classes
+    }
+
+    /// Checks that the buffers of `scores` hold `(rows, classes)` elements and `labels`
+    /// `(rows)`; `(rows, classes, has_ignore, ignore)` as the kernels take them.
+    fn args(&self, op: &str, scores: &[(&str, usize)], labels: usize) -> (i32, i32, i32, f32) {
+        for &(what, len) in scores {
+            check_len(op, what, len, self.scores());
+        }
+        check_len(op, "labels", labels, self.rows);
+        let (r, c) = (to_i32(op, self.rows), to_i32(op, self.classes));
+        to_i32(op, self.scores());
+        let ignore = self.ignore;
+        (r, c, ignore.is_some() as i32, ignore.unwrap_or(0.0))
+    }
+}
+
 impl Kernels {
     /// Softmax with loss, forward: `prob (rows, classes)` = the softmax of each row of
     /// `x (rows, classes)`, then `loss (1)` = the mean over counted rows of
-    /// `−ln max(p[label], f32::MIN_POSITIVE)` and `valid (1)` = the counted rows. A row counts
-    /// unless its label is `ignore` or not a class. `row_loss` `(rows)` and `row_valid`
-    /// `(rows)` are scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// `−ln max(p[label], f32::MIN_POSITIVE)` and `valid (1)` = the counted rows. `row_loss`
+    /// `(rows)` and `row_valid` `(rows)` are scratch.
     pub fn softmax_loss_forward(
         &self,
         s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
+        rows: &LabelledRows,
+        (x, labels): (&impl DevicePtr<f32>, &impl DevicePtr<f32>),
         prob: &mut impl DevicePtrMut<f32>,
-        row_loss: &mut impl DevicePtrMut<f64>,
-        row_valid: &mut impl DevicePtrMut<f32>,
-        loss: &mut impl DevicePtrMut<f32>,
-        valid: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        ignore: Option<f32>,
+        (row_loss, row_valid): (&mut impl DevicePtrMut<f64>, &mut impl DevicePtrMut<f32>),
+        (loss, valid): (&mut impl DevicePtrMut<f32>, &mut impl DevicePtrMut<f32>),
     ) -> Result<()> {
         let op = "softmax_loss_forward";
-        check_len(op, "x", x.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
-        check_len(op, "prob", prob.len(), rows * classes);
-        check_len(op, "row_loss", row_loss.len(), rows);
-        check_len(op, "row_valid", row_valid.len(), rows);
+        let scores = [("x", x.len()), ("prob", prob.len())];
+        let (r, c, has_ignore, ignore) = rows.args(op, &scores, labels.len());
+        check_len(op, "row_loss", row_loss.len(), rows.rows);
+        check_len(op, "row_valid", row_valid.len(), rows.rows);
         check_len(op, "loss", loss.len(), 1);
         check_len(op, "valid", valid.len(), 1);
-        let (r, c) = (to_i32(op, rows), to_i32(op, classes));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
         let (rlp, _rl) = row_loss.device_ptr_mut(s);
         let (rvp, _rv) = row_valid.device_ptr_mut(s);
-        if rows > 0 {
+        if rows.rows > 0 {
             launch!(
-                self, s, softmax_loss_forward, self.grid_rows(rows),
+                self, s, softmax_loss_forward, self.grid_rows(rows.rows),
                 [in x, in labels, out prob, &rlp, &rvp, &r, &c, &has_ignore, &ignore]
             )?;
         }
@@ -53,68 +72,51 @@ impl Kernels {
 
     /// Softmax with loss, backward: `dx (rows, classes) (+)= w / max(V, 1) · (prob − onehot)`
     /// on counted rows, with `w = top_diff[0]` and `V = valid[0]` read on the device.
-    #[allow(clippy::too_many_arguments)]
     pub fn softmax_loss_backward(
         &self,
         s: &CudaStream,
-        prob: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
-        top_diff: &impl DevicePtr<f32>,
-        valid: &impl DevicePtr<f32>,
+        rows: &LabelledRows,
+        (prob, labels): (&impl DevicePtr<f32>, &impl DevicePtr<f32>),
+        (top_diff, valid): (&impl DevicePtr<f32>, &impl DevicePtr<f32>),
         dx: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        ignore: Option<f32>,
         accumulate: bool,
     ) -> Result<()> {
         let op = "softmax_loss_backward";
-        check_len(op, "prob", prob.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
         check_len(op, "top_diff", top_diff.len(), 1);
         check_len(op, "valid", valid.len(), 1);
-        check_len(op, "dx", dx.len(), rows * classes);
-        if rows * classes == 0 {
+        let scores = [("prob", prob.len()), ("dx", dx.len())];
+        let (r, c, has_ignore, ignore) = rows.args(op, &scores, labels.len());
+        if rows.scores() == 0 {
             return Ok(());
         }
-        let (r, c) = (to_i32(op, rows), to_i32(op, classes));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
         let acc = accumulate as i32;
         launch!(
-            self, s, softmax_loss_backward, self.grid(rows * classes),
+            self, s, softmax_loss_backward, self.grid(rows.scores()),
             [in prob, in labels, in top_diff, in valid, out dx, &r, &c, &has_ignore, &ignore, &acc]
         )
     }
 
-    /// Top-k accuracy: `out (1)` = the fraction of the `rows` rows of `x (rows, classes)` whose
-    /// label has fewer than `top_k` classes scoring strictly higher; rows whose label is
-    /// `ignore` (or not a class) count in the denominator, never as correct. `row_correct`
-    /// `(rows)` is scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// Top-k accuracy: `out (1)` = the fraction of the rows of `x (rows, classes)` whose label
+    /// has fewer than `top_k` classes scoring strictly higher; rows that do not count are in
+    /// the denominator, never correct. `row_correct` `(rows)` is scratch.
     pub fn accuracy(
         &self,
         s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        labels: &impl DevicePtr<f32>,
+        rows: &LabelledRows,
+        (x, labels): (&impl DevicePtr<f32>, &impl DevicePtr<f32>),
+        top_k: usize,
         row_correct: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        classes: usize,
-        top_k: usize,
-        ignore: Option<f32>,
     ) -> Result<()> {
         let op = "accuracy";
-        check_len(op, "x", x.len(), rows * classes);
-        check_len(op, "labels", labels.len(), rows);
-        check_len(op, "row_correct", row_correct.len(), rows);
+        let (r, c, has_ignore, ignore) = rows.args(op, &[("x", x.len())], labels.len());
+        check_len(op, "row_correct", row_correct.len(), rows.rows);
         check_len(op, "out", out.len(), 1);
-        let (r, c, k) = (to_i32(op, rows), to_i32(op, classes), to_i32(op, top_k));
-        to_i32(op, rows * classes);
-        let (has_ignore, ignore) = (ignore.is_some() as i32, ignore.unwrap_or(0.0));
+        let k = to_i32(op, top_k);
         let (rcp, _rc) = row_correct.device_ptr_mut(s);
-        if rows > 0 {
+        if rows.rows > 0 {
             launch!(
-                self, s, accuracy_rows, self.grid_rows(rows),
+                self, s, accuracy_rows, self.grid_rows(rows.rows),
                 [in x, in labels, &rcp, &r, &c, &k, &has_ignore, &ignore]
             )?;
         }

@@ -2,11 +2,20 @@
 //! of the spatial axes): the statistics, in double, normalisation, the running averages and the
 //! backward pass.
 
-use super::{check_len, to_i32, Kernels};
-use crate::cuda::gpu_error;
+use super::{check_len, int_count, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::sync::Arc;
+
+/// Where the statistics BatchNorm normalises with come from: `(2C + 1)` values either way.
+pub enum StatsSource<'a> {
+    /// The sums of x and x² and their count, `[Σ x (C), Σ x² (C), m]` in double: batch
+    /// statistics (mean and biased variance).
+    Batch(&'a CudaSlice<f64>),
+    /// The running statistics in the parameters, `[mean (C), var (C), factor]`: global
+    /// statistics (each divided by the factor).
+    Global(&'a CudaView<'a, f32>),
+}
 
 impl Kernels {
     /// BatchNorm sums over `a (N, C, S)`: `sums (2C + 1)` = `[Σ a (C), Σ a·b (C), N·S]`, with
@@ -36,106 +45,76 @@ impl Kernels {
             None => a.device_ptr(s),
         };
         let hb = b.is_some() as i32;
-        let (grid, splits) = self.grid_channel_sums((n, c, sp));
-        let spl = to_i32(op, splits);
         let per = to_i32(op, n * sp);
-        let mut partial = s
-            .alloc_zeros::<f64>(2 * c * splits)
-            .map_err(|e| gpu_error("bn_sums scratch", e))?;
-        {
-            let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl])?;
-        }
-        let (pp, _p) = partial.device_ptr(s);
-        launch!(self, s, bn_sums_finish, self.grid_rows(c), [&pp, out sums, &ci, &spl, &per])
-    }
-
-    /// Batch statistics `mean, var, inv_std (C)` from `sums (2C + 1)` of x and x².
-    #[allow(clippy::too_many_arguments)]
-    pub fn bn_batch_stats(
-        &self,
-        s: &CudaStream,
-        sums: &CudaSlice<f64>,
-        c: usize,
-        eps: f32,
-        mean: &mut CudaSlice<f32>,
-        var: &mut CudaSlice<f32>,
-        inv_std: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let op = "bn_batch_stats";
-        check_len(op, "sums", sums.len(), 2 * c + 1);
-        for (what, len) in [
-            ("mean", mean.len()),
-            ("var", var.len()),
-            ("inv_std", inv_std.len()),
-        ] {
-            check_len(op, what, len, c);
-        }
-        if c == 0 {
-            return Ok(());
-        }
-        let ci = to_i32(op, c);
-        launch!(
-            self, s, bn_batch_stats, self.grid(c),
-            [in sums, &ci, &eps, out mean, out var, out inv_std]
+        self.two_stage_sums(
+            s,
+            (op, 2),
+            (n, c, sp),
+            |grid, pp, spl| {
+                launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl])
+            },
+            |pp, spl| {
+                let rows = self.grid_rows(c);
+                launch!(self, s, bn_sums_finish, rows, [&pp, out sums, &ci, &spl, &per])
+            },
         )
     }
 
-    /// Global statistics `mean, var, inv_std (C)` from `params (2C + 1)` = running mean, running
-    /// variance, factor.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bn_global_stats(
+    /// The statistics BatchNorm normalises with, `mean, var, inv_std (C)`, from `source`:
+    /// batch statistics from the sums of x and x², or global ones from the running statistics.
+    pub fn bn_stats(
         &self,
         s: &CudaStream,
-        params: &impl DevicePtr<f32>,
-        c: usize,
-        eps: f32,
-        mean: &mut CudaSlice<f32>,
-        var: &mut CudaSlice<f32>,
-        inv_std: &mut CudaSlice<f32>,
+        source: StatsSource<'_>,
+        (c, eps): (usize, f32),
+        (mean, var, inv_std): (
+            &mut CudaSlice<f32>,
+            &mut CudaSlice<f32>,
+            &mut CudaSlice<f32>,
+        ),
     ) -> Result<()> {
-        let op = "bn_global_stats";
-        check_len(op, "params", params.len(), 2 * c + 1);
-        for (what, len) in [
+        let op = "bn_stats";
+        match &source {
+            StatsSource::Batch(sums) => check_len(op, "sums", sums.len(), 2 * c + 1),
+            StatsSource::Global(params) => check_len(op, "params", params.len(), 2 * c + 1),
+        }
+        let lens = [
             ("mean", mean.len()),
             ("var", var.len()),
             ("inv_std", inv_std.len()),
-        ] {
-            check_len(op, what, len, c);
-        }
-        if c == 0 {
+        ];
+        let Some(ci) = int_count(op, c, &lens) else {
             return Ok(());
+        };
+        let grid = self.grid(c);
+        match source {
+            StatsSource::Batch(sums) => launch!(
+                self, s, bn_batch_stats, grid,
+                [in sums, &ci, &eps, out mean, out var, out inv_std]
+            ),
+            StatsSource::Global(params) => launch!(
+                self, s, bn_global_stats, grid,
+                [in params, &ci, &eps, out mean, out var, out inv_std]
+            ),
         }
-        let ci = to_i32(op, c);
-        launch!(
-            self, s, bn_global_stats, self.grid(c),
-            [in params, &ci, &eps, out mean, out var, out inv_std]
-        )
     }
 
     /// `y = (x − mean[c]) · inv_std[c]` over `(N, C, S)`.
-    #[allow(clippy::too_many_arguments)]
     pub fn bn_normalize(
         &self,
         s: &CudaStream,
         x: &impl DevicePtr<f32>,
-        mean: &CudaSlice<f32>,
-        inv_std: &CudaSlice<f32>,
+        (mean, inv_std): (&CudaSlice<f32>, &CudaSlice<f32>),
         y: &mut impl DevicePtrMut<f32>,
-        (n, c, sp): (usize, usize, usize),
+        dims: (usize, usize, usize),
     ) -> Result<()> {
-        let op = "bn_normalize";
-        let count = n * c * sp;
-        check_len(op, "x", x.len(), count);
-        check_len(op, "y", y.len(), count);
-        check_len(op, "mean", mean.len(), c);
-        check_len(op, "inv_std", inv_std.len(), c);
-        if count == 0 {
+        let acts = [("x", x.len()), ("y", y.len())];
+        let channels = [("mean", mean.len()), ("inv_std", inv_std.len())];
+        let Some((ni, ci, si)) = activation_ints("bn_normalize", dims, &acts, &channels) else {
             return Ok(());
-        }
-        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
+        };
         launch!(
-            self, s, bn_normalize, self.grid(count),
+            self, s, bn_normalize, self.grid(ni as usize),
             [in x, in mean, in inv_std, out y, &ni, &ci, &si]
         )
     }
@@ -168,62 +147,58 @@ impl Kernels {
         )
     }
 
-    /// Batch-statistics backward over `(N, C, S)`: `dx (+)= (dy − mean(dy) − mean(dy·y)·y) ·
-    /// inv_std`, the means from `sums (2C + 1)` = `[Σ dy, Σ dy·y, m]`.
+    /// BatchNorm backward over `(N, C, S)`. With batch statistics, `batch = Some((y, sums))`:
+    /// `dx (+)= (dy − mean(dy) − mean(dy·y)·y) · inv_std`, the means from `sums (2C + 1)` =
+    /// `[Σ dy, Σ dy·y, m]`. With global statistics (`None`): `dx (+)= dy · inv_std[c]`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_backward(
         &self,
         s: &CudaStream,
         dy: &impl DevicePtr<f32>,
-        y: &impl DevicePtr<f32>,
-        sums: &CudaSlice<f64>,
+        batch: Option<(&CudaView<'_, f32>, &CudaSlice<f64>)>,
         inv_std: &CudaSlice<f32>,
         dx: &mut impl DevicePtrMut<f32>,
-        (n, c, sp): (usize, usize, usize),
+        dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
         let op = "bn_backward";
-        let count = n * c * sp;
-        check_len(op, "dy", dy.len(), count);
-        check_len(op, "y", y.len(), count);
-        check_len(op, "dx", dx.len(), count);
-        check_len(op, "sums", sums.len(), 2 * c + 1);
-        check_len(op, "inv_std", inv_std.len(), c);
-        if count == 0 {
+        let channels = [("inv_std", inv_std.len())];
+        let Some((y, sums)) = batch else {
+            let acts = [("dy", dy.len()), ("dx", dx.len())];
+            let Some((ni, ci, si)) = activation_ints(op, dims, &acts, &channels) else {
+                return Ok(());
+            };
+            let acc = accumulate as i32;
+            return launch!(
+                self, s, bn_backward_global, self.grid(ni as usize),
+                [in dy, in inv_std, out dx, &ni, &ci, &si, &acc]
+            );
+        };
+        check_len(op, "sums", sums.len(), 2 * dims.1 + 1);
+        let acts = [("dy", dy.len()), ("y", y.len()), ("dx", dx.len())];
+        let Some((ni, ci, si)) = activation_ints(op, dims, &acts, &channels) else {
             return Ok(());
-        }
-        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
+        };
         let acc = accumulate as i32;
         launch!(
-            self, s, bn_backward, self.grid(count),
+            self, s, bn_backward, self.grid(ni as usize),
             [in dy, in y, in sums, in inv_std, out dx, &ni, &ci, &si, &acc]
         )
     }
+}
 
-    /// Global-statistics backward: `dx (+)= dy · inv_std[c]` over `(N, C, S)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bn_backward_global(
-        &self,
-        s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
-        inv_std: &CudaSlice<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        (n, c, sp): (usize, usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "bn_backward_global";
-        let count = n * c * sp;
-        check_len(op, "dy", dy.len(), count);
-        check_len(op, "dx", dx.len(), count);
-        check_len(op, "inv_std", inv_std.len(), c);
-        if count == 0 {
-            return Ok(());
-        }
-        let (ni, ci, si) = (to_i32(op, count), to_i32(op, c), to_i32(op, sp));
-        let acc = accumulate as i32;
-        launch!(
-            self, s, bn_backward_global, self.grid(count),
-            [in dy, in inv_std, out dx, &ni, &ci, &si, &acc]
-        )
+/// The checks of a kernel over the activations `(N, C, S)`: every buffer of `acts` holds `N·C·S`
+/// elements and every one of `channels` `C` (panics otherwise). `(N·C·S, C, S)` as the kernel's
+/// ints, or `None` when there is nothing to launch.
+fn activation_ints(
+    op: &str,
+    (n, c, sp): (usize, usize, usize),
+    acts: &[(&str, usize)],
+    channels: &[(&str, usize)],
+) -> Option<(i32, i32, i32)> {
+    for &(what, len) in channels {
+        check_len(op, what, len, c);
     }
+    let ni = int_count(op, n * c * sp, acts)?;
+    Some((ni, to_i32(op, c), to_i32(op, sp)))
 }

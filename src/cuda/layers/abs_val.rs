@@ -1,12 +1,10 @@
-//! `GpuAbsVal`: `y = |x|`, `dx (+)= sign(x) · dy` (0 at 0), the device twin of
+//! AbsVal on the device: `y = |x|`, `dx (+)= sign(x) · dy` (0 at 0), the device twin of
 //! `crate::layers::abs_val`.
 
-use super::neuron::{parameterless_neuron, GpuNeuron};
+use super::neuron::neuron_builder;
+use crate::cuda::kernels::Activation;
 
-/// Absolute value; see the module docs.
-pub type GpuAbsVal = GpuNeuron<AbsVal>;
-
-parameterless_neuron!(AbsVal, "abs_val", abs_forward, abs_backward, reads x);
+neuron_builder!(AbsValParams, |_| Activation::Abs);
 
 #[cfg(test)]
 mod tests {

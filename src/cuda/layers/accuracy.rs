@@ -7,9 +7,11 @@
 //! is recovered exactly by `crate::layers::accuracy::count_from_fraction`. One warp per row counts
 //! the classes scoring strictly higher than the label; a one-block reduction writes the top.
 
-use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
+use super::{classifier_rows, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::AccuracyParams;
-use crate::cuda::{gpu_error, Gpu};
+use crate::cuda::kernels::LabelledRows;
+use crate::cuda::layout::Layout;
+use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 
@@ -19,32 +21,25 @@ pub struct GpuAccuracy {
     name: String,
     axis: usize,
     top_k: usize,
-    ignore: Option<f32>,
-    rows: usize,
-    classes: usize,
+    /// `(N, C)` of the current bottoms, and `ignore_label`.
+    rows: LabelledRows,
     /// `(capacity ≥ N)` 1 where the row is correct.
     row_correct: CudaSlice<f32>,
 }
 
-impl GpuAccuracy {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`AccuracyParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &AccuracyParams) -> Result<Self> {
-        Ok(GpuAccuracy {
+impl BuildGpu for AccuracyParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuAccuracy {
             name: name.to_string(),
-            axis: p.axis,
-            top_k: p.top_k,
-            ignore: p.ignore_label.map(|l| l as f32),
-            rows: 0,
-            classes: 0,
-            row_correct: alloc(gpu, 1)?,
-        })
+            axis: self.axis,
+            top_k: self.top_k,
+            rows: LabelledRows {
+                ignore: self.ignore_label.map(|l| l as f32),
+                ..LabelledRows::default()
+            },
+            row_correct: scratch(gpu, 1)?,
+        }))
     }
-}
-
-fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
-    gpu.compute
-        .alloc_zeros::<f32>(n.max(1))
-        .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} floats"), e))
 }
 
 impl GpuLayer for GpuAccuracy {
@@ -54,13 +49,7 @@ impl GpuLayer for GpuAccuracy {
 
     /// Scores `(N, C)` with `1 ≤ top_k ≤ C`, labels `(N)`.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [scores, _labels] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
-            ));
-        };
-        let (rows, classes) = rows_and_classes(scores, self.axis);
+        let (rows, classes) = classifier_rows(&self.name, bottoms, self.axis)?;
         if self.top_k == 0 || self.top_k > classes {
             return Err(Error::net(
                 &self.name,
@@ -68,10 +57,9 @@ impl GpuLayer for GpuAccuracy {
             ));
         }
         if self.row_correct.len() < rows {
-            self.row_correct = alloc(gpu, rows)?;
+            self.row_correct = scratch(gpu, rows)?;
         }
-        self.rows = rows;
-        self.classes = classes;
+        (self.rows.rows, self.rows.classes) = (rows, classes);
         Ok(())
     }
 
@@ -80,14 +68,11 @@ impl GpuLayer for GpuAccuracy {
         let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.accuracy(
             &gpu.compute,
-            &scores.data(),
-            &labels.data(),
+            &self.rows,
+            (&scores.data(), &labels.data()),
+            self.top_k,
             &mut self.row_correct,
             &mut top.data_mut(),
-            self.rows,
-            self.classes,
-            self.top_k,
-            self.ignore,
         )
     }
 

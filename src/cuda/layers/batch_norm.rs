@@ -23,10 +23,11 @@
 //! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
 //! this layer to overwrite the parameter gradient).
 
-use super::{scratch, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad};
+use super::{scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad};
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
+use crate::cuda::kernels::StatsSource;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -110,14 +111,13 @@ impl GpuBatchNorm {
                 .bn_sums(s, &x.data(), None, &mut self.sums, self.dims)?;
             self.reduce(gpu, ctx)?;
         }
-        let (mean, var, inv_std) = (&mut self.mean, &mut self.var, &mut self.inv_std);
-        if self.batch_stats {
-            gpu.kernels
-                .bn_batch_stats(s, &self.sums, c, self.eps, mean, var, inv_std)
+        let source = if self.batch_stats {
+            StatsSource::Batch(&self.sums)
         } else {
-            gpu.kernels
-                .bn_global_stats(s, state, c, self.eps, mean, var, inv_std)
-        }
+            StatsSource::Global(state)
+        };
+        let stats = (&mut self.mean, &mut self.var, &mut self.inv_std);
+        gpu.kernels.bn_stats(s, source, (c, self.eps), stats)
     }
 
     /// The channel view `(outer, C, inner)` of the current bottom.
@@ -146,6 +146,12 @@ impl GpuBatchNorm {
     /// The sums after [`Self::reduce`].
     pub(super) fn sums(&self) -> &CudaSlice<f64> {
         &self.sums
+    }
+}
+
+impl BuildGpu for BatchNormParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuBatchNorm::new(gpu, name, self, layout)?))
     }
 }
 
@@ -193,14 +199,10 @@ impl GpuLayer for GpuBatchNorm {
         let gpu = pass.gpu;
         let [x, y] = pass.blobs.bottom_top();
         self.statistics(gpu, pass.ctx, x, &pass.params)?;
-        gpu.kernels.bn_normalize(
-            &gpu.compute,
-            &x.data(),
-            &self.mean,
-            &self.inv_std,
-            &mut y.data_mut(),
-            self.dims,
-        )
+        let stats = (&self.mean, &self.inv_std);
+        let s = &gpu.compute;
+        gpu.kernels
+            .bn_normalize(s, &x.data(), stats, &mut y.data_mut(), self.dims)
     }
 
     /// The running statistics of a training forward with batch statistics (the sums still hold
@@ -237,30 +239,16 @@ impl GpuLayer for GpuBatchNorm {
         }
         let acc = grad.accumulate();
         let [x, y] = pass.blobs.bottom_top();
-        if !self.batch_stats {
-            return gpu.kernels.bn_backward_global(
-                s,
-                &y.diff(),
-                &self.inv_std,
-                &mut x.diff_mut(),
-                self.dims,
-                acc,
-            );
-        }
         let top = y.data();
+        if self.batch_stats {
+            gpu.kernels
+                .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims)?;
+            self.reduce(gpu, pass.ctx)?;
+        }
+        let batch = self.batch_stats.then_some((&top, &self.sums));
+        let (dy, dx) = (&y.diff(), &mut x.diff_mut());
         gpu.kernels
-            .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims)?;
-        self.reduce(gpu, pass.ctx)?;
-        gpu.kernels.bn_backward(
-            s,
-            &y.diff(),
-            &top,
-            &self.sums,
-            &self.inv_std,
-            &mut x.diff_mut(),
-            self.dims,
-            acc,
-        )
+            .bn_backward(s, dy, batch, &self.inv_std, dx, self.dims, acc)
     }
 }
 

@@ -7,7 +7,7 @@
 //! Backward: `dx (+)= dy`; `db[d] (+)= Σ dy` over `(outer, inner)` (in double, deterministic).
 
 use super::scale::operand_view;
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::BiasParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -25,17 +25,16 @@ pub struct GpuBias {
     two_bottoms: bool,
 }
 
-impl GpuBias {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`BiasParams`]).
-    pub fn new(_gpu: &Gpu, name: &str, p: &BiasParams, layout: Layout) -> Self {
-        GpuBias {
+impl BuildGpu for BiasParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuBias {
             layout,
             name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
+            axis: self.axis,
+            num_axes: self.num_axes,
             view: (0, 0, 0),
             two_bottoms: false,
-        }
+        }))
     }
 }
 

@@ -3,8 +3,9 @@
 //! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
 //! copies (or adds) the same range of the top's diff back.
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConcatParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 
@@ -18,15 +19,14 @@ pub struct GpuConcat {
     cols: Vec<usize>,
 }
 
-impl GpuConcat {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ConcatParams`]).
-    pub fn new(name: &str, p: &ConcatParams) -> Self {
-        GpuConcat {
+impl BuildGpu for ConcatParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuConcat {
             name: name.to_string(),
-            axis: p.axis,
+            axis: self.axis,
             outer: 0,
             cols: Vec::new(),
-        }
+        }))
     }
 }
 

@@ -37,7 +37,7 @@
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
-use super::{grow, nchw, scratch, BackwardPass, ForwardPass, GpuLayer};
+use super::{grow, nchw, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
@@ -591,6 +591,12 @@ impl GpuConvolution {
             ));
         }
         Ok((padded - extent) / g.stride[axis] + 1)
+    }
+}
+
+impl BuildGpu for ConvolutionParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuConvolution::new(gpu, name, self, layout)?))
     }
 }
 

@@ -9,9 +9,10 @@
 //! NCHW order, also where the blobs are stored channels-last (the mask does not depend on the
 //! layout).
 
-use super::{copy_data, BackwardPass, ForwardPass, GpuCtx, GpuLayer};
+use super::{copy_data, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer};
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
+use crate::cuda::kernels::DropoutMask;
 use crate::cuda::layout::{layout_matters, Layout};
 use crate::cuda::Gpu;
 use crate::error::Result;
@@ -37,28 +38,30 @@ pub struct GpuDropout {
 }
 
 impl GpuDropout {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`DropoutParams`]).
-    pub fn new(name: &str, p: &DropoutParams, layout: Layout) -> Self {
-        let ratio = p.ratio;
-        GpuDropout {
+    /// The mask of a pass in `ctx` over a blob of `shape` `(N, ...)`: its elements per sample,
+    /// its channels per pixel when stored channels-last (the kernels number a channels-last
+    /// sample's elements in NCHW order), and the key `(layer seed, iteration, first sample)`.
+    fn mask(&self, shape: &[usize], ctx: &GpuCtx<'_>) -> DropoutMask {
+        let channels_last = self.layout == Layout::Nhwc && layout_matters(shape);
+        DropoutMask {
+            per_sample: shape.iter().skip(1).product(),
+            chans: if channels_last { shape[1] } else { 0 },
+            key: (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample),
+            ratio: self.ratio,
+            scale: self.scale,
+        }
+    }
+}
+
+impl BuildGpu for DropoutParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        let ratio = self.ratio;
+        Ok(Box::new(GpuDropout {
             ratio,
             scale: 1.0 / (1.0 - ratio),
             name_hash: fnv1a64(name.as_bytes()),
             layout,
-        }
-    }
-
-    /// `(elements per sample, channels per pixel when stored channels-last or 0)` of a blob of
-    /// `shape` `(N, ...)`: the kernels number a channels-last sample's elements in NCHW order.
-    fn sample_layout(&self, shape: &[usize]) -> (usize, usize) {
-        let per_sample = shape.iter().skip(1).product();
-        let channels_last = self.layout == Layout::Nhwc && layout_matters(shape);
-        (per_sample, if channels_last { shape[1] } else { 0 })
-    }
-
-    /// `(layer seed, iteration, first sample)` of a pass.
-    fn stream_key(&self, ctx: &GpuCtx<'_>) -> (u64, u64, u64) {
-        (ctx.seed ^ self.name_hash, ctx.iter, ctx.first_sample)
+        }))
     }
 }
 
@@ -77,17 +80,9 @@ impl GpuLayer for GpuDropout {
         if ctx.phase == Phase::Test {
             return copy_data(gpu, x, y);
         }
-        let n = x.count();
-        gpu.kernels.dropout_forward(
-            &gpu.compute,
-            &x.data(),
-            &mut y.data_mut(),
-            n,
-            self.sample_layout(&x.shape),
-            self.stream_key(ctx),
-            self.ratio,
-            self.scale,
-        )
+        let (mask, n) = (self.mask(&x.shape, ctx), x.count());
+        gpu.kernels
+            .dropout_forward(&gpu.compute, &mask, &x.data(), &mut y.data_mut(), n)
     }
 
     fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
@@ -108,18 +103,10 @@ impl GpuLayer for GpuDropout {
                 acc,
             );
         }
-        let per = self.sample_layout(&x.shape);
-        gpu.kernels.dropout_backward(
-            &gpu.compute,
-            &y.diff(),
-            &mut x.diff_mut(),
-            n,
-            per,
-            self.stream_key(ctx),
-            self.ratio,
-            self.scale,
-            acc,
-        )
+        let mask = self.mask(&x.shape, ctx);
+        let (dy, dx) = (&y.diff(), &mut x.diff_mut());
+        gpu.kernels
+            .dropout_backward(&gpu.compute, &mask, dy, dx, n, acc)
     }
 }
 
@@ -128,10 +115,11 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::cuda::blob::GpuBlob;
+    use crate::cuda::layers::build;
     use crate::cuda::layers::testing::{cpu_ctx, layer_matches_cpu, Fixture};
     use crate::cuda::test_util::gpu_or_skip;
     use crate::layers;
-    use crate::layers::gradient_check::{from_config, layer_config, uniform_blob};
+    use crate::layers::gradient_check::{layer_config, uniform_blob};
     use crate::tensor::Blob;
 
     /// Runs without a GPU: the contract's FNV-1a constants.
@@ -171,13 +159,14 @@ mod tests {
             tops: &mut want,
         });
 
-        let mut layer = from_config(|n, p| GpuDropout::new(n, p, Layout::Nchw), &cfg);
+        let params = cfg.params().unwrap();
+        let mut layer = build(&gpu, &cfg.name, &params, &[&shape], Layout::Nchw).unwrap();
         let blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),
         ];
         let mut run = Fixture::new(&gpu, blobs, 1, &[], &[]);
-        run.forward(&gpu, &gctx, &mut layer);
+        run.forward(&gpu, &gctx, layer.as_mut());
         let got = run.blobs[1].to_host(&gpu).unwrap();
         let kept = want[0].data.iter().filter(|&&v| v != 0.0).count();
         assert!(

@@ -6,9 +6,10 @@
 //! `dy · y / x_k`, so a zero input is no problem). MAX: `y = max_k x_k` with the index of the
 //! first maximum kept per element; backward routes `dy` to that bottom only.
 
-use super::{grow, pick, scratch, BackwardPass, ForwardPass, GpuLayer};
+use super::{grow, pick, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -26,23 +27,24 @@ pub struct GpuEltwise {
 }
 
 impl GpuEltwise {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`EltwiseParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &EltwiseParams) -> Result<Self> {
-        Ok(GpuEltwise {
-            name: name.to_string(),
-            op: p.operation,
-            coeff: p.coeff.clone(),
-            mask: scratch(gpu, 1)?,
-            product: scratch(gpu, 1)?,
-        })
-    }
-
     fn coeff(&self, k: usize) -> f32 {
         self.coeff
             .as_ref()
             .and_then(|c| c.get(k))
             .copied()
             .unwrap_or(1.0)
+    }
+}
+
+impl BuildGpu for EltwiseParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuEltwise {
+            name: name.to_string(),
+            op: self.operation,
+            coeff: self.coeff.clone(),
+            mask: scratch(gpu, 1)?,
+            product: scratch(gpu, 1)?,
+        }))
     }
 }
 

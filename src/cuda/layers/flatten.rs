@@ -1,13 +1,11 @@
-//! `gpu_flatten`: the axes `axis ..= end_axis` merged into one, the device twin of
+//! Flatten on the device: the axes `axis ..= end_axis` merged into one, the device twin of
 //! `crate::layers::flatten`. The top's shape comes from the CPU layer's shape rule (the net
-//! shapes every blob); on the device the layer is a [`GpuView`].
+//! shapes every blob); on the device the layer is a [`GpuView`](super::view::GpuView).
 
-use super::view::GpuView;
+use super::neuron::neuron_builder;
+use super::view::Identity;
 
-/// Flatten; see the module docs.
-pub fn gpu_flatten() -> GpuView {
-    GpuView::named("flatten")
-}
+neuron_builder!(FlattenParams, |_| Identity::named("flatten"));
 
 #[cfg(test)]
 mod tests {

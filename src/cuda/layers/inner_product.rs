@@ -10,8 +10,9 @@
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::InnerProductParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -31,21 +32,6 @@ pub struct GpuInnerProduct {
     ones: CudaSlice<f32>,
 }
 
-impl GpuInnerProduct {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`InnerProductParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &InnerProductParams) -> Result<Self> {
-        Ok(GpuInnerProduct {
-            name: name.to_string(),
-            num_output: p.num_output,
-            bias_term: p.bias_term,
-            axis: p.axis,
-            k: None,
-            m: 0,
-            ones: ones(gpu, 1)?,
-        })
-    }
-}
-
 /// `(n)` ones on the device.
 fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     let mut v = gpu
@@ -55,6 +41,20 @@ fn ones(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     let len = v.len();
     gpu.kernels.fill(&gpu.compute, &mut v, 1.0, len)?;
     Ok(v)
+}
+
+impl BuildGpu for InnerProductParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuInnerProduct {
+            name: name.to_string(),
+            num_output: self.num_output,
+            bias_term: self.bias_term,
+            axis: self.axis,
+            k: None,
+            m: 0,
+            ones: ones(gpu, 1)?,
+        }))
+    }
 }
 
 impl GpuLayer for GpuInnerProduct {

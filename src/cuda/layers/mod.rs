@@ -250,9 +250,41 @@ pub trait GpuLayer: Send {
     }
 }
 
-/// Builds the GPU layer `name` from its resolved parameters (the GPU column of the layer
-/// registry, [`crate::config::layer_params`]), for the given bottom shapes, running in `layout`
-/// (its 4-D bottoms and tops stored so; `Nhwc` only where
+/// The GPU column of the layer registry ([`crate::config::layer_params`]): how the resolved
+/// parameters of one kind build its GPU layer. Each kind implements it in its own file
+/// (`cuda/layers/<layer>.rs`); [`build`] is generated from the registry, so that a kind without
+/// an implementation does not compile.
+pub trait BuildGpu {
+    /// The GPU layer `name` with these parameters, running in `layout` (its 4-D bottoms and
+    /// tops stored so), not yet shaped.
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>>;
+}
+
+/// Generates [`build_unshaped`] from the registry's list of `Kind => ParamsStruct`.
+macro_rules! gpu_builder {
+    ($($kind:ident => $params:ident,)*) => {
+        /// The GPU layer of `params`, by its kind's [`BuildGpu`], not yet shaped.
+        fn build_unshaped(
+            gpu: &Gpu,
+            name: &str,
+            params: &LayerParams,
+            layout: Layout,
+        ) -> Result<Box<dyn GpuLayer>> {
+            match params {
+                $(LayerParams::$kind(p) => {
+                    <crate::config::layer_params::$params as BuildGpu>::build_gpu(
+                        p, gpu, name, layout,
+                    )
+                })*
+            }
+        }
+    };
+}
+
+crate::config::layer_params::for_each_layer_kind!(gpu_builder);
+
+/// Builds the GPU layer `name` from its resolved parameters (see [`BuildGpu`]), for the given
+/// bottom shapes, running in `layout` (its 4-D bottoms and tops stored so; `Nhwc` only where
 /// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows).
 pub fn build(
     gpu: &Gpu,
@@ -261,30 +293,7 @@ pub fn build(
     bottoms: &[&[usize]],
     layout: Layout,
 ) -> Result<Box<dyn GpuLayer>> {
-    use LayerParams as P;
-    let mut layer: Box<dyn GpuLayer> = match params {
-        P::InnerProduct(p) => Box::new(inner_product::GpuInnerProduct::new(gpu, name, p)?),
-        P::Relu(p) => Box::new(relu::GpuRelu::new(p)),
-        P::Sigmoid(_) => Box::new(sigmoid::GpuSigmoid::default()),
-        P::Tanh(_) => Box::new(tanh::GpuTanH::default()),
-        P::SoftmaxWithLoss(p) => {
-            Box::new(softmax_with_loss::GpuSoftmaxWithLoss::new(gpu, name, p)?)
-        }
-        P::Accuracy(p) => Box::new(accuracy::GpuAccuracy::new(gpu, name, p)?),
-        P::Convolution(p) => Box::new(convolution::GpuConvolution::new(gpu, name, p, layout)?),
-        P::Pooling(p) => Box::new(pooling::GpuPooling::new(gpu, name, p, layout)?),
-        P::Dropout(p) => Box::new(dropout::GpuDropout::new(name, p, layout)),
-        P::BatchNorm(p) => Box::new(batch_norm::GpuBatchNorm::new(gpu, name, p, layout)?),
-        P::Scale(p) => Box::new(scale::GpuScale::new(gpu, name, p, layout)),
-        P::Bias(p) => Box::new(bias::GpuBias::new(gpu, name, p, layout)),
-        P::Eltwise(p) => Box::new(eltwise::GpuEltwise::new(gpu, name, p)?),
-        P::Concat(p) => Box::new(concat::GpuConcat::new(name, p)),
-        P::Flatten(_) => Box::new(flatten::gpu_flatten()),
-        P::Reshape(_) => Box::new(reshape::gpu_reshape()),
-        P::Softmax(p) => Box::new(softmax::GpuSoftmax::new(name, p)),
-        P::Power(p) => Box::new(power::GpuPower::new(p)),
-        P::AbsVal(_) => Box::new(abs_val::GpuAbsVal::default()),
-    };
+    let mut layer = build_unshaped(gpu, name, params, layout)?;
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
 }
@@ -299,13 +308,25 @@ pub(crate) fn pick<const N: usize>(blobs: &mut [GpuBlob], idx: [usize; N]) -> [&
         .unwrap_or_else(|e| panic!("layer blobs {idx:?}: {e}"))
 }
 
-/// `(rows, classes)` of scores flattened at `axis`, as the CPU classifier layers view them.
-pub(crate) fn rows_and_classes(shape: &[usize], axis: usize) -> (usize, usize) {
-    let axis = axis.min(shape.len());
-    (
-        shape[..axis].iter().product(),
-        shape[axis..].iter().product(),
-    )
+/// `(rows, classes)` of a classifier layer's bottoms `[scores, labels (rows)]` (accuracy,
+/// softmax with loss): the scores flattened at `axis`, as the CPU classifier layers view them;
+/// an error naming the layer unless it has two bottoms.
+pub(crate) fn classifier_rows(
+    layer: &str,
+    bottoms: &[&[usize]],
+    axis: usize,
+) -> Result<(usize, usize)> {
+    let [scores, _labels] = bottoms else {
+        return Err(crate::error::Error::net(
+            layer,
+            format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
+        ));
+    };
+    let axis = axis.min(scores.len());
+    Ok((
+        scores[..axis].iter().product(),
+        scores[axis..].iter().product(),
+    ))
 }
 
 /// `(n)` elements of scratch on the device, zeroed (allocated at build or when the batch grows,

@@ -1,12 +1,15 @@
 //! `GpuNeuron`: Caffe's NeuronLayer on the device, one body for every layer whose top has the
-//! bottom's shape `(N, ...)` and is computed element by element. Each kind (relu, sigmoid, tanh,
-//! abs_val, power, and the views flatten and reshape) is a [`NeuronFn`] in its own file: its
-//! forward and backward kernels and the data its backward reads.
+//! bottom's shape `(N, ...)` and is computed element by element. Each kind is a [`NeuronFn`]: an
+//! [`Activation`] (relu, sigmoid, tanh, abs_val, power: a pair of kernels, and the data its
+//! backward reads) or the identity of the views flatten and reshape
+//! ([`Identity`](super::view::Identity)). Each kind's file builds its layer from its parameters
+//! in one [`neuron_builder`] line.
 //!
 //! Forward: `y = f(x)` over the `(n)` elements. Backward, only where the bottom wants a
 //! gradient: `dx (+)= dy · f'` over `(n)`, from the bottom's data `x` or the top's data `y`.
 
 use super::{BackwardPass, ForwardPass, GpuLayer};
+use crate::cuda::kernels::Activation;
 use crate::cuda::Gpu;
 use crate::error::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -82,41 +85,50 @@ impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
     }
 }
 
-/// `parameterless_neuron!(Kind, "name", forward_kernel, backward_kernel, reads x)`: a
-/// [`NeuronFn`] `Kind` without parameters, from the kernels `gpu.kernels.forward_kernel(s, x, y,
-/// n)` and `gpu.kernels.backward_kernel(s, input, dy, dx, n, accumulate)`, whose `input` is the
-/// bottom's data (`reads x`) or the top's (`reads y`).
-macro_rules! parameterless_neuron {
-    ($kind:ident, $name:literal, $forward:ident, $backward:ident, reads $input:ident) => {
-        #[doc = concat!("The elementwise function of `", $name, "` and its derivative.")]
-        #[derive(Debug, Clone, Copy, Default)]
-        pub struct $kind;
+/// The activations of relu, sigmoid, tanh, abs_val and power, each one pair of kernels.
+impl NeuronFn for Activation {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Activation::Relu { .. } => "relu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+            Activation::Abs => "abs_val",
+            Activation::Power { .. } => "power",
+        }
+    }
 
-        impl $crate::cuda::layers::neuron::NeuronFn for $kind {
-            fn type_name(&self) -> &'static str {
-                $name
-            }
+    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()> {
+        gpu.kernels.activation_forward(&gpu.compute, *self, x, y, n)
+    }
 
-            fn forward(
+    fn backward(&self, gpu: &Gpu, mut g: NeuronGrad<'_>) -> Result<()> {
+        let input = if self.derivative_reads_top() {
+            &g.y
+        } else {
+            &g.x
+        };
+        let (s, f) = (&gpu.compute, *self);
+        gpu.kernels
+            .activation_backward(s, f, input, &g.dy, &mut g.dx, g.n, g.accumulate)
+    }
+}
+
+/// `neuron_builder!(KindParams, |p| f)`: the [`BuildGpu`](super::BuildGpu) of a neuron kind's
+/// parameters `KindParams`, a [`GpuNeuron`] of the [`NeuronFn`] `f` (an expression of the
+/// parameters `p`).
+macro_rules! neuron_builder {
+    ($params:ident, |$p:pat_param| $f:expr) => {
+        impl $crate::cuda::layers::BuildGpu for $crate::config::layer_params::$params {
+            fn build_gpu(
                 &self,
-                gpu: &$crate::cuda::Gpu,
-                x: &$crate::cuda::layers::neuron::Values<'_>,
-                y: &mut $crate::cuda::layers::neuron::ValuesMut<'_>,
-                n: usize,
-            ) -> $crate::error::Result<()> {
-                gpu.kernels.$forward(&gpu.compute, x, y, n)
-            }
-
-            fn backward(
-                &self,
-                gpu: &$crate::cuda::Gpu,
-                mut g: $crate::cuda::layers::neuron::NeuronGrad<'_>,
-            ) -> $crate::error::Result<()> {
-                let input = &g.$input;
-                gpu.kernels
-                    .$backward(&gpu.compute, input, &g.dy, &mut g.dx, g.n, g.accumulate)
+                _gpu: &$crate::cuda::Gpu,
+                _name: &str,
+                _layout: $crate::cuda::layout::Layout,
+            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
+                let $p = self;
+                Ok(Box::new($crate::cuda::layers::neuron::GpuNeuron($f)))
             }
         }
     };
 }
-pub(crate) use parameterless_neuron;
+pub(crate) use neuron_builder;

@@ -32,7 +32,7 @@
 //! elements' loads in flight. Both compute the same sums in the same order as the generic
 //! kernels: the choice changes speed only.
 
-use super::{grow, nchw, scratch, BackwardPass, ForwardPass, GpuLayer};
+use super::{grow, nchw, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::{LayerParams, PoolingParams};
 use crate::config::PoolMethod;
 use crate::cuda::kernels::PoolGeom;
@@ -145,6 +145,12 @@ impl GpuPooling {
             Some(FusedRelu::Before(slope)) => Some(slope),
             _ => None,
         }
+    }
+}
+
+impl BuildGpu for PoolingParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuPooling::new(gpu, name, self, layout)?))
     }
 }
 

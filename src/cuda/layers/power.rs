@@ -1,46 +1,15 @@
-//! `GpuPower`: `y = (shift + scale · x)^power` (defaults 1, 1, 0), the device twin of
+//! Power on the device: `y = (shift + scale · x)^power` (defaults 1, 1, 0), the device twin of
 //! `crate::layers::power`; backward `dx (+)= dy · power · scale · (shift + scale · x)^(power−1)`
 //! (0 when power or scale is 0).
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
-use crate::config::layer_params::PowerParams;
-use crate::cuda::Gpu;
-use crate::error::Result;
+use super::neuron::neuron_builder;
+use crate::cuda::kernels::Activation;
 
-/// Power; see the module docs.
-pub type GpuPower = GpuNeuron<Power>;
-
-/// The power function and its derivative.
-#[derive(Debug, Clone, Copy)]
-pub struct Power {
-    /// `(power, scale, shift)`.
-    coef: (f32, f32, f32),
-}
-
-impl GpuPower {
-    /// The layer with its resolved parameters (defaults and ranges: [`PowerParams`]).
-    pub fn new(p: &PowerParams) -> Self {
-        GpuNeuron(Power {
-            coef: (p.power, p.scale, p.shift),
-        })
-    }
-}
-
-impl NeuronFn for Power {
-    fn type_name(&self) -> &'static str {
-        "power"
-    }
-
-    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()> {
-        gpu.kernels.power_forward(&gpu.compute, x, y, n, self.coef)
-    }
-
-    fn backward(&self, gpu: &Gpu, mut g: NeuronGrad<'_>) -> Result<()> {
-        let (s, coef) = (&gpu.compute, self.coef);
-        gpu.kernels
-            .power_backward(s, &g.x, &g.dy, &mut g.dx, g.n, coef, g.accumulate)
-    }
-}
+neuron_builder!(PowerParams, |p| Activation::Power {
+    power: p.power,
+    scale: p.scale,
+    shift: p.shift
+});
 
 #[cfg(test)]
 mod tests {

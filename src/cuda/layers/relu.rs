@@ -1,54 +1,14 @@
-//! `GpuRelu`: the rectifier `y = x > 0 ? x : negative_slope · x` elementwise, the device twin of
-//! `crate::layers::relu`. Bottom and top have the same shape `(N, ...)`.
+//! ReLU on the device: the rectifier `y = x > 0 ? x : negative_slope · x` elementwise, the device
+//! twin of `crate::layers::relu`. Bottom and top have the same shape `(N, ...)`.
 //!
 //! Backward: `dx (+)= dy · (x > 0 ? 1 : negative_slope)`, from the bottom's data.
 
-use super::neuron::{GpuNeuron, NeuronFn, NeuronGrad, Values, ValuesMut};
-use crate::config::layer_params::ReluParams;
-use crate::cuda::Gpu;
-use crate::error::Result;
+use super::neuron::neuron_builder;
+use crate::cuda::kernels::Activation;
 
-/// The rectifier; see the module docs.
-pub type GpuRelu = GpuNeuron<Relu>;
-
-/// The rectifier's function and derivative.
-#[derive(Debug, Clone, Copy)]
-pub struct Relu {
-    negative_slope: f32,
-}
-
-impl GpuRelu {
-    /// The layer with its resolved parameters (defaults and ranges: [`ReluParams`]).
-    pub fn new(p: &ReluParams) -> Self {
-        GpuNeuron(Relu {
-            negative_slope: p.negative_slope,
-        })
-    }
-}
-
-impl NeuronFn for Relu {
-    fn type_name(&self) -> &'static str {
-        "relu"
-    }
-
-    fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, n: usize) -> Result<()> {
-        gpu.kernels
-            .relu_forward(&gpu.compute, self.negative_slope, x, y, n)
-    }
-
-    fn backward(&self, gpu: &Gpu, mut g: NeuronGrad<'_>) -> Result<()> {
-        let slope = self.negative_slope;
-        gpu.kernels.relu_backward(
-            &gpu.compute,
-            slope,
-            &g.x,
-            &g.dy,
-            &mut g.dx,
-            g.n,
-            g.accumulate,
-        )
-    }
-}
+neuron_builder!(ReluParams, |p| Activation::Relu {
+    negative_slope: p.negative_slope
+});
 
 #[cfg(test)]
 mod tests {

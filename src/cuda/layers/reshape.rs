@@ -1,13 +1,11 @@
-//! `gpu_reshape`: Caffe's Reshape (`shape` with 0 = copy, −1 = infer; `axis`, `num_axes`), the
-//! device twin of `crate::layers::reshape`. The top's shape comes from the CPU layer's rule;
-//! on the device the layer is a [`GpuView`].
+//! Reshape on the device: Caffe's Reshape (`shape` with 0 = copy, −1 = infer; `axis`,
+//! `num_axes`), the device twin of `crate::layers::reshape`. The top's shape comes from the CPU
+//! layer's rule; on the device the layer is a [`GpuView`](super::view::GpuView).
 
-use super::view::GpuView;
+use super::neuron::neuron_builder;
+use super::view::Identity;
 
-/// Reshape; see the module docs.
-pub fn gpu_reshape() -> GpuView {
-    GpuView::named("reshape")
-}
+neuron_builder!(ReshapeParams, |_| Identity::named("reshape"));
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@
 //! Backward: `dx (+)= dy · s[d]`; `ds[d] (+)= Σ dy·x`, `db[d] (+)= Σ dy` over `(outer,
 //! inner)` in double with fixed chunks and summation trees (deterministic).
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ScaleParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
@@ -82,22 +82,23 @@ pub struct GpuScale {
 }
 
 impl GpuScale {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`ScaleParams`]).
-    pub fn new(_gpu: &Gpu, name: &str, p: &ScaleParams, layout: Layout) -> Self {
-        GpuScale {
-            layout,
-            name: name.to_string(),
-            axis: p.axis,
-            num_axes: p.num_axes,
-            bias_term: p.bias_term,
-            view: (0, 0, 0),
-            two_bottoms: false,
-        }
-    }
-
     /// Elements of the scale (and of the bias).
     fn dim(&self) -> usize {
         self.view.1
+    }
+}
+
+impl BuildGpu for ScaleParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuScale {
+            layout,
+            name: name.to_string(),
+            axis: self.axis,
+            num_axes: self.num_axes,
+            bias_term: self.bias_term,
+            view: (0, 0, 0),
+            two_bottoms: false,
+        }))
     }
 }
 

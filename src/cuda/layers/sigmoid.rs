@@ -1,14 +1,12 @@
-//! `GpuSigmoid`: the logistic function `y = 1 / (1 + e^(−x))` elementwise, the device twin of
-//! `crate::layers::sigmoid`. Bottom and top have the same shape `(N, ...)`.
+//! Sigmoid on the device: the logistic function `y = 1 / (1 + e^(−x))` elementwise, the device
+//! twin of `crate::layers::sigmoid`. Bottom and top have the same shape `(N, ...)`.
 //!
 //! Backward: `dx (+)= dy · y · (1 − y)`, from the top's data.
 
-use super::neuron::{parameterless_neuron, GpuNeuron};
+use super::neuron::neuron_builder;
+use crate::cuda::kernels::Activation;
 
-/// The logistic function; see the module docs.
-pub type GpuSigmoid = GpuNeuron<Sigmoid>;
-
-parameterless_neuron!(Sigmoid, "sigmoid", sigmoid_forward, sigmoid_backward, reads y);
+neuron_builder!(SigmoidParams, |_| Activation::Sigmoid);
 
 #[cfg(test)]
 mod tests {

@@ -3,8 +3,9 @@
 //! subtracts the maximum over the channels, exponentiates and divides by the sum. Backward from
 //! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxParams;
+use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 
@@ -16,14 +17,13 @@ pub struct GpuSoftmax {
     view: (usize, usize, usize),
 }
 
-impl GpuSoftmax {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxParams`]).
-    pub fn new(name: &str, p: &SoftmaxParams) -> Self {
-        GpuSoftmax {
+impl BuildGpu for SoftmaxParams {
+    fn build_gpu(&self, _gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuSoftmax {
             name: name.to_string(),
-            axis: p.axis,
+            axis: self.axis,
             view: (0, 0, 0),
-        }
+        }))
     }
 }
 

@@ -12,10 +12,12 @@
 //! here that row is skipped like an ignored one (the data readers reject such labels before
 //! they reach a net).
 
-use super::{rows_and_classes, BackwardPass, ForwardPass, GpuLayer};
+use super::{classifier_rows, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxWithLossParams;
-use crate::cuda::{gpu_error, Gpu};
-use crate::error::{Error, Result};
+use crate::cuda::kernels::LabelledRows;
+use crate::cuda::layout::Layout;
+use crate::cuda::Gpu;
+use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView};
 
 /// Softmax and multinomial logistic loss; see the module docs.
@@ -23,10 +25,8 @@ use cudarc::driver::{CudaSlice, CudaView};
 pub struct GpuSoftmaxWithLoss {
     name: String,
     axis: usize,
-    /// `ignore_label` as the f32 the labels are compared with.
-    ignore: Option<f32>,
-    rows: usize,
-    classes: usize,
+    /// `(N, C)` of the current bottoms, and `ignore_label`.
+    rows: LabelledRows,
     /// `(capacity ≥ N·C)` softmax probabilities of the last forward.
     prob: CudaSlice<f32>,
     /// `(capacity ≥ N)` per-row loss, in double.
@@ -38,24 +38,9 @@ pub struct GpuSoftmaxWithLoss {
 }
 
 impl GpuSoftmaxWithLoss {
-    /// The layer `name` with its resolved parameters (defaults and ranges: [`SoftmaxWithLossParams`]).
-    pub fn new(gpu: &Gpu, name: &str, p: &SoftmaxWithLossParams) -> Result<Self> {
-        Ok(GpuSoftmaxWithLoss {
-            name: name.to_string(),
-            axis: p.axis,
-            ignore: p.ignore_label.map(|l| l as f32),
-            rows: 0,
-            classes: 0,
-            prob: alloc(gpu, 1)?,
-            row_loss: alloc(gpu, 1)?,
-            row_valid: alloc(gpu, 1)?,
-            valid: alloc(gpu, 1)?,
-        })
-    }
-
     /// `(N, C)` probabilities of the last forward (for tests and diagnostics).
     pub fn prob(&self) -> CudaView<'_, f32> {
-        self.prob.slice(..self.rows * self.classes)
+        self.prob.slice(..self.rows.scores())
     }
 
     /// `(1)` rows of the last forward whose label counted.
@@ -64,13 +49,21 @@ impl GpuSoftmaxWithLoss {
     }
 }
 
-fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    gpu: &Gpu,
-    n: usize,
-) -> Result<CudaSlice<T>> {
-    gpu.compute
-        .alloc_zeros::<T>(n.max(1))
-        .map_err(|e| gpu_error(&format!("allocate layer scratch of {n} elements"), e))
+impl BuildGpu for SoftmaxWithLossParams {
+    fn build_gpu(&self, gpu: &Gpu, name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
+        Ok(Box::new(GpuSoftmaxWithLoss {
+            name: name.to_string(),
+            axis: self.axis,
+            rows: LabelledRows {
+                ignore: self.ignore_label.map(|l| l as f32),
+                ..LabelledRows::default()
+            },
+            prob: scratch(gpu, 1)?,
+            row_loss: scratch(gpu, 1)?,
+            row_valid: scratch(gpu, 1)?,
+            valid: scratch(gpu, 1)?,
+        }))
+    }
 }
 
 impl GpuLayer for GpuSoftmaxWithLoss {
@@ -80,22 +73,15 @@ impl GpuLayer for GpuSoftmaxWithLoss {
 
     /// Scores `(N, C)` and labels `(N)`.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [scores, _labels] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 2 bottoms (scores, labels), got {}", bottoms.len()),
-            ));
-        };
-        let (rows, classes) = rows_and_classes(scores, self.axis);
+        let (rows, classes) = classifier_rows(&self.name, bottoms, self.axis)?;
         if self.prob.len() < rows * classes {
-            self.prob = alloc(gpu, rows * classes)?;
+            self.prob = scratch(gpu, rows * classes)?;
         }
         if self.row_loss.len() < rows {
-            self.row_loss = alloc(gpu, rows)?;
-            self.row_valid = alloc(gpu, rows)?;
+            self.row_loss = scratch(gpu, rows)?;
+            self.row_valid = scratch(gpu, rows)?;
         }
-        self.rows = rows;
-        self.classes = classes;
+        (self.rows.rows, self.rows.classes) = (rows, classes);
         Ok(())
     }
 
@@ -104,16 +90,11 @@ impl GpuLayer for GpuSoftmaxWithLoss {
         let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.softmax_loss_forward(
             &gpu.compute,
-            &scores.data(),
-            &labels.data(),
+            &self.rows,
+            (&scores.data(), &labels.data()),
             &mut self.prob,
-            &mut self.row_loss,
-            &mut self.row_valid,
-            &mut top.data_mut(),
-            &mut self.valid,
-            self.rows,
-            self.classes,
-            self.ignore,
+            (&mut self.row_loss, &mut self.row_valid),
+            (&mut top.data_mut(), &mut self.valid),
         )
     }
 
@@ -126,14 +107,10 @@ impl GpuLayer for GpuSoftmaxWithLoss {
         let [scores, labels, top] = pass.blobs.two_bottoms_top();
         gpu.kernels.softmax_loss_backward(
             &gpu.compute,
-            &self.prob,
-            &labels.data(),
-            &top.diff(),
-            &self.valid,
+            &self.rows,
+            (&self.prob, &labels.data()),
+            (&top.diff(), &self.valid),
             &mut scores.diff_mut(),
-            self.rows,
-            self.classes,
-            self.ignore,
             grad.accumulate(),
         )
     }

@@ -1,14 +1,12 @@
-//! `GpuTanH`: the hyperbolic tangent `y = tanh(x)` elementwise, the device twin of
+//! TanH on the device: the hyperbolic tangent `y = tanh(x)` elementwise, the device twin of
 //! `crate::layers::tanh`. Bottom and top have the same shape `(N, ...)`.
 //!
 //! Backward: `dx (+)= dy · (1 − y²)`, from the top's data.
 
-use super::neuron::{parameterless_neuron, GpuNeuron};
+use super::neuron::neuron_builder;
+use crate::cuda::kernels::Activation;
 
-/// The hyperbolic tangent; see the module docs.
-pub type GpuTanH = GpuNeuron<TanH>;
-
-parameterless_neuron!(TanH, "tanh", tanh_forward, tanh_backward, reads y);
+neuron_builder!(TanhParams, |_| Activation::Tanh);
 
 #[cfg(test)]
 mod tests {

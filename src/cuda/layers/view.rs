@@ -16,10 +16,10 @@ pub struct Identity {
     type_name: &'static str,
 }
 
-impl GpuView {
-    /// The view layer of config name `type_name`.
+impl Identity {
+    /// The identity of the view layer of config name `type_name`.
     pub(crate) fn named(type_name: &'static str) -> Self {
-        GpuNeuron(Identity { type_name })
+        Identity { type_name }
     }
 }
 

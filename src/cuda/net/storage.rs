@@ -295,52 +295,7 @@ mod tests {
     /// through a channels-last copy; the inner product reads the 4-D pooling output through one.
     #[test]
     fn layers_of_either_layout_read_copies_of_the_other() {
-        let text = r#"
-[data]
-format = "synthetic"
-shape = [3, 6, 6]
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "a"
-type = "convolution"
-bottom = ["data"]
-top = ["a"]
-num_output = 2
-kernel_size = 1
-[[layer]]
-name = "b"
-type = "convolution"
-bottom = ["data"]
-top = ["b"]
-num_output = 3
-kernel_size = 1
-[[layer]]
-name = "cat"
-type = "concat"
-bottom = ["a", "b"]
-top = ["cat"]
-[[layer]]
-name = "c"
-type = "convolution"
-bottom = ["cat"]
-top = ["c"]
-num_output = 2
-kernel_size = 3
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["c"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
+        let text = include_str!("testdata/concat_between_convolutions.toml");
         let (plan, graph) = plan_of(text, [3, 6, 6], true);
         let by_name = |name: &str| layer(&graph, name);
         let conversions: Vec<(usize, usize, Layout)> = plan

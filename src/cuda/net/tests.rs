@@ -123,48 +123,7 @@ fn plan_of_the_equivalence_net_overwrites_every_gradient() {
 
 #[test]
 fn plan_accumulates_a_blob_with_two_consumers_and_zeroes_idle_parameters() {
-    let text = r#"
-[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-[[layer]]
-name = "a"
-type = "relu"
-bottom = ["ip"]
-top = ["a"]
-[[layer]]
-name = "b"
-type = "tanh"
-bottom = ["ip"]
-top = ["b"]
-[[layer]]
-name = "loss_a"
-type = "softmax_with_loss"
-bottom = ["a", "label"]
-top = ["loss_a"]
-[[layer]]
-name = "loss_b"
-type = "softmax_with_loss"
-bottom = ["b", "label"]
-top = ["loss_b"]
-loss_weight = 0.5
-[[layer]]
-name = "probe"
-type = "inner_product"
-bottom = ["ip"]
-top = ["probe"]
-num_output = 3
-phase = "test"
-"#;
+    let text = include_str!("testdata/two_consumers_and_a_test_probe.toml");
     let cfg: Config = toml::from_str(text).unwrap();
     let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
     let plan = BackwardPlan::new(&graph, Phase::Train, &layout.spans);
@@ -399,30 +358,7 @@ fn tf32_math_stays_close_to_fp32() {
 
 #[test]
 fn rejects_a_layer_reading_one_blob_twice() {
-    let text = r#"
-[data]
-format = "digits"
-batch_size = 4
-[solver]
-base_lr = 0.1
-max_iter = 1
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 1
-[[layer]]
-name = "acc"
-type = "accuracy"
-bottom = ["ip", "ip"]
-top = ["acc"]
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
+    let text = include_str!("testdata/one_blob_read_twice.toml");
     // Config validation rejects this net already (scores against 10 classes); the graph the GPU
     // net takes its wiring from refuses it too, for configs that were not validated.
     let cfg: Config = toml::from_str(text).unwrap();
