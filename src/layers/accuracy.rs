@@ -19,15 +19,14 @@
 use crate::config::layer_params::AccuracyParams;
 use crate::error::{Error, Result};
 use crate::layers::softmax_with_loss::{class_of, rows_and_classes};
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
 /// Top-k accuracy; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Accuracy {
-    name: String,
-    axis: usize,
-    top_k: usize,
-    ignore_label: Option<i64>,
+pub type Accuracy = CpuLayer<AccuracyParams, Counts>;
+
+/// The classes of the current scores and the counts of the last forward.
+#[derive(Debug, Clone, Default)]
+pub struct Counts {
     classes: usize,
     correct: usize,
     counted: usize,
@@ -42,29 +41,20 @@ pub fn count_from_fraction(fraction: f32, n: usize) -> u64 {
 impl BuildCpu for AccuracyParams {
     type Layer = Accuracy;
 
-    /// The layer `name` (defaults and ranges: [`AccuracyParams`]).
     fn build(&self, name: &str) -> Accuracy {
-        Accuracy {
-            name: name.to_string(),
-            axis: self.axis,
-            top_k: self.top_k,
-            ignore_label: self.ignore_label,
-            classes: 0,
-            correct: 0,
-            counted: 0,
-        }
+        CpuLayer::new(name, self)
     }
 }
 
 impl Accuracy {
     /// Correct samples of the last forward.
     pub fn correct(&self) -> usize {
-        self.correct
+        self.state.correct
     }
 
     /// Samples of the last forward whose label is not `ignore_label`.
     pub fn counted(&self) -> usize {
-        self.counted
+        self.state.counted
     }
 }
 
@@ -75,17 +65,15 @@ impl Layer for Accuracy {
 
     /// Scores `(N, C)` with `1 <= top_k <= C`, labels `(N)`; top `[]`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let (_, classes) = rows_and_classes(&self.name, self.axis, bottoms)?;
-        if self.top_k == 0 || self.top_k > classes {
+        let (_, classes) = rows_and_classes(&self.name, self.settings.axis, bottoms)?;
+        let top_k = self.settings.top_k;
+        if top_k == 0 || top_k > classes {
             return Err(Error::net(
                 &self.name,
-                format!(
-                    "`top_k` {} must be in [1, {classes}] (the classes)",
-                    self.top_k
-                ),
+                format!("`top_k` {top_k} must be in [1, {classes}] (the classes)"),
             ));
         }
-        self.classes = classes;
+        self.state.classes = classes;
         Ok(vec![vec![]])
     }
 
@@ -96,26 +84,31 @@ impl Layer for Accuracy {
     /// # Panics
     /// On a label that is not `ignore_label` and not an integer in `[0, C)`.
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let c = self.classes;
+        let AccuracyParams {
+            top_k,
+            ignore_label,
+            ..
+        } = self.settings;
+        let (c, state) = (self.state.classes, &mut self.state);
         let (scores, labels) = (&pass.bottoms[0].data, &pass.bottoms[1].data);
-        self.correct = 0;
-        self.counted = 0;
+        state.correct = 0;
+        state.counted = 0;
         for (i, row) in scores.chunks_exact(c).enumerate() {
-            let Some(label) = class_of(&self.name, labels[i], self.ignore_label, c, i) else {
+            let Some(label) = class_of(&self.name, labels[i], ignore_label, c, i) else {
                 continue;
             };
-            self.counted += 1;
+            state.counted += 1;
             let score = row[label];
             let better = row.iter().filter(|&&s| s > score || s.is_nan()).count();
-            if !score.is_nan() && better < self.top_k {
-                self.correct += 1;
+            if !score.is_nan() && better < top_k {
+                state.correct += 1;
             }
         }
         let n = labels.len();
         pass.tops[0].data[0] = if n == 0 {
             0.0
         } else {
-            self.correct as f32 / n as f32
+            state.correct as f32 / n as f32
         };
     }
 

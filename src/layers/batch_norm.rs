@@ -23,19 +23,17 @@
 use crate::config::layer_params::BatchNormParams;
 use crate::config::{FillerConfig, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, BackwardPass, BuildCpu, Ctx, ForwardPass, Layer};
+use crate::layers::{
+    one_bottom, BackwardPass, BuildCpu, CpuLayer, Ctx, ForwardPass, Layer, Reducer,
+};
 use crate::params::ParamSpec;
 
 /// Batch normalisation; see the module docs.
-#[derive(Debug, Clone)]
-pub struct BatchNorm {
-    name: String,
-    /// `moving_average_fraction`, in (0, 1].
-    maf: f32,
-    eps: f32,
-    /// `None`: batch statistics in the train phase, global in the test phase.
-    use_global_stats: Option<bool>,
-    sync: bool,
+pub type BatchNorm = CpuLayer<BatchNormParams, Statistics>;
+
+/// The statistics BatchNorm keeps between its passes.
+#[derive(Debug, Clone, Default)]
+pub struct Statistics {
     channels: usize,
     /// Product of the axes after C.
     spatial: usize,
@@ -55,34 +53,28 @@ pub struct BatchNorm {
 impl BuildCpu for BatchNormParams {
     type Layer = BatchNorm;
 
-    /// The layer `name` (defaults and ranges: [`BatchNormParams`]).
     fn build(&self, name: &str) -> BatchNorm {
-        BatchNorm {
-            name: name.to_string(),
-            maf: self.moving_average_fraction,
-            eps: self.eps,
-            use_global_stats: self.use_global_stats,
-            sync: self.sync,
-            channels: 0,
-            spatial: 0,
-            mean: Vec::new(),
-            var: Vec::new(),
-            inv_std: Vec::new(),
-            count: 0.0,
-            pending: false,
-            sums: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
 impl BatchNorm {
     fn global_stats(&self, ctx: &Ctx) -> bool {
-        self.use_global_stats.unwrap_or(ctx.phase == Phase::Test)
+        self.settings
+            .use_global_stats
+            .unwrap_or(ctx.phase == Phase::Test)
     }
 
-    /// Per-channel `(Σa, Σa·b)` over the batch into `self.sums`, with the count last; summed
-    /// over every replica when `sync` is on and the pass has a reducer.
-    fn channel_sums(&mut self, ctx: &Ctx, a: &[f32], b: &[f32]) {
+    /// The pass's sums over every replica, when `sync` is on.
+    fn reducer<'c>(&self, ctx: &Ctx<'c>) -> Option<&'c dyn Reducer> {
+        ctx.reducer.filter(|_| self.settings.sync)
+    }
+}
+
+impl Statistics {
+    /// Per-channel `(Σa, Σa·b)` over the batch into `sums`, with the count last; summed over
+    /// every replica by `reducer` when there is one.
+    fn channel_sums(&mut self, reducer: Option<&dyn Reducer>, a: &[f32], b: &[f32]) {
         let (c, hw) = (self.channels, self.spatial);
         self.sums.fill(0.0);
         let (s1, rest) = self.sums.split_at_mut(c);
@@ -98,10 +90,8 @@ impl BatchNorm {
             s2[ch] += q;
         }
         m[0] = (a.len() / c) as f64;
-        if self.sync {
-            if let Some(r) = ctx.reducer {
-                r.sum_f64(&mut self.sums);
-            }
+        if let Some(r) = reducer {
+            r.sum_f64(&mut self.sums);
         }
     }
 }
@@ -122,19 +112,19 @@ impl Layer for BatchNorm {
                 ))
             }
         };
-        let c = shape[1];
-        if self.channels != 0 && self.channels != c {
+        let (c, st) = (shape[1], &mut self.state);
+        if st.channels != 0 && st.channels != c {
             return Err(Error::net(
                 &self.name,
-                format!("the channel count changed from {} to {c}", self.channels),
+                format!("the channel count changed from {} to {c}", st.channels),
             ));
         }
-        self.channels = c;
-        self.spatial = shape[2..].iter().product();
-        for v in [&mut self.mean, &mut self.var, &mut self.inv_std] {
+        st.channels = c;
+        st.spatial = shape[2..].iter().product();
+        for v in [&mut st.mean, &mut st.var, &mut st.inv_std] {
             v.resize(c, 0.0);
         }
-        self.sums.resize(2 * c + 1, 0.0);
+        st.sums.resize(2 * c + 1, 0.0);
         Ok(vec![shape])
     }
 
@@ -142,11 +132,8 @@ impl Layer for BatchNorm {
     fn param_specs(&self) -> Vec<ParamSpec> {
         let zero = FillerConfig::constant(0.0);
         let spec = |name: &str, n: usize| ParamSpec::new(name, vec![n], &zero);
-        vec![
-            spec("mean", self.channels),
-            spec("variance", self.channels),
-            spec("factor", 1),
-        ]
+        let c = self.state.channels;
+        vec![spec("mean", c), spec("variance", c), spec("factor", 1)]
     }
 
     fn has_state(&self) -> bool {
@@ -154,41 +141,44 @@ impl Layer for BatchNorm {
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let (ctx, params, c) = (pass.ctx, pass.params, self.channels);
+        let (ctx, params) = (pass.ctx, pass.params);
+        let (global, reducer) = (self.global_stats(ctx), self.reducer(ctx));
+        let (eps, st) = (self.settings.eps, &mut self.state);
+        let c = st.channels;
         let x = &pass.bottoms[0].data;
-        self.pending = false;
-        if self.global_stats(ctx) {
+        st.pending = false;
+        if global {
             let factor = params[2][0];
             let s = if factor == 0.0 { 0.0 } else { 1.0 / factor };
-            for (m, &r) in self.mean.iter_mut().zip(params[0]) {
+            for (m, &r) in st.mean.iter_mut().zip(params[0]) {
                 *m = r * s;
             }
-            for (v, &r) in self.var.iter_mut().zip(params[1]) {
+            for (v, &r) in st.var.iter_mut().zip(params[1]) {
                 *v = r * s;
             }
         } else {
-            self.channel_sums(ctx, x, x);
-            let m = self.sums[2 * c];
-            self.count = m;
+            st.channel_sums(reducer, x, x);
+            let m = st.sums[2 * c];
+            st.count = m;
             for ch in 0..c {
-                let mean = self.sums[ch] / m;
-                let var = (self.sums[c + ch] / m - mean * mean).max(0.0);
-                self.mean[ch] = mean as f32;
-                self.var[ch] = var as f32;
+                let mean = st.sums[ch] / m;
+                let var = (st.sums[c + ch] / m - mean * mean).max(0.0);
+                st.mean[ch] = mean as f32;
+                st.var[ch] = var as f32;
             }
-            self.pending = ctx.phase == Phase::Train;
+            st.pending = ctx.phase == Phase::Train;
         }
         for ch in 0..c {
-            self.inv_std[ch] = 1.0 / (self.var[ch] + self.eps).sqrt();
+            st.inv_std[ch] = 1.0 / (st.var[ch] + eps).sqrt();
         }
-        let hw = self.spatial;
+        let hw = st.spatial;
         for (i, (ys, xs)) in pass.tops[0]
             .data
             .chunks_exact_mut(hw)
             .zip(x.chunks_exact(hw))
             .enumerate()
         {
-            let (mean, inv) = (self.mean[i % c], self.inv_std[i % c]);
+            let (mean, inv) = (st.mean[i % c], st.inv_std[i % c]);
             for (y, &x) in ys.iter_mut().zip(xs) {
                 *y = (x - mean) * inv;
             }
@@ -202,19 +192,21 @@ impl Layer for BatchNorm {
         let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
         };
-        let (c, hw) = (self.channels, self.spatial);
+        let (global, reducer) = (self.global_stats(ctx), self.reducer(ctx));
+        let st = &mut self.state;
+        let (c, hw) = (st.channels, st.spatial);
         let (y, dy, dx) = (&top.data, &top.diff, &mut bottom.diff);
-        if self.global_stats(ctx) {
+        if global {
             for (i, (dxs, dys)) in dx.chunks_exact_mut(hw).zip(dy.chunks_exact(hw)).enumerate() {
-                let inv = self.inv_std[i % c];
+                let inv = st.inv_std[i % c];
                 for (d, &g) in dxs.iter_mut().zip(dys) {
                     *d += g * inv;
                 }
             }
             return;
         }
-        self.channel_sums(ctx, dy, y);
-        let m = self.sums[2 * c];
+        st.channel_sums(reducer, dy, y);
+        let m = st.sums[2 * c];
         for (i, ((dxs, dys), ys)) in dx
             .chunks_exact_mut(hw)
             .zip(dy.chunks_exact(hw))
@@ -222,9 +214,9 @@ impl Layer for BatchNorm {
             .enumerate()
         {
             let ch = i % c;
-            let mean_dy = (self.sums[ch] / m) as f32;
-            let mean_dyy = (self.sums[c + ch] / m) as f32;
-            let inv = self.inv_std[ch];
+            let mean_dy = (st.sums[ch] / m) as f32;
+            let mean_dyy = (st.sums[c + ch] / m) as f32;
+            let inv = st.inv_std[ch];
             for ((d, &g), &y) in dxs.iter_mut().zip(dys).zip(ys) {
                 *d += (g - mean_dy - mean_dyy * y) * inv;
             }
@@ -233,19 +225,19 @@ impl Layer for BatchNorm {
 
     /// After a train forward with batch statistics: Caffe's moving averages (module docs).
     fn update_state(&mut self, _ctx: &Ctx, state: &mut [&mut [f32]]) {
-        if !std::mem::take(&mut self.pending) {
+        let (maf, st) = (self.settings.moving_average_fraction, &mut self.state);
+        if !std::mem::take(&mut st.pending) {
             return;
         }
-        let maf = self.maf;
-        let m = self.count;
+        let m = st.count;
         let correction = if m > 1.0 { (m / (m - 1.0)) as f32 } else { 1.0 };
         let [mean_r, var_r, factor] = state else {
             unreachable!("batch_norm has three state tensors")
         };
         factor[0] = factor[0] * maf + 1.0;
-        for ch in 0..self.channels {
-            mean_r[ch] = mean_r[ch] * maf + self.mean[ch];
-            var_r[ch] = var_r[ch] * maf + correction * self.var[ch];
+        for ch in 0..st.channels {
+            mean_r[ch] = mean_r[ch] * maf + st.mean[ch];
+            var_r[ch] = var_r[ch] * maf + correction * st.var[ch];
         }
     }
 }

@@ -7,29 +7,19 @@
 //! `Σ_{o,i} dtop`.
 
 use crate::config::layer_params::BiasParams;
-use crate::config::FillerConfig;
 use crate::error::Result;
 use crate::layers::broadcast::Broadcast;
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
 /// The bias layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Bias {
-    name: String,
-    filler: FillerConfig,
-    bias: Broadcast,
-}
+pub type Bias = CpuLayer<BiasParams, Broadcast>;
 
 impl BuildCpu for BiasParams {
     type Layer = Bias;
 
     fn build(&self, name: &str) -> Bias {
-        Bias {
-            name: name.to_string(),
-            filler: self.filler.clone(),
-            bias: Broadcast::new(self.axis, self.num_axes),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -40,20 +30,21 @@ impl Layer for Bias {
 
     /// Bottoms `(d0, …)` and optionally the bias; top `(d0, …)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        self.bias.reshape(&self.name, bottoms)
+        let axes = (self.settings.axis, self.settings.num_axes);
+        self.state.reshape(&self.name, axes, bottoms)
     }
 
     /// `bias` of the broadcast shape (one bottom only).
     fn param_specs(&self) -> Vec<ParamSpec> {
-        match self.bias.from_bottom {
+        match self.state.from_bottom {
             true => Vec::new(),
-            false => vec![self.bias.spec("bias", &self.filler)],
+            false => vec![self.state.spec("bias", &self.settings.filler)],
         }
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let Broadcast { dim, inner, .. } = self.bias;
-        let bias = match self.bias.from_bottom {
+        let Broadcast { dim, inner, .. } = self.state;
+        let bias = match self.state.from_bottom {
             true => &pass.bottoms[1].data[..],
             false => pass.params[0],
         };
@@ -75,12 +66,12 @@ impl Layer for Bias {
                 *d += g;
             }
         }
-        let db: Option<&mut [f32]> = match self.bias.from_bottom {
+        let db: Option<&mut [f32]> = match self.state.from_bottom {
             true => propagate_down[1].then(|| &mut bottoms[1].diff[..]),
             false => Some(&mut *pass.param_diffs[0]),
         };
         if let Some(db) = db {
-            self.bias.add_row_sums(dy, db);
+            self.state.add_row_sums(dy, db);
         }
     }
 }

@@ -7,14 +7,12 @@
 
 use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::axes_end;
+use crate::layers::{axes_end, AxisView};
 use crate::params::ParamSpec;
 
-/// The broadcast of one layer: its settings and the view of the current bottom.
+/// The broadcast over the current bottom.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Broadcast {
-    axis: usize,
-    num_axes: i64,
     /// Whether the tensor is the second bottom (fixed by the reshape).
     pub from_bottom: bool,
     /// The tensor's shape.
@@ -25,20 +23,16 @@ pub struct Broadcast {
 }
 
 impl Broadcast {
-    /// The broadcast over the axes `axis .. axis + num_axes`, before its first reshape.
-    pub fn new(axis: usize, num_axes: i64) -> Self {
-        Broadcast {
-            axis,
-            num_axes,
-            ..Broadcast::default()
-        }
-    }
-
     /// Checks the bottoms of `layer` (the data, and optionally the tensor) and views the first
-    /// as `(outer, dim, inner)`; returns the top shape, the first bottom's.
-    pub fn reshape(&mut self, layer: &str, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
+    /// as `(outer, dim, inner)` around its axes `axis .. axis + num_axes` (or the second
+    /// bottom's); returns the top shape, the first bottom's.
+    pub fn reshape(
+        &mut self,
+        layer: &str,
+        (axis, num_axes): (usize, i64),
+        bottoms: &[&[usize]],
+    ) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(layer, msg));
-        let axis = self.axis;
         let shape = match bottoms {
             [s] | [s, _] => *s,
             _ => return err(format!("takes 1 or 2 bottoms, got {}", bottoms.len())),
@@ -55,21 +49,23 @@ impl Broadcast {
                     "the second bottom {second:?} must match the first bottom {shape:?} from axis {axis}"
                 ))
             }
-            _ => match axes_end(axis, self.num_axes, shape.len()) {
+            _ => match axes_end(axis, num_axes, shape.len()) {
                 Some(end) => end,
                 None => {
                     return err(format!(
-                        "`num_axes` {} is out of range for bottom {shape:?} from axis {axis}",
-                        self.num_axes
+                        "`num_axes` {num_axes} is out of range for bottom {shape:?} from axis {axis}"
                     ))
                 }
             },
         };
-        self.from_bottom = bottoms.len() == 2;
-        self.shape = shape[axis..end].to_vec();
-        self.outer = shape[..axis].iter().product();
-        self.dim = self.shape.iter().product();
-        self.inner = shape[end..].iter().product();
+        let AxisView { outer, dim, inner } = AxisView::around(shape, axis..end);
+        *self = Broadcast {
+            from_bottom: bottoms.len() == 2,
+            shape: shape[axis..end].to_vec(),
+            outer,
+            dim,
+            inner,
+        };
         Ok(vec![shape.to_vec()])
     }
 

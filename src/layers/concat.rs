@@ -6,29 +6,24 @@
 
 use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
 /// The concatenation layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Concat {
-    name: String,
-    axis: usize,
+pub type Concat = CpuLayer<ConcatParams, Rows>;
+
+/// Every bottom and the top viewed as rows: `outer` rows of `width_b` elements (`a_b · inner`)
+/// per bottom, of their sum for the top.
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
     outer: usize,
-    /// Per bottom: elements per outer row (`a_b · inner`).
     widths: Vec<usize>,
 }
 
 impl BuildCpu for ConcatParams {
     type Layer = Concat;
 
-    /// The layer `name` (defaults and ranges: [`ConcatParams`]).
     fn build(&self, name: &str) -> Concat {
-        Concat {
-            name: name.to_string(),
-            axis: self.axis,
-            outer: 0,
-            widths: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -42,7 +37,7 @@ impl Layer for Concat {
         let Some(first) = bottoms.first() else {
             return err("takes 1 or more bottoms, got 0".into());
         };
-        let axis = self.axis;
+        let axis = self.settings.axis;
         if axis >= first.len() {
             return err(format!(
                 "`axis` {axis} is out of range for bottom {first:?}"
@@ -63,18 +58,21 @@ impl Layer for Concat {
             }
             top[axis] += b[axis];
         }
-        self.outer = first[..axis].iter().product();
-        let inner: usize = first[axis + 1..].iter().product();
-        self.widths = bottoms.iter().map(|b| b[axis] * inner).collect();
+        let AxisView { outer, inner, .. } = AxisView::around(first, axis..axis + 1);
+        self.state = Rows {
+            outer,
+            widths: bottoms.iter().map(|b| b[axis] * inner).collect(),
+        };
         Ok(vec![top])
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let total: usize = self.widths.iter().sum();
+        let Rows { outer, widths } = &self.state;
+        let total: usize = widths.iter().sum();
         let y = &mut pass.tops[0].data;
         let mut start = 0;
-        for (bottom, &w) in pass.bottoms.iter().zip(&self.widths) {
-            for o in 0..self.outer {
+        for (bottom, &w) in pass.bottoms.iter().zip(widths) {
+            for o in 0..*outer {
                 y[o * total + start..o * total + start + w]
                     .copy_from_slice(&bottom.data[o * w..(o + 1) * w]);
             }
@@ -83,13 +81,14 @@ impl Layer for Concat {
     }
 
     fn backward(&mut self, pass: BackwardPass<'_>) {
-        let total: usize = self.widths.iter().sum();
+        let Rows { outer, widths } = &self.state;
+        let total: usize = widths.iter().sum();
         let dy = &pass.tops[0].diff;
         let mut start = 0;
-        let bottoms = pass.bottoms.iter_mut().zip(&self.widths);
+        let bottoms = pass.bottoms.iter_mut().zip(widths);
         for ((bottom, &w), &down) in bottoms.zip(pass.propagate_down) {
             if down {
-                for o in 0..self.outer {
+                for o in 0..*outer {
                     let src = &dy[o * total + start..o * total + start + w];
                     for (d, &g) in bottom.diff[o * w..(o + 1) * w].iter_mut().zip(src) {
                         *d += g;

@@ -22,7 +22,7 @@ use crate::backend::Cpu;
 use crate::config::layer_params::ConvolutionParams;
 use crate::error::{Error, Result};
 use crate::layers::spatial::{image_bottom, Geometry};
-use crate::layers::{weight_and_bias, BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{weight_and_bias, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 use rayon::prelude::*;
 
@@ -31,10 +31,11 @@ use rayon::prelude::*;
 pub const COLUMN_BUDGET: usize = 1 << 21;
 
 /// The convolution layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Convolution {
-    name: String,
-    settings: ConvolutionParams,
+pub type Convolution = CpuLayer<ConvolutionParams, Columns>;
+
+/// The geometry of the current bottom and the buffers of its passes, kept and reused.
+#[derive(Debug, Clone, Default)]
+pub struct Columns {
     /// Input channels, fixed by the first reshape.
     channels: Option<usize>,
     /// Batch of the current bottom.
@@ -46,25 +47,15 @@ pub struct Convolution {
     out: Vec<f32>,
     /// `(S·OH·OW)` ones for the bias gradient.
     ones: Vec<f32>,
-    /// Floats a chunk's buffers may take ([`COLUMN_BUDGET`]; smaller in tests).
-    column_budget: usize,
+    /// Floats a chunk's buffers may take; `None`: [`COLUMN_BUDGET`] (smaller in tests).
+    column_budget: Option<usize>,
 }
 
 impl BuildCpu for ConvolutionParams {
     type Layer = Convolution;
 
     fn build(&self, name: &str) -> Convolution {
-        Convolution {
-            name: name.to_string(),
-            settings: self.clone(),
-            channels: None,
-            num: 0,
-            geometry: Geometry::default(),
-            col: Vec::new(),
-            out: Vec::new(),
-            ones: Vec::new(),
-            column_budget: COLUMN_BUDGET,
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -99,19 +90,20 @@ impl Gemms {
 impl Convolution {
     /// Floats one sample takes in the chunk buffers.
     fn floats_per_sample(&self) -> usize {
-        let g = self.geometry;
+        let g = self.state.geometry;
         (g.col_rows() + self.settings.num_output) * g.col_cols()
     }
 
     /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
     fn chunk(&self) -> usize {
-        (self.column_budget / self.floats_per_sample().max(1)).clamp(1, self.num.max(1))
+        let budget = self.state.column_budget.unwrap_or(COLUMN_BUDGET);
+        (budget / self.floats_per_sample().max(1)).clamp(1, self.state.num.max(1))
     }
 
     /// The sizes of a pass on `cpu`, with the buffers sized for its chunks: they grow only
     /// here, never in reshape, so that validation can reshape freely.
     fn prepare(&mut self, cpu: &Cpu) -> Gemms {
-        let g = self.geometry;
+        let g = self.state.geometry;
         let groups = self.settings.group;
         let sizes = Gemms {
             groups,
@@ -123,15 +115,15 @@ impl Convolution {
         };
         let ld = sizes.chunk * sizes.p;
         for (buf, rows) in [
-            (&mut self.col, g.col_rows()),
-            (&mut self.out, self.settings.num_output),
+            (&mut self.state.col, g.col_rows()),
+            (&mut self.state.out, self.settings.num_output),
         ] {
             if buf.len() < rows * ld {
                 buf.resize(rows * ld, 0.0);
             }
         }
-        if self.ones.len() < ld {
-            self.ones.resize(ld, 1.0);
+        if self.state.ones.len() < ld {
+            self.state.ones.resize(ld, 1.0);
         }
         sizes
     }
@@ -207,13 +199,13 @@ impl Layer for Convolution {
                 s.group
             ));
         }
-        match self.channels {
+        match self.state.channels {
             Some(c0) if c0 != c => {
                 return err(format!(
                     "bottom {shape:?} has {c} channels, the weight expects {c0}"
                 ))
             }
-            _ => self.channels = Some(c),
+            _ => self.state.channels = Some(c),
         }
         let mut output = [0; 2];
         for (a, size) in [h, w].into_iter().enumerate() {
@@ -226,7 +218,7 @@ impl Layer for Convolution {
             }
             output[a] = (padded - span) / s.stride[a] + 1;
         }
-        self.geometry = Geometry {
+        self.state.geometry = Geometry {
             channels: c,
             input: [h, w],
             kernel: s.kernel,
@@ -235,14 +227,14 @@ impl Layer for Convolution {
             dilation: s.dilation,
             output,
         };
-        self.num = n;
+        self.state.num = n;
         Ok(vec![vec![n, s.num_output, output[0], output[1]]])
     }
 
     /// `weight` `(num_output, C/group, kh, kw)`, then `bias` `(num_output)` if `bias_term`.
     fn param_specs(&self) -> Vec<ParamSpec> {
         let s = &self.settings;
-        let c = self.channels.unwrap_or(0) / s.group;
+        let c = self.state.channels.unwrap_or(0) / s.group;
         weight_and_bias(
             vec![s.num_output, c, s.kernel[0], s.kernel[1]],
             &s.weight_filler,
@@ -253,12 +245,19 @@ impl Layer for Convolution {
     fn forward(&mut self, pass: ForwardPass<'_>) {
         let gemms = self.prepare(pass.ctx.cpu);
         let Gemms { m, k, p, .. } = gemms;
-        let (g, weight) = (self.geometry, pass.params[0]);
+        let (g, weight) = (self.state.geometry, pass.params[0]);
         let out_len = self.settings.num_output * p;
-        for (first, samples) in gemms.chunks(self.num) {
+        for (first, samples) in gemms.chunks(self.state.num) {
             let ld = samples * p;
             let images = &pass.bottoms[0].data;
-            columns(&g, &mut self.col, images, first, samples, gemms.parallel);
+            columns(
+                &g,
+                &mut self.state.col,
+                images,
+                first,
+                samples,
+                gemms.parallel,
+            );
             for gi in 0..gemms.groups {
                 pass.ctx.cpu.gemm(
                     false,
@@ -268,16 +267,16 @@ impl Layer for Convolution {
                     k,
                     1.0,
                     &weight[gemms.block(gi, m, k)],
-                    &self.col[gemms.block(gi, k, ld)],
+                    &self.state.col[gemms.block(gi, k, ld)],
                     0.0,
-                    &mut self.out[gemms.block(gi, m, ld)],
+                    &mut self.state.out[gemms.block(gi, m, ld)],
                 );
             }
             // Sample j's channel r is row r's columns j·P..(j+1)·P, plus the bias.
             let top = &mut pass.tops[0].data[first * out_len..(first + samples) * out_len];
             for (j, sample) in top.chunks_exact_mut(out_len).enumerate() {
                 for (r, plane) in sample.chunks_exact_mut(p).enumerate() {
-                    let src = &self.out[r * ld + j * p..r * ld + (j + 1) * p];
+                    let src = &self.state.out[r * ld + j * p..r * ld + (j + 1) * p];
                     match self.settings.bias_term {
                         true => {
                             let b = pass.params[1][r];
@@ -293,23 +292,23 @@ impl Layer for Convolution {
     fn backward(&mut self, pass: BackwardPass<'_>) {
         let gemms = self.prepare(pass.ctx.cpu);
         let Gemms { m, k, p, .. } = gemms;
-        let (g, cpu, weight) = (self.geometry, pass.ctx.cpu, pass.params[0]);
+        let (g, cpu, weight) = (self.state.geometry, pass.ctx.cpu, pass.params[0]);
         let (tops, param_diffs) = (pass.tops, pass.param_diffs);
         let num_output = self.settings.num_output;
         let out_len = num_output * p;
         let bottom = &mut pass.bottoms[0];
-        for (first, samples) in gemms.chunks(self.num) {
+        for (first, samples) in gemms.chunks(self.state.num) {
             let ld = samples * p;
             // dy (num_output, S·P): sample j's channel r in row r, columns j·P..(j+1)·P.
             let dtop = &tops[0].diff[first * out_len..(first + samples) * out_len];
             for (j, sample) in dtop.chunks_exact(out_len).enumerate() {
                 for (r, plane) in sample.chunks_exact(p).enumerate() {
-                    self.out[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
+                    self.state.out[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
                 }
             }
-            let dy = &self.out[..num_output * ld];
+            let dy = &self.state.out[..num_output * ld];
             if self.settings.bias_term {
-                let ones = &self.ones[..ld];
+                let ones = &self.state.ones[..ld];
                 cpu.gemm(
                     false,
                     false,
@@ -325,7 +324,7 @@ impl Layer for Convolution {
             }
             columns(
                 &g,
-                &mut self.col,
+                &mut self.state.col,
                 &bottom.data,
                 first,
                 samples,
@@ -340,7 +339,7 @@ impl Layer for Convolution {
                     ld,
                     1.0,
                     &dy[gemms.block(gi, m, ld)],
-                    &self.col[gemms.block(gi, k, ld)],
+                    &self.state.col[gemms.block(gi, k, ld)],
                     1.0,
                     &mut param_diffs[0][gemms.block(gi, m, k)],
                 );
@@ -357,11 +356,18 @@ impl Layer for Convolution {
                         &weight[gemms.block(gi, m, k)],
                         &dy[gemms.block(gi, m, ld)],
                         0.0,
-                        &mut self.col[gemms.block(gi, k, ld)],
+                        &mut self.state.col[gemms.block(gi, k, ld)],
                     );
                 }
                 let parallel = gemms.parallel;
-                add_columns(&g, &self.col, &mut bottom.diff, first, samples, parallel);
+                add_columns(
+                    &g,
+                    &self.state.col,
+                    &mut bottom.diff,
+                    first,
+                    samples,
+                    parallel,
+                );
             }
         }
     }
@@ -437,7 +443,7 @@ mod tests {
         let params: Vec<&[f32]> = if with_bias { vec![&w, &b] } else { vec![&w] };
         let top = forward(&mut layer, std::slice::from_ref(&x), &params);
         assert_eq!(top[0].shape, tops[0]);
-        let g = layer.geometry;
+        let g = layer.state.geometry;
         let want = direct(
             &x,
             &w,
@@ -587,7 +593,7 @@ mod tests {
         for (samples, threads) in [(1, 1), (2, 2), (2, 1), (5, 2)] {
             let mut layer = conv(extra);
             layer.reshape(&[&shape]).unwrap();
-            layer.column_budget = samples * layer.floats_per_sample();
+            layer.state.column_budget = Some(samples * layer.floats_per_sample());
             assert_eq!(layer.chunk(), samples);
             let got = pass(&mut layer, shape, threads);
             for (what, (g, w)) in ["top", "bottom diff", "weight diff", "bias diff"]
@@ -610,7 +616,7 @@ mod tests {
         let bottom = uniform_blob(&[3, 2, 5, 4], -1.0, 1.0, 32);
         let mut layer = conv("num_output = 3\nkernel_size = 3\npad = 1");
         layer.reshape(&[&[3, 2, 5, 4]]).unwrap();
-        layer.column_budget = 2 * layer.floats_per_sample();
+        layer.state.column_budget = Some(2 * layer.floats_per_sample());
         let report = GradientChecker::default().assert_passes(&mut layer, &[bottom], &[true]);
         assert!(report.checked > 0);
     }

@@ -12,7 +12,7 @@
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
 use crate::error::Result;
-use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
 /// FNV-1a, 64 bits (offset 0xcbf29ce484222325, prime 0x100000001b3): the layer's share of the seed.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -39,26 +39,15 @@ pub fn layer_seed(seed: u64, name: &str) -> u64 {
     seed ^ fnv1a64(name.as_bytes())
 }
 
-/// Inverted dropout; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Dropout {
-    name: String,
-    ratio: f32,
-    /// Per element of the last train forward: `1 / (1 − ratio)` where kept, 0 where dropped
-    /// `(N, ...)`; backward multiplies by it.
-    mask: Vec<f32>,
-}
+/// Inverted dropout; see the module docs. Its state is the mask of the last train forward
+/// `(N, ...)`: `1 / (1 − ratio)` where kept, 0 where dropped; backward multiplies by it.
+pub type Dropout = CpuLayer<DropoutParams, Vec<f32>>;
 
 impl BuildCpu for DropoutParams {
     type Layer = Dropout;
 
-    /// The layer `name` (defaults and ranges: [`DropoutParams`]).
     fn build(&self, name: &str) -> Dropout {
-        Dropout {
-            name: name.to_string(),
-            ratio: self.ratio,
-            mask: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -70,7 +59,7 @@ impl Layer for Dropout {
     /// One bottom `(N, ...)`; the top has its shape.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let tops = elementwise_shape(&self.name, bottoms)?;
-        self.mask.resize(tops[0].iter().product(), 0.0);
+        self.state.resize(tops[0].iter().product(), 0.0);
         Ok(tops)
     }
 
@@ -82,17 +71,18 @@ impl Layer for Dropout {
             return;
         }
         let seed = layer_seed(ctx.seed, &self.name);
-        let scale = 1.0 / (1.0 - self.ratio);
+        let (ratio, mask) = (self.settings.ratio, &mut self.state);
+        let scale = 1.0 / (1.0 - ratio);
         let inner = bottom.inner().max(1);
         for (n, ((ys, xs), ms)) in y
             .chunks_exact_mut(inner)
             .zip(x.chunks_exact(inner))
-            .zip(self.mask.chunks_exact_mut(inner))
+            .zip(mask.chunks_exact_mut(inner))
             .enumerate()
         {
             let s = ctx.first_sample + n as u64;
             for (e, ((y, &x), m)) in ys.iter_mut().zip(xs).zip(ms).enumerate() {
-                let keep = dropout_uniform(seed, ctx.iter, s, e as u64) >= self.ratio;
+                let keep = dropout_uniform(seed, ctx.iter, s, e as u64) >= ratio;
                 *m = if keep { scale } else { 0.0 };
                 *y = x * *m;
             }
@@ -110,7 +100,7 @@ impl Layer for Dropout {
             dx.iter_mut().zip(dy).for_each(|(d, &g)| *d += g);
             return;
         }
-        for ((d, &g), &m) in dx.iter_mut().zip(dy).zip(&self.mask) {
+        for ((d, &g), &m) in dx.iter_mut().zip(dy).zip(&self.state) {
             *d += g * m;
         }
     }

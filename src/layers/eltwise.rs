@@ -7,34 +7,24 @@
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
-/// The element-wise layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Eltwise {
-    name: String,
-    op: EltwiseOp,
-    coeff: Option<Vec<f32>>,
-    /// Max: per top element, the index of the winning bottom.
-    argmax: Vec<u32>,
-}
+/// The element-wise layer; see the module docs. Its state (max): per top element, the index of
+/// the winning bottom.
+pub type Eltwise = CpuLayer<EltwiseParams, Vec<u32>>;
 
 impl BuildCpu for EltwiseParams {
     type Layer = Eltwise;
 
     fn build(&self, name: &str) -> Eltwise {
-        Eltwise {
-            name: name.to_string(),
-            op: self.operation,
-            coeff: self.coeff.clone(),
-            argmax: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
 impl Eltwise {
+    /// The coefficient of bottom `b` in a sum.
     fn coeff(&self, b: usize) -> f32 {
-        self.coeff.as_ref().map_or(1.0, |c| c[b])
+        self.settings.coeff.as_ref().map_or(1.0, |c| c[b])
     }
 }
 
@@ -55,7 +45,7 @@ impl Layer for Eltwise {
                 bottoms[0]
             ));
         }
-        if let Some(c) = &self.coeff {
+        if let Some(c) = &self.settings.coeff {
             if c.len() != bottoms.len() {
                 return err(format!(
                     "`coeff` has {} values for {} bottoms",
@@ -69,7 +59,7 @@ impl Layer for Eltwise {
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
         let (bottoms, y) = (pass.bottoms, &mut pass.tops[0].data);
-        match self.op {
+        match self.settings.operation {
             EltwiseOp::Sum => {
                 y.fill(0.0);
                 for (b, bottom) in bottoms.iter().enumerate() {
@@ -88,11 +78,11 @@ impl Layer for Eltwise {
                 }
             }
             EltwiseOp::Max => {
-                self.argmax.clear();
-                self.argmax.resize(y.len(), 0);
+                self.state.clear();
+                self.state.resize(y.len(), 0);
                 y.copy_from_slice(&bottoms[0].data);
                 for (b, bottom) in bottoms.iter().enumerate().skip(1) {
-                    for ((v, a), &x) in y.iter_mut().zip(&mut self.argmax).zip(&bottom.data) {
+                    for ((v, a), &x) in y.iter_mut().zip(&mut self.state).zip(&bottom.data) {
                         if x > *v {
                             *v = x;
                             *a = b as u32;
@@ -109,7 +99,7 @@ impl Layer for Eltwise {
             if !propagate_down[b] {
                 continue;
             }
-            match self.op {
+            match self.settings.operation {
                 EltwiseOp::Sum => {
                     let c = self.coeff(b);
                     for (d, &g) in bottoms[b].diff.iter_mut().zip(dy) {
@@ -126,7 +116,7 @@ impl Layer for Eltwise {
                     }
                 }
                 EltwiseOp::Max => {
-                    for ((d, &g), &a) in bottoms[b].diff.iter_mut().zip(dy).zip(&self.argmax) {
+                    for ((d, &g), &a) in bottoms[b].diff.iter_mut().zip(dy).zip(&self.state) {
                         if a as usize == b {
                             *d += g;
                         }

@@ -10,14 +10,17 @@
 
 use crate::config::layer_params::InnerProductParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, weight_and_bias, BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{
+    one_bottom, weight_and_bias, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer,
+};
 use crate::params::ParamSpec;
 
 /// The fully connected layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct InnerProduct {
-    name: String,
-    settings: InnerProductParams,
+pub type InnerProduct = CpuLayer<InnerProductParams, Rows>;
+
+/// The current bottom viewed as `(M, K)` rows of features.
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
     /// Input features per row, fixed by the first reshape.
     k: Option<usize>,
     /// Rows of the current bottom.
@@ -30,20 +33,18 @@ impl BuildCpu for InnerProductParams {
     type Layer = InnerProduct;
 
     fn build(&self, name: &str) -> InnerProduct {
-        InnerProduct {
-            name: name.to_string(),
-            settings: self.clone(),
-            k: None,
-            m: 0,
-            ones: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
 impl InnerProduct {
     /// `(M, N, K)`: rows, outputs and input features.
     fn dims(&self) -> (usize, usize, usize) {
-        (self.m, self.settings.num_output, self.k.unwrap_or(0))
+        (
+            self.state.m,
+            self.settings.num_output,
+            self.state.k.unwrap_or(0),
+        )
     }
 }
 
@@ -62,16 +63,16 @@ impl Layer for InnerProduct {
         }
         let m: usize = shape[..axis].iter().product();
         let k: usize = shape[axis..].iter().product();
-        match self.k {
+        match self.state.k {
             Some(k0) if k0 != k => {
                 return err(format!(
                     "bottom {shape:?} has {k} features from axis {axis}, the weight expects {k0}"
                 ))
             }
-            _ => self.k = Some(k),
+            _ => self.state.k = Some(k),
         }
-        self.m = m;
-        self.ones = vec![1.0; m];
+        self.state.m = m;
+        self.state.ones = vec![1.0; m];
         let mut top = shape[..axis].to_vec();
         top.push(self.settings.num_output);
         Ok(vec![top])
@@ -81,7 +82,7 @@ impl Layer for InnerProduct {
     fn param_specs(&self) -> Vec<ParamSpec> {
         let s = &self.settings;
         weight_and_bias(
-            vec![s.num_output, self.k.unwrap_or(0)],
+            vec![s.num_output, self.state.k.unwrap_or(0)],
             &s.weight_filler,
             s.bias_term.then_some(&s.bias_filler),
         )
@@ -95,7 +96,18 @@ impl Layer for InnerProduct {
         let bottom = &pass.bottoms[0].data;
         cpu.gemm(false, true, m, n, k, 1.0, bottom, params[0], 0.0, top);
         if self.settings.bias_term {
-            cpu.gemm(false, false, m, n, 1, 1.0, &self.ones, params[1], 1.0, top);
+            cpu.gemm(
+                false,
+                false,
+                m,
+                n,
+                1,
+                1.0,
+                &self.state.ones,
+                params[1],
+                1.0,
+                top,
+            );
         }
     }
 
@@ -126,7 +138,7 @@ impl Layer for InnerProduct {
                 m,
                 1.0,
                 dy,
-                &self.ones,
+                &self.state.ones,
                 1.0,
                 param_diffs[1],
             );

@@ -4,10 +4,14 @@
 //! its layer's file, and [`build`], generated from the registry, which turns a layer's resolved
 //! parameters into a boxed layer.
 //!
+//! A layer is its name, its resolved parameters and the state its passes keep: [`CpuLayer`]`<P,
+//! S>`, e.g. `Softmax = CpuLayer<SoftmaxParams, AxisView>`; the elementwise and shape-only
+//! families share one body each (`neuron.rs`, `reshaping.rs`).
+//!
 //! Adding a layer type (the whole list is in [`crate::config::layer_params`]): its file here
-//! holds the layer, its `impl Layer`, its `impl BuildCpu for ItsParams` and its tests, a
-//! gradient check ([`gradient_check`]) among them; `build` picks it up from the registry line, and
-//! a kind whose parameters lack `BuildCpu` does not compile.
+//! holds the layer (its state type and `impl Layer`), `impl BuildCpu for ItsParams` and its
+//! tests, a gradient check ([`gradient_check`]) among them; `build` picks it up from the registry
+//! line, and a kind whose parameters lack `BuildCpu` does not compile.
 //!
 //! Conventions:
 //! - Blobs are row-major with the batch first: `(N, ...)`.
@@ -185,6 +189,29 @@ pub trait Layer: Send {
     fn backward(&mut self, pass: BackwardPass<'_>);
 }
 
+/// A CPU layer of one kind: its name, its resolved parameters `P` (its settings) and the state
+/// `S` its reshape and passes keep, empty until the first reshape (Caffe's `Layer` base class
+/// holds the same: the layer's parameters and what the derived layer stores). The elementwise
+/// and shape-only families have bodies of their own (`NeuronLayer`, `ReshapingLayer`).
+#[derive(Debug, Clone)]
+pub struct CpuLayer<P, S> {
+    /// For errors, and for keys of randomness (Dropout).
+    name: String,
+    settings: P,
+    state: S,
+}
+
+impl<P: Clone, S: Default> CpuLayer<P, S> {
+    /// The layer `name` with `settings` and an empty state.
+    pub fn new(name: &str, settings: &P) -> Self {
+        CpuLayer {
+            name: name.to_string(),
+            settings: settings.clone(),
+            state: S::default(),
+        }
+    }
+}
+
 /// The CPU column of the layer registry: a kind's resolved parameters build its layer. Every
 /// parameter struct of [`crate::config::layer_params`] implements it in its layer's file.
 pub trait BuildCpu {
@@ -241,6 +268,26 @@ pub(crate) fn axes_end(axis: usize, num_axes: i64, rank: usize) -> Option<usize>
         -1 => Some(rank),
         n if n >= 0 && axis + n as usize <= rank => Some(axis + n as usize),
         _ => None,
+    }
+}
+
+/// A shape viewed as `(outer, dim, inner)` around some of its axes: the product of the axes
+/// before them, of them, and after them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AxisView {
+    pub outer: usize,
+    pub dim: usize,
+    pub inner: usize,
+}
+
+impl AxisView {
+    /// `shape` around its axes `axes`.
+    pub fn around(shape: &[usize], axes: std::ops::Range<usize>) -> Self {
+        AxisView {
+            outer: shape[..axes.start].iter().product(),
+            dim: shape[axes.clone()].iter().product(),
+            inner: shape[axes.end..].iter().product(),
+        }
     }
 }
 

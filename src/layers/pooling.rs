@@ -15,17 +15,16 @@ use crate::config::layer_params::PoolingParams;
 use crate::config::PoolMethod;
 use crate::error::{Error, Result};
 use crate::layers::spatial::{image_bottom, Pair};
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
 /// The pooling layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Pooling {
-    name: String,
-    method: PoolMethod,
-    global: bool,
+pub type Pooling = CpuLayer<PoolingParams, Windows>;
+
+/// The windows over the current bottom, and where the maxima of the last forward were.
+#[derive(Debug, Clone, Default)]
+pub struct Windows {
+    /// The settings' kernel, or the whole image with `global_pooling`.
     kernel: Pair,
-    stride: Pair,
-    pad: Pair,
     /// `(N·C)` planes of the current bottom.
     planes: usize,
     input: Pair,
@@ -51,18 +50,7 @@ impl BuildCpu for PoolingParams {
     type Layer = Pooling;
 
     fn build(&self, name: &str) -> Pooling {
-        Pooling {
-            name: name.to_string(),
-            method: self.method,
-            global: self.global,
-            kernel: self.kernel,
-            stride: self.stride,
-            pad: self.pad,
-            planes: 0,
-            input: [0; 2],
-            output: [0; 2],
-            argmax: Vec::new(),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -70,11 +58,11 @@ impl Pooling {
     /// The clipped window of output `o` on one axis: `(start, end, divisor extent)`.
     #[inline]
     fn window(&self, a: usize, o: usize) -> (usize, usize, usize) {
-        let start = (o * self.stride[a]) as isize - self.pad[a] as isize;
-        let end_padded =
-            (start + self.kernel[a] as isize).min((self.input[a] + self.pad[a]) as isize);
+        let (pad, input) = (self.settings.pad[a], self.state.input[a]);
+        let start = (o * self.settings.stride[a]) as isize - pad as isize;
+        let end_padded = (start + self.state.kernel[a] as isize).min((input + pad) as isize);
         let extent = (end_padded - start) as usize;
-        let end = end_padded.min(self.input[a] as isize) as usize;
+        let end = end_padded.min(input as isize) as usize;
         (start.max(0) as usize, end, extent)
     }
 }
@@ -88,17 +76,20 @@ impl Layer for Pooling {
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let err = |msg: String| Err(Error::net(&self.name, msg));
         let shape @ [n, c, h, w] = image_bottom(&self.name, "pooling", bottoms)?;
-        if self.global {
-            self.kernel = [h, w];
-        }
+        let PoolingParams {
+            global,
+            stride,
+            pad,
+            ..
+        } = self.settings;
+        let kernel = if global { [h, w] } else { self.settings.kernel };
         let mut output = [0; 2];
         for (a, size) in [h, w].into_iter().enumerate() {
-            match pooled_size(size, self.kernel[a], self.stride[a], self.pad[a]) {
+            match pooled_size(size, kernel[a], stride[a], pad[a]) {
                 Some(o) => output[a] = o,
                 None => {
                     return err(format!(
-                        "the kernel {:?} is larger than the padded input of bottom {shape:?}",
-                        self.kernel
+                        "the kernel {kernel:?} is larger than the padded input of bottom {shape:?}"
                     ))
                 }
             }
@@ -106,29 +97,28 @@ impl Layer for Pooling {
         if (h * w) as u64 > u32::MAX as u64 {
             return err(format!("bottom {shape:?}: an image plane is too large"));
         }
-        self.planes = n * c;
-        self.input = [h, w];
-        self.output = output;
+        let st = &mut self.state;
+        (st.kernel, st.planes, st.input, st.output) = (kernel, n * c, [h, w], output);
         Ok(vec![vec![n, c, output[0], output[1]]])
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let [h, w] = self.input;
-        let [oh, ow] = self.output;
+        let ([h, w], [oh, ow]) = (self.state.input, self.state.output);
+        let method = self.settings.method;
         let x = &pass.bottoms[0].data;
         let y = &mut pass.tops[0].data;
-        if self.method == PoolMethod::Max {
+        if method == PoolMethod::Max {
             // A no-op after the first step at a given batch size.
-            self.argmax.resize(y.len(), 0);
+            self.state.argmax.resize(y.len(), 0);
         }
-        for p in 0..self.planes {
+        for p in 0..self.state.planes {
             let plane = &x[p * h * w..(p + 1) * h * w];
             for oy in 0..oh {
                 let (y0, y1, ey) = self.window(0, oy);
                 for ox in 0..ow {
                     let (x0, x1, ex) = self.window(1, ox);
                     let t = (p * oh + oy) * ow + ox;
-                    match self.method {
+                    match method {
                         PoolMethod::Max => {
                             let mut best = f32::NEG_INFINITY;
                             let mut at = y0 * w + x0;
@@ -142,7 +132,7 @@ impl Layer for Pooling {
                                 }
                             }
                             y[t] = best;
-                            self.argmax[t] = at as u32;
+                            self.state.argmax[t] = at as u32;
                         }
                         PoolMethod::Ave => {
                             let mut sum = 0.0;
@@ -162,17 +152,16 @@ impl Layer for Pooling {
         let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
         };
-        let [h, w] = self.input;
-        let [oh, ow] = self.output;
+        let ([h, w], [oh, ow]) = (self.state.input, self.state.output);
         let (dy, dx) = (&top.diff, &mut bottom.diff);
-        for p in 0..self.planes {
+        for p in 0..self.state.planes {
             let plane = &mut dx[p * h * w..(p + 1) * h * w];
             for oy in 0..oh {
                 let (y0, y1, ey) = self.window(0, oy);
                 for ox in 0..ow {
                     let t = (p * oh + oy) * ow + ox;
-                    match self.method {
-                        PoolMethod::Max => plane[self.argmax[t] as usize] += dy[t],
+                    match self.settings.method {
+                        PoolMethod::Max => plane[self.state.argmax[t] as usize] += dy[t],
                         PoolMethod::Ave => {
                             let (x0, x1, ex) = self.window(1, ox);
                             let g = dy[t] / (ey * ex) as f32;

@@ -14,26 +14,17 @@
 use crate::config::layer_params::ScaleParams;
 use crate::error::Result;
 use crate::layers::broadcast::Broadcast;
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
 /// The scale layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Scale {
-    name: String,
-    settings: ScaleParams,
-    scale: Broadcast,
-}
+pub type Scale = CpuLayer<ScaleParams, Broadcast>;
 
 impl BuildCpu for ScaleParams {
     type Layer = Scale;
 
     fn build(&self, name: &str) -> Scale {
-        Scale {
-            name: name.to_string(),
-            settings: self.clone(),
-            scale: Broadcast::new(self.axis, self.num_axes),
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -44,20 +35,21 @@ impl Layer for Scale {
 
     /// Bottoms `(d0, …)` and optionally the scale; top `(d0, …)`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        self.scale.reshape(&self.name, bottoms)
+        let axes = (self.settings.axis, self.settings.num_axes);
+        self.state.reshape(&self.name, axes, bottoms)
     }
 
     /// `scale` (one bottom only), then `bias` when `bias_term`; both of the broadcast shape.
     fn param_specs(&self) -> Vec<ParamSpec> {
         let s = &self.settings;
-        let scale = (!self.scale.from_bottom).then(|| self.scale.spec("scale", &s.filler));
-        let bias = s.bias_term.then(|| self.scale.spec("bias", &s.bias_filler));
+        let scale = (!self.state.from_bottom).then(|| self.state.spec("scale", &s.filler));
+        let bias = s.bias_term.then(|| self.state.spec("bias", &s.bias_filler));
         scale.into_iter().chain(bias).collect()
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let Broadcast { dim, inner, .. } = self.scale;
-        let (scale, bias) = match self.scale.from_bottom {
+        let Broadcast { dim, inner, .. } = self.state;
+        let (scale, bias) = match self.state.from_bottom {
             true => (&pass.bottoms[1].data[..], pass.params.first().copied()),
             false => (pass.params[0], pass.params.get(1).copied()),
         };
@@ -74,12 +66,12 @@ impl Layer for Scale {
 
     /// `dbottom += dtop · scale`; `dscale[s] += Σ dtop · bottom`; `dbias[s] += Σ dtop`.
     fn backward(&mut self, pass: BackwardPass<'_>) {
-        let Broadcast { dim, inner, .. } = self.scale;
+        let Broadcast { dim, inner, .. } = self.state;
         let (dy, propagate_down, param_diffs) =
             (&pass.tops[0].diff, pass.propagate_down, pass.param_diffs);
         let (first, rest) = pass.bottoms.split_at_mut(1);
         let x = &mut first[0];
-        let learn_scale = !self.scale.from_bottom;
+        let learn_scale = !self.state.from_bottom;
         let want_scale = learn_scale || propagate_down.get(1) == Some(&true);
         if want_scale {
             let ds = match learn_scale {
@@ -91,7 +83,7 @@ impl Layer for Scale {
             }
         }
         if self.settings.bias_term {
-            self.scale
+            self.state
                 .add_row_sums(dy, param_diffs[learn_scale as usize]);
         }
         if propagate_down[0] {

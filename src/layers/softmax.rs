@@ -5,30 +5,16 @@
 
 use crate::config::layer_params::SoftmaxParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
-/// The softmax layer; see the module docs.
-#[derive(Debug, Clone)]
-pub struct Softmax {
-    name: String,
-    axis: usize,
-    outer: usize,
-    channels: usize,
-    inner: usize,
-}
+/// The softmax layer; see the module docs. Its state: the bottom viewed as `(outer, C, inner)`.
+pub type Softmax = CpuLayer<SoftmaxParams, AxisView>;
 
 impl BuildCpu for SoftmaxParams {
     type Layer = Softmax;
 
-    /// The layer `name` (defaults and ranges: [`SoftmaxParams`]).
     fn build(&self, name: &str) -> Softmax {
-        Softmax {
-            name: name.to_string(),
-            axis: self.axis,
-            outer: 0,
-            channels: 0,
-            inner: 0,
-        }
+        CpuLayer::new(name, self)
     }
 }
 
@@ -39,23 +25,26 @@ impl Layer for Softmax {
 
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let shape = one_bottom(&self.name, bottoms)?;
-        if self.axis >= shape.len() {
+        let axis = self.settings.axis;
+        if axis >= shape.len() {
             return Err(Error::net(
                 &self.name,
-                format!("`axis` {} is out of range for bottom {shape:?}", self.axis),
+                format!("`axis` {axis} is out of range for bottom {shape:?}"),
             ));
         }
-        self.outer = shape[..self.axis].iter().product();
-        self.channels = shape[self.axis];
-        self.inner = shape[self.axis + 1..].iter().product();
+        self.state = AxisView::around(shape, axis..axis + 1);
         Ok(vec![shape.to_vec()])
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let (c, inner) = (self.channels, self.inner);
+        let AxisView {
+            outer,
+            dim: c,
+            inner,
+        } = self.state;
         let x = &pass.bottoms[0].data;
         let y = &mut pass.tops[0].data;
-        for o in 0..self.outer {
+        for o in 0..outer {
             for i in 0..inner {
                 let at = |k: usize| (o * c + k) * inner + i;
                 let max = (0..c).map(|k| x[at(k)]).fold(f32::NEG_INFINITY, f32::max);
@@ -76,9 +65,13 @@ impl Layer for Softmax {
         let Some((top, bottom)) = pass.top_and_bottom() else {
             return;
         };
-        let (c, inner) = (self.channels, self.inner);
+        let AxisView {
+            outer,
+            dim: c,
+            inner,
+        } = self.state;
         let (y, dy, dx) = (&top.data, &top.diff, &mut bottom.diff);
-        for o in 0..self.outer {
+        for o in 0..outer {
             for i in 0..inner {
                 let at = |k: usize| (o * c + k) * inner + i;
                 let dot: f32 = (0..c).map(|k| dy[at(k)] * y[at(k)]).sum();

@@ -15,52 +15,41 @@
 
 use crate::config::layer_params::SoftmaxWithLossParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, ForwardPass, Layer};
+use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
 
 /// Softmax and multinomial logistic loss; see the module docs.
-#[derive(Debug, Clone)]
-pub struct SoftmaxWithLoss {
-    name: String,
-    axis: usize,
-    ignore_label: Option<i64>,
-    /// Rows `N` and classes `C` of the current scores.
-    rows: usize,
+pub type SoftmaxWithLoss = CpuLayer<SoftmaxWithLossParams, Probabilities>;
+
+/// What SoftmaxWithLoss keeps from its last forward for its backward.
+#[derive(Debug, Clone, Default)]
+pub struct Probabilities {
+    /// Classes `C` of the current scores.
     classes: usize,
-    /// `(N, C)` softmax probabilities of the last forward.
+    /// `(N, C)` softmax probabilities.
     prob: Vec<f32>,
-    /// `(N)` label of each row of the last forward; `None` where ignored.
+    /// `(N)` label of each row; `None` where ignored.
     targets: Vec<Option<usize>>,
-    /// Valid rows `V` of the last forward.
+    /// Valid rows `V`.
     valid: usize,
 }
 
 impl BuildCpu for SoftmaxWithLossParams {
     type Layer = SoftmaxWithLoss;
 
-    /// The layer `name` (defaults and ranges: [`SoftmaxWithLossParams`]).
     fn build(&self, name: &str) -> SoftmaxWithLoss {
-        SoftmaxWithLoss {
-            name: name.to_string(),
-            axis: self.axis,
-            ignore_label: self.ignore_label,
-            rows: 0,
-            classes: 0,
-            prob: Vec::new(),
-            targets: Vec::new(),
-            valid: 0,
-        }
+        CpuLayer::new(name, self)
     }
 }
 
 impl SoftmaxWithLoss {
     /// `(N, C)` softmax probabilities of the last forward.
     pub fn prob(&self) -> &[f32] {
-        &self.prob
+        &self.state.prob
     }
 
     /// Samples of the last forward whose label is not `ignore_label`.
     pub fn valid(&self) -> usize {
-        self.valid
+        self.state.valid
     }
 }
 
@@ -130,11 +119,11 @@ impl Layer for SoftmaxWithLoss {
 
     /// Scores `(N, C)` and labels `(N)`; top `[]`.
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
-        let (rows, classes) = rows_and_classes(&self.name, self.axis, bottoms)?;
-        self.rows = rows;
-        self.classes = classes;
-        self.prob.resize(rows * classes, 0.0);
-        self.targets.resize(rows, None);
+        let (rows, classes) = rows_and_classes(&self.name, self.settings.axis, bottoms)?;
+        let state = &mut self.state;
+        state.classes = classes;
+        state.prob.resize(rows * classes, 0.0);
+        state.targets.resize(rows, None);
         Ok(vec![vec![]])
     }
 
@@ -145,14 +134,15 @@ impl Layer for SoftmaxWithLoss {
     /// # Panics
     /// On a label that is not `ignore_label` and not an integer in `[0, C)`.
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let c = self.classes;
+        let (ignore_label, state) = (self.settings.ignore_label, &mut self.state);
+        let c = state.classes;
         let scores = &pass.bottoms[0].data;
         let labels = &pass.bottoms[1].data;
         let mut loss = 0.0f64;
-        self.valid = 0;
+        state.valid = 0;
         for (i, (row, prob)) in scores
             .chunks_exact(c)
-            .zip(self.prob.chunks_exact_mut(c))
+            .zip(state.prob.chunks_exact_mut(c))
             .enumerate()
         {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -164,13 +154,13 @@ impl Layer for SoftmaxWithLoss {
             let inv = 1.0 / sum;
             prob.iter_mut().for_each(|p| *p *= inv);
 
-            self.targets[i] = class_of(&self.name, labels[i], self.ignore_label, c, i);
-            if let Some(l) = self.targets[i] {
+            state.targets[i] = class_of(&self.name, labels[i], ignore_label, c, i);
+            if let Some(l) = state.targets[i] {
                 loss -= (prob[l].max(f32::MIN_POSITIVE) as f64).ln();
-                self.valid += 1;
+                state.valid += 1;
             }
         }
-        pass.tops[0].data[0] = (loss / self.valid.max(1) as f64) as f32;
+        pass.tops[0].data[0] = (loss / state.valid.max(1) as f64) as f32;
     }
 
     /// `dscores += w · (p − onehot) / V` on valid rows, `w = tops[0].diff[0]`.
@@ -178,13 +168,14 @@ impl Layer for SoftmaxWithLoss {
         let Some((top, scores)) = pass.top_and_bottom() else {
             return;
         };
-        let c = self.classes;
-        let scale = top.diff[0] / self.valid.max(1) as f32;
+        let state = &self.state;
+        let c = state.classes;
+        let scale = top.diff[0] / state.valid.max(1) as f32;
         let rows = scores
             .diff
             .chunks_exact_mut(c)
-            .zip(self.prob.chunks_exact(c));
-        for ((diff, prob), target) in rows.zip(&self.targets) {
+            .zip(state.prob.chunks_exact(c));
+        for ((diff, prob), target) in rows.zip(&state.targets) {
             if let Some(l) = *target {
                 for (d, &p) in diff.iter_mut().zip(prob) {
                     *d += scale * p;
