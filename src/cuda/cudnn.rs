@@ -199,41 +199,112 @@ fn format(layout: Layout) -> cudnnTensorFormat_t {
     }
 }
 
-/// A packed FP32 tensor descriptor, NCHW or NHWC.
+/// What distinguishes the two 4-D descriptors, [`TensorDesc`] and [`FilterDesc`]: cuDNN's calls
+/// that create, set (packed FP32 in a [`Layout`]) and destroy one.
+pub trait DescKind {
+    /// The opaque struct the descriptor points to.
+    type Raw;
+    /// The names of the create and set calls, in errors.
+    const CALLS: [&'static str; 2];
+
+    /// Creates a descriptor into `raw`.
+    ///
+    /// # Safety
+    /// `raw` is writable.
+    unsafe fn create(raw: *mut *mut Self::Raw) -> cudnnStatus_t;
+
+    /// Sets the live descriptor `raw` to the four dimensions `dims`, FP32, stored in `layout`.
+    ///
+    /// # Safety
+    /// `raw` is live.
+    unsafe fn set(raw: *mut Self::Raw, layout: Layout, dims: [i32; 4]) -> cudnnStatus_t;
+
+    /// Destroys the live descriptor `raw`.
+    ///
+    /// # Safety
+    /// `raw` is live, and not used afterwards.
+    unsafe fn destroy(raw: *mut Self::Raw) -> cudnnStatus_t;
+}
+
+/// [`TensorDesc`]'s kind: `(n, c, h, w)` stored NCHW or NHWC.
 #[derive(Debug)]
-pub struct TensorDesc {
-    raw: sys::cudnnTensorDescriptor_t,
-    /// `(N, C, H, W)` it describes.
+pub enum Tensor {}
+
+/// [`FilterDesc`]'s kind: `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, stored KCRS
+/// (`Layout::Nchw`) or KRSC (`Layout::Nhwc`).
+#[derive(Debug)]
+pub enum Filter {}
+
+impl DescKind for Tensor {
+    type Raw = sys::cudnnTensorStruct;
+    const CALLS: [&'static str; 2] = ["cudnnCreateTensorDescriptor", "cudnnSetTensor4dDescriptor"];
+
+    unsafe fn create(raw: *mut sys::cudnnTensorDescriptor_t) -> cudnnStatus_t {
+        sys::cudnnCreateTensorDescriptor(raw)
+    }
+
+    unsafe fn set(raw: sys::cudnnTensorDescriptor_t, l: Layout, d: [i32; 4]) -> cudnnStatus_t {
+        sys::cudnnSetTensor4dDescriptor(raw, format(l), FLOAT, d[0], d[1], d[2], d[3])
+    }
+
+    unsafe fn destroy(raw: sys::cudnnTensorDescriptor_t) -> cudnnStatus_t {
+        sys::cudnnDestroyTensorDescriptor(raw)
+    }
+}
+
+impl DescKind for Filter {
+    type Raw = sys::cudnnFilterStruct;
+    const CALLS: [&'static str; 2] = ["cudnnCreateFilterDescriptor", "cudnnSetFilter4dDescriptor"];
+
+    unsafe fn create(raw: *mut sys::cudnnFilterDescriptor_t) -> cudnnStatus_t {
+        sys::cudnnCreateFilterDescriptor(raw)
+    }
+
+    unsafe fn set(raw: sys::cudnnFilterDescriptor_t, l: Layout, d: [i32; 4]) -> cudnnStatus_t {
+        sys::cudnnSetFilter4dDescriptor(raw, FLOAT, format(l), d[0], d[1], d[2], d[3])
+    }
+
+    unsafe fn destroy(raw: sys::cudnnFilterDescriptor_t) -> cudnnStatus_t {
+        sys::cudnnDestroyFilterDescriptor(raw)
+    }
+}
+
+/// cuDNN's name of the element type of every descriptor here.
+const FLOAT: cudnnDataType_t = cudnnDataType_t::CUDNN_DATA_FLOAT;
+
+/// A packed FP32 4-D descriptor of kind `K`, owning its cuDNN descriptor.
+#[derive(Debug)]
+pub struct Desc4<K: DescKind> {
+    raw: *mut K::Raw,
+    /// The four dimensions it describes.
     pub dims: [usize; 4],
 }
 
-// SAFETY: a descriptor is plain host memory owned by this value.
-unsafe impl Send for TensorDesc {}
+/// A packed FP32 tensor descriptor `(n, c, h, w)`, NCHW or NHWC.
+pub type TensorDesc = Desc4<Tensor>;
 
-impl TensorDesc {
-    /// A descriptor of `(n, c, h, w)` stored in `layout`.
-    pub fn new(dims: [usize; 4], layout: Layout) -> Result<TensorDesc> {
-        let mut raw: sys::cudnnTensorDescriptor_t = std::ptr::null_mut();
+/// An FP32 filter descriptor `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, KCRS or KRSC.
+pub type FilterDesc = Desc4<Filter>;
+
+// SAFETY: a descriptor is plain host memory owned by this value.
+unsafe impl<K: DescKind> Send for Desc4<K> {}
+
+impl<K: DescKind> Desc4<K> {
+    /// A descriptor of `dims` stored in `layout`.
+    pub fn new(dims: [usize; 4], layout: Layout) -> Result<Self> {
+        let [create, set] = K::CALLS;
+        let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is writable.
-        check("cudnnCreateTensorDescriptor", unsafe {
-            sys::cudnnCreateTensorDescriptor(&mut raw)
-        })?;
-        let d = TensorDesc { raw, dims };
-        let op = "cudnnSetTensor4dDescriptor";
-        let [n, c, h, w] = dims;
-        let (n, c, h, w) = (int(op, n)?, int(op, c)?, int(op, h)?, int(op, w)?);
+        check(create, unsafe { K::create(&mut raw) })?;
+        let d = Desc4 { raw, dims };
+        let ints = [
+            int(set, dims[0])?,
+            int(set, dims[1])?,
+            int(set, dims[2])?,
+            int(set, dims[3])?,
+        ];
         // SAFETY: live descriptor.
-        check(op, unsafe {
-            sys::cudnnSetTensor4dDescriptor(
-                d.raw,
-                format(layout),
-                cudnnDataType_t::CUDNN_DATA_FLOAT,
-                n,
-                c,
-                h,
-                w,
-            )
-        })?;
+        check(set, unsafe { K::set(d.raw, layout, ints) })?;
         Ok(d)
     }
 
@@ -243,59 +314,10 @@ impl TensorDesc {
     }
 }
 
-impl Drop for TensorDesc {
+impl<K: DescKind> Drop for Desc4<K> {
     fn drop(&mut self) {
         // SAFETY: live descriptor, destroyed once.
-        let _ = unsafe { sys::cudnnDestroyTensorDescriptor(self.raw) };
-    }
-}
-
-/// An FP32 filter descriptor: `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, stored KCRS
-/// (`Layout::Nchw`) or KRSC (`Layout::Nhwc`).
-#[derive(Debug)]
-pub struct FilterDesc {
-    raw: sys::cudnnFilterDescriptor_t,
-    pub dims: [usize; 4],
-}
-
-// SAFETY: as for `TensorDesc`.
-unsafe impl Send for FilterDesc {}
-
-impl FilterDesc {
-    pub fn new(dims: [usize; 4], layout: Layout) -> Result<FilterDesc> {
-        let mut raw: sys::cudnnFilterDescriptor_t = std::ptr::null_mut();
-        // SAFETY: `raw` is writable.
-        check("cudnnCreateFilterDescriptor", unsafe {
-            sys::cudnnCreateFilterDescriptor(&mut raw)
-        })?;
-        let d = FilterDesc { raw, dims };
-        let op = "cudnnSetFilter4dDescriptor";
-        let [k, c, r, s] = dims;
-        let (k, c, r, s) = (int(op, k)?, int(op, c)?, int(op, r)?, int(op, s)?);
-        // SAFETY: live descriptor.
-        check(op, unsafe {
-            sys::cudnnSetFilter4dDescriptor(
-                d.raw,
-                cudnnDataType_t::CUDNN_DATA_FLOAT,
-                format(layout),
-                k,
-                c,
-                r,
-                s,
-            )
-        })?;
-        Ok(d)
-    }
-
-    pub fn count(&self) -> usize {
-        self.dims.iter().product()
-    }
-}
-
-impl Drop for FilterDesc {
-    fn drop(&mut self) {
-        // SAFETY: live descriptor, destroyed once.
-        let _ = unsafe { sys::cudnnDestroyFilterDescriptor(self.raw) };
+        let _ = unsafe { K::destroy(self.raw) };
     }
 }
 
@@ -317,7 +339,7 @@ pub struct ConvDesc {
     pub math: MathMode,
 }
 
-// SAFETY: as for `TensorDesc`.
+// SAFETY: as for `Desc4`.
 unsafe impl Send for ConvDesc {}
 
 impl ConvDesc {
@@ -355,7 +377,7 @@ impl ConvDesc {
                 int(op, g.dilation[0])?,
                 int(op, g.dilation[1])?,
                 sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                cudnnDataType_t::CUDNN_DATA_FLOAT,
+                FLOAT,
             )
         })?;
         let op = "cudnnSetConvolutionGroupCount";
@@ -559,15 +581,15 @@ fn fastest_candidate(
             match direction {
                 0 => {
                     let algo = fwd_algo(algo).unwrap_or(FALLBACK.0);
-                    conv_forward(dnn, (x, xp), (w, wp), conv, algo, work, 0.0, (y, yp))
+                    conv_forward(dnn, (x, xp), (w, wp), (conv, algo), work, 0.0, (y, yp))
                 }
                 1 => {
                     let algo = bwd_data_algo(algo).unwrap_or(FALLBACK.1);
-                    conv_backward_data(dnn, (w, wp), (y, yp), conv, algo, work, 0.0, (x, xp))
+                    conv_backward_data(dnn, (w, wp), (y, yp), (conv, algo), work, 0.0, (x, xp))
                 }
                 _ => {
                     let algo = bwd_filter_algo(algo).unwrap_or(FALLBACK.2);
-                    conv_backward_filter(dnn, (x, xp), (y, yp), conv, algo, work, 0.0, (w, wp))
+                    conv_backward_filter(dnn, (x, xp), (y, yp), (conv, algo), work, 0.0, (w, wp))
                 }
             }
         }
@@ -820,41 +842,20 @@ impl ConvAlgos {
         };
 
         let (mut a, mut b, mut c) = (0usize, 0usize, 0usize);
+        let (h, x, w, y) = (dnn.raw, x.raw, w.raw, y.raw);
+        let (fc, dc, wc) = (fwd.conv.raw, bwd_data.conv.raw, bwd_filter.conv.raw);
+        let (fa, da, wa) = (fwd.algo, bwd_data.algo, bwd_filter.algo);
         // SAFETY: live descriptors, writable sizes.
         check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
-            sys::cudnnGetConvolutionForwardWorkspaceSize(
-                dnn.raw,
-                x.raw,
-                w.raw,
-                fwd.conv.raw,
-                y.raw,
-                fwd.algo,
-                &mut a,
-            )
+            sys::cudnnGetConvolutionForwardWorkspaceSize(h, x, w, fc, y, fa, &mut a)
         })?;
         // SAFETY: as above.
         check("cudnnGetConvolutionBackwardDataWorkspaceSize", unsafe {
-            sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
-                dnn.raw,
-                w.raw,
-                y.raw,
-                bwd_data.conv.raw,
-                x.raw,
-                bwd_data.algo,
-                &mut b,
-            )
+            sys::cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, dc, x, da, &mut b)
         })?;
         // SAFETY: as above.
         check("cudnnGetConvolutionBackwardFilterWorkspaceSize", unsafe {
-            sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                dnn.raw,
-                x.raw,
-                y.raw,
-                bwd_filter.conv.raw,
-                w.raw,
-                bwd_filter.algo,
-                &mut c,
-            )
+            sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, wc, w, wa, &mut c)
         })?;
         Ok(ConvAlgos {
             fwd,
@@ -875,109 +876,69 @@ pub struct Workspace {
     pub bytes: usize,
 }
 
-/// Calls the cuDNN convolution routine `$f` (the forward and both backwards take the same
-/// parameters but for the algorithm's type) with `alpha = 1`: `$a` and `$b` the two operands it
-/// reads and `$out` the one it writes, each a `(descriptor, device pointer)` pair, scaled by
-/// `beta` before the sum is added.
+/// Declares the safe-signature wrapper `$name` of the cuDNN convolution routine `$f` (the
+/// forward and both backwards take the same parameters but for the types of the operands and of
+/// the algorithm): `alpha = 1`, `$a` and `$b` the two operands it reads and `$out` the one it
+/// writes, each a `(descriptor, device pointer)` pair, scaled by `beta` before the sum is added.
 macro_rules! convolution_call {
-    ($f:ident, $dnn:expr, $a:expr, $b:expr, $conv:expr, $algo:expr, $ws:expr, $beta:expr,
-        $out:expr) => {{
-        let alpha = 1.0f32;
-        check(
-            stringify!($f),
-            sys::$f(
-                $dnn.raw,
-                &alpha as *const f32 as *const c_void,
-                $a.0.raw,
-                $a.1 as *const c_void,
-                $b.0.raw,
-                $b.1 as *const c_void,
-                $conv.raw,
-                $algo,
-                $ws.ptr as *mut c_void,
-                $ws.bytes,
-                &$beta as *const f32 as *const c_void,
-                $out.0.raw,
-                $out.1 as *mut c_void,
-            ),
-        )
-    }};
+    ($(#[$doc:meta])* $name:ident = $f:ident(
+        $a:ident: $ad:ty, $b:ident: $bd:ty, $algo:ty
+    ) -> $out:ident: $od:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Every pointer must address the elements its descriptor describes on the handle's
+        /// device (the workspace at least `ws.bytes` bytes), alive until the stream has run the
+        /// call.
+        pub unsafe fn $name(
+            dnn: &Cudnn,
+            $a: (&$ad, u64),
+            $b: (&$bd, u64),
+            (conv, algo): (&ConvDesc, $algo),
+            ws: Workspace,
+            beta: f32,
+            $out: (&$od, u64),
+        ) -> Result<()> {
+            let alpha = 1.0f32;
+            check(
+                stringify!($f),
+                sys::$f(
+                    dnn.raw,
+                    &alpha as *const f32 as *const c_void,
+                    $a.0.raw,
+                    $a.1 as *const c_void,
+                    $b.0.raw,
+                    $b.1 as *const c_void,
+                    conv.raw,
+                    algo,
+                    ws.ptr as *mut c_void,
+                    ws.bytes,
+                    &beta as *const f32 as *const c_void,
+                    $out.0.raw,
+                    $out.1 as *mut c_void,
+                ),
+            )
+        }
+    };
 }
 
-/// `y = alpha · conv(x, w) + beta · y`.
-///
-/// # Safety
-/// Every pointer must address the elements its descriptor describes on the handle's device
-/// (`workspace` at least `ws.bytes` bytes), alive until the stream has run the call.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn conv_forward(
-    dnn: &Cudnn,
-    x: (&TensorDesc, u64),
-    w: (&FilterDesc, u64),
-    conv: &ConvDesc,
-    algo: FwdAlgo,
-    ws: Workspace,
-    beta: f32,
-    y: (&TensorDesc, u64),
-) -> Result<()> {
-    convolution_call!(cudnnConvolutionForward, dnn, x, w, conv, algo, ws, beta, y)
-}
+convolution_call!(
+    /// `y = conv(x, w) + beta · y`.
+    conv_forward = cudnnConvolutionForward(x: TensorDesc, w: FilterDesc, FwdAlgo) -> y: TensorDesc
+);
 
-/// `dx = conv_transpose(dy, w) + beta · dx`.
-///
-/// # Safety
-/// As [`conv_forward`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn conv_backward_data(
-    dnn: &Cudnn,
-    w: (&FilterDesc, u64),
-    dy: (&TensorDesc, u64),
-    conv: &ConvDesc,
-    algo: BwdDataAlgo,
-    ws: Workspace,
-    beta: f32,
-    dx: (&TensorDesc, u64),
-) -> Result<()> {
-    convolution_call!(
-        cudnnConvolutionBackwardData,
-        dnn,
-        w,
-        dy,
-        conv,
-        algo,
-        ws,
-        beta,
-        dx
-    )
-}
+convolution_call!(
+    /// `dx = conv_transpose(dy, w) + beta · dx`.
+    conv_backward_data =
+        cudnnConvolutionBackwardData(w: FilterDesc, dy: TensorDesc, BwdDataAlgo) -> dx: TensorDesc
+);
 
-/// `dw = corr(x, dy) + beta · dw`.
-///
-/// # Safety
-/// As [`conv_forward`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn conv_backward_filter(
-    dnn: &Cudnn,
-    x: (&TensorDesc, u64),
-    dy: (&TensorDesc, u64),
-    conv: &ConvDesc,
-    algo: BwdFilterAlgo,
-    ws: Workspace,
-    beta: f32,
-    dw: (&FilterDesc, u64),
-) -> Result<()> {
-    convolution_call!(
-        cudnnConvolutionBackwardFilter,
-        dnn,
-        x,
-        dy,
-        conv,
-        algo,
-        ws,
-        beta,
-        dw
-    )
-}
+convolution_call!(
+    /// `dw = corr(x, dy) + beta · dw`.
+    conv_backward_filter = cudnnConvolutionBackwardFilter(
+        x: TensorDesc, dy: TensorDesc, BwdFilterAlgo
+    ) -> dw: FilterDesc
+);
 
 #[cfg(test)]
 mod survey;

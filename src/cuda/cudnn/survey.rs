@@ -43,65 +43,6 @@ const QUICK: &[Shape] = &[
     (32, 8, 8, 64, 5, 1, 2, 1),
 ];
 
-fn tensor(format: cudnnTensorFormat_t, d: [usize; 4]) -> sys::cudnnTensorDescriptor_t {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: live descriptors; Find allocates its own buffers.
-    unsafe {
-        sys::cudnnCreateTensorDescriptor(&mut raw);
-        let s = sys::cudnnSetTensor4dDescriptor(
-            raw,
-            format,
-            cudnnDataType_t::CUDNN_DATA_FLOAT,
-            d[0] as i32,
-            d[1] as i32,
-            d[2] as i32,
-            d[3] as i32,
-        );
-        assert_eq!(s, cudnnStatus_t::CUDNN_STATUS_SUCCESS);
-    }
-    raw
-}
-
-fn filter(format: cudnnTensorFormat_t, d: [usize; 4]) -> sys::cudnnFilterDescriptor_t {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: live descriptors; Find allocates its own buffers.
-    unsafe {
-        sys::cudnnCreateFilterDescriptor(&mut raw);
-        let s = sys::cudnnSetFilter4dDescriptor(
-            raw,
-            cudnnDataType_t::CUDNN_DATA_FLOAT,
-            format,
-            d[0] as i32,
-            d[1] as i32,
-            d[2] as i32,
-            d[3] as i32,
-        );
-        assert_eq!(s, cudnnStatus_t::CUDNN_STATUS_SUCCESS);
-    }
-    raw
-}
-
-fn conv(stride: usize, pad: usize, math: cudnnMathType_t) -> sys::cudnnConvolutionDescriptor_t {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: live descriptors; Find allocates its own buffers.
-    unsafe {
-        sys::cudnnCreateConvolutionDescriptor(&mut raw);
-        sys::cudnnSetConvolution2dDescriptor(
-            raw,
-            pad as i32,
-            pad as i32,
-            stride as i32,
-            stride as i32,
-            1,
-            1,
-            sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-            cudnnDataType_t::CUDNN_DATA_FLOAT,
-        );
-        sys::cudnnSetConvolutionMathType(raw, math);
-    }
-    raw
-}
-
 /// `(best ms, algo, math, deterministic)` and the best deterministic ms of a Find result.
 fn summarize(perf: &[RawPerf]) -> (f32, i32, i32, f32, i32) {
     let ok: Vec<&RawPerf> = perf.iter().filter(|p| p.status == 0).collect();
@@ -132,8 +73,7 @@ fn resnet50_algorithms_by_layout_and_math() {
 
 fn survey(dnn: &Cudnn, n: usize, shapes: &[Shape]) {
     use cudnnMathType_t::*;
-    use cudnnTensorFormat_t::*;
-    let layouts = [("NCHW", CUDNN_TENSOR_NCHW), ("NHWC", CUDNN_TENSOR_NHWC)];
+    let layouts = [("NCHW", Layout::Nchw), ("NHWC", Layout::Nhwc)];
     let maths = [
         ("default", CUDNN_DEFAULT_MATH),
         ("tensor_op", CUDNN_TENSOR_OP_MATH),
@@ -145,67 +85,33 @@ fn survey(dnn: &Cudnn, n: usize, shapes: &[Shape]) {
             for &(c, h, w, k, r, stride, pad, count) in shapes {
                 let oh = (h + 2 * pad - r) / stride + 1;
                 let ow = (w + 2 * pad - r) / stride + 1;
-                let x = tensor(layout, [n, c, h, w]);
-                let y = tensor(layout, [n, k, oh, ow]);
-                let f = filter(layout, [k, c, r, r]);
-                let cd = conv(stride, pad, math);
-                let mut perf = [RawPerf::default(); RANKED];
-                let mut got = 0i32;
+                let x = TensorDesc::new([n, c, h, w], layout).unwrap();
+                let y = TensorDesc::new([n, k, oh, ow], layout).unwrap();
+                let f = FilterDesc::new([k, c, r, r], layout).unwrap();
+                let geometry = ConvGeometry {
+                    pad: [pad; 2],
+                    stride: [stride; 2],
+                    dilation: [1; 2],
+                    group: 1,
+                };
+                let cd = ConvDesc::with_math_type(geometry, dnn.math, math).unwrap();
                 let mut line = format!("{lname} {mname} c{c} {h}x{w} k{k} r{r} s{stride}:");
                 for dir in 0..3 {
-                    // SAFETY: live descriptors; Find allocates its own buffers.
-                    let s = unsafe {
-                        match dir {
-                            0 => sys::cudnnFindConvolutionForwardAlgorithm(
-                                dnn.raw,
-                                x,
-                                f,
-                                cd,
-                                y,
-                                RANKED as i32,
-                                &mut got,
-                                perf.as_mut_ptr() as *mut _,
-                            ),
-                            1 => sys::cudnnFindConvolutionBackwardDataAlgorithm(
-                                dnn.raw,
-                                f,
-                                y,
-                                cd,
-                                x,
-                                RANKED as i32,
-                                &mut got,
-                                perf.as_mut_ptr() as *mut _,
-                            ),
-                            _ => sys::cudnnFindConvolutionBackwardFilterAlgorithm(
-                                dnn.raw,
-                                x,
-                                y,
-                                cd,
-                                f,
-                                RANKED as i32,
-                                &mut got,
-                                perf.as_mut_ptr() as *mut _,
-                            ),
+                    let descs = (&x, &f, &cd, &y);
+                    let perf = match rank_once(dnn, dir, ConvAlgorithm::Measured, descs) {
+                        Ok(perf) => perf,
+                        Err(e) => {
+                            line += &format!(" [{dir}: {e}]");
+                            continue;
                         }
                     };
-                    if s != cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                        line += &format!(" [{dir}: {s:?}]");
-                        continue;
-                    }
-                    let (best, algo, mt, det, dalgo) = summarize(&perf[..got as usize]);
+                    let (best, algo, mt, det, dalgo) = summarize(&perf);
                     totals[2 * dir] += best * count as f32;
                     totals[2 * dir + 1] += det * count as f32;
                     line +=
                         &format!(" [{dir}: best {best:.3} a{algo} m{mt} det {det:.3} a{dalgo}]");
                 }
                 println!("{line}");
-                // SAFETY: live descriptors; Find allocates its own buffers.
-                unsafe {
-                    sys::cudnnDestroyTensorDescriptor(x);
-                    sys::cudnnDestroyTensorDescriptor(y);
-                    sys::cudnnDestroyFilterDescriptor(f);
-                    sys::cudnnDestroyConvolutionDescriptor(cd);
-                }
             }
             println!(
                 "TOTAL {lname} {mname}: fwd {:.2} (det {:.2}) bwd_data {:.2} (det {:.2}) \
