@@ -716,8 +716,8 @@ fn print_traffic(report: &RunReport, iterations: u64) {
     let mb = |floats: u64| 4.0 * floats as f64 / 1e6;
     let ring = t.ring_bytes(report.replicas, report.node_replicas) / 1e6;
     outln!(
-        "communicated per replica: {:.2} MB of all-reduce payload (gradients {:.2} MB over every \
-         replica, {:.2} MB within nodes; parameters {:.2} MB), {ring:.2} MB sent in ring \
+        "communicated per replica: {:.3} MB of all-reduce payload (gradients {:.3} MB over every \
+         replica, {:.3} MB within nodes; parameters {:.3} MB), {ring:.3} MB sent in ring \
          all-reduces, {:.4} MB per iteration",
         t.payload_bytes() as f64 / 1e6,
         mb(t.gradient_all),
