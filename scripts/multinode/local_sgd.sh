@@ -22,13 +22,16 @@
 #   TARGET_DIGITS, TARGET_FASHION   the test accuracies timed (default 0.95 and 0.85)
 #   OUT              where the runs' metrics, logs, curves and summary go (default
 #                    local-sgd-results)
+#   BENCH_RATES      then, for each of these link rates (default "1gbit 100mbit"), samples/s of
+#                    `p2ptrain bench` (LeNet, Fashion-MNIST's shape: no tests, no display)
+#                    for allreduce and each H, twice in turn (the spread shows the machine's noise)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 image="${1:-p2ptrain:latest}"
 RATE="${RATE:-1gbit}"
 DELAY="${DELAY:-1ms}"
 H_VALUES="${H_VALUES:-4 8 16}"
-WORKLOADS="${WORKLOADS:-digits fashion}"
+WORKLOADS="${WORKLOADS-digits fashion}"
 FASHION_DIR="${FASHION_DIR:-/usr/share/datasets/fashion-mnist}"
 TARGET_DIGITS="${TARGET_DIGITS:-0.95}"
 TARGET_FASHION="${TARGET_FASHION:-0.85}"
@@ -180,6 +183,38 @@ for w in workloads:
         reach = f"{hit[1]:.1f} | {hit[0]}" if hit else "not reached | -"
         print(f"| {w} (target {target:.2f}) | {sync} | {reach} | {tests[-1][1]:.4f} | {rate:.0f} |")
 EOF
+# Throughput alone: `p2ptrain bench` (warm-up, then timed steps with no test or display) on LeNet
+# at each rate, every sync mode twice in turn.
+shape() { # RATE
+  for n in node0 node1; do
+    docker exec "$id-$n" tc qdisc replace dev eth0 root tbf rate "$1" burst 512kb latency 50ms
+  done
+}
+if [ -n "${BENCH_RATES-1gbit 100mbit}" ]; then
+  echo "| link | sync | samples/s (two runs) | ring MB per iteration |" >"$OUT/bench.md"
+  echo "| --- | --- | --- | --- |" >>"$OUT/bench.md"
+fi
+for rate in ${BENCH_RATES-1gbit 100mbit}; do
+  shape "$rate"
+  for r in allreduce $(for h in $H_VALUES; do echo "h$h"; done); do
+    case "$r" in
+      allreduce) sync=() ;;
+      h*) sync=(--set 'cluster.sync="local_sgd"' --set "cluster.sync_period=${r#h}") ;;
+    esac
+    rates=()
+    for pass in 1 2; do
+      log="$OUT/bench-$rate-$r-$pass.log"
+      docker exec "$id-node0" mpirun -np 2 --host node0:1,node1:1 --bind-to none \
+        --mca btl tcp,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
+        p2ptrain bench /configs/lenet.toml --warmup 16 --iters 96 "${fashion_sets[@]:0:8}" \
+        --set cluster.threads_per_replica=1 "${sync[@]}" >"$log" 2>&1 || { cat "$log"; fail "bench $rate $r"; }
+      rates+=("$(grep -o '[0-9.]* samples/s' "$log" | tail -n1 | cut -d' ' -f1)")
+    done
+    ring=$(grep -o '[0-9.]* MB per iteration' "$log" | cut -d' ' -f1)
+    echo "| $rate | $r | ${rates[*]} | ${ring:-0} |" | tee -a "$OUT/bench.md"
+  done
+done
+
 # The curves, drawn by `p2ptrain plot` on node0 from the runs it wrote.
 for w in $WORKLOADS; do
   files=() labels=()
