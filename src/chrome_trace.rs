@@ -31,6 +31,7 @@ fn name(span: &Span, layers: &[String]) -> String {
     match span.name {
         Name::Step(p) => p.label().to_string(),
         Name::Test => "test".into(),
+        Name::Average => "parameter averaging".into(),
         Name::Forward(i) => format!("forward {}", layer(i)),
         Name::Backward(i) => format!("backward {}", layer(i)),
     }
@@ -38,7 +39,7 @@ fn name(span: &Span, layers: &[String]) -> String {
 
 fn category(span: &Span) -> &'static str {
     match span.name {
-        Name::Step(Step::AllReduce) => "comm",
+        Name::Step(Step::AllReduce) | Name::Average => "comm",
         Name::Step(_) => "step",
         Name::Test => "test",
         Name::Forward(_) | Name::Backward(_) => "layer",

@@ -11,6 +11,17 @@
 //!   window of the displayed loss, the config's state fingerprint and its canonical JSON (to name
 //!   the keys that differ when a resume is refused).
 //!
+//! Under local SGD (`[cluster] sync = "local_sgd"`) the replicas differ between averagings, and
+//! their solver histories always: the weights file then holds the mean of the replicas'
+//! parameters (the model a test measures), and the solver state holds, instead of one history,
+//! every replica's own parameters and history (`replica<r>/weights/<tensor>`,
+//! `replica<r>/<buffer>/<tensor>`), the outer rule's state (`outer/anchor/<tensor>`,
+//! `outer/momentum/<tensor>`), and in its metadata `sync = "local_sgd"`, `last_sync` (the
+//! iteration after which the replicas last agreed) and `outer` (the outer buffers' names). Such
+//! a snapshot resumes exactly under local SGD with as many replicas and the same outer rule, and
+//! is refused otherwise; a synchronous snapshot resumes under local SGD too (every replica
+//! starts from it, the outer rule afresh).
+//!
 //! The weights are written first, then the solver state, each atomically; a snapshot counts
 //! (for `--resume latest` and for `snapshot_keep`) only when both files exist. Loading checks
 //! the pair against the run before anything is trained: same state fingerprint (only
@@ -32,6 +43,9 @@ const WEIGHTS_EXT: &str = "safetensors";
 const STATE_EXT: &str = "solverstate";
 /// The solver-state metadata naming the lineage of the run that wrote it.
 const LINEAGE_KEY: &str = "lineage";
+/// The solver-state metadata saying the replicas trained apart, and its value.
+const SYNC_KEY: &str = "sync";
+const LOCAL_SGD: &str = "local_sgd";
 
 /// What a run resumes from besides the weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +62,21 @@ pub struct SolverState {
     /// The lineage of the run that wrote the snapshot (see [`Lineage`]); `None` in snapshots
     /// written before lineages were recorded.
     pub lineage: Option<String>,
+    /// Local SGD's replicas, each with its own state (`history` is then empty).
+    pub apart: Option<ReplicasApart>,
+}
+
+/// Local SGD's state in a snapshot, beyond the weights (the replicas' mean).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicasApart {
+    /// Iterations done when the replicas last agreed (a synchronous step or an averaging).
+    pub last_sync: u64,
+    /// Per universal rank, its own parameters `(n)`.
+    pub params: Vec<Vec<f32>>,
+    /// Per universal rank, its solver history, in `Solver::history` order.
+    pub history: Vec<Vec<Vec<f32>>>,
+    /// The outer rule's state, in `OuterOptimizer::state_names` order.
+    pub outer: Vec<Vec<f32>>,
 }
 
 impl SolverState {
@@ -109,6 +138,8 @@ pub struct SaveState<'a> {
     pub train_records: usize,
     /// The id of the run's lineage, stored so that a resumed run recognises its own snapshots.
     pub lineage: &'a str,
+    /// Local SGD: every replica's own state (then `history` is not written).
+    pub apart: Option<&'a ReplicasApart>,
 }
 
 /// Writes snapshot `state.iter` of `plan` into `dir`: the weights, then the solver state.
@@ -125,26 +156,47 @@ pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Resu
         ],
     )?;
 
-    let names: Vec<String> = state
-        .history_names
+    let outer_names = cfg.cluster.outer_optimizer.state_names();
+    let mut buffers: Vec<(String, &[f32])> = Vec::new();
+    match state.apart {
+        None => buffers.extend(
+            state
+                .history_names
+                .iter()
+                .map(|h| h.to_string())
+                .zip(state.history.iter().map(Vec::as_slice)),
+        ),
+        Some(apart) => {
+            for (r, (p, history)) in apart.params.iter().zip(&apart.history).enumerate() {
+                buffers.push((format!("replica{r}/weights"), p));
+                for (h, buf) in state.history_names.iter().zip(history) {
+                    buffers.push((format!("replica{r}/{h}"), buf));
+                }
+            }
+            for (o, buf) in outer_names.iter().zip(&apart.outer) {
+                buffers.push((format!("outer/{o}"), buf));
+            }
+        }
+    }
+    let names: Vec<String> = buffers
         .iter()
-        .flat_map(|h| {
+        .flat_map(|(b, _)| {
             params
                 .spans
                 .iter()
-                .map(move |s| format!("{h}/{}", s.full_name))
+                .map(move |s| format!("{b}/{}", s.full_name))
         })
         .collect();
-    let mut tensors = Vec::with_capacity(names.len());
     let mut name = names.iter();
-    for buf in state.history {
+    let mut tensors = Vec::with_capacity(names.len());
+    for (_, buf) in &buffers {
         for s in &params.spans {
             let n = name.next().map(String::as_str).unwrap_or_default();
             tensors.push((n, s.shape.as_slice(), &buf[s.range()]));
         }
     }
     let window = serde_json::to_string(state.loss_window).unwrap_or_default();
-    let meta: Vec<(String, String)> = [
+    let mut meta: Vec<(String, String)> = [
         ("format", FORMAT.to_string()),
         ("iter", state.iter.to_string()),
         ("fingerprint", fingerprint),
@@ -171,6 +223,11 @@ pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Resu
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if let Some(apart) = state.apart {
+        meta.push((SYNC_KEY.into(), LOCAL_SGD.into()));
+        meta.push(("last_sync".into(), apart.last_sync.to_string()));
+        meta.push(("outer".into(), outer_names.join(",")));
+    }
     snapshot::save_tensors(&files.state, &tensors, &meta)?;
     Ok(files)
 }
@@ -441,45 +498,53 @@ pub fn load(
     let loss_window: Vec<(u64, f64)> = serde_json::from_str(get("loss_window")?)
         .map_err(|e| Error::snapshot(path, format!("metadata `loss_window`: {e}")))?;
 
-    let mut history = vec![vec![0.0f32; params.len()]; history_names.len()];
-    let mut problems = Vec::new();
-    for (h, buf) in history_names.iter().zip(history.iter_mut()) {
-        for s in &params.spans {
-            let name = format!("{h}/{}", s.full_name);
-            match st.tensor(&name) {
-                Ok(t) if t.dtype() == Dtype::F32 && t.shape() == s.shape.as_slice() => {
-                    for (w, b) in buf[s.range()].iter_mut().zip(t.data().chunks_exact(4)) {
-                        *w = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    }
-                }
-                Ok(t) => problems.push(format!(
-                    "`{name}`: {} {:?}, expected F32 {:?}",
-                    t.dtype(),
-                    t.shape(),
-                    s.shape
-                )),
-                Err(_) => problems.push(format!("`{name}` is missing")),
-            }
+    let apart_meta = match meta.get(SYNC_KEY).map(String::as_str) == Some(LOCAL_SGD) {
+        false => None,
+        true => Some((num("last_sync")?, get("outer")?.as_str())),
+    };
+    let mut buffers = Buffers {
+        st: &st,
+        params,
+        problems: Vec::new(),
+        read: Vec::new(),
+    };
+    let (history, apart) = match apart_meta {
+        None => {
+            let history = history_names.iter().map(|h| buffers.read(h)).collect();
+            (history, None)
         }
-    }
-    if !problems.is_empty() {
+        Some((last_sync, outer)) => {
+            check_apart(path, plan, r, outer)?;
+            let apart = ReplicasApart {
+                last_sync,
+                params: (0..r)
+                    .map(|i| buffers.read(&format!("replica{i}/weights")))
+                    .collect(),
+                history: (0..r)
+                    .map(|i| {
+                        let h = history_names.iter();
+                        h.map(|h| buffers.read(&format!("replica{i}/{h}")))
+                            .collect()
+                    })
+                    .collect(),
+                outer: (cfg.cluster.outer_optimizer.state_names().iter())
+                    .map(|o| buffers.read(&format!("outer/{o}")))
+                    .collect(),
+            };
+            (Vec::new(), Some(apart))
+        }
+    };
+    if !buffers.problems.is_empty() {
         return Err(Error::snapshot(
             path,
             format!(
                 "the solver history does not fit the net:\n  {}",
-                problems.join("\n  ")
+                buffers.problems.join("\n  ")
             ),
         ));
     }
-
-    for (h, buf) in history_names.iter().zip(&history) {
-        let named: Vec<(String, &[f32])> = params
-            .spans
-            .iter()
-            .map(|s| (format!("{h}/{}", s.full_name), &buf[s.range()]))
-            .collect();
-        snapshot::check_finite(path, named.iter().map(|(n, v)| (n, *v)))?;
-    }
+    let read = std::mem::take(&mut buffers.read);
+    snapshot::check_finite(path, read.iter().map(|(n, v)| (n, v.as_slice())))?;
     snapshot::load_weights(&files.weights, params)?;
     let weights_iter = snapshot::load_metadata(&files.weights)?
         .into_iter()
@@ -501,7 +566,87 @@ pub fn load(
         loss_window,
         data_position: position,
         lineage: meta.get(LINEAGE_KEY).cloned(),
+        apart,
     })
+}
+
+/// The tensors of a solver state read so far, by name, and what did not fit.
+struct Buffers<'a, 'b> {
+    st: &'a SafeTensors<'b>,
+    params: &'a Params,
+    problems: Vec<String>,
+    /// Every tensor read, for the finiteness check.
+    read: Vec<(String, Vec<f32>)>,
+}
+
+impl Buffers<'_, '_> {
+    /// The flat buffer `prefix` (tensors `<prefix>/<tensor>` in the layout of the parameters);
+    /// a missing or misshapen tensor is noted in `problems` and left zero.
+    fn read(&mut self, prefix: &str) -> Vec<f32> {
+        let mut buf = vec![0.0f32; self.params.len()];
+        for s in &self.params.spans {
+            let name = format!("{prefix}/{}", s.full_name);
+            match self.st.tensor(&name) {
+                Ok(t) if t.dtype() == Dtype::F32 && t.shape() == s.shape.as_slice() => {
+                    for (w, b) in buf[s.range()].iter_mut().zip(t.data().chunks_exact(4)) {
+                        *w = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                    self.read.push((name, buf[s.range()].to_vec()));
+                }
+                Ok(t) => self.problems.push(format!(
+                    "`{name}`: {} {:?}, expected F32 {:?}",
+                    t.dtype(),
+                    t.shape(),
+                    s.shape
+                )),
+                Err(_) => self.problems.push(format!("`{name}` is missing")),
+            }
+        }
+        buf
+    }
+}
+
+/// Refuses a snapshot of `replicas` replicas trained apart (local SGD, outer buffers `outer`)
+/// where this run cannot go on from each one's own state.
+fn check_apart(path: &Path, plan: &Plan, replicas: u64, outer: &str) -> Result<()> {
+    use crate::config::SyncMode;
+    let cluster = &plan.config.cluster;
+    if cluster.sync != SyncMode::LocalSgd {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "written by {replicas} replicas training apart (cluster.sync = \"local_sgd\"), \
+                 each with its own parameters and solver history: resume it with \
+                 cluster.sync = \"local_sgd\""
+            ),
+        ));
+    }
+    if replicas != plan.total_replicas as u64 {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "written by {replicas} replicas training apart (local SGD), this run has {}: \
+                 each replica goes on from its own state, so resume it with {replicas} replicas",
+                plan.total_replicas
+            ),
+        ));
+    }
+    let ours = cluster.outer_optimizer.state_names().join(",");
+    if outer != ours {
+        return Err(Error::snapshot(
+            path,
+            format!(
+                "local SGD's outer rule kept [{outer}] in the snapshot, this run's \
+                 (cluster.outer_optimizer = \"{}\") keeps [{ours}]: resume with the same outer \
+                 optimizer",
+                match cluster.outer_optimizer {
+                    crate::config::OuterOptimizer::Average => "average",
+                    crate::config::OuterOptimizer::Nesterov => "nesterov",
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The dotted keys whose values differ between the snapshot's config (JSON) and `cfg`, free keys
@@ -667,6 +812,7 @@ mod tests {
             loss_window: vec![(6, 1.0), (7, 2.0), (8, 3.0), (9, 4.0)],
             data_position: 0,
             lineage: None,
+            apart: None,
         };
         // Same window, iter_size 2: slot j % 4 holds 2 × the mean of iteration j.
         assert_eq!(s.loss_slots(4, 2), [6.0, 8.0, 2.0, 4.0]);

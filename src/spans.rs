@@ -42,6 +42,8 @@ pub enum Name {
     Step(Step),
     /// A whole test pass.
     Test,
+    /// Local SGD's averaging of the parameters over every replica.
+    Average,
     /// The forward of layer `i` (index into `SpanLog::layer_names`).
     Forward(u32),
     /// The backward of layer `i`.

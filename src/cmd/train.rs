@@ -287,6 +287,15 @@ fn hostname() -> String {
     }
 }
 
+/// The nodes of local SGD's node scope (a collective over every rank), `None` for any other
+/// sync.
+fn local_sgd_nodes(boot: &Bootstrap, plan: &Plan) -> Option<Arc<crate::dist::nodes::Nodes>> {
+    let c = &plan.config.cluster;
+    let node_scope =
+        c.sync == config::SyncMode::LocalSgd && c.sync_scope == config::SyncScope::Node;
+    node_scope.then(|| Arc::new(boot.nodes(c.node_ranks)))
+}
+
 /// Global rank 0 makes the NCCL unique id; MPI broadcasts its 128 bytes to every rank.
 fn share_nccl_id(boot: &Bootstrap) -> std::result::Result<crate::cuda::nccl::NcclId, i32> {
     boot.agree(crate::cuda::nccl::NcclId::shared(boot))
@@ -345,7 +354,11 @@ fn start_point(action: &Action, opts: &Options, prepared: &Prepared) -> (u64, St
     let mut content = crate::parallel::verify::hash_params(&prepared.initial.data);
     let (iter, from) = match &prepared.resume {
         Some((files, state)) => {
-            for h in &state.history {
+            let apart = state.apart.iter().flat_map(|a| {
+                let own = a.params.iter().chain(a.history.iter().flatten());
+                own.chain(&a.outer)
+            });
+            for h in state.history.iter().chain(apart) {
                 content = content.rotate_left(7) ^ crate::parallel::verify::hash_params(h);
             }
             content ^= state.data_position.rotate_left(31);
@@ -547,10 +560,18 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Err(code) => return code,
     };
     let mut devices = prepared.devices;
+    let nodes = local_sgd_nodes(&boot, &plan);
+    let mut node_nccl_id = None;
     if let Devices::Cuda { nccl_id, .. } = &mut devices {
         match share_nccl_id(&boot) {
             Ok(id) => *nccl_id = id,
             Err(code) => return code,
+        }
+        if let Some(nodes) = &nodes {
+            match boot.agree(crate::cuda::nccl::NcclId::per_node(&boot, nodes)) {
+                Ok(id) => node_nccl_id = Some(id),
+                Err(code) => return code,
+            }
         }
     }
     if let Some((files, state)) = &prepared.resume {
@@ -575,6 +596,8 @@ pub fn run(action: Action, opts: Options) -> i32 {
         devices,
         timeline_iters: opts.timeline.as_ref().map(|_| opts.timeline_iters),
         resume: prepared.resume.map(|(_, state)| Arc::new(state)),
+        nodes,
+        node_nccl_id,
     };
     let mode = match action {
         Action::Bench {
@@ -645,6 +668,7 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                     .unwrap_or_default();
                 outln!("test: loss {:.4}{acc} over {} samples", t.loss, t.samples);
             }
+            print_traffic(report, iterations);
             outln!("outputs: {}", dir.join("metrics.jsonl").display());
             for s in &report.snapshots {
                 outln!("         {}", s.display());
@@ -675,11 +699,33 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
                     );
                 }
             }
+            print_traffic(report, report.iterations);
             if let Some(layers) = &report.layer_ms {
                 print_layer_times(layers, report.step_clock);
             }
         }
     }
+}
+
+/// What universal rank 0 handed to all-reduces over `iterations`, and the bytes a ring
+/// all-reduce of it sends per replica (`2(R − 1)/R` per byte; nccl-tests' bus bandwidth factor).
+fn print_traffic(report: &RunReport, iterations: u64) {
+    let t = &report.traffic;
+    if report.replicas < 2 || t.payload_bytes() == 0 {
+        return;
+    }
+    let mb = |floats: u64| 4.0 * floats as f64 / 1e6;
+    let ring = t.ring_bytes(report.replicas, report.node_replicas) / 1e6;
+    outln!(
+        "communicated per replica: {:.3} MB of all-reduce payload (gradients {:.3} MB over every \
+         replica, {:.3} MB within nodes; parameters {:.3} MB), {ring:.3} MB sent in ring \
+         all-reduces, {:.4} MB per iteration",
+        t.payload_bytes() as f64 / 1e6,
+        mb(t.gradient_all),
+        mb(t.gradient_node),
+        mb(t.parameters),
+        ring / iterations.max(1) as f64
+    );
 }
 
 /// `bench --layers`: each layer's forward and backward time per iteration and their totals.

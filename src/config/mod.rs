@@ -82,6 +82,79 @@ pub struct ClusterConfig {
     /// broadcast, start-up agreement) before it names the missing ranks and aborts the job.
     #[serde(default = "collective_timeout_default")]
     pub collective_timeout_s: f64,
+    /// How the replicas keep together: a gradient all-reduce every step, or local SGD.
+    #[serde(default)]
+    pub sync: SyncMode,
+    /// Local SGD: steps between two averagings of the parameters (H).
+    #[serde(default = "sync_period_default")]
+    pub sync_period: u64,
+    /// Local SGD: synchronous steps (gradient all-reduce) before the first local one.
+    #[serde(default)]
+    pub sync_warmup: u64,
+    /// Local SGD: which replicas still all-reduce their gradients every step.
+    #[serde(default)]
+    pub sync_scope: SyncScope,
+    /// Local SGD: the rule that turns the replicas' parameters into the averaged ones.
+    #[serde(default)]
+    pub outer_optimizer: OuterOptimizer,
+    /// Local SGD with `outer_optimizer = "nesterov"`: the outer learning rate.
+    #[serde(default = "outer_lr_default")]
+    pub outer_lr: f32,
+    /// Local SGD with `outer_optimizer = "nesterov"`: the outer momentum.
+    #[serde(default = "outer_momentum_default")]
+    pub outer_momentum: f32,
+    /// Ranks per node for `sync_scope = "node"`: consecutive blocks of this many MPI ranks form
+    /// a node; 0: the hosts, as MPI finds them (ranks that share memory).
+    #[serde(default)]
+    pub node_ranks: usize,
+}
+
+/// How the replicas keep their parameters together (`cluster.sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncMode {
+    /// Synchronous SGD: the gradients are all-reduced every step; the replicas never differ.
+    #[default]
+    Allreduce,
+    /// Local SGD: each replica steps on its own gradient (or its node's, see [`SyncScope`]) and
+    /// the parameters are averaged every `sync_period` steps (`crate::parallel::local_sgd`).
+    LocalSgd,
+}
+
+/// Which replicas all-reduce their gradients every step under local SGD (`cluster.sync_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncScope {
+    /// None: every replica steps on its own gradient.
+    #[default]
+    Replica,
+    /// The replicas of one node (shared memory, NVLink); nodes average their parameters every
+    /// `sync_period` steps.
+    Node,
+}
+
+/// The outer rule of local SGD (`cluster.outer_optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OuterOptimizer {
+    /// The replicas' parameters are replaced by their mean.
+    #[default]
+    Average,
+    /// Nesterov momentum on the mean parameter delta since the last averaging, with `outer_lr`
+    /// and `outer_momentum` (DiLoCo's outer step).
+    Nesterov,
+}
+
+impl OuterOptimizer {
+    /// The names of the state buffers the rule keeps, each as long as the parameters (a
+    /// snapshot's `outer/<name>/<tensor>`): none for the average, the anchor (the parameters of
+    /// the last averaging) and the momentum for Nesterov.
+    pub fn state_names(self) -> &'static [&'static str] {
+        match self {
+            OuterOptimizer::Average => &[],
+            OuterOptimizer::Nesterov => &["anchor", "momentum"],
+        }
+    }
 }
 
 /// Gradient all-reduce schedule on GPUs.
@@ -163,6 +236,14 @@ impl Default for ClusterConfig {
             world_size: None,
             verify_interval: 0,
             collective_timeout_s: collective_timeout_default(),
+            sync: SyncMode::Allreduce,
+            sync_period: sync_period_default(),
+            sync_warmup: 0,
+            sync_scope: SyncScope::Replica,
+            outer_optimizer: OuterOptimizer::Average,
+            outer_lr: outer_lr_default(),
+            outer_momentum: outer_momentum_default(),
+            node_ranks: 0,
         }
     }
 }
@@ -644,6 +725,15 @@ fn bucket_mb_default() -> f64 {
 }
 fn collective_timeout_default() -> f64 {
     600.0
+}
+fn sync_period_default() -> u64 {
+    8
+}
+fn outer_lr_default() -> f32 {
+    0.7
+}
+fn outer_momentum_default() -> f32 {
+    0.9
 }
 fn prefetch_default() -> usize {
     4

@@ -120,6 +120,30 @@ pub fn rank_fingerprint(config: &Config) -> u64 {
     fingerprint(&c)
 }
 
+/// The `sync` line of the plan: synchronous, or local SGD's period, warm-up, scope and rule.
+fn sync_row(c: &super::ClusterConfig) -> String {
+    use super::{OuterOptimizer, SyncMode, SyncScope};
+    if c.sync == SyncMode::Allreduce {
+        return "allreduce (gradients averaged every step)".into();
+    }
+    let scope = match (c.sync_scope, c.node_ranks) {
+        (SyncScope::Replica, _) => "each replica steps alone".to_string(),
+        (SyncScope::Node, 0) => "gradients all-reduced within each host".to_string(),
+        (SyncScope::Node, n) => format!("gradients all-reduced within nodes of {n} ranks"),
+    };
+    let outer = match c.outer_optimizer {
+        OuterOptimizer::Average => "plain averaging".to_string(),
+        OuterOptimizer::Nesterov => format!(
+            "Nesterov outer step (outer_lr {}, outer_momentum {})",
+            c.outer_lr, c.outer_momentum
+        ),
+    };
+    format!(
+        "local_sgd: parameters averaged every {} steps after {} synchronous; {scope}; {outer}",
+        c.sync_period, c.sync_warmup
+    )
+}
+
 impl Plan {
     /// Resolves a validated `config` for `world_size` processes.
     pub fn new(config: Config, source: Source, world_size: usize) -> Result<Plan> {
@@ -146,6 +170,16 @@ impl Plan {
                     ),
                 )
             })?;
+        let node_ranks = config.cluster.node_ranks;
+        if node_ranks > 0 && !world_size.is_multiple_of(node_ranks) {
+            return Err(source.error(
+                "cluster.node_ranks",
+                format!(
+                    "{world_size} process(es) do not split into nodes of {node_ranks} ranks \
+                     (0: the hosts as MPI finds them)"
+                ),
+            ));
+        }
         let fingerprint = fingerprint(&config);
         let state_fingerprint = state_fingerprint(&config);
         Ok(Plan {
@@ -200,6 +234,7 @@ impl Plan {
             ),
         );
         row("backend", name_of(&c.cluster.backend));
+        row("sync", sync_row(&c.cluster));
         if c.cluster.backend != super::BackendKind::Cpu {
             let cl = &c.cluster;
             let algorithms = if cl.conv_exact {

@@ -57,6 +57,7 @@
 
 use crate::dist::abort_hooks::{self, Registration};
 use crate::dist::deadline::{self, Wait};
+use crate::dist::nodes::Nodes;
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstream;
@@ -372,6 +373,39 @@ impl NcclId {
             None => Err(Error::Comm(
                 "rank 0 could not create the NCCL unique id (see its error)".into(),
             )),
+        }
+    }
+
+    /// The id of this process's node (local SGD's node scope): the node's first rank makes one,
+    /// every rank gathers them all (17 words each, through MPI) and takes its node's. Call on
+    /// the main thread of every rank; if a node's first rank fails, that node's ranks return an
+    /// error.
+    pub fn per_node(boot: &Bootstrap, nodes: &Nodes) -> Result<Self> {
+        const WORDS: usize = 1 + ID_BYTES / 8;
+        let first = nodes.ranks_of(nodes.of_rank[boot.rank])[0];
+        let mine = (first == boot.rank).then(NcclId::new);
+        // Word 0: 1 if the rank made an id; then the id's bytes.
+        let mut words = [0u64; WORDS];
+        if let Some(Ok(id)) = &mine {
+            words[0] = 1;
+            for (w, b) in words[1..].iter_mut().zip(id.bytes.chunks_exact(8)) {
+                *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+        }
+        let all = boot.all_gather_u64(&words);
+        let theirs = &all[first * WORDS..(first + 1) * WORDS];
+        match mine {
+            Some(result) => result,
+            None if theirs[0] == 1 => {
+                let mut bytes = [0u8; ID_BYTES];
+                for (b, w) in bytes.chunks_exact_mut(8).zip(&theirs[1..]) {
+                    b.copy_from_slice(&w.to_le_bytes());
+                }
+                Ok(NcclId::from_bytes(bytes))
+            }
+            None => Err(Error::Comm(format!(
+                "rank {first} could not create its node's NCCL unique id (see its error)"
+            ))),
         }
     }
 

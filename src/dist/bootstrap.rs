@@ -3,7 +3,8 @@
 //! launcher's, the node-local rank (the launcher's, else `MPI_Comm_split_type(SHARED)`), a panic hook that aborts the whole
 //! MPI job, and the agreement steps that let the job end together on a start-up error; then what
 //! every multi-replica command shares: a byte broadcast from one rank (the NCCL unique id), the
-//! CPU communicators of the local replicas, and one thread per local replica
+//! CPU communicators of the local replicas (over the job, and over a node for local SGD's
+//! hierarchical scope), and one thread per local replica
 //! ([`run_replicas`]) with a failure in any of them ending the job. Every collective here is
 //! polled under the collective deadline ([`super::deadline`]), and the heartbeat
 //! ([`super::heartbeat`]) starts with MPI and stops before it is finalised.
@@ -11,12 +12,13 @@
 use super::launch_env::LaunchEnv;
 use super::local::LocalGroup;
 use super::mpi_link::{complete, MpiLink};
+use super::nodes::Nodes;
 use super::{deadline, heartbeat, CpuComm};
 use crate::error::{Error, Result};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
-use mpi::topology::{Communicator as _, SimpleCommunicator};
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
 use std::sync::Arc;
 
@@ -220,11 +222,60 @@ impl Bootstrap {
     /// The CPU communicators of this process's `k` local replicas, in local order: they share
     /// one `LocalGroup`, and replica 0 gets the MPI link when there are other processes.
     pub fn cpu_comms(&self, k: usize) -> Vec<CpuComm> {
-        let group = Arc::new(LocalGroup::new(k));
-        (0..k)
+        self.cpu_comms_in(Arc::new(LocalGroup::new(k)))
+    }
+
+    fn cpu_comms_in(&self, group: Arc<LocalGroup>) -> Vec<CpuComm> {
+        (0..group.len())
             .map(|local| {
                 let link = (local == 0 && self.size > 1).then(|| self.link());
                 CpuComm::new(group.clone(), local, self.rank, self.size, link)
+            })
+            .collect()
+    }
+
+    /// The nodes of the job (see [`Nodes`]): blocks of `node_ranks` consecutive ranks, or with 0
+    /// the ranks that share memory. A collective: every process calls it from its main thread.
+    pub fn nodes(&self, node_ranks: usize) -> Nodes {
+        let color = if let Some(block) = self.rank.checked_div(node_ranks) {
+            block as u64
+        } else {
+            // A host is named by its lowest rank.
+            let host = self.world.split_shared(self.rank as i32);
+            let (mine, mut lowest) = (self.rank as i32, 0i32);
+            mpi::request::scope(|scope| {
+                complete(
+                    host.immediate_all_reduce_into(
+                        scope,
+                        &mine,
+                        &mut lowest,
+                        SystemOperation::min(),
+                    ),
+                    "node discovery",
+                )
+            });
+            lowest as u64
+        };
+        Nodes::from_colors(&self.all_gather_u64(&[color]))
+    }
+
+    /// The CPU communicators of this process's `k` local replicas over every replica and over
+    /// the replicas of their node, sharing one `LocalGroup` (a replica uses one at a time); the
+    /// node's leader replica gets an MPI link over the node's processes when it has several. A
+    /// collective (the split of the world): every process calls it from its main thread.
+    pub fn cpu_comms_with_nodes(&self, k: usize, nodes: &Nodes) -> Vec<(CpuComm, CpuComm)> {
+        let group = Arc::new(LocalGroup::new(k));
+        let (place, processes) = nodes.place(self.rank);
+        let color = Color::with_value(nodes.of_rank[self.rank] as i32);
+        let node_comm = self.world.split_by_color(color);
+        let mut node_link = node_comm.filter(|_| processes > 1).map(MpiLink::new);
+        self.cpu_comms_in(group.clone())
+            .into_iter()
+            .enumerate()
+            .map(|(local, world)| {
+                let link = if local == 0 { node_link.take() } else { None };
+                let node = CpuComm::new(group.clone(), local, place, processes, link);
+                (world, node)
             })
             .collect()
     }

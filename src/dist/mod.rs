@@ -13,6 +13,7 @@ pub mod heartbeat;
 pub mod launch_env;
 pub mod local;
 pub mod mpi_link;
+pub mod nodes;
 
 pub use bootstrap::Bootstrap;
 pub use cpu::CpuComm;

@@ -1,7 +1,10 @@
 //! `CpuEngine`: a replica on the CPU backend — the `Net` with its flat `Params`, the `Solver`,
-//! and a `CpuComm` — behind the `Engine` seam.
+//! and a `CpuComm` (and, for local SGD's node scope, a second one over its node) — behind the
+//! `Engine` seam. Local SGD's outer state (anchor and momentum, Nesterov only) lives here as
+//! host vectors; the formulas are `super::local_sgd`'s.
 
 use super::engine::Engine;
+use super::local_sgd::{self, GradientScope, Outer, OuterRun};
 use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, NonFiniteMode, Phase};
@@ -36,6 +39,18 @@ pub struct CpuEngine {
     non_finite_mode: NonFiniteMode,
     /// The steps refused so far.
     non_finite: NonFiniteSteps,
+    /// Local SGD: the communicator over this replica's node (`sync_scope = "node"`).
+    node_comm: Option<CpuComm>,
+    /// Which replicas average the current iteration's gradient.
+    scope: GradientScope,
+    /// Local SGD's outer rule, its coefficients per stretch of the parameters (Nesterov), and
+    /// its state `(n)` each: the anchor and the momentum (empty for the plain average).
+    outer: Outer,
+    outer_runs: Vec<OuterRun>,
+    anchor: Vec<f32>,
+    outer_momentum: Vec<f32>,
+    /// This replica's own parameters while the mean is held in their place.
+    own: Vec<f32>,
 }
 
 impl CpuEngine {
@@ -49,6 +64,18 @@ impl CpuEngine {
     ) -> Result<Self> {
         let (net, mut params) = Net::build(cfg, record_shape, cfg.data.batch_size)?;
         params.data.copy_from_slice(&initial.data);
+        let outer = Outer::of(&cfg.cluster);
+        let outer_runs = match outer {
+            Outer::Nesterov { lr, momentum } => {
+                local_sgd::outer_runs(&params.spans, params.len(), lr, momentum)
+            }
+            Outer::Average => Vec::new(),
+        };
+        let outer_len = if outer_runs.is_empty() {
+            0
+        } else {
+            params.len()
+        };
         Ok(CpuEngine {
             cpu,
             net,
@@ -63,7 +90,20 @@ impl CpuEngine {
             slot: 0,
             non_finite_mode: cfg.solver.non_finite,
             non_finite: NonFiniteSteps::default(),
+            node_comm: None,
+            scope: GradientScope::All,
+            outer,
+            outer_runs,
+            anchor: vec![0.0; outer_len],
+            outer_momentum: vec![0.0; outer_len],
+            own: Vec::new(),
         })
+    }
+
+    /// Adds the communicator over this replica's node (local SGD's `sync_scope = "node"`).
+    pub fn with_node_comm(mut self, node_comm: Option<CpuComm>) -> Self {
+        self.node_comm = node_comm;
+        self
     }
 }
 
@@ -93,8 +133,17 @@ impl Engine for CpuEngine {
         self.comm.size()
     }
 
+    fn param_count(&self) -> usize {
+        self.params.len()
+    }
+
     fn broadcast_params(&mut self) -> Result<()> {
-        self.comm.broadcast(&mut self.params.data, 0)
+        self.comm.broadcast(&mut self.params.data, 0)?;
+        // The outer rule starts from the parameters every replica starts from.
+        if !self.anchor.is_empty() {
+            self.anchor.copy_from_slice(&self.params.data);
+        }
+        Ok(())
     }
 
     fn set_batch(&mut self, n: usize) -> Result<()> {
@@ -164,11 +213,97 @@ impl Engine for CpuEngine {
                 *g = f32::NAN;
             }
         }
-        if self.comm.size() == 1 {
+        let comm = match self.scope {
+            GradientScope::All => &mut self.comm,
+            GradientScope::Node => match &mut self.node_comm {
+                Some(c) => c,
+                None => return Ok(()),
+            },
+            GradientScope::Own => return Ok(()),
+        };
+        if comm.size() == 1 {
             // The average over one replica is its own gradient.
             return Ok(());
         }
-        self.comm.all_reduce_avg(&mut self.params.diff)
+        comm.all_reduce_avg(&mut self.params.diff)
+    }
+
+    fn set_gradient_scope(&mut self, scope: GradientScope) {
+        self.scope = scope;
+    }
+
+    fn average_params(&mut self) -> Result<()> {
+        let alone = self.comm.size() == 1;
+        if self.outer == Outer::Average {
+            return match alone {
+                true => Ok(()),
+                false => self.comm.all_reduce_avg(&mut self.params.data),
+            };
+        }
+        // The gradient buffer is free after the update: it holds the delta.
+        let (data, delta) = (&self.params.data, &mut self.params.diff);
+        local_sgd::delta_from_anchor(&self.anchor, data, delta);
+        if !alone {
+            self.comm.all_reduce_avg(delta)?;
+        }
+        for run in &self.outer_runs {
+            let r = run.range.clone();
+            local_sgd::nesterov_step(
+                run.lr,
+                run.momentum,
+                &delta[r.clone()],
+                &mut self.outer_momentum[r.clone()],
+                &mut self.anchor[r],
+            );
+        }
+        self.params.data.copy_from_slice(&self.anchor);
+        Ok(())
+    }
+
+    fn hold_mean_params(&mut self, on: bool) -> Result<()> {
+        if !on {
+            self.params.data.copy_from_slice(&self.own);
+            return Ok(());
+        }
+        self.own.clear();
+        self.own.extend_from_slice(&self.params.data);
+        match self.comm.size() {
+            1 => Ok(()),
+            _ => self.comm.all_reduce_avg(&mut self.params.data),
+        }
+    }
+
+    fn outer_state(&mut self) -> Result<Vec<Vec<f32>>> {
+        Ok(match self.anchor.is_empty() {
+            true => Vec::new(),
+            false => vec![self.anchor.clone(), self.outer_momentum.clone()],
+        })
+    }
+
+    fn restore_apart(&mut self, params: Option<&[f32]>, outer: &[Vec<f32>]) -> Result<()> {
+        let n = self.params.len();
+        let fits = |v: &[f32]| v.len() == n;
+        if !params.is_none_or(fits) || !outer.iter().all(|v| fits(v)) {
+            return Err(Error::Comm(format!(
+                "restoring a replica's state of another size than its {n} parameters"
+            )));
+        }
+        if let Some(p) = params {
+            self.params.data.copy_from_slice(p);
+        }
+        match outer {
+            [anchor, momentum] if !self.anchor.is_empty() => {
+                self.anchor.copy_from_slice(anchor);
+                self.outer_momentum.copy_from_slice(momentum);
+            }
+            _ if !self.anchor.is_empty() => self.anchor.copy_from_slice(&self.params.data),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn broadcast_host(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
+        self.comm.broadcast(buf, root)
     }
 
     fn update(&mut self, iter: u64) -> Result<f32> {

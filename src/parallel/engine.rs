@@ -9,6 +9,7 @@ use crate::net::{Output, PassCtx};
 use crate::params::Params;
 use std::time::Instant;
 
+use super::local_sgd::GradientScope;
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::SpanLog;
 
@@ -18,6 +19,8 @@ pub trait Engine {
     fn rank(&self) -> usize;
     /// Number of replicas in the job.
     fn size(&self) -> usize;
+    /// Number of learnable floats (the length of every parameter-sized buffer).
+    fn param_count(&self) -> usize;
     /// Replaces this replica's parameters by universal rank 0's.
     fn broadcast_params(&mut self) -> Result<()>;
     /// Sets the batch size of the next passes (the last test batch may be smaller).
@@ -35,8 +38,26 @@ pub trait Engine {
     /// Test-phase forward over the loaded batch; returns its loss and accuracy outputs (this is
     /// allowed to synchronise with the device).
     fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;
-    /// All-reduces and averages the gradients over every replica.
+    /// Says which replicas average the gradients of the coming iteration (every replica unless
+    /// local SGD says otherwise; see `super::local_sgd`). Called before its first backward.
+    fn set_gradient_scope(&mut self, scope: GradientScope);
+    /// Averages the gradients over the replicas of the current scope (none: its own).
     fn all_reduce_gradients(&mut self) -> Result<()>;
+    /// Local SGD's averaging (a collective over every replica): the parameters go through the
+    /// outer rule (`super::local_sgd::Outer`), after which every replica holds the same ones.
+    fn average_params(&mut self) -> Result<()>;
+    /// With `true` (a collective), keeps this replica's own parameters aside and puts the mean
+    /// of every replica's in their place (tests and snapshot weights between averagings); with
+    /// `false`, puts its own back.
+    fn hold_mean_params(&mut self, on: bool) -> Result<()>;
+    /// A host copy of the outer rule's state, in `Outer::state_names` order (for snapshots).
+    fn outer_state(&mut self) -> Result<Vec<Vec<f32>>>;
+    /// Resuming local SGD: this replica's own parameters (`None`: keep those it has) and the
+    /// outer rule's state (empty: start it afresh from the parameters).
+    fn restore_apart(&mut self, params: Option<&[f32]>, outer: &[Vec<f32>]) -> Result<()>;
+    /// Copies `buf` (host floats, of one length everywhere) of universal rank `root` into every
+    /// replica's `buf` (snapshots gather the replicas' own states through it).
+    fn broadcast_host(&mut self, buf: &mut [f32], root: usize) -> Result<()>;
     /// Applies the update rule for iteration `iter`; returns the learning rate used. A step
     /// whose averaged gradient is not finite (or, in `non_finite = "stop"` mode, any step after
     /// one) applies nothing and is recorded (see `crate::solver::non_finite`).

@@ -13,6 +13,13 @@
 //! gradient element NaN before the all-reduce, and the solver refuses the update of a
 //! non-finite averaged gradient on the device. Nothing of it synchronises.
 //!
+//! Local SGD (`super::local_sgd`): a step's gradient is all-reduced over the replicas of its
+//! scope — the job's communicator, the node's (a second NCCL communicator over the node's
+//! replicas, `sync_scope = "node"`), or none; an averaging all-reduces the parameters (plain
+//! average) or their delta from the anchor (Nesterov, whose anchor and momentum live on the
+//! device and are updated with the elementwise kernels, run by run as the CPU does) on the
+//! communication stream, ordered by events as the gradient buckets are.
+//!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
 //! backward, from the `EventClock`s of the step phases and of the net's layers, mapped onto the
 //! host clock through one event recorded when the timeline starts (per-bucket all-reduce spans
@@ -20,6 +27,7 @@
 
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;
+use super::local_sgd::{self, GradientScope, Outer, OuterRun};
 use crate::config::{Config, Phase, ReduceMode};
 use crate::cuda::event_clock::PhaseClock;
 use crate::cuda::layers::Collective;
@@ -67,6 +75,27 @@ pub struct GpuEngine {
     timeline: Option<TimelineZero>,
     /// `(1)` this iteration's summed loss so far, in double.
     iter_loss: CudaSlice<f64>,
+    /// Local SGD: the communicator over this replica's node (`sync_scope = "node"`).
+    node_comm: Option<NcclComm>,
+    /// Which replicas average the current iteration's gradient.
+    scope: GradientScope,
+    /// Local SGD's outer rule with its coefficients per stretch of the parameters (Nesterov).
+    outer: Outer,
+    outer_runs: Vec<OuterRun>,
+    /// The Nesterov rule's `(n)` anchor and momentum on the device.
+    anchor: Option<CudaSlice<f32>>,
+    outer_momentum: Option<CudaSlice<f32>>,
+    /// `(n)` this replica's own parameters while the mean is held in their place.
+    own: Option<CudaSlice<f32>>,
+}
+
+/// Where a node's NCCL communicator comes from: this replica's rank among the node's replicas,
+/// their number, and the node's unique id (`NcclId::per_node`).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeClique {
+    pub rank: usize,
+    pub size: usize,
+    pub id: NcclId,
 }
 
 impl GpuEngine {
@@ -111,6 +140,20 @@ impl GpuEngine {
         for (b, bucket) in buckets.iter().enumerate() {
             ready_after[bucket.ready_after_layer].push(b);
         }
+        let outer = Outer::of(&cfg.cluster);
+        let n = net.params.len();
+        let (outer_runs, anchor, outer_momentum) = match outer {
+            Outer::Average => (Vec::new(), None, None),
+            Outer::Nesterov { lr, momentum } => {
+                let zeros = || {
+                    gpu.compute
+                        .alloc_zeros::<f32>(n.max(1))
+                        .map_err(|e| gpu_error("allocate local SGD's outer state", e))
+                };
+                let runs = local_sgd::outer_runs(&net.params.spans, n, lr, momentum);
+                (runs, Some(zeros()?), Some(zeros()?))
+            }
+        };
         Ok(GpuEngine {
             gpu,
             net,
@@ -126,7 +169,64 @@ impl GpuEngine {
             fence,
             timeline: None,
             iter_loss,
+            node_comm: None,
+            scope: GradientScope::All,
+            outer,
+            outer_runs,
+            anchor,
+            outer_momentum,
+            own: None,
         })
+    }
+
+    /// Joins the NCCL communicator of this replica's node (local SGD's `sync_scope = "node"`),
+    /// on the communication stream. Blocks until every replica of the node has joined.
+    pub fn with_node_clique(mut self, clique: Option<NodeClique>) -> Result<Self> {
+        if let Some(c) = clique {
+            let stream = self.comm_stream.clone();
+            self.node_comm = Some(NcclComm::from_id(stream, c.rank, c.size, c.id)?);
+        }
+        Ok(self)
+    }
+
+    /// Averages `buf[..n]` (the parameters, or the gradient buffer) over every replica on the
+    /// communication stream, ordered after the compute stream's work and before its next.
+    fn average_over_all(&mut self, which: Buffer) -> Result<()> {
+        let n = self.net.params.len();
+        let buf = match which {
+            Buffer::Data => &mut self.net.params.data,
+            Buffer::Diff => &mut self.net.params.diff,
+        };
+        order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
+        self.comm.all_reduce_avg(buf, 0..n, &self.comm_stream)?;
+        order(&self.fence, &self.comm_stream, &self.gpu.compute)
+    }
+
+    /// The Nesterov step on the device (`local_sgd::nesterov_step`, run by run), with the mean
+    /// delta in the gradient buffer; then the parameters take the anchor.
+    fn nesterov_on_device(&mut self) -> Result<()> {
+        let (Some(anchor), Some(momentum)) = (&mut self.anchor, &mut self.outer_momentum) else {
+            return Ok(());
+        };
+        let (s, k, p) = (&self.gpu.compute, &self.gpu.kernels, &mut self.net.params);
+        for run in &self.outer_runs {
+            let (r, len) = (run.range.clone(), run.range.len());
+            let delta = p.diff.slice(r.clone());
+            k.scale(s, &mut momentum.slice_mut(r.clone()), run.momentum, len)?;
+            k.axpy(s, 1.0, &delta, &mut momentum.slice_mut(r.clone()), len)?;
+            k.axpy(s, -run.lr, &delta, &mut anchor.slice_mut(r.clone()), len)?;
+            let lr_mu = -(run.lr * run.momentum);
+            k.axpy(
+                s,
+                lr_mu,
+                &momentum.slice(r.clone()),
+                &mut anchor.slice_mut(r),
+                len,
+            )?;
+        }
+        let n = p.len();
+        s.memcpy_dtod(&anchor.slice(..n), &mut p.data.slice_mut(..n))
+            .map_err(|e| gpu_error("copy the anchor into the parameters", e))
     }
 
     /// Waits for the compute stream (ordered after every collective launched so far), watching
@@ -139,6 +239,28 @@ impl GpuEngine {
     pub fn device_name(&self) -> String {
         self.gpu.name()
     }
+}
+
+/// Which flat buffer of the parameters.
+#[derive(Debug, Clone, Copy)]
+enum Buffer {
+    Data,
+    Diff,
+}
+
+/// The communicator that averages a step's gradient under `scope`: `None` where the replica
+/// steps on its own gradient (alone, or a local step of `sync_scope = "replica"`).
+fn reducing<'a>(
+    scope: GradientScope,
+    comm: &'a NcclComm,
+    node: Option<&'a NcclComm>,
+) -> Option<&'a NcclComm> {
+    let c = match scope {
+        GradientScope::All => Some(comm),
+        GradientScope::Node => node,
+        GradientScope::Own => None,
+    };
+    c.filter(|c| c.size() > 1)
 }
 
 /// The communicator as the layers use it (BatchNorm's `sync`), ordered after the gradient
@@ -190,12 +312,23 @@ impl Engine for GpuEngine {
         self.comm.size()
     }
 
+    fn param_count(&self) -> usize {
+        self.net.params.len()
+    }
+
     fn broadcast_params(&mut self) -> Result<()> {
         order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
         let n = self.net.params.data.len();
         self.comm
             .broadcast(&mut self.net.params.data, 0..n, 0, &self.comm_stream)?;
-        order(&self.fence, &self.comm_stream, &self.gpu.compute)
+        order(&self.fence, &self.comm_stream, &self.gpu.compute)?;
+        // The outer rule starts from the parameters every replica starts from.
+        if let Some(anchor) = &mut self.anchor {
+            let s = &self.gpu.compute;
+            s.memcpy_dtod(&self.net.params.data, anchor)
+                .map_err(|e| gpu_error("copy the parameters into the anchor", e))?;
+        }
+        Ok(())
     }
 
     fn set_batch(&mut self, n: usize) -> Result<()> {
@@ -234,6 +367,8 @@ impl Engine for GpuEngine {
             gpu,
             net,
             comm,
+            node_comm,
+            scope,
             comm_stream,
             buckets,
             ready_after,
@@ -243,13 +378,14 @@ impl Engine for GpuEngine {
             iter_loss,
             ..
         } = self;
-        let overlap = last && buckets.len() > 1;
+        let reduce = reducing(*scope, comm, node_comm.as_ref());
+        let overlap = last && buckets.len() > 1 && reduce.is_some();
         let coll = collective(comm, fence, comm_stream);
         let mut failure: Option<Error> = None;
         let mut on_layer_done = |layer: usize, diff: &mut CudaSlice<f32>| {
-            if !overlap || failure.is_some() {
+            let Some(reduce) = reduce.filter(|_| overlap && failure.is_none()) else {
                 return;
-            }
+            };
             for &b in &ready_after[layer] {
                 let poisoned = match b {
                     0 => poison(gpu, iter_loss, diff, buckets[0].range.start),
@@ -257,7 +393,7 @@ impl Engine for GpuEngine {
                 };
                 let r = poisoned
                     .and_then(|_| order(fence, &gpu.compute, comm_stream))
-                    .and_then(|_| launch(comm, diff, &buckets[b]));
+                    .and_then(|_| launch(reduce, diff, &buckets[b]));
                 if let Err(e) = r {
                     failure = Some(e);
                     return;
@@ -286,15 +422,15 @@ impl Engine for GpuEngine {
     }
 
     fn all_reduce_gradients(&mut self) -> Result<()> {
-        if self.comm.size() == 1 {
-            // The average over one replica is its own gradient.
+        let Some(reduce) = reducing(self.scope, &self.comm, self.node_comm.as_ref()) else {
+            // The replica steps on its own gradient (alone, or a local step).
             return poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0);
-        }
+        };
         if !self.launched {
             poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0)?;
             order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
             for b in &self.buckets {
-                launch(&self.comm, &mut self.net.params.diff, b)?;
+                launch(reduce, &mut self.net.params.diff, b)?;
             }
         }
         self.launched = false;
@@ -303,6 +439,117 @@ impl Engine for GpuEngine {
         self.clock.time(gpu, Step::AllReduce, || {
             order(fence, comm_stream, &gpu.compute)
         })
+    }
+
+    fn set_gradient_scope(&mut self, scope: GradientScope) {
+        self.scope = scope;
+    }
+
+    fn average_params(&mut self) -> Result<()> {
+        let alone = self.comm.size() == 1;
+        if self.outer == Outer::Average {
+            return match alone {
+                true => Ok(()),
+                false => self.average_over_all(Buffer::Data),
+            };
+        }
+        let Some(anchor) = &self.anchor else {
+            return Ok(());
+        };
+        // The gradient buffer is free after the update: it holds the delta, anchor − θ.
+        let (s, k, p) = (&self.gpu.compute, &self.gpu.kernels, &mut self.net.params);
+        let n = p.len();
+        s.memcpy_dtod(&anchor.slice(..n), &mut p.diff.slice_mut(..n))
+            .map_err(|e| gpu_error("copy the anchor", e))?;
+        k.axpy(s, -1.0, &p.data.slice(..n), &mut p.diff.slice_mut(..n), n)?;
+        if !alone {
+            self.average_over_all(Buffer::Diff)?;
+        }
+        self.nesterov_on_device()
+    }
+
+    fn hold_mean_params(&mut self, on: bool) -> Result<()> {
+        let n = self.net.params.len();
+        let s = &self.gpu.compute;
+        let own = match &mut self.own {
+            Some(own) => own,
+            None => self.own.insert(
+                s.alloc_zeros::<f32>(n.max(1))
+                    .map_err(|e| gpu_error("allocate the replica's own parameters", e))?,
+            ),
+        };
+        let data = &mut self.net.params.data;
+        if !on {
+            return s
+                .memcpy_dtod(&own.slice(..n), &mut data.slice_mut(..n))
+                .map_err(|e| gpu_error("restore the replica's own parameters", e));
+        }
+        s.memcpy_dtod(&data.slice(..n), &mut own.slice_mut(..n))
+            .map_err(|e| gpu_error("keep the replica's own parameters", e))?;
+        match self.comm.size() {
+            1 => Ok(()),
+            _ => self.average_over_all(Buffer::Data),
+        }
+    }
+
+    fn outer_state(&mut self) -> Result<Vec<Vec<f32>>> {
+        let n = self.net.params.len();
+        // Waited for first: a copy into pageable memory blocks without a deadline.
+        self.wait_for_device("local SGD's outer state")?;
+        [&self.anchor, &self.outer_momentum]
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                self.gpu
+                    .compute
+                    .clone_dtoh(&b.slice(..n))
+                    .map_err(|e| gpu_error("copy local SGD's outer state to the host", e))
+            })
+            .collect()
+    }
+
+    fn restore_apart(&mut self, params: Option<&[f32]>, outer: &[Vec<f32>]) -> Result<()> {
+        let n = self.net.params.len();
+        let fits = |v: &[f32]| v.len() == n;
+        if !params.is_none_or(fits) || !outer.iter().all(|v| fits(v)) {
+            return Err(Error::Device(format!(
+                "CUDA: restoring a replica's state of another size than its {n} parameters"
+            )));
+        }
+        let s = &self.gpu.compute;
+        let htod = |e| gpu_error("copy a replica's resumed state to the device", e);
+        if let Some(p) = params {
+            s.memcpy_htod(p, &mut self.net.params.data.slice_mut(..n))
+                .map_err(htod)?;
+        }
+        if let (Some(anchor), Some(momentum)) = (&mut self.anchor, &mut self.outer_momentum) {
+            match outer {
+                [a, m] => {
+                    s.memcpy_htod(a, &mut anchor.slice_mut(..n)).map_err(htod)?;
+                    s.memcpy_htod(m, &mut momentum.slice_mut(..n))
+                        .map_err(htod)?;
+                }
+                _ => s
+                    .memcpy_dtod(&self.net.params.data.slice(..n), &mut anchor.slice_mut(..n))
+                    .map_err(htod)?,
+            }
+        }
+        self.gpu.synchronize()
+    }
+
+    fn broadcast_host(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
+        let s = &self.gpu.compute;
+        let mut dev = s
+            .clone_htod(buf)
+            .map_err(|e| gpu_error("copy a host buffer to broadcast", e))?;
+        order(&self.fence, s, &self.comm_stream)?;
+        let n = buf.len();
+        self.comm
+            .broadcast(&mut dev, 0..n, root, &self.comm_stream)?;
+        order(&self.fence, &self.comm_stream, s)?;
+        self.wait_for_device("host buffer broadcast")?;
+        s.memcpy_dtoh(&dev, buf)
+            .map_err(|e| gpu_error("copy a broadcast buffer to the host", e))
     }
 
     fn update(&mut self, iter: u64) -> Result<f32> {

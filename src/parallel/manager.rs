@@ -1,16 +1,17 @@
 //! `P2PManager`: one per process. Owns the resolved plan, the data and the initial parameters,
 //! starts one `P2PSync` thread per local replica with its engine (CPU, or a GPU with an NCCL
-//! communicator), joins them and reports. A replica that fails ends the whole job (its peers may
-//! be waiting in a collective).
+//! communicator; under local SGD's node scope, a second one over the node), joins them and
+//! reports. A replica that fails ends the whole job (its peers may be waiting in a collective).
 
 use super::cpu_engine::CpuEngine;
 use super::engine::Engine;
-use super::gpu_engine::GpuEngine;
+use super::gpu_engine::{GpuEngine, NodeClique};
 use super::sync::{Outputs, P2PSync, ReplicaReport};
 use crate::backend::Cpu;
 use crate::config::Plan;
 use crate::data::DataSplit;
 use crate::dist::bootstrap::run_replicas;
+use crate::dist::nodes::Nodes;
 use crate::dist::Bootstrap;
 use crate::error::Result;
 use crate::params::Params;
@@ -55,21 +56,14 @@ pub struct P2PManager {
     pub timeline_iters: Option<u64>,
     /// The solver state of `--resume` (the weights are in `initial`).
     pub resume: Option<Arc<SolverState>>,
+    /// The nodes of local SGD's node scope (`None` otherwise).
+    pub nodes: Option<Arc<Nodes>>,
+    /// On GPUs under local SGD's node scope, the NCCL clique of this process's node.
+    pub node_nccl_id: Option<crate::cuda::nccl::NcclId>,
 }
 
-/// Runs `mode` on one replica's engine.
-fn drive<E: Engine>(
-    plan: Arc<Plan>,
-    data: DataSplit,
-    engine: E,
-    out: Option<Outputs>,
-    mode: Mode,
-    timeline_iters: Option<u64>,
-    resume: Option<Arc<SolverState>>,
-) -> Result<RunReport> {
-    let sync = P2PSync::new(plan, data, engine, out)
-        .with_timeline(timeline_iters)
-        .resume_from(resume);
+/// Runs `mode` on one replica.
+fn drive<E: Engine>(sync: P2PSync<E>, mode: Mode) -> Result<RunReport> {
     match mode {
         Mode::Train => sync.train(),
         Mode::Bench {
@@ -93,24 +87,24 @@ impl P2PManager {
             Devices::Cpu {
                 threads_per_replica,
             } => {
-                let inputs = boot
-                    .cpu_comms(k)
+                let comms: Vec<_> = match &self.nodes {
+                    Some(nodes) => boot
+                        .cpu_comms_with_nodes(k, nodes)
+                        .into_iter()
+                        .map(|(all, node)| (all, Some(node)))
+                        .collect(),
+                    None => boot.cpu_comms(k).into_iter().map(|c| (c, None)).collect(),
+                };
+                let inputs = comms
                     .into_iter()
-                    .map(|comm| (comm, outputs.take()))
+                    .map(|comms| (comms, outputs.take()))
                     .collect();
-                run_replicas(rank, "p2psync", inputs, |_, (comm, out)| {
+                run_replicas(rank, "p2psync", inputs, |_, ((comm, node), out)| {
                     let cpu = Cpu::new(threads_per_replica);
                     let engine =
-                        CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?;
-                    drive(
-                        self.plan.clone(),
-                        self.data.clone(),
-                        engine,
-                        out,
-                        mode,
-                        self.timeline_iters,
-                        self.resume.clone(),
-                    )
+                        CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?
+                            .with_node_comm(node);
+                    self.drive(engine, out, mode)
                 })
             }
             Devices::Cuda {
@@ -118,8 +112,14 @@ impl P2PManager {
                 nccl_id,
             } => {
                 let inputs = (0..k).map(|_| outputs.take()).collect();
+                let place = self.nodes.as_ref().map(|n| n.place(rank));
                 run_replicas(rank, "p2psync", inputs, |local, out| {
                     let universal = rank * k + local;
+                    let clique = place.zip(self.node_nccl_id).map(|((i, n), id)| NodeClique {
+                        rank: i * k + local,
+                        size: n * k,
+                        id,
+                    });
                     let engine = GpuEngine::new(
                         &self.plan.config,
                         shape,
@@ -128,7 +128,8 @@ impl P2PManager {
                         size * k,
                         nccl_id,
                         &self.initial,
-                    )?;
+                    )?
+                    .with_node_clique(clique)?;
                     if local == 0 {
                         tracing::info!(
                             "replica {universal} on GPU {} ({})",
@@ -136,15 +137,7 @@ impl P2PManager {
                             engine.device_name()
                         );
                     }
-                    drive(
-                        self.plan.clone(),
-                        self.data.clone(),
-                        engine,
-                        out,
-                        mode,
-                        self.timeline_iters,
-                        self.resume.clone(),
-                    )
+                    self.drive(engine, out, mode)
                 })
             }
         };
@@ -156,5 +149,14 @@ impl P2PManager {
         let mut first = reports.swap_remove(0);
         first.traces = traces;
         Ok(first)
+    }
+
+    /// Runs `mode` on one replica's engine.
+    fn drive<E: Engine>(&self, engine: E, out: Option<Outputs>, mode: Mode) -> Result<RunReport> {
+        let sync = P2PSync::new(self.plan.clone(), self.data.clone(), engine, out)
+            .with_timeline(self.timeline_iters)
+            .resume_from(self.resume.clone())
+            .with_nodes(self.nodes.clone());
+        drive(sync, mode)
     }
 }

@@ -1,13 +1,15 @@
 //! The parallel trainer, after NVIDIA Caffe: one `P2PManager` per process owns the resolved plan
 //! and starts one `P2PSync` thread per local replica; each `P2PSync` runs its own net, solver and
 //! data shard and talks to the others through its `Communicator`; `SharedScores` turns the
-//! replicas' local loss and accuracy into global figures.
+//! replicas' local loss and accuracy into global figures; `local_sgd` schedules local SGD's
+//! averagings.
 
 pub mod bucket;
 pub mod cpu_engine;
 pub mod engine;
 pub mod fault;
 pub mod gpu_engine;
+pub mod local_sgd;
 pub mod manager;
 pub mod reducer;
 pub mod scores;

@@ -5,19 +5,29 @@
 //! writes metrics and snapshots; the test pass and the displayed loss are global. A step whose
 //! loss or averaged gradient is not finite stops every replica at the same iteration, or is
 //! skipped by all of them (`crate::solver::non_finite`).
+//!
+//! Under local SGD (`super::local_sgd`) a step averages its gradient over the replicas its
+//! [`Schedule`] says (a node's, or none) and the replicas average their parameters every
+//! `sync_period` steps. Where they agree (after an averaging or a synchronous step) the loop
+//! agrees on signals, reads the refused-step record and verifies every replica; in between it
+//! exchanges nothing but what the user asked for (display, tests, snapshots), so that a signal
+//! is acted on at the next averaging. Tests and snapshot weights take the replicas' mean
+//! parameters; a snapshot also carries every replica's own state (`crate::resume`).
 
 use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
+use super::local_sgd::{AfterStep, GradientScope, Schedule, Traffic};
 use super::scores::SharedScores;
 use super::timeline::Timeline;
 use super::timing::StepTimes;
 use crate::config::{NonFiniteMode, Phase, Plan};
 use crate::data::{self, DataSplit, TrainReader};
+use crate::dist::nodes::Nodes;
 use crate::error::Result;
 use crate::metrics::MetricsLog;
 use crate::net::{weighted_loss, PassCtx};
 use crate::output_folder::OutputLock;
-use crate::resume::{self, Lineage, SaveState, SolverState};
+use crate::resume::{self, Lineage, ReplicasApart, SaveState, SolverState};
 use crate::signals::{self, Decision, Effects, SignalWatch};
 use crate::solver::non_finite::{self, NonFiniteSteps, INJECT_NAN};
 use crate::spans::{ReplicaTrace, Step};
@@ -71,6 +81,13 @@ pub struct ReplicaReport {
     pub stopped: Option<i32>,
     /// The iteration training started from (a resumed run's snapshot; else 0).
     pub first_iteration: u64,
+    /// What this replica handed to all-reduces of gradients and parameters (bench: the timed
+    /// iterations only).
+    pub traffic: Traffic,
+    /// Replicas in the job and in this replica's node (local SGD's node scope; else 1), for
+    /// the bytes a ring all-reduce sends.
+    pub replicas: usize,
+    pub node_replicas: usize,
 }
 
 /// One layer's mean device (or host) time per iteration, from `bench --layers`.
@@ -97,11 +114,20 @@ pub struct P2PSync<E: Engine> {
     non_finite_seen: NonFiniteSteps,
     /// Where a replica's loss is made NaN (`INJECT_NAN`), if anywhere.
     inject_nan: Option<InjectedPanic>,
+    /// Which replicas average what, step by step (local SGD; every replica every step else).
+    schedule: Schedule,
+    /// The nodes of local SGD's node scope.
+    nodes: Option<Arc<Nodes>>,
+    /// What this replica handed to all-reduces.
+    traffic: Traffic,
 }
 
 impl<E: Engine> P2PSync<E> {
     pub fn new(plan: Arc<Plan>, data: DataSplit, engine: E, outputs: Option<Outputs>) -> Self {
         P2PSync {
+            schedule: Schedule::new(&plan.config.cluster, 0),
+            nodes: None,
+            traffic: Traffic::default(),
             plan,
             data,
             engine,
@@ -125,6 +151,21 @@ impl<E: Engine> P2PSync<E> {
         self
     }
 
+    /// The nodes of local SGD's node scope (for the replica checks).
+    pub fn with_nodes(mut self, nodes: Option<Arc<Nodes>>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// The replicas of this replica's node (1 without nodes).
+    fn node_replicas(&self) -> usize {
+        let k = self.plan.replicas_per_rank;
+        match &self.nodes {
+            Some(n) => n.place(self.engine.rank() / k.max(1)).1 * k,
+            None => 1,
+        }
+    }
+
     /// Restores the solver history and loss window of a resumed run; returns the first
     /// iteration to run and the first micro-batch to read.
     fn restore(&mut self) -> Result<(u64, u64)> {
@@ -133,7 +174,20 @@ impl<E: Engine> P2PSync<E> {
         };
         let s = &self.plan.config.solver;
         let slots = state.loss_slots(s.average_loss, s.iter_size);
-        self.engine.restore_state(&state.history, &slots)?;
+        let cluster = &self.plan.config.cluster;
+        match &state.apart {
+            Some(apart) => {
+                let r = self.engine.rank();
+                self.engine.restore_state(&apart.history[r], &slots)?;
+                self.engine
+                    .restore_apart(Some(&apart.params[r]), &apart.outer)?;
+                self.schedule = Schedule::new(cluster, apart.last_sync);
+            }
+            None => {
+                self.engine.restore_state(&state.history, &slots)?;
+                self.schedule = Schedule::new(cluster, state.iter);
+            }
+        }
         let micro = (self.plan.config.data.batch_size * self.engine.size()) as u64;
         if state.data_position % micro != 0 && self.engine.rank() == 0 {
             tracing::warn!(
@@ -167,16 +221,53 @@ impl<E: Engine> P2PSync<E> {
     }
 
     /// Compares a bit-exact hash of the parameters across every replica (a collective) and
-    /// fails, naming the first diverging universal rank, when they differ.
+    /// fails, naming the first diverging universal rank, when they differ. Under local SGD,
+    /// what must agree: the outer state everywhere, and the parameters everywhere right after an
+    /// averaging, else among each node's replicas (node scope).
     fn verify_replicas(&mut self, done: u64) -> Result<()> {
+        use super::verify::{check, check_among, gather_slots, hash_params, hashes};
         let every = self.plan.config.cluster.verify_interval;
         if every == 0 || !done.is_multiple_of(every) {
             return Ok(());
         }
-        let hash = self.engine.params_hash()?;
-        let mut slots = super::verify::gather_slots(hash, self.engine.rank(), self.engine.size());
+        let (rank, size) = (self.engine.rank(), self.engine.size());
+        let mut slots = gather_slots(self.engine.params_hash()?, rank, size);
+        if !self.schedule.is_local() {
+            self.engine.sum_scores(&mut slots)?;
+            return check(&hashes(&slots), done);
+        }
+        let outer = hash_params(&self.engine.outer_state()?.concat());
+        slots.extend(gather_slots(outer, rank, size));
         self.engine.sum_scores(&mut slots)?;
-        super::verify::check(&super::verify::hashes(&slots), done)
+        let (params, outer) = slots.split_at(2 * size);
+        let (params, all) = (hashes(params), (0..size).collect::<Vec<_>>());
+        check_among(
+            &all,
+            &hashes(outer),
+            done,
+            "local SGD outer state",
+            "replicas",
+        )?;
+        if self.schedule.in_sync(done) {
+            return check(&params, done);
+        }
+        let Some(nodes) = &self.nodes else {
+            return Ok(()); // every replica on its own until the next averaging
+        };
+        let k = self.plan.replicas_per_rank;
+        for node in 0..nodes.count() {
+            let ranks: Vec<usize> = (0..size)
+                .filter(|&u| nodes.of_replica(u, k) == node)
+                .collect();
+            check_among(
+                &ranks,
+                &params,
+                done,
+                "parameters",
+                &format!("replicas of node {node}"),
+            )?;
+        }
+        Ok(())
     }
 
     fn reader(&self, first_micro_batch: u64) -> TrainReader {
@@ -194,11 +285,19 @@ impl<E: Engine> P2PSync<E> {
         )
     }
 
-    /// One iteration: forward/backward over `iter_size` sub-batches, all-reduce, update.
-    /// Returns the learning rate used.
+    /// One iteration: forward/backward over `iter_size` sub-batches, all-reduce (over the
+    /// replicas the schedule says), update. Returns the learning rate used.
     fn step(&mut self, iter: u64, reader: &mut TrainReader, times: &mut StepTimes) -> Result<f32> {
         let s = &self.plan.config.solver;
         let slot = (iter % s.average_loss) as usize;
+        let scope = self.schedule.scope(iter);
+        self.engine.set_gradient_scope(scope);
+        let reduced = match scope {
+            GradientScope::All if self.engine.size() > 1 => scope,
+            GradientScope::Node if self.node_replicas() > 1 => scope,
+            _ => GradientScope::Own,
+        };
+        self.traffic.gradient(reduced, self.engine.param_count());
         self.engine.zero_grad()?;
         for sub in 0..s.iter_size {
             let batch = times.time(Step::Data, || reader.next())?;
@@ -225,6 +324,45 @@ impl<E: Engine> P2PSync<E> {
         times.time(Step::Update, || engine.update(iter))
     }
 
+    /// Ends step `iter` as the schedule says: averages the parameters when it is time. Returns
+    /// whether the replicas agree after it (always, without local SGD).
+    fn after_step(&mut self, iter: u64, times: &mut StepTimes) -> Result<bool> {
+        match self.schedule.after_step(iter) {
+            AfterStep::Synchronous => Ok(true),
+            AfterStep::Apart => Ok(false),
+            AfterStep::Average => {
+                self.count_parameter_average();
+                let engine = &mut self.engine;
+                times.average(|| engine.average_params())?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Counts one all-reduce of the parameters (or their deltas) over every replica.
+    fn count_parameter_average(&mut self) {
+        if self.engine.size() > 1 {
+            self.traffic.parameters += self.engine.param_count() as u64;
+        }
+    }
+
+    /// Runs `f` on the replicas' mean parameters when they are apart after `done` steps (each
+    /// replica's own are put back after), else on its own: a collective.
+    fn on_mean_params<T>(
+        &mut self,
+        done: u64,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        if self.schedule.in_sync(done) {
+            return f(self);
+        }
+        self.count_parameter_average();
+        self.engine.hold_mean_params(true)?;
+        let out = f(self)?;
+        self.engine.hold_mean_params(false)?;
+        Ok(out)
+    }
+
     /// The displayed loss after iteration `iter`: the mean over the global batch, averaged over
     /// the last `average_loss` iterations (a collective).
     fn global_loss(&mut self, iter: u64) -> Result<f64> {
@@ -246,6 +384,8 @@ impl<E: Engine> P2PSync<E> {
         let mut reader = self.reader(first_micro_batch);
         let mut report = ReplicaReport {
             first_iteration: first_iter,
+            replicas: self.engine.size(),
+            node_replicas: self.node_replicas(),
             ..Default::default()
         };
         let timeline = match self.timeline_iters {
@@ -280,9 +420,11 @@ impl<E: Engine> P2PSync<E> {
                 && iter % s.test_interval == 0
                 && (iter > 0 || s.test_initialization)
             {
-                report.last_test = Some(times.test(|| self.test(iter))?);
+                let test = |me: &mut Self| me.on_mean_params(iter, |me| me.test(iter));
+                report.last_test = Some(times.test(|| test(&mut self))?);
             }
             let lr = self.step(iter, &mut reader, &mut times)?;
+            let in_sync = self.after_step(iter, &mut times)?;
             if s.display > 0 && iter % s.display == 0 {
                 let loss = self.global_loss(iter)?;
                 self.look_at_non_finite()?;
@@ -295,12 +437,16 @@ impl<E: Engine> P2PSync<E> {
             }
             let done = iter + 1;
             self.verify_replicas(done)?;
-            let decision = self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?;
+            // Replicas apart (local SGD) exchange nothing: signals wait for the next averaging.
+            let decision = match in_sync {
+                true => self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?,
+                false => Decision::default(),
+            };
             if decision.stop.is_some() {
                 signals::note_stop_decided();
             }
             // Where the host has just waited for the device anyway.
-            if self.engine.host_waits_each_step() {
+            if in_sync && self.engine.host_waits_each_step() {
                 self.look_at_non_finite()?;
             }
             if decision != Decision::default() {
@@ -328,7 +474,8 @@ impl<E: Engine> P2PSync<E> {
             }
         }
         report.iterations = s.max_iter;
-        report.last_test = Some(times.test(|| self.test(s.max_iter))?);
+        let test = |me: &mut Self| me.on_mean_params(s.max_iter, |me| me.test(s.max_iter));
+        report.last_test = Some(times.test(|| test(&mut self))?);
         self.snapshot(s.max_iter, &mut report)?;
         self.finish_run(report, reader, times, started)
     }
@@ -342,6 +489,7 @@ impl<E: Engine> P2PSync<E> {
         started: Instant,
     ) -> Result<ReplicaReport> {
         report.seconds = started.elapsed().as_secs_f64();
+        report.traffic = self.traffic;
         if let Some(bar) = self.outputs.as_ref().and_then(|o| o.progress.as_ref()) {
             bar.finish_and_clear();
         }
@@ -358,7 +506,14 @@ impl<E: Engine> P2PSync<E> {
     /// once there is one; in `skip` mode universal rank 0 logs the new ones and counts them in
     /// `metrics.jsonl`. Every replica calls it at the same iterations and reads the same record.
     fn look_at_non_finite(&mut self) -> Result<()> {
-        let now = self.engine.non_finite_steps()?;
+        let mut now = self.engine.non_finite_steps()?;
+        if self.schedule.is_local() {
+            // Between averagings each replica refuses its own steps: the job's record is theirs
+            // together (a collective).
+            let mut slots = now.slots(self.engine.rank(), self.engine.size());
+            self.engine.sum_scores(&mut slots)?;
+            now = now.merged(&slots);
+        }
         if self.plan.config.solver.non_finite == NonFiniteMode::Stop {
             return now.stop_error().map_or(Ok(()), Err);
         }
@@ -407,9 +562,11 @@ impl<E: Engine> P2PSync<E> {
         self.steps(0..warmup, &mut reader, &mut times)?;
         self.engine.barrier()?;
         times.reset();
+        self.traffic = Traffic::default();
         self.engine.time_device_phases(true);
         let started = Instant::now();
         self.steps(warmup..warmup + iters, &mut reader, &mut times)?;
+        let traffic = self.traffic;
         let last = warmup + iters.max(1) - 1;
         let loss = self.global_loss(last)?;
         let seconds = started.elapsed().as_secs_f64();
@@ -433,6 +590,7 @@ impl<E: Engine> P2PSync<E> {
             None
         };
         drop(reader);
+        let (replicas, node_replicas) = (self.engine.size(), self.node_replicas());
         self.engine.finish()?;
         Ok(ReplicaReport {
             iterations: iters,
@@ -441,6 +599,9 @@ impl<E: Engine> P2PSync<E> {
             step_seconds: Some(split),
             step_clock,
             layer_ms,
+            traffic,
+            replicas,
+            node_replicas,
             ..Default::default()
         })
     }
@@ -455,6 +616,7 @@ impl<E: Engine> P2PSync<E> {
         for iter in iters {
             crate::dist::deadline::set_iteration(iter);
             self.step(iter, reader, times)?;
+            self.after_step(iter, times)?;
         }
         Ok(())
     }
@@ -618,13 +780,25 @@ impl<E: Engine> P2PSync<E> {
     fn snapshot(&mut self, iter: u64, report: &mut ReplicaReport) -> Result<()> {
         let window = self.global_loss_window(iter)?;
         self.look_at_non_finite()?;
-        // Every replica holds the same weights, so every one reaches the same verdict.
+        // Every replica holds the same weights (or, under local SGD, checks its own), so every
+        // one reaches the same verdict.
         let params = self.engine.params_to_host()?;
         non_finite::check_weights(&params, iter)?;
+        let apart = match self.schedule.is_local() {
+            true => self.gather_apart(&params.data)?,
+            false => None,
+        };
+        let params = match self.schedule.is_local() {
+            true => self.on_mean_params(iter, |me| me.engine.params_to_host())?,
+            false => params,
+        };
         if self.outputs.is_none() {
             return Ok(());
         }
-        let history = self.engine.solver_history()?;
+        let history = match apart {
+            Some(_) => Vec::new(),
+            None => self.engine.solver_history()?,
+        };
         let history_names = self.engine.history_names();
         let Some(out) = &mut self.outputs else {
             return Ok(());
@@ -636,6 +810,7 @@ impl<E: Engine> P2PSync<E> {
             loss_window: &window,
             train_records: self.data.train.len(),
             lineage: &out.lineage.id,
+            apart: apart.as_ref(),
         };
         let files = resume::save(&out.dir, &self.plan, &params, &state)?;
         info!("snapshot {}", files.weights.display());
@@ -647,5 +822,40 @@ impl<E: Engine> P2PSync<E> {
         }
         report.snapshots.push(weights);
         Ok(())
+    }
+
+    /// Local SGD's snapshot state (a collective): every replica's own parameters `own` and
+    /// solver history, gathered on universal rank 0 (`None` elsewhere) through one broadcast
+    /// from each replica in turn, with the outer state and the last agreement.
+    fn gather_apart(&mut self, own: &[f32]) -> Result<Option<ReplicasApart>> {
+        let mut buffers = vec![own.to_vec()];
+        buffers.extend(self.engine.solver_history()?);
+        let (me, size) = (self.engine.rank(), self.engine.size());
+        let mut gathered: Vec<Vec<Vec<f32>>> = Vec::new();
+        for root in 0..size {
+            let mut theirs = Vec::with_capacity(buffers.len());
+            for mine in &buffers {
+                let mut buf = match root == me {
+                    true => mine.clone(),
+                    false => vec![0.0; mine.len()],
+                };
+                self.engine.broadcast_host(&mut buf, root)?;
+                theirs.push(buf);
+            }
+            if me == 0 {
+                gathered.push(theirs);
+            }
+        }
+        let outer = self.engine.outer_state()?;
+        if me != 0 {
+            return Ok(None);
+        }
+        let (params, history) = gathered.into_iter().map(|mut b| (b.remove(0), b)).unzip();
+        Ok(Some(ReplicasApart {
+            last_sync: self.schedule.last_sync(),
+            params,
+            history,
+            outer,
+        }))
     }
 }

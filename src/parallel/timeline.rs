@@ -1,6 +1,6 @@
 //! Recording a replica's timeline (`p2ptrain train --timeline FILE`): spans of the step phases
 //! (data wait, forward, backward, all-reduce, update) for the first `iters` iterations, every test
-//! pass (the window starts at the first iteration the run executes, so a run that does not
+//! pass and every averaging of local SGD (the window starts at the first iteration the run executes, so a run that does not
 //! start at iteration 0 is recorded too), and the engine's own finer spans (forward and backward per layer on the CPU; the
 //! device's phases from CUDA events on a GPU) over the same window.
 //!
@@ -61,6 +61,12 @@ impl Timeline {
     pub fn test(&mut self, start: Instant, end: Instant) {
         self.log
             .push(Name::Test, Track::Host, start, end, self.iter);
+    }
+
+    /// Records local SGD's averaging of the parameters (always: it is rare).
+    pub fn average(&mut self, start: Instant, end: Instant) {
+        self.log
+            .push(Name::Average, Track::Host, start, end, self.iter);
     }
 
     /// Marks the start of iteration `iter`; the first iteration past the window ends the

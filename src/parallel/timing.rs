@@ -68,6 +68,24 @@ impl StepTimes {
         r
     }
 
+    /// Runs `f`, local SGD's averaging: its time counts as all-reduce, and the timeline (if
+    /// any) records it under its own name.
+    pub fn average<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        if !self.enabled && self.timeline.is_none() {
+            return f();
+        }
+        let t = Instant::now();
+        let r = f();
+        let end = Instant::now();
+        if self.enabled {
+            self.seconds[Step::AllReduce as usize] += (end - t).as_secs_f64();
+        }
+        if let Some(tl) = &mut self.timeline {
+            tl.average(t, end);
+        }
+        r
+    }
+
     pub fn reset(&mut self) {
         self.seconds = [0.0; 5];
     }

@@ -4,6 +4,10 @@
 //! halves, into slots 2r and 2r+1 of a zeroed vector). Every replica then finds the same
 //! verdict ([`check`]): the hash most replicas hold is the reference (universal rank 0's on a
 //! tie), and the first universal rank with another hash is named in the error that stops the job.
+//!
+//! Under local SGD the replicas differ between averagings on purpose; what must agree is checked
+//! instead ([`check_among`]): the outer rule's state on every replica, and the parameters among
+//! the replicas of each node (`sync_scope = "node"`) or, right after an averaging, everywhere.
 
 use crate::error::{Error, Result};
 
@@ -35,29 +39,50 @@ pub fn hashes(summed: &[f64]) -> Vec<u64> {
 /// `Ok` when every replica holds the same hash, else an error naming the first universal rank
 /// whose hash differs from the majority's and the iteration.
 pub fn check(hashes: &[u64], iter: u64) -> Result<()> {
-    let Some(&first) = hashes.first() else {
+    let all: Vec<usize> = (0..hashes.len()).collect();
+    check_among(&all, hashes, iter, "parameters", "replicas")
+}
+
+/// [`check`] among the universal ranks `ranks` only, of every replica's `hashes`, saying what
+/// was hashed (`what`: "parameters") and of which replicas (`among`: "replicas of node 1").
+pub fn check_among(
+    ranks: &[usize],
+    hashes: &[u64],
+    iter: u64,
+    what: &str,
+    among: &str,
+) -> Result<()> {
+    let Some(&first) = ranks.first().map(|&r| &hashes[r]) else {
         return Ok(());
     };
-    if hashes.iter().all(|&h| h == first) {
+    if ranks.iter().all(|&r| hashes[r] == first) {
         return Ok(());
     }
-    let count = |h: u64| hashes.iter().filter(|&&x| x == h).count();
+    let count = |h: u64| ranks.iter().filter(|&&r| hashes[r] == h).count();
     // The most common hash; the earliest rank's on a tie (rank 0's with two replicas).
     let reference =
-        hashes.iter().copied().fold(
+        ranks.iter().map(|&r| hashes[r]).fold(
             first,
-            |best, h| if count(h) > count(best) { h } else { best },
+            |best, h| {
+                if count(h) > count(best) {
+                    h
+                } else {
+                    best
+                }
+            },
         );
-    let bad: Vec<usize> = (0..hashes.len())
+    let bad: Vec<usize> = ranks
+        .iter()
+        .copied()
         .filter(|&r| hashes[r] != reference)
         .collect();
     Err(Error::Comm(format!(
-        "replica consistency check after iteration {iter}: the parameters of universal rank {} \
-         differ from those of {} of {} replicas (hash {:016x}, expected {reference:016x}); \
+        "replica consistency check after iteration {iter}: the {what} of universal rank {} \
+         differ from those of {} of {} {among} (hash {:016x}, expected {reference:016x}); \
          diverging ranks: {bad:?}",
         bad[0],
         count(reference),
-        hashes.len(),
+        ranks.len(),
         hashes[bad[0]],
     )))
 }
@@ -94,5 +119,19 @@ mod tests {
         let e = check(&[5, 7, 7], 4).unwrap_err().to_string();
         assert!(e.contains("universal rank 0 differ"), "{e}");
         assert!(e.contains("diverging ranks: [0]"), "{e}");
+    }
+
+    /// Among a node's replicas only: the other node may differ, a replica of this one may not.
+    #[test]
+    fn checks_among_a_group_of_ranks() {
+        let hashes = [1, 1, 8, 9];
+        assert!(check_among(&[0, 1], &hashes, 5, "parameters", "replicas of node 0").is_ok());
+        let e = check_among(&[2, 3], &hashes, 5, "parameters", "replicas of node 1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("universal rank 3 differ from those of 1 of 2 replicas of node 1"),
+            "{e}"
+        );
     }
 }

@@ -70,6 +70,46 @@ impl NonFiniteSteps {
     }
 }
 
+impl NonFiniteSteps {
+    /// This record of universal rank `rank` as the all-reduce input that merges every replica's
+    /// ([`NonFiniteSteps::merged`]): `[count, first + 1, last + 1]` (0: none) in slots
+    /// `3·rank..3·rank + 3` of `3 × size` zeros. Local SGD needs it: between averagings a
+    /// replica refuses its own steps, not the others'.
+    pub fn slots(&self, rank: usize, size: usize) -> Vec<f64> {
+        let mut v = vec![0.0; 3 * size];
+        let at = |i: Option<u64>| i.map_or(0.0, |i| (i + 1) as f64);
+        v[3 * rank..3 * rank + 3].copy_from_slice(&[
+            self.count as f64,
+            at(self.first),
+            at(self.last),
+        ]);
+        v
+    }
+
+    /// The job's record from the summed [`NonFiniteSteps::slots`] of every replica: the counts
+    /// added, the earliest first and the latest last iteration; the culprit is this replica's
+    /// where its first is the job's, else the earliest replica that refused that iteration.
+    pub fn merged(&self, summed: &[f64]) -> NonFiniteSteps {
+        let per: Vec<&[f64]> = summed.chunks_exact(3).collect();
+        let iter = |x: f64| (x > 0.0).then(|| x as u64 - 1);
+        let first = per.iter().filter_map(|p| iter(p[1])).min();
+        let culprit = match first {
+            None => None,
+            Some(f) if self.first == Some(f) => self.culprit.clone(),
+            Some(f) => per
+                .iter()
+                .position(|p| iter(p[1]) == Some(f))
+                .map(|r| format!("the loss or the gradient of replica {r}")),
+        };
+        NonFiniteSteps {
+            count: per.iter().map(|p| p[0] as u64).sum(),
+            first,
+            last: per.iter().filter_map(|p| iter(p[2])).max(),
+            culprit,
+        }
+    }
+}
+
 /// The index of the first NaN or infinity in `values`.
 pub fn first_non_finite(values: &[f32]) -> Option<usize> {
     values.iter().position(|v| !v.is_finite())
@@ -154,5 +194,32 @@ mod tests {
         let err = check_weights(&p, 3).unwrap_err().to_string();
         assert!(err.contains("after iteration 3"), "{err}");
         assert!(err.contains("`ip.bias`"), "{err}");
+    }
+
+    #[test]
+    fn merged_records_add_counts_and_name_the_earliest_replica() {
+        let mut a = NonFiniteSteps::default();
+        a.record(9, || "mine".into());
+        let mut b = NonFiniteSteps::default();
+        b.record(4, || "theirs".into());
+        b.record(6, || unreachable!("only the first culprit is kept"));
+        let quiet = NonFiniteSteps::default();
+        let mut sum = vec![0.0; 9];
+        for (rank, r) in [(0, &quiet), (1, &b), (2, &a)] {
+            for (s, x) in sum.iter_mut().zip(r.slots(rank, 3)) {
+                *s += x;
+            }
+        }
+        let seen_by_a = a.merged(&sum);
+        assert_eq!(
+            (seen_by_a.count, seen_by_a.first, seen_by_a.last),
+            (3, Some(4), Some(9))
+        );
+        assert_eq!(
+            seen_by_a.culprit.as_deref(),
+            Some("the loss or the gradient of replica 1")
+        );
+        assert_eq!(b.merged(&sum).culprit.as_deref(), Some("theirs"));
+        assert_eq!(quiet.merged(&[0.0; 9]), NonFiniteSteps::default());
     }
 }

@@ -1,4 +1,5 @@
-//! `[cluster]`: bucket size, replicas and threads per rank, deadlines.
+//! `[cluster]`: bucket size, replicas and threads per rank, deadlines, local SGD's period and
+//! outer rule.
 
 use super::*;
 
@@ -38,6 +39,15 @@ impl Validator<'_> {
         if let Some(n) = self.cfg.cluster.world_size {
             self.at_least_one("cluster.world_size", n as u64)?;
         }
-        Ok(())
+        self.local_sgd()
+    }
+
+    /// Local SGD's keys (checked whatever `sync` says: a value out of range is a mistake either
+    /// way); `node_ranks` against the world size is the plan's.
+    fn local_sgd(&self) -> Result<()> {
+        let c = &self.cfg.cluster;
+        self.at_least_one("cluster.sync_period", c.sync_period)?;
+        self.positive("cluster.outer_lr", c.outer_lr)?;
+        self.fraction("cluster.outer_momentum", c.outer_momentum)
     }
 }
