@@ -12,6 +12,7 @@
 //! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
 
 pub mod backend;
+pub mod caffe;
 pub mod chrome_trace;
 pub mod cmd;
 pub mod config;

@@ -7,36 +7,13 @@
 //! in `data` (5, packed floats) or `double_data` (8, packed doubles). Files written here carry the
 //! legacy dimensions with `num = 1` and packed `data`, as `compute_image_mean` writes them; both
 //! dimension forms, packed or unpacked values, and floats or doubles are read. Other fields
-//! (`diff`, `double_diff`) are skipped.
+//! (`diff`, `double_diff`) are skipped. The messages are `crate::caffe::proto`'s.
 
 use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
+use crate::caffe::proto::BlobProto;
 use prost::Message;
 use std::path::Path;
-
-#[derive(Clone, PartialEq, Message)]
-struct BlobShape {
-    #[prost(int64, repeated, tag = "1")]
-    dim: Vec<i64>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct BlobProto {
-    #[prost(int32, optional, tag = "1")]
-    num: Option<i32>,
-    #[prost(int32, optional, tag = "2")]
-    channels: Option<i32>,
-    #[prost(int32, optional, tag = "3")]
-    height: Option<i32>,
-    #[prost(int32, optional, tag = "4")]
-    width: Option<i32>,
-    #[prost(float, repeated, tag = "5")]
-    data: Vec<f32>,
-    #[prost(message, optional, tag = "7")]
-    shape: Option<BlobShape>,
-    #[prost(double, repeated, tag = "8")]
-    double_data: Vec<f64>,
-}
 
 /// A mean image: `data (C·H·W)` in `(C, H, W)` order.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,8 +32,7 @@ impl MeanImage {
             height: Some(h),
             width: Some(w),
             data: self.data.clone(),
-            shape: None,
-            double_data: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -64,12 +40,7 @@ impl MeanImage {
     fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, String> {
         let blob = BlobProto::decode(bytes)
             .map_err(|e| format!("not a Caffe BlobProto (binaryproto) file: {e}"))?;
-        let legacy = [blob.num, blob.channels, blob.height, blob.width];
-        let dims: Vec<i64> = if legacy.iter().any(Option::is_some) {
-            legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
-        } else {
-            blob.shape.map(|s| s.dim).unwrap_or_default()
-        };
+        let dims = blob.dims();
         let shape = match dims[..] {
             [1, c, h, w] | [c, h, w] if c > 0 && h > 0 && w > 0 => {
                 [c, h, w].map(|d| usize::try_from(d).unwrap_or(usize::MAX))
@@ -81,11 +52,7 @@ impl MeanImage {
                 ))
             }
         };
-        let data: Vec<f32> = if blob.data.is_empty() {
-            blob.double_data.iter().map(|&v| v as f32).collect()
-        } else {
-            blob.data
-        };
+        let data = blob.values();
         let want = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
         if want != Some(data.len()) {
             return Err(format!(
