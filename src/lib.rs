@@ -3,11 +3,12 @@
 //! `cmd`; the work happens here.
 //!
 //! Dependency direction, from the modules that import nothing of the crate up to the top:
-//! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` → `params` → `layers` → `net`
-//! → `solver` → `signals` → `snapshot` → `resume` → `data` → `inputs` → `dist` → `metrics`,
-//! `logging`, `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) →
-//! `parallel` (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline)
-//! → `chrome_trace` → `cmd` (the subcommands). Every input file is opened through `input_file`.
+//! `error`, `tensor`, `backend`, `spans`, `input_file`, `caffe::proto`, `caffe::prototxt` →
+//! `config` → `params` → `layers` → `net` → `solver` → `signals` → `snapshot` → `resume` → `data`
+//! → `inputs` → `predict` → `caffe` (import and export) → `dist` → `metrics`, `logging`,
+//! `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) → `parallel`
+//! (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline) →
+//! `chrome_trace` → `cmd` (the subcommands). Every input file is opened through `input_file`.
 //! Two edges still point upwards: `config`'s validation builds `layers` (from their resolved
 //! parameters) to infer the per-sample shapes, and runs `data`'s IDX and CIFAR-10 file checks.
 
@@ -29,6 +30,7 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
+pub mod predict;
 pub mod resume;
 pub mod signals;
 pub mod snapshot;

@@ -108,11 +108,11 @@ pub fn read(path: &Path, net: &Message, out_dir: &Path) -> Result<ImportedNet> {
             layers.push((f.pos, block, ty));
         }
     }
-    let data = reader.data_table(&data_layers)?;
     let layers = layers
         .into_iter()
         .map(|(pos, block, ty)| reader.layer(pos, block, ty))
         .collect::<Result<Vec<_>>>()?;
+    let data = reader.data_table(&data_layers)?;
     check_wiring(path, &layers)?;
     Ok(ImportedNet {
         name: net

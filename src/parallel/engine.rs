@@ -35,6 +35,9 @@ pub trait Engine {
     /// Test-phase forward over the loaded batch; returns its loss and accuracy outputs (this is
     /// allowed to synchronise with the device).
     fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;
+    /// Test-phase forward over the loaded batch; returns the blob called `name` (as the net's
+    /// last writer of that name leaves it): its shape `(N, ...)` and a host copy of its values.
+    fn forward_blob(&mut self, ctx: PassCtx, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
     /// All-reduces and averages the gradients over every replica.
     fn all_reduce_gradients(&mut self) -> Result<()>;
     /// Applies the update rule for iteration `iter`; returns the learning rate used. A step

@@ -18,9 +18,13 @@ use crate::resume::SolverState;
 use std::sync::Arc;
 
 /// What the replicas do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Mode {
     Train,
+    /// The test pass alone, logged as iteration `iter` (`p2ptrain test`).
+    Test { iter: u64 },
+    /// Class probabilities of inputs (`p2ptrain predict`).
+    Predict(Arc<crate::predict::Job>),
     /// `layers`: then `iters` more iterations timing each layer.
     Bench {
         warmup: u64,
@@ -72,6 +76,8 @@ fn drive<E: Engine>(
         .resume_from(resume);
     match mode {
         Mode::Train => sync.train(),
+        Mode::Test { iter } => sync.score(iter),
+        Mode::Predict(job) => sync.predict(&job),
         Mode::Bench {
             warmup,
             iters,
@@ -107,7 +113,7 @@ impl P2PManager {
                         self.data.clone(),
                         engine,
                         out,
-                        mode,
+                        mode.clone(),
                         self.timeline_iters,
                         self.resume.clone(),
                     )
@@ -141,7 +147,7 @@ impl P2PManager {
                         self.data.clone(),
                         engine,
                         out,
-                        mode,
+                        mode.clone(),
                         self.timeline_iters,
                         self.resume.clone(),
                     )
@@ -153,8 +159,13 @@ impl P2PManager {
             .iter_mut()
             .flat_map(|r| r.traces.drain(..))
             .collect();
+        let predictions: Vec<_> = reports
+            .iter_mut()
+            .flat_map(|r| r.predictions.drain(..))
+            .collect();
         let mut first = reports.swap_remove(0);
         first.traces = traces;
+        first.predictions = predictions;
         Ok(first)
     }
 }
