@@ -756,7 +756,7 @@ fn resolve(
         }
     };
     LayerParams::resolve(&config)
-        .map_err(|e| text_error(path, line_of(&e.key), what, e.msg))?;
+        .map_err(|e| text_error(path, line_of(&e.key), what, format!("`{}`: {}", e.key, e.msg)))?;
     Ok(config)
 }
 

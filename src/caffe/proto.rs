@@ -135,8 +135,8 @@ mod tests {
     #[test]
     fn decodes_the_wire_format_with_caffes_field_numbers() {
         let blob = [
-            0x3a, 0x03, 0x0a, 0x01, 0x02, // shape (7) { dim (1): packed [2] }
             0x2a, 0x08, 0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0, // data (5): 1.0, -2.0
+            0x3a, 0x03, 0x0a, 0x01, 0x02, // shape (7) { dim (1): packed [2] }
         ];
         let mut layer = vec![0x0a, 0x02, b'i', b'p', 0x12, 12];
         layer.extend_from_slice(b"InnerProduct");
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!((l.name.as_deref(), l.r#type.as_deref()), (Some("ip"), Some("InnerProduct")));
         assert_eq!(l.blobs[0].dims(), [2]);
         assert_eq!(l.blobs[0].values(), [1.0, -2.0]);
-        assert_eq!(decoded.encode_to_vec(), net, "encoding gives the same bytes back");
+        assert_eq!(decoded.encode_to_vec(), net, "fields in tag order: the same bytes back");
     }
 
     #[test]

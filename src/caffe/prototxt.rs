@@ -406,14 +406,15 @@ impl Field {
         let Scalar::Number(n) = self.scalar()? else {
             return Err(format!("`{}` must be a number", self.name));
         };
-        let t = n.trim_end_matches(['f', 'F']);
-        let parsed = match t.to_ascii_lowercase().trim_start_matches('-') {
+        let special = match n.to_ascii_lowercase().trim_start_matches('-') {
             "inf" | "infinity" => Some(f64::INFINITY),
             "nan" => Some(f64::NAN),
             _ => None,
         };
-        match parsed {
-            Some(v) if t.starts_with('-') => Ok(-v),
+        // A float may carry a C suffix: `2f`, `1.5F`.
+        let t = n.trim_end_matches(['f', 'F']);
+        match special {
+            Some(v) if n.starts_with('-') => Ok(-v),
             Some(v) => Ok(v),
             None => parse_int(t)
                 .map(|i| i as f64)
