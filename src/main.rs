@@ -19,9 +19,9 @@
 //! after a stop on SIGTERM (143), SIGINT (130) or SIGHUP (129).
 
 use clap::{Args, Parser, Subcommand};
-use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
 use p2ptrain::caffe::export::{ExportFormat, ExportOptions};
 use p2ptrain::caffe::import::ImportOptions;
+use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
 use p2ptrain::cmd::compute_mean::{self, MeanOptions};
 use p2ptrain::cmd::plot::{self, PlotOptions};
 use p2ptrain::cmd::train::{self as app, Action, Options};
@@ -110,17 +110,20 @@ enum Command {
     )]
     ComputeMean(MeanArgs),
     /// Score weights: the test phase alone over the whole test set, on every rank.
-    #[command(long_about = "Run the test phase alone, over the whole test set, on every rank \
+    #[command(
+        long_about = "Run the test phase alone, over the whole test set, on every rank \
             and replica, with the weights given: no update, no snapshot. Prints the loss and \
             the accuracies (top-1 and top-5: an Accuracy layer of the net gets the one it \
             lacks) and appends them to metrics.jsonl in the output folder, as the test of a \
             training run is logged (as the test of iteration N for a snapshot \
             PREFIX_iter_N.safetensors).\n\n\
             Example: mpirun -np 2 p2ptrain test config/lenet.toml --weights \
-            runs/lenet/snapshots/lenet_iter_10000.safetensors")]
+            runs/lenet/snapshots/lenet_iter_10000.safetensors"
+    )]
     Test(TestArgs),
     /// Class probabilities of new inputs, one JSON line per input.
-    #[command(long_about = "Run the net's test-phase forward on new inputs (the config's \
+    #[command(
+        long_about = "Run the net's test-phase forward on new inputs (the config's \
             test transform applied) and write, for each input in order, one line \
             {\"input\": \"FILE#INDEX\", \"top_k\": [{\"class\": 3, \"prob\": 0.91}, ...]}. \
             The class scores are the top of the net's Softmax layer, or the scores its \
@@ -129,7 +132,8 @@ enum Command {
             float32. Every rank and replica computes a contiguous share, on the CPU or the GPUs \
             as [cluster] backend says.\n\n\
             Example: p2ptrain predict config/lenet.toml --weights lenet_iter_10000.safetensors \
-            --input t10k-images-idx3-ubyte.gz -o predictions.jsonl")]
+            --input t10k-images-idx3-ubyte.gz -o predictions.jsonl"
+    )]
     Predict(PredictArgs),
     /// Convert a Caffe net (and solver and weights) into a config and a weights file.
     #[command(
@@ -146,13 +150,15 @@ enum Command {
     )]
     ImportCaffe(ImportArgs),
     /// Write a snapshot's weights as a Caffe .caffemodel or a torchvision state dict.
-    #[command(long_about = "Write the weights of a snapshot as a Caffe .caffemodel (every layer \
+    #[command(
+        long_about = "Write the weights of a snapshot as a Caffe .caffemodel (every layer \
             with its type, wiring and blobs; Caffe loads it with the net's prototxt) or, for \
             ResNets named as Kaiming He's Caffe ResNets, as a safetensors state dict with \
             torchvision's names and BatchNorm conventions. The layers come from the snapshot's \
             .solverstate, or from --config.\n\n\
             Example: p2ptrain export runs/resnet50/snapshots/resnet50_iter_100.safetensors \
-            --format torchvision -o resnet50_torchvision.safetensors")]
+            --format torchvision -o resnet50_torchvision.safetensors"
+    )]
     Export(ExportArgs),
 }
 
@@ -472,12 +478,14 @@ fn main() {
                 out_dir: i.output,
             }))
         }
-        Some(Command::Export(e)) => std::process::exit(p2ptrain::cmd::export::run(&ExportOptions {
-            snapshot: e.snapshot,
-            config: e.config,
-            format: e.format,
-            output: e.output,
-        })),
+        Some(Command::Export(e)) => {
+            std::process::exit(p2ptrain::cmd::export::run(&ExportOptions {
+                snapshot: e.snapshot,
+                config: e.config,
+                format: e.format,
+                output: e.output,
+            }))
+        }
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {
                 min_bytes: a.min_bytes,

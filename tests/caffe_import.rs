@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 /// The Caffe files of the tests.
 fn caffe(name: &str) -> String {
-    repo(&format!("tests/data/caffe/{name}")).display().to_string()
+    repo(&format!("tests/data/caffe/{name}"))
+        .display()
+        .to_string()
 }
 
 /// `p2ptrain import-caffe` of the digits net with `args`, into a fresh `dir`.
@@ -167,7 +169,10 @@ fn caffes_losses_are_reproduced_over_50_iterations() {
     let caffe50 = out_dir("caffe_import_train_50");
     let out = import(
         &caffe50,
-        &["--weights", &caffe("digits_lenet_from_init_iter_50.caffemodel")],
+        &[
+            "--weights",
+            &caffe("digits_lenet_from_init_iter_50.caffemodel"),
+        ],
     );
     assert!(out.status.success(), "{}", text(&out));
     let diff = max_rel_diff(
@@ -186,10 +191,20 @@ fn numpy_reference() -> (f64, u64, u64) {
         .find(|l| l.starts_with("digits_lenet_iter_600.caffemodel: all 297 test images"))
         .expect("the reference line of the final weights");
     // "... loss 0.233091 accuracy 0.939394 (279/297)"
-    let loss = line.split("loss ").nth(1).unwrap().split(' ').next().unwrap();
+    let loss = line
+        .split("loss ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
     let counts = line.rsplit('(').next().unwrap().trim_end_matches(')');
     let (correct, total) = counts.split_once('/').unwrap();
-    (loss.parse().unwrap(), correct.parse().unwrap(), total.parse().unwrap())
+    (
+        loss.parse().unwrap(),
+        correct.parse().unwrap(),
+        total.parse().unwrap(),
+    )
 }
 
 /// Caffe's final weights, imported and scored by `p2ptrain test` on two ranks over the 297 test
@@ -198,7 +213,10 @@ fn numpy_reference() -> (f64, u64, u64) {
 fn the_final_caffemodel_scores_as_caffes_forward_pass() {
     let (loss, correct, total) = numpy_reference();
     let dir = out_dir("caffe_import_score");
-    let out = import(&dir, &["--weights", &caffe("digits_lenet_iter_600.caffemodel")]);
+    let out = import(
+        &dir,
+        &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let config = on_idx_digits(&dir);
     let out = mpi_p2ptrain(
@@ -219,7 +237,10 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass() {
     assert_eq!((acc * total as f64).round() as u64, correct, "{m:?}");
     let ours = m[0]["loss"].as_f64().unwrap();
     assert!((ours - loss).abs() < 1e-5, "loss {ours}, NumPy {loss}");
-    assert!(!dir.join("run/snapshots").exists(), "test writes no snapshot");
+    assert!(
+        !dir.join("run/snapshots").exists(),
+        "test writes no snapshot"
+    );
 }
 
 /// A p2ptrain snapshot exported to `.caffemodel` and imported back is the snapshot bit for bit.
@@ -255,14 +276,23 @@ fn an_exported_snapshot_imports_back_bitwise() {
     let snapshot = run_dir.join("digits_lenet_from_init_iter_3.safetensors");
     let exported = dir.join("exported.caffemodel");
     let mut c = std::process::Command::new(bin());
-    c.args(["export", snapshot.to_str().unwrap(), "--format", "caffe", "-o"])
-        .arg(&exported);
+    c.args([
+        "export",
+        snapshot.to_str().unwrap(),
+        "--format",
+        "caffe",
+        "-o",
+    ])
+    .arg(&exported);
     let out = run(&mut c);
     assert!(out.status.success(), "{}", text(&out));
     let back = out_dir("caffe_export_roundtrip_back");
     let out = import(&back, &["--weights", exported.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    let (a, b) = (tensors(&snapshot), tensors(&back.join("weights.safetensors")));
+    let (a, b) = (
+        tensors(&snapshot),
+        tensors(&back.join("weights.safetensors")),
+    );
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     for (name, (shape, values)) in &a {
         let (shape_b, values_b) = &b[name];
@@ -307,16 +337,25 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
         let path = dir.join(format!("net{i}.prototxt"));
         std::fs::write(&path, net_text).unwrap();
         let mut c = std::process::Command::new(bin());
-        c.arg("import-caffe").arg(&path).arg("-o").arg(dir.join("out"));
+        c.arg("import-caffe")
+            .arg(&path)
+            .arg("-o")
+            .arg(dir.join("out"));
         let out = run(&mut c);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         let err = String::from_utf8_lossy(&out.stderr);
         let line = 1 + net_text.lines().position(|l| l.contains(marker)).unwrap();
-        assert!(err.contains(&format!("net{i}.prototxt:{line}:")), "line {line} in {err}");
+        assert!(
+            err.contains(&format!("net{i}.prototxt:{line}:")),
+            "line {line} in {err}"
+        );
         assert!(err.contains(who), "{who} in {err}");
         assert!(err.contains(what), "{what} in {err}");
     }
-    assert!(!dir.join("out/cluster.toml").exists(), "nothing is written on an error");
+    assert!(
+        !dir.join("out/cluster.toml").exists(),
+        "nothing is written on an error"
+    );
 }
 
 /// Caffe's 50 iterations read from Caffe's own LMDB (shuffle off): needs p2ptrain's LMDB reader.
@@ -355,7 +394,10 @@ fn caffes_losses_are_reproduced_from_its_lmdb() {
     let theirs = caffe_losses();
     assert_eq!(ours.len(), theirs.len());
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "iteration {i}: p2ptrain {a}, Caffe {b}");
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "iteration {i}: p2ptrain {a}, Caffe {b}"
+        );
     }
 }
 
@@ -364,7 +406,10 @@ fn caffes_losses_are_reproduced_from_its_lmdb() {
 #[ignore = "needs the LMDB reader (data.format = \"lmdb\")"]
 fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
     let dir = out_dir("caffe_import_score_lmdb");
-    let out = import(&dir, &["--weights", &caffe("digits_lenet_iter_600.caffemodel")]);
+    let out = import(
+        &dir,
+        &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let out = mpi_p2ptrain(
         2,

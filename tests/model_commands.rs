@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 
 /// The digits MLP with a test-phase Accuracy layer, tested only at the end.
 fn config(max_iter: u64) -> String {
-    let mut c = digits_mlp("", &format!("max_iter = {max_iter}\ntest_interval = 0\n"), 32);
+    let mut c = digits_mlp(
+        "",
+        &format!("max_iter = {max_iter}\ntest_interval = 0\n"),
+        32,
+    );
     c.push_str(
         "[[layer]]\nname = \"accuracy\"\ntype = \"accuracy\"\nbottom = [\"ip2\", \"label\"]\n\
          top = [\"accuracy\"]\nphase = \"test\"\n",
@@ -34,19 +38,30 @@ fn trained(name: &str) -> (PathBuf, PathBuf, PathBuf) {
 
 /// The bundled digits' test images as an IDX file of the repository.
 fn test_images() -> String {
-    repo("data/digits/test-images-idx3-ubyte.gz").display().to_string()
+    repo("data/digits/test-images-idx3-ubyte.gz")
+        .display()
+        .to_string()
 }
 
 /// The test labels, in order.
 fn test_labels() -> Vec<u8> {
     let gz = std::fs::read(repo("data/digits/test-labels-idx1-ubyte.gz")).unwrap();
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .unwrap();
     raw[8..].to_vec()
 }
 
 /// Runs `predict` on `np` ranks and returns its lines.
-fn predict(np: usize, cfg: &Path, weights: &Path, inputs: &[&str], out: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+fn predict(
+    np: usize,
+    cfg: &Path,
+    weights: &Path,
+    inputs: &[&str],
+    out: &Path,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
     let mut args = vec![
         "predict",
         cfg.to_str().unwrap(),
@@ -86,14 +101,29 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
     let scored = lines.last().unwrap();
     assert_eq!(scored["phase"], "test");
     assert_eq!(scored["iter"], 20, "the snapshot's iteration");
-    assert_eq!(scored["accuracy"], trained_test["accuracy"], "exact counts either way");
-    let (a, b) = (scored["loss"].as_f64().unwrap(), trained_test["loss"].as_f64().unwrap());
-    assert!((a - b).abs() < 1e-6 * b.abs().max(1.0), "loss {a} vs {b} in training");
+    assert_eq!(
+        scored["accuracy"], trained_test["accuracy"],
+        "exact counts either way"
+    );
+    let (a, b) = (
+        scored["loss"].as_f64().unwrap(),
+        trained_test["loss"].as_f64().unwrap(),
+    );
+    assert!(
+        (a - b).abs() < 1e-6 * b.abs().max(1.0),
+        "loss {a} vs {b} in training"
+    );
     let top5 = scored["accuracy_top5"].as_f64().expect("a top-5 accuracy");
-    assert!(top5 >= scored["accuracy"].as_f64().unwrap() && top5 <= 1.0, "{scored}");
+    assert!(
+        top5 >= scored["accuracy"].as_f64().unwrap() && top5 <= 1.0,
+        "{scored}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("accuracy_top5"), "{stdout}");
-    assert!(!dir.join("snap/m_iter_0.safetensors").exists(), "no snapshot");
+    assert!(
+        !dir.join("snap/m_iter_0.safetensors").exists(),
+        "no snapshot"
+    );
 }
 
 /// Predictions on two ranks: one line per test image, in order, whose top class is right
@@ -101,7 +131,14 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
 #[test]
 fn predictions_agree_with_the_score_input_by_input() {
     let (dir, cfg, snapshot) = trained("model_predict");
-    let lines = predict(2, &cfg, &snapshot, &[&test_images()], &dir.join("p.jsonl"), &[]);
+    let lines = predict(
+        2,
+        &cfg,
+        &snapshot,
+        &[&test_images()],
+        &dir.join("p.jsonl"),
+        &[],
+    );
     let labels = test_labels();
     assert_eq!(lines.len(), labels.len());
     let mut right = 0;
@@ -111,12 +148,21 @@ fn predictions_agree_with_the_score_input_by_input() {
         assert_eq!(top.len(), 5);
         let probs: Vec<f64> = top.iter().map(|t| t["prob"].as_f64().unwrap()).collect();
         assert!(probs.windows(2).all(|w| w[0] >= w[1]), "{line}");
-        assert!(probs.iter().all(|&p| p > 0.0 && p <= 1.0) && probs.iter().sum::<f64>() <= 1.0 + 1e-9);
+        assert!(
+            probs.iter().all(|&p| p > 0.0 && p <= 1.0) && probs.iter().sum::<f64>() <= 1.0 + 1e-9
+        );
         right += usize::from(top[0]["class"] == label);
     }
     let out = mpi_p2ptrain(
         1,
-        &["test", cfg.to_str().unwrap(), "--weights", snapshot.to_str().unwrap(), "--output", dir.to_str().unwrap()],
+        &[
+            "test",
+            cfg.to_str().unwrap(),
+            "--weights",
+            snapshot.to_str().unwrap(),
+            "--output",
+            dir.to_str().unwrap(),
+        ],
     );
     assert!(out.status.success(), "{}", text(&out));
     let scored = metrics(&dir.join("metrics.jsonl")).last().unwrap().clone();
@@ -131,10 +177,13 @@ fn npy_inputs_predict_what_the_idx_file_does() {
     let (dir, cfg, snapshot) = trained("model_predict_npy");
     let gz = std::fs::read(test_images()).unwrap();
     let mut idx = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut idx).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut idx)
+        .unwrap();
     let pixels = &idx[16..];
     let npy = |n: usize, data: &[u8]| {
-        let mut header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({n}, 1, 8, 8), }}");
+        let mut header =
+            format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({n}, 1, 8, 8), }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }
@@ -148,7 +197,14 @@ fn npy_inputs_predict_what_the_idx_file_does() {
     let (a, b) = (dir.join("a.npy"), dir.join("b.npy"));
     std::fs::write(&a, npy(100, &pixels[..100 * 64])).unwrap();
     std::fs::write(&b, npy(197, &pixels[100 * 64..])).unwrap();
-    let from_idx = predict(1, &cfg, &snapshot, &[&test_images()], &dir.join("i.jsonl"), &["--top-k", "3"]);
+    let from_idx = predict(
+        1,
+        &cfg,
+        &snapshot,
+        &[&test_images()],
+        &dir.join("i.jsonl"),
+        &["--top-k", "3"],
+    );
     let from_npy = predict(
         2,
         &cfg,
@@ -160,7 +216,10 @@ fn npy_inputs_predict_what_the_idx_file_does() {
     assert_eq!(from_idx.len(), from_npy.len());
     assert_eq!(from_npy[100]["input"], format!("{}#0", b.display()));
     for (x, y) in from_idx.iter().zip(&from_npy) {
-        let (tx, ty) = (x["top_k"].as_array().unwrap(), y["top_k"].as_array().unwrap());
+        let (tx, ty) = (
+            x["top_k"].as_array().unwrap(),
+            y["top_k"].as_array().unwrap(),
+        );
         assert_eq!(tx.len(), 3);
         for (p, q) in tx.iter().zip(ty) {
             assert_eq!(p["class"], q["class"], "{x} vs {y}");
@@ -189,9 +248,18 @@ fn bad_inputs_are_named_with_exit_code_2() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let all = text(&out);
     assert!(all.contains("LMDB"), "{all}");
-    assert_eq!(all.matches("LMDB inputs").count(), 1, "reported once: {all}");
+    assert_eq!(
+        all.matches("LMDB inputs").count(),
+        1,
+        "reported once: {all}"
+    );
     let out = mpi_p2ptrain(1, &["test", cfg.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "test needs --weights: {}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "test needs --weights: {}",
+        text(&out)
+    );
 }
 
 /// Predictions on a GPU equal the CPU's to rounding; skipped loudly without one.
@@ -212,7 +280,14 @@ fn the_gpu_predicts_what_the_cpu_does() {
         return;
     }
     let (dir, cfg, snapshot) = trained("model_predict_gpu");
-    let cpu = predict(1, &cfg, &snapshot, &[&test_images()], &dir.join("c.jsonl"), &[]);
+    let cpu = predict(
+        1,
+        &cfg,
+        &snapshot,
+        &[&test_images()],
+        &dir.join("c.jsonl"),
+        &[],
+    );
     let gpu = predict(
         1,
         &cfg,

@@ -149,6 +149,35 @@ fn resumed_adam_run_with_iter_size_is_bit_identical_to_a_straight_run() {
 }
 
 #[test]
+fn resumed_adamw_cosine_warmup_and_adadelta_runs_are_bit_identical_to_straight_runs() {
+    let (a, b) = straight_and_resumed(
+        "resume_adamw",
+        2,
+        &[
+            "solver.type=\"adamw\"",
+            "solver.base_lr=0.01",
+            "solver.weight_decay=0.01",
+            "solver.lr_policy=\"cosine\"",
+            "solver.warmup_iter=25",
+        ],
+    );
+    assert_identical(&a, &b, 40);
+    assert!(tensors(&state(&a, 40)).contains_key("m/ip1.weight"));
+    let (a, b) = straight_and_resumed(
+        "resume_adadelta",
+        1,
+        &[
+            "solver.type=\"adadelta\"",
+            "solver.base_lr=1.0",
+            "solver.momentum=0.95",
+            "solver.delta=1e-6",
+        ],
+    );
+    assert_identical(&a, &b, 40);
+    assert!(tensors(&state(&a, 40)).contains_key("u/ip1.weight"));
+}
+
+#[test]
 fn resume_on_another_topology_with_the_same_global_batch() {
     // np 4 × 1 replica to iteration 20, then np 2 × 2 replicas to 40, against np 4 straight.
     let (dir, cfg) = setup("resume_topology");

@@ -93,8 +93,9 @@ struct LayersOnly {
 /// The layers of `--config`, or of the config stored in the snapshot's solver state.
 fn layers_of(opts: &ExportOptions) -> Result<Vec<LayerConfig>> {
     if let Some(path) = &opts.config {
-        let bytes = read_regular(path, UNBOUNDED)
-            .map_err(|e| Error::Usage(format!("{}: cannot read the config: {e}", path.display())))?;
+        let bytes = read_regular(path, UNBOUNDED).map_err(|e| {
+            Error::Usage(format!("{}: cannot read the config: {e}", path.display()))
+        })?;
         let text = String::from_utf8_lossy(&bytes);
         let parsed: LayersOnly = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.display().to_string(),
@@ -135,7 +136,10 @@ pub fn read_tensors(path: &Path) -> Result<Vec<NamedTensor>> {
     let mut out = Vec::new();
     for (name, view) in file.tensors() {
         if view.dtype() != safetensors::Dtype::F32 {
-            return Err(Error::snapshot(path, format!("`{name}` is {} where F32 is expected", view.dtype())));
+            return Err(Error::snapshot(
+                path,
+                format!("`{name}` is {} where F32 is expected", view.dtype()),
+            ));
         }
         let data = view
             .data()
@@ -176,15 +180,24 @@ fn role_of(l: &LayerConfig, last_fc: bool) -> Result<Option<Role>> {
     let (module, role): (String, fn(String) -> Role) = match l.kind {
         LayerKind::Convolution => match l.name.as_str() {
             "conv1" => ("conv1".into(), Role::Conv),
-            _ => (block_module(&stem("res").ok_or_else(unknown)?, false).ok_or_else(unknown)?, Role::Conv),
+            _ => (
+                block_module(&stem("res").ok_or_else(unknown)?, false).ok_or_else(unknown)?,
+                Role::Conv,
+            ),
         },
         LayerKind::BatchNorm => match l.name.as_str() {
             "bn_conv1" => ("bn1".into(), Role::BatchNorm),
-            _ => (block_module(&stem("bn").ok_or_else(unknown)?, true).ok_or_else(unknown)?, Role::BatchNorm),
+            _ => (
+                block_module(&stem("bn").ok_or_else(unknown)?, true).ok_or_else(unknown)?,
+                Role::BatchNorm,
+            ),
         },
         LayerKind::Scale => match l.name.as_str() {
             "scale_conv1" => ("bn1".into(), Role::Scale),
-            _ => (block_module(&stem("scale").ok_or_else(unknown)?, true).ok_or_else(unknown)?, Role::Scale),
+            _ => (
+                block_module(&stem("scale").ok_or_else(unknown)?, true).ok_or_else(unknown)?,
+                Role::Scale,
+            ),
         },
         LayerKind::InnerProduct if last_fc => return Ok(Some(Role::Fc)),
         _ if weights::tensor_specs(l)?.is_empty() => return Ok(None),
@@ -230,7 +243,9 @@ fn torchvision_state_dict(
             .find(|x| x.name == full)
             .ok_or_else(|| Error::net(layer, format!("the weights hold no tensor `{full}`")))
     };
-    let last_fc = layers.iter().rposition(|l| l.kind == LayerKind::InnerProduct);
+    let last_fc = layers
+        .iter()
+        .rposition(|l| l.kind == LayerKind::InnerProduct);
     let mut dict = BTreeMap::new();
     let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
         dict.insert(name.clone(), NamedTensor { name, shape, data });
@@ -241,7 +256,10 @@ fn torchvision_state_dict(
             None => {}
             Some(Role::Conv(m)) => {
                 if l.bias_term.unwrap_or(true) {
-                    return Err(Error::net(&l.name, "a torchvision ResNet's convolutions have no bias: bias_term must be false"));
+                    return Err(Error::net(
+                        &l.name,
+                        "a torchvision ResNet's convolutions have no bias: bias_term must be false",
+                    ));
                 }
                 let w = get(&l.name, "weight")?;
                 put(format!("{m}.weight"), w.shape.clone(), w.data.clone());
@@ -253,7 +271,11 @@ fn torchvision_state_dict(
                     t.data.iter().map(|v| v * s).collect()
                 };
                 let (mean, var) = (get(&l.name, "mean")?, get(&l.name, "variance")?);
-                put(format!("{m}.running_mean"), mean.shape.clone(), unscale(mean));
+                put(
+                    format!("{m}.running_mean"),
+                    mean.shape.clone(),
+                    unscale(mean),
+                );
                 put(format!("{m}.running_var"), var.shape.clone(), unscale(var));
                 put(format!("{m}.num_batches_tracked"), Vec::new(), vec![0.0]);
                 norms.push((m, mean.shape.clone()));
@@ -322,7 +344,11 @@ mod tests {
             layer("name = \"relu\"\ntype = \"relu\"\nbottom = [\"c\"]\ntop = [\"c\"]"),
             layer("name = \"fc1000\"\ntype = \"inner_product\"\nbottom = [\"c\"]\ntop = [\"f\"]\nnum_output = 3"),
         ];
-        let t = |name: &str, shape: Vec<usize>, data: Vec<f32>| NamedTensor { name: name.into(), shape, data };
+        let t = |name: &str, shape: Vec<usize>, data: Vec<f32>| NamedTensor {
+            name: name.into(),
+            shape,
+            data,
+        };
         let tensors = vec![
             t("conv1.weight", vec![2, 1, 1, 1], vec![1.0, 2.0]),
             t("bn_conv1.mean", vec![2], vec![4.0, 8.0]),

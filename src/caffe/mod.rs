@@ -104,7 +104,12 @@ pub fn supported_types() -> Vec<&'static str> {
 }
 
 /// An error about the text file `file` at `pos`, on `what` (a layer, a solver key).
-pub fn text_error(file: &Path, pos: TextPos, what: impl Into<String>, msg: impl Into<String>) -> Error {
+pub fn text_error(
+    file: &Path,
+    pos: TextPos,
+    what: impl Into<String>,
+    msg: impl Into<String>,
+) -> Error {
     Error::Config {
         file: file.display().to_string(),
         pos: Some(Pos {
@@ -140,7 +145,10 @@ mod tests {
         }
         assert_eq!(kind_of_caffe_type("ReLU"), Some(LayerKind::Relu));
         assert_eq!(kind_of_caffe_type("TanH"), Some(LayerKind::Tanh));
-        assert_eq!(kind_of_caffe_type("InnerProduct"), Some(LayerKind::InnerProduct));
+        assert_eq!(
+            kind_of_caffe_type("InnerProduct"),
+            Some(LayerKind::InnerProduct)
+        );
         assert_eq!(kind_of_caffe_type("Data"), None);
     }
 }

@@ -100,7 +100,9 @@ pub fn read(path: &Path, net: &Message, out_dir: &Path) -> Result<ImportedNet> {
     let mut data_layers = Vec::new();
     let mut layers = Vec::new();
     for f in net.all("layer") {
-        let block = f.message().map_err(|m| text_error(path, f.pos, "layer", m))?;
+        let block = f
+            .message()
+            .map_err(|m| text_error(path, f.pos, "layer", m))?;
         let ty = required_string(path, f.pos, block, "type", "layer")?;
         if ty == "Data" {
             data_layers.push(reader.data_layer(f.pos, block)?);
@@ -265,9 +267,7 @@ impl NetReader<'_> {
                     let m = f.message().map_err(|e| self.err(f.pos, &what, e))?;
                     mirror = self.transform(m, &what, &mut transform)?;
                 }
-                other => {
-                    return Err(self.err(f.pos, &what, format!("`{other}` is not supported")))
-                }
+                other => return Err(self.err(f.pos, &what, format!("`{other}` is not supported"))),
             }
         }
         let tops: Vec<&Field> = block.all("top").collect();
@@ -377,8 +377,7 @@ impl NetReader<'_> {
         for (key, values) in group(&first.transform) {
             t.insert(&key, Item::Value(values));
         }
-        if let Some(l) = train.filter(|l| l.mirror) {
-            let _ = l;
+        if train.is_some_and(|l| l.mirror) {
             t.insert("mirror", Item::Value(true.into()));
         }
         if let Some(n) = first.prefetch {
@@ -465,11 +464,9 @@ impl NetReader<'_> {
             let bad = |m: String| self.err(f.pos, &what, m);
             match f.name.as_str() {
                 "name" | "type" | "bottom" | "top" | "include" | "exclude" | "param" => {}
-                "loss_weight" => entries.push((
-                    "loss_weight".into(),
-                    f.float().map_err(bad)?.into(),
-                    f.pos,
-                )),
+                "loss_weight" => {
+                    entries.push(("loss_weight".into(), f.float().map_err(bad)?.into(), f.pos))
+                }
                 "propagate_down" if f.boolean().map_err(bad)? => {}
                 "propagate_down" => {
                     return Err(bad(
@@ -537,7 +534,7 @@ impl NetReader<'_> {
                     "decay_mult" => d = g.float().map_err(bad)?,
                     "name" => {
                         return Err(bad(
-                            "`param { name }`: shared parameters are not supported".into(),
+                            "`param { name }`: shared parameters are not supported".into()
                         ))
                     }
                     other => return Err(bad(format!("`param {{ {other} }}` is not supported"))),
@@ -610,15 +607,18 @@ fn flatten_param(path: &Path, what: &str, m: &Message, out: &mut Entries) -> Res
                 out.push(("axis".into(), g.int().map_err(bad)?.into(), g.pos));
                 continue;
             }
-            "weight_filler" | "bias_filler" | "filler" => {
-                filler(path, what, g)?.into()
-            }
+            "weight_filler" | "bias_filler" | "filler" => filler(path, what, g)?.into(),
             "shape" => {
                 let dims = g.message().map_err(bad)?;
                 let mut list = Array::new();
                 for d in &dims.fields {
                     if d.name != "dim" {
-                        return Err(text_error(path, d.pos, what, format!("`shape {{ {} }}` is not supported", d.name)));
+                        return Err(text_error(
+                            path,
+                            d.pos,
+                            what,
+                            format!("`shape {{ {} }}` is not supported", d.name),
+                        ));
                     }
                     list.push(d.int().map_err(|e| text_error(path, d.pos, what, e))?);
                 }
@@ -640,7 +640,12 @@ fn flatten_param(path: &Path, what: &str, m: &Message, out: &mut Entries) -> Res
                 out.push((key.into(), Array::from_iter([hv, wv]).into(), pos))
             }
             (Some(&(_, pos)), None) | (None, Some(&(_, pos))) => {
-                return Err(text_error(path, pos, what, format!("`{h}` and `{w}` go together")))
+                return Err(text_error(
+                    path,
+                    pos,
+                    what,
+                    format!("`{h}` and `{w}` go together"),
+                ))
             }
         }
     }
@@ -649,9 +654,7 @@ fn flatten_param(path: &Path, what: &str, m: &Message, out: &mut Entries) -> Res
 
 /// A filler block as an inline table.
 fn filler(path: &Path, what: &str, f: &Field) -> Result<InlineTable> {
-    let m = f
-        .message()
-        .map_err(|e| text_error(path, f.pos, what, e))?;
+    let m = f.message().map_err(|e| text_error(path, f.pos, what, e))?;
     let mut t = InlineTable::new();
     for g in &m.fields {
         let bad = |e: String| text_error(path, g.pos, what, e);
@@ -660,12 +663,7 @@ fn filler(path: &Path, what: &str, f: &Field) -> Result<InlineTable> {
             "value" | "min" | "max" | "mean" | "std" => g.float().map_err(bad)?.into(),
             "variance_norm" => g.ident().map_err(bad)?.to_ascii_lowercase().into(),
             "sparse" if g.int().map_err(bad)? < 0 => continue,
-            other => {
-                return Err(bad(format!(
-                    "`{}.{other}` is not supported",
-                    f.name
-                )))
-            }
+            other => return Err(bad(format!("`{}.{other}` is not supported", f.name))),
         };
         t.insert(&g.name, value);
     }
@@ -710,7 +708,9 @@ fn group(entries: &[(String, toml_edit::Value, TextPos)]) -> Vec<(String, toml_e
         .map(|k| {
             let mut vs = values.remove(k.as_str()).unwrap_or_default();
             let value = match vs.len() {
-                1 if !LIST_KEYS.contains(&k.as_str()) || matches!(vs[0], toml_edit::Value::Array(_)) => {
+                1 if !LIST_KEYS.contains(&k.as_str())
+                    || matches!(vs[0], toml_edit::Value::Array(_)) =>
+                {
                     vs.remove(0)
                 }
                 _ => Array::from_iter(vs).into(),
@@ -749,14 +749,30 @@ fn resolve(
                 }
                 one.insert(key, item.clone());
                 if let Err(e) = toml::from_str::<LayerConfig>(&one.to_string()) {
-                    return Err(text_error(path, line_of(key), what, format!("`{key}`: {}", e.message())));
+                    return Err(text_error(
+                        path,
+                        line_of(key),
+                        what,
+                        format!("`{key}`: {}", e.message()),
+                    ));
                 }
             }
-            return Err(text_error(path, pos, what, "cannot be read as a p2ptrain layer"));
+            return Err(text_error(
+                path,
+                pos,
+                what,
+                "cannot be read as a p2ptrain layer",
+            ));
         }
     };
-    LayerParams::resolve(&config)
-        .map_err(|e| text_error(path, line_of(&e.key), what, format!("`{}`: {}", e.key, e.msg)))?;
+    LayerParams::resolve(&config).map_err(|e| {
+        text_error(
+            path,
+            line_of(&e.key),
+            what,
+            format!("`{}`: {}", e.key, e.msg),
+        )
+    })?;
     Ok(config)
 }
 
@@ -878,10 +894,16 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
         ))
         .unwrap();
         let c = &net.layers[0].config;
-        assert_eq!(c.kernel_size, Some(crate::config::Dims::PerAxis(vec![3, 1])));
+        assert_eq!(
+            c.kernel_size,
+            Some(crate::config::Dims::PerAxis(vec![3, 1]))
+        );
         assert_eq!(c.pad, Some(crate::config::Dims::PerAxis(vec![1, 0])));
         assert_eq!(c.phase, Some(crate::config::Phase::Train));
-        assert_eq!(net.layers[1].config.pool, Some(crate::config::PoolMethod::Ave));
+        assert_eq!(
+            net.layers[1].config.pool,
+            Some(crate::config::PoolMethod::Ave)
+        );
     }
 
     #[test]
@@ -915,8 +937,17 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
 
     #[test]
     fn relative_paths_climb_out_of_the_output_folder() {
-        assert_eq!(relative_path(Path::new("/a/b/c"), Path::new("/a/d")), Path::new("../b/c"));
-        assert_eq!(relative_path(Path::new("/a/./b/../c"), Path::new("/a")), Path::new("c"));
-        assert_eq!(relative_path(Path::new("/a"), Path::new("/a")), Path::new("."));
+        assert_eq!(
+            relative_path(Path::new("/a/b/c"), Path::new("/a/d")),
+            Path::new("../b/c")
+        );
+        assert_eq!(
+            relative_path(Path::new("/a/./b/../c"), Path::new("/a")),
+            Path::new("c")
+        );
+        assert_eq!(
+            relative_path(Path::new("/a"), Path::new("/a")),
+            Path::new(".")
+        );
     }
 }

@@ -50,7 +50,10 @@ impl BlobProto {
         if legacy.iter().any(Option::is_some) {
             legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
         } else {
-            self.shape.as_ref().map(|s| s.dim.clone()).unwrap_or_default()
+            self.shape
+                .as_ref()
+                .map(|s| s.dim.clone())
+                .unwrap_or_default()
         }
     }
 
@@ -147,10 +150,17 @@ mod tests {
         let decoded = NetParameter::decode(&net[..]).unwrap();
         assert_eq!(decoded.name.as_deref(), Some("n"));
         let l = &decoded.layer[0];
-        assert_eq!((l.name.as_deref(), l.r#type.as_deref()), (Some("ip"), Some("InnerProduct")));
+        assert_eq!(
+            (l.name.as_deref(), l.r#type.as_deref()),
+            (Some("ip"), Some("InnerProduct"))
+        );
         assert_eq!(l.blobs[0].dims(), [2]);
         assert_eq!(l.blobs[0].values(), [1.0, -2.0]);
-        assert_eq!(decoded.encode_to_vec(), net, "fields in tag order: the same bytes back");
+        assert_eq!(
+            decoded.encode_to_vec(),
+            net,
+            "fields in tag order: the same bytes back"
+        );
     }
 
     #[test]

@@ -132,12 +132,20 @@ impl<'a> Parser<'a> {
             match tok {
                 Token::End if close.is_none() => return Ok(msg),
                 Token::End => {
-                    return self.error(pos, format!("`{}` expected before the end", close.unwrap_or('}')))
+                    return self.error(
+                        pos,
+                        format!("`{}` expected before the end", close.unwrap_or('}')),
+                    )
                 }
                 Token::Punct(c) if Some(c) == close => return Ok(msg),
                 Token::Punct(',' | ';') if !msg.fields.is_empty() => continue,
                 Token::Word(name) => self.field(name, pos, &mut msg)?,
-                other => return self.error(pos, format!("a field name expected, found {}", describe(&other))),
+                other => {
+                    return self.error(
+                        pos,
+                        format!("a field name expected, found {}", describe(&other)),
+                    )
+                }
             }
         }
     }
@@ -169,7 +177,10 @@ impl<'a> Parser<'a> {
             other => {
                 return self.error(
                     at,
-                    format!("`:` or `{{` expected after `{name}`, found {}", describe(&other)),
+                    format!(
+                        "`:` or `{{` expected after `{name}`, found {}",
+                        describe(&other)
+                    ),
                 )
             }
         };
@@ -190,7 +201,12 @@ impl<'a> Parser<'a> {
             match self.next()? {
                 (Token::Punct(','), _) => continue,
                 (Token::Punct(']'), _) => return Ok(values),
-                (other, at) => return self.error(at, format!("`,` or `]` expected, found {}", describe(&other))),
+                (other, at) => {
+                    return self.error(
+                        at,
+                        format!("`,` or `]` expected, found {}", describe(&other)),
+                    )
+                }
             }
         }
     }
@@ -204,7 +220,10 @@ impl<'a> Parser<'a> {
             Token::Punct('-') => match self.next()? {
                 (Token::Number(n), _) => Ok(Scalar::Number(format!("-{n}"))),
                 (Token::Word(w), _) if is_number_word(&w) => Ok(Scalar::Number(format!("-{w}"))),
-                (other, at) => self.error(at, format!("a number expected after `-`, found {}", describe(&other))),
+                (other, at) => self.error(
+                    at,
+                    format!("a number expected after `-`, found {}", describe(&other)),
+                ),
             },
             Token::Str(mut s) => {
                 while let Some((Token::Str(_), _)) = self.peek()? {
@@ -266,7 +285,9 @@ impl<'a> Parser<'a> {
         let tok = if c.is_ascii_alphabetic() || c == '_' {
             Token::Word(self.take_while(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'))
         } else if c.is_ascii_digit() || c == '.' {
-            Token::Number(self.take_while(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+' || c == '-'))
+            Token::Number(
+                self.take_while(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+' || c == '-'),
+            )
         } else if c == '"' || c == '\'' {
             self.bump();
             Token::Str(self.string(c, start)?)
@@ -320,7 +341,8 @@ impl<'a> Parser<'a> {
                             s.push(char::from_u32(v).unwrap_or('\u{fffd}'));
                         }
                         other => {
-                            return self.error(at, format!("unknown escape `\\{}`", other.unwrap_or(' ')))
+                            return self
+                                .error(at, format!("unknown escape `\\{}`", other.unwrap_or(' ')))
                         }
                     }
                 }
@@ -368,7 +390,11 @@ impl Field {
     pub fn message(&self) -> Result<&Message, String> {
         match &self.value {
             Value::Message(m) => Ok(m),
-            Value::Scalar(s) => Err(format!("`{}` is a block, not the value {}", self.name, s.text())),
+            Value::Scalar(s) => Err(format!(
+                "`{}` is a block, not the value {}",
+                self.name,
+                s.text()
+            )),
         }
     }
 
@@ -376,7 +402,11 @@ impl Field {
     pub fn string(&self) -> Result<&str, String> {
         match self.scalar()? {
             Scalar::Str(s) => Ok(s),
-            other => Err(format!("`{}` must be a quoted string, found {}", self.name, other.text())),
+            other => Err(format!(
+                "`{}` must be a quoted string, found {}",
+                self.name,
+                other.text()
+            )),
         }
     }
 
@@ -384,7 +414,11 @@ impl Field {
     pub fn ident(&self) -> Result<&str, String> {
         match self.scalar()? {
             Scalar::Ident(s) => Ok(s),
-            other => Err(format!("`{}` must be a name, found {}", self.name, other.text())),
+            other => Err(format!(
+                "`{}` must be a name, found {}",
+                self.name,
+                other.text()
+            )),
         }
     }
 
@@ -429,7 +463,11 @@ impl Field {
             Scalar::Number(n) => {
                 parse_int(n).ok_or_else(|| format!("`{}` must be an integer, found {n}", self.name))
             }
-            other => Err(format!("`{}` must be an integer, found {}", self.name, other.text())),
+            other => Err(format!(
+                "`{}` must be an integer, found {}",
+                self.name,
+                other.text()
+            )),
         }
     }
 }
@@ -440,7 +478,10 @@ fn parse_int(t: &str) -> Option<i64> {
         Some(d) => (true, d),
         None => (false, t),
     };
-    let v = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+    let v = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
         Some(hex) => i64::from_str_radix(hex, 16).ok()?,
         None => digits.parse().ok()?,
     };
@@ -506,6 +547,11 @@ mod tests {
         assert!(m.last("a").unwrap().int().unwrap_err().contains("integer"));
         assert!(m.last("b").unwrap().string().unwrap_err().contains("block"));
         assert!(m.last("c").unwrap().int().unwrap_err().contains("integer"));
-        assert!(m.last("a").unwrap().message().unwrap_err().contains("block"));
+        assert!(m
+            .last("a")
+            .unwrap()
+            .message()
+            .unwrap_err()
+            .contains("block"));
     }
 }

@@ -67,10 +67,19 @@ const TYPES: &[(&str, &str)] = &[
     ("adagrad", "adagrad"),
     ("rmsprop", "rmsprop"),
     ("adam", "adam"),
+    ("adadelta", "adadelta"),
 ];
 
 /// The lr policies p2ptrain has.
-const POLICIES: &[&str] = &["fixed", "step", "multistep", "exp", "inv", "poly", "sigmoid"];
+const POLICIES: &[&str] = &[
+    "fixed",
+    "step",
+    "multistep",
+    "exp",
+    "inv",
+    "poly",
+    "sigmoid",
+];
 
 /// Reads the solver at `path` (already parsed into `m`).
 pub fn read(path: &Path, m: &Message) -> Result<ImportedSolver> {
@@ -125,7 +134,7 @@ pub fn read(path: &Path, m: &Message) -> Result<ImportedSolver> {
                     .ok_or_else(|| {
                         bad(format!(
                             "{given} is not supported (p2ptrain has SGD, Nesterov, AdaGrad, \
-                             RMSProp, Adam)"
+                             RMSProp, AdaDelta, Adam)"
                         ))
                     })?;
                 t.insert("type", Item::Value(ours.into()));
@@ -248,7 +257,7 @@ mod tests {
         for (text, what) in [
             ("base_lr: 0.1\nlr_policy: \"triangular\"", "triangular"),
             ("test_iter: 1\ntest_iter: 2", "one test net"),
-            ("base_lr: 0.1\ntype: \"AdaDelta\"", "AdaDelta"),
+            ("base_lr: 0.1\ntype: \"Lion\"", "Lion"),
             ("base_lr: 0.1\ntest_net: \"x\"", "one net"),
             ("base_lr: 0.1\nmax_iter: -5", "negative"),
         ] {

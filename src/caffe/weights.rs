@@ -9,7 +9,9 @@
 //! name, as Caffe's `CopyTrainedLayersFrom` does; a layer of the file that the net lacks is
 //! skipped (and named), a learning layer of the net that the file lacks is an error.
 
-use super::proto::{BlobProto, LayerParameter, NetParameter, NetStateRule, PHASE_TEST, PHASE_TRAIN};
+use super::proto::{
+    BlobProto, LayerParameter, NetParameter, NetStateRule, PHASE_TEST, PHASE_TRAIN,
+};
 use crate::config::{LayerConfig, Phase};
 use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
@@ -46,8 +48,9 @@ pub fn tensor_specs(config: &LayerConfig) -> Result<Vec<(String, usize)>> {
 pub fn read_caffemodel(path: &Path) -> Result<NetParameter> {
     let bytes = read_regular(path, UNBOUNDED)
         .map_err(|e| Error::snapshot(path, format!("cannot read: {e}")))?;
-    let net = NetParameter::decode(&bytes[..])
-        .map_err(|e| Error::snapshot(path, format!("not a Caffe NetParameter (.caffemodel): {e}")))?;
+    let net = NetParameter::decode(&bytes[..]).map_err(|e| {
+        Error::snapshot(path, format!("not a Caffe NetParameter (.caffemodel): {e}"))
+    })?;
     if net.layer.is_empty() && !net.layers.is_empty() {
         let first = net.layers[0].name.clone().unwrap_or_default();
         return Err(Error::snapshot(
@@ -105,16 +108,24 @@ pub fn import(
         }
         for ((name, rank), blob) in specs.iter().zip(&source.blobs) {
             let full = format!("{}.{name}", config.name);
-            let shape = blob_shape(blob, *rank).map_err(|m| Error::snapshot(path, format!("`{full}`: {m}")))?;
+            let shape = blob_shape(blob, *rank)
+                .map_err(|m| Error::snapshot(path, format!("`{full}`: {m}")))?;
             let data = blob.values();
             let want: usize = shape.iter().product();
             if data.len() != want {
                 return Err(Error::snapshot(
                     path,
-                    format!("`{full}`: shape {shape:?} needs {want} values, the blob holds {}", data.len()),
+                    format!(
+                        "`{full}`: shape {shape:?} needs {want} values, the blob holds {}",
+                        data.len()
+                    ),
                 ));
             }
-            tensors.push(NamedTensor { name: full, shape, data });
+            tensors.push(NamedTensor {
+                name: full,
+                shape,
+                data,
+            });
         }
     }
     let skipped = model
@@ -128,7 +139,11 @@ pub fn import(
 }
 
 fn names(specs: &[(String, usize)]) -> String {
-    specs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+    specs
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A blob's shape as p2ptrain's tensor of rank `rank` (0: unknown): legacy 4-D dimensions
@@ -139,7 +154,10 @@ fn blob_shape(blob: &BlobProto, rank: usize) -> std::result::Result<Vec<usize>, 
         return Err(format!("negative dimension {d} in {dims:?}"));
     }
     let mut shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-    let legacy = blob.shape.is_none() || [blob.num, blob.channels, blob.height, blob.width].iter().any(Option::is_some);
+    let legacy = blob.shape.is_none()
+        || [blob.num, blob.channels, blob.height, blob.width]
+            .iter()
+            .any(Option::is_some);
     if legacy {
         let keep = if rank > 0 { rank } else { 1 };
         while shape.len() > keep && shape[0] == 1 {
@@ -147,7 +165,9 @@ fn blob_shape(blob: &BlobProto, rank: usize) -> std::result::Result<Vec<usize>, 
         }
     }
     if rank > 0 && shape.len() != rank {
-        return Err(format!("dimensions {dims:?} where a tensor of {rank} axes is expected"));
+        return Err(format!(
+            "dimensions {dims:?} where a tensor of {rank} axes is expected"
+        ));
     }
     Ok(shape)
 }
@@ -165,9 +185,8 @@ pub fn to_caffemodel(
         ..Default::default()
     };
     for config in layers {
-        let caffe_type = super::caffe_type_of(config.kind).ok_or_else(|| {
-            Error::net(&config.name, "its type has no Caffe counterpart")
-        })?;
+        let caffe_type = super::caffe_type_of(config.kind)
+            .ok_or_else(|| Error::net(&config.name, "its type has no Caffe counterpart"))?;
         let mut blobs = Vec::new();
         for (spec, _) in tensor_specs(config)? {
             let full = format!("{}.{spec}", config.name);
@@ -218,12 +237,23 @@ mod tests {
     #[test]
     fn tensor_names_follow_caffes_blob_order() {
         let ip = layer("name = \"ip\"\ntype = \"inner_product\"\nbottom = [\"x\"]\ntop = [\"y\"]\nnum_output = 3");
-        assert_eq!(tensor_specs(&ip).unwrap(), [("weight".into(), 2), ("bias".into(), 1)]);
+        assert_eq!(
+            tensor_specs(&ip).unwrap(),
+            [("weight".into(), 2), ("bias".into(), 1)]
+        );
         let bn = layer("name = \"bn\"\ntype = \"batch_norm\"\nbottom = [\"x\"]\ntop = [\"x\"]");
-        let names: Vec<_> = tensor_specs(&bn).unwrap().into_iter().map(|s| s.0).collect();
+        let names: Vec<_> = tensor_specs(&bn)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
         assert_eq!(names, ["mean", "variance", "factor"]);
         let sc = layer("name = \"s\"\ntype = \"scale\"\nbottom = [\"x\", \"g\"]\ntop = [\"x\"]\nbias_term = true");
-        let names: Vec<_> = tensor_specs(&sc).unwrap().into_iter().map(|s| s.0).collect();
+        let names: Vec<_> = tensor_specs(&sc)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
         assert_eq!(names, ["bias"]);
     }
 
@@ -238,14 +268,21 @@ mod tests {
         };
         assert_eq!(blob_shape(&legacy([1, 1, 10, 200]), 2).unwrap(), [10, 200]);
         assert_eq!(blob_shape(&legacy([1, 1, 1, 10]), 1).unwrap(), [10]);
-        assert_eq!(blob_shape(&legacy([20, 1, 3, 3]), 4).unwrap(), [20, 1, 3, 3]);
+        assert_eq!(
+            blob_shape(&legacy([20, 1, 3, 3]), 4).unwrap(),
+            [20, 1, 3, 3]
+        );
         assert_eq!(blob_shape(&legacy([1, 1, 1, 7]), 0).unwrap(), [7]);
         assert!(blob_shape(&legacy([2, 1, 10, 200]), 2).is_err());
         let modern = BlobProto {
             shape: Some(BlobShape { dim: vec![1, 5] }),
             ..Default::default()
         };
-        assert_eq!(blob_shape(&modern, 2).unwrap(), [1, 5], "a modern shape is kept as written");
+        assert_eq!(
+            blob_shape(&modern, 2).unwrap(),
+            [1, 5],
+            "a modern shape is kept as written"
+        );
     }
 
     #[test]
@@ -255,8 +292,16 @@ mod tests {
             layer("name = \"loss\"\ntype = \"softmax_with_loss\"\nbottom = [\"ip\", \"label\"]\ntop = [\"loss\"]"),
         ];
         let tensors = vec![
-            NamedTensor { name: "ip.weight".into(), shape: vec![2, 3], data: vec![1.0, -0.0, f32::MIN_POSITIVE, 3.5, 1e-30, -7.25] },
-            NamedTensor { name: "ip.bias".into(), shape: vec![2], data: vec![0.125, -2.0] },
+            NamedTensor {
+                name: "ip.weight".into(),
+                shape: vec![2, 3],
+                data: vec![1.0, -0.0, f32::MIN_POSITIVE, 3.5, 1e-30, -7.25],
+            },
+            NamedTensor {
+                name: "ip.bias".into(),
+                shape: vec![2],
+                data: vec![0.125, -2.0],
+            },
         ];
         let net = to_caffemodel("n", &layers, &tensors).unwrap();
         assert_eq!(net.layer[0].r#type.as_deref(), Some("InnerProduct"));
@@ -288,6 +333,10 @@ mod tests {
             ..Default::default()
         };
         let e = import(Path::new("m.caffemodel"), &one_blob, &[&ip]).unwrap_err();
-        assert!(e.to_string().contains("1 blob(s) where the net's layer has 2 (weight, bias)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("1 blob(s) where the net's layer has 2 (weight, bias)"),
+            "{e}"
+        );
     }
 }

@@ -63,7 +63,9 @@ pub fn write_lines(boot: &Bootstrap, request: &Request, report: &RunReport) -> i
         text.push('\n');
     }
     let lines = text.lines().count();
-    match crate::snapshot::write_atomic(&request.output, "predictions", |tmp| std::fs::write(tmp, &text)) {
+    match crate::snapshot::write_atomic(&request.output, "predictions", |tmp| {
+        std::fs::write(tmp, &text)
+    }) {
         Ok(()) => {
             crate::logging::out_line(&format!(
                 "predictions: {lines} input(s) in {:.2} s written to {}",

@@ -53,9 +53,19 @@ pub fn whole_test_set(cfg: &mut Config) {
 
 /// `base`, or `base_2`, `base_3`… : a layer and blob name the config does not use yet.
 fn unique(cfg: &Config, base: &str) -> String {
-    let taken = |n: &str| cfg.layers.iter().any(|l| l.name == n || l.top.iter().any(|t| t == n));
+    let taken = |n: &str| {
+        cfg.layers
+            .iter()
+            .any(|l| l.name == n || l.top.iter().any(|t| t == n))
+    };
     (1..)
-        .map(|i| if i == 1 { base.to_string() } else { format!("{base}_{i}") })
+        .map(|i| {
+            if i == 1 {
+                base.to_string()
+            } else {
+                format!("{base}_{i}")
+            }
+        })
         .find(|n| !taken(n))
         .unwrap_or_else(|| base.to_string())
 }
@@ -79,7 +89,10 @@ pub fn summary(t: &TestResult) -> String {
         .iter()
         .map(|(name, v)| format!(", {name} {:.4}%", 100.0 * v))
         .collect();
-    format!("test: loss {:.6}{outputs} over {} samples", t.loss, t.samples)
+    format!(
+        "test: loss {:.6}{outputs} over {} samples",
+        t.loss, t.samples
+    )
 }
 
 #[cfg(test)]
@@ -110,7 +123,9 @@ mod tests {
 
     #[test]
     fn nothing_is_added_twice_or_without_an_accuracy_layer() {
-        let top5 = ACC.replace("name = \"accuracy\"", "name = \"a5\"\ntop_k = 5").replace("top = [\"accuracy\"]", "top = [\"a5\"]");
+        let top5 = ACC
+            .replace("name = \"accuracy\"", "name = \"a5\"\ntop_k = 5")
+            .replace("top = [\"accuracy\"]", "top = [\"a5\"]");
         let mut c = cfg(&format!("{ACC}{top5}"));
         whole_test_set(&mut c);
         assert_eq!(c.layers.len(), 3);

@@ -617,7 +617,10 @@ pub fn run(action: Action, opts: Options) -> i32 {
             layers: *layers,
         },
         Action::Test => Mode::Test {
-            iter: opts.weights.as_deref().map_or(0, |w| SnapshotFiles::of(w).iter),
+            iter: opts
+                .weights
+                .as_deref()
+                .map_or(0, |w| SnapshotFiles::of(w).iter),
         },
         Action::Predict(_) => match &prepared_job {
             Some(job) => Mode::Predict(job.clone()),

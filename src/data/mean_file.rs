@@ -9,9 +9,9 @@
 //! dimension forms, packed or unpacked values, and floats or doubles are read. Other fields
 //! (`diff`, `double_diff`) are skipped. The messages are `crate::caffe::proto`'s.
 
+use crate::caffe::proto::BlobProto;
 use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
-use crate::caffe::proto::BlobProto;
 use prost::Message;
 use std::path::Path;
 

@@ -22,7 +22,9 @@ use std::sync::Arc;
 pub enum Mode {
     Train,
     /// The test pass alone, logged as iteration `iter` (`p2ptrain test`).
-    Test { iter: u64 },
+    Test {
+        iter: u64,
+    },
     /// Class probabilities of inputs (`p2ptrain predict`).
     Predict(Arc<crate::predict::Job>),
     /// `layers`: then `iters` more iterations timing each layer.

@@ -23,10 +23,7 @@ pub trait InputSource: RecordSource {
 
 /// Opens every path of `paths` (in order) as one source.
 pub fn open_all(paths: &[std::path::PathBuf]) -> Result<Arc<dyn InputSource>> {
-    let mut parts = paths
-        .iter()
-        .map(|p| open(p))
-        .collect::<Result<Vec<_>>>()?;
+    let mut parts = paths.iter().map(|p| open(p)).collect::<Result<Vec<_>>>()?;
     if parts.len() == 1 {
         return Ok(parts.remove(0));
     }
@@ -170,7 +167,9 @@ impl Npy {
     /// Parses a version 1, 2 or 3 `.npy` file (C order).
     fn parse(name: &str, bytes: &[u8]) -> Result<Npy> {
         let bad = |m: &str| Error::data(name, format!("not a readable .npy array: {m}"));
-        let rest = bytes.strip_prefix(b"\x93NUMPY").ok_or_else(|| bad("no \\x93NUMPY magic"))?;
+        let rest = bytes
+            .strip_prefix(b"\x93NUMPY")
+            .ok_or_else(|| bad("no \\x93NUMPY magic"))?;
         let (header_len, start): (usize, usize) = match rest.first() {
             Some(1) if rest.len() >= 4 => (usize::from(u16::from_le_bytes([rest[2], rest[3]])), 10),
             Some(2 | 3) if rest.len() >= 6 => {
@@ -202,12 +201,20 @@ impl Npy {
             .trim_matches(['(', ')'])
             .split(',')
             .filter(|d| !d.trim().is_empty())
-            .map(|d| d.trim().parse().map_err(|_| bad("a dimension that is not a number")))
+            .map(|d| {
+                d.trim()
+                    .parse()
+                    .map_err(|_| bad("a dimension that is not a number"))
+            })
             .collect::<Result<_>>()?;
         let (count, shape) = match dims[..] {
             [n, c, h, w] => (n, [c, h, w]),
             [n, h, w] => (n, [1, h, w]),
-            _ => return Err(bad(&format!("shape {dims:?}: (N, C, H, W) or (N, H, W) expected"))),
+            _ => {
+                return Err(bad(&format!(
+                    "shape {dims:?}: (N, C, H, W) or (N, H, W) expected"
+                )))
+            }
         };
         let elems = dims
             .iter()
@@ -215,7 +222,9 @@ impl Npy {
             .ok_or_else(|| bad("shape too large"))?;
         let data = &bytes[start + header_len..];
         let values: Vec<f32> = match descr.trim_matches('\'') {
-            "|u1" | "u1" | "<u1" => data.get(..elems).ok_or_else(|| bad("truncated data"))?
+            "|u1" | "u1" | "<u1" => data
+                .get(..elems)
+                .ok_or_else(|| bad("truncated data"))?
                 .iter()
                 .map(|&b| f32::from(b))
                 .collect(),
@@ -324,7 +333,8 @@ mod tests {
     use super::*;
 
     fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }
@@ -338,13 +348,20 @@ mod tests {
 
     #[test]
     fn npy_arrays_of_bytes_and_floats() {
-        let a = Npy::parse("a.npy", &npy("|u1", "(2, 1, 2, 2)", &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+        let a = Npy::parse(
+            "a.npy",
+            &npy("|u1", "(2, 1, 2, 2)", &[1, 2, 3, 4, 5, 6, 7, 8]),
+        )
+        .unwrap();
         assert_eq!((a.len(), a.record_shape()), (2, [1, 2, 2]));
         let mut out = [0.0; 4];
         a.fill(1, &mut out);
         assert_eq!(out, [5.0, 6.0, 7.0, 8.0]);
         assert_eq!(a.key(1), "a.npy#1");
-        let floats: Vec<u8> = [0.5f32, -1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let floats: Vec<u8> = [0.5f32, -1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let f = Npy::parse("f.npy", &npy("<f4", "(2, 1, 1)", &floats)).unwrap();
         let mut one = [0.0];
         f.fill(1, &mut one);

@@ -86,7 +86,9 @@ pub fn top_k(scores: &[f32], probabilities: bool, k: usize) -> Vec<(usize, f64)>
     let probs: Vec<f64> = if probabilities {
         scores.iter().map(|&s| f64::from(s)).collect()
     } else {
-        let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(f64::from(s)));
+        let max = scores
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &s| m.max(f64::from(s)));
         let exp: Vec<f64> = scores.iter().map(|&s| (f64::from(s) - max).exp()).collect();
         let sum: f64 = exp.iter().sum();
         exp.into_iter().map(|e| e / sum).collect()
