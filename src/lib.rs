@@ -5,7 +5,7 @@
 //! Dependency direction, from the modules that import nothing of the crate up to the top:
 //! `error`, `tensor`, `backend`, `spans`, `input_file`, `caffe::proto`, `caffe::prototxt` →
 //! `config` → `params` → `layers` → `net` → `solver` → `signals` → `snapshot` → `resume` → `data`
-//! → `inputs` → `predict` → `caffe` (import and export) → `dist` → `metrics`, `logging`,
+//! → `predict` → `caffe` (import and export) → `inputs` → `dist` → `metrics`, `logging`,
 //! `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) → `parallel`
 //! (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline) →
 //! `chrome_trace` → `cmd` (the subcommands). Every input file is opened through `input_file`.

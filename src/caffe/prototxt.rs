@@ -106,7 +106,12 @@ struct Parser<'a> {
     pos: TextPos,
     /// The next token and its position, once peeked.
     peeked: Option<(Token, TextPos)>,
+    /// Blocks open around the current position.
+    depth: usize,
 }
+
+/// The deepest nesting of blocks read (Caffe's messages nest a few levels).
+const MAX_DEPTH: usize = 64;
 
 impl<'a> Parser<'a> {
     fn new(text: &'a str) -> Self {
@@ -114,6 +119,7 @@ impl<'a> Parser<'a> {
             chars: text.chars().peekable(),
             pos: TextPos { line: 1, col: 1 },
             peeked: None,
+            depth: 0,
         }
     }
 
@@ -126,6 +132,16 @@ impl<'a> Parser<'a> {
 
     /// The fields up to `close` (or the end of the text when `None`).
     fn message(&mut self, close: Option<char>) -> Result<Message, SyntaxError> {
+        if self.depth == MAX_DEPTH {
+            return self.error(self.pos, format!("blocks nested deeper than {MAX_DEPTH}"));
+        }
+        self.depth += 1;
+        let msg = self.fields(close);
+        self.depth -= 1;
+        msg
+    }
+
+    fn fields(&mut self, close: Option<char>) -> Result<Message, SyntaxError> {
         let mut msg = Message::default();
         loop {
             let (tok, pos) = self.next()?;
@@ -539,6 +555,13 @@ mod tests {
             assert_eq!((e.pos.line, e.pos.col), (line, col), "{text:?}: {e:?}");
             assert!(e.msg.contains(what), "{text:?}: {}", e.msg);
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let text = "a {".repeat(100_000);
+        let e = parse(&text).unwrap_err();
+        assert!(e.msg.contains("nested deeper"), "{e:?}");
     }
 
     #[test]

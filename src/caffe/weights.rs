@@ -48,7 +48,12 @@ pub fn tensor_specs(config: &LayerConfig) -> Result<Vec<(String, usize)>> {
 pub fn read_caffemodel(path: &Path) -> Result<NetParameter> {
     let bytes = read_regular(path, UNBOUNDED)
         .map_err(|e| Error::snapshot(path, format!("cannot read: {e}")))?;
-    let net = NetParameter::decode(&bytes[..]).map_err(|e| {
+    parse_caffemodel(path, &bytes)
+}
+
+/// The `.caffemodel` in `bytes` (read from `path`, named in errors), as [`read_caffemodel`].
+pub fn parse_caffemodel(path: &Path, bytes: &[u8]) -> Result<NetParameter> {
+    let net = NetParameter::decode(bytes).map_err(|e| {
         Error::snapshot(path, format!("not a Caffe NetParameter (.caffemodel): {e}"))
     })?;
     if net.layer.is_empty() && !net.layers.is_empty() {

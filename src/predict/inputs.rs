@@ -85,6 +85,11 @@ pub fn open(path: &Path) -> Result<Arc<dyn InputSource>> {
     ))
 }
 
+/// The NumPy array in `bytes` (the file `name`) as an input source.
+pub fn parse_npy(name: &str, bytes: &[u8]) -> Result<Arc<dyn InputSource>> {
+    Ok(Arc::new(Npy::parse(name, bytes)?))
+}
+
 /// A source whose records are named `<file>#<index>`.
 struct Keyed {
     name: String,
