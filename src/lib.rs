@@ -3,7 +3,7 @@
 //! `cmd`; the work happens here.
 //!
 //! Dependency direction, from the modules that import nothing of the crate up to the top:
-//! `error`, `tensor`, `backend`, `spans`, `input_file`, `caffe::proto`, `caffe::prototxt` →
+//! `error`, `tensor`, `backend`, `spans`, `input_file` →
 //! `config` → `params` → `layers` → `net` → `solver` → `signals` → `snapshot` → `resume` → `data`
 //! → `predict` → `caffe` (import and export) → `inputs` → `dist` → `metrics`, `logging`,
 //! `output_folder` → `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) → `parallel`

@@ -2,8 +2,8 @@
 //! the binary `NetParameter` (`.caffemodel`), read into p2ptrain's config and safetensors weights
 //! (`p2ptrain import-caffe`) and written back (`p2ptrain export --format caffe`).
 //!
-//! - [`prototxt`]: the text format, a schema-less tree with line numbers (a leaf module).
-//! - [`proto`]: the binary messages through prost (a leaf module; `data::mean_file` uses it too).
+//! - [`prototxt`]: the text format, a schema-less tree with line numbers.
+//! - [`proto`]: the binary messages through prost (`BlobProto` is `data::mean_file`'s).
 //! - [`layer_types`] (here): Caffe's layer type names and p2ptrain's layer kinds.
 //! - [`net`]: a net prototxt → `[data]` and `[[layer]]` tables; [`solver`]: a solver prototxt →
 //!   `[solver]` (and `[cluster] backend`); [`weights`]: `.caffemodel` ↔ named tensors;

@@ -13,70 +13,11 @@
 //! V1LayerParameter  { name = 4 }
 //! ```
 //!
-//! This module imports nothing of the crate: `data::mean_file` reads its `BlobProto` too.
+//! `BlobProto` and `BlobShape` are `data::mean_file`'s (a mean image is one blob), shared here.
 
 use prost::Message;
 
-/// `BlobShape`: a blob's dimensions.
-#[derive(Clone, PartialEq, Message)]
-pub struct BlobShape {
-    #[prost(int64, repeated, tag = "1")]
-    pub dim: Vec<i64>,
-}
-
-/// `BlobProto`: a tensor, with either the legacy 4-D dimensions or a `shape`.
-#[derive(Clone, PartialEq, Message)]
-pub struct BlobProto {
-    #[prost(int32, optional, tag = "1")]
-    pub num: Option<i32>,
-    #[prost(int32, optional, tag = "2")]
-    pub channels: Option<i32>,
-    #[prost(int32, optional, tag = "3")]
-    pub height: Option<i32>,
-    #[prost(int32, optional, tag = "4")]
-    pub width: Option<i32>,
-    #[prost(float, repeated, tag = "5")]
-    pub data: Vec<f32>,
-    #[prost(message, optional, tag = "7")]
-    pub shape: Option<BlobShape>,
-    #[prost(double, repeated, tag = "8")]
-    pub double_data: Vec<f64>,
-}
-
-impl BlobProto {
-    /// The blob's dimensions: the legacy four when any is set, else `shape`'s.
-    pub fn dims(&self) -> Vec<i64> {
-        let legacy = [self.num, self.channels, self.height, self.width];
-        if legacy.iter().any(Option::is_some) {
-            legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
-        } else {
-            self.shape
-                .as_ref()
-                .map(|s| s.dim.clone())
-                .unwrap_or_default()
-        }
-    }
-
-    /// The values as f32: `data`, or `double_data` rounded.
-    pub fn values(&self) -> Vec<f32> {
-        if self.data.is_empty() {
-            self.double_data.iter().map(|&v| v as f32).collect()
-        } else {
-            self.data.clone()
-        }
-    }
-
-    /// A blob of `shape` (the modern form, as Caffe writes it) holding `data`.
-    pub fn with_shape(shape: &[usize], data: &[f32]) -> Self {
-        BlobProto {
-            shape: Some(BlobShape {
-                dim: shape.iter().map(|&d| d as i64).collect(),
-            }),
-            data: data.to_vec(),
-            ..Default::default()
-        }
-    }
-}
+pub use crate::data::mean_file::{BlobProto, BlobShape};
 
 /// `NetStateRule`: the phase a layer is included in or excluded from.
 #[derive(Clone, PartialEq, Message)]

@@ -7,13 +7,74 @@
 //! in `data` (5, packed floats) or `double_data` (8, packed doubles). Files written here carry the
 //! legacy dimensions with `num = 1` and packed `data`, as `compute_image_mean` writes them; both
 //! dimension forms, packed or unpacked values, and floats or doubles are read. Other fields
-//! (`diff`, `double_diff`) are skipped. The messages are `crate::caffe::proto`'s.
+//! (`diff`, `double_diff`) are skipped. `BlobProto` and `BlobShape` are shared with the
+//! `.caffemodel` messages of `caffe::proto`.
 
-use crate::caffe::proto::BlobProto;
 use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
 use prost::Message;
 use std::path::Path;
+
+/// `BlobShape`: a blob's dimensions.
+#[derive(Clone, PartialEq, Message)]
+pub struct BlobShape {
+    #[prost(int64, repeated, tag = "1")]
+    pub dim: Vec<i64>,
+}
+
+/// `BlobProto`: a tensor, with either the legacy 4-D dimensions or a `shape`.
+#[derive(Clone, PartialEq, Message)]
+pub struct BlobProto {
+    #[prost(int32, optional, tag = "1")]
+    pub num: Option<i32>,
+    #[prost(int32, optional, tag = "2")]
+    pub channels: Option<i32>,
+    #[prost(int32, optional, tag = "3")]
+    pub height: Option<i32>,
+    #[prost(int32, optional, tag = "4")]
+    pub width: Option<i32>,
+    #[prost(float, repeated, tag = "5")]
+    pub data: Vec<f32>,
+    #[prost(message, optional, tag = "7")]
+    pub shape: Option<BlobShape>,
+    #[prost(double, repeated, tag = "8")]
+    pub double_data: Vec<f64>,
+}
+
+impl BlobProto {
+    /// The blob's dimensions: the legacy four when any is set, else `shape`'s.
+    pub fn dims(&self) -> Vec<i64> {
+        let legacy = [self.num, self.channels, self.height, self.width];
+        if legacy.iter().any(Option::is_some) {
+            legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
+        } else {
+            self.shape
+                .as_ref()
+                .map(|s| s.dim.clone())
+                .unwrap_or_default()
+        }
+    }
+
+    /// The values as f32: `data`, or `double_data` rounded.
+    pub fn values(&self) -> Vec<f32> {
+        if self.data.is_empty() {
+            self.double_data.iter().map(|&v| v as f32).collect()
+        } else {
+            self.data.clone()
+        }
+    }
+
+    /// A blob of `shape` (the modern form, as Caffe writes it) holding `data`.
+    pub fn with_shape(shape: &[usize], data: &[f32]) -> Self {
+        BlobProto {
+            shape: Some(BlobShape {
+                dim: shape.iter().map(|&d| d as i64).collect(),
+            }),
+            data: data.to_vec(),
+            ..Default::default()
+        }
+    }
+}
 
 /// A mean image: `data (C·H·W)` in `(C, H, W)` order.
 #[derive(Debug, Clone, PartialEq)]
