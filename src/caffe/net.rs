@@ -431,77 +431,25 @@ impl NetReader<'_> {
                 ),
             )
         })?;
-        let mut entries: Entries = Vec::new();
         let mut table = Table::new();
         table.insert("name", name.as_str().into());
         table.insert("type", super::kind_name(kind).as_str().into());
-        let mut blobs = |key: &str, entries_of: &str| -> Result<()> {
-            let mut list = Array::new();
-            for f in block.all(entries_of) {
-                let b = f.string().map_err(|e| self.err(f.pos, &what, e))?;
-                if ["data", "label"].contains(&b) && !self.renames.contains_key(b) {
-                    return Err(self.err(
-                        f.pos,
-                        &what,
-                        format!(
-                            "blob `{b}`: p2ptrain's inputs are named `data` and `label`; rename \
-                             this blob"
-                        ),
-                    ));
-                }
-                list.push(self.renames.get(b).map_or(b, String::as_str));
-            }
-            table.insert(key, Item::Value(list.into()));
-            Ok(())
-        };
-        blobs("bottom", "bottom")?;
-        blobs("top", "top")?;
-        let phase = self.phase(block, &what)?;
-        if let Some(p) = phase.name() {
+        for key in ["bottom", "top"] {
+            table.insert(key, Item::Value(self.blobs(block, key, &what)?.into()));
+        }
+        if let Some(p) = self.phase(block, &what)?.name() {
             table.insert("phase", p.into());
         }
-        for f in &block.fields {
-            let bad = |m: String| self.err(f.pos, &what, m);
-            match f.name.as_str() {
-                "name" | "type" | "bottom" | "top" | "include" | "exclude" | "param" => {}
-                "loss_weight" => {
-                    entries.push(("loss_weight".into(), f.float().map_err(bad)?.into(), f.pos))
-                }
-                "propagate_down" if f.boolean().map_err(bad)? => {}
-                "propagate_down" => {
-                    return Err(bad(
-                        "`propagate_down: false` is not supported (p2ptrain decides which \
-                         bottoms get gradients)"
-                            .into(),
-                    ))
-                }
-                n if n.ends_with("_param") => {
-                    let m = f.message().map_err(bad)?;
-                    if applies(n, ty) {
-                        flatten_param(self.path, &what, m, &mut entries)?;
-                    } else {
-                        self.warnings.push(format!(
-                            "{}:{}: {what}: `{n}` ignored (it does not apply to type {ty}; Caffe \
-                             ignores it too)",
-                            self.path.display(),
-                            f.pos
-                        ));
-                    }
-                }
-                other => return Err(bad(format!("`{other}` is not supported"))),
-            }
-        }
-        self.param_specs(block, &what, &mut entries)?;
+        let entries = self.keys(block, ty, &what)?;
         let allowed = LayerParams::keys(kind);
-        for (key, _, at) in &entries {
-            if !allowed.contains(&key.as_str()) && !matches!(key.as_str(), "lr_mult" | "decay_mult")
-            {
-                return Err(self.err(
-                    *at,
-                    &what,
-                    format!("`{key}` is not supported by p2ptrain's {ty}"),
-                ));
-            }
+        if let Some((key, _, at)) = entries.iter().find(|(k, _, _)| {
+            !allowed.contains(&k.as_str()) && !matches!(k.as_str(), "lr_mult" | "decay_mult")
+        }) {
+            return Err(self.err(
+                *at,
+                &what,
+                format!("`{key}` is not supported by p2ptrain's {ty}"),
+            ));
         }
         for (key, value) in group(&entries) {
             table.insert(&key, Item::Value(value));
@@ -515,6 +463,62 @@ impl NetReader<'_> {
             table,
             config,
         })
+    }
+
+    /// The blobs a layer names under `key` (`bottom`, `top`), the Data layers' tops renamed
+    /// `data` and `label`.
+    fn blobs(&self, block: &Message, key: &str, what: &str) -> Result<Array> {
+        let mut list = Array::new();
+        for f in block.all(key) {
+            let b = f.string().map_err(|e| self.err(f.pos, what, e))?;
+            if ["data", "label"].contains(&b) && !self.renames.contains_key(b) {
+                return Err(self.err(
+                    f.pos,
+                    what,
+                    format!(
+                        "blob `{b}`: p2ptrain's inputs are named `data` and `label`; rename this \
+                         blob"
+                    ),
+                ));
+            }
+            list.push(self.renames.get(b).map_or(b, String::as_str));
+        }
+        Ok(list)
+    }
+
+    /// A layer's keys beyond its wiring: `loss_weight`, the fields of its `*_param` blocks and
+    /// its `param` blocks, each with the position it came from.
+    fn keys(&mut self, block: &Message, ty: &str, what: &str) -> Result<Entries> {
+        let mut entries: Entries = Vec::new();
+        for f in &block.fields {
+            let bad = |m: String| self.err(f.pos, what, m);
+            match f.name.as_str() {
+                "name" | "type" | "bottom" | "top" | "include" | "exclude" | "param" => {}
+                "loss_weight" => {
+                    entries.push(("loss_weight".into(), f.float().map_err(bad)?.into(), f.pos))
+                }
+                "propagate_down" if f.boolean().map_err(bad)? => {}
+                "propagate_down" => {
+                    return Err(bad(
+                        "`propagate_down: false` is not supported (p2ptrain decides which \
+                         bottoms get gradients)"
+                            .into(),
+                    ))
+                }
+                n if n.ends_with("_param") && applies(n, ty) => {
+                    flatten_param(self.path, what, f.message().map_err(bad)?, &mut entries)?;
+                }
+                n if n.ends_with("_param") => self.warnings.push(format!(
+                    "{}:{}: {what}: `{n}` ignored (it does not apply to type {ty}; Caffe ignores \
+                     it too)",
+                    self.path.display(),
+                    f.pos
+                )),
+                other => return Err(bad(format!("`{other}` is not supported"))),
+            }
+        }
+        self.param_specs(block, what, &mut entries)?;
+        Ok(entries)
     }
 
     /// `param { lr_mult decay_mult }` blocks → the `lr_mult` and `decay_mult` lists.
