@@ -1,7 +1,8 @@
 //! Whole-input entry points for the parsers of untrusted bytes, shared by the fuzz targets
 //! (`fuzz/`) and the mutation tests (`tests/parser_mutations.rs`): a config file (load, `--set`
-//! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file and a
-//! Caffe mean image (`mean.binaryproto`).
+//! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file, a
+//! Caffe mean image (`mean.binaryproto`), a Caffe net or solver prototxt, a `.caffemodel`, and a
+//! NumPy `.npy` array (`predict`'s inputs).
 //! Each returns the parser's verdict; none may panic, whatever the bytes.
 
 use crate::config::Plan;
@@ -67,6 +68,42 @@ pub fn cifar10(bytes: &[u8]) -> Result<()> {
 pub fn mean_file(bytes: &[u8]) -> Result<()> {
     let image = mean_file::parse(Path::new("mean.binaryproto"), bytes)?;
     assert_eq!(image.data.len(), image.shape.iter().product::<usize>());
+    Ok(())
+}
+
+/// A Caffe net prototxt's bytes: the text format, then the net read into config tables.
+pub fn caffe_net(bytes: &[u8]) -> Result<()> {
+    let text = String::from_utf8_lossy(bytes);
+    let path = Path::new("net.prototxt");
+    let m = crate::caffe::prototxt::parse(&text)
+        .map_err(|e| crate::caffe::text_error(path, e.pos, "(syntax)", e.msg))?;
+    crate::caffe::net::read(path, &m, Path::new("/nonexistent/p2ptrain-inputs"))?;
+    Ok(())
+}
+
+/// A Caffe solver prototxt's bytes: the text format, then the `[solver]` table.
+pub fn caffe_solver(bytes: &[u8]) -> Result<()> {
+    let text = String::from_utf8_lossy(bytes);
+    let path = Path::new("solver.prototxt");
+    let m = crate::caffe::prototxt::parse(&text)
+        .map_err(|e| crate::caffe::text_error(path, e.pos, "(syntax)", e.msg))?;
+    crate::caffe::solver::read(path, &m)?;
+    Ok(())
+}
+
+/// A `.caffemodel`'s bytes, every blob's dimensions and values read.
+pub fn caffemodel(bytes: &[u8]) -> Result<()> {
+    let model = crate::caffe::weights::parse_caffemodel(Path::new("m.caffemodel"), bytes)?;
+    for blob in model.layer.iter().flat_map(|l| &l.blobs) {
+        let _ = (blob.dims(), blob.values().len());
+    }
+    Ok(())
+}
+
+/// A `.npy` array's bytes as `predict` reads them, reading the records back.
+pub fn npy(bytes: &[u8]) -> Result<()> {
+    let source = crate::predict::inputs::parse_npy("x.npy", bytes)?;
+    read_back(source.as_ref());
     Ok(())
 }
 

@@ -6,13 +6,15 @@
 //! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` (the schema, parsing, typed
 //! layer parameters and the layer registry) → `params` → `layers` → `net` → `solver` → `signals`
 //! → `snapshot` → `resume` → `data` → `validate` (loading a config: parsing plus the whole-config
-//! checks, which read data file headers and infer shapes through the layers) → `inputs` → `dist`
-//! → `metrics`, `logging`, `output_folder` → `cuda` (the GPU backend: device, kernels, GPU
-//! layers, NCCL) → `parallel` (`P2PManager`, `P2PSync`, the CPU and GPU engines, gradient
-//! buckets, the timeline) → `chrome_trace` → `cmd` (the subcommands). Every input file is opened
+//! checks, which read data file headers and infer shapes through the layers) → `predict` →
+//! `caffe` (import and export) → `inputs` → `dist` → `metrics`, `logging`, `output_folder` →
+//! `cuda` (the GPU backend: device, kernels, GPU layers, NCCL) → `parallel` (`P2PManager`,
+//! `P2PSync`, the CPU and GPU engines, gradient buckets, the timeline) → `chrome_trace` → `cmd`
+//! (the subcommands). Every input file is opened
 //! through `input_file`. No module imports one above it outside of tests.
 
 pub mod backend;
+pub mod caffe;
 pub mod chrome_trace;
 pub mod cmd;
 pub mod config;
@@ -29,6 +31,7 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
+pub mod predict;
 pub mod resume;
 pub mod signals;
 pub mod snapshot;

@@ -9,12 +9,18 @@
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain compute-mean CONFIG -o mean.binaryproto [--set ...]
+//! p2ptrain test CONFIG --weights FILE [--set ...] [--output DIR]
+//! p2ptrain predict CONFIG --weights FILE --input FILE... -o predictions.jsonl [--top-k 5]
+//! p2ptrain import-caffe NET.prototxt [--solver SOLVER.prototxt] [--weights X.caffemodel] -o DIR
+//! p2ptrain export SNAPSHOT --format caffe|torchvision -o FILE [--config CONFIG]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure, 128 + signal number
 //! after a stop on SIGTERM (143), SIGINT (130) or SIGHUP (129).
 
 use clap::{Args, Parser, Subcommand};
+use p2ptrain::caffe::export::{ExportFormat, ExportOptions};
+use p2ptrain::caffe::import::ImportOptions;
 use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
 use p2ptrain::cmd::compute_mean::{self, MeanOptions};
 use p2ptrain::cmd::plot::{self, PlotOptions};
@@ -103,6 +109,123 @@ enum Command {
             Example: p2ptrain compute-mean config/cifar10_quick.toml -o data/cifar10/mean.binaryproto"
     )]
     ComputeMean(MeanArgs),
+    /// Score weights: the test phase alone over the whole test set, on every rank.
+    #[command(
+        long_about = "Run the test phase alone, over the whole test set, on every rank \
+            and replica, with the weights given: no update, no snapshot. Prints the loss and \
+            the accuracies (top-1 and top-5: an Accuracy layer of the net gets the one it \
+            lacks) and appends them to metrics.jsonl in the output folder, as the test of a \
+            training run is logged (as the test of iteration N for a snapshot \
+            PREFIX_iter_N.safetensors).\n\n\
+            Example: mpirun -np 2 p2ptrain test config/lenet.toml --weights \
+            runs/lenet/snapshots/lenet_iter_10000.safetensors"
+    )]
+    Test(TestArgs),
+    /// Class probabilities of new inputs, one JSON line per input.
+    #[command(
+        long_about = "Run the net's test-phase forward on new inputs (the config's \
+            test transform applied) and write, for each input in order, one line \
+            {\"input\": \"FILE#INDEX\", \"top_k\": [{\"class\": 3, \"prob\": 0.91}, ...]}. \
+            The class scores are the top of the net's Softmax layer, or the scores its \
+            SoftmaxWithLoss or Accuracy layer reads (softmax applied). Inputs: MNIST IDX image \
+            files, CIFAR-10 batches, NumPy .npy arrays (N, C, H, W) or (N, H, W) of uint8 or \
+            float32. Every rank and replica computes a contiguous share, on the CPU or the GPUs \
+            as [cluster] backend says.\n\n\
+            Example: p2ptrain predict config/lenet.toml --weights lenet_iter_10000.safetensors \
+            --input t10k-images-idx3-ubyte.gz -o predictions.jsonl"
+    )]
+    Predict(PredictArgs),
+    /// Convert a Caffe net (and solver and weights) into a config and a weights file.
+    #[command(
+        name = "import-caffe",
+        long_about = "Read a Caffe net prototxt, optionally its solver prototxt and a \
+            .caffemodel, and write DIR/cluster.toml and DIR/weights.safetensors, so that \
+            `p2ptrain train DIR/cluster.toml --weights DIR/weights.safetensors` trains the same \
+            net from the same weights. Data layers become [data] with format = \"lmdb\" and \
+            train_source / test_source (relative to the prototxt's folder); layers keep their \
+            names and Caffe's parameter names; anything p2ptrain lacks is an error naming the \
+            layer, its type and the line.\n\n\
+            Example: p2ptrain import-caffe lenet_train_test.prototxt --solver \
+            lenet_solver.prototxt --weights lenet_iter_10000.caffemodel -o lenet/"
+    )]
+    ImportCaffe(ImportArgs),
+    /// Write a snapshot's weights as a Caffe .caffemodel or a torchvision state dict.
+    #[command(
+        long_about = "Write the weights of a snapshot as a Caffe .caffemodel (every layer \
+            with its type, wiring and blobs; Caffe loads it with the net's prototxt) or, for \
+            ResNets named as Kaiming He's Caffe ResNets, as a safetensors state dict with \
+            torchvision's names and BatchNorm conventions. The layers come from the snapshot's \
+            .solverstate, or from --config.\n\n\
+            Example: p2ptrain export runs/resnet50/snapshots/resnet50_iter_100.safetensors \
+            --format torchvision -o resnet50_torchvision.safetensors"
+    )]
+    Export(ExportArgs),
+}
+
+#[derive(Args)]
+struct TestArgs {
+    /// The config file (TOML).
+    config: PathBuf,
+    /// The weights to score (safetensors: a snapshot, or imported).
+    #[arg(long, value_name = "FILE", required = true)]
+    weights: PathBuf,
+    /// Override a config value, as for training.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Output directory whose metrics.jsonl gets the result (default `runs/<config stem>/`).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    /// The config file (TOML).
+    config: PathBuf,
+    /// The weights (safetensors).
+    #[arg(long, value_name = "FILE", required = true)]
+    weights: PathBuf,
+    /// Input files, read in order as one list of records.
+    #[arg(long = "input", value_name = "FILE", required = true, num_args = 1..)]
+    inputs: Vec<PathBuf>,
+    /// The predictions file to write (JSON lines).
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Classes per input, most probable first.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    top_k: u64,
+    /// Override a config value, as for training.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// The net prototxt (train_val: Data layers for TRAIN and TEST).
+    net: PathBuf,
+    /// The solver prototxt.
+    #[arg(long, value_name = "FILE")]
+    solver: Option<PathBuf>,
+    /// The .caffemodel to convert into DIR/weights.safetensors.
+    #[arg(long, value_name = "FILE")]
+    weights: Option<PathBuf>,
+    /// The folder to write cluster.toml (and weights.safetensors) into.
+    #[arg(short, long, value_name = "DIR")]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// The snapshot's weights (.safetensors).
+    snapshot: PathBuf,
+    /// caffe (.caffemodel) or torchvision (safetensors state dict of a ResNet).
+    #[arg(long, value_parser = clap::value_parser!(ExportFormat))]
+    format: ExportFormat,
+    /// The file to write.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// The config of the weights' net, when the snapshot has no .solverstate beside it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -224,10 +347,14 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 11] = [
+    const KNOWN: [&str; 15] = [
         "train",
         "plot",
         "compute-mean",
+        "test",
+        "predict",
+        "import-caffe",
+        "export",
         "check",
         "bench",
         "bench-allreduce",
@@ -318,6 +445,47 @@ fn main() {
             sets: m.sets,
             output: m.output,
         })),
+        Some(Command::Test(t)) => (
+            Action::Test,
+            Options {
+                config: Some(t.config),
+                sets: t.sets,
+                weights: Some(t.weights),
+                output: t.output,
+                progress: app::Progress::Never,
+                ..Options::default()
+            },
+        ),
+        Some(Command::Predict(p)) => (
+            Action::Predict(p2ptrain::cmd::predict::Request {
+                inputs: p.inputs,
+                output: p.output,
+                top_k: usize::try_from(p.top_k).unwrap_or(usize::MAX),
+            }),
+            Options {
+                config: Some(p.config),
+                sets: p.sets,
+                weights: Some(p.weights),
+                progress: app::Progress::Never,
+                ..Options::default()
+            },
+        ),
+        Some(Command::ImportCaffe(i)) => {
+            std::process::exit(p2ptrain::cmd::import_caffe::run(&ImportOptions {
+                net: i.net,
+                solver: i.solver,
+                weights: i.weights,
+                out_dir: i.output,
+            }))
+        }
+        Some(Command::Export(e)) => {
+            std::process::exit(p2ptrain::cmd::export::run(&ExportOptions {
+                snapshot: e.snapshot,
+                config: e.config,
+                format: e.format,
+                output: e.output,
+            }))
+        }
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {
                 min_bytes: a.min_bytes,

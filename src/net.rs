@@ -439,6 +439,17 @@ impl Net {
         &self.blobs[b].shape
     }
 
+    /// The index of the blob called `name` as the last layer that writes it leaves it (the
+    /// input blobs are `data` and `label`).
+    pub fn blob_named(&self, name: &str) -> Option<usize> {
+        self.blob_names.iter().rposition(|n| n == name)
+    }
+
+    /// Blob `b`'s values after the last forward, `(N, ...)` in [`Net::blob_shape`].
+    pub fn blob_data(&self, b: usize) -> &[f32] {
+        &self.blobs[b].data
+    }
+
     /// Whether some layer needs blob `b`'s gradient.
     pub fn blob_needs_grad(&self, b: usize) -> bool {
         self.blob_needs_grad[b]

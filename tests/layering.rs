@@ -16,6 +16,8 @@ const ORDER: &[&[&str]] = &[
     &["resume"],
     &["data"],
     &["validate"],
+    &["predict"],
+    &["caffe"],
     &["inputs"],
     &["dist"],
     &["metrics", "logging", "output_folder"],

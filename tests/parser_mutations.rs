@@ -237,3 +237,64 @@ fn mutated_mean_files_never_panic() {
     let (ok, err) = fuzz("mean_file", &seeds, 3000, 4, inputs::mean_file);
     assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
 }
+
+#[test]
+fn mutated_caffe_prototxts_never_panic() {
+    let net = read("tests/data/caffe/digits_lenet_train_test.prototxt");
+    let solver = read("tests/data/caffe/digits_lenet_solver_50.prototxt");
+    inputs::caffe_net(&net).unwrap();
+    inputs::caffe_solver(&solver).unwrap();
+    let (ok, err) = fuzz("caffe_net", &[net], 3000, 5, inputs::caffe_net);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+    let (ok, err) = fuzz("caffe_solver", &[solver], 3000, 6, inputs::caffe_solver);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}
+
+#[test]
+fn mutated_caffemodels_never_panic() {
+    use p2ptrain::caffe::proto::{BlobProto, LayerParameter, NetParameter};
+    use prost::Message;
+    let layer = |name: &str, shapes: &[&[usize]]| LayerParameter {
+        name: Some(name.into()),
+        r#type: Some("InnerProduct".into()),
+        blobs: shapes
+            .iter()
+            .map(|s| BlobProto::with_shape(s, &vec![0.5; s.iter().product()]))
+            .collect(),
+        ..Default::default()
+    };
+    let model = NetParameter {
+        name: Some("n".into()),
+        layer: vec![
+            layer("ip1", &[&[4, 3], &[4]]),
+            layer("ip2", &[&[2, 4], &[2]]),
+        ],
+        ..Default::default()
+    };
+    let seeds = vec![model.encode_to_vec()];
+    inputs::caffemodel(&seeds[0]).unwrap();
+    let (ok, err) = fuzz("caffemodel", &seeds, 3000, 7, inputs::caffemodel);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}
+
+#[test]
+fn mutated_npy_arrays_never_panic() {
+    let npy = |descr: &str, shape: &str, data: &[u8]| {
+        let header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}\n");
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        b
+    };
+    let seeds = vec![
+        npy("|u1", "(2, 1, 2, 3)", &[7; 12]),
+        npy("<f4", "(3, 2, 2)", &[0x3f; 48]),
+    ];
+    for s in &seeds {
+        inputs::npy(s).unwrap();
+    }
+    let (ok, err) = fuzz("npy", &seeds, 3000, 8, inputs::npy);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}

@@ -148,6 +148,60 @@ fn resumed_adam_run_with_iter_size_is_bit_identical_to_a_straight_run() {
     assert!(tensors(&state(&a, 40)).contains_key("v/ip1.weight"));
 }
 
+/// A straight 40-iteration run that also snapshots at 20, and a run resumed from that snapshot
+/// with the same config (so the same `max_iter`, which the cosine schedule depends on).
+fn straight_and_resumed_from_its_snapshot(
+    name: &str,
+    np: usize,
+    sets: &[&str],
+) -> (PathBuf, PathBuf) {
+    let (dir, cfg) = setup(name);
+    let mut args: Vec<String> = sets
+        .iter()
+        .flat_map(|s| ["--set".into(), s.to_string()])
+        .collect();
+    args.extend(["--set".into(), "solver.snapshot=20".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (a, b) = (dir.join("straight"), dir.join("resumed"));
+    ok(&train(np, &cfg, &a, &args));
+    let from = state(&a, 20).display().to_string();
+    let mut resumed = args.clone();
+    resumed.extend(["--resume", from.as_str()]);
+    let out = train(np, &cfg, &b, &resumed);
+    ok(&out);
+    assert!(text(&out).contains("resuming from"), "{}", text(&out));
+    (a, b)
+}
+
+#[test]
+fn resumed_adamw_cosine_warmup_and_adadelta_runs_are_bit_identical_to_straight_runs() {
+    let (a, b) = straight_and_resumed_from_its_snapshot(
+        "resume_adamw",
+        2,
+        &[
+            "solver.type=\"adamw\"",
+            "solver.base_lr=0.01",
+            "solver.weight_decay=0.01",
+            "solver.lr_policy=\"cosine\"",
+            "solver.warmup_iter=25",
+        ],
+    );
+    assert_identical(&a, &b, 40);
+    assert!(tensors(&state(&a, 40)).contains_key("m/ip1.weight"));
+    let (a, b) = straight_and_resumed(
+        "resume_adadelta",
+        1,
+        &[
+            "solver.type=\"adadelta\"",
+            "solver.base_lr=1.0",
+            "solver.momentum=0.95",
+            "solver.delta=1e-6",
+        ],
+    );
+    assert_identical(&a, &b, 40);
+    assert!(tensors(&state(&a, 40)).contains_key("u/ip1.weight"));
+}
+
 #[test]
 fn resume_on_another_topology_with_the_same_global_batch() {
     // np 4 × 1 replica to iteration 20, then np 2 × 2 replicas to 40, against np 4 straight.

@@ -1,11 +1,17 @@
 //! The subcommands, one module each, above every other module of the crate (the binary,
-//! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check` and `bench`
-//! share its flow: MPI start-up, config, data and weights agreed by every rank, the
-//! `P2PManager` run), `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of
-//! sizes), `plot` (curves from `metrics.jsonl`) and `compute-mean` (a dataset's mean image as a
-//! Caffe `binaryproto`).
+//! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check`, `bench`, and
+//! the shared flow of [`test`] (the test phase alone) and [`predict`] (class probabilities of
+//! inputs): MPI start-up, config, data and weights agreed by every rank, the `P2PManager` run),
+//! `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of sizes), `plot`
+//! (curves from `metrics.jsonl`), `compute-mean` (a dataset's mean image as a Caffe
+//! `binaryproto`), `import-caffe` and `export` (Caffe's files and torchvision's names, through
+//! `crate::caffe`).
 
 pub mod bench_allreduce;
 pub mod compute_mean;
+pub mod export;
+pub mod import_caffe;
 pub mod plot;
+pub mod predict;
+pub mod test;
 pub mod train;

@@ -1,6 +1,7 @@
-//! The program's flow for `train`, `check` and `bench`: MPI start-up, config and data read on
-//! every rank with the outcome agreed (so a bad input ends the job together, reported once),
-//! config fingerprints compared, then the `P2PManager` run. Returns the process exit code.
+//! The program's flow for `train`, `check`, `bench`, `test` and `predict`: MPI start-up, config
+//! and data read on every rank with the outcome agreed (so a bad input ends the job together,
+//! reported once), config fingerprints compared, then the `P2PManager` run. Returns the process
+//! exit code. What is particular to `test` and `predict` is in their own modules.
 
 use crate::config::BackendKind;
 use crate::config::{self, Plan};
@@ -48,6 +49,10 @@ pub enum Action {
         iters: u64,
         layers: bool,
     },
+    /// The test phase alone over the whole test set (`p2ptrain test`; see [`super::test`]).
+    Test,
+    /// Class probabilities of inputs (`p2ptrain predict`; see [`super::predict`]).
+    Predict(super::predict::Request),
 }
 
 /// The options shared by every action.
@@ -134,6 +139,8 @@ struct Prepared {
     resume: Option<(SnapshotFiles, SolverState)>,
     /// Threads of the process's worker pool (see [`size_worker_pool`]).
     workers: usize,
+    /// `predict`: the inputs and what to report of them.
+    predict: Option<Arc<crate::predict::Job>>,
 }
 
 /// Failure injection for testing: with `P2PTRAIN_INJECT_START_GATE=PATH`, a run creates
@@ -155,9 +162,9 @@ fn wait_at_start_gate() {
     }
 }
 
-fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
+fn prepare(action: &Action, opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     wait_at_start_gate();
-    let (cfg, source) = match &opts.config {
+    let (mut cfg, source) = match &opts.config {
         Some(path) => validate::load(path, &opts.sets)?,
         None => validate::load_str("quickstart.toml", QUICKSTART, Path::new("."), &opts.sets)?,
     };
@@ -173,12 +180,24 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
             ));
         }
     }
+    if let Action::Test = action {
+        super::test::whole_test_set(&mut cfg);
+    }
     let devices = choose_devices(&cfg, &source, boot)?;
     // Before anything runs on the pool (opening the data may).
     let workers = size_worker_pool(threads_per_replica(&cfg, boot) * cfg.cluster.replicas_per_rank);
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
-    let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
+    let (data, predict) = match action {
+        Action::Predict(request) => {
+            let (data, job) = super::predict::open(request, &plan.config)?;
+            (data, Some(Arc::new(job)))
+        }
+        _ => (
+            data::open(&plan.config.data, plan.config.solver.random_seed)?,
+            None,
+        ),
+    };
     // The parameter layout does not depend on the batch: build with batch 1 so that a large net
     // (ResNet-50 at 224²) does not allocate a full batch of activations here as well.
     let (_, mut initial) = Net::build(&plan.config, data.input_shape(), 1)?;
@@ -229,6 +248,7 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
         devices,
         resume,
         workers,
+        predict,
     })
 }
 
@@ -464,7 +484,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
         }
     };
     crate::logging::init(boot.rank, boot.size);
-    let prepared = match boot.agree(prepare(&opts, &boot)) {
+    let prepared = match boot.agree(prepare(&action, &opts, &boot)) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -536,6 +556,15 @@ pub fn run(action: Action, opts: Options) -> i32 {
             prepared.initial.count()
         );
     }
+    if let Action::Predict(request) = &action {
+        let created = match boot.rank {
+            0 => super::predict::create_output(request),
+            _ => Ok(()),
+        };
+        if let Err(code) = boot.agree(created) {
+            return code;
+        }
+    }
     let dir = output_dir(&opts);
     let outputs = match &action {
         Action::Train if boot.rank == 0 => Some(open_outputs(
@@ -544,6 +573,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             opts.progress,
             prepared.resume.as_ref().map(|(_, state)| state),
         )),
+        Action::Test if boot.rank == 0 => Some(super::test::open_outputs(&dir, &hostname())),
         _ => None,
     };
     // The timeline file is created now, so that a bad path fails before training.
@@ -589,6 +619,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
             tracing::warn!("signal handlers not installed ({e}): signals end the process");
         }
     }
+    let prepared_job = prepared.predict.clone();
     let manager = P2PManager {
         plan: plan.clone(),
         data: prepared.data,
@@ -599,22 +630,35 @@ pub fn run(action: Action, opts: Options) -> i32 {
         nodes,
         node_nccl_id,
     };
-    let mode = match action {
+    let mode = match &action {
         Action::Bench {
             warmup,
             iters,
             layers,
         } => Mode::Bench {
-            warmup,
-            iters,
-            layers,
+            warmup: *warmup,
+            iters: *iters,
+            layers: *layers,
+        },
+        Action::Test => Mode::Test {
+            iter: opts
+                .weights
+                .as_deref()
+                .map_or(0, |w| SnapshotFiles::of(w).iter),
+        },
+        Action::Predict(_) => match &prepared_job {
+            Some(job) => Mode::Predict(job.clone()),
+            None => Mode::Train,
         },
         _ => Mode::Train,
     };
-    match manager.run(&boot, mode, outputs) {
+    match manager.run(&boot, mode.clone(), outputs) {
         Ok(report) => {
+            if let Action::Predict(request) = &action {
+                return super::predict::write_lines(&boot, request, &report);
+            }
             if boot.rank == 0 {
-                summarize(&plan, &report, mode, &dir);
+                summarize(&plan, &report, &mode, &dir);
             }
             let Some(path) = opts
                 .timeline
@@ -643,7 +687,7 @@ pub fn run(action: Action, opts: Options) -> i32 {
     }
 }
 
-fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
+fn summarize(plan: &Plan, report: &RunReport, mode: &Mode, dir: &Path) {
     let iterations = report.iterations.saturating_sub(report.first_iteration);
     let rate = iterations as f64 * plan.global_batch as f64 / report.seconds.max(1e-9);
     match mode {
@@ -673,6 +717,12 @@ fn summarize(plan: &Plan, report: &RunReport, mode: Mode, dir: &Path) {
             for s in &report.snapshots {
                 outln!("         {}", s.display());
             }
+        }
+        Mode::Test { .. } | Mode::Predict(_) => {
+            if let Some(t) = &report.last_test {
+                outln!("{}", super::test::summary(t));
+            }
+            outln!("outputs: {}", dir.join("metrics.jsonl").display());
         }
         Mode::Bench { .. } => {
             outln!(

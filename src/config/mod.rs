@@ -327,6 +327,10 @@ pub enum SolverType {
     Adagrad,
     Rmsprop,
     Adam,
+    /// Caffe's AdaDelta (Zeiler 2012), `momentum` its decay.
+    Adadelta,
+    /// Adam with decoupled weight decay (Loshchilov and Hutter 2019), as PyTorch's AdamW.
+    Adamw,
 }
 
 /// Learning-rate policy (Caffe's names).
@@ -340,6 +344,8 @@ pub enum LrPolicy {
     Inv,
     Poly,
     Sigmoid,
+    /// `base_lr · (1 + cos(π · iter / max_iter)) / 2`.
+    Cosine,
 }
 
 /// Weight-decay norm.
@@ -381,6 +387,10 @@ pub struct SolverConfig {
     pub stepsize: u64,
     #[serde(default)]
     pub stepvalue: Vec<u64>,
+    /// Linear warmup: iteration `i < warmup_iter` gets `(i + 1) / warmup_iter` of the
+    /// policy's rate (0: none).
+    #[serde(default)]
+    pub warmup_iter: u64,
     pub max_iter: u64,
     /// Sub-batches accumulated per iteration.
     #[serde(default = "one_u64")]

@@ -346,6 +346,11 @@ impl Plan {
             LrPolicy::Inv => format!(": gamma {}, power {}", s.gamma, s.power),
             LrPolicy::Poly => format!(": power {}", s.power),
             LrPolicy::Sigmoid => format!(": gamma {}, stepsize {}", s.gamma, s.stepsize),
+            LrPolicy::Cosine => format!(" to 0 at iteration {}", s.max_iter),
+        };
+        let policy = match s.warmup_iter {
+            0 => policy,
+            w => format!("{policy}, linear warmup over {w} iterations"),
         };
         row("lr policy", format!("{}{policy}", name_of(&s.lr_policy)));
         row("max_iter", s.max_iter.to_string());

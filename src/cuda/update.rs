@@ -51,10 +51,15 @@ impl GpuSolver {
     /// them), with zeroed history.
     pub fn new(gpu: &Gpu, cfg: &SolverConfig, spans: &[ParamSpan]) -> Result<GpuSolver> {
         let n = spans.last().map_or(0, |s| s.offset + s.len);
-        let buffers = match cfg.solver_type {
-            SolverType::Adam => 2,
-            _ => 1,
-        };
+        if let Some(rule) = cpu_only(cfg.solver_type) {
+            return Err(Error::Config {
+                file: "config".into(),
+                pos: None,
+                key: "solver.type".into(),
+                msg: format!("\"{rule}\" runs on the CPU backend only (no GPU kernel yet)"),
+            });
+        }
+        let buffers = Solver::buffers(cfg.solver_type);
         let s = &gpu.compute;
         let err = |what: &str| {
             let what = what.to_string();
@@ -245,9 +250,25 @@ impl GpuSolver {
                 m: h0,
                 v: h1.expect("Adam has two history buffers"),
             },
+            // Refused by `GpuSolver::new` already.
+            SolverType::Adadelta | SolverType::Adamw => {
+                return Err(Error::Device(format!(
+                    "the GPU solver has no {:?} kernel",
+                    cfg.solver_type
+                )))
+            }
         };
         k.update(s, args, rule)?;
         Ok(lr)
+    }
+}
+
+/// The update rules the GPU solver does not have, by config name.
+fn cpu_only(rule: SolverType) -> Option<&'static str> {
+    match rule {
+        SolverType::Adadelta => Some("adadelta"),
+        SolverType::Adamw => Some("adamw"),
+        _ => None,
     }
 }
 

@@ -7,35 +7,73 @@
 //! in `data` (5, packed floats) or `double_data` (8, packed doubles). Files written here carry the
 //! legacy dimensions with `num = 1` and packed `data`, as `compute_image_mean` writes them; both
 //! dimension forms, packed or unpacked values, and floats or doubles are read. Other fields
-//! (`diff`, `double_diff`) are skipped.
+//! (`diff`, `double_diff`) are skipped. `BlobProto` and `BlobShape` are shared with the
+//! `.caffemodel` messages of `caffe::proto`.
 
 use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
 use prost::Message;
 use std::path::Path;
 
+/// `BlobShape`: a blob's dimensions.
 #[derive(Clone, PartialEq, Message)]
-struct BlobShape {
+pub struct BlobShape {
     #[prost(int64, repeated, tag = "1")]
-    dim: Vec<i64>,
+    pub dim: Vec<i64>,
 }
 
+/// `BlobProto`: a tensor, with either the legacy 4-D dimensions or a `shape`.
 #[derive(Clone, PartialEq, Message)]
-struct BlobProto {
+pub struct BlobProto {
     #[prost(int32, optional, tag = "1")]
-    num: Option<i32>,
+    pub num: Option<i32>,
     #[prost(int32, optional, tag = "2")]
-    channels: Option<i32>,
+    pub channels: Option<i32>,
     #[prost(int32, optional, tag = "3")]
-    height: Option<i32>,
+    pub height: Option<i32>,
     #[prost(int32, optional, tag = "4")]
-    width: Option<i32>,
+    pub width: Option<i32>,
     #[prost(float, repeated, tag = "5")]
-    data: Vec<f32>,
+    pub data: Vec<f32>,
     #[prost(message, optional, tag = "7")]
-    shape: Option<BlobShape>,
+    pub shape: Option<BlobShape>,
     #[prost(double, repeated, tag = "8")]
-    double_data: Vec<f64>,
+    pub double_data: Vec<f64>,
+}
+
+impl BlobProto {
+    /// The blob's dimensions: the legacy four when any is set, else `shape`'s.
+    pub fn dims(&self) -> Vec<i64> {
+        let legacy = [self.num, self.channels, self.height, self.width];
+        if legacy.iter().any(Option::is_some) {
+            legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
+        } else {
+            self.shape
+                .as_ref()
+                .map(|s| s.dim.clone())
+                .unwrap_or_default()
+        }
+    }
+
+    /// The values as f32: `data`, or `double_data` rounded.
+    pub fn values(&self) -> Vec<f32> {
+        if self.data.is_empty() {
+            self.double_data.iter().map(|&v| v as f32).collect()
+        } else {
+            self.data.clone()
+        }
+    }
+
+    /// A blob of `shape` (the modern form, as Caffe writes it) holding `data`.
+    pub fn with_shape(shape: &[usize], data: &[f32]) -> Self {
+        BlobProto {
+            shape: Some(BlobShape {
+                dim: shape.iter().map(|&d| d as i64).collect(),
+            }),
+            data: data.to_vec(),
+            ..Default::default()
+        }
+    }
 }
 
 /// A mean image: `data (C·H·W)` in `(C, H, W)` order.
@@ -55,8 +93,7 @@ impl MeanImage {
             height: Some(h),
             width: Some(w),
             data: self.data.clone(),
-            shape: None,
-            double_data: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -64,12 +101,7 @@ impl MeanImage {
     fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, String> {
         let blob = BlobProto::decode(bytes)
             .map_err(|e| format!("not a Caffe BlobProto (binaryproto) file: {e}"))?;
-        let legacy = [blob.num, blob.channels, blob.height, blob.width];
-        let dims: Vec<i64> = if legacy.iter().any(Option::is_some) {
-            legacy.iter().map(|d| i64::from(d.unwrap_or(0))).collect()
-        } else {
-            blob.shape.map(|s| s.dim).unwrap_or_default()
-        };
+        let dims = blob.dims();
         let shape = match dims[..] {
             [1, c, h, w] | [c, h, w] if c > 0 && h > 0 && w > 0 => {
                 [c, h, w].map(|d| usize::try_from(d).unwrap_or(usize::MAX))
@@ -81,11 +113,7 @@ impl MeanImage {
                 ))
             }
         };
-        let data: Vec<f32> = if blob.data.is_empty() {
-            blob.double_data.iter().map(|&v| v as f32).collect()
-        } else {
-            blob.data
-        };
+        let data = blob.values();
         let want = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
         if want != Some(data.len()) {
             return Err(format!(

@@ -224,8 +224,9 @@ pub fn open_sources(
     Ok((train, test))
 }
 
-/// The transform of `cfg` for records of `shape`, its keys checked against the shape.
-fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transform> {
+/// The transform of `cfg` for records of `shape`, its keys checked against the shape (what
+/// `predict` applies to its inputs too).
+pub fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transform> {
     let [c, h, w] = shape;
     let mean = match &cfg.mean_value {
         Some(m) if m.len() == 1 || m.len() == c => m.clone(),

@@ -206,6 +206,17 @@ impl Engine for CpuEngine {
         ))
     }
 
+    fn forward_blob(&mut self, c: PassCtx, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let b = self
+            .net
+            .blob_named(name)
+            .ok_or_else(|| crate::error::Error::net(name, "no layer writes a blob of this name"))?;
+        self.forward_test(c)?;
+        let shape = self.net.blob_shape(b).to_vec();
+        let n = shape.iter().product();
+        Ok((shape, self.net.blob_data(b)[..n].to_vec()))
+    }
+
     fn all_reduce_gradients(&mut self) -> Result<()> {
         // A non-finite loss reaches every replica through the averaged gradient.
         if !self.loss_slots[self.slot].is_finite() {

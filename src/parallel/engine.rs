@@ -38,6 +38,9 @@ pub trait Engine {
     /// Test-phase forward over the loaded batch; returns its loss and accuracy outputs (this is
     /// allowed to synchronise with the device).
     fn forward_test(&mut self, ctx: PassCtx) -> Result<Vec<Output>>;
+    /// Test-phase forward over the loaded batch; returns the blob called `name` (as the net's
+    /// last writer of that name leaves it): its shape `(N, ...)` and a host copy of its values.
+    fn forward_blob(&mut self, ctx: PassCtx, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
     /// Says which replicas average the gradients of the coming iteration (every replica unless
     /// local SGD says otherwise; see `super::local_sgd`). Called before its first backward.
     fn set_gradient_scope(&mut self, scope: GradientScope);

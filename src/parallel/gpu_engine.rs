@@ -421,6 +421,27 @@ impl Engine for GpuEngine {
         self.net.outputs(&self.gpu)
     }
 
+    fn forward_blob(&mut self, ctx: PassCtx, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let b = self
+            .net
+            .graph()
+            .blob_named(name)
+            .ok_or_else(|| Error::net(name, "no layer writes a blob of this name"))?;
+        let coll = collective(&self.comm, &self.fence, &self.comm_stream);
+        self.net.forward(&self.gpu, ctx, coll)?;
+        self.wait_for_device("forward pass")?;
+        let blob = self.net.blob(b);
+        let spatial: usize = blob.shape.iter().skip(2).product();
+        if self.net.blob_layout(b) != crate::cuda::layout::Layout::Nchw && spatial > 1 {
+            return Err(Error::net(
+                name,
+                "is stored channels-last on the GPU: read a blob of shape (N, C) or (N, C, 1, 1)",
+            ));
+        }
+        let host = blob.to_host(&self.gpu)?;
+        Ok((host.shape, host.data))
+    }
+
     fn all_reduce_gradients(&mut self) -> Result<()> {
         let Some(reduce) = reducing(self.scope, &self.comm, self.node_comm.as_ref()) else {
             // The replica steps on its own gradient (alone, or a local step).

@@ -19,9 +19,15 @@ use crate::resume::SolverState;
 use std::sync::Arc;
 
 /// What the replicas do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Mode {
     Train,
+    /// The test pass alone, logged as iteration `iter` (`p2ptrain test`).
+    Test {
+        iter: u64,
+    },
+    /// Class probabilities of inputs (`p2ptrain predict`).
+    Predict(Arc<crate::predict::Job>),
     /// `layers`: then `iters` more iterations timing each layer.
     Bench {
         warmup: u64,
@@ -66,6 +72,8 @@ pub struct P2PManager {
 fn drive<E: Engine>(sync: P2PSync<E>, mode: Mode) -> Result<RunReport> {
     match mode {
         Mode::Train => sync.train(),
+        Mode::Test { iter } => sync.score(iter),
+        Mode::Predict(job) => sync.predict(&job),
         Mode::Bench {
             warmup,
             iters,
@@ -104,7 +112,7 @@ impl P2PManager {
                     let engine =
                         CpuEngine::new(&self.plan.config, shape, comm, cpu, &self.initial)?
                             .with_node_comm(node);
-                    self.drive(engine, out, mode)
+                    self.drive(engine, out, mode.clone())
                 })
             }
             Devices::Cuda {
@@ -137,7 +145,7 @@ impl P2PManager {
                             engine.device_name()
                         );
                     }
-                    self.drive(engine, out, mode)
+                    self.drive(engine, out, mode.clone())
                 })
             }
         };
@@ -146,8 +154,13 @@ impl P2PManager {
             .iter_mut()
             .flat_map(|r| r.traces.drain(..))
             .collect();
+        let predictions: Vec<_> = reports
+            .iter_mut()
+            .flat_map(|r| r.predictions.drain(..))
+            .collect();
         let mut first = reports.swap_remove(0);
         first.traces = traces;
+        first.predictions = predictions;
         Ok(first)
     }
 

@@ -88,6 +88,9 @@ pub struct ReplicaReport {
     /// the bytes a ring all-reduce sends.
     pub replicas: usize,
     pub node_replicas: usize,
+    /// `predict`: one JSON line per input of this replica's shard, in input order (the manager
+    /// gathers its process's here).
+    pub predictions: Vec<String>,
 }
 
 /// One layer's mean device (or host) time per iteration, from `bench --layers`.
@@ -650,6 +653,72 @@ impl<E: Engine> P2PSync<E> {
                 backward_ms: (s[3] > 0.0).then(|| s[2] * per_iter),
             })
             .collect())
+    }
+
+    /// `p2ptrain test`: the test pass alone, reported and logged as the test of iteration
+    /// `iter` (the weights' iteration) is during training; no update, no snapshot.
+    pub fn score(mut self, iter: u64) -> Result<ReplicaReport> {
+        self.engine.broadcast_params()?;
+        let started = Instant::now();
+        let result = self.test(iter)?;
+        self.engine.barrier()?;
+        self.engine.finish()?;
+        Ok(ReplicaReport {
+            iterations: iter,
+            seconds: started.elapsed().as_secs_f64(),
+            last_test: Some(result),
+            first_iteration: iter,
+            ..Default::default()
+        })
+    }
+
+    /// `p2ptrain predict`: the test-phase forward over this replica's contiguous shard of
+    /// `job.inputs` (the data split's test half), in test batches; the top-k classes of each
+    /// input as JSON lines, in input order.
+    pub fn predict(mut self, job: &crate::predict::Job) -> Result<ReplicaReport> {
+        self.engine.broadcast_params()?;
+        let started = Instant::now();
+        let cfg = &self.plan.config;
+        let tb = cfg.data.test_batch_size.unwrap_or(cfg.data.batch_size);
+        let n = job.inputs.len();
+        let shard = data::test_shard(n, self.engine.rank(), self.engine.size());
+        let (mut batch, mut labels) = (Vec::new(), Vec::new());
+        let mut lines = Vec::with_capacity(shard.len());
+        for range in data::test_batches(shard, tb, None) {
+            data::fill_test_batch(
+                self.data.test.as_ref(),
+                &self.data.transform,
+                range.clone(),
+                &mut batch,
+                &mut labels,
+            );
+            self.engine.set_batch(range.len())?;
+            self.engine.load_batch(&batch, &labels)?;
+            let ctx = PassCtx {
+                phase: Phase::Test,
+                iter: 0,
+                first_sample: range.start as u64,
+            };
+            let (shape, scores) = self.engine.forward_blob(ctx, &job.classifier.blob)?;
+            let classes = scores.len() / range.len().max(1);
+            if shape.first() != Some(&range.len()) || shape.iter().skip(2).any(|&d| d != 1) {
+                return Err(crate::error::Error::net(
+                    &job.classifier.blob,
+                    format!("has shape {shape:?}: class scores (N, classes) are expected"),
+                ));
+            }
+            for (i, row) in range.zip(scores.chunks_exact(classes)) {
+                let top = crate::predict::top_k(row, job.classifier.probabilities, job.top_k);
+                lines.push(crate::predict::json_line(&job.inputs.key(i), &top));
+            }
+        }
+        self.engine.barrier()?;
+        self.engine.finish()?;
+        Ok(ReplicaReport {
+            seconds: started.elapsed().as_secs_f64(),
+            predictions: lines,
+            ..Default::default()
+        })
     }
 
     /// Tests on the whole test set (or `test_iter` batches per replica), split across replicas;

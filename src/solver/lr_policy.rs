@@ -17,6 +17,11 @@ use crate::config::{LrPolicy, SolverConfig};
 /// | `multistep` | `lr · γ^k`, `k` = number of leading `stepvalue` entries ≤ `iter`  |
 /// | `poly`      | `lr · (1 − iter / max_iter)^power`                                |
 /// | `sigmoid`   | `lr · 1 / (1 + exp(−γ · (iter − stepsize)))`                      |
+/// | `cosine`    | `lr · (1 + cos(π · min(iter / max_iter, 1))) / 2`                 |
+///
+/// A linear warmup (`warmup_iter = W > 0`, as NVIDIA Caffe's ramp-up) multiplies the rate of
+/// any policy by `(iter + 1) / W` for `iter < W`: the first iteration gets `1/W` of it, iteration
+/// `W − 1` and later all of it.
 ///
 /// `multistep` follows Caffe's `current_step` semantics: the step counter advances past
 /// `stepvalue[k]` once `iter ≥ stepvalue[k]`, in list order, so for a sorted list `k` is the count
@@ -51,8 +56,20 @@ pub fn learning_rate(cfg: &SolverConfig, iter: u64) -> f32 {
             base * (1.0 - done).powf(power)
         }
         LrPolicy::Sigmoid => base / (1.0 + (-gamma * (it - cfg.stepsize as f64)).exp()),
+        LrPolicy::Cosine => {
+            let done = if cfg.max_iter == 0 {
+                1.0
+            } else {
+                (it / cfg.max_iter as f64).min(1.0)
+            };
+            base * (1.0 + (std::f64::consts::PI * done).cos()) / 2.0
+        }
     };
-    rate as f32
+    let warmup = match cfg.warmup_iter {
+        w if iter < w => (it + 1.0) / w as f64,
+        _ => 1.0,
+    };
+    (rate * warmup) as f32
 }
 
 #[cfg(test)]
@@ -75,6 +92,33 @@ mod tests {
             ((a as f64) - b).abs() <= 1e-7 * b.abs().max(1e-30),
             "{a} != {b}"
         );
+    }
+
+    #[test]
+    fn cosine_falls_from_base_lr_to_zero_at_max_iter() {
+        let c = cfg(LrPolicy::Cosine);
+        close(learning_rate(&c, 0), 0.1);
+        close(learning_rate(&c, 50), 0.05);
+        // (1 + cos(π/4)) / 2 = 0.853553390593...
+        close(learning_rate(&c, 25), 0.1 * 0.853_553_390_593_273_7);
+        assert_eq!(learning_rate(&c, 100), 0.0);
+        assert_eq!(learning_rate(&c, 150), 0.0, "stays at 0 past the end");
+    }
+
+    #[test]
+    fn warmup_ramps_any_policy_linearly() {
+        let mut c = cfg(LrPolicy::Step);
+        c.warmup_iter = 4;
+        close(learning_rate(&c, 0), 0.025);
+        close(learning_rate(&c, 1), 0.05);
+        close(learning_rate(&c, 3), 0.1);
+        close(learning_rate(&c, 4), 0.1);
+        close(learning_rate(&c, 10), 0.05);
+        let mut c = cfg(LrPolicy::Cosine);
+        c.warmup_iter = 10;
+        // iteration 4: 5/10 of the cosine rate (1 + cos(0.04π)) / 2 · 0.1
+        let cosine = 0.1 * (1.0 + (0.04 * std::f64::consts::PI).cos()) / 2.0;
+        close(learning_rate(&c, 4), 0.5 * cosine);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The solver's update step: the learning-rate schedule ([`learning_rate`]) and [`Solver`], which
-//! owns the update rule (SGD, Nesterov, AdaGrad, RMSProp, Adam) and its history buffers and turns
+//! owns the update rule (SGD, Nesterov, AdaGrad, RMSProp, Adam, AdamW, AdaDelta) and its history buffers and turns
 //! the averaged gradient in [`Params::diff`] into new weights in [`Params::data`]. The training loop,
 //! the all-reduce and snapshots live elsewhere (`parallel::sync`, `snapshot`).
 //!
@@ -63,6 +63,8 @@ pub fn zero_grad(params: &mut Params) {
 /// | AdaGrad    | `[h]` running Σ g²       |
 /// | RMSProp    | `[h]` running mean of g² |
 /// | Adam       | `[m, v]` first and second moment estimates |
+/// | AdamW      | `[m, v]` as Adam             |
+/// | AdaDelta   | `[h, u]` running means of g² and of the squared steps |
 #[derive(Debug, Clone)]
 pub struct Solver {
     cfg: SolverConfig,
@@ -72,13 +74,18 @@ pub struct Solver {
 impl Solver {
     /// A solver for `n_params` learnable floats ([`Params::len`]), with zeroed history.
     pub fn new(cfg: &SolverConfig, n_params: usize) -> Self {
-        let buffers = match cfg.solver_type {
-            SolverType::Adam => 2,
-            _ => 1,
-        };
+        let buffers = Solver::buffers(cfg.solver_type);
         Solver {
             cfg: cfg.clone(),
             history: vec![vec![0.0; n_params]; buffers],
+        }
+    }
+
+    /// The number of history buffers of `rule` (see the table on [`Solver`]).
+    pub fn buffers(rule: SolverType) -> usize {
+        match rule {
+            SolverType::Adam | SolverType::Adamw | SolverType::Adadelta => 2,
+            _ => 1,
         }
     }
 
@@ -93,7 +100,8 @@ impl Solver {
         match self.cfg.solver_type {
             SolverType::Sgd | SolverType::Nesterov => &["momentum"],
             SolverType::Adagrad | SolverType::Rmsprop => &["h"],
-            SolverType::Adam => &["m", "v"],
+            SolverType::Adam | SolverType::Adamw => &["m", "v"],
+            SolverType::Adadelta => &["h", "u"],
         }
     }
 
@@ -128,6 +136,10 @@ impl Solver {
     ///    - RMSProp: `h ← ρ·h + (1 − ρ)·g²`, `w ← w − η·g / (√h + δ)`;
     ///    - Adam: `t = iter + 1`, `m ← β₁·m + (1 − β₁)·g`, `v ← β₂·v + (1 − β₂)·g²`,
     ///      `w ← w − η·√(1 − β₂ᵗ)/(1 − β₁ᵗ)·m / (√v + ε)`;
+    ///    - AdamW: Adam on the gradient without step 3, and the decay applied to the weight
+    ///      instead: `w ← w − η·λ·r(w) − η·√(1 − β₂ᵗ)/(1 − β₁ᵗ)·m / (√v + ε)`;
+    ///    - AdaDelta (Caffe's): `h ← μ·h + (1 − μ)·g²`, `s = g·√(u + δ)/√(h + δ)`,
+    ///      `u ← μ·u + (1 − μ)·s²`, `w ← w − η·s`;
     ///
     ///    with `μ = β₁ = momentum`, `β₂ = momentum2`, `ρ = rms_decay`, `δ = ε = delta`.
     ///
@@ -209,6 +221,14 @@ impl Solver {
                 }
                 (SolverType::Adam, false) => update::adam::<false>(c, adam, w, g, h, &mut h1[r]),
                 (SolverType::Adam, true) => update::adam::<true>(c, adam, w, g, h, &mut h1[r]),
+                (SolverType::Adamw, false) => update::adamw::<false>(c, adam, w, g, h, &mut h1[r]),
+                (SolverType::Adamw, true) => update::adamw::<true>(c, adam, w, g, h, &mut h1[r]),
+                (SolverType::Adadelta, false) => {
+                    update::adadelta::<false>(c, cfg.momentum, cfg.delta, w, g, h, &mut h1[r])
+                }
+                (SolverType::Adadelta, true) => {
+                    update::adadelta::<true>(c, cfg.momentum, cfg.delta, w, g, h, &mut h1[r])
+                }
             }
         }
         lr

@@ -320,3 +320,49 @@ fn wrong_parameter_count_panics() {
     let mut s = Solver::new(&c, 3);
     s.apply(&Cpu::default(), 0, &mut p);
 }
+
+#[test]
+fn adadelta_two_steps_as_caffe() {
+    let mut c = cfg(SolverType::Adadelta);
+    c.momentum = 0.9;
+    c.delta = 0.01;
+    let mut p = params(&[(1, 1.0, 1.0)], &[1.0]);
+    let mut s = Solver::new(&c, p.len());
+    assert_eq!(s.history_names(), ["h", "u"]);
+    // h = 0.4;  s = 2·√0.01/√0.41;  u = 0.1·s²;  w = 1 − 0.1·s
+    run(&mut s, &mut p, &[&[2.0]]);
+    assert_close(&p.data, &[0.968_765_247_622_278_8]);
+    assert_close(&s.history()[1], &[0.009_756_097_560_975_611]);
+    // g = −1: h = 0.46;  s = −√(u + 0.01)/√0.47;  u = 0.9·u + 0.1·s²
+    run(&mut s, &mut p, &[&[-1.0]]);
+    assert_close(&p.data, &[0.989_267_503_627_347]);
+    assert_close(&s.history()[0], &[0.46]);
+    assert_close(&s.history()[1], &[0.012_983_912_817_851_585]);
+}
+
+#[test]
+fn adamw_decays_the_weight_not_the_gradient() {
+    let mut c = cfg(SolverType::Adamw);
+    c.momentum = 0.9;
+    c.momentum2 = 0.999;
+    c.weight_decay = 0.5;
+    let mut p = params(&[(1, 1.0, 1.0)], &[1.0]);
+    let mut s = Solver::new(&c, p.len());
+    // m = 0.05, v = 0.00025; w = 1 − 0.1·0.5·1 − 0.1·√0.001/0.1·m/(√v + ε)
+    run(&mut s, &mut p, &[&[0.5]]);
+    assert_close(&p.data, &[0.850_000_063_245_513_1]);
+    assert_close(&p.diff, &[0.5]);
+    assert_close(&s.history()[0], &[0.05]);
+    let mut p = params(&[(1, 1.0, 1.0)], &[1.0]);
+    let mut s = Solver::new(&c, p.len());
+    run(&mut s, &mut p, &[&[0.5], &[0.5]]);
+    assert_close(&p.data, &[0.707_500_104_815_762_3]);
+    assert_close(&s.history()[1], &[0.000_499_75]);
+    // Adam with the same decay puts it into the moments instead: another result.
+    let mut adam = c.clone();
+    adam.solver_type = SolverType::Adam;
+    let mut q = params(&[(1, 1.0, 1.0)], &[1.0]);
+    let mut s = Solver::new(&adam, q.len());
+    run(&mut s, &mut q, &[&[0.5]]);
+    assert_close(&q.diff, &[1.0]);
+}

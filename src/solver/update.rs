@@ -1,4 +1,4 @@
-//! The per-tensor update kernels of the five rules (Caffe's `ComputeUpdateValue` plus
+//! The per-tensor update kernels of the seven rules (Caffe's `ComputeUpdateValue` plus
 //! `Regularize` plus `Net::Update`, fused into one pass over the flat slices).
 //!
 //! Each kernel walks one tensor's slices once. Per element it forms the effective gradient
@@ -142,6 +142,64 @@ pub(super) fn adam<const L1: bool>(
         *mi = a.beta1 * *mi + (1.0 - a.beta1) * grad;
         *vi = a.beta2 * *vi + (1.0 - a.beta2) * grad * grad;
         *wi -= step * *mi / (vi.sqrt() + a.eps);
+    }
+}
+
+/// AdaDelta as in Caffe, with decay `ρ` (`momentum`): `h ← ρ·h + (1 − ρ)·g²`,
+/// `s = g·√(u + δ) / √(h + δ)`, `u ← ρ·u + (1 − ρ)·s²`, `w ← w − lr·s`.
+pub(super) fn adadelta<const L1: bool>(
+    c: Coeffs,
+    rho: f32,
+    delta: f32,
+    w: &mut [f32],
+    g: &mut [f32],
+    h: &mut [f32],
+    u: &mut [f32],
+) {
+    check(w, g, h);
+    check(w, g, u);
+    for (((wi, gi), hi), ui) in w
+        .iter_mut()
+        .zip(g.iter_mut())
+        .zip(h.iter_mut())
+        .zip(u.iter_mut())
+    {
+        let grad = c.grad::<L1>(*gi, *wi);
+        *gi = grad;
+        *hi = rho * *hi + (1.0 - rho) * grad * grad;
+        let step = grad * (*ui + delta).sqrt() / (*hi + delta).sqrt();
+        *ui = rho * *ui + (1.0 - rho) * step * step;
+        *wi -= c.lr * step;
+    }
+}
+
+/// AdamW, Adam with the weight decay decoupled from the gradient (PyTorch's `AdamW`): the
+/// moments see `g = scale · diff` only, and `w ← w − lr·decay·r(w) − lr·correction·m / (√v + ε)`
+/// with `r(w) = w` (L2) or `sign(w)` (L1), `w` taken before the step.
+pub(super) fn adamw<const L1: bool>(
+    c: Coeffs,
+    a: AdamStep,
+    w: &mut [f32],
+    g: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+) {
+    check(w, g, m);
+    check(w, g, v);
+    let step = c.lr * a.correction;
+    let shrink = c.lr * c.decay;
+    for (((wi, gi), mi), vi) in w
+        .iter_mut()
+        .zip(g.iter_mut())
+        .zip(m.iter_mut())
+        .zip(v.iter_mut())
+    {
+        let grad = c.scale * *gi;
+        *gi = grad;
+        *mi = a.beta1 * *mi + (1.0 - a.beta1) * grad;
+        *vi = a.beta2 * *vi + (1.0 - a.beta2) * grad * grad;
+        let r = if L1 { sign(*wi) } else { *wi };
+        *wi -= shrink * r + step * *mi / (vi.sqrt() + a.eps);
     }
 }
 

@@ -41,10 +41,11 @@ impl Validator<'_> {
                 self.positive("solver.delta", s.delta)?;
                 self.fraction("solver.rms_decay", s.rms_decay)?;
             }
-            SolverType::Adam => {
+            SolverType::Adam | SolverType::Adamw => {
                 self.fraction("solver.momentum2", s.momentum2)?;
                 self.positive("solver.delta", s.delta)?;
             }
+            SolverType::Adadelta => self.positive("solver.delta", s.delta)?,
         }
         self.lr_policy()
     }
@@ -118,6 +119,7 @@ impl Validator<'_> {
                 }
                 stepsize_positive()
             }
+            LrPolicy::Cosine => Ok(()),
         }
     }
 }
