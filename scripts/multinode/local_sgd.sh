@@ -41,15 +41,7 @@ say() { echo "local_sgd: $*"; }
 fail() { echo "local_sgd: FAILED: $*" >&2; exit 1; }
 mkdir -p "$OUT"
 
-id="p2ptrain-lsgd-$$"
-net="$id-net"
-work="$(mktemp -d)"
-cleanup() {
-  docker rm -f "$id-node0" "$id-node1" >/dev/null 2>&1 || true
-  docker network rm "$net" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+hosts_init p2ptrain-lsgd
 
 if [ -n "${P2PTRAIN_BINARY:-}" ]; then
   # The runtime stage of the repository's Dockerfile, with a binary built outside Docker.

@@ -35,15 +35,7 @@ docker image inspect "$image" >/dev/null 2>&1 || fail "no image $image: build it
 node_image="p2ptrain-node:test"
 docker build -q --build-arg IMAGE="$image" -t "$node_image" -f scripts/multinode/Dockerfile.node scripts/multinode >/dev/null
 
-id="p2ptrain-mn-$$"
-net="$id-net"
-work="$(mktemp -d)"
-cleanup() {
-  docker rm -f "$id-node0" "$id-node1" >/dev/null 2>&1 || true
-  docker network rm "$net" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+hosts_init p2ptrain-mn
 
 # Passwordless root login between the hosts, with a key made for this run.
 hosts_keys "$work/ssh" "$image"
