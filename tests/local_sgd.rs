@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// `--set` arguments from `key=value` strings.
@@ -19,32 +19,6 @@ fn sets(pairs: &[&str]) -> Vec<String> {
         .iter()
         .flat_map(|s| ["--set".to_string(), s.to_string()])
         .collect()
-}
-
-/// `mpirun -np np p2ptrain train cfg --output out --no-progress args...`.
-fn train(np: usize, cfg: &Path, out: &Path, args: &[String]) -> Output {
-    let mut c = mpirun(np);
-    c.arg(bin())
-        .arg("train")
-        .arg(cfg)
-        .arg("--output")
-        .arg(out)
-        .arg("--no-progress")
-        .args(args);
-    run(&mut c)
-}
-
-fn ok(out: &Output) {
-    assert_eq!(out.status.code(), Some(0), "{}", text(out));
-}
-
-fn refused(out: &Output, wanted: &[&str]) {
-    let t = text(out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
-    for w in wanted {
-        assert!(t.contains(w), "expected {w:?} in:\n{t}");
-    }
-    assert!(!t.contains("panicked"), "{t}");
 }
 
 /// The equivalence workload (an MLP on the digits, 30 iterations, tests at 15 and 30) with
@@ -56,7 +30,7 @@ fn equivalence(name: &str, np: usize, replicas: usize, extra: &[&str]) -> PathBu
         &format!("cluster.replicas_per_rank={replicas}"),
     ]);
     args.extend(sets(extra));
-    ok(&train(
+    ok(&train_to(
         np,
         &repo("tests/configs/equivalence.toml"),
         &dir,
@@ -188,13 +162,13 @@ fn straight_and_resumed(name: &str, np: usize, extra: &[&str]) {
     let mut args = sets(&[LOCAL, "cluster.sync_period=4", "cluster.sync_warmup=3"]);
     args.extend(sets(extra));
     let (a, b) = (dir.join("straight"), dir.join("resumed"));
-    ok(&train(np, &cfg, &a, &args));
+    ok(&train_to(np, &cfg, &a, &args));
     let mut first = args.clone();
     first.extend(sets(&["solver.max_iter=10"]));
-    ok(&train(np, &cfg, &b, &first));
+    ok(&train_to(np, &cfg, &b, &first));
     let mut second = args.clone();
     second.extend(["--resume".to_string(), "latest".to_string()]);
-    let out = train(np, &cfg, &b, &second);
+    let out = train_to(np, &cfg, &b, &second);
     ok(&out);
     assert!(text(&out).contains("resuming from"), "{}", text(&out));
     assert_identical(&a, &b, "snap/m_iter_40");
@@ -220,11 +194,11 @@ fn resumes_that_cannot_go_on_exactly_are_refused_and_a_synchronous_snapshot_goes
     let (dir, cfg) = resume_config("resume_refused");
     let local = sets(&[LOCAL, "cluster.sync_period=4", "solver.max_iter=10"]);
     let snap = dir.join("local");
-    ok(&train(2, &cfg, &snap, &local));
+    ok(&train_to(2, &cfg, &snap, &local));
     let resume = |np: usize, extra: &[&str]| {
         let mut args = sets(extra);
         args.extend(["--resume".to_string(), "latest".to_string()]);
-        train(np, &cfg, &snap, &args)
+        train_to(np, &cfg, &snap, &args)
     };
     refused(
         &resume(2, &[]),
@@ -243,10 +217,10 @@ fn resumes_that_cannot_go_on_exactly_are_refused_and_a_synchronous_snapshot_goes
     );
     // A synchronous snapshot: every replica goes on from it, the outer rule afresh.
     let sync = dir.join("sync");
-    ok(&train(2, &cfg, &sync, &sets(&["solver.max_iter=10"])));
+    ok(&train_to(2, &cfg, &sync, &sets(&["solver.max_iter=10"])));
     let mut args = sets(&[LOCAL, NESTEROV]);
     args.extend(["--resume".to_string(), "latest".to_string()]);
-    ok(&train(2, &cfg, &sync, &args));
+    ok(&train_to(2, &cfg, &sync, &args));
     assert_eq!(snapshot_iters(&sync), [10, 40]);
 }
 
@@ -324,9 +298,9 @@ fn a_signal_stops_at_an_averaging_and_the_resumed_run_ends_like_a_straight_one()
     );
     let mut args = sets(&local);
     args.extend(sets(&[&format!("solver.max_iter={}", k + 30)]));
-    ok(&train(2, &cfg, &a, &args));
+    ok(&train_to(2, &cfg, &a, &args));
     args.extend(["--resume".to_string(), "latest".to_string()]);
-    ok(&train(2, &cfg, &b, &args));
+    ok(&train_to(2, &cfg, &b, &args));
     assert_identical(&a, &b, &format!("snap/m_iter_{}", k + 30));
 }
 
@@ -341,7 +315,7 @@ fn the_timeline_shows_every_averaging() {
         "cluster.sync_period=4",
     ]);
     args.extend(["--timeline".to_string(), trace.display().to_string()]);
-    ok(&train(
+    ok(&train_to(
         2,
         &repo("tests/configs/equivalence.toml"),
         &dir,
@@ -383,7 +357,7 @@ fn the_summary_says_what_each_replica_communicated() {
         let dir = out_dir(name);
         let mut args = sets(&["data.batch_size=8", "cluster.replicas_per_rank=2"]);
         args.extend(sets(extra));
-        let out = train(2, &repo("tests/configs/equivalence.toml"), &dir, &args);
+        let out = train_to(2, &repo("tests/configs/equivalence.toml"), &dir, &args);
         ok(&out);
         text(&out)
     };

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{
-    bin, config_dir, digits_mlp, kill, max_rel_diff, mpirun, ranks_of, run, snapshot_iters,
-    tensors, text,
+    bin, config_dir, digits_mlp, kill, max_rel_diff, mpirun, ok, ranks_of, refused, run,
+    snapshot_iters, tensors, text, train_to as train,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -26,31 +26,6 @@ fn config() -> String {
 /// A fresh directory holding the config as `cfg.toml`.
 fn setup(name: &str) -> (PathBuf, PathBuf) {
     config_dir(name, &config())
-}
-
-/// `mpirun -np np p2ptrain cfg --output out args...`.
-fn train(np: usize, cfg: &Path, out: &Path, args: &[&str]) -> Output {
-    let mut c = mpirun(np);
-    c.arg(bin())
-        .arg(cfg)
-        .arg("--output")
-        .arg(out)
-        .arg("--no-progress")
-        .args(args);
-    run(&mut c)
-}
-
-fn ok(out: &Output) {
-    assert_eq!(out.status.code(), Some(0), "{}", text(out));
-}
-
-fn refused(out: &Output, wanted: &[&str]) {
-    let t = text(out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
-    for w in wanted {
-        assert!(t.contains(w), "expected {w:?} in:\n{t}");
-    }
-    assert!(!t.contains("panicked"), "{t}");
 }
 
 fn weights(out: &Path, iter: u64) -> PathBuf {
@@ -207,7 +182,7 @@ fn resume_on_another_topology_with_the_same_global_batch() {
     // np 4 × 1 replica to iteration 20, then np 2 × 2 replicas to 40, against np 4 straight.
     let (dir, cfg) = setup("resume_topology");
     let (a, b) = (dir.join("straight"), dir.join("resumed"));
-    ok(&train(4, &cfg, &a, &[]));
+    ok(&train(4, &cfg, &a, &[] as &[&str]));
     ok(&train(4, &cfg, &b, &["--set", "solver.max_iter=20"]));
     let out = train(
         2,

@@ -10,7 +10,7 @@
 #     (tests/configs/equivalence.toml, np 2 x 1 GPU, tolerance 2e-4); with 4 GPUs also node scope
 #     (np 2 x 2 GPUs, node_ranks = 1: NCCL all-reduce within each pair, averaging across pairs).
 #  2. The Nesterov outer rule, H = 4: two runs on the same GPUs give the same bits (tolerance 0).
-#  3. A run stopped between averagings (iteration 10) and resumed to 30 gives a straight run's
+#  3. A run stopped between averagings (iteration 12) and resumed to 30 gives a straight run's
 #     bits (tolerance 0): the replicas' own parameters, histories and the outer state on the device.
 #  4. GPU against CPU, the same local SGD run (Nesterov, H = 4): within 1e-3.
 #  5. verify_interval = 1 passes (outer state and node agreement checked on the device's numbers).
@@ -44,8 +44,14 @@ train() { # name np replicas backend [sets...]; RESUME=1: --resume latest
     >>"$OUT/runs-$name.log" 2>&1 || fail "training $name"
 }
 snap() { echo "$OUT/runs/$1/snapshots/equiv_iter_${2:-30}.safetensors"; }
-same() { # a b tol label
+same() { # a b tol label; with tolerance 0 the solver states too (every replica's own state)
   $CMP "$(snap "$1")" "$(snap "$2")" --tol "$3" --label "$4" | tee -a "$OUT/summary.txt" || fail "$4"
+  if [ "$3" = 0 ]; then
+    local a b
+    a=$(snap "$1") b=$(snap "$2")
+    $CMP "${a%.safetensors}.solverstate" "${b%.safetensors}.solverstate" --tol 0 --label "$4 (solver state)" \
+      | tee -a "$OUT/summary.txt" || fail "$4 (solver state)"
+  fi
 }
 
 echo "== 1. sync_period 1 with plain averaging is synchronous SGD" | tee -a "$OUT/summary.txt"
@@ -67,7 +73,8 @@ train h4_b 2 1 cuda "${H4[@]}"
 same h4_a h4_b 0 "Nesterov H=4, run to run"
 
 echo "== 3. resumed between averagings = straight" | tee -a "$OUT/summary.txt"
-train h4_resumed 2 1 cuda "${H4[@]}" solver.max_iter=10
+# Warm-up 2, period 4: averagings after 6, 10, 14, …; the first run stops after 12, between two.
+train h4_resumed 2 1 cuda "${H4[@]}" solver.max_iter=12
 RESUME=1 train h4_resumed 2 1 cuda "${H4[@]}"
 same h4_a h4_resumed 0 "Nesterov H=4, resumed at 10 vs straight"
 

@@ -27,6 +27,7 @@
 #                    for allreduce and each H, twice in turn (the spread shows the machine's noise)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/multinode/hosts.sh
 image="${1:-p2ptrain:latest}"
 RATE="${RATE:-1gbit}"
 DELAY="${DELAY:-1ms}"
@@ -40,15 +41,7 @@ say() { echo "local_sgd: $*"; }
 fail() { echo "local_sgd: FAILED: $*" >&2; exit 1; }
 mkdir -p "$OUT"
 
-id="p2ptrain-lsgd-$$"
-net="$id-net"
-work="$(mktemp -d)"
-cleanup() {
-  docker rm -f "$id-node0" "$id-node1" >/dev/null 2>&1 || true
-  docker network rm "$net" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+hosts_init p2ptrain-lsgd
 
 if [ -n "${P2PTRAIN_BINARY:-}" ]; then
   # The runtime stage of the repository's Dockerfile, with a binary built outside Docker.
@@ -73,11 +66,7 @@ docker image inspect "$image" >/dev/null 2>&1 || fail "no image $image: build it
 node_image="p2ptrain-node:local-sgd"
 docker build -q --build-arg IMAGE="$image" -t "$node_image" -f scripts/multinode/Dockerfile.node scripts/multinode >/dev/null
 
-mkdir -m 700 "$work/ssh"
-docker run --rm -v "$work/ssh:/k" "$node_image" sh -c "ssh-keygen -q -t ed25519 -N '' -C p2ptrain-local-sgd -f /k/id_ed25519 \
-  && cp /k/id_ed25519.pub /k/authorized_keys \
-  && printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  ConnectTimeout 10\n' >/k/config \
-  && chmod 600 /k/*"
+hosts_keys "$work/ssh" "$node_image"
 docker network create "$net" >/dev/null
 subnet="$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}}{{end}}' "$net")"
 data_mount=()
@@ -86,11 +75,7 @@ for n in node0 node1; do
   docker run -d --name "$id-$n" --hostname "$n" --network "$net" --network-alias "$n" --cap-add NET_ADMIN \
     -v "$work/ssh:/root/.ssh:ro" -v "$PWD/config:/configs:ro" "${data_mount[@]}" "$node_image" >/dev/null
 done
-for _ in $(seq 1 50); do
-  docker exec "$id-node0" ssh node1 true 2>/dev/null && break
-  sleep 0.2
-done
-docker exec "$id-node0" ssh node1 hostname >/dev/null || fail "node0 cannot ssh to node1"
+hosts_wait_ssh "$id" || fail "node0 cannot ssh to node1"
 
 # The link: every packet a host sends waits DELAY and leaves at RATE (netem on its interface).
 # A kernel without sch_netem (some VMs' kernels) gets the rate alone, from a token bucket (tbf),

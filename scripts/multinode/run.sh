@@ -18,6 +18,7 @@
 #    behaviour without a deadline: a hang, reported and ended by the script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/multinode/hosts.sh
 image="${1:-p2ptrain:latest}"
 LOST_HOST_LIMIT_S="${LOST_HOST_LIMIT_S:-60}"
 PAUSED_HOST_LIMIT_S="${PAUSED_HOST_LIMIT_S:-45}"
@@ -34,23 +35,10 @@ docker image inspect "$image" >/dev/null 2>&1 || fail "no image $image: build it
 node_image="p2ptrain-node:test"
 docker build -q --build-arg IMAGE="$image" -t "$node_image" -f scripts/multinode/Dockerfile.node scripts/multinode >/dev/null
 
-id="p2ptrain-mn-$$"
-net="$id-net"
-work="$(mktemp -d)"
-cleanup() {
-  docker rm -f "$id-node0" "$id-node1" >/dev/null 2>&1 || true
-  docker network rm "$net" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+hosts_init p2ptrain-mn
 
 # Passwordless root login between the hosts, with a key made for this run.
-# (Made inside the image, which has ssh-keygen, mounted read-only as root's ~/.ssh on every host.)
-mkdir -m 700 "$work/ssh"
-docker run --rm -v "$work/ssh:/k" "$image" sh -c "ssh-keygen -q -t ed25519 -N '' -C p2ptrain-multinode -f /k/id_ed25519 \
-  && cp /k/id_ed25519.pub /k/authorized_keys \
-  && printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  ConnectTimeout 10\n' >/k/config \
-  && chmod 600 /k/*"
+hosts_keys "$work/ssh" "$image"
 
 docker network create "$net" >/dev/null
 subnet="$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}}{{end}}' "$net")"
@@ -62,12 +50,7 @@ done
 for n in node0 node1; do
   say "$n is $(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$id-$n") on $net ($subnet)"
 done
-# sshd is up when node0 can run a command on node1 through it.
-for _ in $(seq 1 50); do
-  docker exec "$id-node0" ssh node1 true 2>/dev/null && break
-  sleep 0.2
-done
-docker exec "$id-node0" ssh node1 hostname >/dev/null || fail "node0 cannot ssh to node1"
+hosts_wait_ssh "$id" || fail "node0 cannot ssh to node1"
 
 # mpirun on node0, over TCP on the private network only (no shared memory between ranks, so the
 # single-host reference goes through the same transport). `timeout` runs inside the container, so
@@ -151,10 +134,7 @@ grep -q node1 "$log" || fail "the message of the lost-host failure does not name
 docker rm -f "$id-node1" >/dev/null
 docker run -d --name "$id-node1" --hostname node1 --network "$net" --network-alias node1 \
   -v "$work/ssh:/root/.ssh:ro" -v "$PWD/tests/configs:/configs:ro" "$node_image" >/dev/null
-for _ in $(seq 1 50); do
-  docker exec "$id-node0" ssh node1 true 2>/dev/null && break
-  sleep 0.2
-done
+hosts_wait_ssh "$id" || true
 log="$work/paused.log"
 start_long $((PAUSED_HOST_LIMIT_S + 30)) /work/paused "$log" "${PAUSE_SETS[@]}"
 pid=$!

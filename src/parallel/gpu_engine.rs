@@ -190,8 +190,12 @@ impl GpuEngine {
     }
 
     /// Averages `buf[..n]` (the parameters, or the gradient buffer) over every replica on the
-    /// communication stream, ordered after the compute stream's work and before its next.
+    /// communication stream, ordered after the compute stream's work and before its next
+    /// (nothing to do for a replica alone).
     fn average_over_all(&mut self, which: Buffer) -> Result<()> {
+        if self.comm.size() == 1 {
+            return Ok(());
+        }
         let n = self.net.params.len();
         let buf = match which {
             Buffer::Data => &mut self.net.params.data,
@@ -467,12 +471,8 @@ impl Engine for GpuEngine {
     }
 
     fn average_params(&mut self) -> Result<()> {
-        let alone = self.comm.size() == 1;
         if self.outer == Outer::Average {
-            return match alone {
-                true => Ok(()),
-                false => self.average_over_all(Buffer::Data),
-            };
+            return self.average_over_all(Buffer::Data);
         }
         let Some(anchor) = &self.anchor else {
             return Ok(());
@@ -483,9 +483,7 @@ impl Engine for GpuEngine {
         s.memcpy_dtod(&anchor.slice(..n), &mut p.diff.slice_mut(..n))
             .map_err(|e| gpu_error("copy the anchor", e))?;
         k.axpy(s, -1.0, &p.data.slice(..n), &mut p.diff.slice_mut(..n), n)?;
-        if !alone {
-            self.average_over_all(Buffer::Diff)?;
-        }
+        self.average_over_all(Buffer::Diff)?;
         self.nesterov_on_device()
     }
 
@@ -507,10 +505,7 @@ impl Engine for GpuEngine {
         }
         s.memcpy_dtod(&data.slice(..n), &mut own.slice_mut(..n))
             .map_err(|e| gpu_error("keep the replica's own parameters", e))?;
-        match self.comm.size() {
-            1 => Ok(()),
-            _ => self.average_over_all(Buffer::Data),
-        }
+        self.average_over_all(Buffer::Data)
     }
 
     fn outer_state(&mut self) -> Result<Vec<Vec<f32>>> {

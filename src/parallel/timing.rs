@@ -42,6 +42,22 @@ impl StepTimes {
 
     /// Runs `f`, adding its duration to `phase`.
     pub fn time<T>(&mut self, phase: Step, f: impl FnOnce() -> T) -> T {
+        self.timed(phase, |tl, start, end| tl.step(phase, start, end), f)
+    }
+
+    /// Runs `f`, local SGD's averaging: its time counts as all-reduce, and the timeline (if
+    /// any) records it under its own name.
+    pub fn average<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        self.timed(Step::AllReduce, |tl, start, end| tl.average(start, end), f)
+    }
+
+    /// Runs `f`, adding its duration to `phase` and handing its span to `record`.
+    fn timed<T>(
+        &mut self,
+        phase: Step,
+        record: impl FnOnce(&mut Timeline, Instant, Instant),
+        f: impl FnOnce() -> T,
+    ) -> T {
         if !self.enabled && self.timeline.is_none() {
             return f();
         }
@@ -52,7 +68,7 @@ impl StepTimes {
             self.seconds[phase as usize] += (end - t).as_secs_f64();
         }
         if let Some(tl) = &mut self.timeline {
-            tl.step(phase, t, end);
+            record(tl, t, end);
         }
         r
     }
@@ -65,24 +81,6 @@ impl StepTimes {
         let t = Instant::now();
         let r = f();
         tl.test(t, Instant::now());
-        r
-    }
-
-    /// Runs `f`, local SGD's averaging: its time counts as all-reduce, and the timeline (if
-    /// any) records it under its own name.
-    pub fn average<T>(&mut self, f: impl FnOnce() -> T) -> T {
-        if !self.enabled && self.timeline.is_none() {
-            return f();
-        }
-        let t = Instant::now();
-        let r = f();
-        let end = Instant::now();
-        if self.enabled {
-            self.seconds[Step::AllReduce as usize] += (end - t).as_secs_f64();
-        }
-        if let Some(tl) = &mut self.timeline {
-            tl.average(t, end);
-        }
         r
     }
 

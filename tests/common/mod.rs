@@ -108,6 +108,40 @@ pub fn mpi_p2ptrain(np: usize, args: &[&str]) -> Output {
     run(&mut c)
 }
 
+/// `mpirun -np np p2ptrain cfg --output out --no-progress args...` (training, the default
+/// command).
+pub fn train_to<S: AsRef<std::ffi::OsStr>>(
+    np: usize,
+    cfg: &Path,
+    out: &Path,
+    args: &[S],
+) -> Output {
+    let mut c = mpirun(np);
+    c.arg(bin())
+        .arg(cfg)
+        .arg("--output")
+        .arg(out)
+        .arg("--no-progress")
+        .args(args);
+    run(&mut c)
+}
+
+/// Asserts that a run exited 0.
+pub fn ok(out: &Output) {
+    assert_eq!(out.status.code(), Some(0), "{}", text(out));
+}
+
+/// Asserts that a run was refused as bad input (exit 2), saying every one of `wanted`, without a
+/// panic.
+pub fn refused(out: &Output, wanted: &[&str]) {
+    let t = text(out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    for w in wanted {
+        assert!(t.contains(w), "expected {w:?} in:\n{t}");
+    }
+    assert!(!t.contains("panicked"), "{t}");
+}
+
 /// The lines of a `metrics.jsonl`.
 pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
