@@ -23,7 +23,7 @@
 //! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
 //! this layer to overwrite the parameter gradient).
 
-use super::{scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad};
+use super::{one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad};
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
@@ -162,12 +162,7 @@ impl GpuLayer for GpuBatchNorm {
 
     /// One bottom `(N, C, ...)` with the C of the first call.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         if shape.len() < 2 {
             return Err(Error::net(
                 &self.name,

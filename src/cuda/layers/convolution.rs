@@ -37,7 +37,7 @@
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
-use super::{grow, nchw, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
@@ -604,12 +604,7 @@ impl GpuLayer for GpuConvolution {
 
     /// One `(N, C, H, W)` bottom with the `C` of the first call (a multiple of `group`).
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         let bottom = nchw(&self.name, shape)?;
         let [n, c, h, w] = bottom;
         match self.channels {
@@ -907,7 +902,9 @@ fn event(gpu: &Gpu) -> Result<CudaEvent> {
 mod tests {
     use super::GpuConvolution;
     use crate::config::MathMode;
-    use crate::cuda::layers::testing::{check_against_cpu, check_against_cpu_rtol, LayerCase};
+    use crate::cuda::layers::testing::{
+        check_against_cpu, check_against_cpu_rtol, layer_matches_cpu, LayerCase,
+    };
     use crate::cuda::layout::Layout;
     use crate::cuda::test_util::gpu_or_skip;
     use crate::cuda::Gpu;
@@ -944,64 +941,40 @@ mod tests {
         gpu.compute.clone_htod(&v).unwrap()
     }
 
-    #[test]
-    fn matches_cpu_3x3_pad_1() {
-        let gpu = gpu_or_skip!("matches_cpu_3x3_pad_1");
-        check_against_cpu(
-            &gpu,
-            &case("num_output = 8\nkernel_size = 3\npad = 1", &[2, 3, 9, 9]),
-            301,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_3x3_pad_1,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 8\nkernel_size = 3\npad = 1",
+        vec![vec![2, 3, 9, 9]],
+        301
+    );
 
-    #[test]
-    fn matches_cpu_strided_without_bias() {
-        let gpu = gpu_or_skip!("matches_cpu_strided_without_bias");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "num_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false",
-                &[3, 4, 11, 8],
-            ),
-            302,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_strided_without_bias,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false",
+        vec![vec![3, 4, 11, 8]],
+        302
+    );
 
-    #[test]
-    fn matches_cpu_dilated() {
-        let gpu = gpu_or_skip!("matches_cpu_dilated");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "num_output = 6\nkernel_size = 3\ndilation = 2\npad = 2",
-                &[2, 3, 10, 10],
-            ),
-            303,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_dilated,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ndilation = 2\npad = 2",
+        vec![vec![2, 3, 10, 10]],
+        303
+    );
 
-    #[test]
-    fn matches_cpu_grouped() {
-        let gpu = gpu_or_skip!("matches_cpu_grouped");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "num_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1",
-                &[2, 6, 9, 7],
-            ),
-            304,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_grouped,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1",
+        vec![vec![2, 6, 9, 7]],
+        304
+    );
 
-    #[test]
-    fn matches_cpu_1x1_at_cnn_size() {
-        let gpu = gpu_or_skip!("matches_cpu_1x1_at_cnn_size");
-        check_against_cpu(
-            &gpu,
-            &case("num_output = 64\nkernel_size = 1", &[8, 32, 16, 16]),
-            305,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_1x1_at_cnn_size,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 64\nkernel_size = 1",
+        vec![vec![8, 32, 16, 16]],
+        305
+    );
 
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
     /// the same plan, with padding, stride and dilation, and accumulate with beta = 1; the
@@ -1271,18 +1244,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn matches_cpu_strided_1x1() {
-        let gpu = gpu_or_skip!("matches_cpu_strided_1x1");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "num_output = 12\nkernel_size = 1\nstride = 2",
-                &[2, 8, 9, 10],
-            ),
-            313,
-        );
-    }
+    layer_matches_cpu!(
+        matches_cpu_strided_1x1,
+        "name = \"conv\"\ntype = \"convolution\"\nnum_output = 12\nkernel_size = 1\nstride = 2",
+        vec![vec![2, 8, 9, 10]],
+        313
+    );
 
     /// cuDNN's heuristic choice (no timing) computes the same convolution.
     #[test]

@@ -10,7 +10,7 @@
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
 
-use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{one_bottom_with_axis, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::InnerProductParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
@@ -64,18 +64,7 @@ impl GpuLayer for GpuInnerProduct {
 
     /// One bottom of more than `axis` axes whose trailing axes hold the `K` of the first call.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
-        if self.axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {} out of range for bottom {shape:?}", self.axis),
-            ));
-        }
+        let shape = one_bottom_with_axis(&self.name, bottoms, self.axis)?;
         let m: usize = shape[..self.axis].iter().product();
         let k: usize = shape[self.axis..].iter().product();
         match self.k {

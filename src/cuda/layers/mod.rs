@@ -10,7 +10,8 @@
 //!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
 //!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
 //! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, and the views
-//!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`].
+//!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`]; Scale and Bias
+//!   are kinds of [`affine::GpuAffine`]. Each kind's file builds it and holds its tests.
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
 //!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the only one to
 //!   contribute to that blob's gradient, and for the parameters on the first backward of an
@@ -26,6 +27,7 @@
 
 pub mod abs_val;
 pub mod accuracy;
+pub mod affine;
 pub mod batch_norm;
 pub mod bias;
 pub mod bn_scale_relu;
@@ -350,6 +352,34 @@ pub(crate) fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBi
         *buf = scratch(gpu, n)?;
     }
     Ok(())
+}
+
+/// The bottom of a one-bottom layer, or an error naming the layer.
+pub(crate) fn one_bottom<'a>(layer: &str, bottoms: &[&'a [usize]]) -> Result<&'a [usize]> {
+    match bottoms {
+        [shape] => Ok(shape),
+        _ => Err(crate::error::Error::net(
+            layer,
+            format!("takes 1 bottom, got {}", bottoms.len()),
+        )),
+    }
+}
+
+/// The bottom of a one-bottom layer that reads it around `axis`, or an error naming the layer
+/// unless it has more than `axis` axes.
+pub(crate) fn one_bottom_with_axis<'a>(
+    layer: &str,
+    bottoms: &[&'a [usize]],
+    axis: usize,
+) -> Result<&'a [usize]> {
+    let shape = one_bottom(layer, bottoms)?;
+    if axis >= shape.len() {
+        return Err(crate::error::Error::net(
+            layer,
+            format!("`axis` {axis} out of range for bottom {shape:?}"),
+        ));
+    }
+    Ok(shape)
 }
 
 /// The `(N, C, H, W)` of a 4-D bottom, or an error naming the layer.

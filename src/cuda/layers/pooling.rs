@@ -32,7 +32,7 @@
 //! elements' loads in flight. Both compute the same sums in the same order as the generic
 //! kernels: the choice changes speed only.
 
-use super::{grow, nchw, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::{LayerParams, PoolingParams};
 use crate::config::PoolMethod;
 use crate::cuda::kernels::PoolGeom;
@@ -164,12 +164,7 @@ impl GpuLayer for GpuPooling {
     }
 
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
+        let shape = one_bottom(&self.name, bottoms)?;
         let [n, c, h, w] = nchw(&self.name, shape)?;
         let (kernel, stride, pad) = if self.global {
             ([h, w], [1, 1], [0, 0])
@@ -258,7 +253,7 @@ impl GpuLayer for GpuPooling {
 #[cfg(test)]
 mod tests {
     use super::pooled_size;
-    use crate::cuda::layers::testing::{check_against_cpu, LayerCase};
+    use crate::cuda::layers::testing::{check_against_cpu, layer_matches_cpu, LayerCase};
     use crate::cuda::test_util::gpu_or_skip;
 
     fn case(extra: &str, bottom: &[usize]) -> LayerCase {
@@ -278,51 +273,33 @@ mod tests {
         assert_eq!(pooled_size(112, 3, 2, 1), 57); // ceil(111/2) + 1; 56·2 < 113 keeps it
     }
 
-    #[test]
-    fn max_matches_cpu_with_ceil_sizes() {
-        let gpu = gpu_or_skip!("max_matches_cpu_with_ceil_sizes");
-        check_against_cpu(
-            &gpu,
-            &case("kernel_size = 3\nstride = 2", &[2, 3, 8, 7]),
-            401,
-        );
-    }
+    layer_matches_cpu!(
+        max_matches_cpu_with_ceil_sizes,
+        "name = \"pool\"\ntype = \"pooling\"\nkernel_size = 3\nstride = 2",
+        vec![vec![2, 3, 8, 7]],
+        401
+    );
 
-    #[test]
-    fn max_matches_cpu_padded_rectangular() {
-        let gpu = gpu_or_skip!("max_matches_cpu_padded_rectangular");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "kernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]",
-                &[2, 4, 9, 6],
-            ),
-            402,
-        );
-    }
+    layer_matches_cpu!(
+        max_matches_cpu_padded_rectangular,
+        "name = \"pool\"\ntype = \"pooling\"\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]",
+        vec![vec![2, 4, 9, 6]],
+        402
+    );
 
-    #[test]
-    fn ave_matches_cpu_padded() {
-        let gpu = gpu_or_skip!("ave_matches_cpu_padded");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
-                &[2, 3, 7, 7],
-            ),
-            403,
-        );
-    }
+    layer_matches_cpu!(
+        ave_matches_cpu_padded,
+        "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1",
+        vec![vec![2, 3, 7, 7]],
+        403
+    );
 
-    #[test]
-    fn ave_matches_cpu_overlapping_unpadded() {
-        let gpu = gpu_or_skip!("ave_matches_cpu_overlapping_unpadded");
-        check_against_cpu(
-            &gpu,
-            &case("pool = \"ave\"\nkernel_size = 3\nstride = 2", &[3, 2, 8, 9]),
-            404,
-        );
-    }
+    layer_matches_cpu!(
+        ave_matches_cpu_overlapping_unpadded,
+        "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2",
+        vec![vec![3, 2, 8, 9]],
+        404
+    );
 
     /// NCHW backward runs a plane kernel when a plane fits in shared memory (every case above:
     /// the scatter kernel for max pooling, the covering-window one for averages and global max
@@ -339,20 +316,14 @@ mod tests {
         );
     }
 
-    /// 111 planes of 8 × 8: the average's plane kernel takes them four at a time, the last
-    /// pass three.
-    #[test]
-    fn ave_matches_cpu_over_many_planes_in_passes() {
-        let gpu = gpu_or_skip!("ave_matches_cpu_over_many_planes_in_passes");
-        check_against_cpu(
-            &gpu,
-            &case(
-                "pool = \"ave\"\nkernel_size = 3\nstride = 2",
-                &[3, 37, 8, 8],
-            ),
-            409,
-        );
-    }
+    // 111 planes of 8 × 8: the average's plane kernel takes them four at a time, the last
+    // pass three.
+    layer_matches_cpu!(
+        ave_matches_cpu_over_many_planes_in_passes,
+        "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2",
+        vec![vec![3, 37, 8, 8]],
+        409
+    );
 
     #[test]
     fn global_ave_and_max_match_cpu() {

@@ -3,11 +3,11 @@
 //! subtracts the maximum over the channels, exponentiates and divides by the sum. Backward from
 //! the top's data: `dx (+)= (dy − Σ_c dy·y) · y`.
 
-use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{one_bottom_with_axis, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::SoftmaxParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Softmax; see the module docs.
 #[derive(Debug)]
@@ -33,18 +33,7 @@ impl GpuLayer for GpuSoftmax {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let [shape] = bottoms else {
-            return Err(Error::net(
-                &self.name,
-                format!("takes 1 bottom, got {}", bottoms.len()),
-            ));
-        };
-        if self.axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {} out of range for bottom {shape:?}", self.axis),
-            ));
-        }
+        let shape = one_bottom_with_axis(&self.name, bottoms, self.axis)?;
         self.view = (
             shape[..self.axis].iter().product(),
             shape[self.axis],
