@@ -32,6 +32,51 @@ fn import(dir: &Path, args: &[&str]) -> std::process::Output {
     run(&mut c)
 }
 
+/// Imports the digits net with its 50-iteration solver and Caffe's initial weights into `dir`.
+fn import_for_training(dir: &Path) {
+    let out = import(
+        dir,
+        &[
+            "--solver",
+            &caffe("digits_lenet_solver_50.prototxt"),
+            "--weights",
+            &caffe("digits_lenet_init.caffemodel"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// Trains `config` on one rank from the imported weights of `dir` into `dir/run` with the extra
+/// arguments `extra`; returns the run's folder.
+fn train_imported(config: &Path, dir: &Path, extra: &[&str]) -> PathBuf {
+    let run_dir = dir.join("run");
+    let (weights, output) = (
+        dir.join("weights.safetensors"),
+        run_dir.display().to_string(),
+    );
+    let mut args = vec![
+        "train",
+        config.to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+        "--output",
+        &output,
+    ];
+    args.extend_from_slice(extra);
+    let out = mpi_p2ptrain(1, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    run_dir
+}
+
+/// The train-phase losses a run logged, in order.
+fn train_losses(run_dir: &Path) -> Vec<f64> {
+    metrics(&run_dir.join("metrics.jsonl"))
+        .iter()
+        .filter(|l| l["phase"] == "train")
+        .map(|l| l["loss"].as_f64().unwrap())
+        .collect()
+}
+
 /// The imported config with its `[data]` read from the IDX digits instead of the LMDBs (the same
 /// records in the same order); written next to it as `idx.toml`.
 fn on_idx_digits(dir: &Path) -> PathBuf {
@@ -67,16 +112,7 @@ fn caffe_losses() -> Vec<f64> {
 #[test]
 fn the_digits_net_imports_with_its_data_solver_and_weights() {
     let dir = out_dir("caffe_import_digits");
-    let out = import(
-        &dir,
-        &[
-            "--solver",
-            &caffe("digits_lenet_solver_50.prototxt"),
-            "--weights",
-            &caffe("digits_lenet_init.caffemodel"),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    import_for_training(&dir);
     let doc: toml::Table = std::fs::read_to_string(dir.join("cluster.toml"))
         .unwrap()
         .parse()
@@ -128,35 +164,9 @@ fn the_digits_net_imports_with_its_data_solver_and_weights() {
 #[test]
 fn caffes_losses_are_reproduced_over_50_iterations() {
     let dir = out_dir("caffe_import_train");
-    let out = import(
-        &dir,
-        &[
-            "--solver",
-            &caffe("digits_lenet_solver_50.prototxt"),
-            "--weights",
-            &caffe("digits_lenet_init.caffemodel"),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let config = on_idx_digits(&dir);
-    let run_dir = dir.join("run");
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            "train",
-            config.to_str().unwrap(),
-            "--weights",
-            dir.join("weights.safetensors").to_str().unwrap(),
-            "--output",
-            run_dir.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let ours: Vec<f64> = metrics(&run_dir.join("metrics.jsonl"))
-        .iter()
-        .filter(|l| l["phase"] == "train")
-        .map(|l| l["loss"].as_f64().unwrap())
-        .collect();
+    import_for_training(&dir);
+    let run_dir = train_imported(&on_idx_digits(&dir), &dir, &[]);
+    let ours = train_losses(&run_dir);
     let theirs = caffe_losses();
     assert_eq!(theirs.len(), 50, "Caffe's log holds 50 iterations");
     assert_eq!(ours.len(), theirs.len(), "one displayed loss per iteration");
@@ -247,32 +257,8 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass() {
 #[test]
 fn an_exported_snapshot_imports_back_bitwise() {
     let dir = out_dir("caffe_export_roundtrip");
-    let out = import(
-        &dir,
-        &[
-            "--solver",
-            &caffe("digits_lenet_solver_50.prototxt"),
-            "--weights",
-            &caffe("digits_lenet_init.caffemodel"),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let config = on_idx_digits(&dir);
-    let run_dir = dir.join("run");
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            "train",
-            config.to_str().unwrap(),
-            "--weights",
-            dir.join("weights.safetensors").to_str().unwrap(),
-            "--output",
-            run_dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=3",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    import_for_training(&dir);
+    let run_dir = train_imported(&on_idx_digits(&dir), &dir, &["--set", "solver.max_iter=3"]);
     let snapshot = run_dir.join("digits_lenet_from_init_iter_3.safetensors");
     let exported = dir.join("exported.caffemodel");
     let mut c = std::process::Command::new(bin());
@@ -363,34 +349,9 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
 #[ignore = "needs the LMDB reader (data.format = \"lmdb\")"]
 fn caffes_losses_are_reproduced_from_its_lmdb() {
     let dir = out_dir("caffe_import_lmdb");
-    let out = import(
-        &dir,
-        &[
-            "--solver",
-            &caffe("digits_lenet_solver_50.prototxt"),
-            "--weights",
-            &caffe("digits_lenet_init.caffemodel"),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let run_dir = dir.join("run");
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            "train",
-            dir.join("cluster.toml").to_str().unwrap(),
-            "--weights",
-            dir.join("weights.safetensors").to_str().unwrap(),
-            "--output",
-            run_dir.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let ours: Vec<f64> = metrics(&run_dir.join("metrics.jsonl"))
-        .iter()
-        .filter(|l| l["phase"] == "train")
-        .map(|l| l["loss"].as_f64().unwrap())
-        .collect();
+    import_for_training(&dir);
+    let run_dir = train_imported(&dir.join("cluster.toml"), &dir, &[]);
+    let ours = train_losses(&run_dir);
     let theirs = caffe_losses();
     assert_eq!(ours.len(), theirs.len());
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {

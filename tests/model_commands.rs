@@ -53,6 +53,18 @@ fn test_labels() -> Vec<u8> {
     raw[8..].to_vec()
 }
 
+/// Runs `test` of `weights` on `np` ranks, logging into `dir`.
+fn score(np: usize, cfg: &Path, weights: &Path, dir: &Path) -> std::process::Output {
+    let args = [
+        "test",
+        cfg.to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+    ];
+    let dir = dir.to_str().unwrap();
+    mpi_p2ptrain(np, &[&args[..], &["--output", dir]].concat())
+}
+
 /// Runs `predict` on `np` ranks and returns its lines.
 fn predict(
     np: usize,
@@ -84,17 +96,7 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
     let trained_lines = metrics(&dir.join("metrics.jsonl"));
     let trained_test = trained_lines.last().unwrap().clone();
     assert_eq!(trained_test["phase"], "test");
-    let out = mpi_p2ptrain(
-        2,
-        &[
-            "test",
-            cfg.to_str().unwrap(),
-            "--weights",
-            snapshot.to_str().unwrap(),
-            "--output",
-            dir.to_str().unwrap(),
-        ],
-    );
+    let out = score(2, &cfg, &snapshot, &dir);
     assert!(out.status.success(), "{}", text(&out));
     let lines = metrics(&dir.join("metrics.jsonl"));
     assert_eq!(lines.len(), trained_lines.len() + 1, "one line appended");
@@ -153,17 +155,7 @@ fn predictions_agree_with_the_score_input_by_input() {
         );
         right += usize::from(top[0]["class"] == label);
     }
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            "test",
-            cfg.to_str().unwrap(),
-            "--weights",
-            snapshot.to_str().unwrap(),
-            "--output",
-            dir.to_str().unwrap(),
-        ],
-    );
+    let out = score(1, &cfg, &snapshot, &dir);
     assert!(out.status.success(), "{}", text(&out));
     let scored = metrics(&dir.join("metrics.jsonl")).last().unwrap().clone();
     let acc = scored["accuracy"].as_f64().unwrap();

@@ -118,6 +118,15 @@ pub(super) struct AdamStep {
     pub correction: f32,
 }
 
+impl AdamStep {
+    /// Moves the moments `m`, `v` by `grad`.
+    #[inline(always)]
+    fn moments(&self, grad: f32, m: &mut f32, v: &mut f32) {
+        *m = self.beta1 * *m + (1.0 - self.beta1) * grad;
+        *v = self.beta2 * *v + (1.0 - self.beta2) * grad * grad;
+    }
+}
+
 /// Adam as in Caffe: `m ← β₁·m + (1 − β₁)·g`, `v ← β₂·v + (1 − β₂)·g²`,
 /// `w ← w − lr·correction·m / (√v + ε)`.
 pub(super) fn adam<const L1: bool>(
@@ -139,8 +148,7 @@ pub(super) fn adam<const L1: bool>(
     {
         let grad = c.grad::<L1>(*gi, *wi);
         *gi = grad;
-        *mi = a.beta1 * *mi + (1.0 - a.beta1) * grad;
-        *vi = a.beta2 * *vi + (1.0 - a.beta2) * grad * grad;
+        a.moments(grad, mi, vi);
         *wi -= step * *mi / (vi.sqrt() + a.eps);
     }
 }
@@ -196,9 +204,8 @@ pub(super) fn adamw<const L1: bool>(
     {
         let grad = c.scale * *gi;
         *gi = grad;
-        *mi = a.beta1 * *mi + (1.0 - a.beta1) * grad;
-        *vi = a.beta2 * *vi + (1.0 - a.beta2) * grad * grad;
         let r = if L1 { sign(*wi) } else { *wi };
+        a.moments(grad, mi, vi);
         *wi -= shrink * r + step * *mi / (vi.sqrt() + a.eps);
     }
 }
