@@ -177,7 +177,11 @@ fn prepare(opts: &Options, boot: &Bootstrap) -> Result<Prepared> {
     let workers = size_worker_pool(threads_per_replica(&cfg, boot) * cfg.cluster.replicas_per_rank);
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
-    let data = data::open(&plan.config.data, plan.config.solver.random_seed)?;
+    let data = data::open(
+        &plan.config.data,
+        plan.config.solver.random_seed,
+        boot.local_size,
+    )?;
     // The parameter layout does not depend on the batch: build with batch 1 so that a large net
     // (ResNet-50 at 224²) does not allocate a full batch of activations here as well.
     let (_, mut initial) = Net::build(&plan.config, data.input_shape(), 1)?;

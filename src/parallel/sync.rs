@@ -507,7 +507,7 @@ impl<E: Engine> P2PSync<E> {
                 range.clone(),
                 &mut data,
                 &mut labels,
-            );
+            )?;
             let n = range.len();
             self.engine.set_batch(n)?;
             self.engine.load_batch(&data, &labels)?;

@@ -7,11 +7,13 @@
 //! inner product's weights `(num_output, K)` and tops `(N, num_output)` are checked against the
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 //!
-//! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own), [`solver`],
+//! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own; the image
+//! formats' keys in [`image_data`]), [`solver`],
 //! [`layers`] (keys through [`super::layer_params`], the graph and the shapes).
 
 mod cluster;
 mod data;
+mod image_data;
 mod layers;
 mod solver;
 #[cfg(test)]
