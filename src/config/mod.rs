@@ -428,7 +428,6 @@ pub enum SignalEffect {
     None,
 }
 
-
 /// A spatial size given once for every spatial axis or once per axis: `3` or `[3, 5]`
 /// (Caffe's repeated `kernel_size`, `stride`, `pad`, `dilation`). Anything else (a negative
 /// number, a string, a list holding one) is refused saying what the key accepts.

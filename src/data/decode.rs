@@ -122,7 +122,7 @@ fn decode_jpeg(bytes: &[u8], color: bool, out: &mut Image) -> Result<(), String>
         .set_max_height(1 << 16);
     let mut d = zune_jpeg::JpegDecoder::new_with_options(std::io::Cursor::new(bytes), options);
     d.decode_headers()
-        .map_err(|e| format!("corrupt JPEG header: {e:?}"))?;
+        .map_err(|e| zune_error("corrupt JPEG header", &e))?;
     let (w, h) = d.dimensions().ok_or("JPEG without dimensions")?;
     check_size(w, h)?;
     let channels = if color { 3 } else { 1 };
@@ -134,11 +134,17 @@ fn decode_jpeg(bytes: &[u8], color: bool, out: &mut Image) -> Result<(), String>
     }
     out.reshape(h, w, channels);
     d.decode_into(&mut out.pixels)
-        .map_err(|e| format!("corrupt or truncated JPEG data: {e:?}"))?;
+        .map_err(|e| zune_error("corrupt or truncated JPEG data", &e))?;
     if color {
         rgb_to_bgr(&mut out.pixels);
     }
     Ok(())
+}
+
+/// `what: error`, on one line.
+fn zune_error(what: &str, e: &dyn std::fmt::Debug) -> String {
+    let detail = format!("{e:?}").replace('\n', " ");
+    format!("{what}: {}", detail.trim())
 }
 
 fn decode_jpeg_crate(bytes: &[u8], color: bool, out: &mut Image) -> Result<(), String> {
@@ -304,13 +310,81 @@ pub(crate) mod tests {
         assert!(e.contains("100000×100000") || e.contains("limit"), "{e}");
     }
 
+    fn fixture(name: &str) -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jpeg/");
+        std::fs::read(format!("{dir}{name}")).unwrap()
+    }
+
+    /// Baseline, progressive and grey JPEGs decode, with both decoders, to within a few levels
+    /// of libjpeg-turbo's pixels (IDCT and chroma upsampling round differently).
+    #[test]
+    fn jpegs_decode_close_to_libjpeg_turbo() {
+        for (name, color) in [
+            ("colour_baseline", true),
+            ("colour_progressive", true),
+            ("grey", false),
+        ] {
+            let mut want = Image::default();
+            decode(
+                &fixture(&format!("{name}.decoded.png")),
+                color,
+                JpegDecoder::Zune,
+                &mut want,
+            )
+            .unwrap();
+            for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+                let mut got = Image::default();
+                decode(&fixture(&format!("{name}.jpg")), color, jpeg, &mut got).unwrap();
+                assert_eq!(
+                    (got.height, got.width, got.channels),
+                    (24, 40, if color { 3 } else { 1 })
+                );
+                let worst = got
+                    .pixels
+                    .iter()
+                    .zip(&want.pixels)
+                    .map(|(&a, &b)| a.abs_diff(b))
+                    .max()
+                    .unwrap();
+                assert!(worst <= 4, "{name} by {jpeg:?}: off by up to {worst}");
+            }
+        }
+    }
+
+    /// A truncated or damaged JPEG is an error, never a panic.
+    #[test]
+    fn damaged_jpegs_are_errors() {
+        let good = fixture("colour_baseline.jpg");
+        let mut img = Image::default();
+        for cut in [3, 20, 200, good.len() / 2] {
+            for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+                let r = decode(&good[..cut], true, jpeg, &mut img);
+                assert!(
+                    r.is_err(),
+                    "{jpeg:?}: {cut} of {} bytes decoded",
+                    good.len()
+                );
+            }
+        }
+        // Absurd declared dimensions in the SOF0 marker: 65000 × 65000.
+        let mut huge = good.clone();
+        let sof = huge.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
+        huge[sof + 5..sof + 9].copy_from_slice(&[0xfd, 0xe8, 0xfd, 0xe8]);
+        let e = decode(&huge, true, JpegDecoder::Zune, &mut img).unwrap_err();
+        assert!(e.contains("65000×65000"), "{e}");
+    }
+
     /// CRC-32 (PNG's), to forge a header whose checksum holds.
     fn crc32(bytes: &[u8]) -> u32 {
         let mut c = 0xffff_ffffu32;
         for &b in bytes {
             c ^= u32::from(b);
             for _ in 0..8 {
-                c = if c & 1 == 1 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 == 1 {
+                    0xedb8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
             }
         }
         !c

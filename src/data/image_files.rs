@@ -35,9 +35,10 @@ pub fn read_list(list: &Path, root: &Path) -> Result<FileList, String> {
                 n + 1
             ));
         };
-        let label: i64 = label.trim().parse().map_err(|_| {
-            format!("line {}: the label `{label}` is not an integer", n + 1)
-        })?;
+        let label: i64 = label
+            .trim()
+            .parse()
+            .map_err(|_| format!("line {}: the label `{label}` is not an integer", n + 1))?;
         let file = root.join(path);
         if !file.is_file() {
             return Err(format!(
@@ -64,7 +65,9 @@ pub fn class_names(root: &Path) -> Result<Vec<String>, String> {
     }
     names.sort();
     if names.is_empty() {
-        return Err("holds no class folders (one folder per class, as torchvision's ImageFolder)".into());
+        return Err(
+            "holds no class folders (one folder per class, as torchvision's ImageFolder)".into(),
+        );
     }
     Ok(names)
 }
@@ -83,7 +86,8 @@ pub fn read_folder(root: &Path, classes: &[String]) -> Result<FileList, String> 
         let mut files = Vec::new();
         walk(&root.join(&name), &mut files)?;
         files.sort();
-        out.labels.extend(std::iter::repeat_n(label as i64, files.len()));
+        out.labels
+            .extend(std::iter::repeat_n(label as i64, files.len()));
         out.files.extend(files);
     }
     Ok(out)
@@ -143,7 +147,9 @@ mod tests {
         let e = read_list(&list, dir.path()).unwrap_err();
         assert!(e.contains("line 2") && e.contains("missing.png"), "{e}");
         std::fs::write(&list, "y.jpg zero\n").unwrap();
-        assert!(read_list(&list, dir.path()).unwrap_err().contains("not an integer"));
+        assert!(read_list(&list, dir.path())
+            .unwrap_err()
+            .contains("not an integer"));
         std::fs::write(&list, "y.jpg\n").unwrap();
         assert!(read_list(&list, dir.path()).unwrap_err().contains("line 1"));
     }
@@ -167,9 +173,17 @@ mod tests {
         let names: Vec<_> = got
             .files
             .iter()
-            .map(|p| p.strip_prefix(dir.path()).unwrap().to_string_lossy().into_owned())
+            .map(|p| {
+                p.strip_prefix(dir.path())
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
-        assert_eq!(names, vec!["train/cat/z.jpeg", "train/dog/b.JPG", "train/dog/sub/a.png"]);
+        assert_eq!(
+            names,
+            vec!["train/cat/z.jpeg", "train/dog/b.JPG", "train/dog/sub/a.png"]
+        );
         assert_eq!(got.labels, vec![0, 1, 1]);
         let val = read_folder(&dir.path().join("val"), &classes).unwrap();
         assert_eq!(val.labels, vec![1]);

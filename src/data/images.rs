@@ -128,7 +128,14 @@ impl ImageSource {
         options: DecodeOptions,
         workers: Arc<rayon::ThreadPool>,
     ) -> Result<Self> {
-        Self::new(name, Store::Files(list.files), &list.labels, classes, options, workers)
+        Self::new(
+            name,
+            Store::Files(list.files),
+            &list.labels,
+            classes,
+            options,
+            workers,
+        )
     }
 
     fn new(
@@ -211,14 +218,20 @@ impl ImageSource {
         match &self.store {
             Store::Lmdb(db) => db.with_value(index, |bytes| f(stored_datum(bytes)?)),
             Store::Files(files) => {
-                let bytes = std::fs::read(&files[index]).map_err(|e| format!("cannot read: {e}"))?;
+                let bytes =
+                    std::fs::read(&files[index]).map_err(|e| format!("cannot read: {e}"))?;
                 f(Stored::Encoded(&bytes))
             }
         }
     }
 
     /// Reads record `index` as an image (resized when `new_height`/`new_width` are set).
-    fn image_of(&self, index: usize, image: &mut Image, scratch: &mut Vec<f32>) -> std::result::Result<(), String> {
+    fn image_of(
+        &self,
+        index: usize,
+        image: &mut Image,
+        scratch: &mut Vec<f32>,
+    ) -> std::result::Result<(), String> {
         self.with_stored(index, |stored| match stored {
             Stored::Raw(shape, bytes) => {
                 image.set_planar(shape, bytes);
@@ -227,7 +240,9 @@ impl ImageSource {
             Stored::Floats(..) => {
                 Err("holds float_data, which the resizing transforms do not read".into())
             }
-            Stored::Encoded(bytes) => decode::decode(bytes, self.options.color, self.options.jpeg, image),
+            Stored::Encoded(bytes) => {
+                decode::decode(bytes, self.options.color, self.options.jpeg, image)
+            }
         })?;
         if let Some((h, w)) = self.options.resize {
             let resized = resample::resize_bytes(image, h, w, scratch);
@@ -237,7 +252,12 @@ impl ImageSource {
     }
 
     /// Writes record `index`, which must have the source's shape, as floats.
-    fn fill_one(&self, index: usize, out: &mut [f32], image: &mut Image) -> std::result::Result<(), String> {
+    fn fill_one(
+        &self,
+        index: usize,
+        out: &mut [f32],
+        image: &mut Image,
+    ) -> std::result::Result<(), String> {
         let want = self.shape;
         let wrong = |got: [usize; 3]| {
             format!(
@@ -252,7 +272,9 @@ impl ImageSource {
                 if shape != want {
                     return Err(wrong(shape));
                 }
-                out.iter_mut().zip(bytes).for_each(|(o, &b)| *o = f32::from(b));
+                out.iter_mut()
+                    .zip(bytes)
+                    .for_each(|(o, &b)| *o = f32::from(b));
                 Ok(false)
             }
             Stored::Floats(shape, view) => {
@@ -320,7 +342,10 @@ impl ImageSource {
             .unwrap_or_else(|p| p.into_inner())
             .insert(index);
         if first {
-            tracing::warn!("skipping unreadable record {}: {why}", self.record_name(index));
+            tracing::warn!(
+                "skipping unreadable record {}: {why}",
+                self.record_name(index)
+            );
         }
     }
 }
@@ -385,7 +410,9 @@ fn stored_datum(bytes: &[u8]) -> std::result::Result<Stored<'_>, String> {
     }
     let dims = [view.channels, view.height, view.width];
     if dims.iter().any(|&d| !(1..=1 << 20).contains(&d)) {
-        return Err(format!("a raw Datum of sizes {dims:?}: each must be in 1..=2^20"));
+        return Err(format!(
+            "a raw Datum of sizes {dims:?}: each must be in 1..=2^20"
+        ));
     }
     let shape = dims.map(|d| d as usize);
     let n: usize = shape.iter().product();

@@ -25,7 +25,12 @@ pub struct LmdbStore {
 
 impl std::fmt::Debug for LmdbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LmdbStore({}, {} records)", self.path.display(), self.keys.len())
+        write!(
+            f,
+            "LmdbStore({}, {} records)",
+            self.path.display(),
+            self.keys.len()
+        )
     }
 }
 
@@ -148,14 +153,17 @@ pub fn first_value(path: &Path) -> Result<Vec<u8>, String> {
 
 /// Writes `records` (key, serialized value) into a new LMDB folder `path` (created; it must not
 /// exist), committing every 1000 records as Caffe's `convert_imageset` does.
-pub fn write(path: &Path, records: impl Iterator<Item = (String, Vec<u8>)>) -> Result<usize, String> {
+pub fn write(
+    path: &Path,
+    records: impl Iterator<Item = (String, Vec<u8>)>,
+) -> Result<usize, String> {
     if path.exists() {
         return Err("already exists: convert-imageset writes a new LMDB folder".into());
     }
     std::fs::create_dir_all(path).map_err(|e| format!("cannot create the folder: {e}"))?;
     let mut options = EnvOpenOptions::new();
     options.map_size(1 << 40); // Caffe's LMDB_MAP_SIZE; the file grows as written
-    // SAFETY: a new environment that only this function uses.
+                               // SAFETY: a new environment that only this function uses.
     let env = unsafe { options.open(path) }.map_err(|e| format!("cannot create the LMDB: {e}"))?;
     let fail = |e: heed::Error| format!("cannot write the LMDB: {e}");
     let mut txn = env.write_txn().map_err(fail)?;
@@ -204,7 +212,9 @@ mod tests {
             .unwrap();
         assert_eq!(data, vec![1; 3]);
         assert!(!db.join("lock.mdb").exists(), "opened without a lock file");
-        assert!(write(&db, std::iter::empty()).unwrap_err().contains("exists"));
+        assert!(write(&db, std::iter::empty())
+            .unwrap_err()
+            .contains("exists"));
     }
 
     #[test]

@@ -40,9 +40,9 @@ pub mod transform;
 pub use augment::Augment;
 pub use cifar10::Cifar10Source;
 pub use idx::IdxSource;
+pub use images::ImageSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
 pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
-pub use images::ImageSource;
 pub use synthetic::SyntheticSource;
 pub use transform::{ResizedCrop, Scratch, Transform};
 
@@ -355,7 +355,10 @@ fn open_images(
         }
         _ => Vec::new(),
     };
-    Ok((open_one(&train, &class_names)?, open_one(&test, &class_names)?))
+    Ok((
+        open_one(&train, &class_names)?,
+        open_one(&test, &class_names)?,
+    ))
 }
 
 /// The transform of `cfg` for records of `shape`, its keys checked against the shape.
@@ -375,8 +378,10 @@ fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Transf
         None => vec![cfg.mean],
     };
     if cfg.random_resized_crop > 0 {
-        return Ok(Transform::new(shape, 0, cfg.mirror, &mean, cfg.scale, cfg.shift, seed)
-            .with_resized_crop(resized_crop_of(cfg)));
+        return Ok(
+            Transform::new(shape, 0, cfg.mirror, &mean, cfg.scale, cfg.shift, seed)
+                .with_resized_crop(resized_crop_of(cfg)),
+        );
     }
     let mean_image = match &cfg.mean_file {
         Some(path) => Some(mean_image_of(path, shape)?),
@@ -636,7 +641,9 @@ mod tests {
         assert_eq!(s.train.record_shape(), [1, 8, 8]);
         assert_eq!(s.train.classes(), 10);
         let mut out = vec![0.0; 64];
-        s.transform.test(&*s.train, 0, &mut out, &mut Scratch::default()).unwrap();
+        s.transform
+            .test(&*s.train, 0, &mut out, &mut Scratch::default())
+            .unwrap();
         assert!(out.iter().all(|&v| (0.0..1.0).contains(&v)));
         s.train.fill(0, &mut out); // sources are raw
         assert!(out.iter().any(|&v| v > 1.0));
@@ -688,7 +695,9 @@ mod tests {
         assert_eq!(s.input_shape(), [3, 28, 28]);
         // Test record 1, centre crop at (2, 2): pixel (c, y, x) = (3 + c·1024 + 32(y+2) + x+2) mod 256.
         let mut out = vec![0.0; 3 * 28 * 28];
-        s.transform.test(&*s.test, 1, &mut out, &mut Scratch::default()).unwrap();
+        s.transform
+            .test(&*s.test, 1, &mut out, &mut Scratch::default())
+            .unwrap();
         for (ch, m) in [1.0f32, 2.0, 3.0].iter().enumerate() {
             let raw = (3 + ch * 1024 + 2 * 32 + 2) % 256;
             assert_eq!(out[ch * 784], (raw as f32 - m) * 0.5);

@@ -52,7 +52,9 @@ fn fill_records<J: Sync>(
     let mut parallel = || {
         jobs.par_iter()
             .zip(data.par_chunks_exact_mut(size))
-            .map_init(Scratch::default, |scratch, (job, out)| fill(job, out, scratch))
+            .map_init(Scratch::default, |scratch, (job, out)| {
+                fill(job, out, scratch)
+            })
             .collect()
     };
     match source.workers() {

@@ -72,7 +72,8 @@ impl Taps {
                 sum += wgt;
             }
             if sum > 0.0 {
-                row.iter_mut().for_each(|v| *v = (f64::from(*v) / sum) as f32);
+                row.iter_mut()
+                    .for_each(|v| *v = (f64::from(*v) / sum) as f32);
             } else {
                 row[0] = 1.0;
             }
@@ -87,7 +88,10 @@ impl Taps {
 
     /// Output `o`'s first input and weights.
     fn of(&self, o: usize) -> (usize, &[f32]) {
-        (self.first[o], &self.weights[o * self.taps..(o + 1) * self.taps])
+        (
+            self.first[o],
+            &self.weights[o * self.taps..(o + 1) * self.taps],
+        )
     }
 
     /// The inputs any output reads: `lo..hi`.
@@ -205,10 +209,26 @@ mod tests {
         let mut out = vec![0.0; 24];
         let mut s = Vec::new();
         for antialias in [false, true] {
-            resample(&img, Window::whole(3, 4), (3, 4), false, antialias, &mut out, &mut s);
+            resample(
+                &img,
+                Window::whole(3, 4),
+                (3, 4),
+                false,
+                antialias,
+                &mut out,
+                &mut s,
+            );
             assert_eq!(out[..4], [0.0, 1.0, 2.0, 3.0]);
             assert_eq!(out[12 + 4..12 + 8], [110.0, 111.0, 112.0, 113.0]);
-            resample(&img, Window::whole(3, 4), (3, 4), true, antialias, &mut out, &mut s);
+            resample(
+                &img,
+                Window::whole(3, 4),
+                (3, 4),
+                true,
+                antialias,
+                &mut out,
+                &mut s,
+            );
             assert_eq!(out[..4], [3.0, 2.0, 1.0, 0.0]);
         }
     }
@@ -222,11 +242,27 @@ mod tests {
         resample(&img, win, (2, 2), false, false, &mut out, &mut s);
         assert_eq!(out, vec![12.0, 13.0, 22.0, 23.0]);
         // 4 → 2 without antialias samples at 0.5, 2.5: the mean of two neighbours.
-        resample(&img, Window::whole(4, 4), (2, 2), false, false, &mut out, &mut s);
+        resample(
+            &img,
+            Window::whole(4, 4),
+            (2, 2),
+            false,
+            false,
+            &mut out,
+            &mut s,
+        );
         assert_eq!(out, vec![5.5, 7.5, 25.5, 27.5]);
         // With antialias the triangle of half-width 2 reaches three inputs, weights 3/7, 3/7,
         // 1/7: along W (0·3 + 1·3 + 2·1)/7, along H ten times that.
-        resample(&img, Window::whole(4, 4), (2, 2), false, true, &mut out, &mut s);
+        resample(
+            &img,
+            Window::whole(4, 4),
+            (2, 2),
+            false,
+            true,
+            &mut out,
+            &mut s,
+        );
         assert!((out[0] - 55.0 / 7.0).abs() < 1e-4, "{out:?}");
     }
 

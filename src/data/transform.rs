@@ -503,13 +503,15 @@ mod tests {
         let t = Transform::new([2, 4, 5], 0, true, &[0.0], 1.0, 0, 1);
         let p = (0..100u64).find(|&p| t.train_window(p).2).expect("a flip");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default()).unwrap();
+        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!(&out[..5], &[4.0, 3.0, 2.0, 1.0, 0.0]);
         assert_eq!(&out[20..25], &[104.0, 103.0, 102.0, 101.0, 100.0]);
         let q = (0..100u64)
             .find(|&p| !t.train_window(p).2)
             .expect("no flip");
-        t.train(&Ramp, 0, q, &mut out, &mut Scratch::default()).unwrap();
+        t.train(&Ramp, 0, q, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!(&out[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
@@ -521,7 +523,8 @@ mod tests {
         assert_eq!(out[3], (3.0 - 1.0) * 0.5);
         assert_eq!(out[20 + 3], (103.0 - 100.0) * 0.5);
         let one = Transform::new([2, 4, 5], 0, false, &[2.0], 0.5, 0, 1);
-        one.test(&Ramp, 0, &mut out, &mut Scratch::default()).unwrap();
+        one.test(&Ramp, 0, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!((out[0], out[20]), (-1.0, 49.0));
     }
 
@@ -532,7 +535,8 @@ mod tests {
             .find(|&p| t.shift.offsets(p) == (1, 0))
             .expect("offset (1, 0)");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default()).unwrap();
+        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+            .unwrap();
         assert!(out[..5].iter().all(|&v| v == -20.0), "{:?}", &out[..5]);
         assert!(out[20..25].iter().all(|&v| v == -40.0));
         assert_eq!(out[5], (0.0 - 10.0) * 2.0); // row 1 holds row 0
@@ -565,7 +569,8 @@ mod tests {
     fn identity_leaves_records_alone() {
         let t = Transform::identity([2, 4, 5]);
         let (mut a, mut b) = (vec![0.0; 40], vec![0.0; 40]);
-        t.train(&Ramp, 2, 9, &mut a, &mut Scratch::default()).unwrap();
+        t.train(&Ramp, 2, 9, &mut a, &mut Scratch::default())
+            .unwrap();
         Ramp.fill(2, &mut b);
         assert_eq!(a, b);
     }

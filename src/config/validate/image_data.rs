@@ -52,10 +52,7 @@ impl Validator<'_> {
     pub(super) fn image_data(&self) -> Result<(Vec<u64>, usize, bool)> {
         let d = &self.cfg.data;
         if d.root_folder.is_some() && d.format != DataFormat::ImageList {
-            return Err(self.err(
-                "data.root_folder",
-                "applies to format \"image_list\" only",
-            ));
+            return Err(self.err("data.root_folder", "applies to format \"image_list\" only"));
         }
         let need = |key: &str, p: &Option<std::path::PathBuf>| {
             p.clone().ok_or_else(|| {
@@ -68,7 +65,11 @@ impl Validator<'_> {
         let train = need("train_source", &d.train_source)?;
         need("test_source", &d.test_source)?;
         if (d.new_height > 0) != (d.new_width > 0) {
-            let key = if d.new_height > 0 { "data.new_width" } else { "data.new_height" };
+            let key = if d.new_height > 0 {
+                "data.new_width"
+            } else {
+                "data.new_height"
+            };
             return Err(self.err(key, "set `new_height` and `new_width` together"));
         }
         self.resized_crop_keys()?;
