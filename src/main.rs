@@ -9,6 +9,8 @@
 //! p2ptrain bench-allreduce [--min-bytes 1K] [--max-bytes 1G] [--factor 2] [--backend auto] ...
 //! p2ptrain plot RUN/metrics.jsonl... -o curves.svg|curves.png [--label NAME]... [--log-loss]
 //! p2ptrain compute-mean CONFIG -o mean.binaryproto [--set ...]
+//! p2ptrain convert-imageset [--gray] [--shuffle] [--encoded] [--resize-height H --resize-width W] ROOT/ LIST DB
+//! p2ptrain bench-data CONFIG [--batches N] [--workers N] [--decode-only] [--set ...]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure, 128 + signal number
@@ -16,7 +18,9 @@
 
 use clap::{Args, Parser, Subcommand};
 use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
+use p2ptrain::cmd::bench_data::{self, BenchDataOptions};
 use p2ptrain::cmd::compute_mean::{self, MeanOptions};
+use p2ptrain::cmd::convert_imageset::{self, ConvertOptions};
 use p2ptrain::cmd::plot::{self, PlotOptions};
 use p2ptrain::cmd::train::{self as app, Action, Options};
 use p2ptrain::config::BackendKind;
@@ -103,6 +107,81 @@ enum Command {
             Example: p2ptrain compute-mean config/cifar10_quick.toml -o data/cifar10/mean.binaryproto"
     )]
     ComputeMean(MeanArgs),
+    /// Write a list of images into a new Caffe LMDB (Caffe's convert_imageset).
+    #[command(
+        name = "convert-imageset",
+        long_about = "Write the images of a Caffe list file (`relative/path label` per line, \
+            paths under ROOT) into a new LMDB folder of Caffe Datums, as Caffe's convert_imageset \
+            does: keys `%08d_<path>` in list order, raw pixels (C, H, W) in BGR or grey, or the \
+            image files themselves with --encoded. Caffe reads the result; so does \
+            `format = \"lmdb\"`.\n\n\
+            Example: p2ptrain convert-imageset --gray tests/data/caffe/png/ \
+            tests/data/caffe/png/train.txt digits_train_lmdb"
+    )]
+    ConvertImageset(ConvertArgs),
+    /// Images per second of one rank's data pipeline (decode, augment, batch); no GPU needed.
+    #[command(
+        name = "bench-data",
+        long_about = "Read, decode, augment (the config's [data] transform) and assemble \
+            training batches of data.batch_size on one rank's decode workers (data.workers, or \
+            --workers), check the first batch (finite values, labels below the classes), then \
+            time --batches of them and print images/s and images/s per worker. No GPU, no MPI. \
+            --decode-only times reading and decoding alone.\n\n\
+            Example: p2ptrain bench-data config/resnet50_imagenet.toml --workers 16"
+    )]
+    BenchData(BenchDataArgs),
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The folder the list's paths are relative to.
+    root: PathBuf,
+    /// The list file: `relative/path label` per line.
+    list: PathBuf,
+    /// The LMDB folder to create (it must not exist).
+    db: PathBuf,
+    /// Grey images (one channel); colour (B, G, R) otherwise.
+    #[arg(long)]
+    gray: bool,
+    /// Shuffle the lines before writing (seeded by --seed).
+    #[arg(long)]
+    shuffle: bool,
+    /// The seed of --shuffle.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Store the image files themselves (encoded: true) instead of raw pixels.
+    #[arg(long)]
+    encoded: bool,
+    /// With --encoded: png, or the files' own type (default).
+    #[arg(long, default_value = "")]
+    encode_type: String,
+    /// Resize every image to this height (with --resize-width).
+    #[arg(long, default_value_t = 0)]
+    resize_height: usize,
+    /// Resize every image to this width (with --resize-height).
+    #[arg(long, default_value_t = 0)]
+    resize_width: usize,
+}
+
+#[derive(Args)]
+struct BenchDataArgs {
+    /// The config file (TOML) whose [data] names the training set.
+    config: PathBuf,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
+    /// Timed batches.
+    #[arg(long, default_value_t = 20)]
+    batches: u64,
+    /// Decode workers [default: the config's data.workers; 0 there = every core].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Time reading and decoding only (no resampling, no batches).
+    #[arg(long)]
+    decode_only: bool,
+    /// Override a config value, as for training.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 #[derive(Args)]
@@ -224,10 +303,12 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 11] = [
+    const KNOWN: [&str; 13] = [
         "train",
         "plot",
         "compute-mean",
+        "convert-imageset",
+        "bench-data",
         "check",
         "bench",
         "bench-allreduce",
@@ -317,6 +398,28 @@ fn main() {
             config: m.config,
             sets: m.sets,
             output: m.output,
+        })),
+        Some(Command::ConvertImageset(c)) => {
+            std::process::exit(convert_imageset::run(&ConvertOptions {
+                root: c.root,
+                list: c.list,
+                output: c.db,
+                gray: c.gray,
+                shuffle: c.shuffle,
+                seed: c.seed,
+                encoded: c.encoded,
+                encode_type: c.encode_type,
+                resize_height: c.resize_height,
+                resize_width: c.resize_width,
+            }))
+        }
+        Some(Command::BenchData(b)) => std::process::exit(bench_data::run(&BenchDataOptions {
+            config: b.config,
+            sets: b.sets,
+            warmup: b.warmup,
+            batches: b.batches,
+            workers: b.workers,
+            decode_only: b.decode_only,
         })),
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {

@@ -2,10 +2,13 @@
 //! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check` and `bench`
 //! share its flow: MPI start-up, config, data and weights agreed by every rank, the
 //! `P2PManager` run), `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of
-//! sizes), `plot` (curves from `metrics.jsonl`) and `compute-mean` (a dataset's mean image as a
-//! Caffe `binaryproto`).
+//! sizes), `plot` (curves from `metrics.jsonl`), `compute-mean` (a dataset's mean image as a
+//! Caffe `binaryproto`), `convert-imageset` (a list of images into a Caffe LMDB) and
+//! `bench-data` (the images per second of one rank's data pipeline).
 
 pub mod bench_allreduce;
+pub mod bench_data;
 pub mod compute_mean;
+pub mod convert_imageset;
 pub mod plot;
 pub mod train;

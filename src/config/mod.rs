@@ -190,6 +190,17 @@ pub enum DataFormat {
     ImageFolder,
 }
 
+/// Which library decodes JPEG files (`data.jpeg_decoder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum JpegDecoderKind {
+    /// zune-jpeg (pure Rust; the faster of the two measured, docs/benchmarks.md).
+    #[default]
+    Zune,
+    /// jpeg-decoder (pure Rust, image-rs).
+    JpegDecoder,
+}
+
 /// What reading a record that cannot be decoded does (`data.on_corrupt`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -291,6 +302,9 @@ pub struct DataConfig {
     /// What an unreadable image or record does: `"stop"` (exit 2, naming it) or `"skip"`.
     #[serde(default)]
     pub on_corrupt: CorruptMode,
+    /// Image formats: the JPEG decoder, `"zune"` or `"jpeg-decoder"`.
+    #[serde(default)]
+    pub jpeg_decoder: JpegDecoderKind,
     /// Batches each replica's reader keeps ready, at least (small batches: more, see
     /// [`crate::data::reader::ReadyQueue`]).
     #[serde(default = "prefetch_default")]

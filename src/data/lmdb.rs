@@ -179,6 +179,14 @@ pub fn write(
     }
     txn.commit().map_err(fail)?;
     env.force_sync().map_err(fail)?;
+    drop(env);
+    // LMDB creates its files 0600; a dataset is for every user to read, as Caffe's (0664).
+    for file in ["data.mdb", "lock.mdb"] {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::Permissions::from_mode(0o644);
+        std::fs::set_permissions(path.join(file), perms)
+            .map_err(|e| format!("cannot make {file} readable: {e}"))?;
+    }
     Ok(count)
 }
 

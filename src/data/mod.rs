@@ -46,7 +46,7 @@ pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
 pub use synthetic::SyntheticSource;
 pub use transform::{ResizedCrop, Scratch, Transform};
 
-use crate::config::{CorruptMode, DataConfig, DataFormat};
+use crate::config::{CorruptMode, DataConfig, DataFormat, JpegDecoderKind};
 use crate::error::{Error, Result};
 use crate::input_file::{open_regular, read_regular, InputError, UNBOUNDED};
 use std::ops::Range;
@@ -306,7 +306,10 @@ pub fn decode_options(cfg: &DataConfig) -> images::DecodeOptions {
             CorruptMode::Stop => images::OnCorrupt::Stop,
             CorruptMode::Skip => images::OnCorrupt::Skip,
         },
-        jpeg: decode::JpegDecoder::Zune,
+        jpeg: match cfg.jpeg_decoder {
+            JpegDecoderKind::Zune => decode::JpegDecoder::Zune,
+            JpegDecoderKind::JpegDecoder => decode::JpegDecoder::JpegDecoderCrate,
+        },
     }
 }
 
@@ -629,6 +632,7 @@ mod tests {
             center_crop: None,
             workers: 1,
             on_corrupt: CorruptMode::Stop,
+            jpeg_decoder: JpegDecoderKind::Zune,
         }
     }
 

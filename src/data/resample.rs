@@ -47,6 +47,8 @@ struct Taps {
     first: Vec<usize>,
     /// `taps` weights per output sample (zero-padded).
     weights: Vec<f32>,
+    /// The weights of each output up to its last non-zero one.
+    count: Vec<usize>,
     taps: usize,
 }
 
@@ -79,29 +81,29 @@ impl Taps {
             }
             first.push(lo);
         }
+        let count = weights
+            .chunks_exact(taps)
+            .map(|w| w.iter().rposition(|&v| v != 0.0).map_or(1, |k| k + 1))
+            .collect();
         Taps {
             first,
             weights,
+            count,
             taps,
         }
     }
 
-    /// Output `o`'s first input and weights.
+    /// Output `o`'s first input and weights (up to the last non-zero one).
     fn of(&self, o: usize) -> (usize, &[f32]) {
-        (
-            self.first[o],
-            &self.weights[o * self.taps..(o + 1) * self.taps],
-        )
+        let start = o * self.taps;
+        (self.first[o], &self.weights[start..start + self.count[o]])
     }
 
     /// The inputs any output reads: `lo..hi`.
     fn span(&self) -> (usize, usize) {
         let lo = self.first.iter().copied().min().unwrap_or(0);
         let hi = (0..self.first.len())
-            .map(|o| {
-                let (f, w) = self.of(o);
-                f + w.iter().rposition(|&v| v != 0.0).map_or(1, |k| k + 1)
-            })
+            .map(|o| self.first[o] + self.count[o])
             .max()
             .unwrap_or(lo);
         (lo, hi)
@@ -120,44 +122,44 @@ pub fn resample(
     scratch: &mut Vec<f32>,
 ) {
     let c = image.channels;
+    assert!(c <= 4, "images of at most 4 channels");
     assert_eq!(out.len(), c * out_h * out_w, "output of (C, H, W)");
     let across = Taps::new(window.x, window.w, image.width, out_w, antialias);
     let down = Taps::new(window.y, window.h, image.height, out_h, antialias);
     let (row0, row1) = down.span();
-    // Pass 1: the rows any output reads, resampled along W: `(row1 - row0, out_w, C)`.
+    let rows = row1 - row0;
+    // Pass 1: the rows any output reads, resampled along W (and mirrored), planar
+    // `(C, rows, out_w)`.
     scratch.clear();
-    scratch.resize((row1 - row0) * out_w * c, 0.0);
-    for (r, row_out) in scratch.chunks_exact_mut(out_w * c).enumerate() {
-        let row = &image.pixels[(row0 + r) * image.width * c..][..image.width * c];
+    scratch.resize(c * rows * out_w, 0.0);
+    let width = image.width * c;
+    for r in 0..rows {
+        let row = &image.pixels[(row0 + r) * width..][..width];
         for ox in 0..out_w {
             let (first, wts) = across.of(ox);
-            let dst = &mut row_out[ox * c..(ox + 1) * c];
+            let mut acc = [0f32; 4];
             for (k, &wgt) in wts.iter().enumerate() {
-                if wgt == 0.0 {
-                    continue;
+                let px = &row[(first + k) * c..][..c];
+                for (a, &v) in acc.iter_mut().zip(px) {
+                    *a += wgt * f32::from(v);
                 }
-                let src = &row[(first + k) * c..(first + k + 1) * c];
-                for (d, &s) in dst.iter_mut().zip(src) {
-                    *d += wgt * f32::from(s);
-                }
+            }
+            let dx = if flip { out_w - 1 - ox } else { ox };
+            for (ch, &a) in acc.iter().enumerate().take(c) {
+                scratch[(ch * rows + r) * out_w + dx] = a;
             }
         }
     }
-    // Pass 2: along H, into planes.
-    let plane = out_h * out_w;
+    // Pass 2: along H, row by row of each plane.
     out.fill(0.0);
-    for oy in 0..out_h {
-        let (first, wts) = down.of(oy);
-        for (k, &wgt) in wts.iter().enumerate() {
-            if wgt == 0.0 {
-                continue;
-            }
-            let row = &scratch[(first + k - row0) * out_w * c..][..out_w * c];
-            for ox in 0..out_w {
-                let dx = if flip { out_w - 1 - ox } else { ox };
-                for ch in 0..c {
-                    out[ch * plane + oy * out_w + dx] += wgt * row[ox * c + ch];
-                }
+    for ch in 0..c {
+        let plane_in = &scratch[ch * rows * out_w..][..rows * out_w];
+        for oy in 0..out_h {
+            let (first, wts) = down.of(oy);
+            let dst = &mut out[(ch * out_h + oy) * out_w..][..out_w];
+            for (k, &wgt) in wts.iter().enumerate() {
+                let src = &plane_in[(first + k - row0) * out_w..][..out_w];
+                dst.iter_mut().zip(src).for_each(|(d, &s)| *d += wgt * s);
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::config::DataFormat;
 use crate::data::images::{first_record_shape, FirstRecord};
 
 /// The keys only the image formats take, and whether each is set.
-fn image_keys(d: &crate::config::DataConfig) -> [(&'static str, bool); 11] {
+fn image_keys(d: &crate::config::DataConfig) -> [(&'static str, bool); 13] {
     [
         ("train_source", d.train_source.is_some()),
         ("test_source", d.test_source.is_some()),
@@ -21,6 +21,11 @@ fn image_keys(d: &crate::config::DataConfig) -> [(&'static str, bool); 11] {
         ("resize_shorter", d.resize_shorter.is_some()),
         ("center_crop", d.center_crop.is_some()),
         ("is_color", !d.is_color),
+        ("workers", d.workers > 0),
+        (
+            "jpeg_decoder",
+            d.jpeg_decoder != crate::config::JpegDecoderKind::Zune,
+        ),
     ]
 }
 
@@ -63,6 +68,12 @@ impl Validator<'_> {
             })
         };
         let train = need("train_source", &d.train_source)?;
+        if d.workers > MAX_WORKER_THREADS {
+            return Err(self.err(
+                "data.workers",
+                format!("at most {MAX_WORKER_THREADS}, got {}", d.workers),
+            ));
+        }
         need("test_source", &d.test_source)?;
         if (d.new_height > 0) != (d.new_width > 0) {
             let key = if d.new_height > 0 {
