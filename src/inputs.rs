@@ -1,12 +1,15 @@
 //! Whole-input entry points for the parsers of untrusted bytes, shared by the fuzz targets
 //! (`fuzz/`) and the mutation tests (`tests/parser_mutations.rs`): a config file (load, `--set`
-//! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file and a
-//! Caffe mean image (`mean.binaryproto`).
+//! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file, a
+//! Caffe mean image (`mean.binaryproto`), an image file (JPEG or PNG) and an LMDB record (a Caffe
+//! `Datum`).
 //! Each returns the parser's verdict; none may panic, whatever the bytes.
 
 use crate::config::{self, Plan};
+use crate::data::decode::{self, Image, JpegDecoder};
+use crate::data::images::{self, DecodeOptions};
 use crate::data::{cifar10, idx, mean_file, Cifar10Source, IdxSource, RecordSource};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::path::Path;
 
 /// Records read back from a parsed source, at most (bounds the work per input).
@@ -66,6 +69,37 @@ pub fn cifar10(bytes: &[u8]) -> Result<()> {
 pub fn mean_file(bytes: &[u8]) -> Result<()> {
     let image = mean_file::parse(Path::new("mean.binaryproto"), bytes)?;
     assert_eq!(image.data.len(), image.shape.iter().product::<usize>());
+    Ok(())
+}
+
+/// An image file's bytes (JPEG or PNG) decoded as colour and as grey by each JPEG decoder; the
+/// first error, if any.
+pub fn image(bytes: &[u8]) -> Result<()> {
+    let mut img = Image::default();
+    let mut first = None;
+    for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+        for color in [true, false] {
+            match decode::decode(bytes, color, jpeg, &mut img) {
+                Ok(()) => assert_eq!(img.pixels.len(), img.height * img.width * img.channels),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+    }
+    first.map_or(Ok(()), |e| Err(Error::data("image", e)))
+}
+
+/// An LMDB value's bytes as a Caffe `Datum`: its sizes checked against its data, an encoded
+/// image decoded (grey and colour).
+pub fn datum(bytes: &[u8]) -> Result<()> {
+    for color in [false, true] {
+        let options = DecodeOptions {
+            color,
+            ..DecodeOptions::default()
+        };
+        images::datum_shape(bytes, options).map_err(|e| Error::data("datum", e))?;
+    }
     Ok(())
 }
 

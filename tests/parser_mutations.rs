@@ -1,5 +1,5 @@
 //! The parsers of untrusted input never panic: thousands of mutated versions of valid config,
-//! IDX and CIFAR-10 inputs (bit flips, interesting bytes, truncations, insertions, deletions,
+//! IDX, CIFAR-10, mean-image, JPEG, PNG and Caffe `Datum` inputs (bit flips, interesting bytes, truncations, insertions, deletions,
 //! duplicated ranges, random bytes), drawn from a fixed-seed generator, go through the entry
 //! points the fuzz targets use (`p2ptrain::inputs`). Deterministic and fast: it runs in
 //! `cargo test`, so CI covers the parsers without cargo-fuzz. An input that makes a parser panic
@@ -235,5 +235,36 @@ fn mutated_mean_files_never_panic() {
     let seeds = vec![read("fuzz/seeds/mean_file/digits.binaryproto")];
     inputs::mean_file(&seeds[0]).unwrap();
     let (ok, err) = fuzz("mean_file", &seeds, 3000, 4, inputs::mean_file);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}
+
+#[test]
+fn mutated_jpegs_and_pngs_never_panic() {
+    let seeds: Vec<Vec<u8>> = [
+        "colour_baseline.jpg",
+        "colour_progressive.jpg",
+        "grey.jpg",
+        "digit.png",
+    ]
+    .iter()
+    .map(|f| read(&format!("fuzz/seeds/image/{f}")))
+    .collect();
+    for s in &seeds {
+        inputs::image(s).unwrap();
+    }
+    let (ok, err) = fuzz("image", &seeds, 1500, 5, inputs::image);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}
+
+#[test]
+fn mutated_datums_never_panic() {
+    let seeds = vec![
+        read("fuzz/seeds/datum/raw.datum"),
+        read("fuzz/seeds/datum/encoded.datum"),
+    ];
+    for s in &seeds {
+        inputs::datum(s).unwrap();
+    }
+    let (ok, err) = fuzz("datum", &seeds, 3000, 6, inputs::datum);
     assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
 }

@@ -386,10 +386,25 @@ pub fn first_record_shape(
             std::fs::read(&file).map_err(|e| format!("{}: cannot read: {e}", file.display()))?
         }
     };
-    let stored = match first {
-        FirstRecord::Lmdb(_) => stored_datum(&bytes)?,
-        _ => Stored::Encoded(&bytes),
-    };
+    match first {
+        FirstRecord::Lmdb(_) => datum_shape(&bytes, options),
+        _ => stored_shape(Stored::Encoded(&bytes), options),
+    }
+}
+
+/// The shape `(C, H, W)` a stored `Datum` is read as with `options`, its sizes checked against
+/// its bytes and an encoded image decoded; `Err` says what is wrong with it.
+pub fn datum_shape(
+    bytes: &[u8],
+    options: DecodeOptions,
+) -> std::result::Result<[usize; 3], String> {
+    stored_shape(stored_datum(bytes)?, options)
+}
+
+fn stored_shape(
+    stored: Stored<'_>,
+    options: DecodeOptions,
+) -> std::result::Result<[usize; 3], String> {
     match stored {
         Stored::Raw(shape, _) | Stored::Floats(shape, _) => Ok(shape),
         Stored::Encoded(file) => {
