@@ -372,3 +372,117 @@ fn a_missing_file_a_label_out_of_range_and_a_folder_not_an_lmdb_are_named_before
         );
     }
 }
+
+/// A folder of class folders holding baseline and progressive colour JPEGs, a grey JPEG and a
+/// PNG trains with resized crops; the classes are the sorted folder names.
+#[test]
+fn an_image_folder_of_jpegs_and_pngs_trains_on_its_class_folders() {
+    let data = tempfile::tempdir().unwrap();
+    let jpeg = repo("tests/data/jpeg");
+    for (split, class, file) in [
+        ("train", "apple", "colour_baseline.jpg"),
+        ("train", "apple", "colour_progressive.jpg"),
+        ("train", "pear", "grey.jpg"),
+        ("train", "pear", "colour_baseline.decoded.png"),
+        ("val", "pear", "colour_progressive.jpg"),
+        ("val", "apple", "grey.jpg"),
+    ] {
+        let dir = data.path().join(split).join(class);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(jpeg.join(file), dir.join(file)).unwrap();
+    }
+    let cfg = format!(
+        r#"[data]
+format = "image_folder"
+train_source = "{0}/train"
+test_source = "{0}/val"
+random_resized_crop = 16
+mirror = true
+mean_value = [104.0, 117.0, 123.0]
+scale = 0.017
+batch_size = 2
+
+[solver]
+base_lr = 0.01
+max_iter = 4
+display = 1
+snapshot_prefix = "snap/net"
+
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["data"]
+top = ["ip"]
+num_output = 2
+
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+
+[[layer]]
+name = "accuracy"
+type = "accuracy"
+bottom = ["ip", "label"]
+top = ["accuracy"]
+phase = "test"
+"#,
+        data.path().display()
+    );
+    let out = train("img_folder", &cfg, 1, &[]);
+    let weights = tensors(&out.join("snap/net_iter_4.safetensors"));
+    assert_eq!(weights["ip.weight"].0, vec![2, 3 * 16 * 16]);
+    let test = metrics(&out.join("metrics.jsonl"))
+        .into_iter()
+        .rev()
+        .find(|l| l["phase"] == "test")
+        .unwrap();
+    // Two test images: 0, 1 or 2 of them right.
+    let acc = test["accuracy"].as_f64().unwrap();
+    assert!([0.0, 0.5, 1.0].contains(&acc), "{test}");
+    // config/resnet50_imagenet.toml validates on this folder: 3×224×224 crops into ResNet-50.
+    let o = run(std::process::Command::new(bin()).args([
+        "check",
+        repo("config/resnet50_imagenet.toml").to_str().unwrap(),
+        "--set",
+        &format!("data.train_source=\"{}/train\"", data.path().display()),
+        "--set",
+        &format!("data.test_source=\"{}/val\"", data.path().display()),
+    ]));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("random_resized_crop 224") && t.contains("accuracy_top5"),
+        "{t}"
+    );
+}
+
+/// `bench-data` checks and times a pipeline and prints its rates (no figure is asserted).
+#[test]
+fn bench_data_prints_the_rate_of_a_pipeline() {
+    let data = format!(
+        "format = \"image_list\"\nis_color = false\nroot_folder = \"{}\"\n\
+         train_source = \"{}\"\ntest_source = \"{}\"\nrandom_resized_crop = 6\nmirror = true",
+        caffe("png"),
+        caffe("png/train.txt"),
+        caffe("png/test.txt")
+    );
+    let (_, cfg) = config_dir("img_bench_data", &net(&data, 1));
+    let o = run(std::process::Command::new(bin()).args([
+        "bench-data",
+        cfg.to_str().unwrap(),
+        "--workers",
+        "2",
+        "--batches",
+        "3",
+    ]));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("60 images")
+            && t.contains("on 2 workers")
+            && t.contains("images per CPU-second"),
+        "{t}"
+    );
+}
