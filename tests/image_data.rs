@@ -391,48 +391,16 @@ fn an_image_folder_of_jpegs_and_pngs_trains_on_its_class_folders() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(jpeg.join(file), dir.join(file)).unwrap();
     }
-    let cfg = format!(
-        r#"[data]
-format = "image_folder"
-train_source = "{0}/train"
-test_source = "{0}/val"
-random_resized_crop = 16
-mirror = true
-mean_value = [104.0, 117.0, 123.0]
-scale = 0.017
-batch_size = 2
-
-[solver]
-base_lr = 0.01
-max_iter = 4
-display = 1
-snapshot_prefix = "snap/net"
-
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 2
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-
-[[layer]]
-name = "accuracy"
-type = "accuracy"
-bottom = ["ip", "label"]
-top = ["accuracy"]
-phase = "test"
-"#,
+    let section = format!(
+        "format = \"image_folder\"\ntrain_source = \"{0}/train\"\ntest_source = \"{0}/val\"\n\
+         random_resized_crop = 16\nmirror = true\nmean_value = [104.0, 117.0, 123.0]",
         data.path().display()
     );
-    let out = train("img_folder", &cfg, 1, &[]);
+    let cfg = net(&section, 4);
+    let out = train("img_folder", &cfg, 1, &["data.batch_size=2"]);
+    // 3×16×16 crops, convolved to 8 channels and pooled to 8×8 before the inner product.
     let weights = tensors(&out.join("snap/net_iter_4.safetensors"));
-    assert_eq!(weights["ip.weight"].0, vec![2, 3 * 16 * 16]);
+    assert_eq!(weights["ip.weight"].0, vec![10, 8 * 8 * 8]);
     let test = metrics(&out.join("metrics.jsonl"))
         .into_iter()
         .rev()

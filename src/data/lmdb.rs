@@ -56,17 +56,25 @@ fn open_env(path: &Path) -> Result<heed::Env<WithoutTls>, String> {
     .map_err(|e| format!("not a readable LMDB: {e}"))
 }
 
+/// A read transaction of `env` and its main (unnamed) database.
+fn main_db(
+    env: &heed::Env<WithoutTls>,
+) -> Result<(heed::RoTxn<'_, WithoutTls>, Database<Bytes, Bytes>), String> {
+    let txn = env
+        .read_txn()
+        .map_err(|e| format!("cannot read the LMDB: {e}"))?;
+    let db = env
+        .open_database(&txn, None)
+        .map_err(|e| format!("cannot open the LMDB's database: {e}"))?
+        .ok_or("the LMDB has no main database")?;
+    Ok((txn, db))
+}
+
 impl LmdbStore {
     /// Opens the LMDB folder `path` and reads every record's key and label.
     pub fn open(path: &Path) -> Result<Self, String> {
         let env = open_env(path)?;
-        let txn = env
-            .read_txn()
-            .map_err(|e| format!("cannot read the LMDB: {e}"))?;
-        let db: Database<Bytes, Bytes> = env
-            .open_database(&txn, None)
-            .map_err(|e| format!("cannot open the LMDB's database: {e}"))?
-            .ok_or("the LMDB has no main database")?;
+        let (txn, db) = main_db(&env)?;
         let mut keys = Vec::new();
         let mut labels = Vec::new();
         let iter = db
@@ -137,13 +145,7 @@ impl LmdbStore {
 /// records' shape).
 pub fn first_value(path: &Path) -> Result<Vec<u8>, String> {
     let env = open_env(path)?;
-    let txn = env
-        .read_txn()
-        .map_err(|e| format!("cannot read the LMDB: {e}"))?;
-    let db: Database<Bytes, Bytes> = env
-        .open_database(&txn, None)
-        .map_err(|e| format!("cannot open the LMDB's database: {e}"))?
-        .ok_or("the LMDB has no main database")?;
+    let (txn, db) = main_db(&env)?;
     let first = db
         .first(&txn)
         .map_err(|e| format!("cannot read the LMDB: {e}"))?
