@@ -2,12 +2,15 @@
 //! (`fuzz/`) and the mutation tests (`tests/parser_mutations.rs`): a config file (load, `--set`
 //! free, validate, plan), an IDX image or label file (raw or gzip), a CIFAR-10 batch file, a
 //! Caffe mean image (`mean.binaryproto`), a Caffe net or solver prototxt, a `.caffemodel`, and a
-//! NumPy `.npy` array (`predict`'s inputs).
+//! NumPy `.npy` array (`predict`'s inputs), an image file (JPEG or PNG) and an LMDB record (a
+//! Caffe `Datum`).
 //! Each returns the parser's verdict; none may panic, whatever the bytes.
 
 use crate::config::Plan;
+use crate::data::decode::{self, Image, JpegDecoder};
+use crate::data::images::{self, DecodeOptions};
 use crate::data::{cifar10, idx, mean_file, Cifar10Source, IdxSource, RecordSource};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::validate;
 use std::path::Path;
 
@@ -123,4 +126,35 @@ fn read_back(s: &dyn RecordSource) {
             s.classes()
         );
     }
+}
+
+/// An image file's bytes (JPEG or PNG) decoded as colour and as grey by each JPEG decoder; the
+/// first error, if any.
+pub fn image(bytes: &[u8]) -> Result<()> {
+    let mut img = Image::default();
+    let mut first = None;
+    for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+        for color in [true, false] {
+            match decode::decode(bytes, color, jpeg, &mut img) {
+                Ok(()) => assert_eq!(img.pixels.len(), img.height * img.width * img.channels),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+    }
+    first.map_or(Ok(()), |e| Err(Error::data("image", e)))
+}
+
+/// An LMDB value's bytes as a Caffe `Datum`: its sizes checked against its data, an encoded
+/// image decoded (grey and colour).
+pub fn datum(bytes: &[u8]) -> Result<()> {
+    for color in [false, true] {
+        let options = DecodeOptions {
+            color,
+            ..DecodeOptions::default()
+        };
+        images::datum_shape(bytes, options).map_err(|e| Error::data("datum", e))?;
+    }
+    Ok(())
 }

@@ -13,6 +13,8 @@
 //! p2ptrain predict CONFIG --weights FILE --input FILE... -o predictions.jsonl [--top-k 5]
 //! p2ptrain import-caffe NET.prototxt [--solver SOLVER.prototxt] [--weights X.caffemodel] -o DIR
 //! p2ptrain export SNAPSHOT --format caffe|torchvision -o FILE [--config CONFIG]
+//! p2ptrain convert-imageset [--gray] [--shuffle] [--encoded] [--resize-height H --resize-width W] ROOT/ LIST DB
+//! p2ptrain bench-data CONFIG [--batches N] [--workers N] [--decode-only] [--set ...]
 //! p2ptrain                      # the embedded quickstart
 //! ```
 //! Exit codes: 0 success, 2 bad usage, config or input, 1 runtime failure, 128 + signal number
@@ -22,7 +24,9 @@ use clap::{Args, Parser, Subcommand};
 use p2ptrain::caffe::export::{ExportFormat, ExportOptions};
 use p2ptrain::caffe::import::ImportOptions;
 use p2ptrain::cmd::bench_allreduce::{self as allreduce_bench, BenchOptions};
+use p2ptrain::cmd::bench_data::{self, BenchDataOptions};
 use p2ptrain::cmd::compute_mean::{self, MeanOptions};
+use p2ptrain::cmd::convert_imageset::{self, ConvertOptions};
 use p2ptrain::cmd::plot::{self, PlotOptions};
 use p2ptrain::cmd::train::{self as app, Action, Options};
 use p2ptrain::config::BackendKind;
@@ -160,6 +164,29 @@ enum Command {
             --format torchvision -o resnet50_torchvision.safetensors"
     )]
     Export(ExportArgs),
+    /// Write a list of images into a new Caffe LMDB (Caffe's convert_imageset).
+    #[command(
+        name = "convert-imageset",
+        long_about = "Write the images of a Caffe list file (`relative/path label` per line, \
+            paths under ROOT) into a new LMDB folder of Caffe Datums, as Caffe's convert_imageset \
+            does: keys `%08d_<path>` in list order, raw pixels (C, H, W) in BGR or grey, or the \
+            image files themselves with --encoded. Caffe reads the result; so does \
+            `format = \"lmdb\"`.\n\n\
+            Example: p2ptrain convert-imageset --gray tests/data/caffe/png/ \
+            tests/data/caffe/png/train.txt digits_train_lmdb"
+    )]
+    ConvertImageset(ConvertArgs),
+    /// Images per second of one rank's data pipeline (decode, augment, batch); no GPU needed.
+    #[command(
+        name = "bench-data",
+        long_about = "Read, decode, augment (the config's [data] transform) and assemble \
+            training batches of data.batch_size on one rank's decode workers (data.workers, or \
+            --workers), check the first batch (finite values, labels below the classes), then \
+            time --batches of them and print images/s and images/s per worker. No GPU, no MPI. \
+            --decode-only times reading and decoding alone.\n\n\
+            Example: p2ptrain bench-data config/resnet50_imagenet.toml --workers 16"
+    )]
+    BenchData(BenchDataArgs),
 }
 
 #[derive(Args)]
@@ -226,6 +253,58 @@ struct ExportArgs {
     /// The config of the weights' net, when the snapshot has no .solverstate beside it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The folder the list's paths are relative to.
+    root: PathBuf,
+    /// The list file: `relative/path label` per line.
+    list: PathBuf,
+    /// The LMDB folder to create (it must not exist).
+    db: PathBuf,
+    /// Grey images (one channel); colour (B, G, R) otherwise.
+    #[arg(long)]
+    gray: bool,
+    /// Shuffle the lines before writing (seeded by --seed).
+    #[arg(long)]
+    shuffle: bool,
+    /// The seed of --shuffle.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Store the image files themselves (encoded: true) instead of raw pixels.
+    #[arg(long)]
+    encoded: bool,
+    /// With --encoded: png, or the files' own type (default).
+    #[arg(long, default_value = "")]
+    encode_type: String,
+    /// Resize every image to this height (with --resize-width).
+    #[arg(long, default_value_t = 0)]
+    resize_height: usize,
+    /// Resize every image to this width (with --resize-height).
+    #[arg(long, default_value_t = 0)]
+    resize_width: usize,
+}
+
+#[derive(Args)]
+struct BenchDataArgs {
+    /// The config file (TOML) whose [data] names the training set.
+    config: PathBuf,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
+    /// Timed batches.
+    #[arg(long, default_value_t = 20)]
+    batches: u64,
+    /// Decode workers [default: the config's data.workers; 0 there = every core].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Time reading and decoding only (no resampling, no batches).
+    #[arg(long)]
+    decode_only: bool,
+    /// Override a config value, as for training.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 #[derive(Args)]
@@ -347,7 +426,7 @@ impl From<Common> for Options {
 
 /// `p2ptrain CONFIG ...` means `p2ptrain train CONFIG ...`.
 fn with_default_command(mut args: Vec<String>) -> Vec<String> {
-    const KNOWN: [&str; 15] = [
+    const KNOWN: [&str; 17] = [
         "train",
         "plot",
         "compute-mean",
@@ -355,6 +434,8 @@ fn with_default_command(mut args: Vec<String>) -> Vec<String> {
         "predict",
         "import-caffe",
         "export",
+        "convert-imageset",
+        "bench-data",
         "check",
         "bench",
         "bench-allreduce",
@@ -486,6 +567,28 @@ fn main() {
                 output: e.output,
             }))
         }
+        Some(Command::ConvertImageset(c)) => {
+            std::process::exit(convert_imageset::run(&ConvertOptions {
+                root: c.root,
+                list: c.list,
+                output: c.db,
+                gray: c.gray,
+                shuffle: c.shuffle,
+                seed: c.seed,
+                encoded: c.encoded,
+                encode_type: c.encode_type,
+                resize_height: c.resize_height,
+                resize_width: c.resize_width,
+            }))
+        }
+        Some(Command::BenchData(b)) => std::process::exit(bench_data::run(&BenchDataOptions {
+            config: b.config,
+            sets: b.sets,
+            warmup: b.warmup,
+            batches: b.batches,
+            workers: b.workers,
+            decode_only: b.decode_only,
+        })),
         Some(Command::BenchAllreduce(a)) => {
             std::process::exit(allreduce_bench::run(&BenchOptions {
                 min_bytes: a.min_bytes,

@@ -298,3 +298,34 @@ fn mutated_npy_arrays_never_panic() {
     let (ok, err) = fuzz("npy", &seeds, 3000, 8, inputs::npy);
     assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
 }
+
+#[test]
+fn mutated_jpegs_and_pngs_never_panic() {
+    let seeds: Vec<Vec<u8>> = [
+        "colour_baseline.jpg",
+        "colour_progressive.jpg",
+        "grey.jpg",
+        "digit.png",
+    ]
+    .iter()
+    .map(|f| read(&format!("fuzz/seeds/image/{f}")))
+    .collect();
+    for s in &seeds {
+        inputs::image(s).unwrap();
+    }
+    let (ok, err) = fuzz("image", &seeds, 1500, 5, inputs::image);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}
+
+#[test]
+fn mutated_datums_never_panic() {
+    let seeds = vec![
+        read("fuzz/seeds/datum/raw.datum"),
+        read("fuzz/seeds/datum/encoded.datum"),
+    ];
+    for s in &seeds {
+        inputs::datum(s).unwrap();
+    }
+    let (ok, err) = fuzz("datum", &seeds, 3000, 6, inputs::datum);
+    assert!(ok > 0 && err > 0, "{ok} accepted, {err} rejected");
+}

@@ -48,29 +48,30 @@ pub fn run(opts: &MeanOptions) -> i32 {
 /// Returns the image written and the number of records it averages.
 fn compute(opts: &MeanOptions) -> Result<(MeanImage, usize)> {
     let (cfg, _) = validate::load(&opts.config, &opts.sets)?;
-    let (train, _) = data::open_sources(&cfg.data, cfg.solver.random_seed)?;
-    let image = mean_of(train.as_ref());
+    let (train, _) = data::open_sources(&cfg.data, cfg.solver.random_seed, 1)?;
+    let image = mean_of(train.as_ref())?;
     mean_file::write(&opts.output, &image)?;
     Ok((image, train.len()))
 }
 
-/// The per-pixel mean of every record of `source` (summed in double, in record order).
-pub fn mean_of(source: &dyn RecordSource) -> MeanImage {
+/// The per-pixel mean of every record of `source` (summed in double, in record order); an error
+/// names a record that cannot be read.
+pub fn mean_of(source: &dyn RecordSource) -> Result<MeanImage> {
     let shape = source.record_shape();
     let size: usize = shape.iter().product();
     let mut sums = vec![0f64; size];
     let mut record = vec![0f32; size];
     for i in 0..source.len() {
-        source.fill(i, &mut record);
+        source.try_fill(i, &mut record)?;
         sums.iter_mut()
             .zip(&record)
             .for_each(|(s, &v)| *s += f64::from(v));
     }
     let n = source.len().max(1) as f64;
-    MeanImage {
+    Ok(MeanImage {
         shape,
         data: sums.iter().map(|s| (s / n) as f32).collect(),
-    }
+    })
 }
 
 /// `(C)` the mean of each channel of `image`.
@@ -110,7 +111,7 @@ mod tests {
 
     #[test]
     fn averages_every_record_per_pixel() {
-        let image = mean_of(&Three);
+        let image = mean_of(&Three).unwrap();
         assert_eq!(image.shape, [1, 1, 2]);
         assert_eq!(image.data, vec![2.0, 30.0]);
         assert_eq!(channel_means(&image), vec![16.0]);

@@ -6,9 +6,17 @@
 //! (curves from `metrics.jsonl`), `compute-mean` (a dataset's mean image as a Caffe
 //! `binaryproto`), `import-caffe` and `export` (Caffe's files and torchvision's names, through
 //! `crate::caffe`).
+//! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check` and `bench`
+//! share its flow: MPI start-up, config, data and weights agreed by every rank, the
+//! `P2PManager` run), `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of
+//! sizes), `plot` (curves from `metrics.jsonl`), `compute-mean` (a dataset's mean image as a
+//! Caffe `binaryproto`), `convert-imageset` (a list of images into a Caffe LMDB) and
+//! `bench-data` (the images per second of one rank's data pipeline).
 
 pub mod bench_allreduce;
+pub mod bench_data;
 pub mod compute_mean;
+pub mod convert_imageset;
 pub mod export;
 pub mod import_caffe;
 pub mod plot;

@@ -194,7 +194,11 @@ fn prepare(action: &Action, opts: &Options, boot: &Bootstrap) -> Result<Prepared
             (data, Some(Arc::new(job)))
         }
         _ => (
-            data::open(&plan.config.data, plan.config.solver.random_seed)?,
+            data::open(
+                &plan.config.data,
+                plan.config.solver.random_seed,
+                boot.local_size,
+            )?,
             None,
         ),
     };

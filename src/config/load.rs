@@ -426,7 +426,8 @@ fn replace_value(old: &mut Value, mut new: Value) {
     *old = new;
 }
 
-/// Makes the data paths (the four IDX paths, the CIFAR-10 file lists) absolute: relative to `base_dir` when they come from the file,
+/// Makes the data paths (the four IDX paths, the CIFAR-10 file lists, the image sources and
+/// their root folder) absolute: relative to `base_dir` when they come from the file,
 /// to the current directory when they come from `--set`.
 fn resolve_paths(config: &mut Config, source: &Source, base_dir: &Path) {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
@@ -438,6 +439,9 @@ fn resolve_paths(config: &mut Config, source: &Source, base_dir: &Path) {
         ("test_images", &mut d.test_images),
         ("test_labels", &mut d.test_labels),
         ("mean_file", &mut d.mean_file),
+        ("train_source", &mut d.train_source),
+        ("test_source", &mut d.test_source),
+        ("root_folder", &mut d.root_folder),
     ] {
         if let Some(p) = slot.as_mut().filter(|p| p.is_relative()) {
             let from_set = source.override_of(&format!("data.{name}")).is_some();

@@ -260,6 +260,36 @@ pub enum DataFormat {
     Digits,
     /// CIFAR-10 binary batches: records of 1 label byte and 3×32×32 pixel bytes.
     Cifar10,
+    /// Caffe LMDBs of `Datum`s (raw pixels, `float_data`, or encoded JPEG/PNG).
+    Lmdb,
+    /// Caffe `ImageData` list files: `relative/path label` per line, under `root_folder`.
+    #[serde(rename = "image_list")]
+    ImageList,
+    /// One folder per class (torchvision's `ImageFolder`), classes in sorted name order.
+    #[serde(rename = "image_folder")]
+    ImageFolder,
+}
+
+/// Which library decodes JPEG files (`data.jpeg_decoder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum JpegDecoderKind {
+    /// zune-jpeg (pure Rust; the faster of the two measured, docs/benchmarks.md).
+    #[default]
+    Zune,
+    /// jpeg-decoder (pure Rust, image-rs).
+    JpegDecoder,
+}
+
+/// What reading a record that cannot be decoded does (`data.on_corrupt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CorruptMode {
+    /// Stop with an error naming the record's file or LMDB key (exit 2).
+    #[default]
+    Stop,
+    /// Read the next readable record in its place, counting and logging the skip.
+    Skip,
 }
 
 /// `[data]`: feeds the net the blobs `data` (N, C, H, W) and `label` (N).
@@ -312,6 +342,49 @@ pub struct DataConfig {
     /// (offsets keyed by seed and stream position; the border gets the value of a zero pixel).
     #[serde(default)]
     pub shift: usize,
+    /// Image formats: the training and test data — an LMDB folder (`lmdb`), a list file
+    /// (`image_list`), a folder of class folders (`image_folder`) — relative to the config file.
+    pub train_source: Option<PathBuf>,
+    pub test_source: Option<PathBuf>,
+    /// `image_list`: the folder the list's paths are relative to (Caffe's `root_folder`);
+    /// default the list file's folder.
+    pub root_folder: Option<PathBuf>,
+    /// Image formats: decode encoded images as colour (3 channels, B, G, R) or grey (Caffe's
+    /// `is_color`; raw `Datum`s keep their own channels).
+    #[serde(default = "yes")]
+    pub is_color: bool,
+    /// Image formats: resize every decoded image to `new_height`×`new_width` (Caffe's; 0 = off,
+    /// both or neither).
+    #[serde(default)]
+    pub new_height: usize,
+    #[serde(default)]
+    pub new_width: usize,
+    /// Image formats: ImageNet's training crop — a random window of `crop_area` of the image's
+    /// area and aspect ratio in `crop_aspect`, resized to this side, keyed by (seed, stream
+    /// position); 0 = off. Tests then resize the shorter side to `resize_shorter` and take the
+    /// centre `center_crop` square.
+    #[serde(default)]
+    pub random_resized_crop: usize,
+    /// Fraction of the image's area a random resized crop covers: `[min, max]`, default
+    /// `[0.08, 1.0]`.
+    pub crop_area: Option<Vec<f32>>,
+    /// Aspect ratio (width / height) range of a random resized crop: default `[0.75, 1.3333]`.
+    pub crop_aspect: Option<Vec<f32>>,
+    /// Test images: the shorter side resized to this; default `random_resized_crop / 0.875`
+    /// (256 for 224).
+    pub resize_shorter: Option<usize>,
+    /// Test images: the centre square of this side after `resize_shorter`; it must equal
+    /// `random_resized_crop` (the default).
+    pub center_crop: Option<usize>,
+    /// Decode workers per rank (image formats); 0 = the node's cores divided among its ranks.
+    #[serde(default)]
+    pub workers: usize,
+    /// What an unreadable image or record does: `"stop"` (exit 2, naming it) or `"skip"`.
+    #[serde(default)]
+    pub on_corrupt: CorruptMode,
+    /// Image formats: the JPEG decoder, `"zune"` or `"jpeg-decoder"`.
+    #[serde(default)]
+    pub jpeg_decoder: JpegDecoderKind,
     /// Batches each replica's reader keeps ready, at least (small batches: more, see
     /// [`crate::data::reader::ReadyQueue`]).
     #[serde(default = "prefetch_default")]

@@ -105,6 +105,9 @@ pub fn rank_fingerprint(config: &Config) -> u64 {
         &mut d.test_images,
         &mut d.test_labels,
         &mut d.mean_file,
+        &mut d.train_source,
+        &mut d.test_source,
+        &mut d.root_folder,
     ]
     .into_iter()
     .flatten()
@@ -322,6 +325,25 @@ impl Plan {
                     "digits (bundled, 1500 train / 297 test, 1×8×8, 10 classes), {order}, {pixels}"
                 ),
             ),
+            DataFormat::Lmdb | DataFormat::ImageList | DataFormat::ImageFolder => {
+                if d.random_resized_crop > 0 {
+                    pixels = format!("random_resized_crop {}, {pixels}", d.random_resized_crop);
+                }
+                if d.new_height > 0 {
+                    pixels = format!("resize {}×{}, {pixels}", d.new_height, d.new_width);
+                }
+                let color = if d.is_color { "colour" } else { "grey" };
+                row(
+                    "data",
+                    format!("{}, {color}, {order}, {pixels}", name_of(&d.format)),
+                );
+                let show = |p: &Option<std::path::PathBuf>| {
+                    p.as_ref()
+                        .map_or("-".to_string(), |p| p.display().to_string())
+                };
+                row("  train", show(&d.train_source));
+                row("  test", show(&d.test_source));
+            }
         }
         let mut solver = format!("{}, base_lr {}", name_of(&s.solver_type), s.base_lr);
         if s.momentum != 0.0 {

@@ -46,7 +46,7 @@ pub fn prints(split: &DataSplit) -> [SourcePrint; 2] {
 /// The print of one source (see the module docs).
 pub fn print(source: &dyn RecordSource) -> SourcePrint {
     let n = source.len();
-    let mut h = Hasher::default();
+    let mut h = Fnv::default();
     h.add(n as u64);
     for d in source.record_shape() {
         h.add(d as u64);
@@ -55,11 +55,12 @@ pub fn print(source: &dyn RecordSource) -> SourcePrint {
     for i in 0..n {
         h.add(source.label(i) as u64);
     }
-    let mut values = vec![0.0f32; record_size(source)];
+    let mut words = Vec::with_capacity(record_size(source));
     for i in (0..n).step_by(n.div_ceil(SAMPLED_RECORDS).max(1)) {
-        source.fill(i, &mut values);
+        words.clear();
+        source.print_words(i, &mut words);
         h.add(i as u64);
-        values.iter().for_each(|v| h.add(v.to_bits() as u64));
+        words.iter().for_each(|&w| h.add(w));
     }
     SourcePrint {
         name: source.name().to_string(),
@@ -116,20 +117,26 @@ pub fn check_same(mine: &[SourcePrint; 2], all: &[[u64; 4]]) -> Result<()> {
     Ok(())
 }
 
-/// FNV-1a over 64-bit words: stable across processes, builds and machines.
-struct Hasher(u64);
+/// FNV-1a over 64-bit words and bytes: stable across processes, builds and machines.
+pub(crate) struct Fnv(u64);
 
-impl Default for Hasher {
+impl Default for Fnv {
     fn default() -> Self {
-        Hasher(0xcbf2_9ce4_8422_2325)
+        Fnv(0xcbf2_9ce4_8422_2325)
     }
 }
 
-impl Hasher {
-    fn add(&mut self, word: u64) {
-        for b in word.to_le_bytes() {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+impl Fnv {
+    pub(crate) fn add(&mut self, word: u64) {
+        word.to_le_bytes().iter().for_each(|&b| self.add_byte(b));
+    }
+
+    pub(crate) fn add_byte(&mut self, b: u8) {
+        self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
     }
 }
 

@@ -1,7 +1,8 @@
 //! Training and test data: the [`RecordSource`] trait and its sources (MNIST IDX files, CIFAR-10
-//! binary batches, the bundled digits, deterministic synthetic records), the per-record
-//! [`Transform`] (crop, mirror, shift, per-channel mean and scale), the topology-independent record
-//! order, test-set sharding, and the per-replica prefetching reader.
+//! binary batches, the bundled digits, deterministic synthetic records, and the image formats:
+//! Caffe LMDBs, image lists and class folders, decoded by a pool of workers), the per-record
+//! [`Transform`] (crop or ImageNet's resized crop, mirror, shift, per-channel mean and scale), the
+//! topology-independent record order, test-set sharding, and the per-replica prefetching reader.
 //!
 //! # Which replica reads which records
 //!
@@ -21,24 +22,31 @@
 
 pub mod augment;
 pub mod cifar10;
+pub mod datum;
+pub mod decode;
 mod digits;
 pub mod fingerprint;
 pub mod idx;
+pub mod image_files;
+pub mod images;
+pub mod lmdb;
 pub mod mean_file;
 pub mod order;
 pub mod reader;
+pub mod resample;
 pub mod synthetic;
 pub mod transform;
 
 pub use augment::Augment;
 pub use cifar10::Cifar10Source;
 pub use idx::IdxSource;
+pub use images::ImageSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
 pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
 pub use synthetic::SyntheticSource;
-pub use transform::Transform;
+pub use transform::{ResizedCrop, Scratch, Transform};
 
-use crate::config::{DataConfig, DataFormat};
+use crate::config::{CorruptMode, DataConfig, DataFormat, JpegDecoderKind};
 use crate::error::{Error, Result};
 use crate::input_file::{open_regular, read_regular, InputError, UNBOUNDED};
 use std::ops::Range;
@@ -72,10 +80,55 @@ pub trait RecordSource: Send + Sync {
     fn name(&self) -> &str {
         "records"
     }
+
+    /// Writes record `index` as [`fill`](Self::fill) does, or says which record cannot be read
+    /// (an image source's corrupt file, exit 2). Returns the label of the record written, which
+    /// is another than `index`'s when unreadable records were skipped.
+    fn try_fill(&self, index: usize, out: &mut [f32]) -> Result<Read> {
+        self.fill(index, out);
+        Ok(Read {
+            label: self.label(index),
+            skipped: 0,
+        })
+    }
+
+    /// Reads record `index` as an 8-bit image of its own size, for the resampling transforms;
+    /// only the image formats' sources can.
+    fn read_image(&self, index: usize, image: &mut decode::Image) -> Result<Read> {
+        let _ = (index, image);
+        Err(Error::data(
+            self.name(),
+            "its records are not images: `random_resized_crop` needs format \"lmdb\", \
+             \"image_list\" or \"image_folder\"",
+        ))
+    }
+
+    /// The workers that decode this source's records, when it has them: a batch's records are
+    /// then filled in parallel on them.
+    fn workers(&self) -> Option<&rayon::ThreadPool> {
+        None
+    }
+
+    /// Pushes the words that identify record `index` for [`fingerprint`]: by default the bits
+    /// of its values.
+    fn print_words(&self, index: usize, words: &mut Vec<u64>) {
+        let mut values = vec![0.0f32; record_size(self)];
+        self.fill(index, &mut values);
+        words.extend(values.iter().map(|v| u64::from(v.to_bits())));
+    }
+}
+
+/// What reading a record gave.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Read {
+    /// The label of the record written.
+    pub label: u32,
+    /// Unreadable records skipped to reach it (`data.on_corrupt = "skip"`).
+    pub skipped: u32,
 }
 
 /// Floats per record: C·H·W.
-pub fn record_size(source: &dyn RecordSource) -> usize {
+pub fn record_size<S: RecordSource + ?Sized>(source: &S) -> usize {
     source.record_shape().iter().product()
 }
 
@@ -134,14 +187,15 @@ pub const DEFAULT_SYNTHETIC_TEST: usize = 10_000;
 
 /// Opens the training and test sets that `cfg` describes. `seed` keys the synthetic generator
 /// and the random crops, flips and shifts (the record order is keyed separately by
-/// [`TrainOrder`]).
+/// [`TrainOrder`]); `local_ranks` (the ranks on this node) sizes the decode workers of the image
+/// formats when `data.workers` is 0.
 ///
 /// Checks that both sets are non-empty, that every label is below the class count
 /// (`cfg.classes`, default 10), that train and test records have the same shape and that the
 /// transform keys fit it (a `mean_file` is read and must hold an image of the records' shape).
 /// Sources are opened raw; the transform normalises.
-pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
-    let (train, test) = open_sources(cfg, seed)?;
+pub fn open(cfg: &DataConfig, seed: u64, local_ranks: usize) -> Result<DataSplit> {
+    let (train, test) = open_sources(cfg, seed, local_ranks)?;
     let transform = transform_of(cfg, train.record_shape(), seed)?;
     Ok(DataSplit {
         train,
@@ -155,6 +209,7 @@ pub fn open(cfg: &DataConfig, seed: u64) -> Result<DataSplit> {
 pub fn open_sources(
     cfg: &DataConfig,
     seed: u64,
+    local_ranks: usize,
 ) -> Result<(Arc<dyn RecordSource>, Arc<dyn RecordSource>)> {
     let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES);
     if classes == 0 {
@@ -219,9 +274,94 @@ pub fn open_sources(
                 Arc::new(make(Split::Test, test_size)) as Arc<dyn RecordSource>,
             )
         }
+        DataFormat::Lmdb | DataFormat::ImageList | DataFormat::ImageFolder => {
+            let (train, test) = open_images(cfg, classes, local_ranks)?;
+            (
+                Arc::new(train) as Arc<dyn RecordSource>,
+                Arc::new(test) as Arc<dyn RecordSource>,
+            )
+        }
     };
-    check_split(&train, &test)?;
+    check_split(&train, &test, cfg.random_resized_crop > 0)?;
     Ok((train, test))
+}
+
+/// Decode workers per rank: `data.workers`, or the node's cores divided among its ranks.
+pub fn decode_workers(cfg: &DataConfig, local_ranks: usize) -> usize {
+    match cfg.workers {
+        0 => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / local_ranks.max(1)).max(1)
+        }
+        n => n,
+    }
+}
+
+/// How the image formats decode, from `cfg`.
+pub fn decode_options(cfg: &DataConfig) -> images::DecodeOptions {
+    images::DecodeOptions {
+        color: cfg.is_color,
+        resize: (cfg.new_height > 0).then_some((cfg.new_height, cfg.new_width)),
+        on_corrupt: match cfg.on_corrupt {
+            CorruptMode::Stop => images::OnCorrupt::Stop,
+            CorruptMode::Skip => images::OnCorrupt::Skip,
+        },
+        jpeg: match cfg.jpeg_decoder {
+            JpegDecoderKind::Zune => decode::JpegDecoder::Zune,
+            JpegDecoderKind::JpegDecoder => decode::JpegDecoder::JpegDecoderCrate,
+        },
+    }
+}
+
+/// The training and test sources of an image format, sharing one pool of decode workers.
+fn open_images(
+    cfg: &DataConfig,
+    classes: usize,
+    local_ranks: usize,
+) -> Result<(ImageSource, ImageSource)> {
+    let path = |p: &Option<std::path::PathBuf>, key: &str| {
+        p.clone().ok_or_else(|| {
+            config_error(
+                &format!("data.{key}"),
+                "required by the image formats (lmdb, image_list, image_folder)",
+            )
+        })
+    };
+    let train = path(&cfg.train_source, "train_source")?;
+    let test = path(&cfg.test_source, "test_source")?;
+    let options = decode_options(cfg);
+    let pool = images::worker_pool(decode_workers(cfg, local_ranks));
+    let open_one = |source: &Path, class_names: &[String]| -> Result<ImageSource> {
+        let pool = Arc::clone(&pool);
+        match cfg.format {
+            DataFormat::Lmdb => ImageSource::lmdb(source, classes, options, pool),
+            DataFormat::ImageList => {
+                let root = cfg
+                    .root_folder
+                    .clone()
+                    .or_else(|| source.parent().map(Path::to_path_buf))
+                    .unwrap_or_default();
+                let list =
+                    image_files::read_list(source, &root).map_err(|e| Error::data(source, e))?;
+                ImageSource::files(source, list, classes, options, pool)
+            }
+            _ => {
+                let list = image_files::read_folder(source, class_names)
+                    .map_err(|e| Error::data(source, e))?;
+                ImageSource::files(source, list, classes, options, pool)
+            }
+        }
+    };
+    let class_names = match cfg.format {
+        DataFormat::ImageFolder => {
+            image_files::class_names(&train).map_err(|e| Error::data(&train, e))?
+        }
+        _ => Vec::new(),
+    };
+    Ok((
+        open_one(&train, &class_names)?,
+        open_one(&test, &class_names)?,
+    ))
 }
 
 /// The transform of `cfg` for records of `shape`, its keys checked against the shape (what
@@ -241,6 +381,12 @@ pub fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Tr
         }
         None => vec![cfg.mean],
     };
+    if cfg.random_resized_crop > 0 {
+        return Ok(
+            Transform::new(shape, 0, cfg.mirror, &mean, cfg.scale, cfg.shift, seed)
+                .with_resized_crop(resized_crop_of(cfg)),
+        );
+    }
     let mean_image = match &cfg.mean_file {
         Some(path) => Some(mean_image_of(path, shape)?),
         None => None,
@@ -280,6 +426,27 @@ pub fn transform_of(cfg: &DataConfig, shape: [usize; 3], seed: u64) -> Result<Tr
     })
 }
 
+/// `random_resized_crop` and its companions, defaults filled in (validation checked them).
+pub fn resized_crop_of(cfg: &DataConfig) -> ResizedCrop {
+    let pair = |v: &Option<Vec<f32>>, default: (f64, f64)| match v.as_deref() {
+        Some([a, b]) => (f64::from(*a), f64::from(*b)),
+        _ => default,
+    };
+    let side = cfg.random_resized_crop;
+    ResizedCrop {
+        side,
+        area: pair(&cfg.crop_area, (0.08, 1.0)),
+        aspect: pair(&cfg.crop_aspect, (3.0 / 4.0, 4.0 / 3.0)),
+        shorter: cfg.resize_shorter.unwrap_or_else(|| default_shorter(side)),
+    }
+}
+
+/// The test resize of a `side` crop when `resize_shorter` is not set: `side / 0.875`, rounded
+/// (256 for 224, ImageNet's).
+pub fn default_shorter(side: usize) -> usize {
+    (side as f64 / 0.875).round() as usize
+}
+
 /// The per-pixel means of the mean file at `path`, which must hold one image of the records'
 /// `shape`.
 fn mean_image_of(path: &Path, shape: [usize; 3]) -> Result<Vec<f32>> {
@@ -303,15 +470,19 @@ fn mean_image_of(path: &Path, shape: [usize; 3]) -> Result<Vec<f32>> {
     Ok(image.data)
 }
 
-/// Both halves non-empty, same record shape.
-fn check_split(train: &Arc<dyn RecordSource>, test: &Arc<dyn RecordSource>) -> Result<()> {
+/// Both halves non-empty, same record shape (the same channels when records are resampled).
+fn check_split(
+    train: &Arc<dyn RecordSource>,
+    test: &Arc<dyn RecordSource>,
+    resampled: bool,
+) -> Result<()> {
     for s in [train, test] {
         if s.is_empty() {
             return Err(Error::data(s.name(), "contains no records"));
         }
     }
     let (a, b) = (train.record_shape(), test.record_shape());
-    if a != b {
+    if (resampled && a[0] != b[0]) || (!resampled && a != b) {
         return Err(Error::data(
             test.name(),
             format!(
@@ -449,6 +620,20 @@ mod tests {
             test_size: None,
             shift: 0,
             prefetch: 2,
+            train_source: None,
+            test_source: None,
+            root_folder: None,
+            is_color: true,
+            new_height: 0,
+            new_width: 0,
+            random_resized_crop: 0,
+            crop_area: None,
+            crop_aspect: None,
+            resize_shorter: None,
+            center_crop: None,
+            workers: 1,
+            on_corrupt: CorruptMode::Stop,
+            jpeg_decoder: JpegDecoderKind::Zune,
         }
     }
 
@@ -456,17 +641,19 @@ mod tests {
     fn open_digits() {
         let mut c = cfg(DataFormat::Digits);
         c.scale = 1.0 / 256.0;
-        let s = open(&c, 1).unwrap();
+        let s = open(&c, 1, 1).unwrap();
         assert_eq!((s.train.len(), s.test.len()), (1500, 297));
         assert_eq!(s.train.record_shape(), [1, 8, 8]);
         assert_eq!(s.train.classes(), 10);
         let mut out = vec![0.0; 64];
-        s.transform.test(&*s.train, 0, &mut out, &mut Vec::new());
+        s.transform
+            .test(&*s.train, 0, &mut out, &mut Scratch::default())
+            .unwrap();
         assert!(out.iter().all(|&v| (0.0..1.0).contains(&v)));
         s.train.fill(0, &mut out); // sources are raw
         assert!(out.iter().any(|&v| v > 1.0));
         c.classes = Some(5);
-        let e = open(&c, 1).unwrap_err().to_string();
+        let e = open(&c, 1, 1).unwrap_err().to_string();
         assert!(e.contains("not below classes = 5"), "{e}");
     }
 
@@ -477,17 +664,17 @@ mod tests {
         c.train_size = Some(100);
         c.test_size = Some(20);
         c.classes = Some(7);
-        let s = open(&c, 9).unwrap();
+        let s = open(&c, 9, 1).unwrap();
         assert_eq!((s.train.len(), s.test.len()), (100, 20));
         assert_eq!(s.test.record_shape(), [3, 4, 5]);
         assert!((0..100).all(|i| s.train.label(i) < 7));
         c.shape = Some(vec![]);
-        assert!(open(&c, 9).is_err());
+        assert!(open(&c, 9, 1).is_err());
         c.shape = Some(vec![2, 0]);
-        assert!(open(&c, 9).is_err());
+        assert!(open(&c, 9, 1).is_err());
         c.shape = None;
         c.test_size = Some(0);
-        assert!(open(&c, 9).is_err());
+        assert!(open(&c, 9, 1).is_err());
     }
 
     #[test]
@@ -499,7 +686,7 @@ mod tests {
             p
         };
         let mut c = cfg(DataFormat::Cifar10);
-        let e = open(&c, 1).unwrap_err().to_string();
+        let e = open(&c, 1, 1).unwrap_err().to_string();
         assert!(e.contains("data.train_files"), "{e}");
         c.train_files = Some(vec![write("b1.bin", 4, 0), write("b2.bin", 3, 4)]);
         c.test_files = Some(vec![write("t.bin", 5, 0)]);
@@ -507,33 +694,35 @@ mod tests {
         c.mirror = true;
         c.mean_value = Some(vec![1.0, 2.0, 3.0]);
         c.scale = 0.5;
-        let s = open(&c, 3).unwrap();
+        let s = open(&c, 3, 1).unwrap();
         assert_eq!((s.train.len(), s.test.len()), (7, 5));
         assert_eq!(s.train.record_shape(), [3, 32, 32]);
         assert_eq!(s.input_shape(), [3, 28, 28]);
         // Test record 1, centre crop at (2, 2): pixel (c, y, x) = (3 + c·1024 + 32(y+2) + x+2) mod 256.
         let mut out = vec![0.0; 3 * 28 * 28];
-        s.transform.test(&*s.test, 1, &mut out, &mut Vec::new());
+        s.transform
+            .test(&*s.test, 1, &mut out, &mut Scratch::default())
+            .unwrap();
         for (ch, m) in [1.0f32, 2.0, 3.0].iter().enumerate() {
             let raw = (3 + ch * 1024 + 2 * 32 + 2) % 256;
             assert_eq!(out[ch * 784], (raw as f32 - m) * 0.5);
         }
         c.mean_value = Some(vec![1.0, 2.0]);
-        let e = open(&c, 3).unwrap_err().to_string();
+        let e = open(&c, 3, 1).unwrap_err().to_string();
         assert!(
             e.contains("data.mean_value") && e.contains("give 1 or 3"),
             "{e}"
         );
         c.mean_value = None;
         c.crop_size = 33;
-        let e = open(&c, 3).unwrap_err().to_string();
+        let e = open(&c, 3, 1).unwrap_err().to_string();
         assert!(e.contains("data.crop_size"), "{e}");
     }
 
     #[test]
     fn open_idx_needs_paths_and_equal_shapes() {
         let c = cfg(DataFormat::Idx);
-        let e = open(&c, 1).unwrap_err().to_string();
+        let e = open(&c, 1, 1).unwrap_err().to_string();
         assert!(e.contains("data.train_images"), "{e}");
 
         let dir = tempfile::tempdir().unwrap();
@@ -547,7 +736,7 @@ mod tests {
         c.train_labels = Some(write("trl", idx::tests::labels_bytes(3)));
         c.test_images = Some(write("tei", idx::tests::images_bytes(2, 2, 3)));
         c.test_labels = Some(write("tel", idx::tests::labels_bytes(2)));
-        let e = open(&c, 1).unwrap_err();
+        let e = open(&c, 1, 1).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         let e = e.to_string();
         assert!(
@@ -555,10 +744,10 @@ mod tests {
             "{e}"
         );
         c.test_images = Some(write("tei", idx::tests::images_bytes(2, 2, 2)));
-        let s = open(&c, 1).unwrap();
+        let s = open(&c, 1, 1).unwrap();
         assert_eq!((s.train.len(), s.test.len()), (3, 2));
         c.test_labels = Some(dir.path().join("missing"));
-        let e = open(&c, 1).unwrap_err().to_string();
+        let e = open(&c, 1, 1).unwrap_err().to_string();
         assert!(e.contains("missing: no such file"), "{e}");
     }
 }

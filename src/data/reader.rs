@@ -6,11 +6,15 @@
 //! Dropping a [`TrainReader`] stops its thread: a flag is raised in the queue, a thread asleep on
 //! a full queue is woken, and the thread is joined. A producer that panics (say, in a source's
 //! `fill`) marks the queue as ended as it unwinds, and [`TrainReader::next`] returns an error with
-//! the panic message instead of blocking forever.
+//! the panic message instead of blocking forever; a record that cannot be read (a corrupt image)
+//! ends the thread too, and `next` returns that error, which names the record.
+//!
+//! Sources with decode workers ([`RecordSource::workers`]) have every batch filled in parallel on
+//! them; others only batches of at least [`PARALLEL_FILL_MIN`] floats, on the rank's pool.
 
 use super::order::{micro_batch_positions, TrainOrder};
-use super::transform::Transform;
-use super::RecordSource;
+use super::transform::{Scratch, Transform};
+use super::{Read, RecordSource};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 use std::collections::VecDeque;
@@ -32,12 +36,55 @@ pub struct Batch {
     pub micro_batch: u64,
     /// The stream position of the first record.
     pub first_position: u64,
+    /// Unreadable records skipped while filling it (`data.on_corrupt = "skip"`).
+    pub skipped: u64,
+}
+
+/// Fills each `(record, out)` job with `fill`, in parallel where the source has workers or the
+/// batch is large, and returns the reads in job order.
+fn fill_records<J: Sync>(
+    source: &dyn RecordSource,
+    jobs: &[J],
+    data: &mut [f32],
+    size: usize,
+    fill: impl Fn(&J, &mut [f32], &mut Scratch) -> Result<Read> + Sync,
+) -> Vec<Result<Read>> {
+    let mut parallel = || {
+        jobs.par_iter()
+            .zip(data.par_chunks_exact_mut(size))
+            .map_init(Scratch::default, |scratch, (job, out)| {
+                fill(job, out, scratch)
+            })
+            .collect()
+    };
+    match source.workers() {
+        Some(pool) => pool.install(parallel),
+        None if jobs.len() * size >= PARALLEL_FILL_MIN => parallel(),
+        None => {
+            let mut scratch = Scratch::default();
+            jobs.iter()
+                .zip(data.chunks_exact_mut(size))
+                .map(|(job, out)| fill(job, out, &mut scratch))
+                .collect()
+        }
+    }
+}
+
+/// Writes the reads' labels into `labels`; returns the records skipped, or the first error.
+fn take_labels(reads: Vec<Result<Read>>, labels: &mut [f32]) -> Result<u64> {
+    let mut skipped = 0;
+    for (label, read) in labels.iter_mut().zip(reads) {
+        let read = read?;
+        *label = read.label as f32;
+        skipped += u64::from(read.skipped);
+    }
+    Ok(skipped)
 }
 
 /// Fills `data` and `labels` (resized, allocations kept) with replica `rank`'s part of
 /// micro-batch `m`: `batch` records from the stream positions of
 /// [`micro_batch_positions`], each transformed by `transform` (train mode). Returns the first
-/// position.
+/// position and the unreadable records skipped, or the error naming a record that cannot be read.
 #[allow(clippy::too_many_arguments)]
 pub fn fill_train_batch(
     source: &dyn RecordSource,
@@ -49,55 +96,37 @@ pub fn fill_train_batch(
     transform: &Transform,
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
-) -> u64 {
+) -> Result<(u64, u64)> {
     let size = transform.output_size();
     let positions = micro_batch_positions(m, batch, rank, replicas);
     data.resize(batch * size, 0.0);
     labels.resize(batch, 0.0);
     let first = positions.start;
     let records: Vec<(u64, usize)> = positions.map(|p| (p, order.record(p))).collect();
-    let fill = |((p, rec), out): (&(u64, usize), &mut [f32]), scratch: &mut Vec<f32>| {
-        transform.train(source, *rec, *p, out, scratch);
-    };
-    if batch * size >= PARALLEL_FILL_MIN {
-        // Large batches (a GPU's): the records are independent, fill them on all cores.
-        records
-            .par_iter()
-            .zip(data.par_chunks_exact_mut(size))
-            .for_each_init(Vec::new, |scratch, job| fill(job, scratch));
-    } else {
-        let mut scratch = Vec::new();
-        records
-            .iter()
-            .zip(data.chunks_exact_mut(size))
-            .for_each(|job| fill(job, &mut scratch));
-    }
-    for (label, (_, rec)) in labels.iter_mut().zip(&records) {
-        *label = source.label(*rec) as f32;
-    }
-    first
+    let reads = fill_records(source, &records, data, size, |(p, rec), out, scratch| {
+        transform.train(source, *rec, *p, out, scratch)
+    });
+    Ok((first, take_labels(reads, labels)?))
 }
 
 /// Fills `data` and `labels` (resized, allocations kept) with the test records `range`, in order,
-/// each transformed by `transform` (test mode: centre crop, no flip).
+/// each transformed by `transform` (test mode: centre crop, no flip). Returns the unreadable
+/// records skipped, or the error naming a record that cannot be read.
 pub fn fill_test_batch(
     source: &dyn RecordSource,
     transform: &Transform,
     range: Range<usize>,
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
-) {
+) -> Result<u64> {
     let size = transform.output_size();
     data.resize(range.len() * size, 0.0);
     labels.resize(range.len(), 0.0);
-    let mut scratch = Vec::new();
-    for ((i, out), label) in range
-        .zip(data.chunks_exact_mut(size))
-        .zip(labels.iter_mut())
-    {
-        transform.test(source, i, out, &mut scratch);
-        *label = source.label(i) as f32;
-    }
+    let records: Vec<usize> = range.collect();
+    let reads = fill_records(source, &records, data, size, |&i, out, scratch| {
+        transform.test(source, i, out, scratch)
+    });
+    take_labels(reads, labels)
 }
 
 /// Bytes of batches a reader keeps ready when its batches are small: it then holds more than
@@ -155,8 +184,10 @@ struct Queue {
     consumer_waiting: bool,
     /// The thread waits for the queue to drain to the low-water mark.
     producer_waiting: bool,
-    /// The thread has ended (stopped, or panicked).
+    /// The thread has ended (stopped, failed, or panicked).
     producer_gone: bool,
+    /// Why the thread ended, when a record could not be read.
+    failed: Option<Error>,
     /// The reader asks the thread to end.
     stop: bool,
     /// Times the thread has been woken from a full queue.
@@ -256,6 +287,13 @@ impl TrainReader {
                 return Ok(batch);
             }
             if q.producer_gone {
+                if let Some(e) = q.failed.take() {
+                    drop(q);
+                    if let Some(h) = self.handle.take() {
+                        let _ = h.join();
+                    }
+                    return Err(e);
+                }
                 break;
             }
             q.consumer_waiting = true;
@@ -364,7 +402,7 @@ impl Producer {
             let mut b = q.free.pop().unwrap_or_default();
             drop(q);
             b.micro_batch = self.next;
-            b.first_position = fill_train_batch(
+            let filled = fill_train_batch(
                 &*self.source,
                 &mut self.order,
                 self.next,
@@ -377,6 +415,13 @@ impl Producer {
             );
             self.next += 1;
             q = self.shared.lock();
+            match filled {
+                Ok((first, skipped)) => (b.first_position, b.skipped) = (first, skipped),
+                Err(e) => {
+                    q.failed = Some(e);
+                    return;
+                }
+            }
             q.ready.push_back(b);
             if q.consumer_waiting {
                 self.shared.filled.notify_one();
@@ -419,7 +464,9 @@ mod tests {
             &Transform::identity(source.record_shape()),
             &mut batch.data,
             &mut batch.labels,
-        );
+        )
+        .unwrap()
+        .0;
         batch
     }
 
@@ -651,7 +698,7 @@ mod tests {
         let source = digits();
         let (mut data, mut labels) = (Vec::new(), Vec::new());
         let identity = Transform::identity(source.record_shape());
-        fill_test_batch(&*source, &identity, 30..35, &mut data, &mut labels);
+        fill_test_batch(&*source, &identity, 30..35, &mut data, &mut labels).unwrap();
         assert_eq!((data.len(), labels.len()), (5 * 64, 5));
         let mut rec = vec![0.0; 64];
         for (k, i) in (30..35).enumerate() {
@@ -659,7 +706,7 @@ mod tests {
             assert_eq!(&data[k * 64..(k + 1) * 64], rec.as_slice());
             assert_eq!(labels[k], source.label(i) as f32);
         }
-        fill_test_batch(&*source, &identity, 0..2, &mut data, &mut labels);
+        fill_test_batch(&*source, &identity, 0..2, &mut data, &mut labels).unwrap();
         assert_eq!((data.len(), labels.len()), (2 * 64, 2));
     }
 }

@@ -16,15 +16,108 @@
 //! from a hash of (seed, p) alone, like the shift, so a sample is cropped and flipped the same way
 //! whatever the number of replicas or their batch split.
 //!
-//! Shapes: input records are `(C, H, W)`; outputs are `(C, crop, crop)` with a crop, else
-//! `(C, H, W)`.
+//! ImageNet's geometry replaces the crop for sources of images of any size
+//! ([`ResizedCrop`]): in training a random window of the image (a fraction of its area in
+//! `crop_area`, an aspect ratio in `crop_aspect`, torchvision's `RandomResizedCrop` draw) resized
+//! to `side`×`side` with an antialiasing linear filter, flipped when `mirror` says so, all drawn
+//! from (seed, stream position); in tests the shorter side resized to `shorter` and the centre
+//! `side`×`side` taken (torchvision's `Resize` + `CenterCrop`). Per-channel means and the scale
+//! follow; a mean image does not apply.
+//!
+//! Shapes: input records are `(C, H, W)`; outputs are `(C, crop, crop)` with a crop,
+//! `(C, side, side)` with a resized crop, else `(C, H, W)`.
 
 use super::augment::Augment;
+use super::decode::Image;
 use super::order::splitmix64;
-use super::RecordSource;
+use super::resample::{resample, Window};
+use super::{Read, RecordSource};
+use crate::error::Result;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 
 const CROP_SALT: u64 = 0x4352_4f50_4d49_5231; // "CROPMIR1"
+const RESIZED_CROP_SALT: u64 = 0x5252_4352_4f50_3031; // "RRCROP01"
+
+/// Attempts at a window of the drawn area and aspect before the central fallback
+/// (torchvision's 10).
+const RESIZED_CROP_ATTEMPTS: usize = 10;
+
+/// ImageNet's training crop and the matching test view; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResizedCrop {
+    /// Side of the square output.
+    pub side: usize,
+    /// Fraction of the image's area: `[min, max]`.
+    pub area: (f64, f64),
+    /// Width / height: `[min, max]`.
+    pub aspect: (f64, f64),
+    /// Tests: the shorter side is resized to this (≥ `side`) before the centre crop.
+    pub shorter: usize,
+}
+
+impl ResizedCrop {
+    /// The training window of an `h`×`w` image drawn from `rng` (torchvision's
+    /// `RandomResizedCrop.get_params`).
+    fn train_window(&self, h: usize, w: usize, rng: &mut ChaCha8Rng) -> Window {
+        let area = (h * w) as f64;
+        let (lo, hi) = (self.aspect.0.ln(), self.aspect.1.ln());
+        for _ in 0..RESIZED_CROP_ATTEMPTS {
+            let target = area * (self.area.0 + (self.area.1 - self.area.0) * rng.gen::<f64>());
+            let ratio = (lo + (hi - lo) * rng.gen::<f64>()).exp();
+            let cw = (target * ratio).sqrt().round() as usize;
+            let ch = (target / ratio).sqrt().round() as usize;
+            if (1..=w).contains(&cw) && (1..=h).contains(&ch) {
+                let y = rng.gen_range(0..=h - ch);
+                let x = rng.gen_range(0..=w - cw);
+                return Window::pixels(y, x, ch, cw);
+            }
+        }
+        let ratio = w as f64 / h as f64;
+        let (ch, cw) = if ratio < self.aspect.0 {
+            (((w as f64 / self.aspect.0).round() as usize).clamp(1, h), w)
+        } else if ratio > self.aspect.1 {
+            (h, ((h as f64 * self.aspect.1).round() as usize).clamp(1, w))
+        } else {
+            (h, w)
+        };
+        Window::pixels((h - ch) / 2, (w - cw) / 2, ch, cw)
+    }
+
+    /// The test window of an `h`×`w` image: the centre `side` square of the image resized to a
+    /// shorter side of `shorter`, in the image's coordinates.
+    pub fn test_window(&self, h: usize, w: usize) -> Window {
+        let s = self.shorter as f64;
+        // torchvision's Resize: the longer side truncated.
+        let (rh, rw) = if h <= w {
+            (s, (s * w as f64 / h as f64).floor())
+        } else {
+            ((s * h as f64 / w as f64).floor(), s)
+        };
+        let side = self.side as f64;
+        let top = ((rh - side) / 2.0).round_ties_even();
+        let left = ((rw - side) / 2.0).round_ties_even();
+        let (sy, sx) = (h as f64 / rh, w as f64 / rw);
+        Window {
+            y: top * sy,
+            x: left * sx,
+            h: side * sy,
+            w: side * sx,
+        }
+    }
+}
+
+/// Buffers a transform reuses between records.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    /// A whole record `(C, H, W)`, or the shift's copy.
+    floats: Vec<f32>,
+    /// A decoded image.
+    image: Image,
+    /// The resampler's rows.
+    rows: Vec<f32>,
+}
 
 /// The per-record transform of one data set.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +135,8 @@ pub struct Transform {
     shift: Augment,
     /// `(C·H·W)` per-pixel means of the input records, subtracted before everything else.
     mean_image: Option<Arc<[f32]>>,
+    /// ImageNet's geometry in place of the crop, for records of any size.
+    resized: Option<ResizedCrop>,
 }
 
 impl Transform {
@@ -56,6 +151,7 @@ impl Transform {
             seed: 0,
             shift: Augment::none(),
             mean_image: None,
+            resized: None,
         }
     }
 
@@ -91,7 +187,21 @@ impl Transform {
                 fill: 0.0,
             },
             mean_image: None,
+            resized: None,
         }
+    }
+
+    /// This transform with ImageNet's geometry ([`ResizedCrop`]) in place of the crop: records
+    /// of any size in, `(C, side, side)` out. The crop must be 0 and there must be no mean image.
+    pub fn with_resized_crop(mut self, resized: ResizedCrop) -> Self {
+        assert!(self.crop == 0 && self.mean_image.is_none());
+        self.resized = Some(resized);
+        self
+    }
+
+    /// The resized crop, when there is one.
+    pub fn resized_crop(&self) -> Option<ResizedCrop> {
+        self.resized
     }
 
     /// This transform with the per-pixel means `image` `(C·H·W` of the input shape`)` subtracted
@@ -119,7 +229,9 @@ impl Transform {
     /// `(C, H, W)` of the records the net receives.
     pub fn output_shape(&self) -> [usize; 3] {
         let [c, h, w] = self.input;
-        if self.crop > 0 {
+        if let Some(r) = self.resized {
+            [c, r.side, r.side]
+        } else if self.crop > 0 {
             [c, self.crop, self.crop]
         } else {
             [c, h, w]
@@ -150,35 +262,71 @@ impl Transform {
         ((h - oh) / 2, (w - ow) / 2)
     }
 
+    /// The resized crop's window of an `h`×`w` image and whether to flip, for the training
+    /// record at stream position `position`.
+    pub fn resized_window(&self, position: u64, h: usize, w: usize) -> Option<(Window, bool)> {
+        let r = self.resized?;
+        let key = splitmix64(splitmix64(self.seed ^ RESIZED_CROP_SALT) ^ position);
+        let mut rng = ChaCha8Rng::seed_from_u64(key);
+        let flip = rng.gen::<bool>() && self.mirror;
+        Some((r.train_window(h, w, &mut rng), flip))
+    }
+
     /// Writes training record `index` of `source`, seen at stream position `position`, into
-    /// `out` (the output size). `scratch` is reused between calls.
+    /// `out` (the output size). Returns what the source read (the label; records skipped).
     pub fn train(
         &self,
         source: &dyn RecordSource,
         index: usize,
         position: u64,
         out: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) {
-        let (y, x, flip) = self.train_window(position);
-        self.window(source, index, (y, x, flip), out, scratch);
+        scratch: &mut Scratch,
+    ) -> Result<Read> {
+        let read = if self.resized.is_some() {
+            let read = source.read_image(index, &mut scratch.image)?;
+            let img = &scratch.image;
+            let (win, flip) = self
+                .resized_window(position, img.height, img.width)
+                .expect("a resized crop");
+            self.resample(win, flip, out, scratch);
+            read
+        } else {
+            let (y, x, flip) = self.train_window(position);
+            self.window(source, index, (y, x, flip), out, &mut scratch.floats)?
+        };
         self.shift
-            .apply(position, self.output_shape(), out, scratch);
+            .apply(position, self.output_shape(), out, &mut scratch.floats);
         self.normalize(out);
+        Ok(read)
     }
 
-    /// Writes test record `index` of `source` into `out` (the output size): centre crop, no
-    /// flip, no shift.
+    /// Writes test record `index` of `source` into `out` (the output size): centre crop (or the
+    /// resized crop's test view), no flip, no shift.
     pub fn test(
         &self,
         source: &dyn RecordSource,
         index: usize,
         out: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) {
-        let (y, x) = self.test_window();
-        self.window(source, index, (y, x, false), out, scratch);
+        scratch: &mut Scratch,
+    ) -> Result<Read> {
+        let read = if let Some(r) = self.resized {
+            let read = source.read_image(index, &mut scratch.image)?;
+            let win = r.test_window(scratch.image.height, scratch.image.width);
+            self.resample(win, false, out, scratch);
+            read
+        } else {
+            let (y, x) = self.test_window();
+            self.window(source, index, (y, x, false), out, &mut scratch.floats)?
+        };
         self.normalize(out);
+        Ok(read)
+    }
+
+    /// `window` of the scratch image resampled to the output side.
+    fn resample(&self, window: Window, flip: bool, out: &mut [f32], scratch: &mut Scratch) {
+        let [_, oh, ow] = self.output_shape();
+        let Scratch { image, rows, .. } = scratch;
+        resample(image, window, (oh, ow), flip, true, out, rows);
     }
 
     /// Copies the `output_shape` window at `(y, x)` of the raw record, flipped along W if asked.
@@ -189,16 +337,16 @@ impl Transform {
         (y0, x0, flip): (usize, usize, bool),
         out: &mut [f32],
         scratch: &mut Vec<f32>,
-    ) {
+    ) -> Result<Read> {
         let [_, h, w] = self.input;
         let [_, oh, ow] = self.output_shape();
         if oh == h && ow == w && !flip {
-            source.fill(index, out);
+            let read = source.try_fill(index, out)?;
             self.subtract_mean_image(out);
-            return;
+            return Ok(read);
         }
         scratch.resize(self.input.iter().product(), 0.0);
-        source.fill(index, scratch);
+        let read = source.try_fill(index, scratch)?;
         self.subtract_mean_image(scratch);
         for (src, dst) in scratch
             .chunks_exact(h * w)
@@ -216,6 +364,7 @@ impl Transform {
                 }
             }
         }
+        Ok(read)
     }
 
     /// `record (C·H·W) −= mean image`, when there is one.
@@ -284,7 +433,7 @@ mod tests {
         assert_eq!(t.output_shape(), [2, 3, 3]);
         assert_eq!(t.test_window(), (0, 1));
         let mut out = vec![0.0; 18];
-        t.test(&Ramp, 3, &mut out, &mut Vec::new());
+        t.test(&Ramp, 3, &mut out, &mut Scratch::default()).unwrap();
         let mut want = Vec::new();
         for c in 0..2 {
             for y in 0..3 {
@@ -300,13 +449,13 @@ mod tests {
     fn random_crop_and_flip_take_the_window_the_hash_names() {
         let t = Transform::new([2, 4, 5], 2, true, &[0.0], 1.0, 0, 3);
         let mut seen = std::collections::HashSet::new();
-        let mut scratch = Vec::new();
+        let mut scratch = Scratch::default();
         for p in 0..400u64 {
             let (y0, x0, flip) = t.train_window(p);
             assert!(y0 <= 2 && x0 <= 3);
             seen.insert((y0, x0, flip));
             let mut out = vec![0.0; 8];
-            t.train(&Ramp, 5, p, &mut out, &mut scratch);
+            t.train(&Ramp, 5, p, &mut out, &mut scratch).unwrap();
             let mut want = Vec::new();
             for c in 0..2 {
                 for y in 0..2 {
@@ -334,17 +483,17 @@ mod tests {
             let t = Transform::new([2, 4, 5], crop, mirror, &[0.0], scale, 0, 9)
                 .with_mean_image(image.clone());
             let n = t.output_size();
-            let mut scratch = Vec::new();
+            let mut scratch = Scratch::default();
             for p in 0..40u64 {
                 let mut out = vec![f32::NAN; n];
-                t.train(&Ramp, 7, p, &mut out, &mut scratch);
+                t.train(&Ramp, 7, p, &mut out, &mut scratch).unwrap();
                 assert!(
                     out.iter().all(|&v| v == 7000.0 * scale),
                     "crop {crop}, mirror {mirror}, position {p}: {out:?}"
                 );
             }
             let mut out = vec![f32::NAN; n];
-            t.test(&Ramp, 3, &mut out, &mut scratch);
+            t.test(&Ramp, 3, &mut out, &mut scratch).unwrap();
             assert!(out.iter().all(|&v| v == 3000.0 * scale), "test: {out:?}");
         }
     }
@@ -354,13 +503,15 @@ mod tests {
         let t = Transform::new([2, 4, 5], 0, true, &[0.0], 1.0, 0, 1);
         let p = (0..100u64).find(|&p| t.train_window(p).2).expect("a flip");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Vec::new());
+        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!(&out[..5], &[4.0, 3.0, 2.0, 1.0, 0.0]);
         assert_eq!(&out[20..25], &[104.0, 103.0, 102.0, 101.0, 100.0]);
         let q = (0..100u64)
             .find(|&p| !t.train_window(p).2)
             .expect("no flip");
-        t.train(&Ramp, 0, q, &mut out, &mut Vec::new());
+        t.train(&Ramp, 0, q, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!(&out[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
@@ -368,11 +519,12 @@ mod tests {
     fn per_channel_mean_then_scale() {
         let t = Transform::new([2, 4, 5], 0, false, &[1.0, 100.0], 0.5, 0, 1);
         let mut out = vec![0.0; 40];
-        t.test(&Ramp, 0, &mut out, &mut Vec::new());
+        t.test(&Ramp, 0, &mut out, &mut Scratch::default()).unwrap();
         assert_eq!(out[3], (3.0 - 1.0) * 0.5);
         assert_eq!(out[20 + 3], (103.0 - 100.0) * 0.5);
         let one = Transform::new([2, 4, 5], 0, false, &[2.0], 0.5, 0, 1);
-        one.test(&Ramp, 0, &mut out, &mut Vec::new());
+        one.test(&Ramp, 0, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!((out[0], out[20]), (-1.0, 49.0));
     }
 
@@ -383,7 +535,8 @@ mod tests {
             .find(|&p| t.shift.offsets(p) == (1, 0))
             .expect("offset (1, 0)");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Vec::new());
+        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+            .unwrap();
         assert!(out[..5].iter().all(|&v| v == -20.0), "{:?}", &out[..5]);
         assert!(out[20..25].iter().all(|&v| v == -40.0));
         assert_eq!(out[5], (0.0 - 10.0) * 2.0); // row 1 holds row 0
@@ -416,7 +569,8 @@ mod tests {
     fn identity_leaves_records_alone() {
         let t = Transform::identity([2, 4, 5]);
         let (mut a, mut b) = (vec![0.0; 40], vec![0.0; 40]);
-        t.train(&Ramp, 2, 9, &mut a, &mut Vec::new());
+        t.train(&Ramp, 2, 9, &mut a, &mut Scratch::default())
+            .unwrap();
         Ramp.fill(2, &mut b);
         assert_eq!(a, b);
     }

@@ -20,7 +20,7 @@ use super::local_sgd::{AfterStep, GradientScope, Schedule, Traffic};
 use super::scores::SharedScores;
 use super::timeline::Timeline;
 use super::timing::StepTimes;
-use crate::config::{NonFiniteMode, Phase, Plan};
+use crate::config::{CorruptMode, NonFiniteMode, Phase, Plan};
 use crate::data::{self, DataSplit, TrainReader};
 use crate::dist::nodes::Nodes;
 use crate::error::Result;
@@ -35,6 +35,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::info;
+
+/// The test metric counting unreadable records skipped, job-wide, since the start
+/// (`data.on_corrupt = "skip"`).
+pub const SKIPPED_RECORDS: &str = "skipped_records";
 
 /// What universal rank 0 writes, and where.
 pub struct Outputs {
@@ -123,6 +127,8 @@ pub struct P2PSync<E: Engine> {
     nodes: Option<Arc<Nodes>>,
     /// What this replica handed to all-reduces.
     traffic: Traffic,
+    /// Unreadable training records this replica has skipped (`data.on_corrupt = "skip"`).
+    skipped_records: u64,
 }
 
 impl<E: Engine> P2PSync<E> {
@@ -139,6 +145,7 @@ impl<E: Engine> P2PSync<E> {
             resume: None,
             non_finite_seen: NonFiniteSteps::default(),
             inject_nan: None,
+            skipped_records: 0,
         }
     }
 
@@ -310,6 +317,7 @@ impl<E: Engine> P2PSync<E> {
                 iter,
                 first_sample: batch.first_position,
             };
+            self.skipped_records += batch.skipped;
             reader.recycle(batch);
             let engine = &mut self.engine;
             times.time(Step::Forward, || engine.forward_train(ctx, slot, sub == 0))?;
@@ -691,7 +699,7 @@ impl<E: Engine> P2PSync<E> {
                 range.clone(),
                 &mut batch,
                 &mut labels,
-            );
+            )?;
             self.engine.set_batch(range.len())?;
             self.engine.load_batch(&batch, &labels)?;
             let ctx = PassCtx {
@@ -731,14 +739,15 @@ impl<E: Engine> P2PSync<E> {
         let mut names: Vec<String> = vec!["samples".into(), "loss".into()];
         let mut scores: Option<SharedScores> = None;
         let (mut data, mut labels) = (Vec::new(), Vec::new());
+        let mut skipped = self.skipped_records;
         for range in data::test_batches(shard, tb, cfg.solver.test_iter) {
-            data::fill_test_batch(
+            skipped += data::fill_test_batch(
                 self.data.test.as_ref(),
                 &self.data.transform,
                 range.clone(),
                 &mut data,
                 &mut labels,
-            );
+            )?;
             let n = range.len();
             self.engine.set_batch(n)?;
             self.engine.load_batch(&data, &labels)?;
@@ -771,12 +780,19 @@ impl<E: Engine> P2PSync<E> {
         self.engine.set_batch(cfg.data.batch_size)?;
         scores.reduce(&mut self.engine)?;
         let total = scores.get(0).max(1.0);
-        let outputs: Vec<(String, f64)> = (2..scores.names().len())
+        let mut outputs: Vec<(String, f64)> = (2..scores.names().len())
             .map(|i| (scores.names()[i].clone(), scores.get(i) / total))
             .collect();
+        let accuracy = outputs.first().map(|o| o.1);
+        if cfg.data.on_corrupt == CorruptMode::Skip {
+            // Training records skipped so far and test records skipped in this pass, job-wide.
+            let mut count = [skipped as f64];
+            self.engine.sum_scores(&mut count)?;
+            outputs.push((SKIPPED_RECORDS.to_string(), count[0]));
+        }
         let result = TestResult {
             loss: scores.get(1) / total,
-            accuracy: outputs.first().map(|o| o.1),
+            accuracy,
             outputs,
             samples: scores.get(0) as u64,
         };
@@ -785,8 +801,14 @@ impl<E: Engine> P2PSync<E> {
                 .accuracy
                 .map(|a| format!(", accuracy {a:.4}"))
                 .unwrap_or_default();
+            let skips = result
+                .outputs
+                .iter()
+                .find(|o| o.0 == SKIPPED_RECORDS)
+                .map(|o| format!(", {} unreadable records skipped so far", o.1))
+                .unwrap_or_default();
             let line = format!(
-                "iter {iter}: test loss {:.6}{acc} over {} samples",
+                "iter {iter}: test loss {:.6}{acc} over {} samples{skips}",
                 result.loss, result.samples
             );
             match &out.progress {

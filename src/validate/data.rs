@@ -60,6 +60,10 @@ impl Validator<'_> {
                 ));
             }
         }
+        if !image_data::is_image_format(d.format) {
+            self.no_image_keys(&format)?;
+        }
+        let mut resized = false;
         let (record, classes) = match d.format {
             DataFormat::Idx => (self.idx_files()?, d.classes.unwrap_or(DEFAULT_CLASSES)),
             DataFormat::Synthetic => self.synthetic()?,
@@ -82,8 +86,18 @@ impl Validator<'_> {
                 }
                 (DIGITS_SHAPE.to_vec(), classes)
             }
+            DataFormat::Lmdb | DataFormat::ImageList | DataFormat::ImageFolder => {
+                let (record, classes, r) = self.image_data()?;
+                resized = r;
+                (record, classes)
+            }
         };
-        let record = self.transform(record)?;
+        let record = if resized {
+            self.transform_means(&record)?;
+            record
+        } else {
+            self.transform(record)?
+        };
         let w = record.last().copied().unwrap_or(1);
         let h = record.iter().rev().nth(1).copied().unwrap_or(1);
         if d.shift as u64 >= h.min(w) {
@@ -142,7 +156,26 @@ impl Validator<'_> {
     /// source's record shape `(C, H, W)` and returns the shape of the net's input.
     fn transform(&self, mut record: Vec<u64>) -> Result<Vec<u64>> {
         let d = &self.cfg.data;
-        let (c, h, w) = (record[0], record[1], record[2]);
+        let (h, w) = (record[1], record[2]);
+        self.transform_means(&record)?;
+        let crop = d.crop_size as u64;
+        if crop > h.min(w) {
+            return Err(self.err(
+                "data.crop_size",
+                format!("must not exceed the records' height and width ({h}×{w}), got {crop}"),
+            ));
+        }
+        if crop > 0 {
+            record[1] = crop;
+            record[2] = crop;
+        }
+        Ok(record)
+    }
+
+    /// Checks `mean`, `mean_value` and `mean_file` against records of `record`'s channels.
+    fn transform_means(&self, record: &[u64]) -> Result<()> {
+        let d = &self.cfg.data;
+        let c = record[0];
         if d.mean_file.is_some() && (d.mean != 0.0 || d.mean_value.is_some()) {
             // Its contents are checked against the records when the data are opened.
             return Err(self.err(
@@ -170,18 +203,7 @@ impl Validator<'_> {
                 self.finite(&format!("data.mean_value[{i}]"), v)?;
             }
         }
-        let crop = d.crop_size as u64;
-        if crop > h.min(w) {
-            return Err(self.err(
-                "data.crop_size",
-                format!("must not exceed the records' height and width ({h}×{w}), got {crop}"),
-            ));
-        }
-        if crop > 0 {
-            record[1] = crop;
-            record[2] = crop;
-        }
-        Ok(record)
+        Ok(())
     }
 
     /// Checks one CIFAR-10 file list: present, not empty, every file a regular file whose size is

@@ -10,11 +10,13 @@
 //! inner product's weights `(num_output, K)` and tops `(N, num_output)` are checked against the
 //! 64 GiB tensor limit, and a classifier with fewer scores than the data has classes is caught.
 //!
-//! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own), [`solver`],
-//! [`layers`] (keys through [`crate::config::layer_params`], the graph and the shapes).
+//! One file per section: [`cluster`], [`data`] (its file checks are `data`'s own; the image
+//! formats' keys in [`image_data`]), [`solver`], [`layers`] (keys through
+//! [`crate::config::layer_params`], the graph and the shapes).
 
 mod cluster;
 mod data;
+mod image_data;
 mod layers;
 mod solver;
 #[cfg(test)]

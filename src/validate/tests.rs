@@ -960,3 +960,107 @@ fn other_layer_types_are_checked() {
         "`layer[2].end_axis`: axes 1 ..= 7 are out of range",
     );
 }
+
+/// `[data]` reading the bundled Caffe digit PNGs through a list file, with `extra` lines.
+fn image_list(extra: &str) -> String {
+    let png = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/caffe/png");
+    BASE.replacen(
+        "format = \"digits\"",
+        &format!(
+            "format = \"image_list\"\nis_color = false\ntrain_source = \"{png}/train.txt\"\n\
+             test_source = \"{png}/test.txt\"\n{extra}"
+        ),
+        1,
+    )
+}
+
+fn image_err(extra: &str) -> String {
+    check(&image_list(extra)).unwrap_err().to_string()
+}
+
+#[test]
+fn image_formats_take_their_shape_from_the_first_record() {
+    check(&image_list("")).unwrap();
+    check(&image_list(
+        "new_height = 10\nnew_width = 12\ncrop_size = 9",
+    ))
+    .unwrap();
+    check(&image_list(
+        "random_resized_crop = 6\nmirror = true\nresize_shorter = 8",
+    ))
+    .unwrap();
+    let e = image_err("crop_size = 9");
+    assert!(e.contains("`data.crop_size`") && e.contains("(8×8)"), "{e}");
+    let colour = BASE.replacen(
+        "format = \"digits\"",
+        &format!(
+            "format = \"lmdb\"\ntrain_source = \"{0}/tests/data/caffe/digits_train_lmdb\"\n\
+             test_source = \"{0}/tests/data/caffe/digits_test_lmdb\"\nmean_value = [1, 2, 3]",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+        1,
+    );
+    let e = check(&colour).unwrap_err().to_string();
+    assert!(
+        e.contains("`data.mean_value`") && e.contains("give 1 or 1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn image_format_keys_are_checked_and_refused_elsewhere() {
+    for (extra, key, what) in [
+        ("new_height = 10", "data.new_width", "together"),
+        (
+            "random_resized_crop = 6\ncrop_size = 4",
+            "data.crop_size",
+            "not both",
+        ),
+        (
+            "random_resized_crop = 6\ncenter_crop = 5",
+            "data.center_crop",
+            "must equal",
+        ),
+        (
+            "random_resized_crop = 6\nresize_shorter = 5",
+            "data.resize_shorter",
+            "at least",
+        ),
+        (
+            "random_resized_crop = 6\ncrop_area = [0.5, 1.5]",
+            "data.crop_area",
+            "0 < min",
+        ),
+        (
+            "random_resized_crop = 6\ncrop_aspect = [2.0, 1.0]",
+            "data.crop_aspect",
+            "min ≤ max",
+        ),
+        (
+            "resize_shorter = 8",
+            "data.resize_shorter",
+            "with `random_resized_crop` only",
+        ),
+    ] {
+        let e = image_err(extra);
+        assert!(
+            e.contains(&format!("`{key}`")) && e.contains(what),
+            "{extra}: {e}"
+        );
+    }
+    let e = err(
+        "format = \"digits\"",
+        "format = \"digits\"\ntrain_source = \"a\"",
+    );
+    assert!(
+        e.contains("`data.train_source`") && e.contains("only to \"lmdb\""),
+        "{e}"
+    );
+    let e = err(
+        "format = \"digits\"",
+        "format = \"digits\"\nrandom_resized_crop = 8",
+    );
+    assert!(e.contains("`data.random_resized_crop`"), "{e}");
+    let e = err("format = \"digits\"", "format = \"lmdb\"");
+    assert!(e.contains("`data.train_source`"), "{e}");
+}
