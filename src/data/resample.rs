@@ -132,23 +132,11 @@ pub fn resample(
     // `(C, rows, out_w)`.
     scratch.clear();
     scratch.resize(c * rows * out_w, 0.0);
-    let width = image.width * c;
-    for r in 0..rows {
-        let row = &image.pixels[(row0 + r) * width..][..width];
-        for ox in 0..out_w {
-            let (first, wts) = across.of(ox);
-            let mut acc = [0f32; 4];
-            for (k, &wgt) in wts.iter().enumerate() {
-                let px = &row[(first + k) * c..][..c];
-                for (a, &v) in acc.iter_mut().zip(px) {
-                    *a += wgt * f32::from(v);
-                }
-            }
-            let dx = if flip { out_w - 1 - ox } else { ox };
-            for (ch, &a) in acc.iter().enumerate().take(c) {
-                scratch[(ch * rows + r) * out_w + dx] = a;
-            }
-        }
+    match c {
+        1 => resample_rows::<1>(image, &across, row0, rows, flip, scratch),
+        3 => resample_rows::<3>(image, &across, row0, rows, flip, scratch),
+        2 => resample_rows::<2>(image, &across, row0, rows, flip, scratch),
+        _ => resample_rows::<4>(image, &across, row0, rows, flip, scratch),
     }
     // Pass 2: along H, row by row of each plane.
     out.fill(0.0);
@@ -160,6 +148,37 @@ pub fn resample(
             for (k, &wgt) in wts.iter().enumerate() {
                 let src = &plane_in[(first + k - row0) * out_w..][..out_w];
                 dst.iter_mut().zip(src).for_each(|(d, &s)| *d += wgt * s);
+            }
+        }
+    }
+}
+
+/// Pass 1 of [`resample`] for images of `C` channels: image rows `row0..row0 + rows` resampled
+/// along W by `across` (mirrored when `flip`) into `out`, planar `(C, rows, out_w)`.
+fn resample_rows<const C: usize>(
+    image: &Image,
+    across: &Taps,
+    row0: usize,
+    rows: usize,
+    flip: bool,
+    out: &mut [f32],
+) {
+    let out_w = across.first.len();
+    let width = image.width * C;
+    for r in 0..rows {
+        let row = &image.pixels[(row0 + r) * width..][..width];
+        for ox in 0..out_w {
+            let (first, wts) = across.of(ox);
+            let mut acc = [0f32; C];
+            let pixels = row[first * C..(first + wts.len()) * C].chunks_exact(C);
+            for (&wgt, px) in wts.iter().zip(pixels) {
+                for (a, &v) in acc.iter_mut().zip(px) {
+                    *a += wgt * f32::from(v);
+                }
+            }
+            let dx = if flip { out_w - 1 - ox } else { ox };
+            for (ch, &a) in acc.iter().enumerate() {
+                out[(ch * rows + r) * out_w + dx] = a;
             }
         }
     }
@@ -266,6 +285,46 @@ mod tests {
             &mut s,
         );
         assert!((out[0] - 55.0 / 7.0).abs() < 1e-4, "{out:?}");
+    }
+
+    /// Every channel count resamples each channel as a one-channel image of it would be.
+    #[test]
+    fn channels_resample_independently() {
+        let img = ramp(9, 13, 4);
+        let win = Window {
+            y: 1.5,
+            x: 0.25,
+            h: 6.0,
+            w: 11.0,
+        };
+        let mut s = Vec::new();
+        for c in 2..=4 {
+            let sub = Image {
+                channels: c,
+                pixels: img
+                    .pixels
+                    .chunks_exact(4)
+                    .flat_map(|p| p[..c].to_vec())
+                    .collect(),
+                ..img.clone()
+            };
+            let mut all = vec![0.0; c * 5 * 4];
+            resample(&sub, win, (5, 4), true, true, &mut all, &mut s);
+            for ch in 0..c {
+                let one = Image {
+                    channels: 1,
+                    pixels: img.pixels.iter().skip(ch).step_by(4).copied().collect(),
+                    ..img.clone()
+                };
+                let mut plane = vec![0.0; 20];
+                resample(&one, win, (5, 4), true, true, &mut plane, &mut s);
+                assert_eq!(
+                    all[ch * 20..(ch + 1) * 20],
+                    plane[..],
+                    "{c} channels, channel {ch}"
+                );
+            }
+        }
     }
 
     #[test]
