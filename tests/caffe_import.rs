@@ -5,9 +5,9 @@
 //! weights over the 297 test digits, `numpy_check.txt`).
 //!
 //! Caffe trained from LMDBs that hold the digits' IDX files record for record, in IDX order
-//! (its Data layer reads in order). Until p2ptrain reads LMDB, the imported config's `[data]`
-//! is pointed at those IDX files (`data/digits/`): the same records in the same order. The
-//! tests that read the LMDBs themselves are ignored until then (`cargo test -- --ignored`).
+//! (its Data layer reads in order). The imported config is run both on those LMDBs, as Caffe
+//! read them, and with its `[data]` pointed at the IDX files (`data/digits/`): the same records
+//! in the same order.
 
 mod common;
 
@@ -346,7 +346,6 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
 
 /// Caffe's 50 iterations read from Caffe's own LMDB (shuffle off): needs p2ptrain's LMDB reader.
 #[test]
-#[ignore = "needs the LMDB reader (data.format = \"lmdb\")"]
 fn caffes_losses_are_reproduced_from_its_lmdb() {
     let dir = out_dir("caffe_import_lmdb");
     import_for_training(&dir);
@@ -364,7 +363,6 @@ fn caffes_losses_are_reproduced_from_its_lmdb() {
 
 /// The final caffemodel scored over Caffe's own test LMDB: needs p2ptrain's LMDB reader.
 #[test]
-#[ignore = "needs the LMDB reader (data.format = \"lmdb\")"]
 fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
     let dir = out_dir("caffe_import_score_lmdb");
     let out = import(
