@@ -127,6 +127,28 @@ impl AdamStep {
     }
 }
 
+/// Runs `f` on the elements at each index of a parameter `w`, its gradient `g` and its two
+/// history tensors `a` and `b` (all of one length).
+#[inline(always)]
+fn each_with_two_histories(
+    w: &mut [f32],
+    g: &mut [f32],
+    a: &mut [f32],
+    b: &mut [f32],
+    mut f: impl FnMut(&mut f32, &mut f32, &mut f32, &mut f32),
+) {
+    check(w, g, a);
+    check(w, g, b);
+    for (((wi, gi), ai), bi) in w
+        .iter_mut()
+        .zip(g.iter_mut())
+        .zip(a.iter_mut())
+        .zip(b.iter_mut())
+    {
+        f(wi, gi, ai, bi);
+    }
+}
+
 /// Adam as in Caffe: `m ← β₁·m + (1 − β₁)·g`, `v ← β₂·v + (1 − β₂)·g²`,
 /// `w ← w − lr·correction·m / (√v + ε)`.
 pub(super) fn adam<const L1: bool>(
@@ -137,20 +159,13 @@ pub(super) fn adam<const L1: bool>(
     m: &mut [f32],
     v: &mut [f32],
 ) {
-    check(w, g, m);
-    check(w, g, v);
     let step = c.lr * a.correction;
-    for (((wi, gi), mi), vi) in w
-        .iter_mut()
-        .zip(g.iter_mut())
-        .zip(m.iter_mut())
-        .zip(v.iter_mut())
-    {
+    each_with_two_histories(w, g, m, v, |wi, gi, mi, vi| {
         let grad = c.grad::<L1>(*gi, *wi);
         *gi = grad;
         a.moments(grad, mi, vi);
         *wi -= step * *mi / (vi.sqrt() + a.eps);
-    }
+    });
 }
 
 /// AdaDelta as in Caffe, with decay `ρ` (`momentum`): `h ← ρ·h + (1 − ρ)·g²`,
@@ -164,21 +179,14 @@ pub(super) fn adadelta<const L1: bool>(
     h: &mut [f32],
     u: &mut [f32],
 ) {
-    check(w, g, h);
-    check(w, g, u);
-    for (((wi, gi), hi), ui) in w
-        .iter_mut()
-        .zip(g.iter_mut())
-        .zip(h.iter_mut())
-        .zip(u.iter_mut())
-    {
+    each_with_two_histories(w, g, h, u, |wi, gi, hi, ui| {
         let grad = c.grad::<L1>(*gi, *wi);
         *gi = grad;
         *hi = rho * *hi + (1.0 - rho) * grad * grad;
         let step = grad * (*ui + delta).sqrt() / (*hi + delta).sqrt();
         *ui = rho * *ui + (1.0 - rho) * step * step;
         *wi -= c.lr * step;
-    }
+    });
 }
 
 /// AdamW, Adam with the weight decay decoupled from the gradient (PyTorch's `AdamW`): the
@@ -192,22 +200,15 @@ pub(super) fn adamw<const L1: bool>(
     m: &mut [f32],
     v: &mut [f32],
 ) {
-    check(w, g, m);
-    check(w, g, v);
     let step = c.lr * a.correction;
     let shrink = c.lr * c.decay;
-    for (((wi, gi), mi), vi) in w
-        .iter_mut()
-        .zip(g.iter_mut())
-        .zip(m.iter_mut())
-        .zip(v.iter_mut())
-    {
+    each_with_two_histories(w, g, m, v, |wi, gi, mi, vi| {
         let grad = c.scale * *gi;
         *gi = grad;
         let r = if L1 { sign(*wi) } else { *wi };
         a.moments(grad, mi, vi);
         *wi -= shrink * r + step * *mi / (vi.sqrt() + a.eps);
-    }
+    });
 }
 
 #[cfg(test)]
