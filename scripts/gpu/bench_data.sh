@@ -4,11 +4,12 @@
 #   1. `p2ptrain bench-data` (decode + random_resized_crop(224) + flip + batches of 64) on all the
 #      machine's cores, beside torchvision's DataLoader (scripts/dataloader_bench.py, the same
 #      transform, pinned memory) at several worker counts on the same files;
-#   2. ResNet-50 (config/resnet50_imagenet.toml, tf32) trained from that folder on 2 GPUs, beside
-#      the same net on synthetic input (`p2ptrain bench`: images/s and the data wait per step).
+#   2. ResNet-50 (config/resnet50_imagenet.toml, MATH, default tf32) trained from that folder on NP
+#      GPUs (default: all of them, at most 4), beside the same net on synthetic input (`p2ptrain
+#      bench`: images/s and the data wait per step).
 #
 #   scripts/gpu/bench_data.sh BIN_DIR OUT_DIR
-#   CLASSES=100 PER_CLASS=100 WORKERS="8 16 32 60" scripts/gpu/bench_data.sh BIN_DIR OUT_DIR
+#   CLASSES=100 PER_CLASS=100 WORKERS="8 16 32 60" NP=2 MATH=tf32 scripts/gpu/bench_data.sh BIN_DIR OUT_DIR
 #
 # Appends its figures to OUT_DIR/summary.txt. Needs python3 with torch, torchvision, numpy, Pillow.
 set -uo pipefail
@@ -34,10 +35,13 @@ echo "== torchvision DataLoader" | tee -a "$OUT/summary.txt"
 # shellcheck disable=SC2086
 python3 scripts/dataloader_bench.py "$JPEGS/train" --workers $WORKERS --batches 100 2>&1 \
   | tee -a "$OUT/summary.txt" || failed=1
-echo "== ResNet-50 on 2 GPUs, tf32: JPEG folder, then synthetic input" | tee -a "$OUT/summary.txt"
-MPI=(mpirun --bind-to none --oversubscribe -np 2)
-"${MPI[@]}" "$BIN/p2ptrain" bench config/resnet50_imagenet.toml "${SOURCES[@]}" \
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+NP=${NP:-$((NGPU < 4 ? NGPU : 4))}
+MATH=${MATH:-tf32}
+echo "== ResNet-50 on $NP GPU(s), $MATH: JPEG folder, then synthetic input" | tee -a "$OUT/summary.txt"
+MPI=(mpirun --bind-to none --oversubscribe -np "$NP")
+"${MPI[@]}" "$BIN/p2ptrain" bench config/resnet50_imagenet.toml "${SOURCES[@]}" --set "cluster.math=\"$MATH\"" \
   --set 'cluster.backend="cuda"' --warmup 10 --iters 100 2>&1 | tail -12 | tee -a "$OUT/summary.txt" || failed=1
 "${MPI[@]}" "$BIN/p2ptrain" bench config/resnet50.toml --set 'cluster.backend="cuda"' \
-  --set 'cluster.math="tf32"' --warmup 10 --iters 100 2>&1 | tail -12 | tee -a "$OUT/summary.txt" || failed=1
+  --set "cluster.math=\"$MATH\"" --warmup 10 --iters 100 2>&1 | tail -12 | tee -a "$OUT/summary.txt" || failed=1
 exit $failed

@@ -7,7 +7,8 @@
 # `cargo test --release --no-run`, then copy target/release/deps/p2ptrain-<hash>); see
 # scripts/gpu/package.sh. Correctness first — the CUDA unit tests (every GPU layer and update rule
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
-# np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch), all reduce modes, CPU–GPU agreement of a
+# np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
+# np 1 × 1 with four times the batch), all reduce modes, CPU–GPU agreement of a
 # whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
 # GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), a stopped and a killed rank ending the
 # job (scripts/gpu/faults.sh) — then the benchmarks beside PyTorch DDP.
@@ -65,6 +66,19 @@ if two_gpus "topology equivalence and reduce modes"; then
     $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
       || fail "$other differs"
   done
+fi
+# Four GPUs: every layout of 4 replicas (np 4 x 1, np 2 x 2, np 1 x 4) at 8 samples each against
+# one replica at 32.
+if [ "$NGPU" -ge 4 ]; then
+  train gpu_4x1_b8 4 1 8 cuda
+  train gpu_2x2_b8 2 2 8 cuda
+  train gpu_1x4_b8 1 4 8 cuda
+  for other in gpu_4x1_b8 gpu_2x2_b8 gpu_1x4_b8; do
+    $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
+      || fail "$other differs"
+  done
+else
+  echo "SKIPPED (needs 4 GPUs, this machine has $NGPU): topology equivalence on 4 GPUs" | tee -a "$OUT/summary.txt"
 fi
 $CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
   || fail "GPU and CPU training differ"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Scaling from 1 GPU to all of a machine's GPUs (1, 2, 4, ...), p2ptrain beside PyTorch in the same
+# run: for each workload and GPU count, `p2ptrain bench` (synthetic data of the net's input shape)
+# in each of MATHS and each gradient wire type of WIRES, PyTorch DDP in the workload's FP32/TF32
+# mode, and PyTorch AMP (bf16 autocast) with channels-last. Then a table of samples/s and the
+# scaling from 1 GPU, and (TIMELINE=1) a Chrome trace of ResNet-50 on every GPU.
+#
+#   scripts/gpu/scaling.sh BIN_DIR OUT_DIR
+#   ONLY="resnet50" MATHS="tf32 bf16" WIRES="fp32 bf16" TIMELINE=1 scripts/gpu/scaling.sh BIN_DIR OUT_DIR
+#
+# Workloads (batch per GPU): resnet50 (64), cifar10_quick (512), mlp4096 (512); a workload's math
+# for PyTorch's non-AMP run is tf32 except cifar10_quick (fp32, as in its anchor figures). MATHS
+# defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype.
+# Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
+set -uo pipefail
+BIN=$(realpath "${1:?BIN_DIR}")
+OUT=$(realpath -m "${2:?OUT_DIR}")
+mkdir -p "$OUT/scaling"
+source "$(dirname "$0")/env.sh"
+MPI=(mpirun --bind-to none --oversubscribe)
+NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
+COUNTS=""
+for n in 1 2 4 8; do [ "$n" -le "$NGPU" ] && COUNTS="$COUNTS $n"; done
+failed=0
+RES="$OUT/scaling/results.jsonl"
+
+# cifar10_quick reads CIFAR-10 files; for timing, the same net on synthetic 3x32x32 records.
+quick="$OUT/scaling/cifar10_quick_synthetic.toml"
+python3 - config/cifar10_quick.toml "$quick" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text, n = re.subn(r'format = "cifar10"\ntrain_files = \[.*?\]\ntest_files = \[.*?\]\n',
+                  'format = "synthetic"\nshape = [3, 32, 32]\nclasses = 10\ntrain_size = 50000\ntest_size = 10000\n',
+                  text, flags=re.S)
+assert n == 1, "config/cifar10_quick.toml: no cifar10 data block to replace"
+open(sys.argv[2], "w").write(text)
+PY
+
+record() { # framework workload gpus mode samples_per_sec
+  printf '{"framework":"%s","workload":"%s","gpus":%s,"mode":"%s","samples_per_sec":%s}\n' "$@" >>"$RES"
+}
+
+# name config batch math warmup iters
+ALL=("resnet50 config/resnet50.toml 64 tf32 5 40"
+  "cifar10_quick $quick 512 fp32 20 200"
+  "mlp4096 config/mlp4096.toml 512 tf32 30 300")
+for w in "${ALL[@]}"; do
+  set -- $w
+  name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=$6
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  echo "== scaling: $name, batch $batch per GPU" | tee -a "$OUT/summary.txt"
+  for np in $COUNTS; do
+    for math in ${MATHS:-$own_math}; do
+      for wire in ${WIRES:-fp32}; do
+        sets=(--set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch")
+        [ "$wire" = fp32 ] || sets+=(--set "cluster.reduce_dtype=\"$wire\"")
+        log="$OUT/scaling/p2ptrain-$name-$math-wire$wire-$np.log"
+        timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
+          "${sets[@]}" >"$log" 2>&1 || { echo "FAILED: p2ptrain $name $math wire $wire np $np" | tee -a "$OUT/summary.txt"; failed=1; }
+        line=$(grep '^bench:' "$log")
+        echo "p2ptrain $name $math wire=$wire ${np} GPU(s): $line" | tee -a "$OUT/summary.txt"
+        rate=$(sed -n 's/.*[^0-9.]\([0-9][0-9.]*\) samples\/s.*/\1/p' <<<"$line" | head -1)
+        record p2ptrain "$name" "$np" "$math wire $wire" "${rate:-null}"
+      done
+    done
+    for mode in "--math $own_math" "--math $own_math --amp --channels-last"; do
+      label=$([[ $mode == *--amp* ]] && echo "AMP bf16 channels-last" || echo "$own_math")
+      err="$OUT/scaling/torch-$name-${label// /_}-$np.err"
+      if [ "$np" -eq 1 ]; then
+        # shellcheck disable=SC2086
+        json=$(timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" \
+          --warmup "$warmup" --iters "$iters" $mode 2>"$err")
+      else
+        # shellcheck disable=SC2086
+        json=$(timeout 300 python3 -m torch.distributed.run --nproc_per_node="$np" scripts/pytorch_ddp.py \
+          --workload "$name" --batch "$batch" --warmup "$warmup" --iters "$iters" $mode 2>"$err")
+      fi
+      echo "$json" | tee -a "$OUT/summary.txt"
+      rate=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["samples_per_sec"])' "$json" 2>/dev/null)
+      [ -n "$rate" ] || { echo "FAILED: PyTorch $name $label np $np" | tee -a "$OUT/summary.txt"; failed=1; }
+      record pytorch "$name" "$np" "$label" "${rate:-null}"
+    done
+  done
+done
+
+python3 - "$RES" "$OUT/scaling.md" <<'PY' | tee -a "$OUT/summary.txt"
+import collections, json, sys
+rows = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows.setdefault((r["workload"], r["framework"], r["mode"]), {})[r["gpus"]] = r["samples_per_sec"]
+counts = sorted({g for v in rows.values() for g in v})
+head = "| workload | framework | mode | " + " | ".join(f"{g} GPU" for g in counts) + " | scaling 1→max |"
+out = [head, "|" + " --- |" * (4 + len(counts))]
+for (w, f, m), v in rows.items():
+    cells = [f"{v[g]:,.0f}" if v.get(g) else "—" for g in counts]
+    top = max(counts)
+    sc = f"{100 * v[top] / (top * v[1]):.1f}%" if v.get(1) and v.get(top) and top > 1 else "—"
+    out.append(f"| {w} | {f} | {m} | " + " | ".join(cells) + f" | {sc} |")
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+
+if [ -n "${TIMELINE:-}" ]; then
+  np=${COUNTS##* }
+  echo "== timeline: ResNet-50, $np GPU(s), 12 iterations" | tee -a "$OUT/summary.txt"
+  timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train config/resnet50.toml --no-progress \
+    --output "$OUT/scaling/timeline-run" --set 'cluster.backend="cuda"' --set "cluster.math=\"$(set -- ${MATHS:-tf32}; echo "$1")\"" \
+    --set 'solver.max_iter=12' --timeline "$OUT/scaling/resnet50-timeline.json" --timeline-iters 12 \
+    >"$OUT/scaling/timeline.log" 2>&1 || { echo "FAILED: timeline run" | tee -a "$OUT/summary.txt"; failed=1; }
+  ls -la "$OUT/scaling/resnet50-timeline.json" 2>&1 | tee -a "$OUT/summary.txt"
+fi
+exit $failed
