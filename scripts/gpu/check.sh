@@ -11,7 +11,8 @@
 # np 1 × 1 with four times the batch), all reduce modes, CPU–GPU agreement of a
 # whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
 # GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), a stopped and a killed rank ending the
-# job (scripts/gpu/faults.sh) — then the benchmarks beside PyTorch DDP.
+# job (scripts/gpu/faults.sh), a GPU-trained ResNet-50 exported to torchvision and predicted by
+# both — then the benchmarks beside PyTorch DDP.
 # Exits non-zero if a check fails.
 set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
@@ -147,6 +148,13 @@ if two_gpus "a non-finite loss on one of two GPU ranks"; then
   nan_case nan_gpu_2x1_stop 2 1
   nan_case nan_gpu_2x1_skip 2 0 'solver.non_finite="skip"'
 fi
+
+echo "== model commands on a GPU: export --format torchvision, predict against torchvision" | tee -a "$OUT/summary.txt"
+# ResNet-50 trained 2 iterations on the GPU, exported, loaded into torchvision's model; `p2ptrain
+# predict` (on the GPU: backend auto) and torchvision give the same top-5 on the same images.
+python3 tests/python/check_torchvision_export.py --p2ptrain "$BIN/p2ptrain" --out "$OUT/torchvision" \
+  >"$OUT/torchvision.log" 2>&1 || fail "torchvision export or predict"
+tail -4 "$OUT/torchvision.log" | tee -a "$OUT/summary.txt"
 
 if two_gpus "a stopped and a killed rank end the job (scripts/gpu/faults.sh)"; then
   echo "== a stopped (SIGSTOP) and a killed (SIGKILL) rank end the job, no process left on a GPU" \

@@ -6,7 +6,7 @@
 //! `--decode-only` times reading and decoding alone (no resampling, no batch), each worker
 //! decoding whole images: the figure the JPEG decoders are compared by.
 
-use crate::data::{self, decode::Image, fill_train_batch, RecordSource, TrainOrder};
+use crate::data::{self, decode::Image, Batch, BatchStream, ReadyQueue, RecordSource, TrainOrder};
 use crate::error::{Error, Result};
 use crate::validate;
 use rayon::prelude::*;
@@ -106,38 +106,46 @@ pub fn measure(opts: &BenchDataOptions) -> Result<(DataRate, String)> {
             format!("{format}, decode only"),
         ));
     }
+    // Batches are filled as a training replica's reader fills them: several per parallel pass
+    // where one holds too few records for the workers.
+    let size = split.transform.output_size();
+    let per_pass = ReadyQueue::new(cfg.data.prefetch, batch * size)
+        .for_workers(batch, workers)
+        .per_pass as u64;
     let mut order = TrainOrder::new(source.len(), cfg.solver.random_seed, cfg.data.shuffle);
-    let (mut values, mut labels) = (Vec::new(), Vec::new());
-    let mut fill = |m: u64, values: &mut Vec<f32>, labels: &mut Vec<f32>| {
-        fill_train_batch(
-            source,
-            &mut order,
-            m,
-            batch,
-            0,
-            1,
-            &split.transform,
-            values,
-            labels,
-        )
+    let stream = BatchStream {
+        batch,
+        rank: 0,
+        replicas: 1,
     };
-    fill(0, &mut values, &mut labels)?;
-    check_batch(source, &values, &labels)?;
-    for m in 1..=opts.warmup {
-        fill(m, &mut values, &mut labels)?;
+    let mut pass = vec![Batch::default(); per_pass as usize];
+    let mut next = 0;
+    let mut fill = |pass: &mut [Batch]| -> Result<()> {
+        let filled = stream.fill(source, &mut order, next, &split.transform, pass);
+        next += pass.len() as u64;
+        filled.into_iter().collect()
+    };
+    fill(&mut pass)?;
+    check_batch(source, &pass[0].data, &pass[0].labels)?;
+    for _ in 0..opts.warmup.div_ceil(per_pass) {
+        fill(&mut pass)?;
     }
+    let passes = opts.batches.div_ceil(per_pass);
     let (start, cpu) = (Instant::now(), cpu_time());
-    for m in 0..opts.batches {
-        fill(1 + opts.warmup + m, &mut values, &mut labels)?;
+    for _ in 0..passes {
+        fill(&mut pass)?;
     }
     let rate = DataRate {
-        images: opts.batches * batch as u64,
+        images: passes * per_pass * batch as u64,
         seconds: start.elapsed().as_secs_f64(),
         cpu_seconds: cpu_time() - cpu,
         workers,
     };
     let [c, h, w] = split.input_shape();
-    Ok((rate, format!("{format}, batches of {batch} × {c}×{h}×{w}")))
+    Ok((
+        rate,
+        format!("{format}, batches of {batch} × {c}×{h}×{w}, {per_pass} per pass"),
+    ))
 }
 
 /// A filled batch holds finite values and labels below the classes.

@@ -42,7 +42,7 @@ pub use cifar10::Cifar10Source;
 pub use idx::IdxSource;
 pub use images::ImageSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
-pub use reader::{fill_test_batch, fill_train_batch, Batch, TrainReader};
+pub use reader::{fill_test_batch, fill_train_batch, Batch, BatchStream, ReadyQueue, TrainReader};
 pub use synthetic::SyntheticSource;
 pub use transform::{ResizedCrop, Scratch, Transform};
 

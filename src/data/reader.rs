@@ -10,7 +10,10 @@
 //! ends the thread too, and `next` returns that error, which names the record.
 //!
 //! Sources with decode workers ([`RecordSource::workers`]) have every batch filled in parallel on
-//! them; others only batches of at least [`PARALLEL_FILL_MIN`] floats, on the rank's pool.
+//! them, several batches in one pass where one holds too few records to give each worker
+//! [`RECORDS_PER_WORKER`] ([`ReadyQueue::for_workers`]); other sources only batches of at least
+//! [`PARALLEL_FILL_MIN`] floats, on the rank's pool. Which records a batch holds and how each is
+//! transformed never depend on how batches are grouped.
 
 use super::order::{micro_batch_positions, TrainOrder};
 use super::transform::{Scratch, Transform};
@@ -45,25 +48,26 @@ pub struct Batch {
 fn fill_records<J: Sync>(
     source: &dyn RecordSource,
     jobs: &[J],
-    data: &mut [f32],
-    size: usize,
+    outs: Vec<&mut [f32]>,
     fill: impl Fn(&J, &mut [f32], &mut Scratch) -> Result<Read> + Sync,
 ) -> Vec<Result<Read>> {
-    let mut parallel = || {
+    let floats: usize = outs.iter().map(|o| o.len()).sum();
+    let fill = &fill;
+    let parallel = |outs: Vec<&mut [f32]>| {
         jobs.par_iter()
-            .zip(data.par_chunks_exact_mut(size))
+            .zip(outs)
             .map_init(Scratch::default, |scratch, (job, out)| {
                 fill(job, out, scratch)
             })
             .collect()
     };
     match source.workers() {
-        Some(pool) => pool.install(parallel),
-        None if jobs.len() * size >= PARALLEL_FILL_MIN => parallel(),
+        Some(pool) => pool.install(|| parallel(outs)),
+        None if floats >= PARALLEL_FILL_MIN => parallel(outs),
         None => {
             let mut scratch = Scratch::default();
             jobs.iter()
-                .zip(data.chunks_exact_mut(size))
+                .zip(outs)
                 .map(|(job, out)| fill(job, out, &mut scratch))
                 .collect()
         }
@@ -97,16 +101,70 @@ pub fn fill_train_batch(
     data: &mut Vec<f32>,
     labels: &mut Vec<f32>,
 ) -> Result<(u64, u64)> {
-    let size = transform.output_size();
-    let positions = micro_batch_positions(m, batch, rank, replicas);
-    data.resize(batch * size, 0.0);
-    labels.resize(batch, 0.0);
-    let first = positions.start;
-    let records: Vec<(u64, usize)> = positions.map(|p| (p, order.record(p))).collect();
-    let reads = fill_records(source, &records, data, size, |(p, rec), out, scratch| {
-        transform.train(source, *rec, *p, out, scratch)
-    });
-    Ok((first, take_labels(reads, labels)?))
+    let mut one = [Batch {
+        data: std::mem::take(data),
+        labels: std::mem::take(labels),
+        ..Batch::default()
+    }];
+    let stream = BatchStream {
+        batch,
+        rank,
+        replicas,
+    };
+    let filled = stream.fill(source, order, m, transform, &mut one);
+    let [b] = one;
+    (*data, *labels) = (b.data, b.labels);
+    filled.into_iter().next().expect("one batch filled")?;
+    Ok((b.first_position, b.skipped))
+}
+
+/// Replica `rank` of `replicas`'s training micro-batches of `batch` records.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchStream {
+    pub batch: usize,
+    pub rank: usize,
+    pub replicas: usize,
+}
+
+impl BatchStream {
+    /// Fills `out[i]` (buffers resized, allocations kept) with micro-batch `first + i`, every
+    /// record of every batch in one parallel pass (so that decode workers get several records
+    /// each where one batch holds too few), each transformed by `transform` (train mode); sets
+    /// each batch's `micro_batch`, `first_position` and `skipped`. Returns, per batch, whether
+    /// it could be read (an error naming its first unreadable record).
+    pub fn fill(
+        &self,
+        source: &dyn RecordSource,
+        order: &mut TrainOrder,
+        first: u64,
+        transform: &Transform,
+        out: &mut [Batch],
+    ) -> Vec<Result<()>> {
+        let size = transform.output_size();
+        let mut records = Vec::with_capacity(out.len() * self.batch);
+        for (m, b) in (first..).zip(out.iter_mut()) {
+            let positions = micro_batch_positions(m, self.batch, self.rank, self.replicas);
+            (b.micro_batch, b.first_position) = (m, positions.start);
+            b.data.resize(self.batch * size, 0.0);
+            b.labels.resize(self.batch, 0.0);
+            records.extend(positions.map(|p| (p, order.record(p))));
+        }
+        let outs = out
+            .iter_mut()
+            .flat_map(|b| b.data.chunks_exact_mut(size))
+            .collect();
+        let reads = fill_records(source, &records, outs, |(p, rec), out, scratch| {
+            transform.train(source, *rec, *p, out, scratch)
+        });
+        let mut reads = reads.into_iter();
+        out.iter_mut()
+            .map(|b| {
+                let batch_reads = reads.by_ref().take(self.batch).collect();
+                b.skipped = take_labels(batch_reads, &mut b.labels)?;
+                Ok(())
+            })
+            .collect()
+    }
 }
 
 /// Fills `data` and `labels` (resized, allocations kept) with the test records `range`, in order,
@@ -123,7 +181,8 @@ pub fn fill_test_batch(
     data.resize(range.len() * size, 0.0);
     labels.resize(range.len(), 0.0);
     let records: Vec<usize> = range.collect();
-    let reads = fill_records(source, &records, data, size, |&i, out, scratch| {
+    let outs = data.chunks_exact_mut(size).collect();
+    let reads = fill_records(source, &records, outs, |&i, out, scratch| {
         transform.test(source, i, out, scratch)
     });
     take_labels(reads, labels)
@@ -142,6 +201,14 @@ pub const MAX_READY_BATCHES: usize = 256;
 /// the worker pool (the copy into pinned memory).
 pub const REFILL_BYTES: usize = 4 << 20;
 
+/// Records a parallel fill gives each decode worker at least, where one batch holds too few for
+/// that: several batches are then filled in one pass (a worker with a single image per pass
+/// waits on the slowest image of the batch, the pool idling between passes).
+pub const RECORDS_PER_WORKER: usize = 4;
+
+/// The most batches filled in one pass.
+pub const MAX_BATCHES_PER_PASS: usize = 16;
+
 /// The size of a reader's queue of ready batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadyQueue {
@@ -151,6 +218,9 @@ pub struct ReadyQueue {
     /// Batches filled per wake-up: the thread sleeps on a full queue until this many have been
     /// taken.
     pub refill: usize,
+    /// Batches filled in one parallel pass: 1, or more on decode workers (see
+    /// [`ReadyQueue::for_workers`]).
+    pub per_pass: usize,
 }
 
 impl ReadyQueue {
@@ -164,7 +234,30 @@ impl ReadyQueue {
             .max(prefetch)
             .max(1);
         let refill = (REFILL_BYTES / batch_bytes).clamp(1, (capacity / 2).max(1));
-        ReadyQueue { capacity, refill }
+        ReadyQueue {
+            capacity,
+            refill,
+            per_pass: 1,
+        }
+    }
+
+    /// This queue for batches of `batch` records filled by `workers` decode workers: enough
+    /// batches per pass that each worker gets [`RECORDS_PER_WORKER`] records (at most
+    /// [`MAX_BATCHES_PER_PASS`]), with room for two passes and a refill of at least one pass.
+    pub fn for_workers(self, batch: usize, workers: usize) -> Self {
+        let per_pass = (RECORDS_PER_WORKER * workers)
+            .div_ceil(batch.max(1))
+            .clamp(1, MAX_BATCHES_PER_PASS);
+        if per_pass == 1 {
+            return self;
+        }
+        let capacity = self.capacity.max(2 * per_pass).min(MAX_READY_BATCHES);
+        let refill = self.refill.max(per_pass).min(capacity / 2);
+        ReadyQueue {
+            capacity,
+            refill,
+            per_pass: per_pass.min(refill),
+        }
     }
 
     /// The queue length at which a thread asleep on a full queue is woken.
@@ -245,14 +338,18 @@ impl TrainReader {
     ) -> Self {
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
-        let queue = ReadyQueue::new(prefetch, batch * transform.output_size());
+        let workers = source.workers().map_or(0, |p| p.current_num_threads());
+        let queue =
+            ReadyQueue::new(prefetch, batch * transform.output_size()).for_workers(batch, workers);
         let shared = Arc::new(Shared::default());
         let producer = Producer {
             order: TrainOrder::new(source.len(), seed, shuffle),
             source,
-            batch,
-            rank,
-            replicas,
+            stream: BatchStream {
+                batch,
+                rank,
+                replicas,
+            },
             transform,
             next: first_micro_batch,
             queue,
@@ -354,9 +451,7 @@ impl Drop for TrainReader {
 struct Producer {
     source: Arc<dyn RecordSource>,
     order: TrainOrder,
-    batch: usize,
-    rank: usize,
-    replicas: usize,
+    stream: BatchStream,
     transform: Transform,
     next: u64,
     /// Once the queue is full, the thread waits until the reader has taken it down to its
@@ -399,30 +494,26 @@ impl Producer {
                 }
                 continue;
             }
-            let mut b = q.free.pop().unwrap_or_default();
+            let n = self.queue.per_pass.min(self.queue.capacity - q.ready.len());
+            let mut pass: Vec<Batch> = (0..n).map(|_| q.free.pop().unwrap_or_default()).collect();
             drop(q);
-            b.micro_batch = self.next;
-            let filled = fill_train_batch(
+            let filled = self.stream.fill(
                 &*self.source,
                 &mut self.order,
                 self.next,
-                self.batch,
-                self.rank,
-                self.replicas,
                 &self.transform,
-                &mut b.data,
-                &mut b.labels,
+                &mut pass,
             );
-            self.next += 1;
+            self.next += n as u64;
             q = self.shared.lock();
-            match filled {
-                Ok((first, skipped)) => (b.first_position, b.skipped) = (first, skipped),
-                Err(e) => {
+            // The batches before the first unreadable one are delivered; that one ends the thread.
+            for (b, filled) in pass.into_iter().zip(filled) {
+                if let Err(e) = filled {
                     q.failed = Some(e);
                     return;
                 }
+                q.ready.push_back(b);
             }
-            q.ready.push_back(b);
             if q.consumer_waiting {
                 self.shared.filled.notify_one();
             }
@@ -556,6 +647,80 @@ mod tests {
         }
     }
 
+    /// The digits behind a pool of decode workers, as an image source has.
+    struct Pooled {
+        inner: Arc<dyn RecordSource>,
+        pool: rayon::ThreadPool,
+    }
+
+    impl RecordSource for Pooled {
+        fn len(&self) -> usize {
+            self.inner.len()
+        }
+        fn record_shape(&self) -> [usize; 3] {
+            self.inner.record_shape()
+        }
+        fn classes(&self) -> usize {
+            self.inner.classes()
+        }
+        fn fill(&self, index: usize, out: &mut [f32]) {
+            self.inner.fill(index, out)
+        }
+        fn label(&self, index: usize) -> u32 {
+            self.inner.label(index)
+        }
+        fn workers(&self) -> Option<&rayon::ThreadPool> {
+            Some(&self.pool)
+        }
+    }
+
+    #[test]
+    fn batches_filled_several_per_pass_are_the_direct_batches() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(8)
+            .build()
+            .unwrap();
+        let source: Arc<dyn RecordSource> = Arc::new(Pooled {
+            inner: digits(),
+            pool,
+        });
+        // 8 workers, batches of 4: 8 batches per pass.
+        let shape = source.record_shape();
+        let q = ReadyQueue::new(2, 4 * shape.iter().product::<usize>()).for_workers(4, 8);
+        assert_eq!(q.per_pass, 8);
+        let mut reader = TrainReader::start(
+            Arc::clone(&source),
+            5,
+            true,
+            4,
+            1,
+            3,
+            7,
+            2,
+            Transform::identity(shape),
+        );
+        for m in 7..7 + 50 {
+            let got = reader.next().unwrap();
+            assert_eq!(got, direct(&*source, 5, true, m, 4, 1, 3));
+            reader.recycle(got);
+        }
+    }
+
+    #[test]
+    fn decode_workers_get_several_batches_per_pass_where_one_is_too_small() {
+        let image = 3 * 224 * 224;
+        // ResNet-50's batches of 64 on 16 workers per rank: one batch per pass, as before.
+        let q = ReadyQueue::new(4, 64 * image).for_workers(64, 16);
+        assert_eq!(q, ReadyQueue::new(4, 64 * image));
+        // On 64 workers: 4 per pass, room for two passes, refilled a pass at a time.
+        let q = ReadyQueue::new(4, 64 * image).for_workers(64, 64);
+        assert_eq!((q.capacity, q.refill, q.per_pass), (8, 4, 4));
+        // Never more than MAX_BATCHES_PER_PASS, nor more than a refill.
+        let q = ReadyQueue::new(1, 1 << 20).for_workers(1, 1000);
+        assert_eq!(q.per_pass, MAX_BATCHES_PER_PASS);
+        assert!(q.refill >= q.per_pass && q.capacity >= 2 * q.per_pass);
+    }
+
     #[test]
     fn small_batches_are_kept_ready_by_the_byte_budget_large_ones_by_prefetch() {
         let q = |prefetch, floats| {
@@ -582,7 +747,9 @@ mod tests {
     fn the_thread_is_woken_once_per_refill_not_per_batch() {
         let source = digits();
         let identity = Transform::identity(source.record_shape());
-        let ReadyQueue { capacity, refill } = ReadyQueue::new(4, 2 * 64);
+        let ReadyQueue {
+            capacity, refill, ..
+        } = ReadyQueue::new(4, 2 * 64);
         assert_eq!(
             (capacity, refill),
             (MAX_READY_BATCHES, MAX_READY_BATCHES / 2)
