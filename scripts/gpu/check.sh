@@ -10,9 +10,10 @@
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
 # np 1 × 1 with four times the batch), all reduce modes, CPU–GPU agreement of a
 # whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
-# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), a stopped and a killed rank ending the
-# job (scripts/gpu/faults.sh), a GPU-trained ResNet-50 exported to torchvision and predicted by
-# both — then the benchmarks beside PyTorch DDP.
+# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with
+# snapshots resumed across backends, a stopped and a killed rank ending the job
+# (scripts/gpu/faults.sh), a GPU-trained ResNet-50 exported to torchvision and predicted by both
+# — then the benchmarks beside PyTorch DDP.
 # Exits non-zero if a check fails.
 set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
@@ -122,6 +123,41 @@ for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
   fi
 done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
+
+echo "== AdamW (cosine, warmup) and AdaDelta on GPUs: against the CPU, and snapshot 15 resumed on either backend" \
+  | tee -a "$OUT/summary.txt"
+resume_run() { # name backend from-snapshot [sets...] -- resumes an EQ run of batch 32 at the snapshot
+  local name=$1 backend=$2 from=$3; shift 3
+  local sets=(--set "data.batch_size=32" --set "cluster.backend=\"$backend\"")
+  for s in "$@"; do sets+=(--set "$s"); done
+  "${MPI[@]}" -np 1 "$BIN/p2ptrain" train $EQ --no-progress --output "$OUT/runs/$name" "${sets[@]}" \
+    --resume "$from" >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
+  grep -q "resuming from" "$OUT/runs-$name.log" || fail "$name did not resume"
+}
+for rule in adamw adadelta; do
+  case $rule in
+    adamw) rs=('solver.type="adamw"' solver.base_lr=0.01 solver.weight_decay=0.01 'solver.lr_policy="cosine"'
+      solver.warmup_iter=10) ;;
+    adadelta) rs=('solver.type="adadelta"' solver.base_lr=1.0 solver.momentum=0.95 solver.delta=1e-6) ;;
+  esac
+  rs+=(solver.snapshot=15)
+  s15() { echo "$OUT/runs/$1/snapshots/equiv_iter_15.safetensors"; }
+  train "${rule}_gpu" 1 1 32 cuda "${rs[@]}"
+  train "${rule}_cpu" 1 1 32 cpu "${rs[@]}"
+  $CMP "$(snap "${rule}_gpu")" "$(snap "${rule}_cpu")" --tol 1e-3 --label "$rule: GPU vs CPU, 30 iterations" \
+    | tee -a "$OUT/summary.txt" || fail "$rule: GPU and CPU training differ"
+  resume_run "${rule}_gpu_then_gpu" cuda "$(s15 "${rule}_gpu")" "${rs[@]}"
+  resume_run "${rule}_gpu_then_cpu" cpu "$(s15 "${rule}_gpu")" "${rs[@]}"
+  resume_run "${rule}_cpu_then_gpu" cuda "$(s15 "${rule}_cpu")" "${rs[@]}"
+  # A resume on the same backend continues bit for bit; across backends it ends within the
+  # GPU-vs-CPU tolerance of the run that did the first half on the other backend.
+  $CMP "$(snap "${rule}_gpu")" "$(snap "${rule}_gpu_then_gpu")" --tol 0 --label "$rule: GPU resumed on GPU vs straight" \
+    | tee -a "$OUT/summary.txt" || fail "$rule: a GPU run resumed on the GPU differs from the straight one"
+  $CMP "$(snap "${rule}_cpu")" "$(snap "${rule}_gpu_then_cpu")" --tol 1e-3 --label "$rule: GPU snapshot resumed on CPU" \
+    | tee -a "$OUT/summary.txt" || fail "$rule: a GPU snapshot resumed on the CPU differs"
+  $CMP "$(snap "${rule}_gpu")" "$(snap "${rule}_cpu_then_gpu")" --tol 1e-3 --label "$rule: CPU snapshot resumed on GPU" \
+    | tee -a "$OUT/summary.txt" || fail "$rule: a CPU snapshot resumed on the GPU differs"
+done
 
 echo "== a non-finite loss on GPUs: every rank stops at that iteration, or skips it (solver.non_finite)" \
   | tee -a "$OUT/summary.txt"

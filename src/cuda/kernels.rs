@@ -122,6 +122,8 @@ kernel_set!(
     adagrad_update,
     rmsprop_update,
     adam_update,
+    adamw_update,
+    adadelta_update,
     copy_strided,
     unstride_planes,
     transpose_batched,

@@ -1,5 +1,5 @@
 //! `GpuSolver`: `crate::solver::Solver` on the device — the same update rules (SGD, Nesterov,
-//! AdaGrad, RMSProp, Adam), the same order of steps (normalise by `iter_size`, clip by the global
+//! AdaGrad, RMSProp, Adam, AdamW, AdaDelta), the same order of steps (normalise by `iter_size`, clip by the global
 //! L2 norm, L2/L1 decay with `decay_mult`, rule with `lr · lr_mult`), the same formulas operation
 //! for operation, and the learning rate from `crate::solver::learning_rate`. History buffers live
 //! on the device in the flat layout of the parameters.
@@ -28,8 +28,8 @@ pub struct GpuSolver {
     cfg: SolverConfig,
     /// Learnable floats the solver was built for.
     n: usize,
-    /// `(n)` each: `[v]` (SGD, Nesterov), `[h]` (AdaGrad, RMSProp) or `[m, v]` (Adam), as
-    /// `Solver::history`.
+    /// `(n)` each: `[v]` (SGD, Nesterov), `[h]` (AdaGrad, RMSProp), `[m, v]` (Adam, AdamW) or
+    /// `[h, u]` (AdaDelta), as `Solver::history`.
     history: Vec<CudaSlice<f32>>,
     /// `(spans)` end offset of each tensor in the flat buffers.
     ends: CudaSlice<i64>,
@@ -51,14 +51,6 @@ impl GpuSolver {
     /// them), with zeroed history.
     pub fn new(gpu: &Gpu, cfg: &SolverConfig, spans: &[ParamSpan]) -> Result<GpuSolver> {
         let n = spans.last().map_or(0, |s| s.offset + s.len);
-        if let Some(rule) = cpu_only(cfg.solver_type) {
-            return Err(Error::Config {
-                file: "config".into(),
-                pos: None,
-                key: "solver.type".into(),
-                msg: format!("\"{rule}\" runs on the CPU backend only (no GPU kernel yet)"),
-            });
-        }
         let buffers = Solver::buffers(cfg.solver_type);
         let s = &gpu.compute;
         let err = |what: &str| {
@@ -242,33 +234,24 @@ impl GpuSolver {
                 delta: cfg.delta,
                 h: h0,
             },
-            SolverType::Adam => Rule::Adam {
+            SolverType::Adam | SolverType::Adamw => Rule::Adam {
                 beta1: cfg.momentum,
                 beta2: cfg.momentum2,
                 eps: cfg.delta,
                 correction: adam_correction(cfg, iter),
+                decoupled_decay: cfg.solver_type == SolverType::Adamw,
                 m: h0,
                 v: h1.expect("Adam has two history buffers"),
             },
-            // Refused by `GpuSolver::new` already.
-            SolverType::Adadelta | SolverType::Adamw => {
-                return Err(Error::Device(format!(
-                    "the GPU solver has no {:?} kernel",
-                    cfg.solver_type
-                )))
-            }
+            SolverType::Adadelta => Rule::Adadelta {
+                rho: cfg.momentum,
+                delta: cfg.delta,
+                h: h0,
+                u: h1.expect("AdaDelta has two history buffers"),
+            },
         };
         k.update(s, args, rule)?;
         Ok(lr)
-    }
-}
-
-/// The update rules the GPU solver does not have, by config name.
-fn cpu_only(rule: SolverType) -> Option<&'static str> {
-    match rule {
-        SolverType::Adadelta => Some("adadelta"),
-        SolverType::Adamw => Some("adamw"),
-        _ => None,
     }
 }
 

@@ -48,7 +48,8 @@ extern "C" __global__ void clip_scale(const double* partials, int parts, double 
 // holds the elements [ends[s-1], ends[s]) (ends ascending, the last equal to n) and has its
 // own lr_mult and decay_mult. Per element, as the CPU solver: the effective gradient
 // grad = scale * g + weight_decay * decay_mult * r(w), r(w) = w (L2) or sign(w) (L1), is stored
-// back into g, then the rule updates the history and w with lr * lr_mult.
+// back into g, then the rule updates the history and w with lr * lr_mult. A rule with decoupled
+// decay (AdamW) gets grad = scale * g and the decay as its own term instead.
 
 // The first s with i < ends[s].
 __device__ __forceinline__ int span_of(long long i, const long long* ends, int spans) {
@@ -112,15 +113,49 @@ struct AdamRule {
     float correction;
     float* m;
     float* v;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float step = lr * correction;
+    // Moves the moments m[i], v[i] by grad and returns the step lr*correction*m/(sqrt(v) + eps).
+    __device__ float step(long long i, float grad, float lr) const {
+        const float scaled = lr * correction;
         const float mi = beta1 * m[i] + (1.0f - beta1) * grad;
         const float vi = beta2 * v[i] + (1.0f - beta2) * grad * grad;
         m[i] = mi;
         v[i] = vi;
-        return w - step * mi / (sqrtf(vi) + eps);
+        return scaled * mi / (sqrtf(vi) + eps);
+    }
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        return w - step(i, grad, lr);
     }
 };
+
+// AdaDelta as in Caffe, with decay rho (momentum): h <- rho*h + (1-rho)*g^2,
+// step = g*sqrt(u + delta)/sqrt(h + delta), u <- rho*u + (1-rho)*step^2, w <- w - lr*step.
+struct AdadeltaRule {
+    float rho;
+    float delta;
+    float* h;
+    float* u;
+    __device__ float operator()(long long i, float w, float grad, float lr) const {
+        const float hi = rho * h[i] + (1.0f - rho) * grad * grad;
+        h[i] = hi;
+        const float step = grad * sqrtf(u[i] + delta) / sqrtf(hi + delta);
+        u[i] = rho * u[i] + (1.0f - rho) * step * step;
+        return w - lr * step;
+    }
+};
+
+// AdamW: Adam's moments of the gradient without the decay, and the decay applied to the weight,
+// shrink = lr * weight_decay * decay_mult * r(w) with w taken before the step.
+struct AdamwRule {
+    AdamRule adam;
+    __device__ float operator()(long long i, float w, float grad, float lr, float shrink) const {
+        return w - (shrink + adam.step(i, grad, lr));
+    }
+};
+
+// Whether a rule applies the weight decay to the weight itself (decoupled, AdamW) rather than
+// through the gradient; such a rule takes the decay term as a fifth argument.
+template <typename Rule> struct DecoupledDecay { static constexpr bool value = false; };
+template <> struct DecoupledDecay<AdamwRule> { static constexpr bool value = true; };
 
 template <typename Rule>
 __device__ void update(const Rule& rule, float* w, float* g, long long n, const long long* ends,
@@ -138,9 +173,15 @@ __device__ void update(const Rule& rule, float* w, float* g, long long n, const 
         const float decay_s = weight_decay * decay_mult[s];
         const float wi = w[i];
         const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
-        const float grad = sc * g[i] + decay_s * r;
-        g[i] = grad;
-        w[i] = rule(i, wi, grad, lr_s);
+        if constexpr (DecoupledDecay<Rule>::value) {
+            const float grad = sc * g[i];
+            g[i] = grad;
+            w[i] = rule(i, wi, grad, lr_s, lr_s * decay_s * r);
+        } else {
+            const float grad = sc * g[i] + decay_s * r;
+            g[i] = grad;
+            w[i] = rule(i, wi, grad, lr_s);
+        }
     }
 }
 
@@ -169,4 +210,14 @@ extern "C" __global__ void rmsprop_update(UPDATE_PARAMS, float* h, float rho, fl
 extern "C" __global__ void adam_update(UPDATE_PARAMS, float* m, float* v, float beta1,
                                        float beta2, float eps, float correction) {
     update(AdamRule{beta1, beta2, eps, correction, m, v}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void adamw_update(UPDATE_PARAMS, float* m, float* v, float beta1,
+                                        float beta2, float eps, float correction) {
+    update(AdamwRule{AdamRule{beta1, beta2, eps, correction, m, v}}, UPDATE_ARGS);
+}
+
+extern "C" __global__ void adadelta_update(UPDATE_PARAMS, float* h, float* u, float rho,
+                                           float delta) {
+    update(AdadeltaRule{rho, delta, h, u}, UPDATE_ARGS);
 }

@@ -1,6 +1,7 @@
 //! Launchers of the solver's kernels (`solver.cu`): gradient clipping's sum of squares and scale
-//! factor, and one update step of every rule (SGD, Nesterov, AdaGrad, RMSProp, Adam) over the flat
-//! parameter and gradient buffers, operation for operation as the CPU solver.
+//! factor, and one update step of every rule (SGD, Nesterov, AdaGrad, RMSProp, Adam, AdamW,
+//! AdaDelta) over the flat parameter and gradient buffers, operation for operation as the CPU
+//! solver.
 
 use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
@@ -50,8 +51,16 @@ pub enum Rule<'a> {
         eps: f32,
         /// `√(1 − β₂ᵗ) / (1 − β₁ᵗ)`.
         correction: f32,
+        /// AdamW: the weight decay shrinks the weight instead of entering the gradient.
+        decoupled_decay: bool,
         m: &'a mut CudaSlice<f32>,
         v: &'a mut CudaSlice<f32>,
+    },
+    Adadelta {
+        rho: f32,
+        delta: f32,
+        h: &'a mut CudaSlice<f32>,
+        u: &'a mut CudaSlice<f32>,
     },
 }
 
@@ -163,12 +172,22 @@ impl Kernels {
                 beta2,
                 eps,
                 correction,
+                decoupled_decay,
                 m,
                 v,
             } => {
                 check_len(op, "m", m.len(), a.n);
                 check_len(op, "v", v.len(), a.n);
-                launch_rule!(adam_update, [out m, out v, &beta1, &beta2, &eps, &correction])
+                if decoupled_decay {
+                    launch_rule!(adamw_update, [out m, out v, &beta1, &beta2, &eps, &correction])
+                } else {
+                    launch_rule!(adam_update, [out m, out v, &beta1, &beta2, &eps, &correction])
+                }
+            }
+            Rule::Adadelta { rho, delta, h, u } => {
+                check_len(op, "h", h.len(), a.n);
+                check_len(op, "u", u.len(), a.n);
+                launch_rule!(adadelta_update, [out h, out u, &rho, &delta])
             }
         }
     }

@@ -1,11 +1,11 @@
 //! Tests of [`GpuSolver`]: every rule against the CPU [`Solver`] over several steps from the
 //! same weights and gradients, with per-tensor multipliers, L1 and L2 decay, `iter_size`
-//! normalisation, and clipping both engaged and not; and a non-finite gradient, which applies
-//! nothing.
+//! normalisation, clipping both engaged and not, and the cosine policy with warmup; a snapshot
+//! of either solver resumed by the other; and a non-finite gradient, which applies nothing.
 
 use super::*;
 use crate::backend::Cpu;
-use crate::config::{FillerConfig, LrPolicy};
+use crate::config::{FillerConfig, LrPolicy, Plan};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::params::Params;
 use rand::{Rng, SeedableRng};
@@ -74,6 +74,15 @@ const TENSORS: &[(usize, f32, f32)] = &[
     (5, 1.0, 2.5),
 ];
 
+/// A random gradient for `p`, uniform in [−`scale`, `scale`), zero in the gaps between layers.
+fn gradient(rng: &mut ChaCha8Rng, p: &Params, scale: f32) -> Vec<f32> {
+    let mut grad: Vec<f32> = (0..p.len())
+        .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+        .collect();
+    zero_gaps(&p.spans, &mut grad);
+    grad
+}
+
 /// Runs `steps` iterations of `cfg` on the CPU and the GPU from the same weights, the diff set
 /// to the same random gradient (times `grad_scale`) before each, and compares the learning
 /// rates, the weights, the effective gradients and the history after every step.
@@ -87,10 +96,7 @@ fn compare(gpu: &Gpu, cfg: &SolverConfig, steps: u64, grad_scale: f32, seed: u64
     assert_eq!(gpu_solver.history_names(), cpu_solver.history_names());
     let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
     for iter in 0..steps {
-        let mut grad: Vec<f32> = (0..n)
-            .map(|_| rng.gen_range(-1.0f32..1.0) * grad_scale)
-            .collect();
-        zero_gaps(&host.spans, &mut grad);
+        let grad = gradient(&mut rng, &host, grad_scale);
         host.diff.copy_from_slice(&grad);
         let cpu_lr = cpu_solver.apply(&cpu, iter, &mut host);
         gpu.compute
@@ -117,19 +123,22 @@ fn compare(gpu: &Gpu, cfg: &SolverConfig, steps: u64, grad_scale: f32, seed: u64
     }
 }
 
-const RULES: [SolverType; 5] = [
+const RULES: [SolverType; 7] = [
     SolverType::Sgd,
     SolverType::Nesterov,
     SolverType::Adagrad,
     SolverType::Rmsprop,
     SolverType::Adam,
+    SolverType::Adamw,
+    SolverType::Adadelta,
 ];
 
 /// The hyper-parameters of each rule set away from their defaults.
 fn rule_cfg(rule: SolverType) -> SolverConfig {
     let mut c = cfg(rule);
     c.momentum = match rule {
-        SolverType::Adam => 0.9,
+        SolverType::Adam | SolverType::Adamw => 0.9,
+        SolverType::Adadelta => 0.95,
         _ => 0.8,
     };
     c.momentum2 = 0.99;
@@ -172,6 +181,22 @@ fn every_rule_matches_cpu_with_clipping_and_iter_size() {
     }
 }
 
+/// The learning rate is the host's (`crate::solver::learning_rate`), passed to the kernels each
+/// step: the cosine policy and the linear warmup reach the GPU rules as they reach the CPU ones,
+/// past the end of the warmup and of `max_iter`.
+#[test]
+fn every_rule_matches_cpu_under_cosine_with_warmup() {
+    let gpu = gpu_or_skip!("every_rule_matches_cpu_under_cosine_with_warmup");
+    for (i, rule) in RULES.into_iter().enumerate() {
+        let mut c = rule_cfg(rule);
+        c.weight_decay = 5e-3;
+        c.lr_policy = LrPolicy::Cosine;
+        c.warmup_iter = 3;
+        c.max_iter = 5;
+        compare(&gpu, &c, 6, 1.0, 760 + i as u64);
+    }
+}
+
 #[test]
 fn clipping_below_the_threshold_only_normalises() {
     let gpu = gpu_or_skip!("clipping_below_the_threshold_only_normalises");
@@ -190,6 +215,155 @@ fn history_round_trips_through_the_host() {
     s.history_from_host(&gpu, &h).unwrap();
     assert_eq!(s.history_to_host(&gpu).unwrap(), h);
     assert!(s.history_from_host(&gpu, &h[..1]).is_err());
+}
+
+/// The envelope of the resume tests' snapshots: the plan of `tests/configs/equivalence.toml` for
+/// one process running `rule` (its net is not used; the snapshot holds the test's own tensors).
+fn resume_plan(rule: &str) -> Plan {
+    let text = include_str!("../../../tests/configs/equivalence.toml");
+    let sets = [format!("solver.type=\"{rule}\"")];
+    let (c, source) =
+        crate::validate::load_str("equivalence.toml", text, std::path::Path::new("."), &sets)
+            .unwrap();
+    Plan::new(c, source, 1).unwrap()
+}
+
+/// Writes a snapshot of iteration `iter` (weights `params`, solver history `history` under
+/// `names`) into `dir` and reads it back for a solver that keeps `names_back`.
+fn through_a_snapshot(
+    dir: &std::path::Path,
+    plan: &Plan,
+    (params, names, history): (&Params, &[&str], &[Vec<f32>]),
+    iter: u64,
+    names_back: &[&str],
+) -> (Params, Vec<Vec<f32>>) {
+    const RECORDS: usize = 1000;
+    let state = crate::resume::SaveState {
+        iter,
+        history_names: names,
+        history,
+        loss_window: &[],
+        train_records: RECORDS,
+        lineage: "resume-test",
+        apart: None,
+    };
+    let files = crate::resume::save(dir, plan, params, &state).unwrap();
+    let mut back = Params::new(params.spans.clone());
+    let loaded = crate::resume::load(
+        &files,
+        plan,
+        &mut back,
+        names_back,
+        RECORDS,
+        crate::resume::ResumeRules::default(),
+    )
+    .unwrap();
+    assert_eq!(loaded.iter, iter);
+    (back, loaded.history)
+}
+
+/// A snapshot of the GPU solver, taken after `K` steps, resumes on the CPU solver, and one of the
+/// CPU solver on the GPU: the history goes through the solver-state file under the names both
+/// solvers keep, and either resumed run ends where the uninterrupted CPU run does.
+#[test]
+fn a_snapshot_of_either_solver_resumes_on_the_other() {
+    let gpu = gpu_or_skip!("a_snapshot_of_either_solver_resumes_on_the_other");
+    const K: u64 = 3;
+    const STEPS: u64 = 6;
+    let cpu = Cpu::default();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, rule) in RULES.into_iter().enumerate() {
+        let plan = resume_plan(crate::config::name_of(&rule).as_str());
+        let mut c = rule_cfg(rule);
+        c.weight_decay = 5e-3;
+        let seed = 770 + i as u64;
+        let start = params(&[(3000, 1.0, 1.0), (37, 2.0, 0.5)], seed);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
+        let grads: Vec<Vec<f32>> = (0..STEPS)
+            .map(|_| gradient(&mut rng, &start, 1.0))
+            .collect();
+        let cpu_steps = |p: &mut Params, s: &mut Solver, iters: std::ops::Range<u64>| {
+            for iter in iters {
+                p.diff.copy_from_slice(&grads[iter as usize]);
+                s.apply(&cpu, iter, p);
+            }
+        };
+        let gpu_steps = |p: &mut GpuParams, s: &mut GpuSolver, iters: std::ops::Range<u64>| {
+            for iter in iters {
+                let g = &grads[iter as usize];
+                gpu.compute
+                    .memcpy_htod(&g[..], &mut p.diff.slice_mut(..g.len()))
+                    .unwrap();
+                s.apply(&gpu, iter, p).unwrap();
+            }
+        };
+        let what = |x: &str| format!("{rule:?}: {x}");
+
+        // The uninterrupted run.
+        let mut straight = start.clone();
+        let mut straight_solver = Solver::new(&c, start.len());
+        cpu_steps(&mut straight, &mut straight_solver, 0..STEPS);
+
+        // GPU to the snapshot, CPU after it.
+        let mut dev = GpuParams::from_host(&gpu, &start).unwrap();
+        let mut on_gpu = GpuSolver::new(&gpu, &c, &start.spans).unwrap();
+        gpu_steps(&mut dev, &mut on_gpu, 0..K);
+        let mut on_cpu = Solver::new(&c, start.len());
+        let (mut host, history) = through_a_snapshot(
+            dir.path(),
+            &plan,
+            (
+                &dev.to_host(&gpu).unwrap(),
+                on_gpu.history_names(),
+                &on_gpu.history_to_host(&gpu).unwrap(),
+            ),
+            K,
+            on_cpu.history_names(),
+        );
+        on_cpu.history_mut().clone_from_slice(&history);
+        cpu_steps(&mut host, &mut on_cpu, K..STEPS);
+        assert_close(
+            &what("GPU then CPU: weights"),
+            &host.data,
+            &straight.data,
+            RTOL,
+        );
+        for (j, (h, want)) in on_cpu
+            .history()
+            .iter()
+            .zip(straight_solver.history())
+            .enumerate()
+        {
+            assert_close(&what(&format!("GPU then CPU: history {j}")), h, want, RTOL);
+        }
+
+        // CPU to the snapshot, GPU after it.
+        let mut host = start.clone();
+        let mut on_cpu = Solver::new(&c, start.len());
+        cpu_steps(&mut host, &mut on_cpu, 0..K);
+        let mut on_gpu = GpuSolver::new(&gpu, &c, &start.spans).unwrap();
+        let (host, history) = through_a_snapshot(
+            dir.path(),
+            &plan,
+            (&host, on_cpu.history_names(), on_cpu.history()),
+            K,
+            on_gpu.history_names(),
+        );
+        let mut dev = GpuParams::from_host(&gpu, &host).unwrap();
+        on_gpu.history_from_host(&gpu, &history).unwrap();
+        gpu_steps(&mut dev, &mut on_gpu, K..STEPS);
+        let got = dev.to_host(&gpu).unwrap();
+        assert_close(
+            &what("CPU then GPU: weights"),
+            &got.data,
+            &straight.data,
+            RTOL,
+        );
+        let history = on_gpu.history_to_host(&gpu).unwrap();
+        for (j, (h, want)) in history.iter().zip(straight_solver.history()).enumerate() {
+            assert_close(&what(&format!("CPU then GPU: history {j}")), h, want, RTOL);
+        }
+    }
 }
 
 #[test]
