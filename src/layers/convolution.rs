@@ -165,11 +165,13 @@ impl Columns {
 
 impl Convolution {
     /// Floats one sample takes in the chunk buffers.
+    #[cfg(test)]
     fn floats_per_sample(&self) -> usize {
         self.state.floats_per_sample(self.settings.num_output)
     }
 
     /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
+    #[cfg(test)]
     fn chunk(&self) -> usize {
         self.state.chunk(self.settings.num_output)
     }
