@@ -64,7 +64,10 @@ impl Validator<'_> {
                 }
                 for &q in phases {
                     if let Some((producer, _)) = avail[q].get(t) {
-                        if !l.bottom.contains(t) {
+                        // An input layer reads the inputs: naming its top after one is in place.
+                        let input = l.kind == LayerKind::Input
+                            && crate::layers::input::INPUT_BLOBS.contains(&t.as_str());
+                        if !l.bottom.contains(t) && !input {
                             let by = match producer {
                                 Some(p) => format!("layer `{}`", layers[*p].name),
                                 None => "the data source".into(),
