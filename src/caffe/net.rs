@@ -1012,7 +1012,10 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
         }
         let e = read_text("layer { name: \"in\" type: \"Input\" top: \"x\" input_param { shape { dim: 2 dim: 3 } } }")
             .unwrap_err();
-        assert!(e.to_string().contains("`shape`") && e.to_string().contains(":1:"), "{e}");
+        assert!(
+            e.to_string().contains("`shape`") && e.to_string().contains(":1:"),
+            "{e}"
+        );
     }
 
     /// Split, Slice, Silence and Deconvolution keep Caffe's keys (`slice_point` a list even
@@ -1031,7 +1034,12 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
         ))
         .unwrap();
         let kinds: Vec<LayerKind> = net.layers.iter().map(|l| l.kind).collect();
-        let want = [LayerKind::Split, LayerKind::Deconvolution, LayerKind::Slice, LayerKind::Silence];
+        let want = [
+            LayerKind::Split,
+            LayerKind::Deconvolution,
+            LayerKind::Slice,
+            LayerKind::Silence,
+        ];
         assert_eq!(kinds, want);
         assert_eq!(net.layers[0].config.top, ["a", "b"]);
         let up = &net.layers[1].config;
@@ -1040,7 +1048,10 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
         assert_eq!(up.lr_mult, Some(vec![1.0, 2.0]));
         assert_eq!(up.bias_filler.as_ref().map(|f| f.value), Some(0.2));
         let cut = &net.layers[2].config;
-        assert_eq!((cut.axis, cut.slice_point.clone()), (Some(2), Some(vec![3])));
+        assert_eq!(
+            (cut.axis, cut.slice_point.clone()),
+            (Some(2), Some(vec![3]))
+        );
         assert_eq!(net.layers[3].config.bottom, ["b", "x"]);
         assert!(net.layers[3].config.top.is_empty());
     }

@@ -266,7 +266,9 @@ mod tests {
             [("weight".into(), 4), ("bias".into(), 1)]
         );
         for kind in ["split", "slice", "silence"] {
-            let l = layer(&format!("name = \"l\"\ntype = \"{kind}\"\nbottom = [\"x\"]"));
+            let l = layer(&format!(
+                "name = \"l\"\ntype = \"{kind}\"\nbottom = [\"x\"]"
+            ));
             assert!(tensor_specs(&l).unwrap().is_empty(), "{kind}");
         }
     }
