@@ -3,7 +3,9 @@
 //! that later bottoms of that name read), lays out the learnable tensors in one `Params`, and runs
 //! forward and backward for a phase.
 //!
-//! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by the caller.
+//! Inputs: the blobs `data` (N, C, H, W) and `label` (N), filled by the caller. An `input`
+//! layer (Caffe's Input, in deploy nets) names no bottoms: it is wired to `data` (and `label`,
+//! for a second top) and hands them on under its tops' names.
 
 use crate::config::{Config, LayerConfig, LayerParams, Phase};
 use crate::error::{Error, Result};
@@ -166,6 +168,16 @@ impl Net {
         let params = lc.params()?;
         let layer = layers::build(&lc.name, &params);
         let mut bottoms = Vec::new();
+        match &params {
+            LayerParams::Input(_) if !lc.bottom.is_empty() => {
+                return Err(Error::net(
+                    &lc.name,
+                    "an input layer takes no bottom (it reads `data` and `label`)",
+                ))
+            }
+            LayerParams::Input(_) => bottoms.extend([DATA, LABEL].iter().take(lc.top.len())),
+            _ => {}
+        }
         for b in &lc.bottom {
             let idx = *latest.get(b).ok_or_else(|| {
                 Error::net(

@@ -123,6 +123,16 @@ fn config_text(
         "\n# Paths are relative to this file. Caffe's Data layers read their LMDB in order: \
          shuffle = false.\n",
     );
+    if imported
+        .layers
+        .iter()
+        .any(|l| l.kind == crate::config::LayerKind::Input)
+    {
+        header.push_str(
+            "# A deploy net (an Input layer): without a Data layer, [data] is a synthetic \
+             placeholder of the Input's shape for `p2ptrain predict --input`.\n",
+        );
+    }
     if solver.is_none() {
         header.push_str(
             "# No solver was given: [solver] holds placeholders (base_lr, max_iter) to edit \

@@ -1,6 +1,9 @@
 //! A Caffe net prototxt (`NetParameter` in the text format, `layer { ... }` blocks) turned into
 //! p2ptrain's `[data]` table and `[[layer]]` tables.
 //!
+//! - **Input layers.** A deploy net's `Input` layer stays an `input` layer, its tops renamed
+//!   `data` (and `label`); without a Data layer, `[data]` becomes a synthetic placeholder of the
+//!   Input's shape (`deploy_data_table`), for `predict --input`.
 //! - **Data layers.** The `Data` layers of the TRAIN and TEST phases become `[data]`:
 //!   `format = "lmdb"`, `train_source` / `test_source` (the `data_param.source` paths, taken
 //!   relative to the prototxt's folder and written relative to the output folder),
@@ -89,8 +92,9 @@ pub fn read(path: &Path, net: &Message, out_dir: &Path) -> Result<ImportedNet> {
                     path,
                     f.pos,
                     &f.name,
-                    "net-level inputs (a deploy net) are not supported: p2ptrain's nets read \
-                     their inputs from Data layers",
+                    "net-level inputs are not supported: declare the input with an Input layer \
+                     (`layer { name: \"data\" type: \"Input\" top: \"data\" input_param { shape \
+                     { dim: N dim: C dim: H dim: W } } }`)",
                 ))
             }
             n if IGNORED_NET_FIELDS.contains(&n) => {}
@@ -107,6 +111,9 @@ pub fn read(path: &Path, net: &Message, out_dir: &Path) -> Result<ImportedNet> {
         if ty == "Data" {
             data_layers.push(reader.data_layer(f.pos, block)?);
         } else {
+            if ty == "Input" {
+                reader.input_tops(block)?;
+            }
             layers.push((f.pos, block, ty));
         }
     }
@@ -114,7 +121,11 @@ pub fn read(path: &Path, net: &Message, out_dir: &Path) -> Result<ImportedNet> {
         .into_iter()
         .map(|(pos, block, ty)| reader.layer(pos, block, ty))
         .collect::<Result<Vec<_>>>()?;
-    let data = reader.data_table(&data_layers)?;
+    let input = layers.iter().find(|l| l.kind == LayerKind::Input);
+    let data = match (data_layers.is_empty(), input) {
+        (true, Some(input)) => deploy_data_table(input),
+        _ => reader.data_table(&data_layers)?,
+    };
     check_wiring(path, &layers)?;
     Ok(ImportedNet {
         name: net
@@ -290,6 +301,15 @@ impl NetReader<'_> {
             transform,
             mirror,
         })
+    }
+
+    /// An Input layer's tops are the inputs `data` and `label`, as a Data layer's are.
+    fn input_tops(&mut self, block: &Message) -> Result<()> {
+        for (top, ours) in block.all("top").zip(["data", "label"]) {
+            let t = top.string().map_err(|e| self.err(top.pos, "Input", e))?;
+            self.renames.insert(t.to_string(), ours.to_string());
+        }
+        Ok(())
     }
 
     /// `transform_param`'s keys as `[data]` keys into `out`; returns `mirror`.
@@ -554,6 +574,24 @@ impl NetReader<'_> {
     }
 }
 
+/// `[data]` of a deploy net, which has an Input layer and no Data layer: synthetic records of
+/// the Input's `(C, H, W)` in batches of its `N`, a placeholder that `predict --input` replaces
+/// with its inputs (and that `train` or `test` would read until `[data]` is edited).
+fn deploy_data_table(input: &ImportedLayer) -> Table {
+    let shape = input.config.shape.clone().unwrap_or_default();
+    let batch = shape.first().copied().unwrap_or(1);
+    let mut t = Table::new();
+    t.insert("format", "synthetic".into());
+    t.insert(
+        "shape",
+        Item::Value(Array::from_iter(shape.iter().skip(1).copied()).into()),
+    );
+    for key in ["batch_size", "train_size", "test_size"] {
+        t.insert(key, Item::Value(batch.into()));
+    }
+    t
+}
+
 /// Whether the block `param` (`pooling_param`) belongs to a layer of Caffe type `ty`: its own
 /// (`<type>_param`, compared as `super::folded` does), `loss_param`, or the ones Caffe shares
 /// (`softmax_param` for SoftmaxWithLoss, `convolution_param` for Deconvolution).
@@ -567,7 +605,14 @@ fn applies(param: &str, ty: &str) -> bool {
 }
 
 /// Keys whose value is a list even when written once.
-const LIST_KEYS: &[&str] = &["coeff", "shape", "mean_value", "lr_mult", "decay_mult"];
+const LIST_KEYS: &[&str] = &[
+    "coeff",
+    "shape",
+    "mean_value",
+    "lr_mult",
+    "decay_mult",
+    "slice_point",
+];
 
 /// Fields given as a height and a width: (height field, width field, p2ptrain key).
 const PAIRS: &[(&str, &str, &str)] = &[
@@ -936,7 +981,79 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
         assert!(e.to_string().contains("upgrade_net_proto_text"), "{e}");
         assert!(e.to_string().contains(":2:1"), "{e}");
         let e = read_text("input: \"data\"\ninput_dim: 1").unwrap_err();
-        assert!(e.to_string().contains("deploy"), "{e}");
+        assert!(e.to_string().contains("Input layer"), "{e}");
+    }
+
+    /// A deploy net: its Input layer stays an `input` layer with its top renamed `data`, and
+    /// `[data]` is a synthetic placeholder of the Input's shape.
+    #[test]
+    fn deploy_nets_keep_their_input_layer_and_get_a_synthetic_data_table() {
+        let net = read_text(
+            "layer { name: \"in\" type: \"Input\" top: \"image\"
+               input_param { shape { dim: 10 dim: 3 dim: 8 dim: 6 } } }
+             layer { name: \"ip\" type: \"InnerProduct\" bottom: \"image\" top: \"ip\"
+               inner_product_param { num_output: 4 } }
+             layer { name: \"prob\" type: \"Softmax\" bottom: \"ip\" top: \"prob\" }",
+        )
+        .unwrap();
+        let input = &net.layers[0].config;
+        assert_eq!(input.kind, LayerKind::Input);
+        assert_eq!(input.top, ["data"]);
+        assert_eq!(input.shape, Some(vec![10, 3, 8, 6]));
+        assert_eq!(net.layers[1].config.bottom, ["data"]);
+        let d = net.data.to_string();
+        for line in [
+            "format = \"synthetic\"",
+            "shape = [3, 8, 6]",
+            "batch_size = 10",
+            "test_size = 10",
+        ] {
+            assert!(d.contains(line), "{line} in\n{d}");
+        }
+        let e = read_text("layer { name: \"in\" type: \"Input\" top: \"x\" input_param { shape { dim: 2 dim: 3 } } }")
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("`shape`") && e.to_string().contains(":1:"),
+            "{e}"
+        );
+    }
+
+    /// Split, Slice, Silence and Deconvolution keep Caffe's keys (`slice_point` a list even
+    /// when written once; Deconvolution reads `convolution_param`).
+    #[test]
+    fn split_slice_silence_and_deconvolution_are_translated() {
+        let net = read_text(&format!(
+            "{DATA}layer {{ name: \"s\" type: \"Split\" bottom: \"img\" top: \"a\" top: \"b\" }}
+             layer {{ name: \"up\" type: \"Deconvolution\" bottom: \"a\" top: \"up\"
+               param {{ lr_mult: 1 }} param {{ lr_mult: 2 }}
+               convolution_param {{ num_output: 3 kernel_size: 4 stride: 2 pad: 1 group: 1
+                 weight_filler {{ type: \"gaussian\" std: 0.01 }} bias_filler {{ type: \"constant\" value: 0.2 }} }} }}
+             layer {{ name: \"cut\" type: \"Slice\" bottom: \"up\" top: \"x\" top: \"y\"
+               slice_param {{ axis: 2 slice_point: 3 }} }}
+             layer {{ name: \"quiet\" type: \"Silence\" bottom: \"b\" bottom: \"x\" }}"
+        ))
+        .unwrap();
+        let kinds: Vec<LayerKind> = net.layers.iter().map(|l| l.kind).collect();
+        let want = [
+            LayerKind::Split,
+            LayerKind::Deconvolution,
+            LayerKind::Slice,
+            LayerKind::Silence,
+        ];
+        assert_eq!(kinds, want);
+        assert_eq!(net.layers[0].config.top, ["a", "b"]);
+        let up = &net.layers[1].config;
+        assert_eq!(up.num_output, Some(3));
+        assert_eq!(up.stride, Some(crate::config::Dims::One(2)));
+        assert_eq!(up.lr_mult, Some(vec![1.0, 2.0]));
+        assert_eq!(up.bias_filler.as_ref().map(|f| f.value), Some(0.2));
+        let cut = &net.layers[2].config;
+        assert_eq!(
+            (cut.axis, cut.slice_point.clone()),
+            (Some(2), Some(vec![3]))
+        );
+        assert_eq!(net.layers[3].config.bottom, ["b", "x"]);
+        assert!(net.layers[3].config.top.is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `blobs`) and p2ptrain's named tensors (`<layer>.<tensor>`, as in a snapshot).
 //!
 //! A layer's blobs are its tensors in Caffe's order, which is p2ptrain's: `weight`, `bias`
-//! (InnerProduct, Convolution); `scale`, `bias` (Scale); `bias` (Bias); `mean`, `variance`,
+//! (InnerProduct, Convolution, Deconvolution — whose weight is `(C_in, C_out/g, kh, kw)`); `scale`, `bias` (Scale); `bias` (Bias); `mean`, `variance`,
 //! `factor` (BatchNorm's running statistics, stored unscaled as Caffe stores them). Shapes are
 //! the same (a convolution's weight `(O, C/g, kh, kw)`, an inner product's `(N, K)`); the legacy
 //! 4-D dimensions of old files (`(1, 1, N, K)`) lose their leading ones. Layers are matched by
@@ -260,6 +260,17 @@ mod tests {
             .map(|s| s.0)
             .collect();
         assert_eq!(names, ["bias"]);
+        let up = layer("name = \"up\"\ntype = \"deconvolution\"\nbottom = [\"x\"]\ntop = [\"y\"]\nnum_output = 3\nkernel_size = 2");
+        assert_eq!(
+            tensor_specs(&up).unwrap(),
+            [("weight".into(), 4), ("bias".into(), 1)]
+        );
+        for kind in ["split", "slice", "silence"] {
+            let l = layer(&format!(
+                "name = \"l\"\ntype = \"{kind}\"\nbottom = [\"x\"]"
+            ));
+            assert!(tensor_specs(&l).unwrap().is_empty(), "{kind}");
+        }
     }
 
     #[test]

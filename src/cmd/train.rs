@@ -183,6 +183,10 @@ fn prepare(action: &Action, opts: &Options, boot: &Bootstrap) -> Result<Prepared
     if let Action::Test = action {
         super::test::whole_test_set(&mut cfg);
     }
+    if matches!(action, Action::Train | Action::Check | Action::Bench { .. }) {
+        // A deploy net passes validation without a loss; it cannot train.
+        validate::train_loss(&cfg, &source)?;
+    }
     let devices = choose_devices(&cfg, &source, boot)?;
     // Before anything runs on the pool (opening the data may).
     let workers = size_worker_pool(threads_per_replica(&cfg, boot) * cfg.cluster.replicas_per_rank);

@@ -778,6 +778,8 @@ pub struct LayerConfig {
     pub power: Option<f32>,
     pub scale: Option<f32>,
     pub shift: Option<f32>,
+    // slice (also axis)
+    pub slice_point: Option<Vec<usize>>,
 }
 
 impl LayerConfig {

@@ -57,7 +57,9 @@ pub fn layout_matters(shape: &[usize]) -> bool {
 /// Whether the GPU layer of `cfg` runs on channels-last blobs: the channel-aware layers
 /// (convolution, pooling, BatchNorm, and Scale or Bias over the channel axis alone), dropout
 /// (its mask numbers elements in NCHW order either way) and the elementwise layers, which do not
-/// care. The others (inner product, concat, softmax, flatten, reshape, losses) read NCHW.
+/// care (split and silence among them). The others (inner product, concat, slice, softmax,
+/// flatten, reshape, losses, input, and deconvolution, whose cuDNN calls are made NCHW) read
+/// NCHW: under channels-last they read a converted copy.
 pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
     match cfg.kind {
         LayerKind::Convolution
@@ -69,7 +71,9 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Tanh
         | LayerKind::Eltwise
         | LayerKind::Power
-        | LayerKind::AbsVal => true,
+        | LayerKind::AbsVal
+        | LayerKind::Split
+        | LayerKind::Silence => true,
         LayerKind::Scale | LayerKind::Bias => {
             cfg.bottom.len() == 1 && cfg.axis.unwrap_or(1) == 1 && cfg.num_axes.unwrap_or(1) == 1
         }
@@ -79,7 +83,10 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Concat
         | LayerKind::Flatten
         | LayerKind::Reshape
-        | LayerKind::Softmax => false,
+        | LayerKind::Softmax
+        | LayerKind::Input
+        | LayerKind::Slice
+        | LayerKind::Deconvolution => false,
     }
 }
 

@@ -3,6 +3,7 @@
 //! Shapes: bottoms `(d0, …, a_b, …)` that agree on every axis but `axis`; top the same with
 //! `Σ_b a_b` at `axis`. Viewing each bottom as `(outer, a_b·inner)`, the top row `o` is the
 //! concatenation of the bottoms' rows `o`; backward adds each slice of `dtop` back to its bottom.
+//! [`Rows`] does both ways for Slice too (`crate::layers::slice`), which cuts where this joins.
 
 use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
@@ -67,36 +68,75 @@ impl Layer for Concat {
     }
 
     fn forward(&mut self, pass: ForwardPass<'_>) {
-        let Rows { outer, widths } = &self.state;
-        let total: usize = widths.iter().sum();
-        let y = &mut pass.tops[0].data;
+        let pieces = pass.bottoms.iter().map(|b| &b.data[..]);
+        self.state.join(pieces, &mut pass.tops[0].data, false);
+    }
+
+    fn backward(&mut self, pass: BackwardPass<'_>) {
+        let pieces = pass.bottoms.iter_mut().zip(pass.propagate_down);
+        let pieces = pieces.map(|(b, &down)| down.then_some(&mut b.diff[..]));
+        self.state.cut(&pass.tops[0].diff, pieces, true);
+    }
+}
+
+impl Rows {
+    /// The rows of pieces of `widths` (per row) side by side in blobs of `outer` rows.
+    pub(crate) fn new(outer: usize, widths: Vec<usize>) -> Self {
+        Rows { outer, widths }
+    }
+
+    /// `whole (outer, Σ width)` ← (or `+=` with `add`) the pieces `(outer, width_k)` side by
+    /// side in each row.
+    pub(crate) fn join<'p>(
+        &self,
+        pieces: impl Iterator<Item = &'p [f32]>,
+        whole: &mut [f32],
+        add: bool,
+    ) {
+        let total: usize = self.widths.iter().sum();
         let mut start = 0;
-        for (bottom, &w) in pass.bottoms.iter().zip(widths) {
-            for o in 0..*outer {
-                y[o * total + start..o * total + start + w]
-                    .copy_from_slice(&bottom.data[o * w..(o + 1) * w]);
+        for (piece, &w) in pieces.zip(&self.widths) {
+            for o in 0..self.outer {
+                put(
+                    &mut whole[o * total + start..o * total + start + w],
+                    &piece[o * w..(o + 1) * w],
+                    add,
+                );
             }
             start += w;
         }
     }
 
-    fn backward(&mut self, pass: BackwardPass<'_>) {
-        let Rows { outer, widths } = &self.state;
-        let total: usize = widths.iter().sum();
-        let dy = &pass.tops[0].diff;
+    /// Each piece given (`Some`) ← (or `+=` with `add`) its columns of `whole (outer, Σ
+    /// width)`; `None` pieces are skipped.
+    pub(crate) fn cut<'p>(
+        &self,
+        whole: &[f32],
+        pieces: impl Iterator<Item = Option<&'p mut [f32]>>,
+        add: bool,
+    ) {
+        let total: usize = self.widths.iter().sum();
         let mut start = 0;
-        let bottoms = pass.bottoms.iter_mut().zip(widths);
-        for ((bottom, &w), &down) in bottoms.zip(pass.propagate_down) {
-            if down {
-                for o in 0..*outer {
-                    let src = &dy[o * total + start..o * total + start + w];
-                    for (d, &g) in bottom.diff[o * w..(o + 1) * w].iter_mut().zip(src) {
-                        *d += g;
-                    }
+        for (piece, &w) in pieces.zip(&self.widths) {
+            if let Some(piece) = piece {
+                for o in 0..self.outer {
+                    put(
+                        &mut piece[o * w..(o + 1) * w],
+                        &whole[o * total + start..o * total + start + w],
+                        add,
+                    );
                 }
             }
             start += w;
         }
+    }
+}
+
+/// `dst ← src`, or `dst += src` with `add`.
+fn put(dst: &mut [f32], src: &[f32], add: bool) {
+    match add {
+        true => dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s),
+        false => dst.copy_from_slice(src),
     }
 }
 

@@ -48,7 +48,7 @@ pub struct Columns {
     /// `(S·OH·OW)` ones for the bias gradient.
     ones: Vec<f32>,
     /// Floats a chunk's buffers may take; `None`: [`COLUMN_BUDGET`] (smaller in tests).
-    column_budget: Option<usize>,
+    pub(crate) column_budget: Option<usize>,
 }
 
 impl BuildCpu for ConvolutionParams {
@@ -62,19 +62,19 @@ impl BuildCpu for ConvolutionParams {
 /// The GEMM sizes of one pass: per group, the weight `W_g (M, K)` with `M = num_output/group`
 /// and `K = C/group·kh·kw`; `P = OH·OW` outputs per sample, `S` samples per chunk.
 #[derive(Debug, Clone, Copy)]
-struct Gemms {
-    groups: usize,
-    m: usize,
-    k: usize,
-    p: usize,
-    chunk: usize,
+pub(crate) struct Gemms {
+    pub groups: usize,
+    pub m: usize,
+    pub k: usize,
+    pub p: usize,
+    pub chunk: usize,
     /// Whether im2col and col2im spread over the rayon pool.
-    parallel: bool,
+    pub parallel: bool,
 }
 
 impl Gemms {
     /// `(first, S)` of each chunk of a batch of `num` samples.
-    fn chunks(&self, num: usize) -> impl Iterator<Item = (usize, usize)> {
+    pub(crate) fn chunks(&self, num: usize) -> impl Iterator<Item = (usize, usize)> {
         let chunk = self.chunk;
         (0..num)
             .step_by(chunk)
@@ -82,56 +82,143 @@ impl Gemms {
     }
 
     /// Group `gi`'s block of a matrix of `rows` rows per group and `cols` columns.
-    fn block(&self, gi: usize, rows: usize, cols: usize) -> std::ops::Range<usize> {
+    pub(crate) fn block(&self, gi: usize, rows: usize, cols: usize) -> std::ops::Range<usize> {
         gi * rows * cols..(gi + 1) * rows * cols
+    }
+}
+
+impl Columns {
+    /// The columns of a layer whose input has `channels` channels (fixed by the first call:
+    /// an error naming `layer` when they change) under `geometry`, for a batch of `num`.
+    pub(crate) fn set(
+        &mut self,
+        layer: &str,
+        channels: usize,
+        geometry: Geometry,
+        num: usize,
+    ) -> Result<()> {
+        match self.channels {
+            Some(c0) if c0 != channels => {
+                return Err(Error::net(
+                    layer,
+                    format!("the bottom has {channels} channels, the weight expects {c0}"),
+                ))
+            }
+            _ => self.channels = Some(channels),
+        }
+        self.geometry = geometry;
+        self.num = num;
+        Ok(())
+    }
+
+    /// The channels of the first call (0 before it).
+    pub(crate) fn channels(&self) -> usize {
+        self.channels.unwrap_or(0)
+    }
+
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Floats one sample takes in the chunk buffers, with `out_rows` rows of outputs.
+    fn floats_per_sample(&self, out_rows: usize) -> usize {
+        let g = self.geometry;
+        (g.col_rows() + out_rows) * g.col_cols()
+    }
+
+    /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
+    fn chunk(&self, out_rows: usize) -> usize {
+        let budget = self.column_budget.unwrap_or(COLUMN_BUDGET);
+        (budget / self.floats_per_sample(out_rows).max(1)).clamp(1, self.num.max(1))
+    }
+
+    /// The sizes of a pass on `cpu` whose GEMMs have `out_rows` rows of outputs (`M·groups`)
+    /// against the columns, with the buffers sized for its chunks: they grow only here, never
+    /// in reshape, so that validation can reshape freely.
+    pub(crate) fn prepare(&mut self, out_rows: usize, groups: usize, cpu: &Cpu) -> Gemms {
+        let g = self.geometry;
+        let sizes = Gemms {
+            groups,
+            m: out_rows / groups,
+            k: g.col_rows() / groups,
+            p: g.col_cols(),
+            chunk: self.chunk(out_rows),
+            parallel: cpu.threads > 1,
+        };
+        let ld = sizes.chunk * sizes.p;
+        for (buf, rows) in [(&mut self.col, g.col_rows()), (&mut self.out, out_rows)] {
+            if buf.len() < rows * ld {
+                buf.resize(rows * ld, 0.0);
+            }
+        }
+        if self.ones.len() < ld {
+            self.ones.resize(ld, 1.0);
+        }
+        sizes
+    }
+
+    /// The column buffer and the output rows of a pass, both mutable.
+    pub(crate) fn buffers(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.col, &mut self.out)
     }
 }
 
 impl Convolution {
     /// Floats one sample takes in the chunk buffers.
+    #[cfg(test)]
     fn floats_per_sample(&self) -> usize {
-        let g = self.state.geometry;
-        (g.col_rows() + self.settings.num_output) * g.col_cols()
+        self.state.floats_per_sample(self.settings.num_output)
     }
 
     /// Samples per chunk: as many as fit the column budget, at least 1, at most the batch.
+    #[cfg(test)]
     fn chunk(&self) -> usize {
-        let budget = self.state.column_budget.unwrap_or(COLUMN_BUDGET);
-        (budget / self.floats_per_sample().max(1)).clamp(1, self.state.num.max(1))
+        self.state.chunk(self.settings.num_output)
     }
 
-    /// The sizes of a pass on `cpu`, with the buffers sized for its chunks: they grow only
-    /// here, never in reshape, so that validation can reshape freely.
+    /// The sizes of a pass on `cpu`, with the buffers sized for its chunks.
     fn prepare(&mut self, cpu: &Cpu) -> Gemms {
-        let g = self.state.geometry;
-        let groups = self.settings.group;
-        let sizes = Gemms {
-            groups,
-            m: self.settings.num_output / groups,
-            k: g.col_rows() / groups,
-            p: g.col_cols(),
-            chunk: self.chunk(),
-            parallel: cpu.threads > 1,
-        };
-        let ld = sizes.chunk * sizes.p;
-        for (buf, rows) in [
-            (&mut self.state.col, g.col_rows()),
-            (&mut self.state.out, self.settings.num_output),
-        ] {
-            if buf.len() < rows * ld {
-                buf.resize(rows * ld, 0.0);
+        let s = &self.settings;
+        self.state.prepare(s.num_output, s.group, cpu)
+    }
+}
+
+/// `rows (R, S·P)` ← the chunk of samples `(S, R, P)`: sample `j`'s channel `r` in row `r`,
+/// columns `j·P..(j+1)·P` (the layout of the GEMMs' outputs).
+pub(crate) fn gather_rows(chunk: &[f32], rows: &mut [f32], r_len: usize, p: usize) {
+    let ld = chunk.len() / r_len;
+    for (j, sample) in chunk.chunks_exact(r_len * p).enumerate() {
+        for (r, plane) in sample.chunks_exact(p).enumerate() {
+            rows[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
+        }
+    }
+}
+
+/// The chunk of samples `(S, R, P)` ← `rows (R, S·P)` (laid out as [`gather_rows`] reads them)
+/// plus `bias[r]` where given; `+=` instead with `add`.
+pub(crate) fn scatter_rows(
+    rows: &[f32],
+    chunk: &mut [f32],
+    (r_len, p): (usize, usize),
+    bias: Option<&[f32]>,
+    add: bool,
+) {
+    let ld = chunk.len() / r_len;
+    for (j, sample) in chunk.chunks_exact_mut(r_len * p).enumerate() {
+        for (r, plane) in sample.chunks_exact_mut(p).enumerate() {
+            let src = &rows[r * ld + j * p..r * ld + (j + 1) * p];
+            let b = bias.map_or(0.0, |b| b[r]);
+            match add {
+                true => plane.iter_mut().zip(src).for_each(|(d, &v)| *d += v + b),
+                false => plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v + b),
             }
         }
-        if self.state.ones.len() < ld {
-            self.state.ones.resize(ld, 1.0);
-        }
-        sizes
     }
 }
 
 /// `col (C·kh·kw, S·P)` = the columns under `g` of samples `first..first + S` of
 /// `images (N, C, H, W)`, side by side; rows in parallel on the rayon pool when `parallel`.
-fn columns(
+pub(crate) fn columns(
     g: &Geometry,
     col: &mut [f32],
     images: &[f32],
@@ -157,7 +244,7 @@ fn columns(
 
 /// `images (N, C, H, W) += col2im(col)` for samples `first..first + S`, whose columns lie side
 /// by side in `col (C·kh·kw, S·P)`; samples in parallel on the rayon pool when `parallel`.
-fn add_columns(
+pub(crate) fn add_columns(
     g: &Geometry,
     col: &[f32],
     images: &mut [f32],
@@ -199,14 +286,6 @@ impl Layer for Convolution {
                 s.group
             ));
         }
-        match self.state.channels {
-            Some(c0) if c0 != c => {
-                return err(format!(
-                    "bottom {shape:?} has {c} channels, the weight expects {c0}"
-                ))
-            }
-            _ => self.state.channels = Some(c),
-        }
         let mut output = [0; 2];
         for (a, size) in [h, w].into_iter().enumerate() {
             let span = s.dilation[a] * (s.kernel[a] - 1) + 1;
@@ -218,7 +297,7 @@ impl Layer for Convolution {
             }
             output[a] = (padded - span) / s.stride[a] + 1;
         }
-        self.state.geometry = Geometry {
+        let geometry = Geometry {
             channels: c,
             input: [h, w],
             kernel: s.kernel,
@@ -227,7 +306,7 @@ impl Layer for Convolution {
             dilation: s.dilation,
             output,
         };
-        self.state.num = n;
+        self.state.set(&self.name, c, geometry, n)?;
         Ok(vec![vec![n, s.num_output, output[0], output[1]]])
     }
 
@@ -274,18 +353,9 @@ impl Layer for Convolution {
             }
             // Sample j's channel r is row r's columns j·P..(j+1)·P, plus the bias.
             let top = &mut pass.tops[0].data[first * out_len..(first + samples) * out_len];
-            for (j, sample) in top.chunks_exact_mut(out_len).enumerate() {
-                for (r, plane) in sample.chunks_exact_mut(p).enumerate() {
-                    let src = &self.state.out[r * ld + j * p..r * ld + (j + 1) * p];
-                    match self.settings.bias_term {
-                        true => {
-                            let b = pass.params[1][r];
-                            plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v + b);
-                        }
-                        false => plane.copy_from_slice(src),
-                    }
-                }
-            }
+            let bias = self.settings.bias_term.then(|| pass.params[1]);
+            let out = &self.state.out[..self.settings.num_output * ld];
+            scatter_rows(out, top, (self.settings.num_output, p), bias, false);
         }
     }
 
@@ -301,11 +371,7 @@ impl Layer for Convolution {
             let ld = samples * p;
             // dy (num_output, S·P): sample j's channel r in row r, columns j·P..(j+1)·P.
             let dtop = &tops[0].diff[first * out_len..(first + samples) * out_len];
-            for (j, sample) in dtop.chunks_exact(out_len).enumerate() {
-                for (r, plane) in sample.chunks_exact(p).enumerate() {
-                    self.state.out[r * ld + j * p..r * ld + (j + 1) * p].copy_from_slice(plane);
-                }
-            }
+            gather_rows(dtop, &mut self.state.out[..num_output * ld], num_output, p);
             let dy = &self.state.out[..num_output * ld];
             if self.settings.bias_term {
                 let ones = &self.state.ones[..ld];

@@ -3,7 +3,7 @@
 //! phase, no cycles, a train-phase loss), and the per-sample shapes and tensor sizes.
 
 use super::*;
-use crate::config::layer_params::{EltwiseParams, LayerParams, ParamError};
+use crate::config::layer_params::{DeconvolutionParams, EltwiseParams, LayerParams, ParamError};
 use crate::config::{LayerConfig, LayerKind, Phase};
 
 impl Validator<'_> {
@@ -50,14 +50,24 @@ impl Validator<'_> {
                 }
                 bottoms.push(avail[phases[0]][b].1.clone());
             }
-            let top_shape = self.layer_shapes(i, l, &params, &bottoms, data)?;
+            if l.kind == LayerKind::Input {
+                // Wired to the inputs themselves (see `crate::net`), not to the blobs named so.
+                bottoms = [data.record.clone(), Vec::new()]
+                    .into_iter()
+                    .take(l.top.len())
+                    .collect();
+            }
+            let top_shapes = self.layer_shapes(i, l, &params, &bottoms, data)?;
             for (j, t) in l.top.iter().enumerate() {
                 if l.top[..j].contains(t) {
                     return Err(self.err(&key("top"), format!("top `{t}` is listed twice")));
                 }
                 for &q in phases {
                     if let Some((producer, _)) = avail[q].get(t) {
-                        if !l.bottom.contains(t) {
+                        // An input layer reads the inputs: naming its top after one is in place.
+                        let input = l.kind == LayerKind::Input
+                            && crate::layers::input::INPUT_BLOBS.contains(&t.as_str());
+                        if !l.bottom.contains(t) && !input {
                             let by = match producer {
                                 Some(p) => format!("layer `{}`", layers[*p].name),
                                 None => "the data source".into(),
@@ -72,21 +82,15 @@ impl Validator<'_> {
                 }
             }
             for &q in phases {
-                for t in &l.top {
-                    avail[q].insert(t.clone(), (Some(i), top_shape.clone()));
+                for (t, shape) in l.top.iter().zip(&top_shapes) {
+                    avail[q].insert(t.clone(), (Some(i), shape.clone()));
                 }
             }
         }
-        let trains_a_loss = layers.iter().any(|l| {
-            l.kind == LayerKind::SoftmaxWithLoss
-                && l.phase != Some(Phase::Test)
-                && l.loss_weight != Some(0.0)
-        });
-        if !trains_a_loss {
-            return Err(self.err(
-                "layer",
-                "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
-            ));
+        // A deploy net (one with an input layer) may lack a loss: it predicts, and training
+        // it is refused where training starts (`train_loss`).
+        if !layers.iter().any(|l| l.kind == LayerKind::Input) {
+            train_loss(self.cfg, self.src)?;
         }
         Ok(())
     }
@@ -196,6 +200,7 @@ impl Validator<'_> {
 
     fn layer_arity(&self, i: usize, l: &LayerConfig) -> Result<()> {
         let kind = name_of(&l.kind);
+        let one = 1..=1;
         let (bottoms, tops, what) = match l.kind {
             LayerKind::InnerProduct
             | LayerKind::Relu
@@ -207,15 +212,19 @@ impl Validator<'_> {
             | LayerKind::Reshape
             | LayerKind::Softmax
             | LayerKind::Power
-            | LayerKind::AbsVal => (1..=1, 1, "1 bottom"),
+            | LayerKind::AbsVal => (1..=1, one, "1 bottom"),
             LayerKind::SoftmaxWithLoss | LayerKind::Accuracy => {
-                (2..=2, 1, "2 bottoms (scores, label)")
+                (2..=2, one, "2 bottoms (scores, label)")
             }
-            LayerKind::Scale => (1..=2, 1, "1 bottom, or 2 (data, scale)"),
-            LayerKind::Bias => (1..=2, 1, "1 bottom, or 2 (data, bias)"),
-            LayerKind::Eltwise => (2..=usize::MAX, 1, "2 or more bottoms"),
-            LayerKind::Concat => (1..=usize::MAX, 1, "1 or more bottoms"),
-            LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, 1, "1 bottom"),
+            LayerKind::Scale => (1..=2, one, "1 bottom, or 2 (data, scale)"),
+            LayerKind::Bias => (1..=2, one, "1 bottom, or 2 (data, bias)"),
+            LayerKind::Eltwise => (2..=usize::MAX, one, "2 or more bottoms"),
+            LayerKind::Concat => (1..=usize::MAX, one, "1 or more bottoms"),
+            LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, one, "1 bottom"),
+            LayerKind::Input => (0..=0, 1..=2, "no bottom (it reads the inputs)"),
+            LayerKind::Split | LayerKind::Slice => (1..=1, 1..=usize::MAX, "1 bottom"),
+            LayerKind::Silence => (1..=usize::MAX, 0..=0, "1 or more bottoms"),
+            LayerKind::Deconvolution => (1..=1, one, "1 bottom"),
         };
         if !bottoms.contains(&l.bottom.len()) {
             return Err(self.err(
@@ -226,10 +235,15 @@ impl Validator<'_> {
                 ),
             ));
         }
-        if l.top.len() != tops {
+        if !tops.contains(&l.top.len()) {
+            let want = match (*tops.start(), *tops.end()) {
+                (a, b) if a == b => format!("{a} top{}", if a == 1 { "" } else { "s" }),
+                (a, usize::MAX) => format!("{a} or more tops"),
+                (a, b) => format!("{a} to {b} tops"),
+            };
             return Err(self.err(
                 &format!("layer[{i}].top"),
-                format!("a layer of type {kind} has 1 top, got {}", l.top.len()),
+                format!("a layer of type {kind} has {want}, got {}", l.top.len()),
             ));
         }
         for (k, names) in [("bottom", &l.bottom), ("top", &l.top)] {
@@ -260,8 +274,26 @@ impl Validator<'_> {
         }
     }
 
-    /// The per-sample shape of layer `i`'s top from its bottoms' shapes; checks the sizes.
+    /// The per-sample shapes of layer `i`'s tops from its bottoms' shapes; checks the sizes.
     fn layer_shapes(
+        &self,
+        i: usize,
+        l: &LayerConfig,
+        params: &LayerParams,
+        bottoms: &[Vec<u64>],
+        data: &DataFacts,
+    ) -> Result<Vec<Vec<u64>>> {
+        match l.kind {
+            LayerKind::Input | LayerKind::Split | LayerKind::Silence | LayerKind::Slice => {
+                self.shape_by_layer(i, l, params, bottoms, data)
+            }
+            _ => Ok(vec![self.layer_shape(i, l, params, bottoms, data)?]),
+        }
+    }
+
+    /// The per-sample shape of the one top of layer `i` from its bottoms' shapes; checks the
+    /// sizes.
+    fn layer_shape(
         &self,
         i: usize,
         l: &LayerConfig,
@@ -355,13 +387,14 @@ impl Validator<'_> {
                 }
                 Ok(bottoms[0].clone())
             }
-            _ => self.shape_by_layer(i, l, params, bottoms, data),
+            _ => Ok(self.shape_by_layer(i, l, params, bottoms, data)?.remove(0)),
         }
     }
 
-    /// The per-sample top shape of a layer computed by the layer's own `reshape` on
+    /// The per-sample top shapes of a layer computed by the layer's own `reshape` on
     /// `[batch] + bottom`, its refusal reported at the key that most likely causes it; checks
-    /// the top's and (for a convolution) the weights' and column buffer's sizes.
+    /// the tops' and (for a convolution or deconvolution) the weights' and column buffer's
+    /// sizes.
     fn shape_by_layer(
         &self,
         i: usize,
@@ -369,11 +402,11 @@ impl Validator<'_> {
         params: &LayerParams,
         bottoms: &[Vec<u64>],
         data: &DataFacts,
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<Vec<u64>>> {
         let key = |k: &str| format!("layer[{i}].{k}");
         // The key blamed for a shape the layer refuses: the first of these that is set.
         let suspects: &[(&str, bool)] = match l.kind {
-            LayerKind::Convolution => &[
+            LayerKind::Convolution | LayerKind::Deconvolution => &[
                 ("group", l.group.is_some()),
                 ("kernel_size", l.kernel_size.is_some()),
             ],
@@ -391,6 +424,11 @@ impl Validator<'_> {
             ],
             LayerKind::Reshape => &[("shape", true)],
             LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
+            LayerKind::Input => &[("shape", true)],
+            LayerKind::Slice => &[
+                ("slice_point", l.slice_point.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
             _ => &[],
         };
         let blamed = suspects
@@ -401,7 +439,10 @@ impl Validator<'_> {
             Error::Net { msg, .. } => self.err(&key(blamed), msg),
             other => other,
         };
-        let rank4 = matches!(l.kind, LayerKind::Convolution | LayerKind::Pooling);
+        let rank4 = matches!(
+            l.kind,
+            LayerKind::Convolution | LayerKind::Pooling | LayerKind::Deconvolution
+        );
         if rank4 && bottoms[0].len() != 3 {
             return Err(self.err(
                 &key("bottom"),
@@ -423,7 +464,9 @@ impl Validator<'_> {
             })
             .collect();
         let views: Vec<&[usize]> = full.iter().map(|b| b.as_slice()).collect();
-        if let LayerParams::Convolution(p) = params {
+        if let LayerParams::Convolution(p) | LayerParams::Deconvolution(DeconvolutionParams(p)) =
+            params
+        {
             let c = bottoms[0][0];
             let g = p.group as u64;
             if !c.is_multiple_of(g) {
@@ -437,26 +480,25 @@ impl Validator<'_> {
             }
         }
         let mut layer = crate::layers::build(&l.name, params);
-        let top = layer.reshape(&views).map_err(fail)?.remove(0);
-        let sample: Vec<u64> = top.iter().skip(1).map(|&d| d as u64).collect();
-        let (size_key, what) = match l.kind {
-            LayerKind::Convolution => ("num_output", "the top"),
-            _ => ("top", "the top"),
-        };
-        let too_big = |k: &str, what: String, dims: &[u64]| self.tensor_fits(&key(k), what, dims);
-        let with_batch: Vec<u64> = std::iter::once(batch)
-            .chain(sample.iter().copied())
+        let tops = layer.reshape(&views).map_err(fail)?;
+        let samples: Vec<Vec<u64>> = tops
+            .iter()
+            .map(|top| top.iter().skip(1).map(|&d| d as u64).collect())
             .collect();
-        too_big(
-            size_key,
-            format!(
-                "{what} `{}` {}, batch {batch}",
-                l.top[0],
-                shape_str(&sample)
-            ),
-            &with_batch,
-        )?;
-        if l.kind == LayerKind::Convolution {
+        let conv = matches!(l.kind, LayerKind::Convolution | LayerKind::Deconvolution);
+        let size_key = if conv { "num_output" } else { "top" };
+        let too_big = |k: &str, what: String, dims: &[u64]| self.tensor_fits(&key(k), what, dims);
+        for (name, sample) in l.top.iter().zip(&samples) {
+            let with_batch: Vec<u64> = std::iter::once(batch)
+                .chain(sample.iter().copied())
+                .collect();
+            too_big(
+                size_key,
+                format!("the top `{name}` {}, batch {batch}", shape_str(sample)),
+                &with_batch,
+            )?;
+        }
+        if conv {
             for spec in layer.param_specs() {
                 let dims: Vec<u64> = spec.shape.iter().map(|&d| d as u64).collect();
                 too_big(
@@ -465,17 +507,42 @@ impl Validator<'_> {
                     &dims,
                 )?;
             }
-            let (c, k) = (bottoms[0][0], layer.param_specs()[0].shape.clone());
-            let col = [c, k[2] as u64, k[3] as u64, sample[1], sample[2]];
+            // The column buffer spans the image the kernel slides over: the bottom's for a
+            // convolution, the top's for a deconvolution, against the other's pixels.
+            let k = layer.param_specs()[0].shape.clone();
+            let (image, other) = match l.kind {
+                LayerKind::Convolution => (&bottoms[0], &samples[0]),
+                _ => (&samples[0], &bottoms[0]),
+            };
+            let c = image[0];
+            let col = [c, k[2] as u64, k[3] as u64, other[1], other[2]];
             too_big(
                 "kernel_size",
                 format!(
                     "the column buffer (C·kh·kw × OH·OW = {c}·{}·{} × {}·{})",
-                    k[2], k[3], sample[1], sample[2]
+                    k[2], k[3], other[1], other[2]
                 ),
                 &col,
             )?;
         }
-        Ok(sample)
+        Ok(samples)
     }
+}
+
+/// Whether a loss layer runs in the train phase of `cfg`, as training needs; an error at
+/// `layer` otherwise. A deploy net (with an input layer) may lack one and still predict:
+/// validation lets it through, and the commands that train call this.
+pub fn train_loss(cfg: &crate::config::Config, src: &crate::config::Source) -> Result<()> {
+    let trains_a_loss = cfg.layers.iter().any(|l| {
+        l.kind == LayerKind::SoftmaxWithLoss
+            && l.phase != Some(Phase::Test)
+            && l.loss_weight != Some(0.0)
+    });
+    if !trains_a_loss {
+        return Err(src.error(
+            "layer",
+            "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
+        ));
+    }
+    Ok(())
 }

@@ -22,6 +22,8 @@ mod solver;
 #[cfg(test)]
 mod tests;
 
+pub use layers::train_loss;
+
 use crate::config::{name_of, Config, Source};
 use crate::config::{parse, parse_bytes, parse_str};
 use crate::error::{Error, Result};

@@ -19,6 +19,7 @@ mod dense;
 mod neuron;
 mod normalization;
 mod spatial;
+mod wiring;
 
 pub use affine::{BiasParams, ScaleParams};
 pub use blob::{ConcatParams, EltwiseParams, FlattenParams, ReshapeParams};
@@ -26,7 +27,8 @@ pub use classifier::{AccuracyParams, SoftmaxParams, SoftmaxWithLossParams};
 pub use dense::InnerProductParams;
 pub use neuron::{AbsValParams, DropoutParams, PowerParams, ReluParams, SigmoidParams, TanhParams};
 pub use normalization::BatchNormParams;
-pub use spatial::{ConvolutionParams, Pair, PoolingParams};
+pub use spatial::{ConvolutionParams, DeconvolutionParams, Pair, PoolingParams};
+pub use wiring::{InputParams, SilenceParams, SliceParams, SplitParams};
 
 use super::{Dims, FillerConfig, FillerKind, LayerConfig};
 use crate::error::Error;
@@ -153,6 +155,11 @@ macro_rules! for_each_layer_kind {
             Softmax => SoftmaxParams,
             Power => PowerParams,
             AbsVal => AbsValParams,
+            Input => InputParams,
+            Split => SplitParams,
+            Silence => SilenceParams,
+            Slice => SliceParams,
+            Deconvolution => DeconvolutionParams,
         }
     };
 }
@@ -169,7 +176,11 @@ impl LayerParams {
         let one_bottom = bottoms < 2;
         match self {
             LayerParams::InnerProduct(InnerProductParams { bias_term, .. })
-            | LayerParams::Convolution(ConvolutionParams { bias_term, .. }) => match bias_term {
+            | LayerParams::Convolution(ConvolutionParams { bias_term, .. })
+            | LayerParams::Deconvolution(DeconvolutionParams(ConvolutionParams {
+                bias_term,
+                ..
+            })) => match bias_term {
                 true => (2, "2 learnable tensors (weight, bias)"),
                 false => (1, "1 learnable tensor (weight; bias_term = false)"),
             },
@@ -189,7 +200,7 @@ impl LayerParams {
 }
 
 /// Which of the kind-specific keys of `l` are set, in the order they are reported.
-fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 30] {
+fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 31] {
     [
         ("num_output", l.num_output.is_some()),
         ("bias_term", l.bias_term.is_some()),
@@ -224,6 +235,7 @@ fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 30] {
         ("power", l.power.is_some()),
         ("scale", l.scale.is_some()),
         ("shift", l.shift.is_some()),
+        ("slice_point", l.slice_point.is_some()),
     ]
 }
 

@@ -1,4 +1,4 @@
-//! Parameters of the 2-D sliding-window layers: Convolution and Pooling. Their spatial keys
+//! Parameters of the 2-D sliding-window layers: Convolution, Deconvolution and Pooling. Their spatial keys
 //! (`kernel_size`, `stride`, `pad`, `dilation`) take one value for both axes or one per axis
 //! and resolve to `[h, w]` pairs here, once.
 
@@ -47,6 +47,14 @@ impl KindParams for ConvolutionParams {
     ];
 
     fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        ConvolutionParams::resolve_as(l, "convolution")
+    }
+}
+
+impl ConvolutionParams {
+    /// The parameters of `l`, a layer of type `kind` (for messages) that takes a convolution's
+    /// keys.
+    fn resolve_as(l: &LayerConfig, kind: &str) -> Resolved<Self> {
         let bias_term = bias_term_default_on(l)?;
         let weight_filler = filler_or("weight_filler", &l.weight_filler, xavier())?;
         let bias_filler = filler_or("bias_filler", &l.bias_filler, FillerConfig::constant(0.0))?;
@@ -57,10 +65,10 @@ impl KindParams for ConvolutionParams {
         let Some(kernel) = kernel else {
             return Err(ParamError::new(
                 "kernel_size",
-                "a layer of type convolution needs `kernel_size`",
+                format!("a layer of type {kind} needs `kernel_size`"),
             ));
         };
-        let num_output = num_output(l, "convolution")?;
+        let num_output = num_output(l, kind)?;
         let group = l.group.unwrap_or(1);
         if group == 0 || !num_output.is_multiple_of(group) {
             return Err(ParamError::new(
@@ -79,6 +87,20 @@ impl KindParams for ConvolutionParams {
             weight_filler,
             bias_filler,
         })
+    }
+}
+
+/// `deconvolution`: Caffe's transposed convolution, with a convolution's keys. `num_output` is
+/// the top's channels; the weight is `(C, num_output/group, kh, kw)` for a bottom of `C`
+/// channels (Caffe's: the weight of the convolution from the top's shape to the bottom's).
+#[derive(Debug, Clone)]
+pub struct DeconvolutionParams(pub ConvolutionParams);
+
+impl KindParams for DeconvolutionParams {
+    const KEYS: &'static [&'static str] = ConvolutionParams::KEYS;
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        ConvolutionParams::resolve_as(l, "deconvolution").map(DeconvolutionParams)
     }
 }
 

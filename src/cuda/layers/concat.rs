@@ -1,22 +1,85 @@
 //! `GpuConcat`: bottoms concatenated along `axis` (default 1), the device twin of
 //! `crate::layers::concat`. Viewing each bottom as `(outer, dim_k · inner)` and the top as
 //! `(outer, Σ dim_k · inner)`, bottom k is one strided copy into its column range; backward
-//! copies (or adds) the same range of the top's diff back.
+//! copies (or adds) the same range of the top's diff back. [`Columns`] moves pieces both ways,
+//! for Slice too.
 
 use super::{BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::ConcatParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
 
 /// Concatenation; see the module docs.
 #[derive(Debug)]
 pub struct GpuConcat {
     name: String,
     axis: usize,
+    columns: Columns,
+}
+
+/// Pieces `(outer, cols_k)` side by side in the rows of a whole `(outer, Σ cols_k)`: Concat's
+/// bottoms in its top, Slice's tops in its bottom (`super::slice`).
+#[derive(Debug, Default)]
+pub(super) struct Columns {
     outer: usize,
-    /// Per bottom, `dim_k · inner` (its columns).
+    /// Per piece, `dim_k · inner` (its columns).
     cols: Vec<usize>,
+}
+
+impl Columns {
+    /// The pieces of `shapes` along `axis` (an error naming `layer` without any, or where the
+    /// axis is out of range).
+    pub(super) fn along(layer: &str, axis: usize, shapes: &[&[usize]]) -> Result<Columns> {
+        let Some(first) = shapes.first() else {
+            return Err(Error::net(layer, "takes at least 1 piece"));
+        };
+        if axis >= first.len() {
+            return Err(Error::net(
+                layer,
+                format!("`axis` {axis} out of range for {first:?}"),
+            ));
+        }
+        Ok(Columns {
+            outer: first[..axis].iter().product(),
+            cols: shapes.iter().map(|b| b[axis..].iter().product()).collect(),
+        })
+    }
+
+    /// Piece `k`'s columns of `whole` ← `part` (`+=` where `accumulate`).
+    pub(super) fn join(
+        &self,
+        gpu: &Gpu,
+        part: &CudaView<'_, f32>,
+        whole: &mut CudaViewMut<'_, f32>,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (total, off): (usize, usize) = (self.cols.iter().sum(), self.cols[..k].iter().sum());
+        let cols = self.cols[k];
+        let (src, dst) = ((cols, 0), (total, off));
+        let s = &gpu.compute;
+        gpu.kernels
+            .copy_strided(s, part, whole, self.outer, cols, src, dst, accumulate)
+    }
+
+    /// `part` ← piece `k`'s columns of `whole` (`+=` where `accumulate`).
+    pub(super) fn cut(
+        &self,
+        gpu: &Gpu,
+        whole: &CudaView<'_, f32>,
+        part: &mut CudaViewMut<'_, f32>,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (total, off): (usize, usize) = (self.cols.iter().sum(), self.cols[..k].iter().sum());
+        let cols = self.cols[k];
+        let (src, dst) = ((total, off), (cols, 0));
+        let s = &gpu.compute;
+        gpu.kernels
+            .copy_strided(s, whole, part, self.outer, cols, src, dst, accumulate)
+    }
 }
 
 impl BuildGpu for ConcatParams {
@@ -24,8 +87,7 @@ impl BuildGpu for ConcatParams {
         Ok(Box::new(GpuConcat {
             name: name.to_string(),
             axis: self.axis,
-            outer: 0,
-            cols: Vec::new(),
+            columns: Columns::default(),
         }))
     }
 }
@@ -36,65 +98,29 @@ impl GpuLayer for GpuConcat {
     }
 
     fn reshape(&mut self, _gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        let Some(first) = bottoms.first() else {
-            return Err(Error::net(&self.name, "takes at least 1 bottom"));
-        };
-        if self.axis >= first.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {} out of range for bottom {first:?}", self.axis),
-            ));
-        }
-        self.outer = first[..self.axis].iter().product();
-        self.cols = bottoms
-            .iter()
-            .map(|b| b[self.axis..].iter().product())
-            .collect();
+        self.columns = Columns::along(&self.name, self.axis, bottoms)?;
         Ok(())
     }
 
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
-        let gpu = pass.gpu;
         let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
-        let total: usize = self.cols.iter().sum();
-        let mut off = 0;
-        for (&b, &cols) in bottoms.iter().zip(&self.cols) {
+        for (k, &b) in bottoms.iter().enumerate() {
             let [x, y] = pass.blobs.pick([b, top]);
-            gpu.kernels.copy_strided(
-                &gpu.compute,
-                &x.data(),
-                &mut y.data_mut(),
-                self.outer,
-                cols,
-                (cols, 0),
-                (total, off),
-                false,
-            )?;
-            off += cols;
+            self.columns
+                .join(pass.gpu, &x.data(), &mut y.data_mut(), k, false)?;
         }
         Ok(())
     }
 
     fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
-        let gpu = pass.gpu;
         let (bottoms, top) = (pass.blobs.bottoms, pass.blobs.tops[0]);
-        let total: usize = self.cols.iter().sum();
-        let mut off = 0;
-        for ((&b, &cols), g) in bottoms.iter().zip(&self.cols).zip(pass.grads) {
+        for (k, (&b, g)) in bottoms.iter().zip(pass.grads).enumerate() {
             if g.wanted() {
                 let [x, y] = pass.blobs.pick([b, top]);
-                gpu.kernels.copy_strided(
-                    &gpu.compute,
-                    &y.diff(),
-                    &mut x.diff_mut(),
-                    self.outer,
-                    cols,
-                    (total, off),
-                    (cols, 0),
-                    g.accumulate(),
-                )?;
+                let acc = g.accumulate();
+                self.columns
+                    .cut(pass.gpu, &y.diff(), &mut x.diff_mut(), k, acc)?;
             }
-            off += cols;
         }
         Ok(())
     }

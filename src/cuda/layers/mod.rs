@@ -33,11 +33,13 @@ pub mod bias;
 pub mod bn_scale_relu;
 pub mod concat;
 pub mod convolution;
+pub mod deconvolution;
 pub mod dropout;
 pub mod eltwise;
 pub mod eltwise_relu;
 pub mod flatten;
 pub mod inner_product;
+pub mod input;
 pub mod neuron;
 pub mod pooling;
 pub mod power;
@@ -45,8 +47,11 @@ pub mod relu;
 pub mod reshape;
 pub mod scale;
 pub mod sigmoid;
+pub mod silence;
+pub mod slice;
 pub mod softmax;
 pub mod softmax_with_loss;
+pub mod split;
 pub mod tanh;
 pub mod view;
 
@@ -391,6 +396,20 @@ pub(crate) fn nchw(layer: &str, shape: &[usize]) -> Result<[usize; 4]> {
             format!("needs a 4-D (N, C, H, W) bottom, got {shape:?}"),
         )),
     }
+}
+
+/// The backward of a layer whose gradient to every bottom is zero (Silence, Input): the
+/// bottoms' diffs the net asks to overwrite are zeroed, the accumulated ones left as they are.
+pub(crate) fn zero_gradient(pass: &mut BackwardPass<'_>) -> Result<()> {
+    let gpu = pass.gpu;
+    for (&b, &g) in pass.blobs.bottoms.iter().zip(pass.grads) {
+        if g == Grad::Overwrite {
+            let [x] = pass.blobs.pick([b]);
+            let n = x.count();
+            gpu.kernels.fill(&gpu.compute, &mut x.diff_mut(), 0.0, n)?;
+        }
+    }
+    Ok(())
 }
 
 /// `x (n) → y (n)` copy on the compute stream (dropout at test time).

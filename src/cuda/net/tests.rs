@@ -555,3 +555,82 @@ fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[
     net.forward(gpu, test, None).unwrap();
     assert_outputs("cnn, test", &net.outputs(gpu).unwrap(), &want, n);
 }
+
+/// A net of the routing layers and a deconvolution: Input (with the labels as a second top),
+/// a strided convolution, Split, Deconvolution, Slice, Silence and two losses.
+const ROUTING_TOML: &str = r#"
+data = { format = "digits", batch_size = 16, scale = 0.0625 }
+solver = { base_lr = 0.01, momentum = 0.9, max_iter = 4 }
+[[layer]]
+name = "input"
+type = "input"
+top = ["data", "label"]
+shape = [16, 1, 8, 8]
+[[layer]]
+name = "conv1"
+type = "convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 4
+kernel_size = 3
+stride = 2
+pad = 1
+[[layer]]
+name = "split"
+type = "split"
+bottom = ["conv1"]
+top = ["s1", "s2"]
+[[layer]]
+name = "up"
+type = "deconvolution"
+bottom = ["s1"]
+top = ["up"]
+num_output = 3
+kernel_size = 4
+stride = 2
+pad = 1
+weight_filler = { type = "gaussian", std = 0.1 }
+bias_filler = { type = "uniform", min = -0.5, max = 0.5 }
+[[layer]]
+name = "cut"
+type = "slice"
+bottom = ["up"]
+top = ["u1", "u2"]
+slice_point = [1]
+[[layer]]
+name = "quiet"
+type = "silence"
+bottom = ["u1"]
+[[layer]]
+name = "ip"
+type = "inner_product"
+bottom = ["u2"]
+top = ["ip"]
+num_output = 10
+[[layer]]
+name = "ip2"
+type = "inner_product"
+bottom = ["s2"]
+top = ["ip2"]
+num_output = 10
+[[layer]]
+name = "loss"
+type = "softmax_with_loss"
+bottom = ["ip", "label"]
+top = ["loss"]
+[[layer]]
+name = "loss2"
+type = "softmax_with_loss"
+bottom = ["ip2", "label"]
+top = ["loss2"]
+loss_weight = 0.5
+"#;
+
+/// Input, Split, Deconvolution, Slice and Silence in a net: the GPU's training steps are the
+/// CPU's, NCHW and channels-last (where deconvolution and slice read NCHW copies).
+#[test]
+fn routing_layers_and_deconvolution_train_as_on_the_cpu() {
+    let mut gpu = gpu_or_skip!("routing_layers_and_deconvolution_train_as_on_the_cpu");
+    let cfg = config_of("routing.toml", ROUTING_TOML);
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[]);
+}
