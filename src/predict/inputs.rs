@@ -70,11 +70,11 @@ pub fn open(path: &Path) -> Result<Arc<dyn InputSource>> {
     let magic = idx::IMAGES_MAGIC.to_be_bytes();
     if bytes.starts_with(&magic) || bytes.starts_with(&[0x1f, 0x8b]) {
         let images = idx::parse_images(&name, &bytes)?;
-        return Ok(Keyed::new(name, Idx { images }));
+        return Ok(Keyed::named(name, Idx { images }));
     }
     if !bytes.is_empty() && bytes.len() % crate::data::cifar10::RECORD_BYTES == 0 {
         let source = Cifar10Source::from_bytes(vec![(name.clone(), bytes)], 256)?;
-        return Ok(Keyed::new(name, source));
+        return Ok(Keyed::named(name, source));
     }
     Err(Error::data(
         path,
@@ -84,7 +84,7 @@ pub fn open(path: &Path) -> Result<Arc<dyn InputSource>> {
 
 /// The NumPy array in `bytes` (the file `name`) as an input source.
 pub fn parse_npy(name: &str, bytes: &[u8]) -> Result<Arc<dyn InputSource>> {
-    Ok(Keyed::new(name.to_string(), Npy::parse(name, bytes)?))
+    Ok(Keyed::named(name.to_string(), Npy::parse(name, bytes)?))
 }
 
 /// The records of the file `name`, named `<file>#<index>`, without labels.
@@ -94,7 +94,7 @@ struct Keyed {
 }
 
 impl Keyed {
-    fn new(name: String, inner: impl RecordSource + 'static) -> Arc<dyn InputSource> {
+    fn named(name: String, inner: impl RecordSource + 'static) -> Arc<dyn InputSource> {
         Arc::new(Keyed {
             name,
             inner: Arc::new(inner),
