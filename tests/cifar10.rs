@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::config_text::{accuracy, linear_classifier};
 use common::*;
 use p2ptrain::data::mean_file::{self, MeanImage};
 use std::path::{Path, PathBuf};
@@ -40,27 +41,14 @@ test_interval = 3
 snapshot_prefix = "snapshots/cifar"
 random_seed = 5
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-weight_filler = {{ type = "gaussian", std = 0.01 }}
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-
-[[layer]]
-name = "accuracy"
-type = "accuracy"
-bottom = ["ip", "label"]
-top = ["accuracy"]
-phase = "test"
-"#
+{classifier}
+{accuracy}"#,
+        classifier = linear_classifier(
+            "data",
+            10,
+            "weight_filler = { type = \"gaussian\", std = 0.01 }\n"
+        ),
+        accuracy = accuracy("ip"),
     );
     let path = dir.join("cifar.toml");
     std::fs::write(&path, cfg).unwrap();

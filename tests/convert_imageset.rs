@@ -92,11 +92,10 @@ fn compute_mean_of_an_lmdb_is_caffes_mean_image() {
         &cfg,
         format!(
             "[data]\nformat = \"lmdb\"\ntrain_source = \"{}\"\ntest_source = \"{}\"\nbatch_size = 1\n\
-             [solver]\nbase_lr = 0.1\nmax_iter = 1\n\
-             [[layer]]\nname = \"ip\"\ntype = \"inner_product\"\nbottom = [\"data\"]\ntop = [\"ip\"]\nnum_output = 10\n\
-             [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\nbottom = [\"ip\", \"label\"]\ntop = [\"loss\"]\n",
+             [solver]\nbase_lr = 0.1\nmax_iter = 1\n{}",
             repo("tests/data/caffe/digits_train_lmdb").display(),
-            repo("tests/data/caffe/digits_test_lmdb").display()
+            repo("tests/data/caffe/digits_test_lmdb").display(),
+            config_text::linear_classifier("data", 10, "")
         ),
     )
     .unwrap();

@@ -393,7 +393,8 @@ fn a_fifo_as_the_mean_file_is_refused_not_waited_on() {
     let config = dir.join("cifar.toml");
     std::fs::write(
         &config,
-        r#"[data]
+        format!(
+            r#"[data]
 format = "cifar10"
 train_files = ["train.bin"]
 test_files = ["test.bin"]
@@ -404,19 +405,9 @@ mean_file = "mean.binaryproto"
 base_lr = 0.05
 max_iter = 1
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#,
+{}"#,
+            config_text::linear_classifier("data", 10, "")
+        ),
     )
     .unwrap();
     let out = p2ptrain_within_deadline(&dir, &[s(&config), "--output", s(&dir.join("run"))]);

@@ -16,10 +16,8 @@ fn config(max_iter: u64) -> String {
         &format!("max_iter = {max_iter}\ntest_interval = 0\n"),
         32,
     );
-    c.push_str(
-        "[[layer]]\nname = \"accuracy\"\ntype = \"accuracy\"\nbottom = [\"ip2\", \"label\"]\n\
-         top = [\"accuracy\"]\nphase = \"test\"\n",
-    );
+    c.push('\n');
+    c.push_str(&config_text::accuracy("ip2"));
     c
 }
 

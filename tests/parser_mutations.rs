@@ -5,16 +5,14 @@
 //! `cargo test`, so CI covers the parsers without cargo-fuzz. An input that makes a parser panic
 //! (a cargo-fuzz artifact) belongs here as a regression test named after the bug; none so far.
 
+mod common;
+
+use common::{config_text, repo};
 use p2ptrain::inputs;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
-
-fn repo(rel: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 /// One random edit of `input`.
 fn mutate(rng: &mut ChaCha8Rng, input: &[u8]) -> Vec<u8> {
@@ -100,7 +98,9 @@ fn read(rel: &str) -> Vec<u8> {
 }
 
 /// A synthetic config that validates without files, with the transform keys.
-const SYNTHETIC: &str = r#"[data]
+fn synthetic() -> String {
+    format!(
+        r#"[data]
 format = "synthetic"
 shape = [3, 8, 8]
 classes = 4
@@ -120,19 +120,10 @@ lr_policy = "step"
 gamma = 0.5
 stepsize = 3
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 4
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
+{}"#,
+        config_text::linear_classifier("data", 4, "")
+    )
+}
 
 #[test]
 fn mutated_configs_never_panic() {
@@ -140,8 +131,8 @@ fn mutated_configs_never_panic() {
         read("config/quickstart.toml"),
         read("config/mlp4096.toml"),
         read("tests/configs/equivalence.toml"),
-        SYNTHETIC.as_bytes().to_vec(),
-        SYNTHETIC
+        synthetic().into_bytes(),
+        synthetic()
             .replace(
                 "format = \"synthetic\"\nshape = [3, 8, 8]",
                 "format = \"cifar10\"\ntrain_files = [\"a.bin\"]\ntest_files = [\"b.bin\"]",

@@ -1,7 +1,10 @@
 //! Shared helpers of the integration tests: run the real binary, alone or under `mpirun`, and
-//! read what it wrote (metrics.jsonl, safetensors snapshots).
+//! read what it wrote (metrics.jsonl, safetensors snapshots); [`config_text`] writes the layer
+//! tables of the test configs.
 
 #![allow(dead_code)]
+
+pub mod config_text;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -256,8 +259,7 @@ pub fn assert_same_metrics(
 
 /// The config of an MLP on the bundled digits: `[data]` (batch 8, scale 1/256, then the lines
 /// `data_extra`), `[solver]` (SGD, rate 0.05, momentum 0.9, then the lines `solver`, snapshots
-/// only on request under `snap/m`), and ip1 (`hidden` outputs) → relu1 → ip2 (10 outputs) →
-/// softmax_with_loss.
+/// only on request under `snap/m`), and [`config_text::mlp`] with `hidden` hidden units.
 pub fn digits_mlp(data_extra: &str, solver: &str, hidden: usize) -> String {
     format!(
         r#"
@@ -271,29 +273,9 @@ base_lr = 0.05
 momentum = 0.9
 {solver}snapshot = 0
 snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = {hidden}
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#
+
+{}"#,
+        config_text::mlp(hidden, "")
     )
 }
 
