@@ -100,12 +100,7 @@ fn compute_mean_of_an_lmdb_is_caffes_mean_image() {
     )
     .unwrap();
     let mean = dir.path().join("mean.binaryproto");
-    let o = run(Command::new(bin()).args([
-        "compute-mean",
-        cfg.to_str().unwrap(),
-        "-o",
-        mean.to_str().unwrap(),
-    ]));
+    let o = compute_mean(&cfg, &mean);
     assert!(o.status.success(), "{}", text(&o));
     let ours = mean_file::read(&mean).unwrap();
     let caffes = mean_file::read(&repo("tests/data/caffe/digits_mean.binaryproto")).unwrap();

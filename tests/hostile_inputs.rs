@@ -9,7 +9,7 @@ use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Far longer than any of these runs takes; only a hang reaches it.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -32,21 +32,12 @@ fn within_deadline(mut c: Command, dir: &Path) -> Output {
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap());
     let mut child = c.spawn().expect("starting p2ptrain");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{c:?} still running after {DEADLINE:?} (hung); stderr:\n{}",
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_within(&mut child, DEADLINE).unwrap_or_else(|| {
+        panic!(
+            "{c:?} still running after {DEADLINE:?} (hung); stderr:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        )
+    });
     let out = Output {
         status,
         stdout: std::fs::read(&out_path).unwrap(),
