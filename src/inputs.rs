@@ -76,22 +76,24 @@ pub fn mean_file(bytes: &[u8]) -> Result<()> {
 
 /// A Caffe net prototxt's bytes: the text format, then the net read into config tables.
 pub fn caffe_net(bytes: &[u8]) -> Result<()> {
-    let text = String::from_utf8_lossy(bytes);
     let path = Path::new("net.prototxt");
-    let m = crate::caffe::prototxt::parse(&text)
-        .map_err(|e| crate::caffe::text_error(path, e.pos, "(syntax)", e.msg))?;
+    let m = prototxt(path, bytes)?;
     crate::caffe::net::read(path, &m, Path::new("/nonexistent/p2ptrain-inputs"))?;
     Ok(())
 }
 
 /// A Caffe solver prototxt's bytes: the text format, then the `[solver]` table.
 pub fn caffe_solver(bytes: &[u8]) -> Result<()> {
-    let text = String::from_utf8_lossy(bytes);
     let path = Path::new("solver.prototxt");
-    let m = crate::caffe::prototxt::parse(&text)
-        .map_err(|e| crate::caffe::text_error(path, e.pos, "(syntax)", e.msg))?;
+    let m = prototxt(path, bytes)?;
     crate::caffe::solver::read(path, &m)?;
     Ok(())
+}
+
+/// The prototxt text format of `bytes`, read as the file `path`.
+fn prototxt(path: &Path, bytes: &[u8]) -> Result<crate::caffe::prototxt::Message> {
+    crate::caffe::prototxt::parse(&String::from_utf8_lossy(bytes))
+        .map_err(|e| crate::caffe::text_error(path, e.pos, "(syntax)", e.msg))
 }
 
 /// A `.caffemodel`'s bytes, every blob's dimensions and values read.

@@ -18,6 +18,10 @@ pub mod caffe;
 pub mod chrome_trace;
 pub mod cmd;
 pub mod config;
+/// The layer tables of the test configs, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/common/config_text.rs"]
+mod config_text;
 pub mod cuda;
 pub mod data;
 pub mod dist;

@@ -53,6 +53,22 @@ impl ParamSpan {
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len
     }
+
+    /// The tensor `full_name` of `layer` with `shape`, multipliers 1 and a zero filler, not yet
+    /// laid out (`Params::new` sets its offset and length).
+    #[cfg(test)]
+    pub(crate) fn unit(layer: usize, full_name: &str, shape: &[usize]) -> ParamSpan {
+        ParamSpan {
+            layer,
+            full_name: full_name.into(),
+            shape: shape.to_vec(),
+            offset: 0,
+            len: 0,
+            lr_mult: 1.0,
+            decay_mult: 1.0,
+            filler: FillerConfig::constant(0.0),
+        }
+    }
 }
 
 /// Flat parameter and gradient buffers of one replica.
@@ -101,54 +117,26 @@ impl Params {
 
     /// Indices into `spans` of the tensors of `layer`.
     pub fn layer_spans(&self, layer: usize) -> Range<usize> {
-        let start = self.spans.partition_point(|s| s.layer < layer);
-        let end = self.spans.partition_point(|s| s.layer <= layer);
-        start..end
+        layer_spans(&self.spans, layer)
     }
 
     /// The flat range covered by the tensors of `layer` (empty if it has none).
     pub fn layer_range(&self, layer: usize) -> Range<usize> {
-        let r = self.layer_spans(layer);
-        if r.is_empty() {
-            return 0..0;
-        }
-        self.spans[r.start].offset..self.spans[r.end - 1].range().end
+        layer_range(&self.spans, layer)
     }
 
     /// Views of `layer`'s tensors: data read-only, diff writable.
     pub fn layer_views(&mut self, layer: usize) -> (Vec<&[f32]>, Vec<&mut [f32]>) {
         let spans = &self.spans[self.layer_spans(layer)];
         let data = spans.iter().map(|s| &self.data[s.range()]).collect();
-        let mut diffs = Vec::with_capacity(spans.len());
-        let mut rest: &mut [f32] = &mut self.diff[..];
-        let mut consumed = 0;
-        for s in spans {
-            let tail = std::mem::take(&mut rest);
-            let (_, tail) = tail.split_at_mut(s.offset - consumed);
-            let (view, tail) = tail.split_at_mut(s.len);
-            diffs.push(view);
-            rest = tail;
-            consumed = s.offset + s.len;
-        }
-        (data, diffs)
+        (data, views_mut(&mut self.diff, spans))
     }
 
     /// Mutable views of `layer`'s tensors' data (the state of a stateful layer, see
     /// [`Layer::has_state`](crate::layers::Layer::has_state)).
     pub fn layer_data_mut(&mut self, layer: usize) -> Vec<&mut [f32]> {
         let spans = &self.spans[self.layer_spans(layer)];
-        let mut views = Vec::with_capacity(spans.len());
-        let mut rest: &mut [f32] = &mut self.data[..];
-        let mut consumed = 0;
-        for s in spans {
-            let tail = std::mem::take(&mut rest);
-            let (_, tail) = tail.split_at_mut(s.offset - consumed);
-            let (view, tail) = tail.split_at_mut(s.len);
-            views.push(view);
-            rest = tail;
-            consumed = s.offset + s.len;
-        }
-        views
+        views_mut(&mut self.data, spans)
     }
 
     /// Looks a tensor up by its snapshot name.
@@ -157,21 +145,44 @@ impl Params {
     }
 }
 
+/// Indices into `spans` (laid out in layer order) of the tensors of `layer`.
+pub fn layer_spans(spans: &[ParamSpan], layer: usize) -> Range<usize> {
+    let start = spans.partition_point(|s| s.layer < layer);
+    let end = spans.partition_point(|s| s.layer <= layer);
+    start..end
+}
+
+/// The flat range covered by the tensors of `layer` in `spans` (empty if it has none).
+pub fn layer_range(spans: &[ParamSpan], layer: usize) -> Range<usize> {
+    let r = layer_spans(spans, layer);
+    if r.is_empty() {
+        return 0..0;
+    }
+    spans[r.start].offset..spans[r.end - 1].range().end
+}
+
+/// Disjoint writable views of `buf` at `spans` (in increasing offset order, not overlapping).
+fn views_mut<'a>(buf: &'a mut [f32], spans: &[ParamSpan]) -> Vec<&'a mut [f32]> {
+    let mut views = Vec::with_capacity(spans.len());
+    let mut rest = buf;
+    let mut consumed = 0;
+    for s in spans {
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut(s.offset - consumed);
+        let (view, tail) = tail.split_at_mut(s.len);
+        views.push(view);
+        rest = tail;
+        consumed = s.offset + s.len;
+    }
+    views
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn spec(layer: usize, name: &str, shape: &[usize]) -> ParamSpan {
-        ParamSpan {
-            layer,
-            full_name: format!("l{layer}.{name}"),
-            shape: shape.to_vec(),
-            offset: 0,
-            len: 0,
-            lr_mult: 1.0,
-            decay_mult: 1.0,
-            filler: FillerConfig::constant(0.0),
-        }
+        ParamSpan::unit(layer, &format!("l{layer}.{name}"), shape)
     }
 
     /// A layer's tensors stay contiguous; every layer starts on the alignment; the buffers hold

@@ -366,21 +366,11 @@ pub(crate) fn write_atomic(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FillerConfig;
     use crate::params::ParamSpan;
     use safetensors::tensor::TensorView;
 
     fn span(name: &str, shape: &[usize]) -> ParamSpan {
-        ParamSpan {
-            layer: 0,
-            full_name: name.into(),
-            shape: shape.to_vec(),
-            offset: 0,
-            len: 0,
-            lr_mult: 1.0,
-            decay_mult: 1.0,
-            filler: FillerConfig::constant(0.0),
-        }
+        ParamSpan::unit(0, name, shape)
     }
 
     /// `ip1.weight (2, 3)`, `ip1.bias (2)`, `ip2.weight (1, 2)`, weights 0.5, 1.5, 2.5, …

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{mpi_p2ptrain, text};
+use std::process::Output;
 
 /// One parsed line of the table: bytes, count, time (µs), algbw, busbw.
 #[derive(Debug)]
@@ -60,20 +61,17 @@ fn check_rows(rows: &[Line], max: usize, n: usize) {
     }
 }
 
+/// `p2ptrain bench-allreduce --backend BACKEND FLAGS...` on two ranks.
+fn bench(backend: &str, flags: &[&str]) -> Output {
+    mpi_p2ptrain(
+        2,
+        &[&["bench-allreduce", "--backend", backend], flags].concat(),
+    )
+}
+
 #[test]
 fn bench_allreduce_on_two_ranks_checks_and_times_every_size() {
-    let out = mpi_p2ptrain(
-        2,
-        &[
-            "bench-allreduce",
-            "--backend",
-            "cpu",
-            "--max-bytes",
-            "1M",
-            "--iters",
-            "3",
-        ],
-    );
+    let out = bench("cpu", &["--max-bytes", "1M", "--iters", "3"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("= 2 replicas"), "{stdout}");
@@ -85,12 +83,9 @@ fn bench_allreduce_on_two_ranks_checks_and_times_every_size() {
 
 #[test]
 fn bench_allreduce_with_local_replica_threads() {
-    let out = mpi_p2ptrain(
-        2,
+    let out = bench(
+        "cpu",
         &[
-            "bench-allreduce",
-            "--backend",
-            "cpu",
             "--replicas-per-rank",
             "2",
             "--max-bytes",
@@ -112,18 +107,7 @@ fn bench_allreduce_with_local_replica_threads() {
 
 #[test]
 fn bench_allreduce_usage_errors_exit_2_reported_once() {
-    let out = mpi_p2ptrain(
-        2,
-        &[
-            "bench-allreduce",
-            "--backend",
-            "cpu",
-            "--min-bytes",
-            "1M",
-            "--max-bytes",
-            "1K",
-        ],
-    );
+    let out = bench("cpu", &["--min-bytes", "1M", "--max-bytes", "1K"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let all = text(&out);
     assert_eq!(
@@ -156,18 +140,7 @@ fn bench_allreduce_over_nccl_on_two_gpus() {
         );
         return;
     }
-    let out = mpi_p2ptrain(
-        2,
-        &[
-            "bench-allreduce",
-            "--backend",
-            "cuda",
-            "--max-bytes",
-            "1M",
-            "--iters",
-            "3",
-        ],
-    );
+    let out = bench("cuda", &["--max-bytes", "1M", "--iters", "3"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("backend cuda (NCCL"), "{stdout}");

@@ -49,19 +49,9 @@ fn import_for_training(dir: &Path) {
 /// Trains `config` on one rank from the imported weights of `dir` into `dir/run` with the extra
 /// arguments `extra`; returns the run's folder.
 fn train_imported(config: &Path, dir: &Path, extra: &[&str]) -> PathBuf {
-    let run_dir = dir.join("run");
-    let (weights, output) = (
-        dir.join("weights.safetensors"),
-        run_dir.display().to_string(),
-    );
-    let mut args = vec![
-        "train",
-        config.to_str().unwrap(),
-        "--weights",
-        weights.to_str().unwrap(),
-        "--output",
-        &output,
-    ];
+    let (run_dir, weights) = (dir.join("run"), dir.join("weights.safetensors"));
+    let mut args = train_args(config, &run_dir, &[]);
+    args.extend(["--weights", weights.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let out = mpi_p2ptrain(1, &args);
     assert!(out.status.success(), "{}", text(&out));

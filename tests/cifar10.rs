@@ -6,10 +6,10 @@
 
 mod common;
 
+use common::config_text::{accuracy, linear_classifier};
 use common::*;
 use p2ptrain::data::mean_file::{self, MeanImage};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const RECORD: usize = CIFAR10_RECORD;
 
@@ -40,27 +40,14 @@ test_interval = 3
 snapshot_prefix = "snapshots/cifar"
 random_seed = 5
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-weight_filler = {{ type = "gaussian", std = 0.01 }}
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-
-[[layer]]
-name = "accuracy"
-type = "accuracy"
-bottom = ["ip", "label"]
-top = ["accuracy"]
-phase = "test"
-"#
+{classifier}
+{accuracy}"#,
+        classifier = linear_classifier(
+            "data",
+            10,
+            "weight_filler = { type = \"gaussian\", std = 0.01 }\n"
+        ),
+        accuracy = accuracy("ip"),
     );
     let path = dir.join("cifar.toml");
     std::fs::write(&path, cfg).unwrap();
@@ -71,16 +58,8 @@ fn train(np: usize, batch: usize, name: &str) -> PathBuf {
     let data = tempfile::tempdir().unwrap();
     let cfg = dataset(data.path(), "");
     let out = out_dir(name);
-    let o = mpi_p2ptrain(
-        np,
-        &[
-            cfg.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--set",
-            &format!("data.batch_size={batch}"),
-        ],
-    );
+    let batch = format!("data.batch_size={batch}");
+    let o = train_to(np, &cfg, &out, &with_sets(&[], &[&batch]));
     assert!(o.status.success(), "{}", text(&o));
     out
 }
@@ -184,12 +163,7 @@ fn compute_mean_writes_the_pixel_means_of_the_training_files() {
     // The config names a mean file that does not exist yet: compute-mean does not read it.
     let cfg = with_mean_file(&dataset(data.path(), ""));
     let mean = data.path().join("mean.binaryproto");
-    let out = run(Command::new(bin()).args([
-        "compute-mean",
-        cfg.to_str().unwrap(),
-        "-o",
-        mean.to_str().unwrap(),
-    ]));
+    let out = compute_mean(&cfg, &mean);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(

@@ -36,13 +36,7 @@ fn singleton_without_a_launcher_trains() {
     let dir = out_dir("singleton");
     let mut c = Command::new(bin());
     mpi_env(&mut c);
-    c.args([
-        &equivalence_config(),
-        "--output",
-        dir.to_str().unwrap(),
-        "--set",
-        "solver.max_iter=5",
-    ]);
+    c.args(equivalence_args(&dir, &["solver.max_iter=5"]));
     let out = run(&mut c);
     assert!(out.status.success(), "{}", text(&out));
     assert!(dir.join("snapshots/equiv_iter_5.safetensors").is_file());
@@ -228,23 +222,24 @@ fn weights_round_trip_and_mismatched_weights_are_named() {
 
     // Starting from the snapshot with lr 0 must reproduce it exactly.
     let second = out_dir("weights_second");
+    let config = equivalence_config();
     let out = mpi_p2ptrain(
         2,
-        &[
-            &equivalence_config(),
-            "--output",
-            second.to_str().unwrap(),
-            "--weights",
-            snap.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=1",
-            "--set",
-            "solver.lr_policy=\"fixed\"",
-            "--set",
-            "solver.base_lr=1e-30",
-            "--set",
-            "solver.weight_decay=0",
-        ],
+        &with_sets(
+            &[
+                &config,
+                "--output",
+                second.to_str().unwrap(),
+                "--weights",
+                snap.to_str().unwrap(),
+            ],
+            &[
+                "solver.max_iter=1",
+                "solver.lr_policy=\"fixed\"",
+                "solver.base_lr=1e-30",
+                "solver.weight_decay=0",
+            ],
+        ),
     );
     assert!(out.status.success(), "{}", text(&out));
     assert!(max_rel_diff(&snap, &second.join("snapshots/equiv_iter_1.safetensors")) < 1e-6);
@@ -269,26 +264,12 @@ fn a_rank_killed_mid_training_ends_the_whole_job() {
     let dir = out_dir("killed");
     let mut c = mpirun(3);
     c.arg(bin())
-        .args([
-            &equivalence_config(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=100000000",
-        ])
+        .args(equivalence_args(&dir, &["solver.max_iter=100000000"]))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut job = c.spawn().unwrap();
     // Wait until training runs (metrics appear), then kill one rank.
-    let metrics = dir.join("metrics.jsonl");
-    let start = Instant::now();
-    while std::fs::metadata(&metrics).map_or(true, |m| m.len() == 0) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "training never started"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_training(&dir, &mut job, Duration::from_secs(60));
     let pids = String::from_utf8(
         Command::new("pgrep")
             .args(["-P", &job.id().to_string()])
@@ -304,17 +285,8 @@ fn a_rank_killed_mid_training_ends_the_whole_job() {
         .trim()
         .to_string();
     Command::new("kill").args(["-9", &victim]).status().unwrap();
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = job.try_wait().unwrap() {
-            break s;
-        }
-        if killed.elapsed() > Duration::from_secs(60) {
-            let _ = job.kill();
-            panic!("the job still runs 60 s after a rank was killed");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_within(&mut job, Duration::from_secs(60))
+        .expect("the job still runs 60 s after a rank was killed");
     assert!(!status.success(), "the job must fail when a rank dies");
 }
 
@@ -322,30 +294,20 @@ fn a_rank_killed_mid_training_ends_the_whole_job() {
 fn a_panicking_replica_aborts_the_whole_job_naming_its_rank() {
     // Replica 3 of 4 (np 2 × 2 threads) panics at iteration 5; its peers are then waiting in the
     // gradient all-reduce. The panic hook must end the whole job, not leave them hanging.
-    let dir = out_dir("panicking");
-    let mut c = mpirun(2);
-    c.env("P2PTRAIN_INJECT_PANIC", "3:5").arg(bin()).args([
-        &equivalence_config(),
-        "--output",
-        dir.to_str().unwrap(),
-        "--set",
-        "cluster.replicas_per_rank=2",
-        "--set",
-        "data.batch_size=8",
-        "--set",
-        "solver.max_iter=100000000",
-    ]);
     let start = Instant::now();
-    let out = run(&mut c);
-    assert!(!out.status.success(), "{}", text(&out));
+    injected_panic(
+        2,
+        "3:5",
+        1,
+        &out_dir("panicking"),
+        &[
+            "cluster.replicas_per_rank=2",
+            "data.batch_size=8",
+            "solver.max_iter=100000000",
+        ],
+    );
     assert!(
         start.elapsed() < Duration::from_secs(120),
         "the job took too long to end"
     );
-    assert!(
-        text(&out).contains("p2ptrain: rank 1: fatal"),
-        "{}",
-        text(&out)
-    );
-    assert!(text(&out).contains("injected fault"), "{}", text(&out));
 }

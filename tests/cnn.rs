@@ -49,18 +49,14 @@ fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
     assert_eq!(shapes["conv1.weight"].0, vec![16, 1, 3, 3]);
     assert_eq!(shapes["conv2.weight"].0, vec![32, 16, 3, 3]);
     let again = out_dir("cnn_digits_weights");
-    let out = p2ptrain(&[
-        "train",
-        repo("config/digits_cnn.toml").to_str().unwrap(),
-        "--output",
-        again.to_str().unwrap(),
-        "--weights",
-        snapshot.to_str().unwrap(),
-        "--set",
-        "solver.max_iter=1",
-        "--set",
-        "solver.test_initialization=true",
-    ]);
+    let config = repo("config/digits_cnn.toml");
+    let mut args = train_args(
+        &config,
+        &again,
+        &["solver.max_iter=1", "solver.test_initialization=true"],
+    );
+    args.extend(["--weights", snapshot.to_str().unwrap()]);
+    let out = p2ptrain(&args);
     assert!(out.status.success(), "{}", text(&out));
     let first = metrics(&again.join("metrics.jsonl"))
         .into_iter()
@@ -122,21 +118,12 @@ fn lenet_names_the_missing_mnist_file_and_passes_check_on_synthetic_data() {
     // conv1 20·1·5·5 + 20, conv2 50·20·5·5 + 50, ip1 500·800 + 500, ip2 10·500 + 10.
     assert!(plan.contains("parameters         431080"), "{plan}");
     let dir = out_dir("cnn_lenet_train");
-    let out = mpi_p2ptrain(
-        2,
-        &[
-            "train",
-            config.to_str().unwrap(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=3",
-            "--set",
-            "solver.test_iter=1",
-            "--set",
-            "solver.snapshot=0",
-        ],
-    );
+    let sets = [
+        "solver.max_iter=3",
+        "solver.test_iter=1",
+        "solver.snapshot=0",
+    ];
+    let out = mpi_p2ptrain(2, &train_args(&config, &dir, &sets));
     assert!(out.status.success(), "{}", text(&out));
     let loss = last_test(&dir)["loss"].as_f64().unwrap();
     assert!(loss.is_finite() && loss > 0.0, "test loss {loss}");
@@ -158,22 +145,17 @@ fn cifar10_quick_passes_check_and_trains_a_few_iterations() {
     // conv1 32·3·25 + 32, conv2 32·32·25 + 32, conv3 64·32·25 + 64, ip1 64·1024 + 64,
     // ip2 10·64 + 10: pool1 32→16, pool2 16→8, pool3 8→4 (Caffe's ceil rule).
     assert!(plan.contains("parameters         145578"), "{plan}");
-    let mut train = vec![
-        "train",
-        config.to_str().unwrap(),
-        "--output",
-        dir.to_str().unwrap(),
-        "--set",
-        "solver.max_iter=2",
-        "--set",
-        "solver.test_iter=1",
-        "--set",
-        "solver.snapshot=0",
-        "--set",
-        "data.batch_size=8",
-        "--set",
-        "data.test_batch_size=8",
-    ];
+    let mut train = train_args(
+        &config,
+        &dir,
+        &[
+            "solver.max_iter=2",
+            "solver.test_iter=1",
+            "solver.snapshot=0",
+            "data.batch_size=8",
+            "data.test_batch_size=8",
+        ],
+    );
     train.extend(files);
     let out = p2ptrain(&train);
     assert!(out.status.success(), "{}", text(&out));
@@ -201,17 +183,9 @@ fn cifar10_quick_without_its_files_names_the_missing_one() {
 /// per-replica batch of `batch`; returns the output directory.
 fn train_equivalence(name: &str, np: usize, batch: usize) -> PathBuf {
     let dir = out_dir(name);
-    let out = mpi_p2ptrain(
-        np,
-        &[
-            "train",
-            repo("tests/configs/cnn_equivalence.toml").to_str().unwrap(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            &format!("data.batch_size={batch}"),
-        ],
-    );
+    let config = repo("tests/configs/cnn_equivalence.toml");
+    let batch = format!("data.batch_size={batch}");
+    let out = train_to(np, &config, &dir, &with_sets(&[], &[&batch]));
     assert!(out.status.success(), "{name} failed:\n{}", text(&out));
     dir
 }

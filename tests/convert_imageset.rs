@@ -92,21 +92,15 @@ fn compute_mean_of_an_lmdb_is_caffes_mean_image() {
         &cfg,
         format!(
             "[data]\nformat = \"lmdb\"\ntrain_source = \"{}\"\ntest_source = \"{}\"\nbatch_size = 1\n\
-             [solver]\nbase_lr = 0.1\nmax_iter = 1\n\
-             [[layer]]\nname = \"ip\"\ntype = \"inner_product\"\nbottom = [\"data\"]\ntop = [\"ip\"]\nnum_output = 10\n\
-             [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\nbottom = [\"ip\", \"label\"]\ntop = [\"loss\"]\n",
+             [solver]\nbase_lr = 0.1\nmax_iter = 1\n{}",
             repo("tests/data/caffe/digits_train_lmdb").display(),
-            repo("tests/data/caffe/digits_test_lmdb").display()
+            repo("tests/data/caffe/digits_test_lmdb").display(),
+            config_text::linear_classifier("data", 10, "")
         ),
     )
     .unwrap();
     let mean = dir.path().join("mean.binaryproto");
-    let o = run(Command::new(bin()).args([
-        "compute-mean",
-        cfg.to_str().unwrap(),
-        "-o",
-        mean.to_str().unwrap(),
-    ]));
+    let o = compute_mean(&cfg, &mean);
     assert!(o.status.success(), "{}", text(&o));
     let ours = mean_file::read(&mean).unwrap();
     let caffes = mean_file::read(&repo("tests/data/caffe/digits_mean.binaryproto")).unwrap();

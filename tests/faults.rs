@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The collective deadline of these jobs, in seconds.
 const DEADLINE_S: u64 = 3;
@@ -23,36 +23,17 @@ fn endless_job(np: usize, dir: &Path, launcher: &[&str]) -> Child {
     let mut c = mpirun(np);
     c.args(launcher)
         .arg(bin())
-        .args([
-            &equivalence_config(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=100000000",
-            "--set",
-            "solver.display=100",
-            "--set",
-            &format!("cluster.collective_timeout_s={DEADLINE_S}"),
-        ])
+        .args(equivalence_args(
+            dir,
+            &[
+                "solver.max_iter=100000000",
+                "solver.display=100",
+                &format!("cluster.collective_timeout_s={DEADLINE_S}"),
+            ],
+        ))
         .stdout(Stdio::from(log.try_clone().unwrap()))
         .stderr(Stdio::from(log));
     c.spawn().expect("starting mpirun")
-}
-
-/// Waits until rank 0 has written a training line (every rank then trains).
-fn wait_for_training(dir: &Path, job: &mut Child) {
-    let metrics = dir.join("metrics.jsonl");
-    let start = Instant::now();
-    while std::fs::metadata(&metrics).map_or(true, |m| m.len() == 0) {
-        if let Some(s) = job.try_wait().unwrap() {
-            panic!("the job ended before training: {s}");
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = job.kill();
-            panic!("training never started");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The pid of the p2ptrain process of MPI rank `rank` among the children of `launcher`, found
@@ -84,19 +65,9 @@ fn signal(pid: u32, sig: &str) {
 /// Waits for the job of `dir` to end, at most `END_WITHIN`; a job still running then is killed
 /// and the test fails (it would have hung). Returns the exit status and the output.
 fn end_of(mut job: Child, dir: &Path, what: &str) -> (ExitStatus, String) {
-    let since = Instant::now();
     let log = || String::from_utf8_lossy(&std::fs::read(dir.join("job.log")).unwrap()).into_owned();
-    let status = loop {
-        if let Some(s) = job.try_wait().unwrap() {
-            break s;
-        }
-        if since.elapsed() > END_WITHIN {
-            let _ = job.kill();
-            let _ = job.wait();
-            panic!("the job still ran {END_WITHIN:?} after {what}:\n{}", log());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_within(&mut job, END_WITHIN)
+        .unwrap_or_else(|| panic!("the job still ran {END_WITHIN:?} after {what}:\n{}", log()));
     let all = log();
     eprintln!("--- job after {what}: {status}\n{all}");
     (status, all)
@@ -109,6 +80,29 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Starts an endless 3-rank job in `out_dir(name)` (with the `launcher` flags), waits until it
+/// trains, sends `sig` (`-KILL`, `-STOP`) to MPI rank `rank` and waits for the job to end
+/// ([`end_of`]): (the pid of that rank, the exit status, the output).
+fn fault_in_rank(
+    name: &str,
+    launcher: &[&str],
+    rank: usize,
+    sig: &str,
+) -> (u32, ExitStatus, String) {
+    let dir = out_dir(name);
+    let mut job = endless_job(3, &dir, launcher);
+    // Rank 0 writes the metrics: every rank then trains.
+    wait_for_training(&dir, &mut job, Duration::from_secs(60));
+    let victim = rank_pid(job.id(), rank);
+    signal(victim, sig);
+    let (status, all) = end_of(
+        job,
+        &dir,
+        &format!("kill {sig} of rank {rank} {launcher:?}"),
+    );
+    (victim, status, all)
+}
+
 fn no_panic(all: &str) {
     assert!(!all.contains("panicked"), "{all}");
     assert!(!all.contains("RUST_BACKTRACE"), "{all}");
@@ -117,12 +111,7 @@ fn no_panic(all: &str) {
 #[test]
 fn a_rank_killed_mid_training_ends_the_job_naming_it() {
     // OpenMPI's launcher notices the dead process and ends the job itself, naming its rank.
-    let dir = out_dir("faults_kill");
-    let mut job = endless_job(3, &dir, &[]);
-    wait_for_training(&dir, &mut job);
-    let victim = rank_pid(job.id(), 2);
-    signal(victim, "-KILL");
-    let (status, all) = end_of(job, &dir, "kill -9 of rank 2");
+    let (_, status, all) = fault_in_rank("faults_kill", &[], 2, "-KILL");
     assert!(!status.success(), "{all}");
     assert!(all.contains("rank 2"), "the lost rank is named:\n{all}");
 }
@@ -131,12 +120,7 @@ fn a_rank_killed_mid_training_ends_the_job_naming_it() {
 fn a_rank_killed_is_named_by_p2ptrain_when_the_launcher_keeps_going() {
     // With `--enable-recovery` the launcher leaves the job running after a process dies: the
     // survivors' own deadline and heartbeat must end it and name the dead rank.
-    let dir = out_dir("faults_kill_recovery");
-    let mut job = endless_job(3, &dir, &["--enable-recovery"]);
-    wait_for_training(&dir, &mut job);
-    let victim = rank_pid(job.id(), 2);
-    signal(victim, "-KILL");
-    let (_, all) = end_of(job, &dir, "kill -9 of rank 2 (launcher recovery on)");
+    let (_, _, all) = fault_in_rank("faults_kill_recovery", &["--enable-recovery"], 2, "-KILL");
     // OpenMPI 4 exits 0 from a recovering job even after MPI_Abort, and its own abort notice is
     // sometimes lost ("Out of resource" in its help printer): the ranks' reports show the failure.
     assert!(
@@ -153,12 +137,7 @@ fn a_rank_killed_is_named_by_p2ptrain_when_the_launcher_keeps_going() {
 
 #[test]
 fn a_stopped_rank_is_named_by_the_deadline_and_the_job_ends() {
-    let dir = out_dir("faults_stop");
-    let mut job = endless_job(3, &dir, &[]);
-    wait_for_training(&dir, &mut job);
-    let victim = rank_pid(job.id(), 1);
-    signal(victim, "-STOP");
-    let (_status, all) = end_of(job, &dir, "SIGSTOP of rank 1");
+    let (victim, _status, all) = fault_in_rank("faults_stop", &[], 1, "-STOP");
     // Whatever happened, leave no stopped process behind.
     if alive(victim) {
         signal(victim, "-CONT");
@@ -189,25 +168,16 @@ fn a_stopped_rank_is_named_by_the_deadline_and_the_job_ends() {
 fn a_panicking_leader_replica_aborts_the_job_naming_its_rank() {
     // Universal rank 0 (MPI rank 0's leader, the one that writes outputs) panics at iteration 3
     // of a 3-process job; the others wait in the gradient all-reduce.
-    let dir = out_dir("faults_panic");
-    let mut c = mpirun(3);
-    c.env("P2PTRAIN_INJECT_PANIC", "0:3").arg(bin()).args([
-        &equivalence_config(),
-        "--output",
-        dir.to_str().unwrap(),
-        "--set",
-        "solver.max_iter=100000000",
-        "--set",
-        &format!("cluster.collective_timeout_s={DEADLINE_S}"),
-    ]);
-    let out = run(&mut c);
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("p2ptrain: rank 0: fatal"),
-        "{}",
-        text(&out)
+    injected_panic(
+        3,
+        "0:3",
+        0,
+        &out_dir("faults_panic"),
+        &[
+            "solver.max_iter=100000000",
+            &format!("cluster.collective_timeout_s={DEADLINE_S}"),
+        ],
     );
-    assert!(text(&out).contains("injected fault"), "{}", text(&out));
 }
 
 /// An IDX image file of `n` 8×8 images.

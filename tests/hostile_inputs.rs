@@ -9,7 +9,7 @@ use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Far longer than any of these runs takes; only a hang reaches it.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -32,21 +32,12 @@ fn within_deadline(mut c: Command, dir: &Path) -> Output {
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap());
     let mut child = c.spawn().expect("starting p2ptrain");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{c:?} still running after {DEADLINE:?} (hung); stderr:\n{}",
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_within(&mut child, DEADLINE).unwrap_or_else(|| {
+        panic!(
+            "{c:?} still running after {DEADLINE:?} (hung); stderr:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        )
+    });
     let out = Output {
         status,
         stdout: std::fs::read(&out_path).unwrap(),
@@ -393,7 +384,8 @@ fn a_fifo_as_the_mean_file_is_refused_not_waited_on() {
     let config = dir.join("cifar.toml");
     std::fs::write(
         &config,
-        r#"[data]
+        format!(
+            r#"[data]
 format = "cifar10"
 train_files = ["train.bin"]
 test_files = ["test.bin"]
@@ -404,19 +396,9 @@ mean_file = "mean.binaryproto"
 base_lr = 0.05
 max_iter = 1
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip"]
-num_output = 10
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#,
+{}"#,
+            config_text::linear_classifier("data", 10, "")
+        ),
     )
     .unwrap();
     let out = p2ptrain_within_deadline(&dir, &[s(&config), "--output", s(&dir.join("run"))]);

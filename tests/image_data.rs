@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::config_text::{accuracy, convolution, linear_classifier};
 use common::*;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +16,9 @@ fn caffe(name: &str) -> String {
         .display()
         .to_string()
 }
+
+/// The weight filler of the learned layers of [`net`].
+const XAVIER: &str = "weight_filler = { type = \"xavier\" }\n";
 
 /// A small CNN on 1×8×8 digits (or 1×6×6 crops): conv 8 3×3 pad 1 → relu → max pool 2 → ip 10,
 /// trained `max_iter` iterations, with `data` as its `[data]` section.
@@ -34,16 +38,7 @@ test_interval = 0
 snapshot_prefix = "snap/net"
 random_seed = 3
 
-[[layer]]
-name = "conv1"
-type = "convolution"
-bottom = ["data"]
-top = ["conv1"]
-num_output = 8
-kernel_size = 3
-pad = 1
-weight_filler = {{ type = "xavier" }}
-
+{conv1}
 [[layer]]
 name = "relu1"
 type = "relu"
@@ -59,27 +54,8 @@ pool = "max"
 kernel_size = 2
 stride = 2
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["pool1"]
-top = ["ip"]
-num_output = 10
-weight_filler = {{ type = "xavier" }}
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-
-[[layer]]
-name = "accuracy"
-type = "accuracy"
-bottom = ["ip", "label"]
-top = ["accuracy"]
-phase = "test"
-
+{classifier}
+{accuracy}
 [[layer]]
 name = "accuracy_top5"
 type = "accuracy"
@@ -87,7 +63,15 @@ bottom = ["ip", "label"]
 top = ["accuracy_top5"]
 top_k = 5
 phase = "test"
-"#
+"#,
+        conv1 = convolution(
+            "conv1",
+            "data",
+            8,
+            &format!("kernel_size = 3\npad = 1\n{XAVIER}")
+        ),
+        classifier = linear_classifier("pool1", 10, XAVIER),
+        accuracy = accuracy("ip"),
     )
 }
 

@@ -16,10 +16,8 @@ fn config(max_iter: u64) -> String {
         &format!("max_iter = {max_iter}\ntest_interval = 0\n"),
         32,
     );
-    c.push_str(
-        "[[layer]]\nname = \"accuracy\"\ntype = \"accuracy\"\nbottom = [\"ip2\", \"label\"]\n\
-         top = [\"accuracy\"]\nphase = \"test\"\n",
-    );
+    c.push('\n');
+    c.push_str(&config_text::accuracy("ip2"));
     c
 }
 
@@ -90,6 +88,17 @@ fn predict(
     metrics(out)
 }
 
+/// [`predict`] of the bundled test images.
+fn predict_test_images(
+    np: usize,
+    cfg: &Path,
+    weights: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
+    predict(np, cfg, weights, &[&test_images()], out, extra)
+}
+
 #[test]
 fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
     let (dir, cfg, snapshot) = trained("model_test_score");
@@ -133,14 +142,7 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
 #[test]
 fn predictions_agree_with_the_score_input_by_input() {
     let (dir, cfg, snapshot) = trained("model_predict");
-    let lines = predict(
-        2,
-        &cfg,
-        &snapshot,
-        &[&test_images()],
-        &dir.join("p.jsonl"),
-        &[],
-    );
+    let lines = predict_test_images(2, &cfg, &snapshot, &dir.join("p.jsonl"), &[]);
     let labels = test_labels();
     assert_eq!(lines.len(), labels.len());
     let mut right = 0;
@@ -189,14 +191,7 @@ fn npy_inputs_predict_what_the_idx_file_does() {
     let (a, b) = (dir.join("a.npy"), dir.join("b.npy"));
     std::fs::write(&a, npy(100, &pixels[..100 * 64])).unwrap();
     std::fs::write(&b, npy(197, &pixels[100 * 64..])).unwrap();
-    let from_idx = predict(
-        1,
-        &cfg,
-        &snapshot,
-        &[&test_images()],
-        &dir.join("i.jsonl"),
-        &["--top-k", "3"],
-    );
+    let from_idx = predict_test_images(1, &cfg, &snapshot, &dir.join("i.jsonl"), &["--top-k", "3"]);
     let from_npy = predict(
         2,
         &cfg,
@@ -272,19 +267,11 @@ fn the_gpu_predicts_what_the_cpu_does() {
         return;
     }
     let (dir, cfg, snapshot) = trained("model_predict_gpu");
-    let cpu = predict(
+    let cpu = predict_test_images(1, &cfg, &snapshot, &dir.join("c.jsonl"), &[]);
+    let gpu = predict_test_images(
         1,
         &cfg,
         &snapshot,
-        &[&test_images()],
-        &dir.join("c.jsonl"),
-        &[],
-    );
-    let gpu = predict(
-        1,
-        &cfg,
-        &snapshot,
-        &[&test_images()],
         &dir.join("g.jsonl"),
         &["--set", "cluster.backend=\"cuda\""],
     );

@@ -6,10 +6,12 @@
 
 mod common;
 
-use common::{bin, config_dir, digits_mlp, mpirun, run, snapshot_iters, text};
+use common::{
+    bin, config_dir, digits_mlp, mpirun, run, snapshot_iters, text, wait_for_training, with_sets,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An MLP on the bundled digits (16 hidden units), snapshots under `snap/m`.
 fn config() -> String {
@@ -69,36 +71,25 @@ fn snapshot_keep_deletes_only_the_runs_own_snapshots_and_a_resumed_run_prunes_it
     let (dir, cfg) = setup("output_safety_keep");
     let out = dir.join("out");
     // An earlier run's snapshots in the same folder, under the same prefix.
+    let sets = |sets: &[&'static str]| with_sets(&[], sets);
     ok(&train(
         2,
         &cfg,
         &out,
-        &[
-            "--set",
-            "solver.max_iter=100",
-            "--set",
-            "solver.snapshot=50",
-        ],
+        &sets(&["solver.max_iter=100", "solver.snapshot=50"]),
     ));
     assert_eq!(snapshot_iters(&out), [50, 100]);
 
-    let keep = [
-        "--set",
-        "solver.snapshot=10",
-        "--set",
-        "solver.snapshot_keep=2",
-    ];
-    let mut args = vec!["--set", "solver.max_iter=30"];
-    args.extend(keep);
-    let fresh = train(2, &cfg, &out, &args);
+    let keep = |max_iter| sets(&[max_iter, "solver.snapshot=10", "solver.snapshot_keep=2"]);
+    let fresh = train(2, &cfg, &out, &keep("solver.max_iter=30"));
     ok(&fresh);
     assert_eq!(snapshot_iters(&out), [20, 30, 50, 100], "{}", text(&fresh));
 
     // Resumed from its own snapshot 30, the run goes on pruning its lineage (20 and 30 are its
     // own), never the earlier run's.
     let from = out.join("snap/m_iter_30.safetensors").display().to_string();
-    let mut args = vec!["--set", "solver.max_iter=45", "--resume", &from];
-    args.extend(keep);
+    let mut args = keep("solver.max_iter=45");
+    args.extend(["--resume", &from]);
     ok(&train(2, &cfg, &out, &args));
     assert_eq!(snapshot_iters(&out), [40, 45, 50, 100]);
 }
@@ -156,37 +147,15 @@ fn a_timeline_asked_of_one_rank_only_is_refused_naming_each_ranks_options() {
 /// A long run (it trains until stopped) into `out` under `mpirun -np 1`.
 fn spawn_endless(cfg: &Path, out: &Path) -> Child {
     let mut c = mpirun(1);
-    c.args(rank_args(
-        cfg,
-        out,
-        &[
-            "--set",
-            "solver.max_iter=100000000",
-            "--set",
-            "solver.display=1",
-            "--set",
-            "solver.sigint_effect=\"stop\"",
-        ],
-    ))
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    let sets = [
+        "solver.max_iter=100000000",
+        "solver.display=1",
+        "solver.sigint_effect=\"stop\"",
+    ];
+    c.args(rank_args(cfg, out, &with_sets(&[], &sets)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     c.spawn().expect("starting mpirun")
-}
-
-/// Waits until the run has written a display line (it is training).
-fn wait_training(out: &Path, job: &mut Child) {
-    let metrics = out.join("metrics.jsonl");
-    let start = Instant::now();
-    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
-        if let Ok(Some(status)) = job.try_wait() {
-            panic!("the first job ended before training: {status}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(300),
-            "no metrics after 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Stops the job with SIGTERM and waits for it.
@@ -210,7 +179,7 @@ fn a_second_job_into_a_busy_output_folder_is_refused_naming_the_first() {
     let (dir, cfg) = setup("output_safety_lock");
     let out = dir.join("out");
     let mut first = spawn_endless(&cfg, &out);
-    wait_training(&out, &mut first);
+    wait_for_training(&out, &mut first, Duration::from_secs(300));
     let second = train(2, &cfg, &out, &[]);
     stop(first);
     let t = refused(

@@ -8,7 +8,7 @@ mod common;
 
 use common::{
     bin, config_dir, digits_mlp, kill, max_rel_diff, mpirun, ok, ranks_of, refused, run,
-    snapshot_iters, tensors, text, train_to as train,
+    snapshot_iters, tensors, text, train_to as train, wait_for_training, with_sets,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -65,23 +65,31 @@ fn assert_identical(a: &Path, b: &Path, iter: u64) {
 /// `--resume latest`; returns both output directories.
 fn straight_and_resumed(name: &str, np: usize, sets: &[&str]) -> (PathBuf, PathBuf) {
     let (dir, cfg) = setup(name);
-    let set_args: Vec<String> = sets
-        .iter()
-        .flat_map(|s| ["--set".into(), s.to_string()])
-        .collect();
-    let set_args: Vec<&str> = set_args.iter().map(String::as_str).collect();
+    let set_args = with_sets(&[], sets);
     let (a, b) = (dir.join("straight"), dir.join("resumed"));
     ok(&train(np, &cfg, &a, &set_args));
-    let mut first = set_args.clone();
-    first.extend(["--set", "solver.max_iter=20"]);
-    ok(&train(np, &cfg, &b, &first));
+    ok(&train(
+        np,
+        &cfg,
+        &b,
+        &with_sets(&set_args, &["solver.max_iter=20"]),
+    ));
     assert!(state(&b, 20).is_file());
-    let mut second = set_args.clone();
-    second.extend(["--resume", "latest"]);
-    let out = train(np, &cfg, &b, &second);
-    ok(&out);
-    assert!(text(&out).contains("resuming from"), "{}", text(&out));
+    train_resuming(
+        np,
+        &cfg,
+        &b,
+        &[&set_args[..], &["--resume", "latest"]].concat(),
+    );
     (a, b)
+}
+
+/// Trains `cfg` on `np` ranks into `out` with `args`, asserting that the run resumed and
+/// succeeded.
+fn train_resuming(np: usize, cfg: &Path, out: &Path, args: &[&str]) {
+    let run = train(np, cfg, out, args);
+    ok(&run);
+    assert!(text(&run).contains("resuming from"), "{}", text(&run));
 }
 
 #[test]
@@ -131,20 +139,16 @@ fn straight_and_resumed_from_its_snapshot(
     sets: &[&str],
 ) -> (PathBuf, PathBuf) {
     let (dir, cfg) = setup(name);
-    let mut args: Vec<String> = sets
-        .iter()
-        .flat_map(|s| ["--set".into(), s.to_string()])
-        .collect();
-    args.extend(["--set".into(), "solver.snapshot=20".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args = with_sets(&with_sets(&[], sets), &["solver.snapshot=20"]);
     let (a, b) = (dir.join("straight"), dir.join("resumed"));
     ok(&train(np, &cfg, &a, &args));
     let from = state(&a, 20).display().to_string();
-    let mut resumed = args.clone();
-    resumed.extend(["--resume", from.as_str()]);
-    let out = train(np, &cfg, &b, &resumed);
-    ok(&out);
-    assert!(text(&out).contains("resuming from"), "{}", text(&out));
+    train_resuming(
+        np,
+        &cfg,
+        &b,
+        &[&args[..], &["--resume", from.as_str()]].concat(),
+    );
     (a, b)
 }
 
@@ -310,17 +314,8 @@ fn corrupt_truncated_or_missing_snapshots_are_clear_errors() {
 fn snapshot_keep_keeps_the_newest_complete_snapshots() {
     let (dir, cfg) = setup("resume_keep");
     let o = dir.join("o");
-    ok(&train(
-        1,
-        &cfg,
-        &o,
-        &[
-            "--set",
-            "solver.snapshot=10",
-            "--set",
-            "solver.snapshot_keep=2",
-        ],
-    ));
+    let keep = with_sets(&[], &["solver.snapshot=10", "solver.snapshot_keep=2"]);
+    ok(&train(1, &cfg, &o, &keep));
     let mut names: Vec<String> = std::fs::read_dir(o.join("snap"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -372,21 +367,7 @@ fn spawn_long(np: usize, cfg: &Path, out: &Path, extra: &[&str]) -> std::process
 
 /// Waits until the run has written its first display line (it is training).
 fn wait_training(out: &Path, child: &mut std::process::Child) {
-    let metrics = out.join("metrics.jsonl");
-    let start = Instant::now();
-    loop {
-        if std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the run ended before training started: {status}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(300),
-            "no metrics after 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_training(out, child, Duration::from_secs(300));
 }
 
 /// The iteration after which each rank logged an agreed signal.

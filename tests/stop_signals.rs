@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text};
+use common::{
+    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text, wait_for_training,
+    wait_within,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,31 +44,13 @@ fn alive(pid: u32) -> bool {
 
 /// Waits until the run has written its first display line (it is training).
 fn wait_training(out: &Path, child: &mut Child) {
-    let metrics = out.join("metrics.jsonl");
-    let start = Instant::now();
-    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the run ended before training started: {status}");
-        }
-        assert!(start.elapsed() < END_WITHIN, "no metrics");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_training(out, child, END_WITHIN);
 }
 
 /// Waits for `child` to end within [`END_WITHIN`]; kills it and fails otherwise.
 fn wait_end(child: &mut Child, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > END_WITHIN {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still running {END_WITHIN:?} after {what}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_within(child, END_WITHIN)
+        .unwrap_or_else(|| panic!("still running {END_WITHIN:?} after {what}"))
 }
 
 /// The names of the files in `out/snap`, sorted.

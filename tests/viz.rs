@@ -20,18 +20,14 @@ fn p2ptrain(args: &[&str]) -> std::process::Output {
 
 /// Trains the quickstart for a few iterations into `dir`.
 fn train_quickstart(dir: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "train",
-        "--no-progress",
-        "--output",
-        dir.to_str().unwrap(),
-        "--set",
-        "solver.max_iter=40",
-        "--set",
-        "solver.display=5",
-        "--set",
-        "solver.test_interval=20",
-    ];
+    let mut args = with_sets(
+        &["train", "--no-progress", "--output", dir.to_str().unwrap()],
+        &[
+            "solver.max_iter=40",
+            "solver.display=5",
+            "solver.test_interval=20",
+        ],
+    );
     args.extend_from_slice(extra);
     let out = p2ptrain(&args);
     assert!(out.status.success(), "{}", text(&out));

@@ -88,30 +88,15 @@ fn channel_means(image: &MeanImage) -> Vec<f64> {
 mod tests {
     use super::*;
 
-    /// Three 1×1×2 records: (0, 10), (1, 20), (5, 60).
-    struct Three;
-
-    impl RecordSource for Three {
-        fn len(&self) -> usize {
-            3
-        }
-        fn record_shape(&self) -> [usize; 3] {
-            [1, 1, 2]
-        }
-        fn classes(&self) -> usize {
-            2
-        }
-        fn fill(&self, index: usize, out: &mut [f32]) {
-            out.copy_from_slice(&[[0.0, 10.0], [1.0, 20.0], [5.0, 60.0]][index]);
-        }
-        fn label(&self, _index: usize) -> u32 {
-            0
-        }
-    }
+    use crate::data::test_util::FnSource;
 
     #[test]
     fn averages_every_record_per_pixel() {
-        let image = mean_of(&Three).unwrap();
+        // Three 1×1×2 records: (0, 10), (1, 20), (5, 60).
+        let three = FnSource::new(3, [1, 1, 2], |i, out: &mut [f32]| {
+            out.copy_from_slice(&[[0.0, 10.0], [1.0, 20.0], [5.0, 60.0]][i])
+        });
+        let image = mean_of(&three).unwrap();
         assert_eq!(image.shape, [1, 1, 2]);
         assert_eq!(image.data, vec![2.0, 30.0]);
         assert_eq!(channel_means(&image), vec![16.0]);

@@ -484,14 +484,10 @@ pub fn run(action: Action, opts: Options) -> i32 {
         Action::Train => signals::install_early(),
         _ => Ok(()),
     };
-    let boot = match Bootstrap::init() {
+    let boot = match super::start_rank() {
         Ok(b) => b,
-        Err(e) => {
-            eprintln!("p2ptrain: error: {e}");
-            return e.exit_code();
-        }
+        Err(code) => return code,
     };
-    crate::logging::init(boot.rank, boot.size);
     let prepared = match boot.agree(prepare(&action, &opts, &boot)) {
         Ok(p) => p,
         Err(code) => return code,

@@ -495,10 +495,15 @@ fn normalize(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use crate::config::{DataFormat, LrPolicy};
+    use crate::config_text::mlp;
     use crate::error::Pos;
     use crate::validate::{load, load_str};
+    use std::sync::LazyLock;
 
-    const BASE: &str = r#"[cluster]
+    /// The digits MLP (32 hidden units, Xavier weights in `ip2`) on the CPU.
+    static BASE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"[cluster]
 backend = "cpu"
 
 [data]
@@ -510,46 +515,27 @@ base_lr = 0.05 # comment kept
 max_iter = 100
 lr_policy = "fixed"
 
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 32
-
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-weight_filler = { type = "xavier" }
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#;
+{}"#,
+            mlp(32, "weight_filler = { type = \"xavier\" }\n")
+        )
+    });
 
     fn sets(s: &[&str]) -> Vec<String> {
         s.iter().map(|s| s.to_string()).collect()
     }
 
     fn load_base(set: &[&str]) -> Result<(Config, Source)> {
-        load_str("base.toml", BASE, Path::new("."), &sets(set))
+        load_str("base.toml", &BASE, Path::new("."), &sets(set))
     }
 
     fn err(text: &str, set: &[&str]) -> String {
         let e = load_str("t.toml", text, Path::new("."), &sets(set)).unwrap_err();
         assert_eq!(e.exit_code(), 2, "{e}");
         e.to_string()
+    }
+
+    fn has(e: &str, want: &str) {
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
     }
 
     fn line_of(text: &str, needle: &str) -> usize {
@@ -561,7 +547,7 @@ top = ["loss"]
         let (c, s) = load_base(&[]).unwrap();
         assert_eq!(c.data.format, DataFormat::Digits);
         assert_eq!(c.layers.len(), 4);
-        assert_eq!(s.text, BASE);
+        assert_eq!(s.text, *BASE);
         assert!(s.overrides.is_empty());
     }
 
@@ -587,7 +573,7 @@ top = ["loss"]
         assert_eq!(c.layers[2].weight_filler.as_ref().unwrap().std, 0.02);
         assert_eq!(c.solver.lr_policy, LrPolicy::Step);
         assert_eq!(s.overrides[3].0, "layer[0].num_output");
-        assert_eq!(s.text, BASE, "the source keeps the file's own text");
+        assert_eq!(s.text, *BASE, "the source keeps the file's own text");
     }
 
     #[test]
@@ -623,7 +609,7 @@ top = ["loss"]
             ("a b=1", "not a key path"),
         ];
         for (arg, want) in cases {
-            let e = err(BASE, &[arg]);
+            let e = err(&BASE, &[arg]);
             assert!(e.starts_with("--set: "), "{arg}: {e}");
             assert!(e.contains(want), "{arg}: {e}");
             assert!(e.contains(&format!("`--set {arg}`")), "{arg}: {e}");
@@ -632,20 +618,20 @@ top = ["loss"]
 
     #[test]
     fn errors_about_overridden_keys_name_the_set() {
-        let e = err(BASE, &["solver.base_lr=abc"]);
+        let e = err(&BASE, &["solver.base_lr=abc"]);
         assert!(
             e.starts_with("--set: `solver.base_lr`: expected a number, found string \"abc\""),
             "{e}"
         );
         assert!(e.ends_with("(from `--set solver.base_lr=abc`)"), "{e}");
-        let e = err(BASE, &["solver.base_rl=0.1"]);
+        let e = err(&BASE, &["solver.base_rl=0.1"]);
         assert!(
             e.contains("`solver.base_rl`: unknown key; did you mean `base_lr`?"),
             "{e}"
         );
-        let e = err(BASE, &["solver.base_lr=-1"]);
+        let e = err(&BASE, &["solver.base_lr=-1"]);
         assert!(e.starts_with("--set: `solver.base_lr`: must be"), "{e}");
-        let e = err(BASE, &["layer[0].num_output=0"]);
+        let e = err(&BASE, &["layer[0].num_output=0"]);
         assert!(e.starts_with("--set: `layer[0].num_output`"), "{e}");
     }
 
@@ -678,31 +664,25 @@ top = ["loss"]
             e,
             format!("t.toml:{line}:1: `solver.base_rl`: unknown key; did you mean `base_lr`?")
         );
-        let e = err(&text.replace("base_rl", "learning_rate"), &[]);
-        assert!(
-            e.contains("unknown key; expected one of `type`, `base_lr`"),
-            "{e}"
+        has(
+            &err(&text.replace("base_rl", "learning_rate"), &[]),
+            "unknown key; expected one of `type`, `base_lr`",
         );
-        let e = err(&BASE.replace("[solver]", "[solvr]"), &[]);
-        assert!(
-            e.contains("`solvr`: unknown section; did you mean `solver`?"),
-            "{e}"
+        has(
+            &err(&BASE.replace("[solver]", "[solvr]"), &[]),
+            "`solvr`: unknown section; did you mean `solver`?",
         );
     }
 
     #[test]
     fn unknown_values_get_a_suggestion() {
-        let e = err(&BASE.replace("\"xavier\"", "\"xavir\""), &[]);
-        assert!(
-            e.contains(
-                "`layer[2].weight_filler.type`: unknown value \"xavir\"; did you mean \"xavier\"?"
-            ),
-            "{e}"
+        has(
+            &err(&BASE.replace("\"xavier\"", "\"xavir\""), &[]),
+            "`layer[2].weight_filler.type`: unknown value \"xavir\"; did you mean \"xavier\"?",
         );
-        let e = err(&BASE.replace("\"relu\"", "\"rectifier\""), &[]);
-        assert!(
-            e.contains("`layer[1].type`: unknown value \"rectifier\"; expected one of"),
-            "{e}"
+        has(
+            &err(&BASE.replace("\"relu\"", "\"rectifier\""), &[]),
+            "`layer[1].type`: unknown value \"rectifier\"; expected one of",
         );
     }
 
@@ -715,18 +695,25 @@ top = ["loss"]
             e,
             format!("t.toml:{line}:14: `data.batch_size`: expected a non-negative integer, found string \"32\"")
         );
-        let e = err(
-            &BASE.replace("bottom = [\"data\"]", "bottom = \"data\""),
-            &[],
+        has(
+            &err(
+                &BASE.replace("bottom = [\"data\"]", "bottom = \"data\""),
+                &[],
+            ),
+            "`layer[0].bottom`: expected an array",
         );
-        assert!(e.contains("`layer[0].bottom`: expected an array"), "{e}");
-        let e = err(&BASE.replace("max_iter = 100\n", ""), &[]);
-        assert!(
-            e.contains(":8:1: `solver.max_iter`: missing required key"),
-            "{e}"
+        // A missing key is reported at its table's header.
+        has(
+            &err(&BASE.replace("max_iter = 100\n", ""), &[]),
+            &format!(
+                "t.toml:{}:1: `solver.max_iter`: missing required key",
+                line_of(&BASE, "[solver]")
+            ),
         );
-        let e = err(&BASE.replace("name = \"relu1\"\n", ""), &[]);
-        assert!(e.contains("`layer[1].name`: missing required key"), "{e}");
+        has(
+            &err(&BASE.replace("name = \"relu1\"\n", ""), &[]),
+            "`layer[1].name`: missing required key",
+        );
         let text: String = BASE.split("[solver]").next().unwrap().to_string();
         assert_eq!(
             err(&text, &[]),

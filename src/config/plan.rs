@@ -414,10 +414,15 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config_text::{inner_product, softmax_loss};
     use crate::validate::load_str;
     use std::path::Path;
+    use std::sync::LazyLock;
 
-    const TEXT: &str = r#"[cluster]
+    /// One inner product and its loss on the digits, 4 replicas a rank, 2 micro-batches.
+    static TEXT: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"[cluster]
 replicas_per_rank = 4
 
 [data]
@@ -433,23 +438,16 @@ power = 0.75
 iter_size = 2
 max_iter = 100
 
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 10
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip1", "label"]
-top = ["loss"]
-"#;
+{}
+{}"#,
+            inner_product("ip1", "data", 10, ""),
+            softmax_loss("ip1")
+        )
+    });
 
     fn plan(sets: &[&str], world: usize) -> Result<Plan> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let (c, s) = load_str("p.toml", TEXT, Path::new("."), &sets)?;
+        let (c, s) = load_str("p.toml", &TEXT, Path::new("."), &sets)?;
         Plan::new(c, s, world)
     }
 

@@ -611,29 +611,22 @@ impl NcclComm {
     ) -> Result<()> {
         let name = "ncclAllReduce";
         self.check_stream(name, stream)?;
-        let len = buf.len();
-        let Some(mut view) = buf.try_slice_mut(range.clone()) else {
-            return Err(out_of_range(name, &range, len));
-        };
-        if range.is_empty() {
-            return Ok(());
-        }
-        let (ptr, _record) = view.device_ptr_mut(stream);
-        let ptr = ptr as *mut c_void;
-        // SAFETY: `ptr` addresses `range.len()` elements of T on this communicator's device,
-        // kept alive and exclusively borrowed for the call; in-place is allowed by NCCL.
-        let rc = unsafe {
-            (self.lib.all_reduce)(
-                ptr,
-                ptr,
-                range.len(),
-                T::DATA_TYPE,
-                op.raw(),
-                self.raw,
-                stream.cu_stream(),
-            )
-        };
-        self.lib.check(name, rc, Some(self.raw))
+        in_place(name, buf, &range, stream, |ptr| {
+            // SAFETY: `ptr` addresses `range.len()` elements of T on this communicator's device,
+            // kept alive and exclusively borrowed for the call; in-place is allowed by NCCL.
+            let rc = unsafe {
+                (self.lib.all_reduce)(
+                    ptr,
+                    ptr,
+                    range.len(),
+                    T::DATA_TYPE,
+                    op.raw(),
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            };
+            self.lib.check(name, rc, Some(self.raw))
+        })
     }
 
     /// Copies `buf[range]` of universal rank `root` into every replica's `buf[range]`, in place,
@@ -653,28 +646,21 @@ impl NcclComm {
                 self.size
             )));
         }
-        let len = buf.len();
-        let Some(mut view) = buf.try_slice_mut(range.clone()) else {
-            return Err(out_of_range(name, &range, len));
-        };
-        if range.is_empty() {
-            return Ok(());
-        }
-        let (ptr, _record) = view.device_ptr_mut(stream);
-        let ptr = ptr as *mut c_void;
-        // SAFETY: as in `all_reduce`; root < size fits a C int.
-        let rc = unsafe {
-            (self.lib.broadcast)(
-                ptr,
-                ptr,
-                range.len(),
-                T::DATA_TYPE,
-                root as c_int,
-                self.raw,
-                stream.cu_stream(),
-            )
-        };
-        self.lib.check(name, rc, Some(self.raw))
+        in_place(name, buf, &range, stream, |ptr| {
+            // SAFETY: as in `all_reduce`; root < size fits a C int.
+            let rc = unsafe {
+                (self.lib.broadcast)(
+                    ptr,
+                    ptr,
+                    range.len(),
+                    T::DATA_TYPE,
+                    root as c_int,
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            };
+            self.lib.check(name, rc, Some(self.raw))
+        })
     }
 
     /// Replaces the host values `values` by their sums over every replica (scores, counters).
@@ -790,6 +776,27 @@ impl NcclComm {
         self.lib
             .check("communication (asynchronous error)", state, Some(self.raw))
     }
+}
+
+/// Calls `collective` with the device address of `buf[range]`, which an in-place collective
+/// reads and writes, held on `stream` until the call returns; calls nothing for an empty range.
+/// `op` names the collective in the error for a range outside `buf`.
+fn in_place<T: NcclType>(
+    op: &str,
+    buf: &mut CudaSlice<T>,
+    range: &Range<usize>,
+    stream: &CudaStream,
+    collective: impl FnOnce(*mut c_void) -> Result<()>,
+) -> Result<()> {
+    let len = buf.len();
+    let Some(mut view) = buf.try_slice_mut(range.clone()) else {
+        return Err(out_of_range(op, range, len));
+    };
+    if range.is_empty() {
+        return Ok(());
+    }
+    let (ptr, _record) = view.device_ptr_mut(stream);
+    collective(ptr as *mut c_void)
 }
 
 fn out_of_range(op: &str, range: &Range<usize>, len: usize) -> Error {

@@ -62,18 +62,12 @@ impl GpuParams {
 
     /// Indices into `spans` of the tensors of `layer`.
     pub fn layer_spans(&self, layer: usize) -> Range<usize> {
-        let start = self.spans.partition_point(|s| s.layer < layer);
-        let end = self.spans.partition_point(|s| s.layer <= layer);
-        start..end
+        crate::params::layer_spans(&self.spans, layer)
     }
 
     /// The flat range covered by the tensors of `layer` (empty if it has none).
     pub fn layer_range(&self, layer: usize) -> Range<usize> {
-        let r = self.layer_spans(layer);
-        if r.is_empty() {
-            return 0..0;
-        }
-        self.spans[r.start].offset..self.spans[r.end - 1].range().end
+        crate::params::layer_range(&self.spans, layer)
     }
 
     /// All `(len)` parameters.

@@ -35,6 +35,8 @@ pub mod order;
 pub mod reader;
 pub mod resample;
 pub mod synthetic;
+#[cfg(test)]
+pub(crate) mod test_util;
 pub mod transform;
 
 pub use augment::Augment;

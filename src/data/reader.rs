@@ -524,6 +524,7 @@ impl Producer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::test_util::FnSource;
     use crate::data::{Split, SyntheticSource};
     use std::time::{Duration, Instant};
 
@@ -803,34 +804,14 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
-    /// A source whose `fill` panics at record `bad`.
-    struct Faulty {
-        bad: usize,
-    }
-
-    impl RecordSource for Faulty {
-        fn len(&self) -> usize {
-            10
-        }
-        fn record_shape(&self) -> [usize; 3] {
-            [1, 1, 1]
-        }
-        fn classes(&self) -> usize {
-            2
-        }
-        fn fill(&self, index: usize, out: &mut [f32]) {
-            assert!(index != self.bad, "record {index} is unreadable");
-            out[0] = index as f32;
-        }
-        fn label(&self, _index: usize) -> u32 {
-            0
-        }
-    }
-
     #[test]
     fn a_panicking_source_makes_next_fail_instead_of_hang() {
         let mut reader = TrainReader::start(
-            Arc::new(Faulty { bad: 7 }),
+            // Record 7 cannot be read: its `fill` panics.
+            Arc::new(FnSource::new(10, [1, 1, 1], |i, out: &mut [f32]| {
+                assert!(i != 7, "record {i} is unreadable");
+                out[0] = i as f32;
+            })),
             0,
             false,
             2,

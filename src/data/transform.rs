@@ -393,34 +393,23 @@ impl Transform {
 mod tests {
     use super::*;
     use crate::data::order::micro_batch_positions;
+    use crate::data::test_util::FnSource;
 
-    /// A 2×4×5 source whose pixel (c, y, x) of record i is 1000·i + 100·c + 10·y + x.
-    struct Ramp;
-
-    impl RecordSource for Ramp {
-        fn len(&self) -> usize {
-            50
-        }
-        fn record_shape(&self) -> [usize; 3] {
-            [2, 4, 5]
-        }
-        fn classes(&self) -> usize {
-            2
-        }
-        fn fill(&self, index: usize, out: &mut [f32]) {
+    /// 50 records of 2×4×5 whose pixel (c, y, x) of record i is [`pixel`]`(i, c, y, x)`,
+    /// labelled `i % 2`.
+    fn ramp() -> impl RecordSource {
+        let fill = |i, out: &mut [f32]| {
             let mut k = 0;
             for c in 0..2 {
                 for y in 0..4 {
                     for x in 0..5 {
-                        out[k] = (1000 * index + 100 * c + 10 * y + x) as f32;
+                        out[k] = pixel(i, c, y, x);
                         k += 1;
                     }
                 }
             }
-        }
-        fn label(&self, index: usize) -> u32 {
-            (index % 2) as u32
-        }
+        };
+        FnSource::new(50, [2, 4, 5], fill).labelled(|i| (i % 2) as u32)
     }
 
     fn pixel(i: usize, c: usize, y: usize, x: usize) -> f32 {
@@ -433,7 +422,8 @@ mod tests {
         assert_eq!(t.output_shape(), [2, 3, 3]);
         assert_eq!(t.test_window(), (0, 1));
         let mut out = vec![0.0; 18];
-        t.test(&Ramp, 3, &mut out, &mut Scratch::default()).unwrap();
+        t.test(&ramp(), 3, &mut out, &mut Scratch::default())
+            .unwrap();
         let mut want = Vec::new();
         for c in 0..2 {
             for y in 0..3 {
@@ -455,7 +445,7 @@ mod tests {
             assert!(y0 <= 2 && x0 <= 3);
             seen.insert((y0, x0, flip));
             let mut out = vec![0.0; 8];
-            t.train(&Ramp, 5, p, &mut out, &mut scratch).unwrap();
+            t.train(&ramp(), 5, p, &mut out, &mut scratch).unwrap();
             let mut want = Vec::new();
             for c in 0..2 {
                 for y in 0..2 {
@@ -473,11 +463,11 @@ mod tests {
 
     #[test]
     fn a_mean_image_is_subtracted_at_each_pixels_source_position() {
-        // The mean of pixel (c, y, x) is Ramp's record 0, so every output of record i is
+        // The mean of pixel (c, y, x) is ramp()'s record 0, so every output of record i is
         // 1000·i · scale, whatever the crop, flip or test window; a mean taken at the output
         // position instead would leave a ramp.
         let mut image = vec![0.0; 40];
-        Ramp.fill(0, &mut image);
+        ramp().fill(0, &mut image);
         let scale = 0.5;
         for (crop, mirror) in [(0, false), (0, true), (3, true)] {
             let t = Transform::new([2, 4, 5], crop, mirror, &[0.0], scale, 0, 9)
@@ -486,14 +476,14 @@ mod tests {
             let mut scratch = Scratch::default();
             for p in 0..40u64 {
                 let mut out = vec![f32::NAN; n];
-                t.train(&Ramp, 7, p, &mut out, &mut scratch).unwrap();
+                t.train(&ramp(), 7, p, &mut out, &mut scratch).unwrap();
                 assert!(
                     out.iter().all(|&v| v == 7000.0 * scale),
                     "crop {crop}, mirror {mirror}, position {p}: {out:?}"
                 );
             }
             let mut out = vec![f32::NAN; n];
-            t.test(&Ramp, 3, &mut out, &mut scratch).unwrap();
+            t.test(&ramp(), 3, &mut out, &mut scratch).unwrap();
             assert!(out.iter().all(|&v| v == 3000.0 * scale), "test: {out:?}");
         }
     }
@@ -503,14 +493,14 @@ mod tests {
         let t = Transform::new([2, 4, 5], 0, true, &[0.0], 1.0, 0, 1);
         let p = (0..100u64).find(|&p| t.train_window(p).2).expect("a flip");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+        t.train(&ramp(), 0, p, &mut out, &mut Scratch::default())
             .unwrap();
         assert_eq!(&out[..5], &[4.0, 3.0, 2.0, 1.0, 0.0]);
         assert_eq!(&out[20..25], &[104.0, 103.0, 102.0, 101.0, 100.0]);
         let q = (0..100u64)
             .find(|&p| !t.train_window(p).2)
             .expect("no flip");
-        t.train(&Ramp, 0, q, &mut out, &mut Scratch::default())
+        t.train(&ramp(), 0, q, &mut out, &mut Scratch::default())
             .unwrap();
         assert_eq!(&out[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
     }
@@ -519,11 +509,12 @@ mod tests {
     fn per_channel_mean_then_scale() {
         let t = Transform::new([2, 4, 5], 0, false, &[1.0, 100.0], 0.5, 0, 1);
         let mut out = vec![0.0; 40];
-        t.test(&Ramp, 0, &mut out, &mut Scratch::default()).unwrap();
+        t.test(&ramp(), 0, &mut out, &mut Scratch::default())
+            .unwrap();
         assert_eq!(out[3], (3.0 - 1.0) * 0.5);
         assert_eq!(out[20 + 3], (103.0 - 100.0) * 0.5);
         let one = Transform::new([2, 4, 5], 0, false, &[2.0], 0.5, 0, 1);
-        one.test(&Ramp, 0, &mut out, &mut Scratch::default())
+        one.test(&ramp(), 0, &mut out, &mut Scratch::default())
             .unwrap();
         assert_eq!((out[0], out[20]), (-1.0, 49.0));
     }
@@ -535,7 +526,7 @@ mod tests {
             .find(|&p| t.shift.offsets(p) == (1, 0))
             .expect("offset (1, 0)");
         let mut out = vec![0.0; 40];
-        t.train(&Ramp, 0, p, &mut out, &mut Scratch::default())
+        t.train(&ramp(), 0, p, &mut out, &mut Scratch::default())
             .unwrap();
         assert!(out[..5].iter().all(|&v| v == -20.0), "{:?}", &out[..5]);
         assert!(out[20..25].iter().all(|&v| v == -40.0));
@@ -569,9 +560,9 @@ mod tests {
     fn identity_leaves_records_alone() {
         let t = Transform::identity([2, 4, 5]);
         let (mut a, mut b) = (vec![0.0; 40], vec![0.0; 40]);
-        t.train(&Ramp, 2, 9, &mut a, &mut Scratch::default())
+        t.train(&ramp(), 2, 9, &mut a, &mut Scratch::default())
             .unwrap();
-        Ramp.fill(2, &mut b);
+        ramp().fill(2, &mut b);
         assert_eq!(a, b);
     }
 }

@@ -128,14 +128,7 @@ impl Bootstrap {
 
     /// Checks that every rank resolved the same config; names the first rank that differs.
     pub fn check_same_fingerprint(&self, fingerprint: u64) -> Result<()> {
-        let mut all = vec![0u64; self.size];
-        mpi::request::scope(|scope| {
-            complete(
-                self.world
-                    .immediate_all_gather_into(scope, &fingerprint, &mut all[..]),
-                "config fingerprint exchange",
-            )
-        });
+        let all = self.gather_u64s(&[fingerprint], "config fingerprint exchange");
         match all.iter().position(|&f| f != all[0]) {
             None => Ok(()),
             Some(r) => Err(Error::Comm(format!(
@@ -151,14 +144,7 @@ impl Bootstrap {
     /// mismatch rank 0 returns an [`Error::Usage`] listing every rank's description and the other
     /// ranks return `Ok`: pass the outcome through [`Bootstrap::agree`] so that all stop.
     pub fn check_same_start(&self, key: u64, describe: &str) -> Result<()> {
-        let mut all = vec![0u64; self.size];
-        mpi::request::scope(|scope| {
-            complete(
-                self.world
-                    .immediate_all_gather_into(scope, &key, &mut all[..]),
-                "start-up agreement",
-            )
-        });
+        let all = self.gather_u64s(&[key], "start-up agreement");
         if all.iter().all(|&k| k == all[0]) {
             return Ok(());
         }
@@ -178,12 +164,17 @@ impl Bootstrap {
 
     /// Every process's `mine` (of one length everywhere), concatenated in rank order.
     pub fn all_gather_u64(&self, mine: &[u64]) -> Vec<u64> {
+        self.gather_u64s(mine, "data fingerprint exchange")
+    }
+
+    /// [`Bootstrap::all_gather_u64`], the exchange named `op` in a deadline report.
+    fn gather_u64s(&self, mine: &[u64], op: &str) -> Vec<u64> {
         let mut all = vec![0u64; mine.len() * self.size];
         mpi::request::scope(|scope| {
             complete(
                 self.world
                     .immediate_all_gather_into(scope, mine, &mut all[..]),
-                "data fingerprint exchange",
+                op,
             )
         });
         all

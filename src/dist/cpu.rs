@@ -4,11 +4,34 @@
 //! and names its collective (`gradient all-reduce`, `score sum`, `parameter broadcast`,
 //! `barrier`) when it expires.
 
-use super::local::LocalGroup;
+use super::local::{LocalGroup, LocalReducer};
 use super::mpi_link::MpiLink;
 use super::Communicator;
 use crate::error::Result;
+use std::ops::AddAssign;
 use std::sync::Arc;
+
+/// Sums `buf` over every replica of the job into the result chunks of `r`: over the local
+/// replicas (local replica `local` of `g`), then, on a leader with an MPI link (`mpi`: the link
+/// and its buffer for the gathered chunks), over the processes by `sum`; returns once every
+/// local replica can read the result (`copy_out`). `op` names the collective.
+fn sum_over_job<T: Copy + Default + AddAssign>(
+    g: &LocalGroup,
+    r: &LocalReducer<T>,
+    local: usize,
+    buf: &[T],
+    mpi: Option<(&mut MpiLink, &mut Vec<T>)>,
+    sum: fn(&mut MpiLink, &mut [T], &str),
+    op: &str,
+) {
+    g.reduce_into_chunks(r, local, buf, op);
+    if let Some((link, gathered)) = mpi {
+        g.gather_chunks(r, gathered);
+        g.in_mpi(|| sum(link, gathered, op));
+        g.scatter_chunks(r, gathered);
+    }
+    g.wait(local, op);
+}
 
 /// One replica's endpoint.
 pub struct CpuComm {
@@ -84,13 +107,8 @@ impl Communicator for CpuComm {
     fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
         const OP: &str = "gradient all-reduce";
         let g = &self.group;
-        g.reduce_into_chunks(&g.f32s, self.local, buf, OP);
-        if let Some(mpi) = &mut self.mpi {
-            g.gather_chunks(&g.f32s, &mut self.gathered_f32);
-            g.in_mpi(|| mpi.sum_f32(&mut self.gathered_f32, OP));
-            g.scatter_chunks(&g.f32s, &self.gathered_f32);
-        }
-        g.wait(self.local, OP);
+        let mpi = self.mpi.as_mut().map(|m| (m, &mut self.gathered_f32));
+        sum_over_job(g, &g.f32s, self.local, buf, mpi, MpiLink::sum_f32, OP);
         let inv = 1.0 / self.size as f32;
         g.copy_out(&g.f32s, self.local, OP, buf, |v| v * inv);
         Ok(())
@@ -99,13 +117,8 @@ impl Communicator for CpuComm {
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
         const OP: &str = "score sum";
         let g = &self.group;
-        g.reduce_into_chunks(&g.f64s, self.local, buf, OP);
-        if let Some(mpi) = &mut self.mpi {
-            g.gather_chunks(&g.f64s, &mut self.gathered_f64);
-            g.in_mpi(|| mpi.sum_f64(&mut self.gathered_f64, OP));
-            g.scatter_chunks(&g.f64s, &self.gathered_f64);
-        }
-        g.wait(self.local, OP);
+        let mpi = self.mpi.as_mut().map(|m| (m, &mut self.gathered_f64));
+        sum_over_job(g, &g.f64s, self.local, buf, mpi, MpiLink::sum_f64, OP);
         g.copy_out(&g.f64s, self.local, OP, buf, |v| v);
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 use super::deadline::{self, Wait};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use mpi::datatype::Equivalence;
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
@@ -19,6 +20,24 @@ pub struct MpiLink {
 // was initialised with `MPI_THREAD_SERIALIZED` or higher, which `Bootstrap::init` checks. The link
 // moves to the leader thread once and only that thread calls MPI through it.
 unsafe impl Send for MpiLink {}
+
+/// `buf ← Σ over the processes of `comm` of buf`, sending a copy of `buf` kept in `scratch`.
+fn sum_through<T: Equivalence + Copy>(
+    comm: &SimpleCommunicator,
+    scratch: &mut Vec<T>,
+    buf: &mut [T],
+    op: &str,
+) {
+    scratch.clear();
+    scratch.extend_from_slice(buf);
+    let send = &scratch[..];
+    mpi::request::scope(|scope| {
+        complete(
+            comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
+            op,
+        )
+    });
+}
 
 /// Polls `req` until it completes; past the deadline, reports collective `op` and aborts the job
 /// (so an incomplete request is never dropped).
@@ -52,28 +71,12 @@ impl MpiLink {
     /// `buf ← Σ over processes of buf` (MPI has no in-place all-reduce here: one scratch copy).
     /// `op` names the collective in a deadline report.
     pub fn sum_f32(&mut self, buf: &mut [f32], op: &str) {
-        self.scratch_f32.clear();
-        self.scratch_f32.extend_from_slice(buf);
-        let (comm, send) = (&self.comm, &self.scratch_f32[..]);
-        mpi::request::scope(|scope| {
-            complete(
-                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
-                op,
-            )
-        });
+        sum_through(&self.comm, &mut self.scratch_f32, buf, op);
     }
 
     /// `buf ← Σ over processes of buf`.
     pub fn sum_f64(&mut self, buf: &mut [f64], op: &str) {
-        self.scratch_f64.clear();
-        self.scratch_f64.extend_from_slice(buf);
-        let (comm, send) = (&self.comm, &self.scratch_f64[..]);
-        mpi::request::scope(|scope| {
-            complete(
-                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
-                op,
-            )
-        });
+        sum_through(&self.comm, &mut self.scratch_f64, buf, op);
     }
 
     /// Broadcasts `buf` from process `root`.

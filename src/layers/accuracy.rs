@@ -19,10 +19,12 @@
 use crate::config::layer_params::AccuracyParams;
 use crate::error::{Error, Result};
 use crate::layers::softmax_with_loss::{class_of, rows_and_classes};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// Top-k accuracy; see the module docs.
-pub type Accuracy = CpuLayer<AccuracyParams, Counts>;
+cpu_layer! {
+    /// Top-k accuracy; see the module docs.
+    pub type Accuracy = CpuLayer<AccuracyParams, Counts>;
+}
 
 /// The classes of the current scores and the counts of the last forward.
 #[derive(Debug, Clone, Default)]
@@ -36,14 +38,6 @@ pub struct Counts {
 /// `n < 2²³` (see the module docs).
 pub fn count_from_fraction(fraction: f32, n: usize) -> u64 {
     (fraction as f64 * n as f64).round() as u64
-}
-
-impl BuildCpu for AccuracyParams {
-    type Layer = Accuracy;
-
-    fn build(&self, name: &str) -> Accuracy {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl Accuracy {

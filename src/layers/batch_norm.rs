@@ -23,13 +23,13 @@
 use crate::config::layer_params::BatchNormParams;
 use crate::config::{FillerConfig, Phase};
 use crate::error::{Error, Result};
-use crate::layers::{
-    one_bottom, BackwardPass, BuildCpu, CpuLayer, Ctx, ForwardPass, Layer, Reducer,
-};
+use crate::layers::{one_bottom, BackwardPass, CpuLayer, Ctx, ForwardPass, Layer, Reducer};
 use crate::params::ParamSpec;
 
-/// Batch normalisation; see the module docs.
-pub type BatchNorm = CpuLayer<BatchNormParams, Statistics>;
+cpu_layer! {
+    /// Batch normalisation; see the module docs.
+    pub type BatchNorm = CpuLayer<BatchNormParams, Statistics>;
+}
 
 /// The statistics BatchNorm keeps between its passes.
 #[derive(Debug, Clone, Default)]
@@ -48,14 +48,6 @@ pub struct Statistics {
     pending: bool,
     /// Per-channel sums `(2C + 1)`: two sums per channel, then the count.
     sums: Vec<f64>,
-}
-
-impl BuildCpu for BatchNormParams {
-    type Layer = BatchNorm;
-
-    fn build(&self, name: &str) -> BatchNorm {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl BatchNorm {

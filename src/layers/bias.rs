@@ -9,18 +9,12 @@
 use crate::config::layer_params::BiasParams;
 use crate::error::Result;
 use crate::layers::broadcast::Broadcast;
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
-/// The bias layer; see the module docs.
-pub type Bias = CpuLayer<BiasParams, Broadcast>;
-
-impl BuildCpu for BiasParams {
-    type Layer = Bias;
-
-    fn build(&self, name: &str) -> Bias {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The bias layer; see the module docs.
+    pub type Bias = CpuLayer<BiasParams, Broadcast>;
 }
 
 impl Layer for Bias {

@@ -7,10 +7,12 @@
 
 use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
-use crate::layers::{AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The concatenation layer; see the module docs.
-pub type Concat = CpuLayer<ConcatParams, Rows>;
+cpu_layer! {
+    /// The concatenation layer; see the module docs.
+    pub type Concat = CpuLayer<ConcatParams, Rows>;
+}
 
 /// Every bottom and the top viewed as rows: `outer` rows of `width_b` elements (`a_b · inner`)
 /// per bottom, of their sum for the top.
@@ -18,14 +20,6 @@ pub type Concat = CpuLayer<ConcatParams, Rows>;
 pub struct Rows {
     outer: usize,
     widths: Vec<usize>,
-}
-
-impl BuildCpu for ConcatParams {
-    type Layer = Concat;
-
-    fn build(&self, name: &str) -> Concat {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl Layer for Concat {

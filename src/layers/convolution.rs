@@ -22,7 +22,7 @@ use crate::backend::Cpu;
 use crate::config::layer_params::ConvolutionParams;
 use crate::error::{Error, Result};
 use crate::layers::spatial::{image_bottom, Geometry};
-use crate::layers::{weight_and_bias, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{weight_and_bias, BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 use rayon::prelude::*;
 
@@ -30,8 +30,10 @@ use rayon::prelude::*;
 /// chunk stays in cache between its im2col and its GEMM).
 pub const COLUMN_BUDGET: usize = 1 << 21;
 
-/// The convolution layer; see the module docs.
-pub type Convolution = CpuLayer<ConvolutionParams, Columns>;
+cpu_layer! {
+    /// The convolution layer; see the module docs.
+    pub type Convolution = CpuLayer<ConvolutionParams, Columns>;
+}
 
 /// The geometry of the current bottom and the buffers of its passes, kept and reused.
 #[derive(Debug, Clone, Default)]
@@ -49,14 +51,6 @@ pub struct Columns {
     ones: Vec<f32>,
     /// Floats a chunk's buffers may take; `None`: [`COLUMN_BUDGET`] (smaller in tests).
     pub(crate) column_budget: Option<usize>,
-}
-
-impl BuildCpu for ConvolutionParams {
-    type Layer = Convolution;
-
-    fn build(&self, name: &str) -> Convolution {
-        CpuLayer::new(name, self)
-    }
 }
 
 /// The GEMM sizes of one pass: per group, the weight `W_g (M, K)` with `M = num_output/group`

@@ -12,7 +12,7 @@
 use crate::config::layer_params::DropoutParams;
 use crate::config::Phase;
 use crate::error::Result;
-use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{elementwise_shape, BackwardPass, CpuLayer, ForwardPass, Layer};
 
 /// FNV-1a, 64 bits (offset 0xcbf29ce484222325, prime 0x100000001b3): the layer's share of the seed.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -39,16 +39,10 @@ pub fn layer_seed(seed: u64, name: &str) -> u64 {
     seed ^ fnv1a64(name.as_bytes())
 }
 
-/// Inverted dropout; see the module docs. Its state is the mask of the last train forward
-/// `(N, ...)`: `1 / (1 − ratio)` where kept, 0 where dropped; backward multiplies by it.
-pub type Dropout = CpuLayer<DropoutParams, Vec<f32>>;
-
-impl BuildCpu for DropoutParams {
-    type Layer = Dropout;
-
-    fn build(&self, name: &str) -> Dropout {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// Inverted dropout; see the module docs. Its state is the mask of the last train forward
+    /// `(N, ...)`: `1 / (1 − ratio)` where kept, 0 where dropped; backward multiplies by it.
+    pub type Dropout = CpuLayer<DropoutParams, Vec<f32>>;
 }
 
 impl Layer for Dropout {

@@ -7,18 +7,12 @@
 use crate::config::layer_params::EltwiseParams;
 use crate::config::EltwiseOp;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The element-wise layer; see the module docs. Its state (max): per top element, the index of
-/// the winning bottom.
-pub type Eltwise = CpuLayer<EltwiseParams, Vec<u32>>;
-
-impl BuildCpu for EltwiseParams {
-    type Layer = Eltwise;
-
-    fn build(&self, name: &str) -> Eltwise {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The element-wise layer; see the module docs. Its state (max): per top element, the index of
+    /// the winning bottom.
+    pub type Eltwise = CpuLayer<EltwiseParams, Vec<u32>>;
 }
 
 impl Eltwise {

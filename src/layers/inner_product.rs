@@ -10,13 +10,13 @@
 
 use crate::config::layer_params::InnerProductParams;
 use crate::error::{Error, Result};
-use crate::layers::{
-    one_bottom, weight_and_bias, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer,
-};
+use crate::layers::{one_bottom, weight_and_bias, BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
-/// The fully connected layer; see the module docs.
-pub type InnerProduct = CpuLayer<InnerProductParams, Rows>;
+cpu_layer! {
+    /// The fully connected layer; see the module docs.
+    pub type InnerProduct = CpuLayer<InnerProductParams, Rows>;
+}
 
 /// The current bottom viewed as `(M, K)` rows of features.
 #[derive(Debug, Clone, Default)]
@@ -27,14 +27,6 @@ pub struct Rows {
     m: usize,
     /// `(M)` ones: the bias is added as `ones · bᵀ` and its gradient is `top_diffᵀ · ones`.
     ones: Vec<f32>,
-}
-
-impl BuildCpu for InnerProductParams {
-    type Layer = InnerProduct;
-
-    fn build(&self, name: &str) -> InnerProduct {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl InnerProduct {

@@ -9,9 +9,10 @@
 //! families share one body each (`neuron.rs`, `reshaping.rs`).
 //!
 //! Adding a layer type (the whole list is in [`crate::config::layer_params`]): its file here
-//! holds the layer (its state type and `impl Layer`), `impl BuildCpu for ItsParams` and its
-//! tests, a gradient check ([`gradient_check`]) among them; `build` picks it up from the registry
-//! line, and a kind whose parameters lack `BuildCpu` does not compile.
+//! holds the layer (its state type and `impl Layer`), `impl BuildCpu for ItsParams` (written by
+//! `cpu_layer!` for a [`CpuLayer`]) and its tests, a gradient check ([`gradient_check`]) among
+//! them; `build` picks it up from the registry line, and a kind whose parameters lack `BuildCpu`
+//! does not compile.
 //!
 //! Conventions:
 //! - Blobs are row-major with the batch first: `(N, ...)`.
@@ -32,6 +33,23 @@
 //!   `sync = true` uses it for its per-channel sums. The engine supplies it in train passes of a
 //!   multi-replica job and `None` otherwise (one replica; test passes, whose batch counts may
 //!   differ between replicas). Layers never see the communicator itself.
+
+/// Declares the CPU layer `$layer`, a [`CpuLayer`] over the parameters `$params` with the state
+/// `$state`, and builds it from those parameters ([`BuildCpu`], with an empty state).
+macro_rules! cpu_layer {
+    ($(#[$doc:meta])* pub type $layer:ident = CpuLayer<$params:ident, $state:ty>;) => {
+        $(#[$doc])*
+        pub type $layer = CpuLayer<$params, $state>;
+
+        impl $crate::layers::BuildCpu for $params {
+            type Layer = $layer;
+
+            fn build(&self, name: &str) -> $layer {
+                $crate::layers::CpuLayer::new(name, self)
+            }
+        }
+    };
+}
 
 pub mod abs_val;
 pub mod accuracy;

@@ -15,10 +15,12 @@ use crate::config::layer_params::PoolingParams;
 use crate::config::PoolMethod;
 use crate::error::{Error, Result};
 use crate::layers::spatial::{image_bottom, Pair};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The pooling layer; see the module docs.
-pub type Pooling = CpuLayer<PoolingParams, Windows>;
+cpu_layer! {
+    /// The pooling layer; see the module docs.
+    pub type Pooling = CpuLayer<PoolingParams, Windows>;
+}
 
 /// The windows over the current bottom, and where the maxima of the last forward were.
 #[derive(Debug, Clone, Default)]
@@ -44,14 +46,6 @@ pub fn pooled_size(input: usize, kernel: usize, stride: usize, pad: usize) -> Op
         out -= 1;
     }
     Some(out)
-}
-
-impl BuildCpu for PoolingParams {
-    type Layer = Pooling;
-
-    fn build(&self, name: &str) -> Pooling {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl Pooling {

@@ -14,18 +14,12 @@
 use crate::config::layer_params::ScaleParams;
 use crate::error::Result;
 use crate::layers::broadcast::Broadcast;
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
-/// The scale layer; see the module docs.
-pub type Scale = CpuLayer<ScaleParams, Broadcast>;
-
-impl BuildCpu for ScaleParams {
-    type Layer = Scale;
-
-    fn build(&self, name: &str) -> Scale {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The scale layer; see the module docs.
+    pub type Scale = CpuLayer<ScaleParams, Broadcast>;
 }
 
 impl Layer for Scale {

@@ -5,17 +5,11 @@
 
 use crate::config::layer_params::SoftmaxParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{one_bottom, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The softmax layer; see the module docs. Its state: the bottom viewed as `(outer, C, inner)`.
-pub type Softmax = CpuLayer<SoftmaxParams, AxisView>;
-
-impl BuildCpu for SoftmaxParams {
-    type Layer = Softmax;
-
-    fn build(&self, name: &str) -> Softmax {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The softmax layer; see the module docs. Its state: the bottom viewed as `(outer, C, inner)`.
+    pub type Softmax = CpuLayer<SoftmaxParams, AxisView>;
 }
 
 impl Layer for Softmax {

@@ -15,10 +15,12 @@
 
 use crate::config::layer_params::SoftmaxWithLossParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// Softmax and multinomial logistic loss; see the module docs.
-pub type SoftmaxWithLoss = CpuLayer<SoftmaxWithLossParams, Probabilities>;
+cpu_layer! {
+    /// Softmax and multinomial logistic loss; see the module docs.
+    pub type SoftmaxWithLoss = CpuLayer<SoftmaxWithLossParams, Probabilities>;
+}
 
 /// What SoftmaxWithLoss keeps from its last forward for its backward.
 #[derive(Debug, Clone, Default)]
@@ -31,14 +33,6 @@ pub struct Probabilities {
     targets: Vec<Option<usize>>,
     /// Valid rows `V`.
     valid: usize,
-}
-
-impl BuildCpu for SoftmaxWithLossParams {
-    type Layer = SoftmaxWithLoss;
-
-    fn build(&self, name: &str) -> SoftmaxWithLoss {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl SoftmaxWithLoss {

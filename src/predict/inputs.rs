@@ -65,19 +65,16 @@ pub fn open(path: &Path) -> Result<Arc<dyn InputSource>> {
         .map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
     let name = path.display().to_string();
     if ext == "npy" {
-        return Ok(Arc::new(Npy::parse(&name, &bytes)?));
+        return parse_npy(&name, &bytes);
     }
     let magic = idx::IMAGES_MAGIC.to_be_bytes();
     if bytes.starts_with(&magic) || bytes.starts_with(&[0x1f, 0x8b]) {
         let images = idx::parse_images(&name, &bytes)?;
-        return Ok(Arc::new(Idx { name, images }));
+        return Ok(Keyed::named(name, Idx { images }));
     }
     if !bytes.is_empty() && bytes.len() % crate::data::cifar10::RECORD_BYTES == 0 {
         let source = Cifar10Source::from_bytes(vec![(name.clone(), bytes)], 256)?;
-        return Ok(Arc::new(Keyed {
-            name,
-            inner: Arc::new(source),
-        }));
+        return Ok(Keyed::named(name, source));
     }
     Err(Error::data(
         path,
@@ -87,13 +84,22 @@ pub fn open(path: &Path) -> Result<Arc<dyn InputSource>> {
 
 /// The NumPy array in `bytes` (the file `name`) as an input source.
 pub fn parse_npy(name: &str, bytes: &[u8]) -> Result<Arc<dyn InputSource>> {
-    Ok(Arc::new(Npy::parse(name, bytes)?))
+    Ok(Keyed::named(name.to_string(), Npy::parse(name, bytes)?))
 }
 
-/// A source whose records are named `<file>#<index>`.
+/// The records of the file `name`, named `<file>#<index>`, without labels.
 struct Keyed {
     name: String,
     inner: Arc<dyn RecordSource>,
+}
+
+impl Keyed {
+    fn named(name: String, inner: impl RecordSource + 'static) -> Arc<dyn InputSource> {
+        Arc::new(Keyed {
+            name,
+            inner: Arc::new(inner),
+        })
+    }
 }
 
 impl RecordSource for Keyed {
@@ -125,7 +131,6 @@ impl InputSource for Keyed {
 
 /// The images of an IDX file, `(1, H, W)`, no labels.
 struct Idx {
-    name: String,
     images: idx::IdxImages,
 }
 
@@ -149,20 +154,10 @@ impl RecordSource for Idx {
     fn label(&self, _: usize) -> u32 {
         0
     }
-    fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl InputSource for Idx {
-    fn key(&self, index: usize) -> String {
-        format!("{}#{index}", self.name)
-    }
 }
 
 /// A NumPy array `(N, C, H, W)` or `(N, H, W)` of `u1` or little-endian `f4` values.
 struct Npy {
-    name: String,
     shape: [usize; 3],
     count: usize,
     values: Vec<f32>,
@@ -245,7 +240,6 @@ impl Npy {
             return Err(bad("no records"));
         }
         Ok(Npy {
-            name: name.to_string(),
             shape,
             count,
             values,
@@ -269,15 +263,6 @@ impl RecordSource for Npy {
     }
     fn label(&self, _: usize) -> u32 {
         0
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl InputSource for Npy {
-    fn key(&self, index: usize) -> String {
-        format!("{}#{index}", self.name)
     }
 }
 
@@ -362,7 +347,8 @@ mod tests {
         let mut out = [0.0; 4];
         a.fill(1, &mut out);
         assert_eq!(out, [5.0, 6.0, 7.0, 8.0]);
-        assert_eq!(a.key(1), "a.npy#1");
+        let named = parse_npy("a.npy", &npy("|u1", "(2, 1, 2, 2)", &[0; 8])).unwrap();
+        assert_eq!(named.key(1), "a.npy#1");
         let floats: Vec<u8> = [0.5f32, -1.0]
             .iter()
             .flat_map(|v| v.to_le_bytes())

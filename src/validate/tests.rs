@@ -2,9 +2,14 @@
 
 use super::load_str;
 use super::*;
+use crate::config_text::{accuracy, convolution, linear_classifier, mlp, position};
 use std::path::Path;
+use std::sync::LazyLock;
 
-const BASE: &str = r#"[cluster]
+/// The digits MLP (16 hidden units) and its test accuracy, on the CPU.
+static BASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"[cluster]
 backend = "cpu"
 
 [data]
@@ -16,39 +21,12 @@ base_lr = 0.05
 momentum = 0.9
 max_iter = 100
 
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = 16
-
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-
-[[layer]]
-name = "accuracy"
-type = "accuracy"
-bottom = ["ip2", "label"]
-top = ["accuracy"]
-phase = "test"
-"#;
+{}
+{}"#,
+        mlp(16, ""),
+        accuracy("ip2")
+    )
+});
 
 fn check(text: &str) -> Result<()> {
     load_str("t.toml", text, Path::new("."), &[]).map(|_| ())
@@ -56,9 +34,13 @@ fn check(text: &str) -> Result<()> {
 
 /// The error of `BASE` with `from` replaced by `to`.
 fn err(from: &str, to: &str) -> String {
-    assert!(BASE.contains(from), "{from:?} not in BASE");
-    let text = BASE.replacen(from, to, 1);
-    match check(&text) {
+    edit_err(&BASE, from, to)
+}
+
+/// The error of `text` with `from` replaced by `to`.
+fn edit_err(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "{from:?} not in the config");
+    match check(&text.replacen(from, to, 1)) {
         Ok(()) => panic!("no error with {to:?}"),
         Err(e) => {
             assert_eq!(e.exit_code(), 2);
@@ -67,41 +49,59 @@ fn err(from: &str, to: &str) -> String {
     }
 }
 
+/// Asserts that `text` with `from` replaced by `to` fails with `t.toml:line:col: want`, where
+/// `line:col` is the place of `at` in the edited text.
+fn fails_at(text: &str, (from, to): (&str, &str), at: &str, want: &str) {
+    let edited = text.replacen(from, to, 1);
+    has(
+        &edit_err(text, from, to),
+        &format!("{}: {want}", position("t.toml", &edited, at)),
+    );
+}
+
 fn has(e: &str, want: &str) {
     assert!(e.contains(want), "{e:?} lacks {want:?}");
 }
 
 #[test]
 fn the_base_config_is_valid() {
-    check(BASE).unwrap();
+    check(&BASE).unwrap();
 }
 
 #[test]
 fn range_errors_name_the_key_and_position() {
-    has(
-        &err("batch_size = 32", "batch_size = 0"),
-        "t.toml:6:1: `data.batch_size`: must be at least 1",
+    fails_at(
+        &BASE,
+        ("batch_size = 32", "batch_size = 0"),
+        "batch_size",
+        "`data.batch_size`: must be at least 1",
     );
     has(
         &err("batch_size = 32", "batch_size = 32\ntest_batch_size = 0"),
         "`data.test_batch_size`: must be at least 1",
     );
-    has(
-        &err("backend = \"cpu\"", "replicas_per_rank = 0"),
-        "t.toml:2:1: `cluster.replicas_per_rank`: must be between 1 and 1024",
+    fails_at(
+        &BASE,
+        ("backend = \"cpu\"", "replicas_per_rank = 0"),
+        "replicas_per_rank",
+        "`cluster.replicas_per_rank`: must be between 1 and 1024",
     );
     has(
         &err("backend = \"cpu\"", "replicas_per_rank = 1025"),
         "`cluster.replicas_per_rank`",
     );
-    has(
-        &err("backend = \"cpu\"", "threads_per_replica = 100000"),
-        "t.toml:2:1: `cluster.threads_per_replica`: 100000 threads × 1 replicas per rank \
-         exceeds the limit of 4096",
+    fails_at(
+        &BASE,
+        ("backend = \"cpu\"", "threads_per_replica = 100000"),
+        "threads_per_replica",
+        "`cluster.threads_per_replica`: 100000 threads × 1 replicas per rank exceeds the limit \
+         of 4096",
     );
-    has(
-        &err("base_lr = 0.05", "base_lr = -0.1"),
-        "t.toml:9:1: `solver.base_lr`: must be a finite number > 0, got -0.1",
+    fails_at(
+        &BASE,
+        ("base_lr = 0.05", "base_lr = -0.1"),
+        "base_lr",
+        "`solver.base_lr`: must be a finite number > 0, got -0.1",
     );
     has(&err("base_lr = 0.05", "base_lr = nan"), "`solver.base_lr`");
     has(&err("base_lr = 0.05", "base_lr = inf"), "`solver.base_lr`");
@@ -158,9 +158,14 @@ fn lr_policies_need_their_keys() {
         &p("lr_policy = \"multistep\"\ngamma = 0.1"),
         "`solver.stepvalue`",
     );
-    has(
-        &p("lr_policy = \"multistep\"\ngamma = 0.1\nstepvalue = [10, 10]"),
-        "t.toml:14:18: `solver.stepvalue`: must be strictly increasing",
+    fails_at(
+        &BASE,
+        (
+            "max_iter = 100",
+            "max_iter = 100\nlr_policy = \"multistep\"\ngamma = 0.1\nstepvalue = [10, 10]",
+        ),
+        "10]",
+        "`solver.stepvalue`: must be strictly increasing",
     );
     has(&p("lr_policy = \"exp\""), "`solver.gamma`");
     has(
@@ -278,10 +283,13 @@ fn memory_limits_are_reported_in_gib() {
     let e = err("batch_size = 32", &format!("batch_size = {}", u64::MAX / 2));
     has(&e, "overflows");
     let wide = BASE.replace("num_output = 16", "num_output = 1048576");
-    let e = check(&wide.replace("num_output = 10\n", "num_output = 65536\n"))
-        .unwrap_err()
-        .to_string();
-    has(&e, "t.toml:31:1: `layer[2].num_output`: the weights (65536 × 1048576) would need 256.0 GiB of f32 (limit 64 GiB)");
+    fails_at(
+        &wide,
+        ("num_output = 10\n", "num_output = 65536\n"),
+        "num_output = 65536",
+        "`layer[2].num_output`: the weights (65536 × 1048576) would need 256.0 GiB of f32 \
+         (limit 64 GiB)",
+    );
     let big_batch = BASE.replace("batch_size = 32", "batch_size = 100000");
     let e = check(&big_batch.replace("num_output = 16", "num_output = 200000"))
         .unwrap_err()
@@ -302,7 +310,13 @@ fn memory_limits_are_reported_in_gib() {
 
 #[test]
 fn layer_types_reject_keys_that_do_not_apply() {
-    has(&err("num_output = 16", "num_output = 16\nnegative_slope = 0.1"), "t.toml:19:1: `layer[0].negative_slope`: `negative_slope` does not apply to a layer of type inner_product");
+    fails_at(
+        &BASE,
+        ("num_output = 16", "num_output = 16\nnegative_slope = 0.1"),
+        "negative_slope",
+        "`layer[0].negative_slope`: `negative_slope` does not apply to a layer of type \
+         inner_product",
+    );
     has(
         &err("top = [\"ip1\"]\n\n", "top = [\"ip1\"]\nnum_output = 3\n\n"),
         "`layer[1].num_output`: `num_output` does not apply to a layer of type relu",
@@ -346,9 +360,11 @@ fn layer_types_reject_keys_that_do_not_apply() {
 
 #[test]
 fn layer_values_are_checked() {
-    has(
-        &err("num_output = 16", "num_output = 0"),
-        "t.toml:18:1: `layer[0].num_output`: must be between 1 and 2^28, got 0",
+    fails_at(
+        &BASE,
+        ("num_output = 16", "num_output = 0"),
+        "num_output = 0",
+        "`layer[0].num_output`: must be between 1 and 2^28, got 0",
     );
     has(
         &err("num_output = 16", "num_output = 268435457"),
@@ -382,12 +398,14 @@ fn layer_values_are_checked() {
         ),
         "`layer[0].weight_filler.max`: a uniform filler needs min < max",
     );
-    has(
-        &err(
+    fails_at(
+        &BASE,
+        (
             "num_output = 16",
             "num_output = 16\nweight_filler = { type = \"gaussian\", std = 0 }",
         ),
-        "t.toml:19:38: `layer[0].weight_filler.std`: a gaussian filler needs std > 0",
+        "std = 0",
+        "`layer[0].weight_filler.std`: a gaussian filler needs std > 0",
     );
     has(
         &err(
@@ -400,12 +418,14 @@ fn layer_values_are_checked() {
 
 #[test]
 fn the_graph_is_checked() {
-    has(
-        &err(
+    fails_at(
+        &BASE,
+        (
             "bottom = [\"ip1\"]\ntop = [\"ip2\"]",
             "bottom = [\"ip0\"]\ntop = [\"ip2\"]",
         ),
-        "t.toml:29:11: `layer[2].bottom`: bottom `ip0` is produced by no earlier layer",
+        "\"ip0\"",
+        "`layer[2].bottom`: bottom `ip0` is produced by no earlier layer",
     );
     has(&err("bottom = [\"data\"]", "bottom = [\"ip2\"]"), "`layer[0].bottom`: bottom `ip2` is produced by no earlier layer: layer `ip2` produces it from this layer's output, a cycle");
     let moved = err(
@@ -473,12 +493,14 @@ fn idx_files_are_checked() {
     };
     let good = idx("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
     check(&BASE.replace("format = \"digits\"", &good)).unwrap();
-    has(
-        &err(
+    fails_at(
+        &BASE,
+        (
             "format = \"digits\"",
             &idx("nope.gz", "train-labels-idx1-ubyte.gz"),
         ),
-        "t.toml:6:1: `data.train_images`: file not found: ",
+        "train_images",
+        "`data.train_images`: file not found: ",
     );
     has(
         &err(
@@ -679,7 +701,10 @@ fn the_good_configs_load() {
     assert!(n >= 1);
 }
 
-const CNN: &str = r#"[data]
+/// conv1 (8 3×3, pad 1) → pool1 (2×2 max, stride 2) → a linear classifier, on the digits.
+static CNN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"[data]
 format = "digits"
 batch_size = 32
 
@@ -687,15 +712,7 @@ batch_size = 32
 base_lr = 0.05
 max_iter = 10
 
-[[layer]]
-name = "conv1"
-type = "convolution"
-bottom = ["data"]
-top = ["conv1"]
-num_output = 8
-kernel_size = 3
-pad = 1
-
+{}
 [[layer]]
 name = "pool1"
 type = "pooling"
@@ -704,30 +721,15 @@ top = ["pool1"]
 kernel_size = 2
 stride = 2
 
-[[layer]]
-name = "ip"
-type = "inner_product"
-bottom = ["pool1"]
-top = ["ip"]
-num_output = 10
-
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip", "label"]
-top = ["loss"]
-"#;
+{}"#,
+        convolution("conv1", "data", 8, "kernel_size = 3\npad = 1\n"),
+        linear_classifier("pool1", 10, "")
+    )
+});
 
 /// The error of `CNN` with `from` replaced by `to`.
 fn cnn_err(from: &str, to: &str) -> String {
-    assert!(CNN.contains(from), "{from:?} not in CNN");
-    match check(&CNN.replacen(from, to, 1)) {
-        Ok(()) => panic!("no error with {to:?}"),
-        Err(e) => {
-            assert_eq!(e.exit_code(), 2);
-            e.to_string()
-        }
-    }
+    edit_err(&CNN, from, to)
 }
 
 /// `CNN` with the layers in `extra` (TOML) inserted before the inner product, which then
@@ -745,51 +747,69 @@ fn cnn_with(extra: &str, bottom: &str) -> String {
 
 #[test]
 fn the_cnn_config_is_valid() {
-    check(CNN).unwrap();
+    check(&CNN).unwrap();
     check(&CNN.replace("kernel_size = 2\nstride = 2", "global_pooling = true")).unwrap();
 }
 
 #[test]
 fn spatial_keys_are_checked() {
-    has(
-        &cnn_err("kernel_size = 3", "kernel_size = 0"),
-        "t.toml:15:1: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+    fails_at(
+        &CNN,
+        ("kernel_size = 3", "kernel_size = 0"),
+        "kernel_size = 0",
+        "`layer[0].kernel_size`: must be between 1 and 1048576, got 0",
     );
-    has(
-        &cnn_err("kernel_size = 3\n", ""),
-        "t.toml:9:1: `layer[0].kernel_size`: a layer of type convolution needs `kernel_size`",
+    fails_at(
+        &CNN,
+        ("kernel_size = 3\n", ""),
+        "[[layer]]\nname = \"conv1\"",
+        "`layer[0].kernel_size`: a layer of type convolution needs `kernel_size`",
     );
     has(
         &cnn_err("kernel_size = 2\nstride = 2", "stride = 2"),
         "`layer[1].kernel_size`: a layer of type pooling needs `kernel_size` (or global_pooling = true)",
     );
-    has(
-        &cnn_err("stride = 2", "stride = 0"),
-        "t.toml:24:1: `layer[1].stride`: must be between 1",
+    fails_at(
+        &CNN,
+        ("stride = 2", "stride = 0"),
+        "stride",
+        "`layer[1].stride`: must be between 1",
     );
-    has(
-        &cnn_err("pad = 1", "pad = 1\ndilation = 0"),
-        "t.toml:17:1: `layer[0].dilation`: must be between 1",
+    fails_at(
+        &CNN,
+        ("pad = 1", "pad = 1\ndilation = 0"),
+        "dilation",
+        "`layer[0].dilation`: must be between 1",
     );
-    has(
-        &cnn_err("stride = 2", "stride = 2\npad = 2"),
-        "t.toml:25:1: `layer[1].pad`: must be smaller than the kernel [2, 2], got [2, 2]",
+    fails_at(
+        &CNN,
+        ("stride = 2", "stride = 2\npad = 2"),
+        "pad = 2",
+        "`layer[1].pad`: must be smaller than the kernel [2, 2], got [2, 2]",
     );
-    has(
-        &cnn_err("kernel_size = 3", "kernel_size = [3, 3, 3]"),
-        "t.toml:15:1: `layer[0].kernel_size`: takes 1 or 2 values (one per spatial axis; 2-D only)",
+    fails_at(
+        &CNN,
+        ("kernel_size = 3", "kernel_size = [3, 3, 3]"),
+        "kernel_size = [",
+        "`layer[0].kernel_size`: takes 1 or 2 values (one per spatial axis; 2-D only)",
     );
-    has(
-        &cnn_err("kernel_size = 3", "kernel_size = [3, 0]"),
-        "t.toml:15:19: `layer[0].kernel_size`: must be between 1 and 1048576, got 0",
+    fails_at(
+        &CNN,
+        ("kernel_size = 3", "kernel_size = [3, 0]"),
+        "0]",
+        "`layer[0].kernel_size`: must be between 1 and 1048576, got 0",
     );
-    has(
-        &cnn_err("kernel_size = 3", "kernel_size = 11"),
-        "t.toml:15:1: `layer[0].kernel_size`: the kernel spans 11 pixels, more than the padded input (10)",
+    fails_at(
+        &CNN,
+        ("kernel_size = 3", "kernel_size = 11"),
+        "kernel_size = 11",
+        "`layer[0].kernel_size`: the kernel spans 11 pixels, more than the padded input (10)",
     );
-    has(
-        &cnn_err("stride = 2", "stride = 2\nglobal_pooling = true"),
-        "t.toml:23:1: `layer[1].kernel_size`: `kernel_size` does not apply with global_pooling = true",
+    fails_at(
+        &CNN,
+        ("stride = 2", "stride = 2\nglobal_pooling = true"),
+        "kernel_size = 2",
+        "`layer[1].kernel_size`: `kernel_size` does not apply with global_pooling = true",
     );
     has(
         &cnn_err("kernel_size = 3", "kernel_size = 3\nnegative_slope = 1.0"),
@@ -808,9 +828,11 @@ fn spatial_keys_are_checked() {
 
 #[test]
 fn convolution_counts_and_groups_are_checked() {
-    has(
-        &cnn_err("num_output = 8", "num_output = 8\ngroup = 3"),
-        "t.toml:15:1: `layer[0].group`: must be at least 1 and divide num_output 8, got 3",
+    fails_at(
+        &CNN,
+        ("num_output = 8", "num_output = 8\ngroup = 3"),
+        "group",
+        "`layer[0].group`: must be at least 1 and divide num_output 8, got 3",
     );
     has(
         &cnn_err("num_output = 8", "num_output = 8\ngroup = 2"),
@@ -837,12 +859,12 @@ fn convolution_counts_and_groups_are_checked() {
 #[test]
 fn convolution_memory_is_reported_in_gib() {
     let big = CNN.replace("batch_size = 32", "batch_size = 100000");
-    let e = check(&big.replace("num_output = 8", "num_output = 100000"))
-        .unwrap_err()
-        .to_string();
-    has(
-        &e,
-        "t.toml:14:1: `layer[0].num_output`: the top `conv1` (N, 100000, 8, 8), batch 100000 would need 2384.2 GiB of f32 (limit 64 GiB)",
+    fails_at(
+        &big,
+        ("num_output = 8", "num_output = 100000"),
+        "num_output = 100000",
+        "`layer[0].num_output`: the top `conv1` (N, 100000, 8, 8), batch 100000 would need \
+         2384.2 GiB of f32 (limit 64 GiB)",
     );
     let synth = CNN.replace(
         "format = \"digits\"",

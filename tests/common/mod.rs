@@ -1,13 +1,17 @@
-//! Shared helpers of the integration tests: run the real binary, alone or under `mpirun`, and
-//! read what it wrote (metrics.jsonl, safetensors snapshots).
+//! Shared helpers of the integration tests: run the real binary, alone or under `mpirun` (the
+//! command lines, waiting for a job to train or to end), and read what it wrote (metrics.jsonl,
+//! safetensors snapshots); [`config_text`] writes the layer tables of the test configs.
 
 #![allow(dead_code)]
 
+pub mod config_text;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
+use std::time::{Duration, Instant};
 
 /// The binary under test.
 pub fn bin() -> PathBuf {
@@ -126,6 +130,50 @@ pub fn train_to<S: AsRef<std::ffi::OsStr>>(
     run(&mut c)
 }
 
+/// Waits until the run of `job` has written a line to `out/metrics.jsonl` (it trains), at most
+/// `limit`; panics if the job ends first or the time runs out (then killing it).
+pub fn wait_for_training(out: &Path, job: &mut Child, limit: Duration) {
+    let metrics = out.join("metrics.jsonl");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
+        if let Some(status) = job.try_wait().unwrap() {
+            panic!("the run ended before training: {status}");
+        }
+        if start.elapsed() > limit {
+            let _ = job.kill();
+            let _ = job.wait();
+            panic!("no metrics after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `job` to end, at most `limit`: its exit status, or `None` when it still ran then
+/// (it is killed and reaped).
+pub fn wait_within(job: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = job.kill();
+            let _ = job.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `p2ptrain compute-mean CONFIG -o OUT` in one process.
+pub fn compute_mean(config: &Path, out: &Path) -> Output {
+    run(Command::new(bin())
+        .arg("compute-mean")
+        .arg(config)
+        .arg("-o")
+        .arg(out))
+}
+
 /// Asserts that a run exited 0.
 pub fn ok(out: &Output) {
     assert_eq!(out.status.code(), Some(0), "{}", text(out));
@@ -202,19 +250,51 @@ pub fn equivalence_config() -> String {
     repo("tests/configs/equivalence.toml").display().to_string()
 }
 
+/// `args`, then `--set S` for each `S` of `sets`.
+pub fn with_sets<'a>(args: &[&'a str], sets: &[&'a str]) -> Vec<&'a str> {
+    let sets = sets.iter().flat_map(|&s| ["--set", s]);
+    args.iter().copied().chain(sets).collect()
+}
+
+/// `train CONFIG --output OUT`, then `--set S` for each `S` of `sets`.
+pub fn train_args<'a>(config: &'a Path, out: &'a Path, sets: &[&'a str]) -> Vec<&'a str> {
+    let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
+    with_sets(&["train", config, "--output", out], sets)
+}
+
+/// The arguments that train the equivalence config into `out` with the `--set` options `sets`.
+pub fn equivalence_args(out: &Path, sets: &[&str]) -> Vec<String> {
+    let config = equivalence_config();
+    let args = with_sets(&[&config, "--output", out.to_str().unwrap()], sets);
+    args.into_iter().map(String::from).collect()
+}
+
+/// Trains the equivalence config on `np` ranks into `dir` with the `--set` options `sets` and a
+/// panic injected at `fault` (`universal rank:iteration`, as `P2PTRAIN_INJECT_PANIC` takes it);
+/// asserts that the job failed, saying that MPI rank `rank` hit a fatal error, the injected
+/// fault. Returns the output.
+pub fn injected_panic(np: usize, fault: &str, rank: usize, dir: &Path, sets: &[&str]) -> Output {
+    let mut c = mpirun(np);
+    c.env("P2PTRAIN_INJECT_PANIC", fault)
+        .arg(bin())
+        .args(equivalence_args(dir, sets));
+    let out = run(&mut c);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(t.contains(&format!("p2ptrain: rank {rank}: fatal")), "{t}");
+    assert!(t.contains("injected fault"), "{t}");
+    out
+}
+
 /// Trains the equivalence config for `max_iter` iterations on one rank into `dir`, asserting
 /// that it succeeds (its snapshot is `dir/snapshots/equiv_iter_{max_iter}.safetensors`).
 pub fn train_equivalence(dir: &Path, max_iter: usize) {
-    let out = mpi_p2ptrain(
-        1,
-        &[
-            &equivalence_config(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            &format!("solver.max_iter={max_iter}"),
-        ],
-    );
+    let mut c = mpirun(1);
+    c.arg(bin()).args(equivalence_args(
+        dir,
+        &[&format!("solver.max_iter={max_iter}")],
+    ));
+    let out = run(&mut c);
     assert!(out.status.success(), "{}", text(&out));
 }
 
@@ -256,8 +336,7 @@ pub fn assert_same_metrics(
 
 /// The config of an MLP on the bundled digits: `[data]` (batch 8, scale 1/256, then the lines
 /// `data_extra`), `[solver]` (SGD, rate 0.05, momentum 0.9, then the lines `solver`, snapshots
-/// only on request under `snap/m`), and ip1 (`hidden` outputs) → relu1 → ip2 (10 outputs) →
-/// softmax_with_loss.
+/// only on request under `snap/m`), and [`config_text::mlp`] with `hidden` hidden units.
 pub fn digits_mlp(data_extra: &str, solver: &str, hidden: usize) -> String {
     format!(
         r#"
@@ -271,29 +350,9 @@ base_lr = 0.05
 momentum = 0.9
 {solver}snapshot = 0
 snapshot_prefix = "snap/m"
-[[layer]]
-name = "ip1"
-type = "inner_product"
-bottom = ["data"]
-top = ["ip1"]
-num_output = {hidden}
-[[layer]]
-name = "relu1"
-type = "relu"
-bottom = ["ip1"]
-top = ["ip1"]
-[[layer]]
-name = "ip2"
-type = "inner_product"
-bottom = ["ip1"]
-top = ["ip2"]
-num_output = 10
-[[layer]]
-name = "loss"
-type = "softmax_with_loss"
-bottom = ["ip2", "label"]
-top = ["loss"]
-"#
+
+{}"#,
+        config_text::mlp(hidden, "")
     )
 }
 

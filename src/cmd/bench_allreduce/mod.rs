@@ -489,14 +489,10 @@ fn probe_backend(opts: &BenchOptions, boot: &Bootstrap) -> Result<Resolved> {
 /// Runs `bench-allreduce` and returns the process exit code: 0, 1 on a wrong result or a
 /// runtime failure, 2 on bad usage.
 pub fn run(opts: &BenchOptions) -> i32 {
-    let boot = match Bootstrap::init() {
+    let boot = match super::start_rank() {
         Ok(b) => b,
-        Err(e) => {
-            eprintln!("p2ptrain: error: {e}");
-            return e.exit_code();
-        }
+        Err(code) => return code,
     };
-    crate::logging::init(boot.rank, boot.size);
     // Every rank resolves the backend; `auto` picks CUDA only where every rank can use it.
     let backend = match boot.agree(probe_backend(opts, &boot)) {
         Ok(b) => b,

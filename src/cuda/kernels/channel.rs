@@ -2,7 +2,7 @@
 //! channel view and per-channel affine maps. A "channel view" `(outer, dim, inner)` of a blob has
 //! the channel index `(i / inner) % dim`: `(N, C, H·W)` for NCHW, `(N·H·W, C, 1)` for NHWC.
 
-use super::{check_len, to_i32, Kernels, BLOCK};
+use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
@@ -156,17 +156,15 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "channel_affine";
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
         for (what, v) in [("scale", scale), ("bias", bias)] {
             if let Some(v) = v {
                 check_len(op, what, v.len(), dim);
             }
         }
-        if n == 0 {
+        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
             return Ok(());
-        }
-        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         // An absent operand passes x's address, never read (its flag is 0).
         let (sp, _s) = match scale {
             Some(v) => v.device_ptr(s),
@@ -194,12 +192,11 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "channel_bias_inplace";
-        check_len(op, "y", y.len(), n);
         check_len(op, "bias", bias.len(), dim);
-        if n == 0 {
+        let Some(ni) = int_count(op, n, &[("y", y.len())]) else {
             return Ok(());
-        }
-        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let (yp, _y) = y.device_ptr_mut(s);
         // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
         // scale operand is absent (flag 0, never read).
@@ -223,13 +220,11 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = "channel_scale_backward";
-        check_len(op, "dy", dy.len(), n);
         check_len(op, "scale", scale.len(), dim);
-        check_len(op, "dx", dx.len(), n);
-        if n == 0 {
+        let Some(ni) = int_count(op, n, &[("dy", dy.len()), ("dx", dx.len())]) else {
             return Ok(());
-        }
-        let (ni, d, i) = (to_i32(op, n), to_i32(op, dim), to_i32(op, inner));
+        };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let acc = accumulate as i32;
         launch!(
             self, s, channel_scale_backward, self.grid(n),

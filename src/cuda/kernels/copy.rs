@@ -1,7 +1,7 @@
 //! Launchers of the copy kernels (`copy.cu`): strided rows (concat, slices), strided planes (a
 //! strided 1 × 1 convolution's data gradient) and batched transposes (NCHW ↔ NHWC).
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, check_lens, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
@@ -20,9 +20,7 @@ impl Kernels {
     ) -> Result<()> {
         let op = "transpose";
         let n = batch * rows * cols;
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        if !check_lens(op, n, &[("x", x.len()), ("y", y.len())]) {
             return Ok(());
         }
         let (ri, ci) = (to_i32(op, rows), to_i32(op, cols));

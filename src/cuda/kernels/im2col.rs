@@ -6,7 +6,7 @@
 //! other kernels: `convolution_implicit_gemm` (the same product without the column matrix) and
 //! `convolution_direct` (the forward from shared memory).
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, int_count, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 
@@ -106,12 +106,9 @@ impl Kernels {
     ) -> Result<()> {
         let op = "swap_outer";
         let n = a * b * p;
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        if int_count(op, n, &[("x", x.len()), ("y", y.len())]).is_none() {
             return Ok(());
         }
-        to_i32(op, n);
         let (ai, bi, pi) = (to_i32(op, a), to_i32(op, b), to_i32(op, p));
         launch!(self, s, swap_outer, self.grid(n), [in x, out y, &ai, &bi, &pi])
     }

@@ -1,7 +1,7 @@
 //! Launchers of the softmax kernels (`softmax.cu`) over the channel axis of
 //! `(outer, channels, inner)`.
 
-use super::{check_len, to_i32, Kernels};
+use super::{int_count, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
@@ -16,12 +16,9 @@ impl Kernels {
     ) -> Result<()> {
         let op = "softmax_forward";
         let n = outer * channels * inner;
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), n);
-        if n == 0 {
+        if int_count(op, n, &[("x", x.len()), ("y", y.len())]).is_none() {
             return Ok(());
         }
-        to_i32(op, n);
         let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
         launch!(self, s, softmax_forward, self.grid(outer * inner), [in x, out y, &o, &c, &i])
     }
@@ -38,13 +35,9 @@ impl Kernels {
     ) -> Result<()> {
         let op = "softmax_backward";
         let n = outer * channels * inner;
-        for (what, len) in [("y", y.len()), ("dy", dy.len()), ("dx", dx.len())] {
-            check_len(op, what, len, n);
-        }
-        if n == 0 {
+        if int_count(op, n, &[("y", y.len()), ("dy", dy.len()), ("dx", dx.len())]).is_none() {
             return Ok(());
         }
-        to_i32(op, n);
         let (o, c, i) = (to_i32(op, outer), to_i32(op, channels), to_i32(op, inner));
         let acc = accumulate as i32;
         launch!(

@@ -407,7 +407,8 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
 
 /// `layer_matches_cpu!(test_name, toml_text, bottom_shapes, seed);`: a test `test_name` that
 /// runs [`check_against_cpu`] on the layer `toml_text` describes over `bottom_shapes`, with FP32
-/// math, or skips loudly where there is no GPU.
+/// math, or skips loudly where there is no GPU. Several such tests in one table:
+/// `layer_matches_cpu! { test_name: toml_text, bottom_shapes, seed; … }`.
 macro_rules! layer_matches_cpu {
     ($test:ident, $toml:expr, $bottoms:expr, $seed:expr) => {
         #[test]
@@ -419,6 +420,9 @@ macro_rules! layer_matches_cpu {
                 $crate::cuda::layers::testing::check_against_cpu(&gpu, &case, $seed);
             }
         }
+    };
+    ($($test:ident: $toml:expr, $bottoms:expr, $seed:expr;)+) => {
+        $($crate::cuda::layers::testing::layer_matches_cpu!($test, $toml, $bottoms, $seed);)+
     };
 }
 pub(crate) use layer_matches_cpu;

@@ -1,0 +1,47 @@
+//! What the tests of the data pipeline share: [`FnSource`], a record source written by a
+//! closure, for tests that need records of a known content without a file.
+
+use super::RecordSource;
+
+/// `len` records of `shape` in 2 classes, record `i` written by `fill(i, out)`; labelled 0 unless
+/// [`FnSource::labelled`] says otherwise.
+pub(crate) struct FnSource<F> {
+    len: usize,
+    shape: [usize; 3],
+    fill: F,
+    label: fn(usize) -> u32,
+}
+
+impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
+    pub(crate) fn new(len: usize, shape: [usize; 3], fill: F) -> Self {
+        FnSource {
+            len,
+            shape,
+            fill,
+            label: |_| 0,
+        }
+    }
+
+    /// The same records, record `i` labelled `label(i)`.
+    pub(crate) fn labelled(self, label: fn(usize) -> u32) -> Self {
+        FnSource { label, ..self }
+    }
+}
+
+impl<F: Fn(usize, &mut [f32]) + Send + Sync> RecordSource for FnSource<F> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn record_shape(&self) -> [usize; 3] {
+        self.shape
+    }
+    fn classes(&self) -> usize {
+        2
+    }
+    fn fill(&self, index: usize, out: &mut [f32]) {
+        (self.fill)(index, out)
+    }
+    fn label(&self, index: usize) -> u32 {
+        (self.label)(index)
+    }
+}
