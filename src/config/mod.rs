@@ -652,6 +652,16 @@ pub enum EltwiseOp {
     Max,
 }
 
+/// The neighbourhood LRN normalises over (Caffe's `norm_region`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormRegion {
+    /// `local_size` adjacent channels at the same position.
+    AcrossChannels,
+    /// A `local_size × local_size` square of positions in the same channel.
+    WithinChannel,
+}
+
 /// Phase in which a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -778,6 +788,16 @@ pub struct LayerConfig {
     pub power: Option<f32>,
     pub scale: Option<f32>,
     pub shift: Option<f32>,
+    // elu (alpha), lrn
+    pub alpha: Option<f32>,
+    pub beta: Option<f32>,
+    pub k: Option<f32>,
+    pub local_size: Option<usize>,
+    pub norm_region: Option<NormRegion>,
+    // arg_max (also top_k, axis)
+    pub out_max_val: Option<bool>,
+    // prelu (also filler)
+    pub channel_shared: Option<bool>,
 }
 
 impl LayerConfig {

@@ -175,6 +175,15 @@ kernel_set!(
     power_backward,
     abs_forward,
     abs_backward,
+    elu_forward,
+    elu_backward,
+    prelu_forward,
+    prelu_backward,
+    prelu_negative_part,
+    scaled_by_top_diff,
+    argmax_rank,
+    lrn_forward,
+    lrn_backward,
 );
 
 #[macro_use]
@@ -198,6 +207,7 @@ pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
 pub use elementwise::Activation;
 pub use fused::BnScaleRelu;
+pub use normalization::LrnWindow;
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
 pub use normalization::StatsSource;

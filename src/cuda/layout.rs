@@ -69,7 +69,8 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Tanh
         | LayerKind::Eltwise
         | LayerKind::Power
-        | LayerKind::AbsVal => true,
+        | LayerKind::AbsVal
+        | LayerKind::Elu => true,
         LayerKind::Scale | LayerKind::Bias => {
             cfg.bottom.len() == 1 && cfg.axis.unwrap_or(1) == 1 && cfg.num_axes.unwrap_or(1) == 1
         }
@@ -79,7 +80,11 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Concat
         | LayerKind::Flatten
         | LayerKind::Reshape
-        | LayerKind::Softmax => false,
+        | LayerKind::Softmax
+        | LayerKind::Prelu
+        | LayerKind::EuclideanLoss
+        | LayerKind::ArgMax
+        | LayerKind::Lrn => false,
     }
 }
 

@@ -78,14 +78,14 @@ impl Validator<'_> {
             }
         }
         let trains_a_loss = layers.iter().any(|l| {
-            l.kind == LayerKind::SoftmaxWithLoss
+            matches!(l.kind, LayerKind::SoftmaxWithLoss | LayerKind::EuclideanLoss)
                 && l.phase != Some(Phase::Test)
                 && l.loss_weight != Some(0.0)
         });
         if !trains_a_loss {
             return Err(self.err(
                 "layer",
-                "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
+                "no loss layer runs in the train phase: add a layer of type softmax_with_loss or euclidean_loss (without phase = \"test\" or loss_weight = 0)",
             ));
         }
         Ok(())
@@ -216,6 +216,10 @@ impl Validator<'_> {
             LayerKind::Eltwise => (2..=usize::MAX, 1, "2 or more bottoms"),
             LayerKind::Concat => (1..=usize::MAX, 1, "1 or more bottoms"),
             LayerKind::Dropout | LayerKind::BatchNorm => (1..=1, 1, "1 bottom"),
+            LayerKind::Elu | LayerKind::Prelu | LayerKind::ArgMax | LayerKind::Lrn => {
+                (1..=1, 1, "1 bottom")
+            }
+            LayerKind::EuclideanLoss => (2..=2, 1, "2 bottoms (prediction, target)"),
         };
         if !bottoms.contains(&l.bottom.len()) {
             return Err(self.err(
@@ -391,6 +395,10 @@ impl Validator<'_> {
             ],
             LayerKind::Reshape => &[("shape", true)],
             LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
+            LayerKind::ArgMax => &[
+                ("top_k", l.top_k.is_some()),
+                ("axis", l.axis.is_some()),
+            ],
             _ => &[],
         };
         let blamed = suspects

@@ -9,7 +9,7 @@
 //!   without collecting references (all indices of one layer are distinct; the net checks this).
 //!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
 //!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
-//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, and the views
+//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, elu, and the views
 //!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`]; Scale and Bias
 //!   are kinds of [`affine::GpuAffine`]. Each kind's file builds it and holds its tests.
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
@@ -27,6 +27,7 @@
 
 pub mod abs_val;
 pub mod accuracy;
+pub mod arg_max;
 pub mod affine;
 pub mod batch_norm;
 pub mod bias;
@@ -36,11 +37,15 @@ pub mod convolution;
 pub mod dropout;
 pub mod eltwise;
 pub mod eltwise_relu;
+pub mod elu;
+pub mod euclidean_loss;
 pub mod flatten;
 pub mod inner_product;
+pub mod lrn;
 pub mod neuron;
 pub mod pooling;
 pub mod power;
+pub mod prelu;
 pub mod relu;
 pub mod reshape;
 pub mod scale;
