@@ -23,13 +23,46 @@ fn caffe(name: &str) -> String {
 
 /// `p2ptrain import-caffe` of the digits net with `args`, into a fresh `dir`.
 fn import(dir: &Path, args: &[&str]) -> std::process::Output {
+    import_net(&caffe("digits_lenet_train_test.prototxt"), dir, args)
+}
+
+/// `p2ptrain import-caffe` of the net `net` with `args`, into a fresh `dir`.
+fn import_net(net: &str, dir: &Path, args: &[&str]) -> std::process::Output {
     let mut c = std::process::Command::new(bin());
-    c.arg("import-caffe")
-        .arg(caffe("digits_lenet_train_test.prototxt"))
-        .args(args)
-        .arg("-o")
-        .arg(dir);
+    c.arg("import-caffe").arg(net).args(args).arg("-o").arg(dir);
     run(&mut c)
+}
+
+/// Exports `snapshot` to a `.caffemodel` beside it, imports that with the net `net` into the
+/// fresh folder `back`, and asserts that every tensor comes back bit for bit.
+fn assert_exports_back_bitwise(snapshot: &Path, net: &str, back: &str) {
+    let exported = snapshot.with_extension("caffemodel");
+    let mut c = std::process::Command::new(bin());
+    c.args([
+        "export",
+        snapshot.to_str().unwrap(),
+        "--format",
+        "caffe",
+        "-o",
+    ])
+    .arg(&exported);
+    ok(&run(&mut c));
+    let back = out_dir(back);
+    ok(&import_net(
+        net,
+        &back,
+        &["--weights", exported.to_str().unwrap()],
+    ));
+    let (a, b) = (
+        tensors(snapshot),
+        tensors(&back.join("weights.safetensors")),
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, (shape, values)) in &a {
+        assert_eq!(shape, &b[name].0, "{name}");
+        assert_eq!(bits(values), bits(&b[name].1), "{name}");
+    }
 }
 
 /// Imports the digits net with its 50-iteration solver and Caffe's initial weights into `dir`.
@@ -260,32 +293,8 @@ fn an_exported_snapshot_imports_back_bitwise() {
     import_for_training(&dir);
     let run_dir = train_imported(&on_idx_digits(&dir), &dir, &["--set", "solver.max_iter=3"]);
     let snapshot = run_dir.join("digits_lenet_from_init_iter_3.safetensors");
-    let exported = dir.join("exported.caffemodel");
-    let mut c = std::process::Command::new(bin());
-    c.args([
-        "export",
-        snapshot.to_str().unwrap(),
-        "--format",
-        "caffe",
-        "-o",
-    ])
-    .arg(&exported);
-    let out = run(&mut c);
-    assert!(out.status.success(), "{}", text(&out));
-    let back = out_dir("caffe_export_roundtrip_back");
-    let out = import(&back, &["--weights", exported.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out));
-    let (a, b) = (
-        tensors(&snapshot),
-        tensors(&back.join("weights.safetensors")),
-    );
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    for (name, (shape, values)) in &a {
-        let (shape_b, values_b) = &b[name];
-        assert_eq!(shape, shape_b, "{name}");
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(values), bits(values_b), "{name}");
-    }
+    let net = caffe("digits_lenet_train_test.prototxt");
+    assert_exports_back_bitwise(&snapshot, &net, "caffe_export_roundtrip_back");
 }
 
 #[test]
@@ -397,9 +406,7 @@ fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
         );
     let prototxt = dir.join("net.prototxt");
     std::fs::write(&prototxt, &net).unwrap();
-    let mut c = std::process::Command::new(bin());
-    c.arg("import-caffe").arg(&prototxt).arg("-o").arg(&dir);
-    ok(&run(&mut c));
+    ok(&import_net(prototxt.to_str().unwrap(), &dir, &[]));
     let config = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
     for line in [
         "type = \"lrn\"",
@@ -442,27 +449,8 @@ fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
     assert_eq!(slope.0, vec![500]);
     assert!(slope.1.iter().any(|&a| a != 0.2), "the slopes learn");
 
-    let exported = dir.join("exported.caffemodel");
-    let mut c = std::process::Command::new(bin());
-    c.args(["export", snapshot.to_str().unwrap(), "--format", "caffe", "-o"])
-        .arg(&exported);
-    ok(&run(&mut c));
-    let back = out_dir("caffe_import_more_kinds_back");
-    let mut c = std::process::Command::new(bin());
-    c.arg("import-caffe")
-        .arg(&prototxt)
-        .arg("--weights")
-        .arg(&exported)
-        .arg("-o")
-        .arg(&back);
-    ok(&run(&mut c));
-    let (a, b) = (tensors(&snapshot), tensors(&back.join("weights.safetensors")));
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (name, (shape, values)) in &a {
-        assert_eq!(shape, &b[name].0, "{name}");
-        assert_eq!(bits(values), bits(&b[name].1), "{name}");
-    }
+    let net = prototxt.to_str().unwrap();
+    assert_exports_back_bitwise(&snapshot, net, "caffe_import_more_kinds_back");
 }
 
 /// Caffe's 50 iterations read from Caffe's own LMDB (shuffle off): needs p2ptrain's LMDB reader.

@@ -922,7 +922,11 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
              layer {{ name: \"l\" type: \"EuclideanLoss\" bottom: \"n\" bottom: \"img\" top: \"l\" loss_weight: 0.5 }}"
         ))
         .unwrap();
-        let params: Vec<LayerParams> = net.layers.iter().map(|l| l.config.params().unwrap()).collect();
+        let params: Vec<LayerParams> = net
+            .layers
+            .iter()
+            .map(|l| l.config.params().unwrap())
+            .collect();
         let [LayerParams::Elu(e), LayerParams::Prelu(p), LayerParams::Lrn(n), LayerParams::ArgMax(a), LayerParams::EuclideanLoss(_)] =
             params.as_slice()
         else {

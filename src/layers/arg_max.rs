@@ -169,7 +169,10 @@ mod tests {
         // Two samples of (2, 2) values.
         let x = blob(&[2, 2, 2], &[0.5, 3.0, -1.0, 2.0, 7.0, 7.0, 1.0, 9.0]);
         let top = forward(&mut arg_max(""), std::slice::from_ref(&x), &[]);
-        assert_eq!((top[0].shape.clone(), top[0].data.clone()), (vec![2, 1, 1], vec![1.0, 3.0]));
+        assert_eq!(
+            (top[0].shape.clone(), top[0].data.clone()),
+            (vec![2, 1, 1], vec![1.0, 3.0])
+        );
         // Top 3 with values: the tie of 7 at indices 0 and 1 goes to the larger index first.
         let top = forward(&mut arg_max("top_k = 3\nout_max_val = true"), &[x], &[]);
         assert_eq!(top[0].shape, vec![2, 2, 3]);
@@ -191,8 +194,15 @@ mod tests {
         // (N, C, W) = (1, 3, 2): per column w, the channel of the largest value.
         let x = blob(&[1, 3, 2], &[1.0, 5.0, 4.0, -1.0, 2.0, 6.0]);
         let top = forward(&mut arg_max("axis = 1"), std::slice::from_ref(&x), &[]);
-        assert_eq!((top[0].shape.clone(), top[0].data.clone()), (vec![1, 1, 2], vec![1.0, 2.0]));
-        let top = forward(&mut arg_max("axis = 1\ntop_k = 2\nout_max_val = true"), &[x], &[]);
+        assert_eq!(
+            (top[0].shape.clone(), top[0].data.clone()),
+            (vec![1, 1, 2], vec![1.0, 2.0])
+        );
+        let top = forward(
+            &mut arg_max("axis = 1\ntop_k = 2\nout_max_val = true"),
+            &[x],
+            &[],
+        );
         assert_eq!(top[0].shape, vec![1, 2, 2]);
         assert_eq!(top[0].data, vec![4.0, 6.0, 2.0, 5.0]);
     }
@@ -209,7 +219,10 @@ mod tests {
         assert!(params_error("arg_max", "top_k = 0").contains("`top_k`"));
         assert!(params_error("arg_max", "axis = 0").contains("`axis`"));
         assert!(params_error("arg_max", "alpha = 1.0").contains("`alpha`"));
-        let e = arg_max("top_k = 5").reshape(&[&[2, 4]]).unwrap_err().to_string();
+        let e = arg_max("top_k = 5")
+            .reshape(&[&[2, 4]])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`top_k` 5"), "{e}");
         assert!(arg_max("axis = 2").reshape(&[&[2, 4]]).is_err());
         assert!(!arg_max("").has_backward());

@@ -41,7 +41,10 @@ pub(crate) fn paired_bottoms(name: &str, bottoms: &[&[usize]]) -> Result<(usize,
     let [a, b] = bottoms else {
         return Err(Error::net(
             name,
-            format!("takes 2 bottoms (prediction, target), got {}", bottoms.len()),
+            format!(
+                "takes 2 bottoms (prediction, target), got {}",
+                bottoms.len()
+            ),
         ));
     };
     let per_sample = |s: &[usize]| s.iter().skip(1).product::<usize>();

@@ -163,7 +163,11 @@ mod tests {
             by_hand(0.5, &x[2..4], terms, 0.6),
         ];
         for (g, w) in top[0].data.iter().zip(want) {
-            assert!((g - w).abs() <= 1e-6 * w.abs(), "{:?} vs {want:?}", top[0].data);
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{:?} vs {want:?}",
+                top[0].data
+            );
         }
     }
 
@@ -172,7 +176,8 @@ mod tests {
         // (1, 1, 2, 3), local_size 3: the corner (0, 0) sees rows 0..=1, columns 0..=1; the
         // window sum is divided by 9 however much of it lies outside; k plays no part.
         let x = [1.0, -2.0, 3.0, 0.5, 1.5, -1.0];
-        let keys = "local_size = 3\nalpha = 2.0\nbeta = 0.75\nk = 5.0\nnorm_region = \"within_channel\"";
+        let keys =
+            "local_size = 3\nalpha = 2.0\nbeta = 0.75\nk = 5.0\nnorm_region = \"within_channel\"";
         let top = forward(&mut lrn(keys), &[blob(&[1, 1, 2, 3], &x)], &[]);
         let terms = (1.0, 2.0, 9.0);
         let corner = by_hand(1.0, &[1.0, -2.0, 0.5, 1.5], terms, 0.75);

@@ -79,7 +79,10 @@ impl Layer for Prelu {
         let SlopeView { channels, inner } = self.state;
         let slope = pass.params[0];
         let rows = pass.tops[0].data.chunks_mut(inner.max(1));
-        for (r, (yr, xr)) in rows.zip(pass.bottoms[0].data.chunks(inner.max(1))).enumerate() {
+        for (r, (yr, xr)) in rows
+            .zip(pass.bottoms[0].data.chunks(inner.max(1)))
+            .enumerate()
+        {
             let a = slope[self.slope_index(r % channels)];
             for (y, &x) in yr.iter_mut().zip(xr) {
                 *y = x.max(0.0) + a * x.min(0.0);
@@ -147,7 +150,10 @@ mod tests {
         let mut l = prelu("");
         l.reshape(&[&[2, 3, 4, 5]]).unwrap();
         let specs = l.param_specs();
-        assert_eq!((specs[0].name.as_str(), &specs[0].shape), ("slope", &vec![3]));
+        assert_eq!(
+            (specs[0].name.as_str(), &specs[0].shape),
+            ("slope", &vec![3])
+        );
         assert_eq!(specs[0].filler.value, 0.25);
         let mut s = prelu("channel_shared = true");
         s.reshape(&[&[2, 3, 4, 5]]).unwrap();

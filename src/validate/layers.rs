@@ -78,8 +78,10 @@ impl Validator<'_> {
             }
         }
         let trains_a_loss = layers.iter().any(|l| {
-            matches!(l.kind, LayerKind::SoftmaxWithLoss | LayerKind::EuclideanLoss)
-                && l.phase != Some(Phase::Test)
+            matches!(
+                l.kind,
+                LayerKind::SoftmaxWithLoss | LayerKind::EuclideanLoss
+            ) && l.phase != Some(Phase::Test)
                 && l.loss_weight != Some(0.0)
         });
         if !trains_a_loss {
@@ -395,10 +397,7 @@ impl Validator<'_> {
             ],
             LayerKind::Reshape => &[("shape", true)],
             LayerKind::Concat | LayerKind::Softmax => &[("axis", l.axis.is_some())],
-            LayerKind::ArgMax => &[
-                ("top_k", l.top_k.is_some()),
-                ("axis", l.axis.is_some()),
-            ],
+            LayerKind::ArgMax => &[("top_k", l.top_k.is_some()), ("axis", l.axis.is_some())],
             _ => &[],
         };
         let blamed = suspects

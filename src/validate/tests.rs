@@ -975,7 +975,11 @@ fn elu_prelu_lrn_and_arg_max_are_checked() {
         format!("[[layer]]\nname = \"x\"\ntype = \"{kind}\"\nbottom = [\"pool1\"]\ntop = [\"x\"]\n{keys}")
     };
     check(&cnn_with(&layer("elu", "alpha = 0.5"), "x")).unwrap();
-    check(&cnn_with(&layer("prelu", "channel_shared = true\nlr_mult = [1]"), "x")).unwrap();
+    check(&cnn_with(
+        &layer("prelu", "channel_shared = true\nlr_mult = [1]"),
+        "x",
+    ))
+    .unwrap();
     let within = "local_size = 3\nalpha = 1e-4\nbeta = 0.75\nnorm_region = \"within_channel\"";
     check(&cnn_with(&layer("lrn", within), "x")).unwrap();
     has(
@@ -991,7 +995,13 @@ fn elu_prelu_lrn_and_arg_max_are_checked() {
         "`layer[2].lr_mult`: has 2 values but the layer has 1 learnable tensor (slope)",
     );
     has(
-        &cnn_with_err(&layer("prelu", "filler = { type = \"uniform\", min = 1.0, max = 0.0 }"), "x"),
+        &cnn_with_err(
+            &layer(
+                "prelu",
+                "filler = { type = \"uniform\", min = 1.0, max = 0.0 }",
+            ),
+            "x",
+        ),
         "`layer[2].filler.max`: a uniform filler needs min < max",
     );
     has(
@@ -1017,9 +1027,16 @@ fn elu_prelu_lrn_and_arg_max_are_checked() {
     );
     // pool1 is (N, 8, 4, 4): 128 values per sample, 8 along axis 1.
     let arg_max = |keys: &str| {
-        layer("arg_max", keys).replace("bottom = [\"pool1\"]", "bottom = [\"pool1\"]\nphase = \"test\"")
+        layer("arg_max", keys).replace(
+            "bottom = [\"pool1\"]",
+            "bottom = [\"pool1\"]\nphase = \"test\"",
+        )
     };
-    check(&cnn_with(&arg_max("top_k = 128\nout_max_val = true"), "pool1")).unwrap();
+    check(&cnn_with(
+        &arg_max("top_k = 128\nout_max_val = true"),
+        "pool1",
+    ))
+    .unwrap();
     has(
         &cnn_with_err(&arg_max("top_k = 129"), "pool1"),
         "`layer[2].top_k`: `top_k` 129 exceeds the 128 values searched",
@@ -1028,8 +1045,14 @@ fn elu_prelu_lrn_and_arg_max_are_checked() {
         &cnn_with_err(&arg_max("axis = 1\ntop_k = 9"), "pool1"),
         "`layer[2].top_k`: `top_k` 9 exceeds the 8 values searched",
     );
-    has(&cnn_with_err(&arg_max("top_k = 0"), "pool1"), "`layer[2].top_k`: must be at least 1");
-    has(&cnn_with_err(&arg_max("axis = 0"), "pool1"), "`layer[2].axis`: must be 1, 2 or 3");
+    has(
+        &cnn_with_err(&arg_max("top_k = 0"), "pool1"),
+        "`layer[2].top_k`: must be at least 1",
+    );
+    has(
+        &cnn_with_err(&arg_max("axis = 0"), "pool1"),
+        "`layer[2].axis`: must be 1, 2 or 3",
+    );
 }
 
 #[test]

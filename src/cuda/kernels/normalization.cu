@@ -122,7 +122,8 @@ __device__ __forceinline__ void lrn_window(int i, int channels, int height, int 
     const int n = rest / channels;
     if (!within) {
         const int end = min(c + half + 1, channels);
-        for (int cj = max(c - half, 0); cj < end; ++cj) f(((n * channels + cj) * height + y) * width + x);
+        for (int cj = max(c - half, 0); cj < end; ++cj)
+            f(((n * channels + cj) * height + y) * width + x);
     } else {
         const int yend = min(y + half + 1, height), xend = min(x + half + 1, width);
         for (int yj = max(y - half, 0); yj < yend; ++yj)

@@ -59,8 +59,13 @@ impl GpuLayer for GpuLrn {
         let gpu = pass.gpu;
         let [x, y] = pass.blobs.bottom_top();
         let w = &self.window;
-        gpu.kernels
-            .lrn_forward(&gpu.compute, w, &x.data(), &mut self.scale, &mut y.data_mut())
+        gpu.kernels.lrn_forward(
+            &gpu.compute,
+            w,
+            &x.data(),
+            &mut self.scale,
+            &mut y.data_mut(),
+        )
     }
 
     fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {

@@ -27,8 +27,8 @@
 
 pub mod abs_val;
 pub mod accuracy;
-pub mod arg_max;
 pub mod affine;
+pub mod arg_max;
 pub mod batch_norm;
 pub mod bias;
 pub mod bn_scale_relu;

@@ -96,7 +96,16 @@ impl GpuLayer for GpuPrelu {
         }
         let slope = pass.params.slice(..slopes);
         let dx = &mut x.diff.slice_mut(..n);
-        k.prelu_backward(s, &xs, &dy, &slope, dx, n, (slopes, inner), grad.accumulate())
+        k.prelu_backward(
+            s,
+            &xs,
+            &dy,
+            &slope,
+            dx,
+            n,
+            (slopes, inner),
+            grad.accumulate(),
+        )
     }
 }
 
