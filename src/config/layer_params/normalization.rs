@@ -82,7 +82,7 @@ impl KindParams for LrnParams {
 
     fn resolve(l: &LayerConfig) -> Resolved<Self> {
         let local_size = l.local_size.unwrap_or(5);
-        if local_size == 0 || local_size > MAX_SPATIAL || local_size % 2 == 0 {
+        if local_size == 0 || local_size > MAX_SPATIAL || local_size.is_multiple_of(2) {
             return Err(ParamError::new(
                 "local_size",
                 format!(
