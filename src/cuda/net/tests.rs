@@ -474,7 +474,6 @@ fn residual_sum_fused_with_its_relu_matches_cpu() {
 /// of the reported outputs (the outputs are compared one for one).
 #[test]
 fn cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu() {
-    let mut gpu = gpu_or_skip!("cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu");
     let layer = |name: &str, kind: &str, bottoms: &str, top: &str, keys: &str| {
         format!("[[layer]]\nname = \"{name}\"\ntype = \"{kind}\"\nbottom = [{bottoms}]\ntop = [\"{top}\"]\n{keys}\n\n")
     };
@@ -497,7 +496,10 @@ fn cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu() {
         layer("accuracy", "accuracy", "\"ip\", \"label\"", "accuracy", "phase = \"test\""),
     ]
     .concat();
+    // Validated (and its CPU net built) before the GPU is looked for, so everywhere.
     let cfg = config_of("more_kinds.toml", &text);
+    Net::build(&cfg, RECORD, 16).unwrap();
+    let mut gpu = gpu_or_skip!("cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu");
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[]);
 }
 
