@@ -178,6 +178,50 @@ mod tests {
         GradientChecker::default().assert_passes(&mut prelu(""), &[x], &[true]);
     }
 
+    /// In a net the slopes are a tensor of the flat parameters like any weight: filled with
+    /// 0.25, saved and loaded by a snapshot, and written to a `.caffemodel` and read back, as
+    /// `(C)` and as Caffe's scalar `[]` when shared.
+    #[test]
+    fn slopes_live_in_the_flat_parameters_snapshots_and_caffemodels() {
+        use crate::caffe::weights::{import, to_caffemodel, NamedTensor};
+        use crate::layers::test_util::{in_place, net_around};
+        use crate::net::Net;
+        use std::path::Path;
+        for (keys, shape) in [("", vec![10]), ("channel_shared = true", vec![])] {
+            let text = net_around(&in_place("act", "prelu", keys));
+            let (cfg, _) = crate::validate::load_str("t.toml", &text, Path::new("."), &[]).unwrap();
+            let (_, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+            Net::init_params(&mut params, 5);
+            let span = params.find("act.slope").expect("a slope tensor").clone();
+            assert_eq!(span.shape, shape);
+            let slopes = params.data[span.range()].to_vec();
+            assert!(slopes.iter().all(|&a| a == 0.25), "{slopes:?}");
+
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.safetensors");
+            params.data[span.range()].iter_mut().for_each(|a| *a = -0.5);
+            crate::snapshot::save_weights(&path, &params, &[]).unwrap();
+            let mut back = crate::params::Params::new(params.spans.clone());
+            crate::snapshot::load_weights(&path, &mut back).unwrap();
+            assert_eq!(back.data, params.data);
+
+            let tensors: Vec<NamedTensor> = params
+                .spans
+                .iter()
+                .map(|s| NamedTensor {
+                    name: s.full_name.clone(),
+                    shape: s.shape.clone(),
+                    data: params.data[s.range()].to_vec(),
+                })
+                .collect();
+            let model = to_caffemodel("n", &cfg.layers, &tensors).unwrap();
+            assert_eq!(model.layer[1].r#type.as_deref(), Some("PReLU"));
+            let refs: Vec<_> = cfg.layers.iter().collect();
+            let (read, _) = import(Path::new("m.caffemodel"), &model, &refs).unwrap();
+            assert_eq!(read, tensors);
+        }
+    }
+
     #[test]
     fn a_bad_filler_is_named() {
         let e = params_error("prelu", "filler = { type = \"gaussian\", std = 0.0 }");
