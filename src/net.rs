@@ -72,6 +72,8 @@ pub struct NodeView<'a> {
     pub loss_weight: f32,
     pub is_loss: bool,
     pub has_backward: bool,
+    /// Whether its tops are reported after a forward pass (`Layer::reports_output`).
+    pub reports_output: bool,
 }
 
 impl NodeView<'_> {
@@ -332,7 +334,7 @@ impl Net {
             if node.layer.has_state() {
                 node.layer.update_state(ctx, &mut params.layer_data_mut(i));
             }
-            if node.layer.is_loss() || !node.layer.has_backward() {
+            if node.layer.reports_output() {
                 for (t, &ti) in tops.iter().zip(&node.tops) {
                     outputs.push(Output {
                         name: self.blob_names[ti].clone(),
@@ -438,6 +440,7 @@ impl Net {
             loss_weight: n.loss_weight,
             is_loss: n.layer.is_loss(),
             has_backward: n.layer.has_backward(),
+            reports_output: n.layer.reports_output(),
         }
     }
 

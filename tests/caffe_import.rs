@@ -23,13 +23,46 @@ fn caffe(name: &str) -> String {
 
 /// `p2ptrain import-caffe` of the digits net with `args`, into a fresh `dir`.
 fn import(dir: &Path, args: &[&str]) -> std::process::Output {
+    import_net(&caffe("digits_lenet_train_test.prototxt"), dir, args)
+}
+
+/// `p2ptrain import-caffe` of the net `net` with `args`, into a fresh `dir`.
+fn import_net(net: &str, dir: &Path, args: &[&str]) -> std::process::Output {
     let mut c = std::process::Command::new(bin());
-    c.arg("import-caffe")
-        .arg(caffe("digits_lenet_train_test.prototxt"))
-        .args(args)
-        .arg("-o")
-        .arg(dir);
+    c.arg("import-caffe").arg(net).args(args).arg("-o").arg(dir);
     run(&mut c)
+}
+
+/// Exports `snapshot` to a `.caffemodel` beside it, imports that with the net `net` into the
+/// fresh folder `back`, and asserts that every tensor comes back bit for bit.
+fn assert_exports_back_bitwise(snapshot: &Path, net: &str, back: &str) {
+    let exported = snapshot.with_extension("caffemodel");
+    let mut c = std::process::Command::new(bin());
+    c.args([
+        "export",
+        snapshot.to_str().unwrap(),
+        "--format",
+        "caffe",
+        "-o",
+    ])
+    .arg(&exported);
+    ok(&run(&mut c));
+    let back = out_dir(back);
+    ok(&import_net(
+        net,
+        &back,
+        &["--weights", exported.to_str().unwrap()],
+    ));
+    let (a, b) = (
+        tensors(snapshot),
+        tensors(&back.join("weights.safetensors")),
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, (shape, values)) in &a {
+        assert_eq!(shape, &b[name].0, "{name}");
+        assert_eq!(bits(values), bits(&b[name].1), "{name}");
+    }
 }
 
 /// Imports the digits net with its 50-iteration solver and Caffe's initial weights into `dir`.
@@ -250,32 +283,8 @@ fn an_exported_snapshot_imports_back_bitwise() {
     import_for_training(&dir);
     let run_dir = train_imported(&on_idx_digits(&dir), &dir, &["--set", "solver.max_iter=3"]);
     let snapshot = run_dir.join("digits_lenet_from_init_iter_3.safetensors");
-    let exported = dir.join("exported.caffemodel");
-    let mut c = std::process::Command::new(bin());
-    c.args([
-        "export",
-        snapshot.to_str().unwrap(),
-        "--format",
-        "caffe",
-        "-o",
-    ])
-    .arg(&exported);
-    let out = run(&mut c);
-    assert!(out.status.success(), "{}", text(&out));
-    let back = out_dir("caffe_export_roundtrip_back");
-    let out = import(&back, &["--weights", exported.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out));
-    let (a, b) = (
-        tensors(&snapshot),
-        tensors(&back.join("weights.safetensors")),
-    );
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    for (name, (shape, values)) in &a {
-        let (shape_b, values_b) = &b[name];
-        assert_eq!(shape, shape_b, "{name}");
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(values), bits(values_b), "{name}");
-    }
+    let net = caffe("digits_lenet_train_test.prototxt");
+    assert_exports_back_bitwise(&snapshot, &net, "caffe_export_roundtrip_back");
 }
 
 #[test]
@@ -285,10 +294,19 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
     // (net text, the layer named, what the message says, the text of the line it names)
     let cases = [
         (
-            net.replace("type: \"ReLU\"", "type: \"PReLU\""),
-            "layer relu1 (PReLU)",
-            "type PReLU is not supported",
-            "type: \"PReLU\"",
+            net.replace("type: \"ReLU\"", "type: \"BNLL\""),
+            "layer relu1 (BNLL)",
+            "type BNLL is not supported",
+            "type: \"BNLL\"",
+        ),
+        (
+            net.replace(
+                "type: \"ReLU\"",
+                "type: \"LRN\"\n  lrn_param { local_size: 4 }",
+            ),
+            "layer relu1 (LRN)",
+            "`local_size`: must be odd",
+            "local_size: 4",
         ),
         (
             net.replacen("pool: MAX", "pool: STOCHASTIC", 1),
@@ -332,6 +350,97 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
         !dir.join("out/cluster.toml").exists(),
         "nothing is written on an error"
     );
+}
+
+/// The digits net with a layer of each of ELU, PReLU, LRN (both regions), ArgMax and
+/// EuclideanLoss: their `*_param` blocks become the keys of their `[[layer]]` tables, the net
+/// trains (the PReLU slopes learn like any weight), and its snapshot exported to `.caffemodel`
+/// imports back bit for bit.
+#[test]
+fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
+    let dir = out_dir("caffe_import_more_kinds");
+    let net = std::fs::read_to_string(caffe("digits_lenet_train_test.prototxt"))
+        .unwrap()
+        .replace("source: \"digits_", &format!("source: \"{}/digits_", caffe("")))
+        .replace(
+            "bottom: \"pool1\"\n  top: \"conv2\"",
+            "bottom: \"norm1\"\n  top: \"conv2\"",
+        )
+        .replace(
+            "layer {\n  name: \"conv2\"",
+            "layer {\n  name: \"norm1\"\n  type: \"LRN\"\n  bottom: \"pool1\"\n  top: \"norm1\"\n  \
+             lrn_param { local_size: 3 alpha: 0.0001 beta: 0.75 norm_region: WITHIN_CHANNEL }\n}\n\
+             layer {\n  name: \"conv2\"",
+        )
+        .replace(
+            "layer {\n  name: \"pool2\"",
+            "layer {\n  name: \"norm2\"\n  type: \"LRN\"\n  bottom: \"conv2\"\n  top: \"conv2\"\n  \
+             lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 k: 2 }\n}\n\
+             layer {\n  name: \"elu2\"\n  type: \"ELU\"\n  bottom: \"conv2\"\n  top: \"conv2\"\n  \
+             elu_param { alpha: 0.5 }\n}\n\
+             layer {\n  name: \"pool2\"",
+        )
+        .replace(
+            "type: \"ReLU\"",
+            "type: \"PReLU\"\n  prelu_param { filler { type: \"constant\" value: 0.2 } }",
+        )
+        .replace(
+            "layer {\n  name: \"accuracy\"",
+            "layer {\n  name: \"ip3\"\n  type: \"InnerProduct\"\n  bottom: \"ip1\"\n  top: \"ip3\"\n  \
+             inner_product_param { num_output: 1 weight_filler { type: \"xavier\" } }\n}\n\
+             layer {\n  name: \"reg\"\n  type: \"EuclideanLoss\"\n  bottom: \"ip3\"\n  \
+             bottom: \"label\"\n  top: \"reg\"\n  loss_weight: 0.01\n}\n\
+             layer {\n  name: \"argmax\"\n  type: \"ArgMax\"\n  bottom: \"ip2\"\n  top: \"amax\"\n  \
+             include { phase: TEST }\n  argmax_param { top_k: 2 out_max_val: true }\n}\n\
+             layer {\n  name: \"accuracy\"",
+        );
+    let prototxt = dir.join("net.prototxt");
+    std::fs::write(&prototxt, &net).unwrap();
+    ok(&import_net(prototxt.to_str().unwrap(), &dir, &[]));
+    let config = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    for line in [
+        "type = \"lrn\"",
+        "norm_region = \"within_channel\"",
+        "k = 2",
+        "type = \"elu\"",
+        "alpha = 0.5",
+        "type = \"prelu\"",
+        "filler = { type = \"constant\", value = 0.2 }",
+        "type = \"euclidean_loss\"",
+        "loss_weight = 0.01",
+        "type = \"arg_max\"",
+        "out_max_val = true",
+    ] {
+        assert!(config.contains(line), "{line} in {config}");
+    }
+
+    let run_dir = dir.join("run");
+    let idx = on_idx_digits(&dir);
+    let out = mpi_p2ptrain(
+        1,
+        &[
+            "train",
+            idx.to_str().unwrap(),
+            "--output",
+            run_dir.to_str().unwrap(),
+            "--set",
+            "solver.max_iter=2",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let lines = metrics(&run_dir.join("metrics.jsonl"));
+    let tested = lines.iter().filter(|l| l["phase"] == "test");
+    for l in tested {
+        assert!(l.get("accuracy").is_some(), "{l}");
+        assert!(l.get("amax").is_none(), "ArgMax's top is no metric: {l}");
+    }
+    let snapshot = run_dir.join("snapshots/model_iter_2.safetensors");
+    let slope = &tensors(&snapshot)["relu1.slope"];
+    assert_eq!(slope.0, vec![500]);
+    assert!(slope.1.iter().any(|&a| a != 0.2), "the slopes learn");
+
+    let net = prototxt.to_str().unwrap();
+    assert_exports_back_bitwise(&snapshot, net, "caffe_import_more_kinds_back");
 }
 
 /// Caffe's 50 iterations read from Caffe's own LMDB (shuffle off): needs p2ptrain's LMDB reader.

@@ -956,9 +956,44 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
     }
 
     #[test]
+    fn elu_prelu_lrn_arg_max_and_euclidean_loss_take_their_params() {
+        let net = read_text(&format!(
+            "{DATA}layer {{ name: \"e\" type: \"ELU\" bottom: \"img\" top: \"e\" elu_param {{ alpha: 0.5 }} }}
+             layer {{ name: \"p\" type: \"PReLU\" bottom: \"e\" top: \"p\"
+               prelu_param {{ channel_shared: true filler {{ type: \"constant\" value: 0.1 }} }} }}
+             layer {{ name: \"n\" type: \"LRN\" bottom: \"p\" top: \"n\"
+               lrn_param {{ local_size: 3 alpha: 0.001 beta: 0.5 k: 2 norm_region: WITHIN_CHANNEL engine: CUDNN }} }}
+             layer {{ name: \"a\" type: \"ArgMax\" bottom: \"n\" top: \"a\" argmax_param {{ top_k: 2 out_max_val: true axis: 1 }} }}
+             layer {{ name: \"l\" type: \"EuclideanLoss\" bottom: \"n\" bottom: \"img\" top: \"l\" loss_weight: 0.5 }}"
+        ))
+        .unwrap();
+        let params: Vec<LayerParams> = net
+            .layers
+            .iter()
+            .map(|l| l.config.params().unwrap())
+            .collect();
+        let [LayerParams::Elu(e), LayerParams::Prelu(p), LayerParams::Lrn(n), LayerParams::ArgMax(a), LayerParams::EuclideanLoss(_)] =
+            params.as_slice()
+        else {
+            panic!("{params:?}")
+        };
+        assert_eq!(e.alpha, 0.5);
+        assert!(p.channel_shared);
+        assert_eq!(p.filler.value, 0.1);
+        assert_eq!(
+            (n.local_size, n.alpha, n.beta, n.k, n.norm_region),
+            (3, 0.001, 0.5, 2.0, crate::config::NormRegion::WithinChannel)
+        );
+        assert_eq!((a.top_k, a.out_max_val, a.axis), (2, true, Some(1)));
+        assert_eq!(net.layers[4].config.loss_weight, Some(0.5));
+    }
+
+    #[test]
     fn what_p2ptrain_lacks_is_named_with_layer_type_and_line() {
         let cases = [
-            ("layer { name: \"n\" type: \"LRN\" bottom: \"img\" top: \"n\" }", 6, "type LRN is not supported"),
+            ("layer { name: \"n\" type: \"BNLL\" bottom: \"img\" top: \"n\" }", 6, "type BNLL is not supported"),
+            ("layer { name: \"n\" type: \"LRN\" bottom: \"img\" top: \"n\"\n lrn_param { local_size: 4 } }", 7, "`local_size`: must be odd"),
+            ("layer { name: \"a\" type: \"ArgMax\" bottom: \"img\" top: \"a\"\n argmax_param { top_k: 0 } }", 7, "`top_k`"),
             ("layer { name: \"p\" type: \"Pooling\" bottom: \"img\" top: \"p\"\n pooling_param { pool: STOCHASTIC kernel_size: 2 } }", 7, "`pool`"),
             ("layer { name: \"c\" type: \"Convolution\" bottom: \"img\" top: \"c\"\n param { name: \"w\" } convolution_param { num_output: 2 kernel_size: 1 } }", 7, "shared parameters"),
             ("layer { name: \"i\" type: \"InnerProduct\" bottom: \"img\" top: \"i\"\n inner_product_param { num_output: 2 transpose: true } }", 7, "`transpose` is not supported"),

@@ -652,6 +652,16 @@ pub enum EltwiseOp {
     Max,
 }
 
+/// The neighbourhood LRN normalises over (Caffe's `norm_region`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormRegion {
+    /// `local_size` adjacent channels at the same position.
+    AcrossChannels,
+    /// A `local_size × local_size` square of positions in the same channel.
+    WithinChannel,
+}
+
 /// Phase in which a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -780,6 +790,16 @@ pub struct LayerConfig {
     pub shift: Option<f32>,
     // slice (also axis)
     pub slice_point: Option<Vec<usize>>,
+    // elu (alpha), lrn
+    pub alpha: Option<f32>,
+    pub beta: Option<f32>,
+    pub k: Option<f32>,
+    pub local_size: Option<usize>,
+    pub norm_region: Option<NormRegion>,
+    // arg_max (also top_k, axis)
+    pub out_max_val: Option<bool>,
+    // prelu (also filler)
+    pub channel_shared: Option<bool>,
 }
 
 impl LayerConfig {

@@ -177,6 +177,15 @@ kernel_set!(
     power_backward,
     abs_forward,
     abs_backward,
+    elu_forward,
+    elu_backward,
+    prelu_forward,
+    prelu_backward,
+    prelu_negative_part,
+    scaled_by_top_diff,
+    argmax_rank,
+    lrn_forward,
+    lrn_backward,
 );
 
 #[macro_use]
@@ -202,6 +211,7 @@ pub use elementwise::Activation;
 pub use fused::BnScaleRelu;
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
+pub use normalization::LrnWindow;
 pub use normalization::StatsSource;
 pub use pooling::PoolGeom;
 pub use solver::{Rule, UpdateArgs};

@@ -73,7 +73,8 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Power
         | LayerKind::AbsVal
         | LayerKind::Split
-        | LayerKind::Silence => true,
+        | LayerKind::Silence
+        | LayerKind::Elu => true,
         LayerKind::Scale | LayerKind::Bias => {
             cfg.bottom.len() == 1 && cfg.axis.unwrap_or(1) == 1 && cfg.num_axes.unwrap_or(1) == 1
         }
@@ -86,7 +87,11 @@ pub fn runs_channels_last(cfg: &LayerConfig) -> bool {
         | LayerKind::Softmax
         | LayerKind::Input
         | LayerKind::Slice
-        | LayerKind::Deconvolution => false,
+        | LayerKind::Deconvolution
+        | LayerKind::Prelu
+        | LayerKind::EuclideanLoss
+        | LayerKind::ArgMax
+        | LayerKind::Lrn => false,
     }
 }
 

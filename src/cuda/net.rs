@@ -836,7 +836,7 @@ impl GpuNet {
         let mut outputs = Vec::new();
         for i in 0..self.layers.len() {
             let node = self.graph.node(i);
-            let reported = node.is_loss || !node.has_backward;
+            let reported = node.reports_output;
             if !node.runs_in(self.pass.phase) || !reported {
                 continue;
             }

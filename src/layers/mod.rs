@@ -53,6 +53,7 @@ macro_rules! cpu_layer {
 
 pub mod abs_val;
 pub mod accuracy;
+pub mod arg_max;
 pub mod batch_norm;
 pub mod bias;
 pub mod broadcast;
@@ -61,14 +62,18 @@ pub mod convolution;
 pub mod deconvolution;
 pub mod dropout;
 pub mod eltwise;
+pub mod elu;
+pub mod euclidean_loss;
 pub mod filler;
 pub mod flatten;
 pub mod gradient_check;
 pub mod inner_product;
 pub mod input;
+pub mod lrn;
 pub mod neuron;
 pub mod pooling;
 pub mod power;
+pub mod prelu;
 pub mod relu;
 pub mod reshape;
 pub mod reshaping;
@@ -189,6 +194,13 @@ pub trait Layer: Send {
     /// Whether the top is a loss (a scalar to be weighted into the objective).
     fn is_loss(&self) -> bool {
         false
+    }
+
+    /// Whether the net reports the first value of each top after a forward pass: losses and
+    /// metrics (a layer without backward, Accuracy). ArgMax, without backward but with a top that
+    /// is not a scalar, says no.
+    fn reports_output(&self) -> bool {
+        self.is_loss() || !self.has_backward()
     }
 
     /// Whether the tensors of `param_specs()` are state the layer updates itself (BatchNorm's

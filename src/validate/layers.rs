@@ -225,6 +225,10 @@ impl Validator<'_> {
             LayerKind::Split | LayerKind::Slice => (1..=1, 1..=usize::MAX, "1 bottom"),
             LayerKind::Silence => (1..=usize::MAX, 0..=0, "1 or more bottoms"),
             LayerKind::Deconvolution => (1..=1, one, "1 bottom"),
+            LayerKind::Elu | LayerKind::Prelu | LayerKind::ArgMax | LayerKind::Lrn => {
+                (1..=1, one, "1 bottom")
+            }
+            LayerKind::EuclideanLoss => (2..=2, one, "2 bottoms (prediction, target)"),
         };
         if !bottoms.contains(&l.bottom.len()) {
             return Err(self.err(
@@ -429,6 +433,7 @@ impl Validator<'_> {
                 ("slice_point", l.slice_point.is_some()),
                 ("axis", l.axis.is_some()),
             ],
+            LayerKind::ArgMax => &[("top_k", l.top_k.is_some()), ("axis", l.axis.is_some())],
             _ => &[],
         };
         let blamed = suspects
@@ -534,14 +539,16 @@ impl Validator<'_> {
 /// validation lets it through, and the commands that train call this.
 pub fn train_loss(cfg: &crate::config::Config, src: &crate::config::Source) -> Result<()> {
     let trains_a_loss = cfg.layers.iter().any(|l| {
-        l.kind == LayerKind::SoftmaxWithLoss
-            && l.phase != Some(Phase::Test)
+        matches!(
+            l.kind,
+            LayerKind::SoftmaxWithLoss | LayerKind::EuclideanLoss
+        ) && l.phase != Some(Phase::Test)
             && l.loss_weight != Some(0.0)
     });
     if !trains_a_loss {
         return Err(src.error(
             "layer",
-            "no loss layer runs in the train phase: add a layer of type softmax_with_loss (without phase = \"test\" or loss_weight = 0)",
+            "no loss layer runs in the train phase: add a layer of type softmax_with_loss or euclidean_loss (without phase = \"test\" or loss_weight = 0)",
         ));
     }
     Ok(())

@@ -983,6 +983,123 @@ fn other_layer_types_are_checked() {
     );
 }
 
+/// The error (exit code 2) of `CNN` with the layer `extra` (TOML) inserted before the inner
+/// product, which then reads `bottom`.
+fn cnn_with_err(extra: &str, bottom: &str) -> String {
+    let e = check(&cnn_with(extra, bottom)).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    e.to_string()
+}
+
+#[test]
+fn elu_prelu_lrn_and_arg_max_are_checked() {
+    let layer = |kind: &str, keys: &str| {
+        format!("[[layer]]\nname = \"x\"\ntype = \"{kind}\"\nbottom = [\"pool1\"]\ntop = [\"x\"]\n{keys}")
+    };
+    check(&cnn_with(&layer("elu", "alpha = 0.5"), "x")).unwrap();
+    check(&cnn_with(
+        &layer("prelu", "channel_shared = true\nlr_mult = [1]"),
+        "x",
+    ))
+    .unwrap();
+    let within = "local_size = 3\nalpha = 1e-4\nbeta = 0.75\nnorm_region = \"within_channel\"";
+    check(&cnn_with(&layer("lrn", within), "x")).unwrap();
+    has(
+        &cnn_with_err(&layer("elu", "alpha = inf"), "x"),
+        "`layer[2].alpha`: must be a finite number, got inf",
+    );
+    has(
+        &cnn_with_err(&layer("relu", "alpha = 0.5"), "x"),
+        "`layer[2].alpha`: `alpha` does not apply to a layer of type relu",
+    );
+    has(
+        &cnn_with_err(&layer("prelu", "lr_mult = [1, 2]"), "x"),
+        "`layer[2].lr_mult`: has 2 values but the layer has 1 learnable tensor (slope)",
+    );
+    has(
+        &cnn_with_err(
+            &layer(
+                "prelu",
+                "filler = { type = \"uniform\", min = 1.0, max = 0.0 }",
+            ),
+            "x",
+        ),
+        "`layer[2].filler.max`: a uniform filler needs min < max",
+    );
+    has(
+        &cnn_with_err(&layer("lrn", "local_size = 4"), "x"),
+        "`layer[2].local_size`: must be odd",
+    );
+    has(
+        &cnn_with_err(&layer("lrn", "beta = nan"), "x"),
+        "`layer[2].beta`: must be a finite number",
+    );
+    has(
+        &cnn_with_err(&layer("lrn", "norm_region = \"sideways\""), "x"),
+        "norm_region",
+    );
+    // After the inner product the bottom is (N, 10): not an image.
+    let text = CNN.replace(
+        "[[layer]]\nname = \"loss\"",
+        "[[layer]]\nname = \"n\"\ntype = \"lrn\"\nbottom = [\"ip\"]\ntop = [\"n\"]\n\n[[layer]]\nname = \"loss\"",
+    );
+    has(
+        &check(&text).unwrap_err().to_string(),
+        "`layer[3].bottom`: needs a 4-D (N, C, H, W) bottom, got [32, 10]",
+    );
+    // pool1 is (N, 8, 4, 4): 128 values per sample, 8 along axis 1.
+    let arg_max = |keys: &str| {
+        layer("arg_max", keys).replace(
+            "bottom = [\"pool1\"]",
+            "bottom = [\"pool1\"]\nphase = \"test\"",
+        )
+    };
+    check(&cnn_with(
+        &arg_max("top_k = 128\nout_max_val = true"),
+        "pool1",
+    ))
+    .unwrap();
+    has(
+        &cnn_with_err(&arg_max("top_k = 129"), "pool1"),
+        "`layer[2].top_k`: `top_k` 129 exceeds the 128 values searched",
+    );
+    has(
+        &cnn_with_err(&arg_max("axis = 1\ntop_k = 9"), "pool1"),
+        "`layer[2].top_k`: `top_k` 9 exceeds the 8 values searched",
+    );
+    has(
+        &cnn_with_err(&arg_max("top_k = 0"), "pool1"),
+        "`layer[2].top_k`: must be at least 1",
+    );
+    has(
+        &cnn_with_err(&arg_max("axis = 0"), "pool1"),
+        "`layer[2].axis`: must be 1, 2 or 3",
+    );
+}
+
+#[test]
+fn a_euclidean_loss_trains_a_net_and_pairs_its_bottoms() {
+    let euclid = CNN
+        .replace("num_output = 10", "num_output = 1")
+        .replace("type = \"softmax_with_loss\"", "type = \"euclidean_loss\"");
+    check(&euclid).unwrap();
+    has(
+        &cnn_err("type = \"softmax_with_loss\"", "type = \"euclidean_loss\""),
+        "`layer[3].bottom`: the prediction [32, 10] and the target [32] must have the same batch and the same number of values per sample",
+    );
+    let one = euclid.replace("bottom = [\"ip\", \"label\"]", "bottom = [\"ip\"]");
+    has(
+        &check(&one).unwrap_err().to_string(),
+        "`layer[3].bottom`: a layer of type euclidean_loss takes 2 bottoms (prediction, target), got 1",
+    );
+    has(
+        &check(&euclid.replace("top = [\"loss\"]", "top = [\"loss\"]\nloss_weight = 0"))
+            .unwrap_err()
+            .to_string(),
+        "no loss layer runs in the train phase",
+    );
+}
+
 /// `[data]` reading the bundled Caffe digit PNGs through a list file, with `extra` lines.
 fn image_list(extra: &str) -> String {
     let png = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/caffe/png");

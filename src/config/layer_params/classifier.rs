@@ -1,4 +1,5 @@
-//! Parameters of the classifier layers: SoftmaxWithLoss, Accuracy, Softmax.
+//! Parameters of the output layers: the classifier layers SoftmaxWithLoss, Accuracy, Softmax
+//! and ArgMax, and the regression loss EuclideanLoss.
 
 use super::{axis, KindParams, ParamError, Resolved};
 use crate::config::LayerConfig;
@@ -62,5 +63,45 @@ impl KindParams for SoftmaxParams {
 
     fn resolve(l: &LayerConfig) -> Resolved<Self> {
         Ok(SoftmaxParams { axis: axis(l, 1)? })
+    }
+}
+
+/// `arg_max`: the indices (and optionally the values) of the `top_k` largest values of each
+/// sample, or of each position along `axis`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ArgMaxParams {
+    /// Output the values too (default false).
+    pub out_max_val: bool,
+    /// At least 1, default 1.
+    pub top_k: usize,
+    /// The axis searched (1, 2 or 3); `None`: every value of a sample, flattened.
+    pub axis: Option<usize>,
+}
+
+impl KindParams for ArgMaxParams {
+    const KEYS: &'static [&'static str] = &["out_max_val", "top_k", "axis"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        let top_k = l.top_k.unwrap_or(1);
+        if top_k == 0 {
+            return Err(ParamError::new("top_k", "must be at least 1, got 0"));
+        }
+        Ok(ArgMaxParams {
+            out_max_val: l.out_max_val.unwrap_or(false),
+            top_k,
+            axis: l.axis.map(|_| axis(l, 1)).transpose()?,
+        })
+    }
+}
+
+/// `euclidean_loss`: `Σ (a − b)² / 2N` over a prediction `a` and a target `b`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EuclideanLossParams;
+
+impl KindParams for EuclideanLossParams {
+    const KEYS: &'static [&'static str] = &["loss_weight"];
+
+    fn resolve(_: &LayerConfig) -> Resolved<Self> {
+        Ok(EuclideanLossParams)
     }
 }

@@ -23,10 +23,15 @@ mod wiring;
 
 pub use affine::{BiasParams, ScaleParams};
 pub use blob::{ConcatParams, EltwiseParams, FlattenParams, ReshapeParams};
-pub use classifier::{AccuracyParams, SoftmaxParams, SoftmaxWithLossParams};
+pub use classifier::{
+    AccuracyParams, ArgMaxParams, EuclideanLossParams, SoftmaxParams, SoftmaxWithLossParams,
+};
 pub use dense::InnerProductParams;
-pub use neuron::{AbsValParams, DropoutParams, PowerParams, ReluParams, SigmoidParams, TanhParams};
-pub use normalization::BatchNormParams;
+pub use neuron::{
+    AbsValParams, DropoutParams, EluParams, PowerParams, PreluParams, ReluParams, SigmoidParams,
+    TanhParams,
+};
+pub use normalization::{BatchNormParams, LrnParams};
 pub use spatial::{ConvolutionParams, DeconvolutionParams, Pair, PoolingParams};
 pub use wiring::{InputParams, SilenceParams, SliceParams, SplitParams};
 
@@ -160,6 +165,11 @@ macro_rules! for_each_layer_kind {
             Silence => SilenceParams,
             Slice => SliceParams,
             Deconvolution => DeconvolutionParams,
+            Elu => EluParams,
+            Prelu => PreluParams,
+            EuclideanLoss => EuclideanLossParams,
+            ArgMax => ArgMaxParams,
+            Lrn => LrnParams,
         }
     };
 }
@@ -194,13 +204,14 @@ impl LayerParams {
                 (false, false) => (0, ""),
             },
             LayerParams::Bias(_) if one_bottom => (1, "1 learnable tensor (bias)"),
+            LayerParams::Prelu(_) => (1, "1 learnable tensor (slope)"),
             _ => (0, ""),
         }
     }
 }
 
 /// Which of the kind-specific keys of `l` are set, in the order they are reported.
-fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 31] {
+fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 38] {
     [
         ("num_output", l.num_output.is_some()),
         ("bias_term", l.bias_term.is_some()),
@@ -236,6 +247,13 @@ fn keys_set(l: &LayerConfig) -> [(&'static str, bool); 31] {
         ("scale", l.scale.is_some()),
         ("shift", l.shift.is_some()),
         ("slice_point", l.slice_point.is_some()),
+        ("alpha", l.alpha.is_some()),
+        ("beta", l.beta.is_some()),
+        ("k", l.k.is_some()),
+        ("local_size", l.local_size.is_some()),
+        ("norm_region", l.norm_region.is_some()),
+        ("out_max_val", l.out_max_val.is_some()),
+        ("channel_shared", l.channel_shared.is_some()),
     ]
 }
 

@@ -1,7 +1,8 @@
-//! Parameters of the elementwise (neuron) layers: ReLU, Sigmoid, TanH, AbsVal, Power, Dropout.
+//! Parameters of the elementwise (neuron) layers: ReLU, Sigmoid, TanH, AbsVal, Power, Dropout,
+//! ELU and PReLU.
 
-use super::{finite, KindParams, ParamError, Resolved};
-use crate::config::LayerConfig;
+use super::{filler_or, finite, KindParams, ParamError, Resolved};
+use crate::config::{FillerConfig, LayerConfig};
 
 /// `relu`: `y = max(x, 0) + negative_slope · min(x, 0)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,5 +99,43 @@ impl KindParams for DropoutParams {
             ));
         }
         Ok(DropoutParams { ratio })
+    }
+}
+
+/// `elu`: `y = x > 0 ? x : alpha · (e^x − 1)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EluParams {
+    /// Finite, default 1.
+    pub alpha: f32,
+}
+
+impl KindParams for EluParams {
+    const KEYS: &'static [&'static str] = &["alpha"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(EluParams {
+            alpha: finite("alpha", l.alpha.unwrap_or(1.0))?,
+        })
+    }
+}
+
+/// `prelu`: `y = x > 0 ? x : slope[c] · x` with a learnable slope per channel (axis 1), or one
+/// slope for every channel.
+#[derive(Debug, Clone)]
+pub struct PreluParams {
+    /// One slope shared by every channel (default false).
+    pub channel_shared: bool,
+    /// The slopes' filler (`filler`), default constant 0.25.
+    pub filler: FillerConfig,
+}
+
+impl KindParams for PreluParams {
+    const KEYS: &'static [&'static str] = &["channel_shared", "filler"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        Ok(PreluParams {
+            channel_shared: l.channel_shared.unwrap_or(false),
+            filler: filler_or("filler", &l.filler, FillerConfig::constant(0.25))?,
+        })
     }
 }

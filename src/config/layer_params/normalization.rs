@@ -1,7 +1,7 @@
-//! Parameters of the batch normalisation layer.
+//! Parameters of the normalisation layers: BatchNorm and LRN.
 
-use super::{KindParams, ParamError, Resolved};
-use crate::config::LayerConfig;
+use super::{finite, KindParams, ParamError, Resolved, MAX_SPATIAL};
+use crate::config::{LayerConfig, NormRegion};
 
 /// `batch_norm`: normalises each channel by batch statistics (train) or running ones (test).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,6 +57,46 @@ impl KindParams for BatchNormParams {
             eps,
             use_global_stats: l.use_global_stats,
             sync: l.sync.unwrap_or(false),
+        })
+    }
+}
+
+/// `lrn`: local response normalisation, `y = x · s^(−beta)` with `s` from the squares of a
+/// window of `local_size` around each value (see `crate::layers::lrn`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LrnParams {
+    /// Odd, in 1..=2^20, default 5.
+    pub local_size: usize,
+    /// Finite, default 1.
+    pub alpha: f32,
+    /// Finite, default 0.75.
+    pub beta: f32,
+    /// Finite, default 1 (ACROSS_CHANNELS only; WITHIN_CHANNEL adds 1, as Caffe does).
+    pub k: f32,
+    /// Default across channels.
+    pub norm_region: NormRegion,
+}
+
+impl KindParams for LrnParams {
+    const KEYS: &'static [&'static str] = &["local_size", "alpha", "beta", "k", "norm_region"];
+
+    fn resolve(l: &LayerConfig) -> Resolved<Self> {
+        let local_size = l.local_size.unwrap_or(5);
+        if local_size == 0 || local_size > MAX_SPATIAL || local_size.is_multiple_of(2) {
+            return Err(ParamError::new(
+                "local_size",
+                format!(
+                    "must be odd (the window is centred on each value) and between 1 and \
+                     {MAX_SPATIAL}, got {local_size}"
+                ),
+            ));
+        }
+        Ok(LrnParams {
+            local_size,
+            alpha: finite("alpha", l.alpha.unwrap_or(1.0))?,
+            beta: finite("beta", l.beta.unwrap_or(0.75))?,
+            k: finite("k", l.k.unwrap_or(1.0))?,
+            norm_region: l.norm_region.unwrap_or(NormRegion::AcrossChannels),
         })
     }
 }

@@ -138,3 +138,32 @@ extern "C" __global__ void channel_scale_backward(const float* dy, const float* 
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// PReLU over the view (n / (dim * inner), dim, inner): one slope per channel d (dim = 1: one
+// slope for all).
+
+// y = max(x, 0) + s[d] * min(x, 0)
+extern "C" __global__ void prelu_forward(const float* x, const float* s, float* y, int n, int dim,
+                                         int inner) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        y[i] = fmaxf(v, 0.0f) + s[channel_of(i, by_inner, by_dim)] * fminf(v, 0.0f);
+    }
+}
+
+// dx (+)= x > 0 ? dy : s[d] * dy
+extern "C" __global__ void prelu_backward(const float* x, const float* dy, const float* s,
+                                          float* dx, int n, int dim, int inner, int accumulate) {
+    const FastDiv by_inner = fast_div(inner), by_dim = fast_div(dim);
+    GRID_STRIDE_INT(i, n) {
+        const float g = x[i] > 0.0f ? dy[i] : s[channel_of(i, by_inner, by_dim)] * dy[i];
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+// m = x <= 0 ? x : 0, the factor of dy in a slope's gradient (summed by channel_reduce).
+extern "C" __global__ void prelu_negative_part(const float* x, float* m, int n) {
+    GRID_STRIDE_INT(i, n) m[i] = x[i] <= 0.0f ? x[i] : 0.0f;
+}

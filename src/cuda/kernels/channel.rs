@@ -1,5 +1,5 @@
 //! Launchers of the per-channel kernels (`channel.cu`): deterministic two-stage reductions over a
-//! channel view and per-channel affine maps. A "channel view" `(outer, dim, inner)` of a blob has
+//! channel view, per-channel affine maps and PReLU's per-channel slopes. A "channel view" `(outer, dim, inner)` of a blob has
 //! the channel index `(i / inner) % dim`: `(N, C, H·W)` for NCHW, `(N·H·W, C, 1)` for NHWC.
 
 use super::{check_len, int_count, to_i32, Kernels, BLOCK};
@@ -230,5 +230,67 @@ impl Kernels {
             self, s, channel_scale_backward, self.grid(n),
             [in dy, in scale, out dx, &ni, &d, &i, &acc]
         )
+    }
+
+    /// PReLU forward over `(n)` viewed as `(·, dim, inner)`: `y = max(x, 0) + slope[d] ·
+    /// min(x, 0)` (`dim = 1`: one slope for all).
+    pub fn prelu_forward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        slope: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+    ) -> Result<()> {
+        let op = "prelu_forward";
+        check_len(op, "slope", slope.len(), dim);
+        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
+            return Ok(());
+        };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
+        launch!(self, s, prelu_forward, self.grid(n), [in x, in slope, out y, &ni, &d, &i])
+    }
+
+    /// PReLU backward to the bottom over `(n)` viewed as `(·, dim, inner)`: `dx (+)= x > 0 ? dy
+    /// : slope[d] · dy`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prelu_backward(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<f32>,
+        slope: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        (dim, inner): (usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "prelu_backward";
+        check_len(op, "slope", slope.len(), dim);
+        let lens = [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())];
+        let Some(ni) = int_count(op, n, &lens) else {
+            return Ok(());
+        };
+        let (d, i, acc) = (to_i32(op, dim), to_i32(op, inner), accumulate as i32);
+        launch!(
+            self, s, prelu_backward, self.grid(n),
+            [in x, in dy, in slope, out dx, &ni, &d, &i, &acc]
+        )
+    }
+
+    /// `m = x ≤ 0 ? x : 0` over `(n)`: the factor of `dy` in PReLU's slope gradient.
+    pub fn prelu_negative_part(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        m: &mut impl DevicePtrMut<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let op = "prelu_negative_part";
+        let Some(ni) = int_count(op, n, &[("x", x.len()), ("m", m.len())]) else {
+            return Ok(());
+        };
+        launch!(self, s, prelu_negative_part, self.grid(n), [in x, out m, &ni])
     }
 }

@@ -151,3 +151,24 @@ extern "C" __global__ void abs_backward(const float* x, const float* dy, float* 
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ELU.
+
+// y = max(x, 0) + alpha * (exp(min(x, 0)) - 1)
+extern "C" __global__ void elu_forward(const float* x, float* y, float alpha, int n) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        y[i] = fmaxf(v, 0.0f) + alpha * (expf(fminf(v, 0.0f)) - 1.0f);
+    }
+}
+
+// dx (+)= dy * (x > 0 ? 1 : alpha * (exp(x) - 1) + alpha), the top recomputed from x.
+extern "C" __global__ void elu_backward(const float* x, const float* dy, float* dx, float alpha,
+                                        int n, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        const float v = x[i];
+        const float g = v > 0.0f ? dy[i] : dy[i] * (alpha * (expf(fminf(v, 0.0f)) - 1.0f) + alpha);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,5 +1,5 @@
 //! Launchers of the elementwise kernels (`elementwise.cu`): fill, scale, axpy, the activations
-//! of the neuron layers ([`Activation`]: ReLU, sigmoid, tanh, absolute value, power) forward and
+//! of the neuron layers ([`Activation`]: ReLU, sigmoid, tanh, absolute value, power, ELU) forward and
 //! backward, bias rows, scaled copies, elementwise products and Eltwise MAX. Every operand is
 //! `(n)` unless a method says otherwise.
 
@@ -20,6 +20,8 @@ pub enum Activation {
     Abs,
     /// `y = (shift + scale · x)^power`.
     Power { power: f32, scale: f32, shift: f32 },
+    /// `y = max(x, 0) + alpha · (e^min(x, 0) − 1)`.
+    Elu { alpha: f32 },
 }
 
 impl Activation {
@@ -105,6 +107,9 @@ impl Kernels {
                 self, s, power_forward, grid,
                 [in x, out y, &ni, &power, &scale, &shift]
             ),
+            Activation::Elu { alpha } => {
+                launch!(self, s, elu_forward, grid, [in x, out y, &alpha, &ni])
+            }
         }
     }
 
@@ -112,7 +117,7 @@ impl Kernels {
     /// [`Activation::derivative_reads_top`], else the bottom's data `x`. ReLU:
     /// `dy · (x > 0 ? 1 : negative_slope)`; sigmoid: `dy · y · (1 − y)`; tanh: `dy · (1 − y²)`;
     /// absolute value: `sign(x) · dy`; power: `dy · power · scale · (shift + scale · x)^(power −
-    /// 1)`.
+    /// 1)`; ELU: `dy · (x > 0 ? 1 : alpha · (e^x − 1) + alpha)`.
     #[allow(clippy::too_many_arguments)]
     pub fn activation_backward(
         &self,
@@ -150,6 +155,10 @@ impl Kernels {
             } => launch!(
                 self, s, power_backward, grid,
                 [in input, in dy, out dx, &ni, &power, &scale, &shift, &acc]
+            ),
+            Activation::Elu { alpha } => launch!(
+                self, s, elu_backward, grid,
+                [in input, in dy, out dx, &alpha, &ni, &acc]
             ),
         }
     }

@@ -141,3 +141,54 @@ extern "C" __global__ void poison_gradient(const double* loss, float* diff_at) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && !isfinite(loss[0]))
         diff_at[0] = __int_as_float(0x7fc00000);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Euclidean loss.
+
+// y (+)= (sign * top_diff[0] / num) * x: a bottom's gradient, scaled by the loss weight the net
+// put in the top's diff, read on the device.
+extern "C" __global__ void scaled_by_top_diff(const float* x, const float* top_diff, float* y,
+                                              float sign, float num, int n, int accumulate) {
+    const float alpha = sign * top_diff[0] / num;
+    GRID_STRIDE_INT(i, n) {
+        const float v = alpha * x[i];
+        y[i] = accumulate ? y[i] + v : v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ArgMax. Search r of `rows` reads dim values `stride` apart from
+// (r / stride) * dim * stride + r % stride. Value j's rank is the number of values ranking
+// above it (larger; equal at a larger index; a NaN above every number), a permutation of
+// 0..dim; one thread per value writes it when its rank is below top_k.
+
+__device__ __forceinline__ bool ranks_above(float a, int i, float b, int j) {
+    const bool na = isnan(a), nb = isnan(b);
+    if (na != nb) return na;
+    if (na) return i > j;
+    return a > b || (a == b && i > j);
+}
+
+// Without axis (has_axis 0) and with out_max_val: y[2 r top_k + k] = index and
+// y[2 r top_k + top_k + k] = value; otherwise y[((r / stride) top_k + k) stride + r % stride] =
+// the value (out_max_val) or the index.
+extern "C" __global__ void argmax_rank(const float* x, float* y, int rows, int dim, int stride,
+                                       int top_k, int out_max_val, int has_axis) {
+    GRID_STRIDE_INT(t, rows * dim) {
+        const int r = t / dim;
+        const int j = t - r * dim;
+        const long long first = (long long)(r / stride) * dim * stride + r % stride;
+        const float v = x[first + (long long)j * stride];
+        int rank = 0;
+        for (int q = 0; q < dim; ++q)
+            rank += ranks_above(x[first + (long long)q * stride], q, v, j) ? 1 : 0;
+        if (rank >= top_k) continue;
+        if (out_max_val && !has_axis) {
+            y[2LL * r * top_k + rank] = (float)j;
+            y[2LL * r * top_k + top_k + rank] = v;
+        } else {
+            const long long at = ((long long)(r / stride) * top_k + rank) * stride + r % stride;
+            y[at] = out_max_val ? v : (float)j;
+        }
+    }
+}

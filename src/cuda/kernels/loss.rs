@@ -1,7 +1,7 @@
 //! Launchers of the loss kernels (`loss.cu`): softmax with loss forward and backward, top-k
 //! accuracy, and the device scalars that carry a loss between host synchronisations.
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, int_count, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
@@ -164,5 +164,66 @@ impl Kernels {
         check_len("poison_gradient", "loss", loss.len(), 1);
         check_len("poison_gradient", "diff_at", diff_at.len(), 1);
         launch!(self, s, poison_gradient, Kernels::single_thread(), [in loss, out diff_at])
+    }
+
+    /// `y (+)= (sign · top_diff[0] / num) · x` over `(n)`: a loss's gradient scaled by the loss
+    /// weight in its top's diff `(1)`, read on the device (EuclideanLoss: `sign` ±1, `num` the
+    /// batch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn scaled_by_top_diff(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        top_diff: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        (sign, num): (f32, f32),
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "scaled_by_top_diff";
+        check_len(op, "top_diff", top_diff.len(), 1);
+        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
+            return Ok(());
+        };
+        let acc = accumulate as i32;
+        launch!(
+            self, s, scaled_by_top_diff, self.grid(n),
+            [in x, in top_diff, out y, &sign, &num, &ni, &acc]
+        )
+    }
+
+    /// ArgMax: `rows` searches of `dim` values `stride` apart in `x`, the `top_k` best of each
+    /// written to `y` (see `argmax_rank` in `loss.cu` and `crate::layers::arg_max` for the
+    /// layout); `(out_max_val, has_axis)` select it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn argmax(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+        (rows, dim, stride): (usize, usize, usize),
+        top_k: usize,
+        (out_max_val, has_axis): (bool, bool),
+    ) -> Result<()> {
+        let op = "argmax";
+        let n = rows * dim;
+        let outputs = rows * top_k * if out_max_val && !has_axis { 2 } else { 1 };
+        check_len(op, "x", x.len(), n);
+        check_len(op, "y", y.len(), outputs);
+        if n == 0 {
+            return Ok(());
+        }
+        to_i32(op, n);
+        let (r, d, st, k) = (
+            to_i32(op, rows),
+            to_i32(op, dim),
+            to_i32(op, stride),
+            to_i32(op, top_k),
+        );
+        let (mv, ha) = (out_max_val as i32, has_axis as i32);
+        launch!(
+            self, s, argmax_rank, self.grid(n),
+            [in x, out y, &r, &d, &st, &k, &mv, &ha]
+        )
     }
 }

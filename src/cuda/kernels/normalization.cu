@@ -105,3 +105,57 @@ extern "C" __global__ void bn_backward_global(const float* dy, const float* inv_
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// LRN over (N, C, H, W): value i's window is channels c - half ..= c + half at its position
+// (within 0) or the square rows h - half ..= h + half, columns w - half ..= w + half of its
+// channel (within 1), clipped, visited in index order as the CPU layer visits it.
+
+template <class F>
+__device__ __forceinline__ void lrn_window(int i, int channels, int height, int width, int half,
+                                           int within, F f) {
+    const int x = i % width;
+    int rest = i / width;
+    const int y = rest % height;
+    rest /= height;
+    const int c = rest % channels;
+    const int n = rest / channels;
+    if (!within) {
+        const int end = min(c + half + 1, channels);
+        for (int cj = max(c - half, 0); cj < end; ++cj)
+            f(((n * channels + cj) * height + y) * width + x);
+    } else {
+        const int yend = min(y + half + 1, height), xend = min(x + half + 1, width);
+        for (int yj = max(y - half, 0); yj < yend; ++yj)
+            for (int xj = max(x - half, 0); xj < xend; ++xj)
+                f(((n * channels + c) * height + yj) * width + xj);
+    }
+}
+
+// scale = k + c * (sum of x^2 over the window / d); y = x * scale^-beta
+extern "C" __global__ void lrn_forward(const float* x, float* scale, float* y, int n, int channels,
+                                       int height, int width, int half, int within, float k,
+                                       float c, float d, float beta) {
+    GRID_STRIDE_INT(i, n) {
+        float sum = 0.0f;
+        lrn_window(i, channels, height, width, half, within,
+                   [&](int j) { sum = sum + x[j] * x[j]; });
+        const float s = k + c * (sum / d);
+        scale[i] = s;
+        y[i] = x[i] * powf(s, -beta);
+    }
+}
+
+// dx (+)= dy * scale^-beta - factor * x * sum over the window of dy * y / scale
+extern "C" __global__ void lrn_backward(const float* x, const float* y, const float* dy,
+                                        const float* scale, float* dx, int n, int channels,
+                                        int height, int width, int half, int within, float beta,
+                                        float factor, int accumulate) {
+    GRID_STRIDE_INT(i, n) {
+        float acc = 0.0f;
+        lrn_window(i, channels, height, width, half, within,
+                   [&](int j) { acc = acc + dy[j] * y[j] / scale[j]; });
+        const float g = dy[i] * powf(scale[i], -beta) - factor * x[i] * acc;
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}

@@ -1,6 +1,6 @@
 //! Launchers of the BatchNorm kernels (`normalization.cu`) over `(N, C, S)` (`S` the product
 //! of the spatial axes): the statistics, in double, normalisation, the running averages and the
-//! backward pass.
+//! backward pass; and of the LRN kernels over `(N, C, H, W)` ([`LrnWindow`]).
 
 use super::{check_len, int_count, to_i32, Kernels};
 use crate::error::Result;
@@ -201,4 +201,89 @@ fn activation_ints(
     }
     let ni = int_count(op, n * c * sp, acts)?;
     Some((ni, to_i32(op, c), to_i32(op, sp)))
+}
+
+impl Kernels {
+    /// LRN forward over `x (N, C, H, W)`: `scale = k + c · (Σ_window x² / d)` and `y = x ·
+    /// scale^(−beta)`, each `(N, C, H, W)`.
+    pub fn lrn_forward(
+        &self,
+        s: &CudaStream,
+        w: &LrnWindow,
+        x: &impl DevicePtr<f32>,
+        scale: &mut impl DevicePtrMut<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let op = "lrn_forward";
+        let lens = [("x", x.len()), ("scale", scale.len()), ("y", y.len())];
+        let Some(ni) = int_count(op, w.count(), &lens) else {
+            return Ok(());
+        };
+        let [_, c, h, wd] = w.shape.map(|v| to_i32(op, v));
+        let (half, within) = (to_i32(op, w.half), w.within as i32);
+        let (k, cf, d, beta) = (w.k, w.c, w.d, w.beta);
+        launch!(
+            self, s, lrn_forward, self.grid(w.count()),
+            [in x, out scale, out y, &ni, &c, &h, &wd, &half, &within, &k, &cf, &d, &beta]
+        )
+    }
+
+    /// LRN backward: `dx (+)= dy · scale^(−beta) − (2·beta·c/d) · x · Σ_window dy · y / scale`,
+    /// every operand `(N, C, H, W)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lrn_backward(
+        &self,
+        s: &CudaStream,
+        w: &LrnWindow,
+        (x, y): (&impl DevicePtr<f32>, &impl DevicePtr<f32>),
+        dy: &impl DevicePtr<f32>,
+        scale: &impl DevicePtr<f32>,
+        dx: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = "lrn_backward";
+        let lens = [
+            ("x", x.len()),
+            ("y", y.len()),
+            ("dy", dy.len()),
+            ("scale", scale.len()),
+            ("dx", dx.len()),
+        ];
+        let Some(ni) = int_count(op, w.count(), &lens) else {
+            return Ok(());
+        };
+        let [_, c, h, wd] = w.shape.map(|v| to_i32(op, v));
+        let (half, within, acc) = (to_i32(op, w.half), w.within as i32, accumulate as i32);
+        let (beta, factor) = (w.beta, w.factor);
+        launch!(
+            self, s, lrn_backward, self.grid(w.count()),
+            [in x, in y, in dy, in scale, out dx, &ni, &c, &h, &wd, &half, &within, &beta, &factor, &acc]
+        )
+    }
+}
+
+/// The windows and constants of one LRN layer over `(N, C, H, W)`, as its kernels take them
+/// (see `crate::layers::lrn` for the formulas).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LrnWindow {
+    /// `(N, C, H, W)`.
+    pub shape: [usize; 4],
+    /// `(local_size − 1) / 2`.
+    pub half: usize,
+    /// The square of the channel (true) or the channels at the position (false).
+    pub within: bool,
+    /// `s = k + c · (Σ x² / d)`.
+    pub k: f32,
+    pub c: f32,
+    pub d: f32,
+    pub beta: f32,
+    /// `2 · beta · c / d`, the backward's factor.
+    pub factor: f32,
+}
+
+impl LrnWindow {
+    /// Values of the blob: `N·C·H·W`.
+    pub fn count(&self) -> usize {
+        self.shape.iter().product()
+    }
 }

@@ -9,7 +9,7 @@
 //!   without collecting references (all indices of one layer are distinct; the net checks this).
 //!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
 //!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
-//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, and the views
+//! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, elu, and the views
 //!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`]; Scale and Bias
 //!   are kinds of [`affine::GpuAffine`]. Each kind's file builds it and holds its tests.
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
@@ -28,6 +28,7 @@
 pub mod abs_val;
 pub mod accuracy;
 pub mod affine;
+pub mod arg_max;
 pub mod batch_norm;
 pub mod bias;
 pub mod bn_scale_relu;
@@ -37,12 +38,16 @@ pub mod deconvolution;
 pub mod dropout;
 pub mod eltwise;
 pub mod eltwise_relu;
+pub mod elu;
+pub mod euclidean_loss;
 pub mod flatten;
 pub mod inner_product;
 pub mod input;
+pub mod lrn;
 pub mod neuron;
 pub mod pooling;
 pub mod power;
+pub mod prelu;
 pub mod relu;
 pub mod reshape;
 pub mod scale;

@@ -1,6 +1,6 @@
 //! `GpuNeuron`: Caffe's NeuronLayer on the device, one body for every layer whose top has the
 //! bottom's shape `(N, ...)` and is computed element by element. Each kind is a [`NeuronFn`]: an
-//! [`Activation`] (relu, sigmoid, tanh, abs_val, power: a pair of kernels, and the data its
+//! [`Activation`] (relu, sigmoid, tanh, abs_val, power, elu: a pair of kernels, and the data its
 //! backward reads) or the identity of the views flatten and reshape
 //! ([`Identity`](super::view::Identity)). Each kind's file builds its layer from its parameters
 //! in one [`neuron_builder`] line.
@@ -85,7 +85,7 @@ impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
     }
 }
 
-/// The activations of relu, sigmoid, tanh, abs_val and power, each one pair of kernels.
+/// The activations of relu, sigmoid, tanh, abs_val, power and elu, each one pair of kernels.
 impl NeuronFn for Activation {
     fn type_name(&self) -> &'static str {
         match self {
@@ -94,6 +94,7 @@ impl NeuronFn for Activation {
             Activation::Tanh => "tanh",
             Activation::Abs => "abs_val",
             Activation::Power { .. } => "power",
+            Activation::Elu { .. } => "elu",
         }
     }
 

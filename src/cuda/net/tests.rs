@@ -468,6 +468,41 @@ fn residual_sum_fused_with_its_relu_matches_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(sum, sum + 1)]);
 }
 
+/// A CNN of ELU, PReLU (per channel and shared), LRN (both regions), a softmax loss beside a
+/// weighted Euclidean loss on the same features, and an ArgMax in the test phase, against the
+/// CPU net: the slopes' gradients and updates, both losses' weights, and ArgMax's top kept out
+/// of the reported outputs (the outputs are compared one for one).
+#[test]
+fn cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu() {
+    let layer = |name: &str, kind: &str, bottoms: &str, top: &str, keys: &str| {
+        format!("[[layer]]\nname = \"{name}\"\ntype = \"{kind}\"\nbottom = [{bottoms}]\ntop = [\"{top}\"]\n{keys}\n\n")
+    };
+    let text = [
+        "[data]\nformat = \"digits\"\nbatch_size = 16\nscale = 0.00390625\n\n\
+         [solver]\nbase_lr = 0.05\nmomentum = 0.9\nweight_decay = 5e-4\nmax_iter = 4\nrandom_seed = 7\n\n"
+            .to_string(),
+        layer("conv1", "convolution", "\"data\"", "conv1", "num_output = 6\nkernel_size = 3\npad = 1"),
+        layer("norm1", "lrn", "\"conv1\"", "norm1", "local_size = 3\nalpha = 0.5"),
+        layer("prelu1", "prelu", "\"norm1\"", "norm1", ""),
+        layer("pool1", "pooling", "\"norm1\"", "pool1", "kernel_size = 2\nstride = 2"),
+        layer("elu1", "elu", "\"pool1\"", "pool1", "alpha = 0.7"),
+        layer("norm2", "lrn", "\"pool1\"", "norm2", "local_size = 3\nalpha = 2.0\nnorm_region = \"within_channel\""),
+        layer("prelu2", "prelu", "\"norm2\"", "norm2", "channel_shared = true"),
+        layer("ip", "inner_product", "\"norm2\"", "ip", "num_output = 10"),
+        layer("reg", "inner_product", "\"norm2\"", "reg", "num_output = 1"),
+        layer("loss", "softmax_with_loss", "\"ip\", \"label\"", "loss", ""),
+        layer("reg_loss", "euclidean_loss", "\"reg\", \"label\"", "reg_loss", "loss_weight = 0.1"),
+        layer("amax", "arg_max", "\"ip\"", "amax", "top_k = 2\nphase = \"test\""),
+        layer("accuracy", "accuracy", "\"ip\", \"label\"", "accuracy", "phase = \"test\""),
+    ]
+    .concat();
+    // Validated (and its CPU net built) before the GPU is looked for, so everywhere.
+    let cfg = config_of("more_kinds.toml", &text);
+    Net::build(&cfg, RECORD, 16).unwrap();
+    let mut gpu = gpu_or_skip!("cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu");
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[]);
+}
+
 /// A CNN config against the CPU net on records of shape `record`, with the GPU's activations
 /// NCHW and then channels-last; `fused` are the (first, last) layers of the chains the GPU net is
 /// expected to fuse.
