@@ -5,7 +5,9 @@ way, timed the same way, so that `p2ptrain bench` numbers have a reference besid
 Workloads, each the same net as the p2ptrain config of the same name, with softmax cross-entropy,
 SGD with momentum 0.9 (lr 0.01), `--batch` samples per GPU of synthetic data of the config's input
 shape generated once on the GPU (so that no input pipeline is measured), FP32 weights and
-gradients; `--math tf32` lets matrix products and convolutions use TF32 tensor cores:
+gradients; `--math tf32` lets matrix products and convolutions use TF32 tensor cores, and `--amp`
+runs forward and loss under bf16 autocast (`torch.autocast(device_type="cuda", dtype=torch.bfloat16)`:
+matrix products and convolutions in bf16 on tensor cores, weights, gradients and the update in FP32):
 
 - `mlp4096` (config/mlp4096.toml): an MLP 784-4096-4096-4096-10 with ReLU.
 - `lenet` (config/lenet.toml): Caffe's LeNet on 1x28x28 input.
@@ -18,6 +20,7 @@ How to run (one process per GPU; nothing beyond PyTorch is needed, no network):
 
     python3 scripts/pytorch_ddp.py --batch 512 --math fp32                  # 1 GPU, no DDP wrapper
     torchrun --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512 --math tf32
+    torchrun --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512 --amp    # bf16 autocast
     python3 -m torch.distributed.run --nproc_per_node=2 scripts/pytorch_ddp.py --batch 512
 
 What it measures: `--warmup` untimed steps, then `--iters` timed steps between two
@@ -30,9 +33,9 @@ all, so the 1-GPU figure is plain PyTorch, not DDP's overhead.
 
 Output: one JSON line on rank 0, e.g.
     {"framework": "pytorch 2.11.0+cu130 DDP", "workload": "mlp4096", "gpus": 2, "batch_per_gpu": 512,
-     "global_batch": 1024, "math": "fp32", "samples_per_sec": 305962.0, "step_ms": 3.347, ...}
-where samples_per_sec = iters x global batch / seconds (global, over every GPU) and step_ms =
-seconds / iters.
+     "global_batch": 1024, "math": "fp32", "amp": null, "samples_per_sec": 305962.0, "step_ms": 3.347, ...}
+where samples_per_sec = iters x global batch / seconds (global, over every GPU), step_ms =
+seconds / iters, and amp is "bf16" with `--amp` (null without).
 
 NCCL_NVLS_ENABLE defaults to 0 here (NVLink multicast can take shared GPUs out of service); set it
 in the environment to override.
@@ -76,6 +79,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--channels-last", action="store_true",
                     help="model and images in torch.channels_last (NHWC) memory format")
+    ap.add_argument("--amp", action="store_true",
+                    help="bf16 autocast around forward and loss (torch.autocast, dtype bfloat16); "
+                         "weights, gradients and the optimizer stay FP32")
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark = True: cuDNN's algorithms timed per shape "
                          "in the first steps instead of chosen by its heuristics")
@@ -214,7 +220,9 @@ def main() -> int:
 
     def step(i: int) -> torch.Tensor:
         x, y = data[i % DATA_POOL], labels[i % DATA_POOL]
-        loss = F.cross_entropy(model(x), y)
+        # bf16 needs no loss scaling (it has FP32's exponent range); disabled, a no-op context.
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=args.amp):
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -253,6 +261,7 @@ def main() -> int:
             "batch_per_gpu": args.batch,
             "global_batch": global_batch,
             "math": args.math,
+            "amp": "bf16" if args.amp else None,
             "memory_format": "channels_last" if args.channels_last else "contiguous",
             "cudnn_benchmark": args.cudnn_benchmark,
             "warmup": args.warmup,
