@@ -2,12 +2,16 @@
 //! a shared `LocalGroup`; the leader (local index 0) combines the processes' sums through MPI;
 //! the result fans back out to the local replicas. Every wait is under the collective deadline
 //! and names its collective (`gradient all-reduce`, `score sum`, `parameter broadcast`,
-//! `barrier`) when it expires.
+//! `barrier`) when it expires. The gradient all-reduce also runs on the bfloat16 wire
+//! ([`CpuComm::all_reduce_avg_bf16`], `[cluster] reduce_dtype = "bf16"`), rounding where the
+//! GPU backend rounds.
 
-use super::local::LocalGroup;
+use super::local::{LocalGroup, LocalReducer};
 use super::mpi_link::MpiLink;
-use super::Communicator;
+use super::{wire, Communicator};
 use crate::error::Result;
+use half::bf16;
+use std::ops::AddAssign;
 use std::sync::Arc;
 
 /// One replica's endpoint.
@@ -20,6 +24,9 @@ pub struct CpuComm {
     mpi: Option<MpiLink>,
     gathered_f32: Vec<f32>,
     gathered_f64: Vec<f64>,
+    /// This replica's gradient on the bfloat16 wire, and the leader's gathered sums.
+    wire: Vec<bf16>,
+    gathered_bf16: Vec<bf16>,
 }
 
 impl CpuComm {
@@ -47,8 +54,58 @@ impl CpuComm {
             mpi,
             gathered_f32: Vec::new(),
             gathered_f64: Vec::new(),
+            wire: Vec::new(),
+            gathered_bf16: Vec::new(),
         }
     }
+
+    /// [`Communicator::all_reduce_avg`] on the bfloat16 wire: `buf` is rounded to bfloat16
+    /// ([`wire::to_wire`]), summed in bfloat16 (the local replicas in slot order, then over the
+    /// processes by MPI, each addition rounded: [`wire::add`]), and the sum comes back as FP32
+    /// times `1/replicas` ([`wire::from_wire_scaled`]). With two replicas, whatever their split
+    /// into processes, this is what NCCL's bfloat16 sum gives the GPU backend, bit for bit.
+    pub fn all_reduce_avg_bf16(&mut self, buf: &mut [f32]) -> Result<()> {
+        wire::round_into(buf, &mut self.wire);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        let gathered = &mut self.gathered_bf16;
+        let mpi_sum = mpi.map(|m| move |v: &mut [bf16], op: &str| m.sum_bf16(v, op));
+        sum(
+            g,
+            &g.bf16s,
+            self.local,
+            (&self.wire, gathered),
+            mpi_sum,
+            GRADIENTS,
+        );
+        let inv = 1.0 / self.size as f32;
+        g.copy_out(&g.bf16s, self.local, GRADIENTS, buf, |v| {
+            wire::from_wire_scaled(v, inv)
+        });
+        Ok(())
+    }
+}
+
+/// The collective of a gradient all-reduce, as its deadline report names it.
+const GRADIENTS: &str = "gradient all-reduce";
+
+/// The sum of `input` over every replica through `r`: the local replicas' sums (phases 1–2),
+/// and the processes' combined by the leader with `mpi_sum` through `gathered` (phase 3). The
+/// caller then copies the result out (`LocalGroup::copy_out`, phase 4).
+fn sum<T: Copy + Default + AddAssign>(
+    g: &LocalGroup,
+    r: &LocalReducer<T>,
+    local: usize,
+    (input, gathered): (&[T], &mut Vec<T>),
+    mpi_sum: Option<impl FnOnce(&mut [T], &str)>,
+    op: &str,
+) {
+    g.reduce_into_chunks(r, local, input, op);
+    if let Some(mpi_sum) = mpi_sum {
+        g.gather_chunks(r, gathered);
+        g.in_mpi(|| mpi_sum(gathered, op));
+        g.scatter_chunks(r, gathered);
+    }
+    g.wait(local, op);
 }
 
 impl Communicator for CpuComm {
@@ -82,30 +139,28 @@ impl Communicator for CpuComm {
     }
 
     fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
-        const OP: &str = "gradient all-reduce";
-        let g = &self.group;
-        g.reduce_into_chunks(&g.f32s, self.local, buf, OP);
-        if let Some(mpi) = &mut self.mpi {
-            g.gather_chunks(&g.f32s, &mut self.gathered_f32);
-            g.in_mpi(|| mpi.sum_f32(&mut self.gathered_f32, OP));
-            g.scatter_chunks(&g.f32s, &self.gathered_f32);
-        }
-        g.wait(self.local, OP);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        let gathered = &mut self.gathered_f32;
+        let mpi_sum = mpi.map(|m| move |v: &mut [f32], op: &str| m.sum_f32(v, op));
+        sum(
+            g,
+            &g.f32s,
+            self.local,
+            (&*buf, gathered),
+            mpi_sum,
+            GRADIENTS,
+        );
         let inv = 1.0 / self.size as f32;
-        g.copy_out(&g.f32s, self.local, OP, buf, |v| v * inv);
+        g.copy_out(&g.f32s, self.local, GRADIENTS, buf, |v| v * inv);
         Ok(())
     }
 
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
         const OP: &str = "score sum";
-        let g = &self.group;
-        g.reduce_into_chunks(&g.f64s, self.local, buf, OP);
-        if let Some(mpi) = &mut self.mpi {
-            g.gather_chunks(&g.f64s, &mut self.gathered_f64);
-            g.in_mpi(|| mpi.sum_f64(&mut self.gathered_f64, OP));
-            g.scatter_chunks(&g.f64s, &self.gathered_f64);
-        }
-        g.wait(self.local, OP);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        let gathered = &mut self.gathered_f64;
+        let mpi_sum = mpi.map(|m| move |v: &mut [f64], op: &str| m.sum_f64(v, op));
+        sum(g, &g.f64s, self.local, (&*buf, gathered), mpi_sum, OP);
         g.copy_out(&g.f64s, self.local, OP, buf, |v| v);
         Ok(())
     }

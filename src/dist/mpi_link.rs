@@ -4,7 +4,9 @@
 //! process names the collective and the silent ranks and aborts the job.
 
 use super::deadline::{self, Wait};
-use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use half::bf16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use mpi::collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
@@ -13,6 +15,7 @@ pub struct MpiLink {
     comm: SimpleCommunicator,
     scratch_f32: Vec<f32>,
     scratch_f64: Vec<f64>,
+    scratch_u16: Vec<u16>,
 }
 
 // SAFETY: `SimpleCommunicator` is a handle that MPI allows any thread to use once the library
@@ -41,6 +44,7 @@ impl MpiLink {
             comm,
             scratch_f32: Vec::new(),
             scratch_f64: Vec::new(),
+            scratch_u16: Vec::new(),
         }
     }
 
@@ -73,6 +77,28 @@ impl MpiLink {
                 comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
                 op,
             )
+        });
+    }
+
+    /// `buf ← Σ over processes of buf` in bfloat16 (the gradient wire, `super::wire`): 2 bytes
+    /// an element on the wire, every addition rounded as NCCL's bfloat16 sum rounds it (an MPI
+    /// operation of its own over the values' bits; MPI has no bfloat16 type).
+    pub fn sum_bf16(&mut self, buf: &mut [bf16], op: &str) {
+        let add = UserOperation::commutative(|x, y| {
+            let x = x
+                .downcast::<u16>()
+                .expect("the bfloat16 sum runs on 16-bit words");
+            let y = y
+                .downcast::<u16>()
+                .expect("the bfloat16 sum runs on 16-bit words");
+            super::wire::add_into(x.reinterpret_cast(), y.reinterpret_cast_mut());
+        });
+        self.scratch_u16.clear();
+        self.scratch_u16.extend_from_slice(buf.reinterpret_cast());
+        let (comm, send) = (&self.comm, &self.scratch_u16[..]);
+        let recv = buf.reinterpret_cast_mut();
+        mpi::request::scope(|scope| {
+            complete(comm.immediate_all_reduce_into(scope, send, recv, &add), op)
         });
     }
 
