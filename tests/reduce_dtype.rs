@@ -90,7 +90,8 @@ fn two_bf16_replicas_train_the_same_bits_in_any_layout_and_close_to_fp32() {
         diff > 1e-5,
         "bf16 and fp32 wires train the same weights: no rounding happened"
     );
-    assert!(diff < 0.1, "bf16 and fp32 wires differ by {diff:e}");
+    // Measured: 8.8e-3 (README, "bf16 gradient wire").
+    assert!(diff < 3e-2, "bf16 and fp32 wires differ by {diff:e}");
     let (a, b) = (losses(&two_ranks), losses(&fp32));
     assert_eq!(a.len(), 30);
     assert_ne!(a, b);
@@ -132,6 +133,7 @@ fn four_bf16_replicas_agree_across_layouts_within_the_stated_tolerance() {
     for (np, r) in [(2, 2), (4, 1)] {
         let (other, _) = train(&format!("bf16_np{np}_r{r}"), np, r, 8, &[BF16]);
         let diff = max_rel_diff(&weights(&reference), &weights(&other));
+        // Measured: 8.7e-3 for both (README, "bf16 gradient wire").
         assert!(diff < 2e-2, "bf16 np {np} × {r} vs np 1 × 4: {diff:e}");
     }
 }
