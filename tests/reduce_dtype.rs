@@ -102,7 +102,7 @@ fn two_bf16_replicas_train_the_same_bits_in_any_layout_and_close_to_fp32() {
             .iter()
             .filter(|m| m["phase"] == "test")
             .map(|m| m["accuracy"].as_f64().unwrap())
-            .last()
+            .next_back()
             .unwrap()
     };
     let (acc_bf16, acc_fp32) = (test_accuracy(&two_ranks), test_accuracy(&fp32));
@@ -142,45 +142,36 @@ fn four_bf16_replicas_agree_across_layouts_within_the_stated_tolerance() {
 fn a_bad_reduce_dtype_exits_2_naming_the_key() {
     let config = repo("tests/configs/equivalence.toml");
     let dir = out_dir("bad_reduce_dtype");
-    let out = mpi_p2ptrain(
-        2,
-        &[
+    // The run's output, after checking that it exited 2 with one report.
+    let refused = |sets: &[&str]| {
+        let mut args = vec![
             "train",
             config.to_str().unwrap(),
             "--output",
             dir.to_str().unwrap(),
-            "--set",
-            "cluster.reduce_dtype=\"fp16\"",
-        ],
-    );
-    let all = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{all}");
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let out = mpi_p2ptrain(2, &args);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{all}");
+        assert_eq!(
+            all.matches("p2ptrain: rank").count(),
+            1,
+            "reported once:\n{all}"
+        );
+        all
+    };
+    let all = refused(&["cluster.reduce_dtype=\"fp16\""]);
     assert!(
         all.contains("`cluster.reduce_dtype`: unknown value \"fp16\""),
         "{all}"
     );
-    assert_eq!(
-        all.matches("p2ptrain: rank").count(),
-        1,
-        "reported once:\n{all}"
-    );
-    let local_sgd = mpi_p2ptrain(
-        2,
-        &[
-            "train",
-            config.to_str().unwrap(),
-            "--output",
-            dir.to_str().unwrap(),
-            "--set",
-            BF16,
-            "--set",
-            "cluster.sync=\"local_sgd\"",
-        ],
-    );
-    let all = text(&local_sgd);
-    assert_eq!(local_sgd.status.code(), Some(2), "{all}");
+    let all = refused(&[BF16, "cluster.sync=\"local_sgd\""]);
     assert!(
         all.contains("`cluster.reduce_dtype`: \"bf16\" applies to"),
         "{all}"
     );
+    assert!(!dir.join("metrics.jsonl").exists(), "training started");
 }

@@ -68,13 +68,12 @@ impl CpuComm {
         wire::round_into(buf, &mut self.wire);
         let (g, mpi) = (&self.group, self.mpi.as_mut());
         let gathered = &mut self.gathered_bf16;
-        let mpi_sum = mpi.map(|m| move |v: &mut [bf16], op: &str| m.sum_bf16(v, op));
         sum(
             g,
             &g.bf16s,
             self.local,
             (&self.wire, gathered),
-            mpi_sum,
+            mpi,
             GRADIENTS,
         );
         let inv = 1.0 / self.size as f32;
@@ -88,21 +87,45 @@ impl CpuComm {
 /// The collective of a gradient all-reduce, as its deadline report names it.
 const GRADIENTS: &str = "gradient all-reduce";
 
+/// The element types a process's leader sums with the other processes' (through its
+/// [`MpiLink`]).
+trait ProcessSum: Copy + Default + AddAssign {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [Self], op: &str);
+}
+
+impl ProcessSum for f32 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [f32], op: &str) {
+        link.sum_f32(values, op)
+    }
+}
+
+impl ProcessSum for f64 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [f64], op: &str) {
+        link.sum_f64(values, op)
+    }
+}
+
+impl ProcessSum for bf16 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [bf16], op: &str) {
+        link.sum_bf16(values, op)
+    }
+}
+
 /// The sum of `input` over every replica through `r`: the local replicas' sums (phases 1–2),
-/// and the processes' combined by the leader with `mpi_sum` through `gathered` (phase 3). The
-/// caller then copies the result out (`LocalGroup::copy_out`, phase 4).
-fn sum<T: Copy + Default + AddAssign>(
+/// and the processes' combined by the leader through `mpi` and `gathered` (phase 3). The caller
+/// then copies the result out (`LocalGroup::copy_out`, phase 4).
+fn sum<T: ProcessSum>(
     g: &LocalGroup,
     r: &LocalReducer<T>,
     local: usize,
     (input, gathered): (&[T], &mut Vec<T>),
-    mpi_sum: Option<impl FnOnce(&mut [T], &str)>,
+    mpi: Option<&mut MpiLink>,
     op: &str,
 ) {
     g.reduce_into_chunks(r, local, input, op);
-    if let Some(mpi_sum) = mpi_sum {
+    if let Some(mpi) = mpi {
         g.gather_chunks(r, gathered);
-        g.in_mpi(|| mpi_sum(gathered, op));
+        g.in_mpi(|| T::sum_over_processes(mpi, gathered, op));
         g.scatter_chunks(r, gathered);
     }
     g.wait(local, op);
@@ -141,15 +164,7 @@ impl Communicator for CpuComm {
     fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
         let (g, mpi) = (&self.group, self.mpi.as_mut());
         let gathered = &mut self.gathered_f32;
-        let mpi_sum = mpi.map(|m| move |v: &mut [f32], op: &str| m.sum_f32(v, op));
-        sum(
-            g,
-            &g.f32s,
-            self.local,
-            (&*buf, gathered),
-            mpi_sum,
-            GRADIENTS,
-        );
+        sum(g, &g.f32s, self.local, (&*buf, gathered), mpi, GRADIENTS);
         let inv = 1.0 / self.size as f32;
         g.copy_out(&g.f32s, self.local, GRADIENTS, buf, |v| v * inv);
         Ok(())
@@ -158,9 +173,14 @@ impl Communicator for CpuComm {
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
         const OP: &str = "score sum";
         let (g, mpi) = (&self.group, self.mpi.as_mut());
-        let gathered = &mut self.gathered_f64;
-        let mpi_sum = mpi.map(|m| move |v: &mut [f64], op: &str| m.sum_f64(v, op));
-        sum(g, &g.f64s, self.local, (&*buf, gathered), mpi_sum, OP);
+        sum(
+            g,
+            &g.f64s,
+            self.local,
+            (&*buf, &mut self.gathered_f64),
+            mpi,
+            OP,
+        );
         g.copy_out(&g.f64s, self.local, OP, buf, |v| v);
         Ok(())
     }

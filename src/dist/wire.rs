@@ -71,36 +71,21 @@ mod tests {
     #[test]
     fn rounding_is_to_nearest_with_ties_to_even() {
         // 1.0 = 0x3F80_0000; the bfloat16 step there is 2⁻⁷ (low half 0x1_0000).
-        assert_eq!(
-            bits(f32::from_bits(0x3F80_7FFF)),
-            0x3F80,
-            "below half: down"
-        );
-        assert_eq!(
-            bits(f32::from_bits(0x3F80_8000)),
-            0x3F80,
-            "tie, even below: down"
-        );
-        assert_eq!(
-            bits(f32::from_bits(0x3F81_8000)),
-            0x3F82,
-            "tie, odd below: up"
-        );
-        assert_eq!(bits(f32::from_bits(0x3F80_8001)), 0x3F81, "above half: up");
-        assert_eq!(bits(-1.0), 0xBF80);
-        assert_eq!(bits(f32::MAX), 0x7F80, "rounds up to +inf");
-        assert_eq!(bits(f32::INFINITY), 0x7F80);
+        let cases: [(u32, u16, &str); 9] = [
+            (0x3F80_7FFF, 0x3F80, "below half: down"),
+            (0x3F80_8000, 0x3F80, "tie, even below: down"),
+            (0x3F81_8000, 0x3F82, "tie, odd below: up"),
+            (0x3F80_8001, 0x3F81, "above half: up"),
+            (0xBF80_0000, 0xBF80, "-1 exactly"),
+            (0x7F7F_FFFF, 0x7F80, "the largest finite rounds up to +inf"),
+            (0x7F80_0000, 0x7F80, "+inf"),
+            (0x7F80_0001, 0x7FC0, "a signalling NaN is quieted"),
+            (0x0000_8001, 0x0001, "subnormals round too"),
+        ];
+        for (x, want, what) in cases {
+            assert_eq!(bits(f32::from_bits(x)), want, "{x:#010x}: {what}");
+        }
         assert!(to_wire(f32::NAN).is_nan());
-        assert_eq!(
-            bits(f32::from_bits(0x7F80_0001)),
-            0x7FC0,
-            "a signalling NaN is quieted"
-        );
-        assert_eq!(
-            bits(f32::from_bits(0x0000_8001)),
-            0x0001,
-            "subnormals round too"
-        );
     }
 
     /// The relative error of one rounding is at most 2⁻⁸ (normal range).
