@@ -38,11 +38,6 @@ impl GradientWire {
         Ok(GradientWire { dtype, staging })
     }
 
-    /// The element type on the wire.
-    pub fn dtype(&self) -> ReduceDtype {
-        self.dtype
-    }
-
     /// Bytes `floats` gradient elements take on the wire.
     pub fn bytes(&self, floats: usize) -> u64 {
         (floats * self.dtype.bytes()) as u64

@@ -37,6 +37,7 @@ use super::engine::Engine;
 use super::local_sgd::{self, GradientScope, Outer, OuterRun};
 use crate::config::{Config, Phase, ReduceDtype, ReduceMode};
 use crate::cuda::event_clock::{EventClock, PhaseClock};
+use crate::cuda::kernels::Kernels;
 use crate::cuda::layers::Collective;
 use crate::cuda::nccl::{NcclComm, NcclId};
 use crate::cuda::net::GpuNet;
@@ -326,7 +327,7 @@ fn poison(gpu: &Gpu, loss: &CudaSlice<f64>, diff: &mut CudaSlice<f32>, at: usize
 /// converts with, and the clock that times it.
 struct Launcher<'a> {
     wire: &'a mut GradientWire,
-    gpu: &'a Gpu,
+    kernels: &'a Kernels,
     clock: &'a mut EventClock<Name>,
 }
 
@@ -343,7 +344,7 @@ impl Launcher<'_> {
             index: b as u32,
             bytes: self.wire.bytes(bucket.len()),
         };
-        let (wire, kernels) = (&mut *self.wire, &self.gpu.kernels);
+        let (wire, kernels) = (&mut *self.wire, self.kernels);
         self.clock.time_on(comm.stream(), name, || {
             wire.all_reduce_avg(kernels, comm, diff, bucket.range.clone())
         })
@@ -429,7 +430,7 @@ impl Engine for GpuEngine {
         } = self;
         let mut launcher = Launcher {
             wire,
-            gpu,
+            kernels: &gpu.kernels,
             clock: bucket_clock,
         };
         let reduce = reducing(*scope, comm, node_comm.as_ref());
@@ -506,7 +507,7 @@ impl Engine for GpuEngine {
             order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
             let mut launcher = Launcher {
                 wire: &mut self.wire,
-                gpu: &self.gpu,
+                kernels: &self.gpu.kernels,
                 clock: &mut self.bucket_clock,
             };
             for (b, bucket) in self.buckets.iter().enumerate() {
