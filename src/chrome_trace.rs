@@ -4,10 +4,13 @@
 //! over MPI at the end of the run and writes one file.
 //!
 //! Layout: pid = MPI rank (named `rank R (host)`), tid = universal rank of the replica (named
-//! `replica U`); a GPU replica's device spans go to tid `DEVICE_TID + U` (`replica U (GPU)`).
+//! `replica U`); a GPU replica's compute-stream spans go to tid `DEVICE_TID + U`
+//! (`replica U (GPU)`), its communication stream's to `COMM_TID + U` (`replica U (GPU comm)`).
 //! Every span is a complete event (`"ph": "X"`) with `ts` and `dur` in microseconds since the
 //! start barrier, and `args.iter` where known. Names: `data wait`, `forward`, `backward`,
-//! `all-reduce`, `update`, `test`, `forward LAYER`, `backward LAYER`.
+//! `all-reduce`, `update`, `test`, `parameter averaging`, `forward LAYER`, `backward LAYER`,
+//! `all-reduce bucket B` (with `args.bucket` and `args.bytes`, the gradient bytes it put on the
+//! wire).
 
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
@@ -16,13 +19,16 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
 
-/// Offset of the device tracks' thread ids.
+/// Offset of the device (compute stream) tracks' thread ids.
 pub const DEVICE_TID: usize = 1_000_000;
+/// Offset of the device communication streams' thread ids.
+pub const COMM_TID: usize = 2_000_000;
 
 fn tid(replica: usize, track: Track) -> usize {
     match track {
         Track::Host => replica,
         Track::Device => DEVICE_TID + replica,
+        Track::Comm => COMM_TID + replica,
     }
 }
 
@@ -34,12 +40,13 @@ fn name(span: &Span, layers: &[String]) -> String {
         Name::Average => "parameter averaging".into(),
         Name::Forward(i) => format!("forward {}", layer(i)),
         Name::Backward(i) => format!("backward {}", layer(i)),
+        Name::Bucket { index, .. } => format!("all-reduce bucket {index}"),
     }
 }
 
 fn category(span: &Span) -> &'static str {
     match span.name {
-        Name::Step(Step::AllReduce) | Name::Average => "comm",
+        Name::Step(Step::AllReduce) | Name::Average | Name::Bucket { .. } => "comm",
         Name::Step(_) => "step",
         Name::Test => "test",
         Name::Forward(_) | Name::Backward(_) => "layer",
@@ -64,6 +71,7 @@ pub fn events(rank: usize, host: &str, traces: &[ReplicaTrace]) -> Vec<Value> {
             let label = match track {
                 Track::Host => format!("replica {}", t.replica),
                 Track::Device => format!("replica {} (GPU)", t.replica),
+                Track::Comm => format!("replica {} (GPU comm)", t.replica),
             };
             let tid = tid(t.replica, track);
             out.push(
@@ -87,6 +95,10 @@ pub fn events(rank: usize, host: &str, traces: &[ReplicaTrace]) -> Vec<Value> {
             });
             if let Some(iter) = s.iter {
                 e["args"] = json!({ "iter": iter });
+            }
+            if let Name::Bucket { index, bytes } = s.name {
+                e["args"]["bucket"] = json!(index);
+                e["args"]["bytes"] = json!(bytes);
             }
             out.push(e);
         }
@@ -158,5 +170,32 @@ mod tests {
             .collect();
         assert!(names.contains(&&json!("rank 3 (node7)")), "{names:?}");
         assert!(names.contains(&&json!("replica 6 (GPU)")), "{names:?}");
+    }
+
+    /// A bucket's all-reduce is a `comm` event with its index and bytes, on the replica's
+    /// communication-stream track where it ran there (a GPU), on its host track otherwise.
+    #[test]
+    fn bucket_spans_carry_their_index_and_bytes() {
+        let mut log = SpanLog::with_capacity(Instant::now(), 2);
+        let bucket = |index, bytes| Name::Bucket { index, bytes };
+        log.push_ns(bucket(1, 2048), Track::Comm, 7_000, 3_000, None);
+        log.push_ns(bucket(0, 4096), Track::Host, 1_000, 500, Some(4));
+        let ev = events(0, "h", &[ReplicaTrace { replica: 2, log }]);
+        let x: Vec<&Value> = ev.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(x.len(), 2);
+        assert_eq!(x[0]["name"], "all-reduce bucket 0");
+        assert_eq!(x[0]["cat"], "comm");
+        assert_eq!(x[0]["tid"], json!(2));
+        assert_eq!(x[0]["args"], json!({"iter": 4, "bucket": 0, "bytes": 4096}));
+        assert_eq!(x[1]["name"], "all-reduce bucket 1");
+        assert_eq!(x[1]["tid"], json!(COMM_TID + 2));
+        assert_eq!(x[1]["args"], json!({"bucket": 1, "bytes": 2048}));
+        assert_eq!(
+            (x[1]["ts"].clone(), x[1]["dur"].clone()),
+            (json!(7.0), json!(3.0))
+        );
+        assert!(ev
+            .iter()
+            .any(|e| e["ph"] == "M" && e["args"]["name"] == "replica 2 (GPU comm)"));
     }
 }

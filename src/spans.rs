@@ -48,13 +48,18 @@ pub enum Name {
     Forward(u32),
     /// The backward of layer `i`.
     Backward(u32),
+    /// The all-reduce of gradient bucket `index` (in launch order, `parallel::bucket`), which
+    /// put `bytes` of gradient on the wire (its floats × the bytes of `cluster.reduce_dtype`).
+    Bucket { index: u32, bytes: u64 },
 }
 
-/// Where a span ran: the replica's host thread, or its device's compute stream.
+/// Where a span ran: the replica's host thread, its device's compute stream, or its device's
+/// communication stream (the gradient buckets' all-reduces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Track {
     Host,
     Device,
+    Comm,
 }
 
 /// One recorded span.

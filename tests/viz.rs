@@ -190,6 +190,29 @@ fn timeline_under_mpirun_holds_both_ranks_per_layer_spans_and_all_reduces() {
         // Test passes are recorded past the window: at iteration 6 and after the last.
         assert_eq!(counts.get("test"), Some(&2), "rank {pid}: {counts:?}");
     }
+    // The CPU's one gradient bucket, the whole gradient: an all-reduce span with its bytes
+    // (4 per FP32 float), inside the step's all-reduce phase of the same iteration.
+    let buckets: Vec<&&Value> = spans
+        .iter()
+        .filter(|e| e["name"] == "all-reduce bucket 0")
+        .collect();
+    assert_eq!(buckets.len(), 8, "4 iterations × 2 ranks");
+    for b in &buckets {
+        assert_eq!(b["cat"], "comm", "{b}");
+        let bytes = b["args"]["bytes"].as_u64().expect("bytes");
+        assert!(bytes > 0 && bytes % 4 == 0, "{b}");
+        assert_eq!(b["args"]["bytes"], buckets[0]["args"]["bytes"]);
+        let inside = spans.iter().any(|p| {
+            let (ps, pe) = (p["ts"].as_f64().unwrap(), p["dur"].as_f64().unwrap());
+            let (bs, bd) = (b["ts"].as_f64().unwrap(), b["dur"].as_f64().unwrap());
+            p["name"] == "all-reduce"
+                && (p["pid"].clone(), p["tid"].clone()) == (b["pid"].clone(), b["tid"].clone())
+                && p["args"]["iter"] == b["args"]["iter"]
+                && ps <= bs + 1e-4
+                && bs + bd <= ps + pe + 1e-4
+        });
+        assert!(inside, "{b} lies outside its all-reduce phase");
+    }
 
     // Non-negative times, each track in order of start, per-layer spans inside their pass.
     let mut last: BTreeMap<(u64, u64), f64> = BTreeMap::new();

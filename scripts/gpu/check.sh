@@ -8,12 +8,13 @@
 # scripts/gpu/package.sh. Correctness first — the CUDA unit tests (every GPU layer and update rule
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
-# np 1 × 1 with four times the batch), all reduce modes, CPU–GPU agreement of a
-# whole training run, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1
-# GPU vs np 1 × 1 GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with
-# snapshots resumed across backends, a stopped and a killed rank ending the job
-# (scripts/gpu/faults.sh), a GPU-trained ResNet-50 exported to torchvision and predicted by both
-# — then the benchmarks beside PyTorch DDP.
+# np 1 × 1 with four times the batch), all reduce modes, the bf16 gradient wire against the CPU's
+# and across layouts, CPU–GPU agreement of a whole training run, a GPU timeline's layer and bucket
+# spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
+# GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with snapshots resumed
+# across backends, a stopped and a killed rank ending the job (scripts/gpu/faults.sh), a
+# GPU-trained ResNet-50 exported to torchvision and predicted by both — then the benchmarks beside
+# PyTorch DDP.
 # Exits non-zero if a check fails.
 set -uo pipefail
 BIN=$(realpath "${1:?BIN_DIR}")
@@ -84,6 +85,40 @@ else
 fi
 $CMP "$(snap gpu_1x1_b32)" "$(snap cpu_1x1_b32)" --tol 1e-3 --label "GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
   || fail "GPU and CPU training differ"
+
+echo "== the bf16 gradient wire (cluster.reduce_dtype = \"bf16\") against the CPU's" | tee -a "$OUT/summary.txt"
+if two_gpus "bf16 gradient wire"; then
+  BF16='cluster.reduce_dtype="bf16"'
+  train gpu_2x1_b16_bf16 2 1 16 cuda "$BF16" 'cluster.reduce="layerwise"'
+  train gpu_1x2_b16_bf16 1 2 16 cuda "$BF16"
+  train cpu_2x1_b16_bf16 2 1 16 cpu "$BF16"
+  # Two replicas: one bfloat16 addition (NCCL's and dist::wire's round alike), so the layouts
+  # and reduce modes train the same bits.
+  $CMP "$(snap gpu_2x1_b16_bf16)" "$(snap gpu_1x2_b16_bf16)" --tol 0 \
+    --label "bf16 wire: np 2 x 1 GPU (layerwise) vs np 1 x 2 GPUs (bucketed)" | tee -a "$OUT/summary.txt" \
+    || fail "bf16 wire: GPU layouts differ"
+  # Against the CPU's bf16 wire: the FP32 gradients differ at 1e-7 (as GPU vs CPU above), which
+  # now and then moves an element across a bfloat16 rounding boundary (2^-8 of it), and training
+  # amplifies that as it amplifies a change of the additions' order (8.7e-3 between 4-replica
+  # layouts on the CPU, README): 1e-2.
+  $CMP "$(snap gpu_2x1_b16_bf16)" "$(snap cpu_2x1_b16_bf16)" --tol 1e-2 \
+    --label "bf16 wire: np 2 x 1 GPU vs np 2 x 1 CPU" | tee -a "$OUT/summary.txt" \
+    || fail "bf16 wire: GPU and CPU training differ"
+  # The rounding happens: the FP32 wire's run must differ (by more than 1e-6).
+  if $CMP "$(snap gpu_2x1_b16_bf16)" "$(snap gpu_2x1_b16)" --tol 1e-6 \
+    --label "bf16 vs fp32 wire on GPUs (must differ)" | tee -a "$OUT/summary.txt"; then
+    fail "bf16 wire: the GPU trained the FP32 wire's weights (no rounding?)"
+  fi
+  echo "== a GPU timeline: layer spans on the compute stream, bucket spans on the communication stream" \
+    | tee -a "$OUT/summary.txt"
+  "${MPI[@]}" -np 2 "$BIN/p2ptrain" train $EQ --no-progress --output "$OUT/runs/timeline_gpu" \
+    --set 'cluster.backend="cuda"' --set 'cluster.reduce="layerwise"' --set "$BF16" \
+    --timeline "$OUT/timeline_gpu.json" --timeline-iters 5 >"$OUT/runs-timeline_gpu.log" 2>&1 \
+    || fail "training with a GPU timeline"
+  python3 scripts/gpu/check_timeline.py "$OUT/timeline_gpu.json" --replicas 2 --iters 5 \
+    --layers ip1,ip2,ip3 --buckets 3 --bytes-per-float 2 | tee -a "$OUT/summary.txt" \
+    || fail "GPU timeline lacks layer or bucket spans"
+fi
 
 echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
 train_cfg() { # config name np replicas batch backend [gpu_layout]
@@ -218,6 +253,13 @@ for math in fp32 tf32; do
       --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" >"$OUT/bench-$math-$np.log" 2>&1 \
       || fail "bench $math np $np"
     echo "p2ptrain $math ${np} GPU(s): $(grep '^bench:' "$OUT/bench-$math-$np.log")" | tee -a "$OUT/summary.txt"
+    if [ $np -eq 2 ]; then # the bf16 gradient wire (one GPU has no wire)
+      "${MPI[@]}" -np $np "$BIN/p2ptrain" bench config/mlp4096.toml --warmup 30 --iters 300 \
+        --set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set 'cluster.reduce_dtype="bf16"' \
+        >"$OUT/bench-$math-$np-bf16.log" 2>&1 || fail "bench $math np $np bf16 wire"
+      echo "p2ptrain $math ${np} GPU(s), bf16 wire: $(grep '^bench:' "$OUT/bench-$math-$np-bf16.log")" | tee -a "$OUT/summary.txt"
+      grep '^communicated' "$OUT/bench-$math-$np.log" "$OUT/bench-$math-$np-bf16.log" | tee -a "$OUT/summary.txt"
+    fi
     if [ $np -eq 1 ]; then
       python3 scripts/pytorch_ddp.py --batch 512 --math $math --warmup 30 --iters 300 2>"$OUT/torch-$math-$np.err" | tee -a "$OUT/summary.txt"
     else

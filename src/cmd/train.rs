@@ -768,16 +768,21 @@ fn print_traffic(report: &RunReport, iterations: u64) {
     if report.replicas < 2 || t.payload_bytes() == 0 {
         return;
     }
-    let mb = |floats: u64| 4.0 * floats as f64 / 1e6;
+    let mb = |bytes: u64| bytes as f64 / 1e6;
     let ring = t.ring_bytes(report.replicas, report.node_replicas) / 1e6;
+    let [all, node, params] = t.bytes();
+    let wire = match t.gradient_width {
+        2 => ", gradients in bf16",
+        _ => "",
+    };
     outln!(
         "communicated per replica: {:.3} MB of all-reduce payload (gradients {:.3} MB over every \
-         replica, {:.3} MB within nodes; parameters {:.3} MB), {ring:.3} MB sent in ring \
+         replica, {:.3} MB within nodes; parameters {:.3} MB{wire}), {ring:.3} MB sent in ring \
          all-reduces, {:.4} MB per iteration",
-        t.payload_bytes() as f64 / 1e6,
-        mb(t.gradient_all),
-        mb(t.gradient_node),
-        mb(t.parameters),
+        mb(t.payload_bytes()),
+        mb(all),
+        mb(node),
+        mb(params),
         ring / iterations.max(1) as f64
     );
 }

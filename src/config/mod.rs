@@ -53,9 +53,13 @@ pub struct ClusterConfig {
     /// How gradients are all-reduced on GPUs.
     #[serde(default)]
     pub reduce: ReduceMode,
-    /// Target size of a gradient bucket (`reduce = "bucketed"`), in MiB.
+    /// Target size of a gradient bucket (`reduce = "bucketed"`), in MiB of FP32 gradient.
     #[serde(default = "bucket_mb_default")]
     pub bucket_mb: f64,
+    /// The element type gradients travel in during their all-reduce: `"fp32"`, or `"bf16"`
+    /// (half the bytes; each replica's gradient and the sum rounded to bfloat16).
+    #[serde(default)]
+    pub reduce_dtype: ReduceDtype,
     /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
     #[serde(default)]
     pub math: MathMode,
@@ -171,6 +175,29 @@ pub enum ReduceMode {
     Bucketed,
 }
 
+/// The element type of the gradient all-reduce (`cluster.reduce_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceDtype {
+    /// The FP32 gradients themselves.
+    #[default]
+    Fp32,
+    /// bfloat16 (8-bit significand, FP32's exponent range): each replica's gradient is rounded
+    /// to it (to nearest, ties to even), summed in it, and the sum brought back to FP32 and
+    /// divided by the replicas (`crate::dist::wire`).
+    Bf16,
+}
+
+impl ReduceDtype {
+    /// Bytes one gradient element takes on the wire.
+    pub fn bytes(self) -> usize {
+        match self {
+            ReduceDtype::Fp32 => 4,
+            ReduceDtype::Bf16 => 2,
+        }
+    }
+}
+
 /// GEMM precision on GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -229,6 +256,7 @@ impl Default for ClusterConfig {
             threads_per_replica: 0,
             reduce: ReduceMode::Bucketed,
             bucket_mb: bucket_mb_default(),
+            reduce_dtype: ReduceDtype::Fp32,
             math: MathMode::Fp32,
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,

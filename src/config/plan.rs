@@ -127,7 +127,12 @@ pub fn rank_fingerprint(config: &Config) -> u64 {
 fn sync_row(c: &super::ClusterConfig) -> String {
     use super::{OuterOptimizer, SyncMode, SyncScope};
     if c.sync == SyncMode::Allreduce {
-        return "allreduce (gradients averaged every step)".into();
+        return match c.reduce_dtype {
+            super::ReduceDtype::Fp32 => "allreduce (gradients averaged every step)".into(),
+            super::ReduceDtype::Bf16 => {
+                "allreduce (gradients averaged every step, in bf16 on the wire)".into()
+            }
+        };
     }
     let scope = match (c.sync_scope, c.node_ranks) {
         (SyncScope::Replica, _) => "each replica steps alone".to_string(),
@@ -510,6 +515,32 @@ max_iter = 100
         let spaced = TEXT.replace("base_lr = 0.05", "base_lr   =   0.05   # tuned");
         let (c, _) = load_str("p.toml", &spaced, Path::new("."), &[]).unwrap();
         assert_eq!(fingerprint(&c), a);
+    }
+
+    /// Ranks that would put gradients on the wire in different types are stopped before
+    /// training (their fingerprints differ), while a resume may change the type (`[cluster]` is
+    /// resume-free).
+    #[test]
+    fn the_reduce_dtype_is_in_the_rank_fingerprint_and_free_on_resume() {
+        let fp32 = plan(&[], 1).unwrap();
+        let bf16 = plan(&["cluster.reduce_dtype=\"bf16\""], 1).unwrap();
+        assert_eq!(
+            fp32.config.cluster.reduce_dtype,
+            super::super::ReduceDtype::Fp32
+        );
+        assert_eq!(
+            bf16.config.cluster.reduce_dtype,
+            super::super::ReduceDtype::Bf16
+        );
+        assert_ne!(
+            rank_fingerprint(&fp32.config),
+            rank_fingerprint(&bf16.config)
+        );
+        assert_eq!(fp32.state_fingerprint, bf16.state_fingerprint);
+        assert!(fp32
+            .to_string()
+            .contains("sync               allreduce (gradients averaged every step)\n"));
+        assert!(bf16.to_string().contains("in bf16 on the wire"), "{bf16}");
     }
 
     #[test]

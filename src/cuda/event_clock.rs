@@ -1,16 +1,19 @@
-//! `EventClock`: the device time of labelled stretches of work on the compute stream, from a pair
-//! of timing events around each — [`PhaseClock`], the phases of a training step (data copy,
-//! forward, backward, exposed all-reduce, update), and the net's per-layer clock, each layer's
-//! forward and backward (`timeline::Name`; a fused chain is timed as one, at the layer that runs
-//! it). Off by default: `p2ptrain bench` turns the phase clock on, a timeline (`train
-//! --timeline`) and `bench --layers` both. An event pair is cheap beside the kernels but not
-//! free, so `bench` times the step without the per-layer one. Reading a clock synchronises.
+//! `EventClock`: the device time of labelled stretches of work on a stream, from a pair of timing
+//! events around each — [`PhaseClock`], the phases of a training step (data copy, forward,
+//! backward, exposed all-reduce, update), the net's per-layer clock, each layer's forward and
+//! backward (`timeline::Name`; a fused chain is timed as one, at the layer that runs it), both on
+//! the compute stream, and the GPU engine's bucket clock, each gradient bucket's all-reduce on
+//! the communication stream ([`EventClock::time_on`]). Off by default: `p2ptrain bench` turns the
+//! phase clock on, a timeline (`train --timeline`) and `bench --layers` all of them. An event
+//! pair is cheap beside the kernels but not free, so `bench` times the step without the
+//! per-layer one. Recording never waits for the device; reading a clock does (the timeline reads
+//! once, after its window of iterations).
 
 use super::{gpu_error, Gpu};
 use crate::error::Result;
 use crate::spans::Step;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaEvent, CudaStream};
 
 /// Event pairs per labelled stretch `K`, in the order they were enqueued; `None` while off.
 pub struct EventClock<K> {
@@ -34,7 +37,12 @@ impl<K: Copy> EventClock<K> {
 
     /// Records a timing event on the compute stream.
     pub fn event(gpu: &Gpu) -> Result<CudaEvent> {
-        gpu.compute
+        Self::event_on(&gpu.compute)
+    }
+
+    /// Records a timing event on `stream`.
+    fn event_on(stream: &CudaStream) -> Result<CudaEvent> {
+        stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| gpu_error("record a timing event", e))
     }
@@ -42,12 +50,23 @@ impl<K: Copy> EventClock<K> {
     /// Runs `f`, which enqueues the work of `what` on the compute stream, between two events when
     /// recording.
     pub fn time<T>(&mut self, gpu: &Gpu, what: K, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.time_on(&gpu.compute, what, f)
+    }
+
+    /// [`Self::time`] for work that `f` enqueues on `stream` (a stream of the same device as the
+    /// event the spans are measured from).
+    pub fn time_on<T>(
+        &mut self,
+        stream: &CudaStream,
+        what: K,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let Some(marks) = &mut self.marks else {
             return f();
         };
-        let start = Self::event(gpu)?;
+        let start = Self::event_on(stream)?;
         let r = f()?;
-        let end = Self::event(gpu)?;
+        let end = Self::event_on(stream)?;
         marks.push((what, start, end));
         Ok(r)
     }

@@ -58,6 +58,7 @@ kernel_sources!(
     "convolution_implicit_gemm",
     "convolution_direct",
     "softmax",
+    "wire",
 );
 
 /// Resident blocks per multiprocessor that one wave of a grid-stride kernel aims for.
@@ -186,6 +187,8 @@ kernel_set!(
     argmax_rank,
     lrn_forward,
     lrn_backward,
+    to_bf16,
+    from_bf16_scaled,
 );
 
 #[macro_use]
@@ -203,6 +206,7 @@ mod normalization;
 mod pooling;
 mod softmax;
 mod solver;
+mod wire;
 use common::{check_len, check_lens, int_count, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};

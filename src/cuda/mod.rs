@@ -14,6 +14,8 @@
 //! - [`net`]: [`GpuNet`](net::GpuNet), the layer graph of a CPU [`Net`](crate::net::Net) run on
 //!   device blobs and one flat [`GpuParams`](params::GpuParams).
 //! - [`update`]: [`GpuSolver`](update::GpuSolver), `crate::solver::Solver` on device memory.
+//! - [`wire`]: [`GradientWire`](wire::GradientWire), a gradient bucket's all-reduce in the type
+//!   of `cluster.reduce_dtype` (FP32, or bfloat16 through a staging buffer).
 //!
 //! Streams are ordered explicitly: cudarc's per-buffer event tracking is off in a [`Gpu`]'s
 //! context (see [`device`]), so work on another stream that touches these buffers (NCCL) waits
@@ -43,6 +45,7 @@ pub mod net;
 pub mod params;
 pub mod path_timing;
 pub mod update;
+pub mod wire;
 
 #[cfg(test)]
 pub(crate) mod test_util;

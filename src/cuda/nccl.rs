@@ -1,7 +1,8 @@
 //! NCCL for the GPU replicas: the unique id made by global rank 0 and sent to every rank through
 //! MPI ([`NcclId::shared`]), and [`NcclComm`], one replica's communicator over its device, with
 //! the collectives the trainer needs — in-place all-reduce (average or sum) over a sub-range of a
-//! device buffer on a given stream, in-place broadcast, and a synchronising sum of host `f64`
+//! device buffer on a given stream (FP32 and FP64, and bfloat16 held as its 16-bit patterns for
+//! the gradient wire of `cluster.reduce_dtype = "bf16"`), in-place broadcast, and a synchronising sum of host `f64`
 //! (scores, timings).
 //!
 //! Where the host waits for NCCL work ([`NcclComm::synchronize`]: the score sums, and the
@@ -92,6 +93,7 @@ struct RawId {
 /// `ncclDataType_t` values.
 const NCCL_FLOAT32: c_int = 7;
 const NCCL_FLOAT64: c_int = 8;
+const NCCL_BFLOAT16: c_int = 9;
 
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueIdFn = unsafe extern "C" fn(*mut RawId) -> c_int;
@@ -609,17 +611,44 @@ impl NcclComm {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<()> {
+        self.all_reduce_as(buf, range, T::DATA_TYPE, op, stream)
+    }
+
+    /// [`Self::all_reduce`] of bfloat16 numbers held as their bit patterns (`ncclBfloat16`; NCCL
+    /// adds two of them with one rounding to nearest, ties to even, as
+    /// `crate::dist::wire::add`).
+    pub fn all_reduce_bf16(
+        &self,
+        buf: &mut CudaSlice<u16>,
+        range: Range<usize>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.all_reduce_as(buf, range, NCCL_BFLOAT16, op, stream)
+    }
+
+    /// The in-place `ncclAllReduce` of `buf[range]`, whose elements NCCL reads as `data_type`
+    /// (of `T`'s size).
+    fn all_reduce_as<T: DeviceRepr>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        range: Range<usize>,
+        data_type: c_int,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<()> {
         let name = "ncclAllReduce";
         self.check_stream(name, stream)?;
         in_place(name, buf, &range, stream, |ptr| {
             // SAFETY: `ptr` addresses `range.len()` elements of T on this communicator's device,
-            // kept alive and exclusively borrowed for the call; in-place is allowed by NCCL.
+            // kept alive and exclusively borrowed for the call, and `data_type` has T's size (the
+            // callers pair them); in-place is allowed by NCCL.
             let rc = unsafe {
                 (self.lib.all_reduce)(
                     ptr,
                     ptr,
                     range.len(),
-                    T::DATA_TYPE,
+                    data_type,
                     op.raw(),
                     self.raw,
                     stream.cu_stream(),
@@ -781,7 +810,7 @@ impl NcclComm {
 /// Calls `collective` with the device address of `buf[range]`, which an in-place collective
 /// reads and writes, held on `stream` until the call returns; calls nothing for an empty range.
 /// `op` names the collective in the error for a range outside `buf`.
-fn in_place<T: NcclType>(
+fn in_place<T: DeviceRepr>(
     op: &str,
     buf: &mut CudaSlice<T>,
     range: &Range<usize>,
@@ -822,29 +851,8 @@ impl Drop for NcclComm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::test_util::skip_loudly;
+    use crate::cuda::test_util::nccl_devices_or_skip as devices_or_skip;
     use cudarc::driver::CudaContext;
-
-    /// Whether `n` CUDA devices and NCCL are present; a loud skip of `name` otherwise.
-    fn devices_or_skip(name: &str, n: usize) -> bool {
-        let have = if crate::cuda::available() {
-            crate::cuda::device_count().unwrap_or(0)
-        } else {
-            0
-        };
-        if have < n || !nccl_available() {
-            skip_loudly(&format!(
-                "SKIPPED (needs {n} CUDA device(s) and NCCL; {have} device(s), NCCL {}): {name}",
-                if nccl_available() {
-                    "present"
-                } else {
-                    "missing"
-                }
-            ));
-            return false;
-        }
-        true
-    }
 
     #[test]
     fn versions_read_as_nccl_prints_them() {

@@ -1,5 +1,5 @@
-//! Helpers of the GPU tests: a device for a test or a loud skip where there is none, and float
-//! comparison relative to a buffer's scale.
+//! Helpers of the GPU tests: a device (or devices and NCCL) for a test or a loud skip where there
+//! is none, and float comparison relative to a buffer's scale.
 //!
 //! ```ignore
 //! use crate::cuda::test_util::gpu_or_skip;
@@ -26,6 +26,29 @@ pub(crate) fn gpu_for_test(name: &str, math: MathMode) -> Option<Gpu> {
         Ok(gpu) => Some(gpu),
         Err(e) => panic!("{name}: a CUDA device is present but cannot be used: {e}"),
     }
+}
+
+/// Whether `n` CUDA devices and NCCL are present; a loud skip of `name` otherwise
+/// (`SKIPPED (needs N CUDA device(s) and NCCL; …)`).
+pub(crate) fn nccl_devices_or_skip(name: &str, n: usize) -> bool {
+    use super::nccl::nccl_available;
+    let have = if available() {
+        super::device_count().unwrap_or(0)
+    } else {
+        0
+    };
+    if have < n || !nccl_available() {
+        let nccl = if nccl_available() {
+            "present"
+        } else {
+            "missing"
+        };
+        skip_loudly(&format!(
+            "SKIPPED (needs {n} CUDA device(s) and NCCL; {have} device(s), NCCL {nccl}): {name}"
+        ));
+        return false;
+    }
+    true
 }
 
 /// Writes `line` to the process's stderr directly, so that the test harness's output capture

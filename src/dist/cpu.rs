@@ -2,36 +2,17 @@
 //! a shared `LocalGroup`; the leader (local index 0) combines the processes' sums through MPI;
 //! the result fans back out to the local replicas. Every wait is under the collective deadline
 //! and names its collective (`gradient all-reduce`, `score sum`, `parameter broadcast`,
-//! `barrier`) when it expires.
+//! `barrier`) when it expires. The gradient all-reduce also runs on the bfloat16 wire
+//! ([`CpuComm::all_reduce_avg_bf16`], `[cluster] reduce_dtype = "bf16"`), rounding where the
+//! GPU backend rounds.
 
 use super::local::{LocalGroup, LocalReducer};
 use super::mpi_link::MpiLink;
-use super::Communicator;
+use super::{wire, Communicator};
 use crate::error::Result;
+use half::bf16;
 use std::ops::AddAssign;
 use std::sync::Arc;
-
-/// Sums `buf` over every replica of the job into the result chunks of `r`: over the local
-/// replicas (local replica `local` of `g`), then, on a leader with an MPI link (`mpi`: the link
-/// and its buffer for the gathered chunks), over the processes by `sum`; returns once every
-/// local replica can read the result (`copy_out`). `op` names the collective.
-fn sum_over_job<T: Copy + Default + AddAssign>(
-    g: &LocalGroup,
-    r: &LocalReducer<T>,
-    local: usize,
-    buf: &[T],
-    mpi: Option<(&mut MpiLink, &mut Vec<T>)>,
-    sum: fn(&mut MpiLink, &mut [T], &str),
-    op: &str,
-) {
-    g.reduce_into_chunks(r, local, buf, op);
-    if let Some((link, gathered)) = mpi {
-        g.gather_chunks(r, gathered);
-        g.in_mpi(|| sum(link, gathered, op));
-        g.scatter_chunks(r, gathered);
-    }
-    g.wait(local, op);
-}
 
 /// One replica's endpoint.
 pub struct CpuComm {
@@ -43,6 +24,9 @@ pub struct CpuComm {
     mpi: Option<MpiLink>,
     gathered_f32: Vec<f32>,
     gathered_f64: Vec<f64>,
+    /// This replica's gradient on the bfloat16 wire, and the leader's gathered sums.
+    wire: Vec<bf16>,
+    gathered_bf16: Vec<bf16>,
 }
 
 impl CpuComm {
@@ -70,8 +54,81 @@ impl CpuComm {
             mpi,
             gathered_f32: Vec::new(),
             gathered_f64: Vec::new(),
+            wire: Vec::new(),
+            gathered_bf16: Vec::new(),
         }
     }
+
+    /// [`Communicator::all_reduce_avg`] on the bfloat16 wire: `buf` is rounded to bfloat16
+    /// ([`wire::to_wire`]), summed in bfloat16 (the local replicas in slot order, then over the
+    /// processes by MPI, each addition rounded: [`wire::add`]), and the sum comes back as FP32
+    /// times `1/replicas` ([`wire::from_wire_scaled`]). With two replicas, whatever their split
+    /// into processes, this is what NCCL's bfloat16 sum gives the GPU backend, bit for bit.
+    pub fn all_reduce_avg_bf16(&mut self, buf: &mut [f32]) -> Result<()> {
+        wire::round_into(buf, &mut self.wire);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        let gathered = &mut self.gathered_bf16;
+        sum(
+            g,
+            &g.bf16s,
+            self.local,
+            (&self.wire, gathered),
+            mpi,
+            GRADIENTS,
+        );
+        let inv = 1.0 / self.size as f32;
+        g.copy_out(&g.bf16s, self.local, GRADIENTS, buf, |v| {
+            wire::from_wire_scaled(v, inv)
+        });
+        Ok(())
+    }
+}
+
+/// The collective of a gradient all-reduce, as its deadline report names it.
+const GRADIENTS: &str = "gradient all-reduce";
+
+/// The element types a process's leader sums with the other processes' (through its
+/// [`MpiLink`]).
+trait ProcessSum: Copy + Default + AddAssign {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [Self], op: &str);
+}
+
+impl ProcessSum for f32 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [f32], op: &str) {
+        link.sum_f32(values, op)
+    }
+}
+
+impl ProcessSum for f64 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [f64], op: &str) {
+        link.sum_f64(values, op)
+    }
+}
+
+impl ProcessSum for bf16 {
+    fn sum_over_processes(link: &mut MpiLink, values: &mut [bf16], op: &str) {
+        link.sum_bf16(values, op)
+    }
+}
+
+/// The sum of `input` over every replica through `r`: the local replicas' sums (phases 1–2),
+/// and the processes' combined by the leader through `mpi` and `gathered` (phase 3). The caller
+/// then copies the result out (`LocalGroup::copy_out`, phase 4).
+fn sum<T: ProcessSum>(
+    g: &LocalGroup,
+    r: &LocalReducer<T>,
+    local: usize,
+    (input, gathered): (&[T], &mut Vec<T>),
+    mpi: Option<&mut MpiLink>,
+    op: &str,
+) {
+    g.reduce_into_chunks(r, local, input, op);
+    if let Some(mpi) = mpi {
+        g.gather_chunks(r, gathered);
+        g.in_mpi(|| T::sum_over_processes(mpi, gathered, op));
+        g.scatter_chunks(r, gathered);
+    }
+    g.wait(local, op);
 }
 
 impl Communicator for CpuComm {
@@ -105,20 +162,25 @@ impl Communicator for CpuComm {
     }
 
     fn all_reduce_avg(&mut self, buf: &mut [f32]) -> Result<()> {
-        const OP: &str = "gradient all-reduce";
-        let g = &self.group;
-        let mpi = self.mpi.as_mut().map(|m| (m, &mut self.gathered_f32));
-        sum_over_job(g, &g.f32s, self.local, buf, mpi, MpiLink::sum_f32, OP);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        let gathered = &mut self.gathered_f32;
+        sum(g, &g.f32s, self.local, (&*buf, gathered), mpi, GRADIENTS);
         let inv = 1.0 / self.size as f32;
-        g.copy_out(&g.f32s, self.local, OP, buf, |v| v * inv);
+        g.copy_out(&g.f32s, self.local, GRADIENTS, buf, |v| v * inv);
         Ok(())
     }
 
     fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
         const OP: &str = "score sum";
-        let g = &self.group;
-        let mpi = self.mpi.as_mut().map(|m| (m, &mut self.gathered_f64));
-        sum_over_job(g, &g.f64s, self.local, buf, mpi, MpiLink::sum_f64, OP);
+        let (g, mpi) = (&self.group, self.mpi.as_mut());
+        sum(
+            g,
+            &g.f64s,
+            self.local,
+            (&*buf, &mut self.gathered_f64),
+            mpi,
+            OP,
+        );
         g.copy_out(&g.f64s, self.local, OP, buf, |v| v);
         Ok(())
     }

@@ -106,6 +106,8 @@ pub struct LocalGroup {
     leader_in_mpi: AtomicBool,
     pub(crate) f32s: LocalReducer<f32>,
     pub(crate) f64s: LocalReducer<f64>,
+    /// The bfloat16 gradient wire (`super::wire`): its sums round at every addition.
+    pub(crate) bf16s: LocalReducer<half::bf16>,
 }
 
 /// The chunk of `0..n` that replica `i` of `k` reduces.
@@ -125,6 +127,7 @@ impl LocalGroup {
             leader_in_mpi: AtomicBool::new(false),
             f32s: LocalReducer::new(k),
             f64s: LocalReducer::new(k),
+            bf16s: LocalReducer::new(k),
         }
     }
 
@@ -211,13 +214,13 @@ impl LocalGroup {
 
     /// Copies the result out into `buf`, mapping each element through `f` (phase 4), then waits
     /// so that the shared buffers may be reused.
-    pub(crate) fn copy_out<T: Copy>(
+    pub(crate) fn copy_out<T: Copy, U>(
         &self,
         r: &LocalReducer<T>,
         local: usize,
         op: &str,
-        buf: &mut [T],
-        f: impl Fn(T) -> T,
+        buf: &mut [U],
+        f: impl Fn(T) -> U,
     ) {
         let mut start = 0;
         for c in &r.chunks {

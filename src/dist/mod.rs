@@ -14,6 +14,7 @@ pub mod launch_env;
 pub mod local;
 pub mod mpi_link;
 pub mod nodes;
+pub mod wire;
 
 pub use bootstrap::Bootstrap;
 pub use cpu::CpuComm;

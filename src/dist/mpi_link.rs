@@ -4,8 +4,9 @@
 //! process names the collective and the silent ranks and aborts the job.
 
 use super::deadline::{self, Wait};
-use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
-use mpi::datatype::Equivalence;
+use half::bf16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use mpi::collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
@@ -14,30 +15,13 @@ pub struct MpiLink {
     comm: SimpleCommunicator,
     scratch_f32: Vec<f32>,
     scratch_f64: Vec<f64>,
+    scratch_u16: Vec<u16>,
 }
 
 // SAFETY: `SimpleCommunicator` is a handle that MPI allows any thread to use once the library
 // was initialised with `MPI_THREAD_SERIALIZED` or higher, which `Bootstrap::init` checks. The link
 // moves to the leader thread once and only that thread calls MPI through it.
 unsafe impl Send for MpiLink {}
-
-/// `buf ← Σ over the processes of `comm` of buf`, sending a copy of `buf` kept in `scratch`.
-fn sum_through<T: Equivalence + Copy>(
-    comm: &SimpleCommunicator,
-    scratch: &mut Vec<T>,
-    buf: &mut [T],
-    op: &str,
-) {
-    scratch.clear();
-    scratch.extend_from_slice(buf);
-    let send = &scratch[..];
-    mpi::request::scope(|scope| {
-        complete(
-            comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
-            op,
-        )
-    });
-}
 
 /// Polls `req` until it completes; past the deadline, reports collective `op` and aborts the job
 /// (so an incomplete request is never dropped).
@@ -60,6 +44,7 @@ impl MpiLink {
             comm,
             scratch_f32: Vec::new(),
             scratch_f64: Vec::new(),
+            scratch_u16: Vec::new(),
         }
     }
 
@@ -71,12 +56,50 @@ impl MpiLink {
     /// `buf ← Σ over processes of buf` (MPI has no in-place all-reduce here: one scratch copy).
     /// `op` names the collective in a deadline report.
     pub fn sum_f32(&mut self, buf: &mut [f32], op: &str) {
-        sum_through(&self.comm, &mut self.scratch_f32, buf, op);
+        self.scratch_f32.clear();
+        self.scratch_f32.extend_from_slice(buf);
+        let (comm, send) = (&self.comm, &self.scratch_f32[..]);
+        mpi::request::scope(|scope| {
+            complete(
+                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
+                op,
+            )
+        });
     }
 
     /// `buf ← Σ over processes of buf`.
     pub fn sum_f64(&mut self, buf: &mut [f64], op: &str) {
-        sum_through(&self.comm, &mut self.scratch_f64, buf, op);
+        self.scratch_f64.clear();
+        self.scratch_f64.extend_from_slice(buf);
+        let (comm, send) = (&self.comm, &self.scratch_f64[..]);
+        mpi::request::scope(|scope| {
+            complete(
+                comm.immediate_all_reduce_into(scope, send, buf, SystemOperation::sum()),
+                op,
+            )
+        });
+    }
+
+    /// `buf ← Σ over processes of buf` in bfloat16 (the gradient wire, `super::wire`): 2 bytes
+    /// an element on the wire, every addition rounded as NCCL's bfloat16 sum rounds it (an MPI
+    /// operation of its own over the values' bits; MPI has no bfloat16 type).
+    pub fn sum_bf16(&mut self, buf: &mut [bf16], op: &str) {
+        let add = UserOperation::commutative(|x, y| {
+            let x = x
+                .downcast::<u16>()
+                .expect("the bfloat16 sum runs on 16-bit words");
+            let y = y
+                .downcast::<u16>()
+                .expect("the bfloat16 sum runs on 16-bit words");
+            super::wire::add_into(x.reinterpret_cast(), y.reinterpret_cast_mut());
+        });
+        self.scratch_u16.clear();
+        self.scratch_u16.extend_from_slice(buf.reinterpret_cast());
+        let (comm, send) = (&self.comm, &self.scratch_u16[..]);
+        let recv = buf.reinterpret_cast_mut();
+        mpi::request::scope(|scope| {
+            complete(comm.immediate_all_reduce_into(scope, send, recv, &add), op)
+        });
     }
 
     /// Broadcasts `buf` from process `root`.

@@ -1,13 +1,14 @@
 //! `CpuEngine`: a replica on the CPU backend — the `Net` with its flat `Params`, the `Solver`,
 //! and a `CpuComm` (and, for local SGD's node scope, a second one over its node) — behind the
-//! `Engine` seam. Local SGD's outer state (anchor and momentum, Nesterov only) lives here as
+//! `Engine` seam. The gradient all-reduce runs in the type of `cluster.reduce_dtype` (FP32, or
+//! the bfloat16 wire of `crate::dist::wire`). Local SGD's outer state (anchor and momentum, Nesterov only) lives here as
 //! host vectors; the formulas are `super::local_sgd`'s.
 
 use super::engine::Engine;
 use super::local_sgd::{self, GradientScope, Outer, OuterRun};
 use super::reducer::CommReducer;
 use crate::backend::Cpu;
-use crate::config::{Config, NonFiniteMode, Phase};
+use crate::config::{Config, NonFiniteMode, Phase, ReduceDtype};
 use crate::dist::{Communicator, CpuComm};
 use crate::error::{Error, Result};
 use crate::layers::Ctx;
@@ -25,6 +26,8 @@ pub struct CpuEngine {
     params: Params,
     solver: Solver,
     comm: CpuComm,
+    /// The element type gradients are all-reduced in (`cluster.reduce_dtype`).
+    wire: ReduceDtype,
     seed: u64,
     /// One slot per iteration of the `average_loss` window: the sum of its sub-batch losses.
     loss_slots: Vec<f64>,
@@ -33,8 +36,9 @@ pub struct CpuEngine {
     spans: Option<SpanLog>,
     /// Scratch of the cross-replica statistics (sync BatchNorm), reused between passes.
     reduce_scratch: Vec<f64>,
-    /// The loss slot of the current iteration.
+    /// The loss slot and the iteration of the current step.
     slot: usize,
+    iter: u64,
     /// `[solver] non_finite`.
     non_finite_mode: NonFiniteMode,
     /// The steps refused so far.
@@ -82,12 +86,14 @@ impl CpuEngine {
             solver: Solver::new(&cfg.solver, params.len()),
             params,
             comm,
+            wire: cfg.cluster.reduce_dtype,
             seed: cfg.solver.random_seed,
             loss_slots: vec![0.0; cfg.solver.average_loss as usize],
             iter_size: cfg.solver.iter_size,
             spans: None,
             reduce_scratch: Vec::new(),
             slot: 0,
+            iter: 0,
             non_finite_mode: cfg.solver.non_finite,
             non_finite: NonFiniteSteps::default(),
             node_comm: None,
@@ -170,7 +176,7 @@ impl Engine for CpuEngine {
         let outputs = forward(&mut self.net, &ctx, &mut self.params, &mut self.spans);
         reducer.finish()?;
         let loss = weighted_loss(&outputs);
-        self.slot = slot;
+        (self.slot, self.iter) = (slot, c.iter);
         let s = &mut self.loss_slots[slot];
         *s = if first { loss } else { *s + loss };
         Ok(())
@@ -233,10 +239,21 @@ impl Engine for CpuEngine {
             GradientScope::Own => return Ok(()),
         };
         if comm.size() == 1 {
-            // The average over one replica is its own gradient.
+            // The average over one replica is its own gradient (nothing on the wire).
             return Ok(());
         }
-        comm.all_reduce_avg(&mut self.params.diff)
+        let (diff, start) = (&mut self.params.diff, Instant::now());
+        match self.wire {
+            ReduceDtype::Fp32 => comm.all_reduce_avg(diff)?,
+            ReduceDtype::Bf16 => comm.all_reduce_avg_bf16(diff)?,
+        }
+        // The whole gradient is one bucket here (the CPU has no backward to overlap it with).
+        if let Some(log) = &mut self.spans {
+            let bytes = (diff.len() * self.wire.bytes()) as u64;
+            let name = Name::Bucket { index: 0, bytes };
+            log.push(name, Track::Host, start, Instant::now(), self.iter);
+        }
+        Ok(())
     }
 
     fn set_gradient_scope(&mut self, scope: GradientScope) {

@@ -20,20 +20,29 @@
 //! device and are updated with the elementwise kernels, run by run as the CPU does) on the
 //! communication stream, ordered by events as the gradient buckets are.
 //!
+//! The buckets travel in the type of `cluster.reduce_dtype` (`crate::cuda::wire`): FP32 through
+//! NCCL's `Avg`, or bfloat16 — a conversion kernel, NCCL's bfloat16 sum and a kernel back to FP32
+//! with the `1/R` of the average, all three on the communication stream, overlapped with
+//! backward as the FP32 buckets are.
+//!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
-//! backward, from the `EventClock`s of the step phases and of the net's layers, mapped onto the
-//! host clock through one event recorded when the timeline starts (per-bucket all-reduce spans
-//! are not recorded).
+//! backward on the compute stream, and each gradient bucket's all-reduce on the communication
+//! stream (from the first event of its trip to the last, with the bytes it put on the wire), from
+//! the `EventClock`s of the step phases, of the net's layers and of the buckets, mapped onto the
+//! host clock through one event recorded when the timeline starts. The events are read once,
+//! after the timeline's window of iterations: the steps themselves never wait for them.
 
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;
 use super::local_sgd::{self, GradientScope, Outer, OuterRun};
-use crate::config::{Config, Phase, ReduceMode};
-use crate::cuda::event_clock::PhaseClock;
+use crate::config::{Config, Phase, ReduceDtype, ReduceMode};
+use crate::cuda::event_clock::{EventClock, PhaseClock};
+use crate::cuda::kernels::Kernels;
 use crate::cuda::layers::Collective;
 use crate::cuda::nccl::{NcclComm, NcclId};
 use crate::cuda::net::GpuNet;
 use crate::cuda::update::GpuSolver;
+use crate::cuda::wire::GradientWire;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use crate::net::Output;
@@ -60,6 +69,10 @@ pub struct GpuEngine {
     comm: NcclComm,
     comm_stream: Arc<CudaStream>,
     buckets: Vec<Bucket>,
+    /// The element type the buckets travel in, with its staging buffer.
+    wire: GradientWire,
+    /// Device time of each bucket's all-reduce on the communication stream (timeline only).
+    bucket_clock: EventClock<Name>,
     /// Per layer, the buckets its backward completes.
     ready_after: Vec<Vec<usize>>,
     /// Buckets launched during the current iteration's last backward.
@@ -136,6 +149,12 @@ impl GpuEngine {
             m => m,
         };
         let buckets = plan_buckets(&net.params.spans, mode, cfg.cluster.bucket_mb);
+        let largest = buckets.iter().map(Bucket::len).max().unwrap_or(0);
+        let dtype = match size {
+            1 => ReduceDtype::Fp32, // nothing goes on a wire
+            _ => cfg.cluster.reduce_dtype,
+        };
+        let wire = GradientWire::new(&gpu, dtype, largest)?;
         let mut ready_after = vec![Vec::new(); net.graph().len()];
         for (b, bucket) in buckets.iter().enumerate() {
             ready_after[bucket.ready_after_layer].push(b);
@@ -161,6 +180,8 @@ impl GpuEngine {
             comm,
             comm_stream,
             buckets,
+            wire,
+            bucket_clock: EventClock::default(),
             ready_after,
             launched: false,
             iter_size: cfg.solver.iter_size,
@@ -302,9 +323,32 @@ fn poison(gpu: &Gpu, loss: &CudaSlice<f64>, diff: &mut CudaSlice<f32>, at: usize
         .poison_gradient(&gpu.compute, loss, &mut diff.slice_mut(at..at + 1))
 }
 
-/// Launches the all-reduce (average) of `bucket` on the communicator's stream.
-fn launch(comm: &NcclComm, diff: &mut CudaSlice<f32>, bucket: &Bucket) -> Result<()> {
-    comm.all_reduce_avg(diff, bucket.range.clone(), comm.stream())
+/// What launching a bucket's all-reduce needs besides the gradient: the wire, the kernels it
+/// converts with, and the clock that times it.
+struct Launcher<'a> {
+    wire: &'a mut GradientWire,
+    kernels: &'a Kernels,
+    clock: &'a mut EventClock<Name>,
+}
+
+impl Launcher<'_> {
+    /// Launches the all-reduce (average) of bucket `b` on `comm`'s stream, on the wire.
+    fn launch(
+        &mut self,
+        comm: &NcclComm,
+        diff: &mut CudaSlice<f32>,
+        b: usize,
+        bucket: &Bucket,
+    ) -> Result<()> {
+        let name = Name::Bucket {
+            index: b as u32,
+            bytes: self.wire.bytes(bucket.len()),
+        };
+        let (wire, kernels) = (&mut *self.wire, self.kernels);
+        self.clock.time_on(comm.stream(), name, || {
+            wire.all_reduce_avg(kernels, comm, diff, bucket.range.clone())
+        })
+    }
 }
 
 impl Engine for GpuEngine {
@@ -375,6 +419,8 @@ impl Engine for GpuEngine {
             scope,
             comm_stream,
             buckets,
+            wire,
+            bucket_clock,
             ready_after,
             launched,
             clock,
@@ -382,6 +428,11 @@ impl Engine for GpuEngine {
             iter_loss,
             ..
         } = self;
+        let mut launcher = Launcher {
+            wire,
+            kernels: &gpu.kernels,
+            clock: bucket_clock,
+        };
         let reduce = reducing(*scope, comm, node_comm.as_ref());
         let overlap = last && buckets.len() > 1 && reduce.is_some();
         let coll = collective(comm, fence, comm_stream);
@@ -397,7 +448,7 @@ impl Engine for GpuEngine {
                 };
                 let r = poisoned
                     .and_then(|_| order(fence, &gpu.compute, comm_stream))
-                    .and_then(|_| launch(reduce, diff, &buckets[b]));
+                    .and_then(|_| launcher.launch(reduce, diff, b, &buckets[b]));
                 if let Err(e) = r {
                     failure = Some(e);
                     return;
@@ -454,8 +505,13 @@ impl Engine for GpuEngine {
         if !self.launched {
             poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0)?;
             order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
-            for b in &self.buckets {
-                launch(reduce, &mut self.net.params.diff, b)?;
+            let mut launcher = Launcher {
+                wire: &mut self.wire,
+                kernels: &self.gpu.kernels,
+                clock: &mut self.bucket_clock,
+            };
+            for (b, bucket) in self.buckets.iter().enumerate() {
+                launcher.launch(reduce, &mut self.net.params.diff, b, bucket)?;
             }
         }
         self.launched = false;
@@ -612,6 +668,7 @@ impl Engine for GpuEngine {
         });
         self.clock.set(true);
         self.net.layer_clock.set(true);
+        self.bucket_clock.set(true);
         Ok(())
     }
 
@@ -621,15 +678,20 @@ impl Engine for GpuEngine {
         };
         let steps = self.clock.spans(&t.zero)?;
         let layers = self.net.layer_clock.spans(&t.zero)?;
+        let buckets = self.bucket_clock.spans(&t.zero)?;
         self.clock.set(false);
         self.net.layer_clock.set(false);
-        let mut log = SpanLog::with_capacity(t.origin, steps.len() + layers.len());
+        self.bucket_clock.set(false);
+        let capacity = steps.len() + layers.len() + buckets.len();
+        let mut log = SpanLog::with_capacity(t.origin, capacity);
         log.layer_names = self.net.span_names();
         let steps = steps.into_iter().map(|(p, s, d)| (Name::Step(p), s, d));
-        for (name, start_ms, dur_ms) in steps.chain(layers) {
+        let compute = steps.chain(layers).map(|s| (Track::Device, s));
+        let comm = buckets.into_iter().map(|s| (Track::Comm, s));
+        for (track, (name, start_ms, dur_ms)) in compute.chain(comm) {
             let start_ns = t.at_ns + (start_ms.max(0.0) * 1e6) as u64;
             let dur_ns = (dur_ms.max(0.0) * 1e6) as u64;
-            log.push_ns(name, Track::Device, start_ns, dur_ns, None);
+            log.push_ns(name, track, start_ns, dur_ns, None);
         }
         Ok(Some(log))
     }

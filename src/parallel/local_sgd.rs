@@ -211,8 +211,9 @@ pub fn delta_from_anchor(anchor: &[f32], params: &[f32], delta: &mut [f32]) {
 
 /// The floats one replica hands to all-reduces, by what they carried: the payload, not the
 /// bytes on the wire (a ring all-reduce of `n` floats over `R` replicas sends each replica's
-/// `2(R − 1)/R · n`, see [`Traffic::ring_bytes`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// `2(R − 1)/R · n`, see [`Traffic::ring_bytes`]). Gradients travel in `gradient_width` bytes an
+/// element (`cluster.reduce_dtype`: 4 for FP32, 2 for bfloat16); parameters always in 4.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Traffic {
     /// Gradients averaged over every replica.
     pub gradient_all: u64,
@@ -221,9 +222,28 @@ pub struct Traffic {
     /// Parameters (or deltas) averaged over every replica: averagings, and the mean parameters
     /// of tests and snapshots between averagings.
     pub parameters: u64,
+    /// Bytes of one gradient element on the wire.
+    pub gradient_width: u64,
+}
+
+impl Default for Traffic {
+    /// Nothing yet, gradients in FP32.
+    fn default() -> Self {
+        Traffic::new(4)
+    }
 }
 
 impl Traffic {
+    /// Nothing yet, gradients in `gradient_width` bytes an element.
+    pub fn new(gradient_width: usize) -> Self {
+        Traffic {
+            gradient_all: 0,
+            gradient_node: 0,
+            parameters: 0,
+            gradient_width: gradient_width as u64,
+        }
+    }
+
     /// Counts the all-reduce of `floats` over the replicas `scope` names.
     pub fn gradient(&mut self, scope: GradientScope, floats: usize) {
         match scope {
@@ -233,20 +253,30 @@ impl Traffic {
         }
     }
 
+    /// Bytes of gradients over every replica, gradients within nodes, and parameters.
+    pub fn bytes(&self) -> [u64; 3] {
+        let w = self.gradient_width;
+        [
+            w * self.gradient_all,
+            w * self.gradient_node,
+            4 * self.parameters,
+        ]
+    }
+
     /// Bytes each replica sends in ring all-reduces of this payload, with `replicas` in the job
-    /// and `node_replicas` in its node: `4 · 2(R − 1)/R` per float of each kind.
+    /// and `node_replicas` in its node: `2(R − 1)/R` per byte of each kind.
     pub fn ring_bytes(&self, replicas: usize, node_replicas: usize) -> f64 {
-        let ring = |floats: u64, r: usize| {
+        let ring = |bytes: u64, r: usize| {
             let r = r.max(1) as f64;
-            4.0 * floats as f64 * 2.0 * (r - 1.0) / r
+            bytes as f64 * 2.0 * (r - 1.0) / r
         };
-        ring(self.gradient_all + self.parameters, replicas)
-            + ring(self.gradient_node, node_replicas)
+        let [all, node, params] = self.bytes();
+        ring(all + params, replicas) + ring(node, node_replicas)
     }
 
     /// The payload in bytes.
     pub fn payload_bytes(&self) -> u64 {
-        4 * (self.gradient_all + self.gradient_node + self.parameters)
+        self.bytes().iter().sum()
     }
 }
 
@@ -410,5 +440,11 @@ mod tests {
         // 4 replicas: 2·3/4 = 1.5 floats sent per float; nodes of 2: 1 per float.
         assert_eq!(t.ring_bytes(4, 2), 4.0 * (150.0 * 1.5 + 10.0));
         assert_eq!(t.ring_bytes(1, 1), 0.0);
+        // On the bfloat16 wire the gradients take half the bytes, the parameters do not.
+        let mut h = Traffic::new(2);
+        (h.gradient_all, h.gradient_node, h.parameters) = (100, 10, 50);
+        assert_eq!(h.bytes(), [200, 20, 200]);
+        assert_eq!(h.payload_bytes(), 420);
+        assert_eq!(h.ring_bytes(4, 2), 1.5 * 400.0 + 20.0);
     }
 }

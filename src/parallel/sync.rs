@@ -136,7 +136,7 @@ impl<E: Engine> P2PSync<E> {
         P2PSync {
             schedule: Schedule::new(&plan.config.cluster, 0),
             nodes: None,
-            traffic: Traffic::default(),
+            traffic: Traffic::new(plan.config.cluster.reduce_dtype.bytes()),
             plan,
             data,
             engine,
@@ -573,7 +573,7 @@ impl<E: Engine> P2PSync<E> {
         self.steps(0..warmup, &mut reader, &mut times)?;
         self.engine.barrier()?;
         times.reset();
-        self.traffic = Traffic::default();
+        self.traffic = Traffic::new(self.traffic.gradient_width as usize);
         self.engine.time_device_phases(true);
         let started = Instant::now();
         self.steps(warmup..warmup + iters, &mut reader, &mut times)?;

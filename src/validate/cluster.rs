@@ -1,7 +1,8 @@
 //! `[cluster]`: bucket size, replicas and threads per rank, deadlines, local SGD's period and
-//! outer rule.
+//! outer rule, and the gradient wire type against the sync mode.
 
 use super::*;
+use crate::config::{ReduceDtype, SyncMode};
 
 impl Validator<'_> {
     pub(super) fn cluster(&self) -> Result<()> {
@@ -39,7 +40,24 @@ impl Validator<'_> {
         if let Some(n) = self.cfg.cluster.world_size {
             self.at_least_one("cluster.world_size", n as u64)?;
         }
-        self.local_sgd()
+        self.local_sgd()?;
+        self.reduce_dtype()
+    }
+
+    /// `reduce_dtype = "bf16"` rounds gradients on the wire; local SGD's averagings carry
+    /// parameters (or their deltas), which must not be rounded to 8 significant bits, and its
+    /// steps between them communicate little: the two are not combined.
+    fn reduce_dtype(&self) -> Result<()> {
+        let c = &self.cfg.cluster;
+        if c.reduce_dtype == ReduceDtype::Bf16 && c.sync == SyncMode::LocalSgd {
+            return Err(self.err(
+                "cluster.reduce_dtype",
+                "\"bf16\" applies to synchronous training's gradient all-reduce only; with \
+                 cluster.sync = \"local_sgd\" the replicas average parameters, which bf16 would \
+                 round to 8 significant bits: use reduce_dtype = \"fp32\" (or sync = \"allreduce\")",
+            ));
+        }
+        Ok(())
     }
 
     /// Local SGD's keys (checked whatever `sync` says: a value out of range is a mistake either

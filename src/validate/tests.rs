@@ -144,6 +144,24 @@ fn range_errors_name_the_key_and_position() {
 }
 
 #[test]
+fn the_reduce_dtype_is_fp32_or_bf16_and_bf16_is_not_for_local_sgd() {
+    let with = |v: &str| BASE.replacen("backend = \"cpu\"", v, 1);
+    check(&with("reduce_dtype = \"bf16\"")).unwrap();
+    check(&with("reduce_dtype = \"fp32\"\nsync = \"local_sgd\"")).unwrap();
+    has(
+        &err("backend = \"cpu\"", "reduce_dtype = \"fp16\""),
+        "`cluster.reduce_dtype`: unknown value \"fp16\"",
+    );
+    has(
+        &err(
+            "backend = \"cpu\"",
+            "reduce_dtype = \"bf16\"\nsync = \"local_sgd\"",
+        ),
+        "t.toml:2:1: `cluster.reduce_dtype`: \"bf16\" applies to synchronous training's",
+    );
+}
+
+#[test]
 fn lr_policies_need_their_keys() {
     let p = |s: &str| err("max_iter = 100", &format!("max_iter = 100\n{s}"));
     has(

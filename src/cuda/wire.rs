@@ -1,0 +1,254 @@
+//! The gradient wire of one GPU replica (`cluster.reduce_dtype`): how a bucket of the flat FP32
+//! gradient is averaged over a communicator. FP32: NCCL's in-place `Avg`. bfloat16: a kernel
+//! rounds the bucket into a staging buffer of bfloat16 bits (`to_bf16`), NCCL sums those in
+//! bfloat16 (`ncclBfloat16`, half the bytes), and a kernel writes the sum back over the bucket as
+//! FP32 times `1/R` (`from_bf16_scaled`) — the arithmetic of `crate::dist::wire`, which the CPU
+//! backend runs. All three are enqueued on the communicator's stream, one after the other, so
+//! the bucket's trip needs no host synchronisation and no event beyond the one that already
+//! orders the bucket after the backward that produced it; buckets on that stream run in turn, so
+//! one staging buffer as long as the largest bucket serves them all.
+
+use super::kernels::Kernels;
+use super::nccl::{NcclComm, ReduceOp};
+use super::{gpu_error, Gpu};
+use crate::config::ReduceDtype;
+use crate::error::{Error, Result};
+use cudarc::driver::CudaSlice;
+use std::ops::Range;
+
+/// A replica's wire: its element type and, for bfloat16, the staging buffer.
+pub struct GradientWire {
+    dtype: ReduceDtype,
+    /// `(largest bucket)` bfloat16 bit patterns; `None` on the FP32 wire.
+    staging: Option<CudaSlice<u16>>,
+}
+
+impl GradientWire {
+    /// The wire of `dtype` for buckets of at most `largest` floats, its staging buffer (if any)
+    /// allocated on `gpu`'s compute stream.
+    pub fn new(gpu: &Gpu, dtype: ReduceDtype, largest: usize) -> Result<Self> {
+        let staging = match dtype {
+            ReduceDtype::Fp32 => None,
+            ReduceDtype::Bf16 => Some(
+                gpu.compute
+                    .alloc_zeros::<u16>(largest.max(1))
+                    .map_err(|e| gpu_error("allocate the bfloat16 gradient staging buffer", e))?,
+            ),
+        };
+        Ok(GradientWire { dtype, staging })
+    }
+
+    /// Bytes `floats` gradient elements take on the wire.
+    pub fn bytes(&self, floats: usize) -> u64 {
+        (floats * self.dtype.bytes()) as u64
+    }
+
+    /// Replaces `grad[range]` by its mean over `comm`'s replicas, enqueued on `comm`'s stream
+    /// (ordered after the work that wrote `grad[range]` by the caller).
+    pub fn all_reduce_avg(
+        &mut self,
+        kernels: &Kernels,
+        comm: &NcclComm,
+        grad: &mut CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        let s = comm.stream();
+        let Some(staging) = &mut self.staging else {
+            return comm.all_reduce_avg(grad, range, s);
+        };
+        let n = range.len();
+        if n > staging.len() || range.end > grad.len() {
+            return Err(Error::Device(format!(
+                "bfloat16 gradient wire: bucket {}..{} of a {}-float gradient does not fit the \
+                 {}-element staging buffer",
+                range.start,
+                range.end,
+                grad.len(),
+                staging.len()
+            )));
+        }
+        kernels.to_bf16(
+            s,
+            &grad.slice(range.clone()),
+            &mut staging.slice_mut(..n),
+            n,
+        )?;
+        comm.all_reduce_bf16(staging, 0..n, ReduceOp::Sum, s)?;
+        let scale = 1.0 / comm.size() as f32;
+        kernels.from_bf16_scaled(s, &staging.slice(..n), &mut grad.slice_mut(range), scale, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MathMode;
+    use crate::cuda::nccl::NcclId;
+    use crate::cuda::test_util::{gpu_or_skip, nccl_devices_or_skip};
+    use crate::dist::wire::{add, from_wire_scaled, to_wire};
+    use half::bf16;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// FP32 inputs that reach every branch of the rounding: ties (even and odd), just below and
+    /// above them, zeros, subnormals, the largest finite (which rounds to ∞), infinities and
+    /// NaNs with payloads; then random bit patterns and random ties.
+    fn rounding_cases() -> Vec<f32> {
+        let mut bits: Vec<u32> = vec![
+            0x0000_0000,
+            0x8000_0000,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x3F80_7FFF,
+            0x3F80_8001,
+            0x0000_8000,
+            0x0001_8000,
+            0x0000_8001,
+            0x807F_FFFF,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0x7F7F_8000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F80_0001,
+            0xFFC0_1234,
+            0x7FFF_FFFF,
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(16);
+        bits.extend((0..1 << 16).map(|_| rng.gen::<u32>()));
+        bits.extend((0..1 << 12).map(|_| rng.gen::<u32>() & 0xFFFF_0000 | 0x8000));
+        bits.into_iter().map(f32::from_bits).collect()
+    }
+
+    /// Bitwise equality, except that any NaN equals any NaN (a GPU's arithmetic returns its
+    /// canonical NaN where the CPU keeps the payload).
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn conversion_kernels_match_the_cpu_wire_bit_for_bit() {
+        let gpu = gpu_or_skip!("conversion_kernels_match_the_cpu_wire_bit_for_bit");
+        let (s, k) = (&gpu.compute, &gpu.kernels);
+        let x = rounding_cases();
+        let n = x.len();
+        let dx = s.clone_htod(&x).unwrap();
+        let mut w = s.alloc_zeros::<u16>(n).unwrap();
+        k.to_bf16(s, &dx, &mut w, n).unwrap();
+        let got = s.clone_dtoh(&w).unwrap();
+        for (i, (&v, &g)) in x.iter().zip(&got).enumerate() {
+            let want = to_wire(v).to_bits();
+            assert_eq!(g, want, "element {i}: bf16({v:e} = {:#010x})", v.to_bits());
+        }
+        // Back: every bfloat16 pattern, times 1 (exact) and 1/3 (one rounding).
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let dw = s.clone_htod(&all).unwrap();
+        let mut back = s.alloc_zeros::<f32>(all.len()).unwrap();
+        for scale in [1.0f32, 1.0 / 3.0] {
+            k.from_bf16_scaled(s, &dw, &mut back, scale, all.len())
+                .unwrap();
+            let got = s.clone_dtoh(&back).unwrap();
+            for (&b, &g) in all.iter().zip(&got) {
+                let want = from_wire_scaled(bf16::from_bits(b), scale);
+                assert!(
+                    same(g, want),
+                    "{b:#06x} × {scale}: got {g:e}, want {want:e}"
+                );
+            }
+        }
+    }
+
+    /// One replica: the bucket makes the round trip through the staging buffer and NCCL (a sum
+    /// over one) and comes back rounded to bfloat16; the floats around it are untouched.
+    #[test]
+    fn one_replica_rounds_only_its_bucket() {
+        let name = concat!(module_path!(), "::one_replica_rounds_only_its_bucket");
+        if !nccl_devices_or_skip(name, 1) {
+            return;
+        }
+        let gpu = Gpu::new(0, MathMode::Fp32).unwrap();
+        let stream = gpu.ctx.new_stream().unwrap();
+        let comm = NcclComm::from_id(stream.clone(), 0, 1, NcclId::new().unwrap()).unwrap();
+        let host = rounding_cases();
+        let mut grad = gpu.compute.clone_htod(&host).unwrap();
+        gpu.synchronize().unwrap();
+        let range = 7..host.len() - 5;
+        let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, range.len()).unwrap();
+        assert_eq!(wire.bytes(10), 20);
+        wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range.clone())
+            .unwrap();
+        let too_long = wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, 0..host.len());
+        assert!(too_long.is_err(), "a bucket beyond the staging buffer");
+        let got = stream.clone_dtoh(&grad).unwrap();
+        stream.synchronize().unwrap();
+        for (i, (&g, &x)) in got.iter().zip(&host).enumerate() {
+            let want = match range.contains(&i) {
+                true => from_wire_scaled(to_wire(x), 1.0),
+                false => x,
+            };
+            assert!(same(g, want), "element {i}: {x:e} → {g:e}, want {want:e}");
+        }
+        comm.finish().unwrap();
+    }
+
+    /// Two replicas on two GPUs: NCCL's bfloat16 sum is one rounding of the exact sum, so the
+    /// averaged bucket is the CPU wire's (`dist::wire`: round, add, × 1/2) bit for bit — what
+    /// makes the CPU backend's two-replica bf16 runs the GPU's.
+    #[test]
+    fn two_replicas_average_as_the_cpu_wire_does() {
+        let name = concat!(
+            module_path!(),
+            "::two_replicas_average_as_the_cpu_wire_does"
+        );
+        if !nccl_devices_or_skip(name, 2) {
+            return;
+        }
+        let inputs: Vec<Vec<f32>> = (0..2u64)
+            .map(|r| {
+                let mut rng = ChaCha8Rng::seed_from_u64(40 + r);
+                (0..50_000)
+                    .map(|_| {
+                        let scale = 2f32.powi(rng.gen_range(-20..20));
+                        (rng.gen::<f32>() - 0.5) * scale
+                    })
+                    .collect()
+            })
+            .collect();
+        let range = 1000..41_000;
+        let id = NcclId::new().unwrap();
+        let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2usize)
+                .map(|r| {
+                    let (host, range) = (&inputs[r], range.clone());
+                    s.spawn(move || {
+                        let gpu = Gpu::new(r, MathMode::Fp32).unwrap();
+                        let stream = gpu.ctx.new_stream().unwrap();
+                        let comm = NcclComm::from_id(stream.clone(), r, 2, id).unwrap();
+                        let mut grad = gpu.compute.clone_htod(host).unwrap();
+                        gpu.synchronize().unwrap();
+                        let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, 40_000).unwrap();
+                        wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range)
+                            .unwrap();
+                        let out = stream.clone_dtoh(&grad).unwrap();
+                        stream.synchronize().unwrap();
+                        comm.finish().unwrap();
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, got) in results.iter().enumerate() {
+            for (i, &g) in got.iter().enumerate() {
+                let want = match range.contains(&i) {
+                    true => {
+                        let sum = add(to_wire(inputs[0][i]), to_wire(inputs[1][i]));
+                        from_wire_scaled(sum, 0.5)
+                    }
+                    false => inputs[r][i],
+                };
+                assert_eq!(g.to_bits(), want.to_bits(), "replica {r}, element {i}");
+            }
+        }
+    }
+}
