@@ -146,7 +146,9 @@ enum Command {
             .caffemodel, and write DIR/cluster.toml and DIR/weights.safetensors, so that \
             `p2ptrain train DIR/cluster.toml --weights DIR/weights.safetensors` trains the same \
             net from the same weights. Data layers become [data] with format = \"lmdb\" and \
-            train_source / test_source (relative to the prototxt's folder); layers keep their \
+            train_source / test_source (relative to the prototxt's folder); a deploy net's \
+            Input layer stays an input layer, with a synthetic [data] of its shape for \
+            `p2ptrain predict --input`; layers keep their \
             names and Caffe's parameter names; anything p2ptrain lacks is an error naming the \
             layer, its type and the line.\n\n\
             Example: p2ptrain import-caffe lenet_train_test.prototxt --solver \
@@ -227,7 +229,8 @@ struct PredictArgs {
 
 #[derive(Args)]
 struct ImportArgs {
-    /// The net prototxt (train_val: Data layers for TRAIN and TEST).
+    /// The net prototxt (train_val: Data layers for TRAIN and TEST; or a deploy net with an
+    /// Input layer).
     net: PathBuf,
     /// The solver prototxt.
     #[arg(long, value_name = "FILE")]

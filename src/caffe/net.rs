@@ -13,7 +13,7 @@
 //! - **Other layers.** Each `layer` becomes a `[[layer]]` of the kind whose name matches its type
 //!   (`super::kind_of_caffe_type`). The fields of its own `*_param` block (and `loss_param`) keep
 //!   their names (`kernel_h`/`kernel_w` become `kernel_size = [h, w]`, likewise `pad_*`,
-//!   `stride_*`; `concat_dim` becomes `axis`), enum values are lower-cased (`MAX` → `"max"`),
+//!   `stride_*`; `concat_dim` and `slice_dim` become `axis`), enum values are lower-cased (`MAX` → `"max"`),
 //!   fillers become tables, `param { lr_mult decay_mult }` blocks the `lr_mult` / `decay_mult`
 //!   lists, `include { phase }` / `exclude { phase }` the `phase` key.
 //! - **Errors.** Anything p2ptrain lacks (a layer type, a key, a value such as `pool: STOCHASTIC`
@@ -652,7 +652,7 @@ fn flatten_param(path: &Path, what: &str, m: &Message, out: &mut Entries) -> Res
                 }
             },
             "normalize" if g.boolean().map_err(bad)? => continue,
-            "concat_dim" => {
+            "concat_dim" | "slice_dim" => {
                 out.push(("axis".into(), g.int().map_err(bad)?.into(), g.pos));
                 continue;
             }
@@ -1064,7 +1064,7 @@ layer { name: "d" type: "Data" top: "img" top: "lbl" include { phase: TEST }
                convolution_param {{ num_output: 3 kernel_size: 4 stride: 2 pad: 1 group: 1
                  weight_filler {{ type: \"gaussian\" std: 0.01 }} bias_filler {{ type: \"constant\" value: 0.2 }} }} }}
              layer {{ name: \"cut\" type: \"Slice\" bottom: \"up\" top: \"x\" top: \"y\"
-               slice_param {{ axis: 2 slice_point: 3 }} }}
+               slice_param {{ slice_dim: 2 slice_point: 3 }} }}
              layer {{ name: \"quiet\" type: \"Silence\" bottom: \"b\" bottom: \"x\" }}"
         ))
         .unwrap();

@@ -707,6 +707,8 @@ pub enum FillerKind {
     Gaussian,
     Xavier,
     Msra,
+    /// Caffe's bilinear interpolation kernel, for a (de)convolution's square weight.
+    Bilinear,
 }
 
 /// Fan used by xavier and msra.

@@ -389,6 +389,45 @@ mod tests {
         GradientChecker::default().assert_passes(&mut l, &[bottom], &[true]);
     }
 
+    /// Caffe's upsampling recipe: factor 2, `kernel_size = 4`, `stride = 2`, `pad = 1`,
+    /// `group = C`, the bilinear filler: a constant image stays constant away from the border,
+    /// and a row 0, 1, 2 becomes 0, 0.25, 0.75, 1.25, 1.75, 1.5 (interpolated, the last one
+    /// cut by the zero padding).
+    #[test]
+    fn bilinear_upsampling_interpolates() {
+        let keys = "num_output = 2\nkernel_size = 4\nstride = 2\npad = 1\ngroup = 2\nbias_term = false\nweight_filler = { type = \"bilinear\" }";
+        let mut l = deconv(keys);
+        l.reshape(&[&[1, 2, 1, 3]]).unwrap();
+        let spec = &l.param_specs()[0];
+        let mut w = vec![0.0; spec.shape.iter().product()];
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        crate::layers::filler::fill(&spec.filler, &spec.shape, &mut rng, &mut w);
+        let x = blob(&[1, 2, 1, 3], &[0.0, 1.0, 2.0, 5.0, 5.0, 5.0]);
+        let top = forward(&mut l, &[x], &[&w]);
+        assert_eq!(top[0].shape, vec![1, 2, 2, 6]);
+        // Row 0 of channel 0 (one input row: the vertical weight is 0.75 on both output rows).
+        let row: Vec<f32> = top[0].data[..6].iter().map(|v| v / 0.75).collect();
+        assert_eq!(row, vec![0.0, 0.25, 0.75, 1.25, 1.75, 1.5]);
+        let inner: Vec<f32> = top[0].data[12 + 1..12 + 5]
+            .iter()
+            .map(|v| v / 0.75)
+            .collect();
+        assert_eq!(inner, vec![5.0; 4]);
+        let err = params_error(
+            "deconvolution",
+            "num_output = 2\nkernel_size = [4, 2]\nweight_filler = { type = \"bilinear\" }",
+        );
+        assert!(
+            err.contains("weight_filler.type") && err.contains("square"),
+            "{err}"
+        );
+        let err = params_error(
+            "deconvolution",
+            "num_output = 2\nkernel_size = 4\nbias_filler = { type = \"bilinear\" }",
+        );
+        assert!(err.contains("bias_filler.type"), "{err}");
+    }
+
     #[test]
     fn rejects_bad_settings() {
         let new = |keys: &str| params_error("deconvolution", keys);

@@ -1,5 +1,9 @@
 //! Fillers: the initial values of learnable tensors (Caffe's `constant`, `uniform`, `gaussian`,
-//! `xavier`, `msra`), and the fan computations xavier and msra scale by.
+//! `xavier`, `msra`, `bilinear`), and the fan computations xavier and msra scale by.
+//!
+//! `bilinear` (BVLC Caffe's, for the weight `(.., .., K, K)` of an upsampling deconvolution)
+//! writes the same `K × K` interpolation kernel into every filter: with `f = ⌈K/2⌉` and
+//! `c = (K − 1)/(2f)`, element `(y, x)` is `(1 − |x/f − c|)·(1 − |y/f − c|)`.
 //!
 //! Fans follow Caffe's `filler.hpp` for a tensor of shape `(d0, d1, ...)` with `count` elements:
 //! - `fan_in = count / d0` — for an inner-product weight `(num_output, K)` that is `K`;
@@ -92,7 +96,7 @@ pub fn check(cfg: &FillerConfig) -> std::result::Result<(), String> {
             }
             Ok(())
         }
-        FillerKind::Xavier | FillerKind::Msra => Ok(()),
+        FillerKind::Xavier | FillerKind::Msra | FillerKind::Bilinear => Ok(()),
     }
 }
 
@@ -125,6 +129,20 @@ pub fn fill(cfg: &FillerConfig, shape: &[usize], rng: &mut impl Rng, out: &mut [
             let std = (2.0 / variance_n(cfg.variance_norm, shape)).sqrt();
             gaussian(0.0, std, rng, out);
         }
+        FillerKind::Bilinear => bilinear(shape, out),
+    }
+}
+
+/// Caffe's bilinear kernel over the last two axes of `shape` (see the module docs), the same
+/// for every leading index; validation allows it only on square `(.., .., K, K)` weights.
+fn bilinear(shape: &[usize], out: &mut [f32]) {
+    let width = shape.last().copied().unwrap_or(1).max(1);
+    let height = shape.iter().rev().nth(1).copied().unwrap_or(1).max(1);
+    let f = width.div_ceil(2) as f64;
+    let c = (width as f64 - 1.0) / (2.0 * f);
+    for (i, v) in out.iter_mut().enumerate() {
+        let (x, y) = ((i % width) as f64, (i / width % height) as f64);
+        *v = ((1.0 - (x / f - c).abs()) * (1.0 - (y / f - c).abs())) as f32;
     }
 }
 
@@ -274,6 +292,26 @@ mod tests {
         g.std = f32::NAN;
         assert!(check(&g).is_err());
         assert!(check(&xavier()).is_ok());
+    }
+
+    /// Caffe's kernels by hand: K = 4 (f = 2, c = 0.75) has the 1-D profile 0.25, 0.75, 0.75,
+    /// 0.25; K = 3 (f = 2, c = 0.5) 0.5, 1, 0.5; every filter the same.
+    #[test]
+    fn bilinear_is_caffes_interpolation_kernel() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let outer = |p: &[f32]| -> Vec<f32> {
+            p.iter()
+                .flat_map(|&a| p.iter().map(move |&b| a * b))
+                .collect()
+        };
+        for (k, profile) in [(4, vec![0.25, 0.75, 0.75, 0.25]), (3, vec![0.5, 1.0, 0.5])] {
+            let mut w = vec![f32::NAN; 2 * 3 * k * k];
+            fill(&cfg(FillerKind::Bilinear), &[2, 3, k, k], &mut rng, &mut w);
+            let want = outer(&profile);
+            for filter in w.chunks_exact(k * k) {
+                assert_eq!(filter, &want[..], "K = {k}");
+            }
+        }
     }
 
     #[test]

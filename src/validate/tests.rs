@@ -1221,3 +1221,72 @@ fn image_format_keys_are_checked_and_refused_elsewhere() {
     let e = err("format = \"digits\"", "format = \"lmdb\"");
     assert!(e.contains("`data.train_source`"), "{e}");
 }
+
+/// The routing layers' blob counts: Split and Slice 1 bottom and 1+ tops, Silence 1+ bottoms
+/// and no top, Input no bottom and 1 or 2 tops; their tops get their own shapes (a slice's
+/// pieces differ), and an input layer's top may be named after the input it reads.
+#[test]
+fn routing_layers_have_their_blob_counts_and_shapes() {
+    let relu = "type = \"relu\"\nbottom = [\"ip1\"]\ntop = [\"ip1\"]";
+    let e = err(relu, "type = \"split\"\nbottom = [\"ip1\"]\ntop = []");
+    has(&e, "`layer[1].top`");
+    has(&e, "1 or more tops, got 0");
+    let e = err(
+        relu,
+        "type = \"silence\"\nbottom = [\"ip1\"]\ntop = [\"x\"]",
+    );
+    has(&e, "has 0 tops, got 1");
+    let e = err(
+        relu,
+        "type = \"slice\"\nbottom = [\"ip1\", \"data\"]\ntop = [\"a\"]",
+    );
+    has(&e, "`layer[1].bottom`");
+    // ip1 (16) cut at 6: pieces of 6 and 10; ip2 reads the 10.
+    let sliced = BASE.replacen(
+        relu,
+        "type = \"slice\"\nbottom = [\"ip1\"]\ntop = [\"six\", \"ten\"]\nslice_point = [6]",
+        1,
+    );
+    let sliced = sliced.replacen(
+        "bottom = [\"ip1\"]\ntop = [\"ip2\"]",
+        "bottom = [\"ten\"]\ntop = [\"ip2\"]",
+        1,
+    );
+    let (cfg, _) = load_str("t.toml", &sliced, Path::new("."), &[]).unwrap();
+    let (net, _) = crate::net::Net::build(&cfg, [1, 8, 8], 2).unwrap();
+    let shape = |name: &str| net.blob_shape(net.blob_named(name).unwrap()).to_vec();
+    assert_eq!((shape("six"), shape("ten")), (vec![2, 6], vec![2, 10]));
+    let input = "[[layer]]\nname = \"in\"\ntype = \"input\"\ntop = [\"data\", \"label\"]\nshape = [1, 1, 8, 8]\n\n[[layer]]\nname = \"ip1\"";
+    check(&BASE.replacen("[[layer]]\nname = \"ip1\"", input, 1)).unwrap();
+    let e = err(
+        "[[layer]]\nname = \"ip1\"",
+        "[[layer]]\nname = \"in\"\ntype = \"input\"\nbottom = [\"data\"]\ntop = [\"x\"]\nshape = [1, 1, 8, 8]\n\n[[layer]]\nname = \"ip1\"",
+    );
+    has(&e, "`layer[0].bottom`");
+}
+
+/// A net with an input layer validates without a loss (a deploy net); without one, it does not.
+#[test]
+fn only_a_deploy_net_may_lack_a_loss() {
+    let no_loss = BASE
+        .replacen(
+            "name = \"loss\"\ntype = \"softmax_with_loss\"",
+            "name = \"loss\"\ntype = \"softmax\"",
+            1,
+        )
+        .replacen(
+            "bottom = [\"ip2\", \"label\"]\ntop = [\"loss\"]",
+            "bottom = [\"ip2\"]\ntop = [\"loss\"]",
+            1,
+        );
+    let e = check(&no_loss).unwrap_err().to_string();
+    assert!(e.contains("no loss layer"), "{e}");
+    let input = "[[layer]]\nname = \"in\"\ntype = \"input\"\ntop = [\"data\"]\nshape = [1, 1, 8, 8]\n\n[[layer]]\nname = \"ip1\"";
+    let deploy = no_loss.replacen("[[layer]]\nname = \"ip1\"", input, 1);
+    let (cfg, source) = load_str("t.toml", &deploy, Path::new("."), &[]).unwrap();
+    let e = train_loss(&cfg, &source).unwrap_err();
+    assert!(
+        e.to_string().contains("`layer`") && e.exit_code() == 2,
+        "{e}"
+    );
+}

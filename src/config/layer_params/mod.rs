@@ -353,6 +353,11 @@ pub(crate) fn filler(key: &'static str, f: &FillerConfig) -> Resolved<()> {
             sub("std"),
             format!("a gaussian filler needs std > 0, got {}", f.std),
         )),
+        FillerKind::Bilinear => Err(ParamError::new(
+            sub("type"),
+            "a bilinear filler fills only the square weight of a convolution or deconvolution \
+             (its `weight_filler`)",
+        )),
         _ => Ok(()),
     }
 }

@@ -4,7 +4,7 @@
 
 use super::dense::bias_term_default_on;
 use super::{filler_or, num_output, spatial_dims, xavier, KindParams, ParamError, Resolved};
-use crate::config::{FillerConfig, LayerConfig, PoolMethod};
+use crate::config::{FillerConfig, FillerKind, LayerConfig, PoolMethod};
 
 /// A per-axis `[h, w]` pair.
 pub type Pair = [usize; 2];
@@ -56,7 +56,10 @@ impl ConvolutionParams {
     /// keys.
     fn resolve_as(l: &LayerConfig, kind: &str) -> Resolved<Self> {
         let bias_term = bias_term_default_on(l)?;
-        let weight_filler = filler_or("weight_filler", &l.weight_filler, xavier())?;
+        let weight_filler = match &l.weight_filler {
+            Some(f) if f.kind == FillerKind::Bilinear => f.clone(),
+            other => filler_or("weight_filler", other, xavier())?,
+        };
         let bias_filler = filler_or("bias_filler", &l.bias_filler, FillerConfig::constant(0.0))?;
         let kernel = spatial_dims("kernel_size", &l.kernel_size, 1)?;
         let stride = spatial_dims("stride", &l.stride, 1)?;
@@ -68,6 +71,12 @@ impl ConvolutionParams {
                 format!("a layer of type {kind} needs `kernel_size`"),
             ));
         };
+        if weight_filler.kind == FillerKind::Bilinear && kernel[0] != kernel[1] {
+            return Err(ParamError::new(
+                "weight_filler.type",
+                format!("a bilinear filler needs a square kernel, got {kernel:?}"),
+            ));
+        }
         let num_output = num_output(l, kind)?;
         let group = l.group.unwrap_or(1);
         if group == 0 || !num_output.is_multiple_of(group) {
