@@ -61,6 +61,9 @@ def main():
         "--set", "data.train_size=64",
         "--set", "data.test_size=8",
         "--set", "data.test_batch_size=4",
+        # A small step: two steps at ResNet-50's 0.1 saturate the softmax, and the top-5 of a
+        # saturated output is one class and four ties at 0.
+        "--set", "solver.base_lr=0.0001",
     ]
     run([args.p2ptrain, "train", "config/resnet50.toml", "--output", out] + small)
     snapshot = os.path.join(out, "snapshots/resnet50_iter_2.safetensors")
@@ -87,16 +90,21 @@ def main():
     model = as_v1(model).eval().to(device)
     with torch.no_grad():
         probs = torch.softmax(model(torch.from_numpy(x).to(device)).double(), dim=1).cpu()
+    # Each of p2ptrain's top-5 classes has torchvision's probability for that class (within 1e-3)
+    # and torchvision's top-5 the same classes, except where two probabilities lie closer than
+    # 1e-5 (a tie, which either side may order either way).
     worst = 0.0
     same = True
     for i, line in enumerate(ours):
         top = torch.topk(probs[i], 5)
         theirs = [(int(c), float(p)) for p, c in zip(top.values, top.indices)]
         mine = [(t["class"], t["prob"]) for t in line["top_k"]]
-        worst = max(worst, max(abs(a[1] - b[1]) for a, b in zip(mine, theirs)))
-        if [c for c, _ in mine] != [c for c, _ in theirs]:
-            print(f"input {i}: p2ptrain {mine}\n          torchvision {theirs}")
-            same = False
+        worst = max(worst, max(abs(p - float(probs[i][c])) for c, p in mine))
+        for (c, p), (d, q) in zip(mine, theirs):
+            if c != d and abs(p - q) > 1e-5:
+                print(f"input {i}: p2ptrain {mine}\n          torchvision {theirs}")
+                same = False
+                break
     print(f"top-5 classes equal: {same}; largest probability difference {worst:.2e}")
     ok = same and worst < 1e-3
     print("PASS" if ok else "FAIL")
