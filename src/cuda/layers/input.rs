@@ -23,10 +23,6 @@ impl GpuLayer for GpuInput {
         "input"
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (bottoms, tops) = (pass.blobs.bottoms, pass.blobs.tops);
         for (&b, &t) in bottoms.iter().zip(tops) {

@@ -240,8 +240,11 @@ pub trait GpuLayer: Send {
     fn type_name(&self) -> &'static str;
 
     /// Takes the bottom shapes of a new batch (called at build and whenever the batch changes;
-    /// the CPU layer has already checked them) and grows scratch buffers when needed.
-    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()>;
+    /// the CPU layer has already checked them) and grows scratch buffers when needed; nothing
+    /// for a layer without scratch buffers or shape-dependent state.
+    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
+        Ok(())
+    }
 
     /// Computes the tops (already shaped) from the bottoms and the layer's learnable tensors.
     fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()>;

@@ -56,10 +56,6 @@ impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
         self.0.type_name()
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let [x, y] = pass.blobs.bottom_top();
         let n = x.count();

@@ -23,10 +23,6 @@ impl GpuLayer for GpuSilence {
         "silence"
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, _pass: ForwardPass<'_>) -> Result<()> {
         Ok(())
     }

@@ -22,10 +22,6 @@ impl GpuLayer for GpuSplit {
         "split"
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (bottom, tops) = (pass.blobs.bottoms[0], pass.blobs.tops);
         for &t in tops {
