@@ -509,12 +509,11 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, plan.y.count())?,
             zeroed_floats(&gpu.compute, plan.w.count() + k)?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let lane = Lane {
             dnn: gpu.cudnn()?,
             blas: &gpu.blas,
-            ws: cudnn::Workspace { ptr: wsp, bytes },
+            ws,
         };
         let (bias_term, wlen) = (self.bias_term, plan.w.count());
         // A path that leaves the bias gradient apart is timed with the channel sum that then
@@ -542,9 +541,7 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, wlen + k)?,
             zeroed_floats(&gpu.compute, plan.y.count())?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
         let paths = [Fwd::Cudnn, Fwd::Direct];
@@ -565,9 +562,7 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, plan.w.count())?,
             zeroed_floats(&gpu.compute, plan.x.count())?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let w = weight.slice(..);
         let (layout, direct) = (self.layout, &mut self.direct_scratch);
         fastest(gpu, (&self.name, plan), "data gradient", paths, |path| {
@@ -772,9 +767,7 @@ impl GpuLayer for GpuConvolution {
             Layout::Nchw => params.slice(..wlen),
             Layout::Nhwc => self.weight_krsc.slice(..wlen),
         };
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         let how = (k, self.bias_term, self.layout);
         let mut top = y.data_mut();
         let weights = (&weight, &mut self.direct_scratch);
@@ -828,12 +821,11 @@ impl GpuLayer for GpuConvolution {
                 _ => (dnn, &gpu.blas, &mut self.workspace),
             };
             let ws_stream = wdnn.stream();
-            let bytes = wbuf.len();
-            let (wsp, _gws) = wbuf.device_ptr_mut(ws_stream);
+            let (ws, _gws) = cudnn::Workspace::of(wbuf, ws_stream);
             let lane = Lane {
                 dnn: wdnn,
                 blas: wblas,
-                ws: cudnn::Workspace { ptr: wsp, bytes },
+                ws,
             };
             if bias_apart {
                 // The project's two-stage channel sum: deterministic, and several times faster than
@@ -866,9 +858,7 @@ impl GpuLayer for GpuConvolution {
             }
         }
         if wants_dx {
-            let bytes = self.workspace.len();
-            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
             // Channels-last: the KRSC weight this pass's forward wrote.
             let w = match self.layout {
                 Layout::Nchw => params.slice(..wlen),
@@ -965,7 +955,6 @@ mod tests {
     fn own_weight_gradients_match_cudnn() {
         use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_TILES};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("own_weight_gradients_match_cudnn");
         let cases = [
@@ -983,9 +972,7 @@ mod tests {
             let (x, dy) = (random(plan.x.count()), random(plan.y.count()));
             let k = layer.num_output;
             let start = random(plan.w.count() + k);
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let run_with = |path, with_bias, beta| {
                 let mut dw = gpu.compute.clone_dtod(&start).unwrap();
                 let lane = super::Lane {
@@ -1064,7 +1051,6 @@ mod tests {
     fn direct_forward_matches_cudnn() {
         use super::{cudnn, forward_pass, Fwd};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("direct_forward_matches_cudnn");
         let cases = [
@@ -1088,9 +1074,7 @@ mod tests {
             let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
             let wlen = plan.w.count();
             let (x, params) = (random(plan.x.count()), random(wlen + k));
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let how = (k, layer.bias_term, Layout::Nchw);
             let direct = &mut layer.direct_scratch;
             let mut run = |path| {
@@ -1157,7 +1141,6 @@ mod tests {
     ) {
         use super::{cudnn, data_gradient, Dgrad};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for &(extra, shape) in cases {
@@ -1171,9 +1154,7 @@ mod tests {
                 random(plan.w.count()),
                 random(plan.x.count()),
             );
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let scratch = &mut layer.direct_scratch;
             let mut run = |path, beta| {
                 let mut dx = gpu.compute.clone_dtod(&start).unwrap();

@@ -161,9 +161,7 @@ impl GpuLayer for GpuDeconvolution {
         let [x, y] = pass.blobs.bottom_top();
         assert!(x.count() == plan.bot.count() && y.count() == plan.top.count());
         {
-            let bytes = self.workspace.len();
-            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
             let weight = params.slice(..wlen);
             let (wp, _gw) = weight.device_ptr(s);
             let (xp, _gx) = x.data.device_ptr(s);
@@ -222,9 +220,7 @@ impl GpuLayer for GpuDeconvolution {
                 param_grad.accumulate(),
             )?;
         }
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         {
             let mut dw = param_diff.slice_mut(..wlen);
             let (dwp, _gdw) = dw.device_ptr_mut(s);
