@@ -37,9 +37,10 @@
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
-use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer, Grad};
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
+use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 use crate::cuda::layout::Layout;
@@ -48,7 +49,9 @@ use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+};
 use std::sync::Arc;
 
 /// How a plan computes the weight gradient.
@@ -786,12 +789,7 @@ impl GpuLayer for GpuConvolution {
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
-            // No samples: the gradient of the parameters is zero.
-            if !param_grad.accumulate() {
-                let n = param_diff.len();
-                gpu.kernels.fill(s, param_diff, 0.0, n)?;
-            }
-            return Ok(());
+            return empty_batch_param_gradient(gpu, param_grad, param_diff);
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pass.blobs.bottom_top();
@@ -828,18 +826,9 @@ impl GpuLayer for GpuConvolution {
                 ws,
             };
             if bias_apart {
-                // The project's two-stage channel sum: deterministic, and several times faster than
-                // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
-                let dy = y.diff();
-                gpu.kernels.channel_reduce(
-                    bias_stream,
-                    &dy,
-                    &dy,
-                    false,
-                    &mut param_diff.slice_mut(wlen..wlen + k),
-                    self.layout.channel_view(&y.shape),
-                    param_grad.accumulate(),
-                )?;
+                let db = &mut param_diff.slice_mut(wlen..wlen + k);
+                let acc = param_grad.accumulate();
+                bias_gradient(gpu, bias_stream, y, self.layout, db, acc)?;
             }
             {
                 let outputs = (k, plan.wgrad_bias);
@@ -879,6 +868,37 @@ impl GpuLayer for GpuConvolution {
         }
         Ok(())
     }
+}
+
+/// The parameters' gradient of a batch of no samples: zero, so an overwritten one is filled
+/// with zeros on the compute stream and an accumulated one is left alone.
+pub(super) fn empty_batch_param_gradient(
+    gpu: &Gpu,
+    param_grad: Grad,
+    param_diff: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    if !param_grad.accumulate() {
+        let n = param_diff.len();
+        gpu.kernels.fill(&gpu.compute, param_diff, 0.0, n)?;
+    }
+    Ok(())
+}
+
+/// `db (K) (+)= Σ dy` over the samples and positions of `y`'s diff (stored in `layout`), on `s`:
+/// the project's two-stage channel sum, deterministic, and several times faster than cuDNN's
+/// `cudnnConvolutionBackwardBias` on large activations.
+pub(super) fn bias_gradient(
+    gpu: &Gpu,
+    s: &Arc<CudaStream>,
+    y: &GpuBlob,
+    layout: Layout,
+    db: &mut CudaViewMut<'_, f32>,
+    accumulate: bool,
+) -> Result<()> {
+    let dy = y.diff();
+    let view = layout.channel_view(&y.shape);
+    gpu.kernels
+        .channel_reduce(s, &dy, &dy, false, db, view, accumulate)
 }
 
 /// An event for ordering two streams (no timing).

@@ -18,6 +18,7 @@
 //! is false for it), so under `cluster.gpu_layout = "nhwc"` the net gives it an NCHW copy of its
 //! bottom and stores its top NCHW.
 
+use super::convolution::{bias_gradient, empty_batch_param_gradient};
 use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::DeconvolutionParams;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
@@ -199,26 +200,13 @@ impl GpuLayer for GpuDeconvolution {
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
-            // No samples: the gradient of the parameters is zero.
-            if !param_grad.accumulate() {
-                let n = param_diff.len();
-                gpu.kernels.fill(s, param_diff, 0.0, n)?;
-            }
-            return Ok(());
+            return empty_batch_param_gradient(gpu, param_grad, param_diff);
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pass.blobs.bottom_top();
         if self.params.0.bias_term {
-            let dy = y.diff();
-            gpu.kernels.channel_reduce(
-                s,
-                &dy,
-                &dy,
-                false,
-                &mut param_diff.slice_mut(wlen..wlen + k),
-                Layout::Nchw.channel_view(&y.shape),
-                param_grad.accumulate(),
-            )?;
+            let db = &mut param_diff.slice_mut(wlen..wlen + k);
+            bias_gradient(gpu, s, y, Layout::Nchw, db, param_grad.accumulate())?;
         }
         let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         {
