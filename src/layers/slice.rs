@@ -11,7 +11,9 @@
 use crate::config::layer_params::SliceParams;
 use crate::error::{Error, Result};
 use crate::layers::concat::Rows;
-use crate::layers::{one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{
+    check_axis, one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer,
+};
 
 /// The slicing layer; see the module docs.
 pub type Slice = CpuLayer<SliceParams, Rows>;
@@ -69,12 +71,7 @@ impl Layer for Slice {
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let shape = one_bottom(&self.name, bottoms)?;
         let axis = self.settings.axis;
-        if axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {axis} is out of range for bottom {shape:?}"),
-            ));
-        }
+        check_axis(&self.name, axis, shape)?;
         let pieces = self
             .settings
             .pieces(shape[axis])
