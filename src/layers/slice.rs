@@ -11,19 +11,11 @@
 use crate::config::layer_params::SliceParams;
 use crate::error::{Error, Result};
 use crate::layers::concat::Rows;
-use crate::layers::{
-    check_axis, one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer,
-};
+use crate::layers::{check_axis, one_bottom, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The slicing layer; see the module docs.
-pub type Slice = CpuLayer<SliceParams, Rows>;
-
-impl BuildCpu for SliceParams {
-    type Layer = Slice;
-
-    fn build(&self, name: &str) -> Slice {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The slicing layer; see the module docs.
+    pub type Slice = CpuLayer<SliceParams, Rows>;
 }
 
 impl SliceParams {
