@@ -952,16 +952,11 @@ mod tests {
     }
 
     layer_matches_cpu! {
-        matches_cpu_3x3_pad_1:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 8\nkernel_size = 3\npad = 1", vec![vec![2, 3, 9, 9]], 301;
-        matches_cpu_strided_without_bias:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false", vec![vec![3, 4, 11, 8]], 302;
-        matches_cpu_dilated:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ndilation = 2\npad = 2", vec![vec![2, 3, 10, 10]], 303;
-        matches_cpu_grouped:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1", vec![vec![2, 6, 9, 7]], 304;
-        matches_cpu_1x1_at_cnn_size:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 64\nkernel_size = 1", vec![vec![8, 32, 16, 16]], 305;
+        matches_cpu_3x3_pad_1: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 8\nkernel_size = 3\npad = 1", vec![vec![2, 3, 9, 9]], 301;
+        matches_cpu_strided_without_bias: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false", vec![vec![3, 4, 11, 8]], 302;
+        matches_cpu_dilated: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ndilation = 2\npad = 2", vec![vec![2, 3, 10, 10]], 303;
+        matches_cpu_grouped: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1", vec![vec![2, 6, 9, 7]], 304;
+        matches_cpu_1x1_at_cnn_size: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 64\nkernel_size = 1", vec![vec![8, 32, 16, 16]], 305;
     }
 
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on

@@ -256,19 +256,10 @@ mod tests {
     use crate::cuda::layers::testing::{check_against_cpu, layer_matches_cpu, LayerCase};
     use crate::cuda::test_util::gpu_or_skip;
 
-    layer_matches_cpu!(
-        matches_cpu_stride_2_pad_1,
-        "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 4\nkernel_size = 4\nstride = 2\npad = 1",
-        vec![vec![2, 3, 5, 6]],
-        851
-    );
-
-    layer_matches_cpu!(
-        matches_cpu_grouped_dilated_without_bias,
-        "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 6\nkernel_size = [3, 2]\nstride = [1, 2]\ndilation = [2, 1]\ngroup = 2\nbias_term = false",
-        vec![vec![2, 4, 4, 5]],
-        852
-    );
+    layer_matches_cpu! {
+        matches_cpu_stride_2_pad_1: "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 4\nkernel_size = 4\nstride = 2\npad = 1", vec![vec![2, 3, 5, 6]], 851;
+        matches_cpu_grouped_dilated_without_bias: "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 6\nkernel_size = [3, 2]\nstride = [1, 2]\ndilation = [2, 1]\ngroup = 2\nbias_term = false", vec![vec![2, 4, 4, 5]], 852;
+    }
 
     /// cuDNN's heuristic choice (no timing) computes the same transposed convolution.
     #[test]
