@@ -605,24 +605,7 @@ impl GpuLayer for GpuConvolution {
         let shape = one_bottom(&self.name, bottoms)?;
         let bottom = nchw(&self.name, shape)?;
         let [n, c, h, w] = bottom;
-        match self.channels {
-            Some(c0) if c0 != c => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
-                ))
-            }
-            _ if c % self.geometry.group != 0 => {
-                return Err(Error::net(
-                    &self.name,
-                    format!(
-                        "{c} input channels are not a multiple of `group` {}",
-                        self.geometry.group
-                    ),
-                ))
-            }
-            _ => self.channels = Some(c),
-        }
+        fix_channels(&self.name, &mut self.channels, shape, self.geometry.group)?;
         if let Some(i) = self.plans.iter().position(|p| p.bottom == bottom) {
             self.current = i;
             return Ok(());
@@ -867,6 +850,31 @@ impl GpuLayer for GpuConvolution {
                 .map_err(|e| gpu_error("wait for an event", e))?;
         }
         Ok(())
+    }
+}
+
+/// Fixes `channels` to the `C` of the bottom `shape` `(N, C, H, W)` at the first reshape; an
+/// error naming `layer` when a later bottom has another `C` or `C` is not a multiple of `group`.
+pub(super) fn fix_channels(
+    layer: &str,
+    channels: &mut Option<usize>,
+    shape: &[usize],
+    group: usize,
+) -> Result<()> {
+    let c = shape[1];
+    match *channels {
+        Some(c0) if c0 != c => Err(Error::net(
+            layer,
+            format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
+        )),
+        _ if !c.is_multiple_of(group) => Err(Error::net(
+            layer,
+            format!("{c} input channels are not a multiple of `group` {group}"),
+        )),
+        _ => {
+            *channels = Some(c);
+            Ok(())
+        }
     }
 }
 

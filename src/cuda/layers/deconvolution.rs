@@ -18,7 +18,7 @@
 //! is false for it), so under `cluster.gpu_layout = "nhwc"` the net gives it an NCHW copy of its
 //! bottom and stores its top NCHW.
 
-use super::convolution::{bias_gradient, empty_batch_param_gradient};
+use super::convolution::{bias_gradient, empty_batch_param_gradient, fix_channels};
 use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::DeconvolutionParams;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
@@ -91,24 +91,7 @@ impl GpuLayer for GpuDeconvolution {
         let shape = one_bottom(&self.name, bottoms)?;
         let bottom @ [n, c, h, w] = nchw(&self.name, shape)?;
         let p = &self.params.0;
-        match self.channels {
-            Some(c0) if c0 != c => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
-                ))
-            }
-            _ if c % p.group != 0 => {
-                return Err(Error::net(
-                    &self.name,
-                    format!(
-                        "{c} input channels are not a multiple of `group` {}",
-                        p.group
-                    ),
-                ))
-            }
-            _ => self.channels = Some(c),
-        }
+        fix_channels(&self.name, &mut self.channels, shape, p.group)?;
         if let Some(i) = self.plans.iter().position(|p| p.bottom == bottom) {
             self.current = i;
             return Ok(());
