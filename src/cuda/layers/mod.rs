@@ -25,6 +25,27 @@
 //! - Layers with state in the flat parameters (BatchNorm's running statistics) write it in
 //!   [`GpuLayer::update_state`], which the net calls after a training forward.
 
+/// Declares a GPU layer without state, the unit struct `$layer`, and builds it from `$params`
+/// whatever the device, the name and the layout.
+macro_rules! stateless_layer {
+    ($(#[$doc:meta])* pub struct $layer:ident for $params:ty;) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $layer;
+
+        impl $crate::cuda::layers::BuildGpu for $params {
+            fn build_gpu(
+                &self,
+                _gpu: &$crate::cuda::Gpu,
+                _name: &str,
+                _layout: $crate::cuda::layout::Layout,
+            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
+                Ok(Box::new($layer))
+            }
+        }
+    };
+}
+
 pub mod abs_val;
 pub mod accuracy;
 pub mod affine;
