@@ -25,6 +25,24 @@
 //! - Layers with state in the flat parameters (BatchNorm's running statistics) write it in
 //!   [`GpuLayer::update_state`], which the net calls after a training forward.
 
+/// `layer_builder!(Params, |p| layer)`: the [`BuildGpu`] of `Params` whatever the device, the
+/// name and the layout: the GPU layer `layer`, an expression of the parameters `p`.
+macro_rules! layer_builder {
+    ($params:ty, |$p:pat_param| $layer:expr) => {
+        impl $crate::cuda::layers::BuildGpu for $params {
+            fn build_gpu(
+                &self,
+                _gpu: &$crate::cuda::Gpu,
+                _name: &str,
+                _layout: $crate::cuda::layout::Layout,
+            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
+                let $p = self;
+                Ok(Box::new($layer))
+            }
+        }
+    };
+}
+
 /// Declares a GPU layer without state, the unit struct `$layer`, and builds it from `$params`
 /// whatever the device, the name and the layout.
 macro_rules! stateless_layer {
@@ -33,16 +51,7 @@ macro_rules! stateless_layer {
         #[derive(Debug)]
         pub struct $layer;
 
-        impl $crate::cuda::layers::BuildGpu for $params {
-            fn build_gpu(
-                &self,
-                _gpu: &$crate::cuda::Gpu,
-                _name: &str,
-                _layout: $crate::cuda::layout::Layout,
-            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
-                Ok(Box::new($layer))
-            }
-        }
+        layer_builder!($params, |_| $layer);
     };
 }
 
