@@ -25,21 +25,13 @@ layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 "#;
 
 /// A float32 `.npy` of `(n, 1, 2, 2)` images.
-fn npy(images: &[[f32; 4]]) -> Vec<u8> {
-    let n = images.len();
-    let mut header =
-        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n}, 1, 2, 2), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    b.extend_from_slice(header.as_bytes());
-    for v in images.iter().flatten() {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b
+fn images_npy(images: &[[f32; 4]]) -> Vec<u8> {
+    let data: Vec<u8> = images
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    npy("<f4", &format!("({}, 1, 2, 2)", images.len()), &data)
 }
 
 fn import(prototxt: &Path, out: &Path, extra: &[&str]) {
@@ -113,7 +105,7 @@ fn a_deploy_net_imports_exports_and_predicts_what_its_layers_compute() {
         1.0 / (1.0 + (-s / 2.0).exp())
     };
     let input = dir.join("x.npy");
-    std::fs::write(&input, npy(&images)).unwrap();
+    std::fs::write(&input, images_npy(&images)).unwrap();
     let out = dir.join("predictions.jsonl");
     let run_out = mpi_p2ptrain(
         1,

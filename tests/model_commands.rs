@@ -175,19 +175,7 @@ fn npy_inputs_predict_what_the_idx_file_does() {
         .read_to_end(&mut idx)
         .unwrap();
     let pixels = &idx[16..];
-    let npy = |n: usize, data: &[u8]| {
-        let mut header =
-            format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({n}, 1, 8, 8), }}");
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        b.extend_from_slice(header.as_bytes());
-        b.extend_from_slice(data);
-        b
-    };
+    let npy = |n: usize, data: &[u8]| npy("|u1", &format!("({n}, 1, 8, 8)"), data);
     let (a, b) = (dir.join("a.npy"), dir.join("b.npy"));
     std::fs::write(&a, npy(100, &pixels[..100 * 64])).unwrap();
     std::fs::write(&b, npy(197, &pixels[100 * 64..])).unwrap();

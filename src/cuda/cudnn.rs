@@ -46,7 +46,7 @@ use cudarc::cudnn::sys::{
     cudnnConvolutionBwdFilterAlgo_t as BwdFilterAlgo, cudnnConvolutionFwdAlgo_t as FwdAlgo,
     cudnnDataType_t, cudnnMathType_t, cudnnStatus_t, cudnnTensorFormat_t,
 };
-use cudarc::driver::{CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -874,6 +874,16 @@ impl ConvAlgos {
 pub struct Workspace {
     pub ptr: u64,
     pub bytes: usize,
+}
+
+impl Workspace {
+    /// The whole of `buf` as the workspace of calls on `s`, with the guard that orders `buf`'s
+    /// later use after them: keep it alive while the calls are enqueued.
+    pub fn of<'a>(buf: &'a mut CudaSlice<u8>, s: &'a CudaStream) -> (Self, SyncOnDrop<'a>) {
+        let bytes = buf.len();
+        let (ptr, guard) = buf.device_ptr_mut(s);
+        (Workspace { ptr, bytes }, guard)
+    }
 }
 
 /// Declares the safe-signature wrapper `$name` of the cuDNN convolution routine `$f` (the

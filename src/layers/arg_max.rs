@@ -14,11 +14,13 @@
 
 use crate::config::layer_params::ArgMaxParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{one_bottom, BackwardPass, CpuLayer, ForwardPass, Layer};
 use std::cmp::Ordering;
 
-/// The ArgMax layer; see the module docs.
-pub type ArgMax = CpuLayer<ArgMaxParams, Search>;
+cpu_layer! {
+    /// The ArgMax layer; see the module docs.
+    pub type ArgMax = CpuLayer<ArgMaxParams, Search>;
+}
 
 /// The bottom as rows searched: `rows = count / dim` searches of `dim` values, `stride`
 /// (Caffe's `axis_dist`) apart.
@@ -30,14 +32,6 @@ pub struct Search {
     pub stride: usize,
     /// Searches.
     pub rows: usize,
-}
-
-impl BuildCpu for ArgMaxParams {
-    type Layer = ArgMax;
-
-    fn build(&self, name: &str) -> ArgMax {
-        CpuLayer::new(name, self)
-    }
 }
 
 /// Whether `(a, i)` ranks above `(b, j)`: a larger value, or an equal one at a larger index; a

@@ -7,7 +7,7 @@
 
 use crate::config::FillerConfig;
 use crate::error::{Error, Result};
-use crate::layers::{axes_end, AxisView};
+use crate::layers::{axes_end, check_axis, AxisView};
 use crate::params::ParamSpec;
 
 /// The broadcast over the current bottom.
@@ -37,11 +37,7 @@ impl Broadcast {
             [s] | [s, _] => *s,
             _ => return err(format!("takes 1 or 2 bottoms, got {}", bottoms.len())),
         };
-        if axis >= shape.len() {
-            return err(format!(
-                "`axis` {axis} is out of range for bottom {shape:?}"
-            ));
-        }
+        check_axis(layer, axis, shape)?;
         let end = match bottoms {
             [_, second] if shape[axis..].starts_with(second) => axis + second.len(),
             [_, second] => {

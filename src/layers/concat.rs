@@ -7,7 +7,7 @@
 
 use crate::config::layer_params::ConcatParams;
 use crate::error::{Error, Result};
-use crate::layers::{AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
+use crate::layers::{check_axis, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
 cpu_layer! {
     /// The concatenation layer; see the module docs.
@@ -33,11 +33,7 @@ impl Layer for Concat {
             return err("takes 1 or more bottoms, got 0".into());
         };
         let axis = self.settings.axis;
-        if axis >= first.len() {
-            return err(format!(
-                "`axis` {axis} is out of range for bottom {first:?}"
-            ));
-        }
+        check_axis(&self.name, axis, first)?;
         let mut top = first.to_vec();
         top[axis] = 0;
         for b in bottoms {

@@ -21,18 +21,12 @@ use crate::config::layer_params::{ConvolutionParams, DeconvolutionParams};
 use crate::error::{Error, Result};
 use crate::layers::convolution::{add_columns, columns, gather_rows, scatter_rows, Columns};
 use crate::layers::spatial::{image_bottom, Geometry};
-use crate::layers::{weight_and_bias, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{weight_and_bias, BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
-/// The deconvolution layer; see the module docs.
-pub type Deconvolution = CpuLayer<DeconvolutionParams, Columns>;
-
-impl BuildCpu for DeconvolutionParams {
-    type Layer = Deconvolution;
-
-    fn build(&self, name: &str) -> Deconvolution {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The deconvolution layer; see the module docs.
+    pub type Deconvolution = CpuLayer<DeconvolutionParams, Columns>;
 }
 
 impl DeconvolutionParams {

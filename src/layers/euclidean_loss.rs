@@ -13,10 +13,12 @@
 
 use crate::config::layer_params::EuclideanLossParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The Euclidean loss; see the module docs.
-pub type EuclideanLoss = CpuLayer<EuclideanLossParams, Difference>;
+cpu_layer! {
+    /// The Euclidean loss; see the module docs.
+    pub type EuclideanLoss = CpuLayer<EuclideanLossParams, Difference>;
+}
 
 /// What the loss keeps from its forward for its backward.
 #[derive(Debug, Clone, Default)]
@@ -25,14 +27,6 @@ pub struct Difference {
     num: usize,
     /// `a − b`, laid out as `a`.
     diff: Vec<f32>,
-}
-
-impl BuildCpu for EuclideanLossParams {
-    type Layer = EuclideanLoss;
-
-    fn build(&self, name: &str) -> EuclideanLoss {
-        CpuLayer::new(name, self)
-    }
 }
 
 /// The batch of a Euclidean loss's bottoms `[a (N, ...), b (N, ...)]` and their values per

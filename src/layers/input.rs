@@ -10,21 +10,15 @@
 
 use crate::config::layer_params::InputParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The input layer; see the module docs.
-pub type Input = CpuLayer<InputParams, ()>;
+cpu_layer! {
+    /// The input layer; see the module docs.
+    pub type Input = CpuLayer<InputParams, ()>;
+}
 
 /// The input blobs an Input layer with `tops` tops reads, by name: `data`, then `label`.
 pub const INPUT_BLOBS: [&str; 2] = ["data", "label"];
-
-impl BuildCpu for InputParams {
-    type Layer = Input;
-
-    fn build(&self, name: &str) -> Input {
-        CpuLayer::new(name, self)
-    }
-}
 
 impl Layer for Input {
     fn type_name(&self) -> &'static str {

@@ -19,10 +19,12 @@
 use crate::config::layer_params::LrnParams;
 use crate::config::NormRegion;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{one_bottom, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// Local response normalisation; see the module docs.
-pub type Lrn = CpuLayer<LrnParams, Scales>;
+cpu_layer! {
+    /// Local response normalisation; see the module docs.
+    pub type Lrn = CpuLayer<LrnParams, Scales>;
+}
 
 /// The bottom's shape and the `s` of the last forward.
 #[derive(Debug, Clone, Default)]
@@ -31,14 +33,6 @@ pub struct Scales {
     shape: [usize; 4],
     /// `(N, C, H, W)` denominators `s` before the power.
     scale: Vec<f32>,
-}
-
-impl BuildCpu for LrnParams {
-    type Layer = Lrn;
-
-    fn build(&self, name: &str) -> Lrn {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl LrnParams {

@@ -291,6 +291,17 @@ pub(crate) fn one_bottom<'b>(layer: &str, bottoms: &[&'b [usize]]) -> Result<&'b
     }
 }
 
+/// Checks that Caffe's `axis` key names an axis of the bottom `shape`; the error names `layer`.
+pub(crate) fn check_axis(layer: &str, axis: usize, shape: &[usize]) -> Result<()> {
+    if axis >= shape.len() {
+        return Err(Error::net(
+            layer,
+            format!("`axis` {axis} is out of range for bottom {shape:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The top shapes of an elementwise layer: one bottom `(N, ...)`, one top of the same shape.
 pub(crate) fn elementwise_shape(layer: &str, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
     Ok(vec![one_bottom(layer, bottoms)?.to_vec()])

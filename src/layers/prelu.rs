@@ -10,11 +10,13 @@
 
 use crate::config::layer_params::PreluParams;
 use crate::error::{Error, Result};
-use crate::layers::{elementwise_shape, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{elementwise_shape, BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
 
-/// The parametric ReLU; see the module docs.
-pub type Prelu = CpuLayer<PreluParams, SlopeView>;
+cpu_layer! {
+    /// The parametric ReLU; see the module docs.
+    pub type Prelu = CpuLayer<PreluParams, SlopeView>;
+}
 
 /// How the bottom `(N, C, inner)` maps onto the slopes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -23,14 +25,6 @@ pub struct SlopeView {
     pub channels: usize,
     /// The product of the axes after the channels.
     pub inner: usize,
-}
-
-impl BuildCpu for PreluParams {
-    type Layer = Prelu;
-
-    fn build(&self, name: &str) -> Prelu {
-        CpuLayer::new(name, self)
-    }
 }
 
 impl Prelu {

@@ -3,17 +3,11 @@
 
 use crate::config::layer_params::SilenceParams;
 use crate::error::{Error, Result};
-use crate::layers::{BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The silence layer; see the module docs.
-pub type Silence = CpuLayer<SilenceParams, ()>;
-
-impl BuildCpu for SilenceParams {
-    type Layer = Silence;
-
-    fn build(&self, name: &str) -> Silence {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The silence layer; see the module docs.
+    pub type Silence = CpuLayer<SilenceParams, ()>;
 }
 
 impl Layer for Silence {

@@ -11,17 +11,11 @@
 use crate::config::layer_params::SliceParams;
 use crate::error::{Error, Result};
 use crate::layers::concat::Rows;
-use crate::layers::{one_bottom, AxisView, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{check_axis, one_bottom, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The slicing layer; see the module docs.
-pub type Slice = CpuLayer<SliceParams, Rows>;
-
-impl BuildCpu for SliceParams {
-    type Layer = Slice;
-
-    fn build(&self, name: &str) -> Slice {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The slicing layer; see the module docs.
+    pub type Slice = CpuLayer<SliceParams, Rows>;
 }
 
 impl SliceParams {
@@ -69,12 +63,7 @@ impl Layer for Slice {
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let shape = one_bottom(&self.name, bottoms)?;
         let axis = self.settings.axis;
-        if axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {axis} is out of range for bottom {shape:?}"),
-            ));
-        }
+        check_axis(&self.name, axis, shape)?;
         let pieces = self
             .settings
             .pieces(shape[axis])

@@ -4,8 +4,8 @@
 //! Backward: `dx = y ⊙ (dy − Σ_c dy·y)` per fibre.
 
 use crate::config::layer_params::SoftmaxParams;
-use crate::error::{Error, Result};
-use crate::layers::{one_bottom, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
+use crate::error::Result;
+use crate::layers::{check_axis, one_bottom, AxisView, BackwardPass, CpuLayer, ForwardPass, Layer};
 
 cpu_layer! {
     /// The softmax layer; see the module docs. Its state: the bottom viewed as `(outer, C, inner)`.
@@ -20,12 +20,7 @@ impl Layer for Softmax {
     fn reshape(&mut self, bottoms: &[&[usize]]) -> Result<Vec<Vec<usize>>> {
         let shape = one_bottom(&self.name, bottoms)?;
         let axis = self.settings.axis;
-        if axis >= shape.len() {
-            return Err(Error::net(
-                &self.name,
-                format!("`axis` {axis} is out of range for bottom {shape:?}"),
-            ));
-        }
+        check_axis(&self.name, axis, shape)?;
         self.state = AxisView::around(shape, axis..axis + 1);
         Ok(vec![shape.to_vec()])
     }

@@ -7,17 +7,11 @@
 
 use crate::config::layer_params::SplitParams;
 use crate::error::{Error, Result};
-use crate::layers::{one_bottom, BackwardPass, BuildCpu, CpuLayer, ForwardPass, Layer};
+use crate::layers::{one_bottom, BackwardPass, CpuLayer, ForwardPass, Layer};
 
-/// The split layer; see the module docs.
-pub type Split = CpuLayer<SplitParams, ()>;
-
-impl BuildCpu for SplitParams {
-    type Layer = Split;
-
-    fn build(&self, name: &str) -> Split {
-        CpuLayer::new(name, self)
-    }
+cpu_layer! {
+    /// The split layer; see the module docs.
+    pub type Split = CpuLayer<SplitParams, ()>;
 }
 
 impl Layer for Split {

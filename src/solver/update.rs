@@ -43,15 +43,30 @@ fn check(w: &[f32], g: &[f32], h: &[f32]) {
     );
 }
 
-/// SGD with momentum `m`: `v ← m·v + lr·g`, `w ← w − v`.
-pub(super) fn sgd<const L1: bool>(c: Coeffs, m: f32, w: &mut [f32], g: &mut [f32], v: &mut [f32]) {
-    check(w, g, v);
-    for ((wi, gi), vi) in w.iter_mut().zip(g.iter_mut()).zip(v.iter_mut()) {
+/// Runs `f(grad, w, h)` at each index of a parameter `w`, its gradient `g` and its history `h`
+/// (all of one length), with `grad` the element's effective gradient, stored into `g` first.
+#[inline(always)]
+fn each_with_history<const L1: bool>(
+    c: Coeffs,
+    w: &mut [f32],
+    g: &mut [f32],
+    h: &mut [f32],
+    mut f: impl FnMut(f32, &mut f32, &mut f32),
+) {
+    check(w, g, h);
+    for ((wi, gi), hi) in w.iter_mut().zip(g.iter_mut()).zip(h.iter_mut()) {
         let grad = c.grad::<L1>(*gi, *wi);
         *gi = grad;
+        f(grad, wi, hi);
+    }
+}
+
+/// SGD with momentum `m`: `v ← m·v + lr·g`, `w ← w − v`.
+pub(super) fn sgd<const L1: bool>(c: Coeffs, m: f32, w: &mut [f32], g: &mut [f32], v: &mut [f32]) {
+    each_with_history::<L1>(c, w, g, v, |grad, wi, vi| {
         *vi = m * *vi + c.lr * grad;
         *wi -= *vi;
-    }
+    });
 }
 
 /// Nesterov momentum: `v' ← m·v + lr·g`, `w ← w − ((1 + m)·v' − m·v)`.
@@ -62,15 +77,12 @@ pub(super) fn nesterov<const L1: bool>(
     g: &mut [f32],
     v: &mut [f32],
 ) {
-    check(w, g, v);
-    for ((wi, gi), vi) in w.iter_mut().zip(g.iter_mut()).zip(v.iter_mut()) {
-        let grad = c.grad::<L1>(*gi, *wi);
-        *gi = grad;
+    each_with_history::<L1>(c, w, g, v, |grad, wi, vi| {
         let prev = *vi;
         let next = m * prev + c.lr * grad;
         *vi = next;
         *wi -= (1.0 + m) * next - m * prev;
-    }
+    });
 }
 
 /// AdaGrad: `h ← h + g²`, `w ← w − lr·g / (√h + δ)`.
@@ -81,13 +93,10 @@ pub(super) fn adagrad<const L1: bool>(
     g: &mut [f32],
     h: &mut [f32],
 ) {
-    check(w, g, h);
-    for ((wi, gi), hi) in w.iter_mut().zip(g.iter_mut()).zip(h.iter_mut()) {
-        let grad = c.grad::<L1>(*gi, *wi);
-        *gi = grad;
+    each_with_history::<L1>(c, w, g, h, |grad, wi, hi| {
         *hi += grad * grad;
         *wi -= c.lr * grad / (hi.sqrt() + delta);
-    }
+    });
 }
 
 /// RMSProp with decay `ρ`: `h ← ρ·h + (1 − ρ)·g²`, `w ← w − lr·g / (√h + δ)`.
@@ -99,13 +108,10 @@ pub(super) fn rmsprop<const L1: bool>(
     g: &mut [f32],
     h: &mut [f32],
 ) {
-    check(w, g, h);
-    for ((wi, gi), hi) in w.iter_mut().zip(g.iter_mut()).zip(h.iter_mut()) {
-        let grad = c.grad::<L1>(*gi, *wi);
-        *gi = grad;
+    each_with_history::<L1>(c, w, g, h, |grad, wi, hi| {
         *hi = rho * *hi + (1.0 - rho) * grad * grad;
         *wi -= c.lr * grad / (hi.sqrt() + delta);
-    }
+    });
 }
 
 /// Adam's hyper-parameters for one step.

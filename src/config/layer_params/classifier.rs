@@ -1,7 +1,7 @@
 //! Parameters of the output layers: the classifier layers SoftmaxWithLoss, Accuracy, Softmax
 //! and ArgMax, and the regression loss EuclideanLoss.
 
-use super::{axis, KindParams, ParamError, Resolved};
+use super::{axis, top_k, KindParams, Resolved};
 use crate::config::LayerConfig;
 
 /// `softmax_with_loss`: softmax over `axis`, then the mean negative log-likelihood.
@@ -39,10 +39,7 @@ impl KindParams for AccuracyParams {
     const KEYS: &'static [&'static str] = &["axis", "top_k", "ignore_label"];
 
     fn resolve(l: &LayerConfig) -> Resolved<Self> {
-        let top_k = l.top_k.unwrap_or(1);
-        if top_k == 0 {
-            return Err(ParamError::new("top_k", "must be at least 1, got 0"));
-        }
+        let top_k = top_k(l)?;
         Ok(AccuracyParams {
             axis: axis(l, 1)?,
             top_k,
@@ -82,13 +79,9 @@ impl KindParams for ArgMaxParams {
     const KEYS: &'static [&'static str] = &["out_max_val", "top_k", "axis"];
 
     fn resolve(l: &LayerConfig) -> Resolved<Self> {
-        let top_k = l.top_k.unwrap_or(1);
-        if top_k == 0 {
-            return Err(ParamError::new("top_k", "must be at least 1, got 0"));
-        }
         Ok(ArgMaxParams {
             out_max_val: l.out_max_val.unwrap_or(false),
-            top_k,
+            top_k: top_k(l)?,
             axis: l.axis.map(|_| axis(l, 1)).transpose()?,
         })
     }

@@ -297,6 +297,14 @@ pub(crate) fn axis(l: &LayerConfig, default: usize) -> Resolved<usize> {
     }
 }
 
+/// `top_k` (at least 1), 1 when absent.
+pub(crate) fn top_k(l: &LayerConfig) -> Resolved<usize> {
+    match l.top_k.unwrap_or(1) {
+        0 => Err(ParamError::new("top_k", "must be at least 1, got 0")),
+        k => Ok(k),
+    }
+}
+
 /// `num_axes` (−1 or at least 0 when set), 1 when absent.
 pub(crate) fn num_axes(l: &LayerConfig, default: i64) -> Resolved<i64> {
     match l.num_axes {

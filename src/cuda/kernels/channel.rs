@@ -9,6 +9,21 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
+/// The checks of a kernel over `(n)` elements viewed as `(·, dim, inner)` with a per-channel
+/// operand `(name, elements)` of `dim` elements ([`check_len`], then [`int_count`] over the
+/// buffers `lens`): `(n, dim, inner)` as kernel ints, or `None` when there is nothing to launch.
+fn channel_counts(
+    op: &str,
+    (what, len): (&str, usize),
+    n: usize,
+    lens: &[(&str, usize)],
+    (dim, inner): (usize, usize),
+) -> Option<(i32, i32, i32)> {
+    check_len(op, what, len, dim);
+    let ni = int_count(op, n, lens)?;
+    Some((ni, to_i32(op, dim), to_i32(op, inner)))
+}
+
 impl Kernels {
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
     /// and the number of chunks each channel's values are split into (see `view_sums` in
@@ -192,11 +207,10 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "channel_bias_inplace";
-        check_len(op, "bias", bias.len(), dim);
-        let Some(ni) = int_count(op, n, &[("y", y.len())]) else {
+        let ch = ("bias", bias.len());
+        let Some((ni, d, i)) = channel_counts(op, ch, n, &[("y", y.len())], (dim, inner)) else {
             return Ok(());
         };
-        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let (yp, _y) = y.device_ptr_mut(s);
         // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
         // scale operand is absent (flag 0, never read).
@@ -220,11 +234,11 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = "channel_scale_backward";
-        check_len(op, "scale", scale.len(), dim);
-        let Some(ni) = int_count(op, n, &[("dy", dy.len()), ("dx", dx.len())]) else {
+        let ch = ("scale", scale.len());
+        let lens = [("dy", dy.len()), ("dx", dx.len())];
+        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
             return Ok(());
         };
-        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let acc = accumulate as i32;
         launch!(
             self, s, channel_scale_backward, self.grid(n),
@@ -244,11 +258,11 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "prelu_forward";
-        check_len(op, "slope", slope.len(), dim);
-        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
+        let ch = ("slope", slope.len());
+        let lens = [("x", x.len()), ("y", y.len())];
+        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
             return Ok(());
         };
-        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         launch!(self, s, prelu_forward, self.grid(n), [in x, in slope, out y, &ni, &d, &i])
     }
 
@@ -267,12 +281,12 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = "prelu_backward";
-        check_len(op, "slope", slope.len(), dim);
+        let ch = ("slope", slope.len());
         let lens = [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())];
-        let Some(ni) = int_count(op, n, &lens) else {
+        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
             return Ok(());
         };
-        let (d, i, acc) = (to_i32(op, dim), to_i32(op, inner), accumulate as i32);
+        let acc = accumulate as i32;
         launch!(
             self, s, prelu_backward, self.grid(n),
             [in x, in dy, in slope, out dx, &ni, &d, &i, &acc]

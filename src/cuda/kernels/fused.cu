@@ -51,11 +51,7 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
                                                 int per, int accumulate) {
     WARP_PER_CHANNEL(ch, c) {
         double s1, s2;
-        chunk_sums(partial, ch, splits, 2, &s1, &s2);
-        if ((threadIdx.x & 31) != 0) continue;
-        sums[ch] = s1;
-        sums[c + ch] = s2;
-        if (ch == 0) sums[2 * c] = (double)per;
+        if (!bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2)) continue;
         dparams[ch] = accumulate ? dparams[ch] + (float)s2 : (float)s2;
         if (has_beta) dparams[c + ch] = accumulate ? dparams[c + ch] + (float)s1 : (float)s1;
     }

@@ -15,17 +15,26 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
         partial, 1, n, c, s, splits);
 }
 
+// Channel ch's warp sums its pairs of partials into s1, s2 (every lane); lane 0 stores
+// sums[ch] = s1, sums[C + ch] = s2 and, for channel 0, sums[2C] = per, and answers true (the
+// other lanes false).
+__device__ __forceinline__ bool bn_store_sums(const double* partial, double* sums, int ch, int c,
+                                              int splits, int per, double* s1, double* s2) {
+    chunk_sums(partial, ch, splits, 2, s1, s2);
+    if ((threadIdx.x & 31) != 0) return false;
+    sums[ch] = *s1;
+    sums[c + ch] = *s2;
+    if (ch == 0) sums[2 * c] = (double)per;
+    return true;
+}
+
 // Per channel c: sums[c] = sum a, sums[C + c] = sum a * (b or a), from the partials;
 // sums[2C] = n * s.
 extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, int c, int splits,
                                           int per) {
     WARP_PER_CHANNEL(ch, c) {
         double s1, s2;
-        chunk_sums(partial, ch, splits, 2, &s1, &s2);
-        if ((threadIdx.x & 31) != 0) continue;
-        sums[ch] = s1;
-        sums[c + ch] = s2;
-        if (ch == 0) sums[2 * c] = (double)per;
+        bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2);
     }
 }
 

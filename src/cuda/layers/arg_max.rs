@@ -63,31 +63,10 @@ impl GpuLayer for GpuArgMax {
 mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
-    layer_matches_cpu!(
-        flattened_matches_cpu,
-        "name = \"a\"\ntype = \"arg_max\"\ntop_k = 3",
-        vec![vec![5, 4, 3, 2]],
-        1501
-    );
-
-    layer_matches_cpu!(
-        flattened_with_values_matches_cpu,
-        "name = \"a\"\ntype = \"arg_max\"\ntop_k = 4\nout_max_val = true",
-        vec![vec![7, 100]],
-        1502
-    );
-
-    layer_matches_cpu!(
-        along_channels_matches_cpu,
-        "name = \"a\"\ntype = \"arg_max\"\naxis = 1\ntop_k = 2",
-        vec![vec![3, 6, 4, 5]],
-        1503
-    );
-
-    layer_matches_cpu!(
-        along_an_axis_with_values_matches_cpu,
-        "name = \"a\"\ntype = \"arg_max\"\naxis = 2\nout_max_val = true",
-        vec![vec![3, 6, 4, 5]],
-        1504
-    );
+    layer_matches_cpu! {
+        flattened_matches_cpu: "name = \"a\"\ntype = \"arg_max\"\ntop_k = 3", vec![vec![5, 4, 3, 2]], 1501;
+        flattened_with_values_matches_cpu: "name = \"a\"\ntype = \"arg_max\"\ntop_k = 4\nout_max_val = true", vec![vec![7, 100]], 1502;
+        along_channels_matches_cpu: "name = \"a\"\ntype = \"arg_max\"\naxis = 1\ntop_k = 2", vec![vec![3, 6, 4, 5]], 1503;
+        along_an_axis_with_values_matches_cpu: "name = \"a\"\ntype = \"arg_max\"\naxis = 2\nout_max_val = true", vec![vec![3, 6, 4, 5]], 1504;
+    }
 }

@@ -23,9 +23,7 @@ mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
     layer_matches_cpu! {
-        learnable_matches_cpu:
-            "name = \"b\"\ntype = \"bias\"", vec![vec![3, 4, 5, 2]], 611;
-        second_bottom_matches_cpu:
-            "name = \"b\"\ntype = \"bias\"", vec![vec![2, 3, 4, 4], vec![3]], 612;
+        learnable_matches_cpu: "name = \"b\"\ntype = \"bias\"", vec![vec![3, 4, 5, 2]], 611;
+        second_bottom_matches_cpu: "name = \"b\"\ntype = \"bias\"", vec![vec![2, 3, 4, 4], vec![3]], 612;
     }
 }

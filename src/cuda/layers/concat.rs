@@ -131,9 +131,7 @@ mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
     layer_matches_cpu! {
-        channels_match_cpu:
-            "name = \"c\"\ntype = \"concat\"", vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]], 801;
-        axis_2_matches_cpu:
-            "name = \"c\"\ntype = \"concat\"\naxis = 2", vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]], 802;
+        channels_match_cpu: "name = \"c\"\ntype = \"concat\"", vec![vec![2, 3, 4, 5], vec![2, 1, 4, 5], vec![2, 4, 4, 5]], 801;
+        axis_2_matches_cpu: "name = \"c\"\ntype = \"concat\"\naxis = 2", vec![vec![2, 3, 4, 5], vec![2, 3, 2, 5]], 802;
     }
 }

@@ -37,9 +37,10 @@
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
 //! heuristic, among those `cluster.conv_exact` allows) in each math mode.
 
-use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer, Grad};
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
+use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 use crate::cuda::layout::Layout;
@@ -48,7 +49,9 @@ use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+};
 use std::sync::Arc;
 
 /// How a plan computes the weight gradient.
@@ -509,12 +512,11 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, plan.y.count())?,
             zeroed_floats(&gpu.compute, plan.w.count() + k)?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let lane = Lane {
             dnn: gpu.cudnn()?,
             blas: &gpu.blas,
-            ws: cudnn::Workspace { ptr: wsp, bytes },
+            ws,
         };
         let (bias_term, wlen) = (self.bias_term, plan.w.count());
         // A path that leaves the bias gradient apart is timed with the channel sum that then
@@ -542,9 +544,7 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, wlen + k)?,
             zeroed_floats(&gpu.compute, plan.y.count())?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
         let paths = [Fwd::Cudnn, Fwd::Direct];
@@ -565,9 +565,7 @@ impl GpuConvolution {
             zeroed_floats(&gpu.compute, plan.w.count())?,
             zeroed_floats(&gpu.compute, plan.x.count())?,
         );
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(&gpu.compute);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let w = weight.slice(..);
         let (layout, direct) = (self.layout, &mut self.direct_scratch);
         fastest(gpu, (&self.name, plan), "data gradient", paths, |path| {
@@ -607,24 +605,7 @@ impl GpuLayer for GpuConvolution {
         let shape = one_bottom(&self.name, bottoms)?;
         let bottom = nchw(&self.name, shape)?;
         let [n, c, h, w] = bottom;
-        match self.channels {
-            Some(c0) if c0 != c => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
-                ))
-            }
-            _ if c % self.geometry.group != 0 => {
-                return Err(Error::net(
-                    &self.name,
-                    format!(
-                        "{c} input channels are not a multiple of `group` {}",
-                        self.geometry.group
-                    ),
-                ))
-            }
-            _ => self.channels = Some(c),
-        }
+        fix_channels(&self.name, &mut self.channels, shape, self.geometry.group)?;
         if let Some(i) = self.plans.iter().position(|p| p.bottom == bottom) {
             self.current = i;
             return Ok(());
@@ -772,9 +753,7 @@ impl GpuLayer for GpuConvolution {
             Layout::Nchw => params.slice(..wlen),
             Layout::Nhwc => self.weight_krsc.slice(..wlen),
         };
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         let how = (k, self.bias_term, self.layout);
         let mut top = y.data_mut();
         let weights = (&weight, &mut self.direct_scratch);
@@ -793,12 +772,7 @@ impl GpuLayer for GpuConvolution {
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
-            // No samples: the gradient of the parameters is zero.
-            if !param_grad.accumulate() {
-                let n = param_diff.len();
-                gpu.kernels.fill(s, param_diff, 0.0, n)?;
-            }
-            return Ok(());
+            return empty_batch_param_gradient(gpu, param_grad, param_diff);
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pass.blobs.bottom_top();
@@ -828,26 +802,16 @@ impl GpuLayer for GpuConvolution {
                 _ => (dnn, &gpu.blas, &mut self.workspace),
             };
             let ws_stream = wdnn.stream();
-            let bytes = wbuf.len();
-            let (wsp, _gws) = wbuf.device_ptr_mut(ws_stream);
+            let (ws, _gws) = cudnn::Workspace::of(wbuf, ws_stream);
             let lane = Lane {
                 dnn: wdnn,
                 blas: wblas,
-                ws: cudnn::Workspace { ptr: wsp, bytes },
+                ws,
             };
             if bias_apart {
-                // The project's two-stage channel sum: deterministic, and several times faster than
-                // cuDNN's `cudnnConvolutionBackwardBias` on large activations.
-                let dy = y.diff();
-                gpu.kernels.channel_reduce(
-                    bias_stream,
-                    &dy,
-                    &dy,
-                    false,
-                    &mut param_diff.slice_mut(wlen..wlen + k),
-                    self.layout.channel_view(&y.shape),
-                    param_grad.accumulate(),
-                )?;
+                let db = &mut param_diff.slice_mut(wlen..wlen + k);
+                let acc = param_grad.accumulate();
+                bias_gradient(gpu, bias_stream, y, self.layout, db, acc)?;
             }
             {
                 let outputs = (k, plan.wgrad_bias);
@@ -866,9 +830,7 @@ impl GpuLayer for GpuConvolution {
             }
         }
         if wants_dx {
-            let bytes = self.workspace.len();
-            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
             // Channels-last: the KRSC weight this pass's forward wrote.
             let w = match self.layout {
                 Layout::Nchw => params.slice(..wlen),
@@ -889,6 +851,62 @@ impl GpuLayer for GpuConvolution {
         }
         Ok(())
     }
+}
+
+/// Fixes `channels` to the `C` of the bottom `shape` `(N, C, H, W)` at the first reshape; an
+/// error naming `layer` when a later bottom has another `C` or `C` is not a multiple of `group`.
+pub(super) fn fix_channels(
+    layer: &str,
+    channels: &mut Option<usize>,
+    shape: &[usize],
+    group: usize,
+) -> Result<()> {
+    let c = shape[1];
+    match *channels {
+        Some(c0) if c0 != c => Err(Error::net(
+            layer,
+            format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
+        )),
+        _ if !c.is_multiple_of(group) => Err(Error::net(
+            layer,
+            format!("{c} input channels are not a multiple of `group` {group}"),
+        )),
+        _ => {
+            *channels = Some(c);
+            Ok(())
+        }
+    }
+}
+
+/// The parameters' gradient of a batch of no samples: zero, so an overwritten one is filled
+/// with zeros on the compute stream and an accumulated one is left alone.
+pub(super) fn empty_batch_param_gradient(
+    gpu: &Gpu,
+    param_grad: Grad,
+    param_diff: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    if !param_grad.accumulate() {
+        let n = param_diff.len();
+        gpu.kernels.fill(&gpu.compute, param_diff, 0.0, n)?;
+    }
+    Ok(())
+}
+
+/// `db (K) (+)= Σ dy` over the samples and positions of `y`'s diff (stored in `layout`), on `s`:
+/// the project's two-stage channel sum, deterministic, and several times faster than cuDNN's
+/// `cudnnConvolutionBackwardBias` on large activations.
+pub(super) fn bias_gradient(
+    gpu: &Gpu,
+    s: &Arc<CudaStream>,
+    y: &GpuBlob,
+    layout: Layout,
+    db: &mut CudaViewMut<'_, f32>,
+    accumulate: bool,
+) -> Result<()> {
+    let dy = y.diff();
+    let view = layout.channel_view(&y.shape);
+    gpu.kernels
+        .channel_reduce(s, &dy, &dy, false, db, view, accumulate)
 }
 
 /// An event for ordering two streams (no timing).
@@ -942,16 +960,11 @@ mod tests {
     }
 
     layer_matches_cpu! {
-        matches_cpu_3x3_pad_1:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 8\nkernel_size = 3\npad = 1", vec![vec![2, 3, 9, 9]], 301;
-        matches_cpu_strided_without_bias:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false", vec![vec![3, 4, 11, 8]], 302;
-        matches_cpu_dilated:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ndilation = 2\npad = 2", vec![vec![2, 3, 10, 10]], 303;
-        matches_cpu_grouped:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1", vec![vec![2, 6, 9, 7]], 304;
-        matches_cpu_1x1_at_cnn_size:
-            "name = \"conv\"\ntype = \"convolution\"\nnum_output = 64\nkernel_size = 1", vec![vec![8, 32, 16, 16]], 305;
+        matches_cpu_3x3_pad_1: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 8\nkernel_size = 3\npad = 1", vec![vec![2, 3, 9, 9]], 301;
+        matches_cpu_strided_without_bias: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [0, 1]\nbias_term = false", vec![vec![3, 4, 11, 8]], 302;
+        matches_cpu_dilated: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ndilation = 2\npad = 2", vec![vec![2, 3, 10, 10]], 303;
+        matches_cpu_grouped: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 6\nkernel_size = 3\ngroup = 3\nstride = 2\npad = 1", vec![vec![2, 6, 9, 7]], 304;
+        matches_cpu_1x1_at_cnn_size: "name = \"conv\"\ntype = \"convolution\"\nnum_output = 64\nkernel_size = 1", vec![vec![8, 32, 16, 16]], 305;
     }
 
     /// The GEMM weight gradient (im2col and cuBLAS) and the implicit one agree with cuDNN's on
@@ -965,7 +978,6 @@ mod tests {
     fn own_weight_gradients_match_cudnn() {
         use super::{cudnn, weight_gradient, Wgrad, IMPLICIT_WGRAD_TILES};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("own_weight_gradients_match_cudnn");
         let cases = [
@@ -983,9 +995,7 @@ mod tests {
             let (x, dy) = (random(plan.x.count()), random(plan.y.count()));
             let k = layer.num_output;
             let start = random(plan.w.count() + k);
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let run_with = |path, with_bias, beta| {
                 let mut dw = gpu.compute.clone_dtod(&start).unwrap();
                 let lane = super::Lane {
@@ -1064,7 +1074,6 @@ mod tests {
     fn direct_forward_matches_cudnn() {
         use super::{cudnn, forward_pass, Fwd};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("direct_forward_matches_cudnn");
         let cases = [
@@ -1088,9 +1097,7 @@ mod tests {
             let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
             let wlen = plan.w.count();
             let (x, params) = (random(plan.x.count()), random(wlen + k));
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let how = (k, layer.bias_term, Layout::Nchw);
             let direct = &mut layer.direct_scratch;
             let mut run = |path| {
@@ -1157,7 +1164,6 @@ mod tests {
     ) {
         use super::{cudnn, data_gradient, Dgrad};
         use crate::cuda::test_util::assert_close;
-        use cudarc::driver::DevicePtrMut;
         use rand::SeedableRng;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for &(extra, shape) in cases {
@@ -1171,9 +1177,7 @@ mod tests {
                 random(plan.w.count()),
                 random(plan.x.count()),
             );
-            let bytes = layer.workspace.len();
-            let (wsp, _gws) = layer.workspace.device_ptr_mut(&gpu.compute);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut layer.workspace, &gpu.compute);
             let scratch = &mut layer.direct_scratch;
             let mut run = |path, beta| {
                 let mut dx = gpu.compute.clone_dtod(&start).unwrap();

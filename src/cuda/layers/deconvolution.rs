@@ -18,6 +18,7 @@
 //! is false for it), so under `cluster.gpu_layout = "nhwc"` the net gives it an NCHW copy of its
 //! bottom and stores its top NCHW.
 
+use super::convolution::{bias_gradient, empty_batch_param_gradient, fix_channels};
 use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
 use crate::config::layer_params::DeconvolutionParams;
 use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
@@ -90,24 +91,7 @@ impl GpuLayer for GpuDeconvolution {
         let shape = one_bottom(&self.name, bottoms)?;
         let bottom @ [n, c, h, w] = nchw(&self.name, shape)?;
         let p = &self.params.0;
-        match self.channels {
-            Some(c0) if c0 != c => {
-                return Err(Error::net(
-                    &self.name,
-                    format!("bottom {shape:?} has {c} channels, the weight expects {c0}"),
-                ))
-            }
-            _ if c % p.group != 0 => {
-                return Err(Error::net(
-                    &self.name,
-                    format!(
-                        "{c} input channels are not a multiple of `group` {}",
-                        p.group
-                    ),
-                ))
-            }
-            _ => self.channels = Some(c),
-        }
+        fix_channels(&self.name, &mut self.channels, shape, p.group)?;
         if let Some(i) = self.plans.iter().position(|p| p.bottom == bottom) {
             self.current = i;
             return Ok(());
@@ -161,9 +145,7 @@ impl GpuLayer for GpuDeconvolution {
         let [x, y] = pass.blobs.bottom_top();
         assert!(x.count() == plan.bot.count() && y.count() == plan.top.count());
         {
-            let bytes = self.workspace.len();
-            let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-            let ws = cudnn::Workspace { ptr: wsp, bytes };
+            let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
             let weight = params.slice(..wlen);
             let (wp, _gw) = weight.device_ptr(s);
             let (xp, _gx) = x.data.device_ptr(s);
@@ -201,30 +183,15 @@ impl GpuLayer for GpuDeconvolution {
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
-            // No samples: the gradient of the parameters is zero.
-            if !param_grad.accumulate() {
-                let n = param_diff.len();
-                gpu.kernels.fill(s, param_diff, 0.0, n)?;
-            }
-            return Ok(());
+            return empty_batch_param_gradient(gpu, param_grad, param_diff);
         }
         let dnn = gpu.cudnn()?;
         let [x, y] = pass.blobs.bottom_top();
         if self.params.0.bias_term {
-            let dy = y.diff();
-            gpu.kernels.channel_reduce(
-                s,
-                &dy,
-                &dy,
-                false,
-                &mut param_diff.slice_mut(wlen..wlen + k),
-                Layout::Nchw.channel_view(&y.shape),
-                param_grad.accumulate(),
-            )?;
+            let db = &mut param_diff.slice_mut(wlen..wlen + k);
+            bias_gradient(gpu, s, y, Layout::Nchw, db, param_grad.accumulate())?;
         }
-        let bytes = self.workspace.len();
-        let (wsp, _gws) = self.workspace.device_ptr_mut(s);
-        let ws = cudnn::Workspace { ptr: wsp, bytes };
+        let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         {
             let mut dw = param_diff.slice_mut(..wlen);
             let (dwp, _gdw) = dw.device_ptr_mut(s);
@@ -272,19 +239,10 @@ mod tests {
     use crate::cuda::layers::testing::{check_against_cpu, layer_matches_cpu, LayerCase};
     use crate::cuda::test_util::gpu_or_skip;
 
-    layer_matches_cpu!(
-        matches_cpu_stride_2_pad_1,
-        "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 4\nkernel_size = 4\nstride = 2\npad = 1",
-        vec![vec![2, 3, 5, 6]],
-        851
-    );
-
-    layer_matches_cpu!(
-        matches_cpu_grouped_dilated_without_bias,
-        "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 6\nkernel_size = [3, 2]\nstride = [1, 2]\ndilation = [2, 1]\ngroup = 2\nbias_term = false",
-        vec![vec![2, 4, 4, 5]],
-        852
-    );
+    layer_matches_cpu! {
+        matches_cpu_stride_2_pad_1: "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 4\nkernel_size = 4\nstride = 2\npad = 1", vec![vec![2, 3, 5, 6]], 851;
+        matches_cpu_grouped_dilated_without_bias: "name = \"up\"\ntype = \"deconvolution\"\nnum_output = 6\nkernel_size = [3, 2]\nstride = [1, 2]\ndilation = [2, 1]\ngroup = 2\nbias_term = false", vec![vec![2, 4, 4, 5]], 852;
+    }
 
     /// cuDNN's heuristic choice (no timing) computes the same transposed convolution.
     #[test]

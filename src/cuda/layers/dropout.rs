@@ -70,10 +70,6 @@ impl GpuLayer for GpuDropout {
         "dropout"
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (gpu, ctx) = (pass.gpu, pass.ctx);
         let [x, y] = pass.blobs.bottom_top();

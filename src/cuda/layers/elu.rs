@@ -12,17 +12,8 @@ neuron_builder!(EluParams, |p| Activation::Elu { alpha: p.alpha });
 mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
-    layer_matches_cpu!(
-        matches_cpu,
-        "name = \"e\"\ntype = \"elu\"",
-        vec![vec![4, 3, 5, 7]],
-        1201
-    );
-
-    layer_matches_cpu!(
-        matches_cpu_with_alpha,
-        "name = \"e\"\ntype = \"elu\"\nalpha = 0.3",
-        vec![vec![3, 1000]],
-        1202
-    );
+    layer_matches_cpu! {
+        matches_cpu: "name = \"e\"\ntype = \"elu\"", vec![vec![4, 3, 5, 7]], 1201;
+        matches_cpu_with_alpha: "name = \"e\"\ntype = \"elu\"\nalpha = 0.3", vec![vec![3, 1000]], 1202;
+    }
 }

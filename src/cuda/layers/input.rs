@@ -2,29 +2,18 @@
 //! `label` with a second top) on under its tops' names: forward copies them; no gradient flows
 //! into the inputs.
 
-use super::{copy_data, zero_gradient, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{copy_data, zero_gradient, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::InputParams;
-use crate::cuda::layout::Layout;
-use crate::cuda::Gpu;
 use crate::error::Result;
 
-/// The input layer; see the module docs.
-#[derive(Debug)]
-pub struct GpuInput;
-
-impl BuildGpu for InputParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuInput))
-    }
+stateless_layer! {
+    /// The input layer; see the module docs.
+    pub struct GpuInput for InputParams;
 }
 
 impl GpuLayer for GpuInput {
     fn type_name(&self) -> &'static str {
         "input"
-    }
-
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
     }
 
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {

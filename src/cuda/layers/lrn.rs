@@ -92,24 +92,9 @@ impl GpuLayer for GpuLrn {
 mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
-    layer_matches_cpu!(
-        across_channels_matches_cpu,
-        "name = \"n\"\ntype = \"lrn\"",
-        vec![vec![2, 7, 5, 6]],
-        1601
-    );
-
-    layer_matches_cpu!(
-        across_channels_with_settings_matches_cpu,
-        "name = \"n\"\ntype = \"lrn\"\nlocal_size = 3\nalpha = 0.5\nbeta = 1.5\nk = 2.0",
-        vec![vec![3, 4, 3, 3]],
-        1602
-    );
-
-    layer_matches_cpu!(
-        within_channel_matches_cpu,
-        "name = \"n\"\ntype = \"lrn\"\nnorm_region = \"within_channel\"\nlocal_size = 3",
-        vec![vec![2, 3, 6, 5]],
-        1603
-    );
+    layer_matches_cpu! {
+        across_channels_matches_cpu: "name = \"n\"\ntype = \"lrn\"", vec![vec![2, 7, 5, 6]], 1601;
+        across_channels_with_settings_matches_cpu: "name = \"n\"\ntype = \"lrn\"\nlocal_size = 3\nalpha = 0.5\nbeta = 1.5\nk = 2.0", vec![vec![3, 4, 3, 3]], 1602;
+        within_channel_matches_cpu: "name = \"n\"\ntype = \"lrn\"\nnorm_region = \"within_channel\"\nlocal_size = 3", vec![vec![2, 3, 6, 5]], 1603;
+    }
 }

@@ -25,6 +25,36 @@
 //! - Layers with state in the flat parameters (BatchNorm's running statistics) write it in
 //!   [`GpuLayer::update_state`], which the net calls after a training forward.
 
+/// `layer_builder!(Params, |p| layer)`: the [`BuildGpu`] of `Params` whatever the device, the
+/// name and the layout: the GPU layer `layer`, an expression of the parameters `p`.
+macro_rules! layer_builder {
+    ($params:ty, |$p:pat_param| $layer:expr) => {
+        impl $crate::cuda::layers::BuildGpu for $params {
+            fn build_gpu(
+                &self,
+                _gpu: &$crate::cuda::Gpu,
+                _name: &str,
+                _layout: $crate::cuda::layout::Layout,
+            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
+                let $p = self;
+                Ok(Box::new($layer))
+            }
+        }
+    };
+}
+
+/// Declares a GPU layer without state, the unit struct `$layer`, and builds it from `$params`
+/// whatever the device, the name and the layout.
+macro_rules! stateless_layer {
+    ($(#[$doc:meta])* pub struct $layer:ident for $params:ty;) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $layer;
+
+        layer_builder!($params, |_| $layer);
+    };
+}
+
 pub mod abs_val;
 pub mod accuracy;
 pub mod affine;
@@ -240,8 +270,11 @@ pub trait GpuLayer: Send {
     fn type_name(&self) -> &'static str;
 
     /// Takes the bottom shapes of a new batch (called at build and whenever the batch changes;
-    /// the CPU layer has already checked them) and grows scratch buffers when needed.
-    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()>;
+    /// the CPU layer has already checked them) and grows scratch buffers when needed; nothing
+    /// for a layer without scratch buffers or shape-dependent state.
+    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
+        Ok(())
+    }
 
     /// Computes the tops (already shaped) from the bottoms and the layer's learnable tensors.
     fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()>;

@@ -56,10 +56,6 @@ impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
         self.0.type_name()
     }
 
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
-    }
-
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let [x, y] = pass.blobs.bottom_top();
         let n = x.count();
@@ -119,17 +115,9 @@ impl NeuronFn for Activation {
 /// parameters `p`).
 macro_rules! neuron_builder {
     ($params:ident, |$p:pat_param| $f:expr) => {
-        impl $crate::cuda::layers::BuildGpu for $crate::config::layer_params::$params {
-            fn build_gpu(
-                &self,
-                _gpu: &$crate::cuda::Gpu,
-                _name: &str,
-                _layout: $crate::cuda::layout::Layout,
-            ) -> $crate::error::Result<Box<dyn $crate::cuda::layers::GpuLayer>> {
-                let $p = self;
-                Ok(Box::new($crate::cuda::layers::neuron::GpuNeuron($f)))
-            }
-        }
+        layer_builder!($crate::config::layer_params::$params, |$p| {
+            $crate::cuda::layers::neuron::GpuNeuron($f)
+        });
     };
 }
 pub(crate) use neuron_builder;

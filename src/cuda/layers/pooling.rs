@@ -274,14 +274,10 @@ mod tests {
     }
 
     layer_matches_cpu! {
-        max_matches_cpu_with_ceil_sizes:
-            "name = \"pool\"\ntype = \"pooling\"\nkernel_size = 3\nstride = 2", vec![vec![2, 3, 8, 7]], 401;
-        max_matches_cpu_padded_rectangular:
-            "name = \"pool\"\ntype = \"pooling\"\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]", vec![vec![2, 4, 9, 6]], 402;
-        ave_matches_cpu_padded:
-            "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1", vec![vec![2, 3, 7, 7]], 403;
-        ave_matches_cpu_overlapping_unpadded:
-            "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2", vec![vec![3, 2, 8, 9]], 404;
+        max_matches_cpu_with_ceil_sizes: "name = \"pool\"\ntype = \"pooling\"\nkernel_size = 3\nstride = 2", vec![vec![2, 3, 8, 7]], 401;
+        max_matches_cpu_padded_rectangular: "name = \"pool\"\ntype = \"pooling\"\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]", vec![vec![2, 4, 9, 6]], 402;
+        ave_matches_cpu_padded: "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1", vec![vec![2, 3, 7, 7]], 403;
+        ave_matches_cpu_overlapping_unpadded: "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2", vec![vec![3, 2, 8, 9]], 404;
     }
 
     /// NCHW backward runs a plane kernel when a plane fits in shared memory (every case above:

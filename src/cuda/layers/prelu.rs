@@ -113,24 +113,9 @@ impl GpuLayer for GpuPrelu {
 mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
-    layer_matches_cpu!(
-        per_channel_matches_cpu,
-        "name = \"p\"\ntype = \"prelu\"",
-        vec![vec![3, 4, 5, 6]],
-        1301
-    );
-
-    layer_matches_cpu!(
-        shared_matches_cpu,
-        "name = \"p\"\ntype = \"prelu\"\nchannel_shared = true",
-        vec![vec![2, 3, 7, 5]],
-        1302
-    );
-
-    layer_matches_cpu!(
-        two_axes_matches_cpu,
-        "name = \"p\"\ntype = \"prelu\"",
-        vec![vec![16, 40]],
-        1303
-    );
+    layer_matches_cpu! {
+        per_channel_matches_cpu: "name = \"p\"\ntype = \"prelu\"", vec![vec![3, 4, 5, 6]], 1301;
+        shared_matches_cpu: "name = \"p\"\ntype = \"prelu\"\nchannel_shared = true", vec![vec![2, 3, 7, 5]], 1302;
+        two_axes_matches_cpu: "name = \"p\"\ntype = \"prelu\"", vec![vec![16, 40]], 1303;
+    }
 }

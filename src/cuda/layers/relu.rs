@@ -15,9 +15,7 @@ mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
     layer_matches_cpu! {
-        matches_cpu:
-            "name = \"r\"\ntype = \"relu\"", vec![vec![4, 3, 5, 7]], 201;
-        matches_cpu_leaky:
-            "name = \"r\"\ntype = \"relu\"\nnegative_slope = 0.1", vec![vec![3, 1000]], 202;
+        matches_cpu: "name = \"r\"\ntype = \"relu\"", vec![vec![4, 3, 5, 7]], 201;
+        matches_cpu_leaky: "name = \"r\"\ntype = \"relu\"\nnegative_slope = 0.1", vec![vec![3, 1000]], 202;
     }
 }

@@ -28,11 +28,8 @@ mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
     layer_matches_cpu! {
-        per_channel_with_bias_matches_cpu:
-            "name = \"sc\"\ntype = \"scale\"\nbias_term = true", vec![vec![3, 4, 5, 6]], 601;
-        over_two_axes_matches_cpu:
-            "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2", vec![vec![2, 3, 4, 5]], 602;
-        second_bottom_as_scale_matches_cpu:
-            "name = \"sc\"\ntype = \"scale\"", vec![vec![2, 3, 4, 4], vec![3]], 603;
+        per_channel_with_bias_matches_cpu: "name = \"sc\"\ntype = \"scale\"\nbias_term = true", vec![vec![3, 4, 5, 6]], 601;
+        over_two_axes_matches_cpu: "name = \"sc\"\ntype = \"scale\"\nnum_axes = 2", vec![vec![2, 3, 4, 5]], 602;
+        second_bottom_as_scale_matches_cpu: "name = \"sc\"\ntype = \"scale\"", vec![vec![2, 3, 4, 4], vec![3]], 603;
     }
 }

@@ -2,29 +2,18 @@
 //! `crate::layers::silence`; its gradient is zero, so backward writes zeros where told to
 //! overwrite a bottom's diff and leaves an accumulated one alone.
 
-use super::{zero_gradient, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{zero_gradient, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::SilenceParams;
-use crate::cuda::layout::Layout;
-use crate::cuda::Gpu;
 use crate::error::Result;
 
-/// Silence; see the module docs.
-#[derive(Debug)]
-pub struct GpuSilence;
-
-impl BuildGpu for SilenceParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuSilence))
-    }
+stateless_layer! {
+    /// Silence; see the module docs.
+    pub struct GpuSilence for SilenceParams;
 }
 
 impl GpuLayer for GpuSilence {
     fn type_name(&self) -> &'static str {
         "silence"
-    }
-
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
     }
 
     fn forward(&mut self, _pass: ForwardPass<'_>) -> Result<()> {

@@ -84,17 +84,8 @@ impl GpuLayer for GpuSlice {
 mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
-    layer_matches_cpu!(
-        slice_points_match_cpu,
-        "name = \"s\"\ntype = \"slice\"\ntop = [\"a\", \"b\", \"c\"]\nslice_point = [1, 4]",
-        vec![vec![2, 6, 3, 4]],
-        811
-    );
-
-    layer_matches_cpu!(
-        equal_pieces_on_axis_2_match_cpu,
-        "name = \"s\"\ntype = \"slice\"\ntop = [\"a\", \"b\"]\naxis = 2",
-        vec![vec![2, 3, 4, 5]],
-        812
-    );
+    layer_matches_cpu! {
+        slice_points_match_cpu: "name = \"s\"\ntype = \"slice\"\ntop = [\"a\", \"b\", \"c\"]\nslice_point = [1, 4]", vec![vec![2, 6, 3, 4]], 811;
+        equal_pieces_on_axis_2_match_cpu: "name = \"s\"\ntype = \"slice\"\ntop = [\"a\", \"b\"]\naxis = 2", vec![vec![2, 3, 4, 5]], 812;
+    }
 }

@@ -71,9 +71,7 @@ mod tests {
     use crate::cuda::layers::testing::layer_matches_cpu;
 
     layer_matches_cpu! {
-        over_channels_matches_cpu:
-            "name = \"s\"\ntype = \"softmax\"", vec![vec![3, 5, 4, 2]], 1001;
-        over_last_axis_matches_cpu:
-            "name = \"s\"\ntype = \"softmax\"\naxis = 2", vec![vec![4, 3, 10]], 1002;
+        over_channels_matches_cpu: "name = \"s\"\ntype = \"softmax\"", vec![vec![3, 5, 4, 2]], 1001;
+        over_last_axis_matches_cpu: "name = \"s\"\ntype = \"softmax\"\naxis = 2", vec![vec![4, 3, 10]], 1002;
     }
 }

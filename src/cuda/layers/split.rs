@@ -1,29 +1,18 @@
 //! `GpuSplit`: the bottom copied to every top, the device twin of `crate::layers::split`;
 //! backward writes (or adds) the first top's diff into the bottom's and adds the others'.
 
-use super::{copy_data, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{copy_data, BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::SplitParams;
-use crate::cuda::layout::Layout;
-use crate::cuda::Gpu;
 use crate::error::Result;
 
-/// Splitting; see the module docs.
-#[derive(Debug)]
-pub struct GpuSplit;
-
-impl BuildGpu for SplitParams {
-    fn build_gpu(&self, _gpu: &Gpu, _name: &str, _layout: Layout) -> Result<Box<dyn GpuLayer>> {
-        Ok(Box::new(GpuSplit))
-    }
+stateless_layer! {
+    /// Splitting; see the module docs.
+    pub struct GpuSplit for SplitParams;
 }
 
 impl GpuLayer for GpuSplit {
     fn type_name(&self) -> &'static str {
         "split"
-    }
-
-    fn reshape(&mut self, _gpu: &Gpu, _bottoms: &[&[usize]]) -> Result<()> {
-        Ok(())
     }
 
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
