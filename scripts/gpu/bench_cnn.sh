@@ -25,27 +25,12 @@ MPI=(mpirun --bind-to none --oversubscribe)
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
 [ "$NGPU" -ge 2 ] || echo "SKIPPED (needs 2 GPUs, this machine has $NGPU): 2-GPU benchmarks" | tee -a "$OUT/summary.txt"
 failed=0
-# LeNet reads MNIST IDX files; for timing, the same net on synthetic 1x28x28 records.
+# LeNet reads MNIST IDX files, cifar10_quick CIFAR-10 batches; for timing, the same nets on
+# synthetic records of their shapes.
 lenet="$OUT/lenet_synthetic.toml"
-python3 - config/lenet.toml "$lenet" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-text = re.sub(r'format = "idx"\n(?:(?:train|test)_(?:images|labels) = .*\n)+',
-              'format = "synthetic"\nshape = [1, 28, 28]\nclasses = 10\ntrain_size = 60000\ntest_size = 10000\n',
-              text)
-open(sys.argv[2], "w").write(text)
-PY
-# cifar10_quick reads CIFAR-10 binary batches; for timing, the same net on synthetic 3x32x32 records.
 quick="$OUT/cifar10_quick_synthetic.toml"
-python3 - config/cifar10_quick.toml "$quick" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-text, n = re.subn(r'format = "cifar10"\ntrain_files = \[.*?\]\ntest_files = \[.*?\]\n',
-                  'format = "synthetic"\nshape = [3, 32, 32]\nclasses = 10\ntrain_size = 50000\ntest_size = 10000\n',
-                  text, flags=re.S)
-assert n == 1, "config/cifar10_quick.toml: no cifar10 data block to replace"
-open(sys.argv[2], "w").write(text)
-PY
+python3 scripts/gpu/synthetic_config.py lenet "$lenet" || exit 1
+python3 scripts/gpu/synthetic_config.py cifar10_quick "$quick" || exit 1
 # name config batch math warmup iters [conv_exact]: conv_exact=false lets cuDNN's FFT, Winograd
 # and non-deterministic algorithms in (PyTorch's default); PyTorch runs once per workload.
 ALL=("lenet $lenet 64 fp32 50 500"

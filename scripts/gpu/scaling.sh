@@ -26,15 +26,7 @@ RES="$OUT/scaling/results.jsonl"
 
 # cifar10_quick reads CIFAR-10 files; for timing, the same net on synthetic 3x32x32 records.
 quick="$OUT/scaling/cifar10_quick_synthetic.toml"
-python3 - config/cifar10_quick.toml "$quick" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-text, n = re.subn(r'format = "cifar10"\ntrain_files = \[.*?\]\ntest_files = \[.*?\]\n',
-                  'format = "synthetic"\nshape = [3, 32, 32]\nclasses = 10\ntrain_size = 50000\ntest_size = 10000\n',
-                  text, flags=re.S)
-assert n == 1, "config/cifar10_quick.toml: no cifar10 data block to replace"
-open(sys.argv[2], "w").write(text)
-PY
+python3 scripts/gpu/synthetic_config.py cifar10_quick "$quick" || exit 1
 
 record() { # framework workload gpus mode samples_per_sec
   printf '{"framework":"%s","workload":"%s","gpus":%s,"mode":"%s","samples_per_sec":%s}\n' "$@" >>"$RES"
