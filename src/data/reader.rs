@@ -648,43 +648,18 @@ mod tests {
         }
     }
 
-    /// The digits behind a pool of decode workers, as an image source has.
-    struct Pooled {
-        inner: Arc<dyn RecordSource>,
-        pool: rayon::ThreadPool,
-    }
-
-    impl RecordSource for Pooled {
-        fn len(&self) -> usize {
-            self.inner.len()
-        }
-        fn record_shape(&self) -> [usize; 3] {
-            self.inner.record_shape()
-        }
-        fn classes(&self) -> usize {
-            self.inner.classes()
-        }
-        fn fill(&self, index: usize, out: &mut [f32]) {
-            self.inner.fill(index, out)
-        }
-        fn label(&self, index: usize) -> u32 {
-            self.inner.label(index)
-        }
-        fn workers(&self) -> Option<&rayon::ThreadPool> {
-            Some(&self.pool)
-        }
-    }
-
     #[test]
     fn batches_filled_several_per_pass_are_the_direct_batches() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(8)
-            .build()
-            .unwrap();
-        let source: Arc<dyn RecordSource> = Arc::new(Pooled {
-            inner: digits(),
-            pool,
-        });
+        let fill = |i: usize, out: &mut [f32]| {
+            for (k, v) in out.iter_mut().enumerate() {
+                *v = (i * 100 + k) as f32;
+            }
+        };
+        let source: Arc<dyn RecordSource> = Arc::new(
+            FnSource::new(37, [1, 2, 3], fill)
+                .labelled(|i| (i % 2) as u32)
+                .with_workers(8),
+        );
         // 8 workers, batches of 4: 8 batches per pass.
         let shape = source.record_shape();
         let q = ReadyQueue::new(2, 4 * shape.iter().product::<usize>()).for_workers(4, 8);

@@ -4,12 +4,14 @@
 use super::RecordSource;
 
 /// `len` records of `shape` in 2 classes, record `i` written by `fill(i, out)`; labelled 0 unless
-/// [`FnSource::labelled`] says otherwise.
+/// [`FnSource::labelled`] says otherwise; read without decode workers unless
+/// [`FnSource::with_workers`] gives it some.
 pub(crate) struct FnSource<F> {
     len: usize,
     shape: [usize; 3],
     fill: F,
     label: fn(usize) -> u32,
+    workers: Option<rayon::ThreadPool>,
 }
 
 impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
@@ -19,6 +21,19 @@ impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
             shape,
             fill,
             label: |_| 0,
+            workers: None,
+        }
+    }
+
+    /// The same records behind a pool of `threads` decode workers, as an image source has.
+    pub(crate) fn with_workers(self, threads: usize) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("starting the test's decode workers");
+        FnSource {
+            workers: Some(pool),
+            ..self
         }
     }
 
@@ -43,5 +58,8 @@ impl<F: Fn(usize, &mut [f32]) + Send + Sync> RecordSource for FnSource<F> {
     }
     fn label(&self, index: usize) -> u32 {
         (self.label)(index)
+    }
+    fn workers(&self) -> Option<&rayon::ThreadPool> {
+        self.workers.as_ref()
     }
 }
