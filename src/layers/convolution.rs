@@ -79,6 +79,37 @@ impl Gemms {
     pub(crate) fn block(&self, gi: usize, rows: usize, cols: usize) -> std::ops::Range<usize> {
         gi * rows * cols..(gi + 1) * rows * cols
     }
+
+    /// `C_g ← op(A_g)·op(B_g) + beta·C_g` for every group `g`, each group's block of `a`, `b`
+    /// and `c` after the previous group's (see [`GroupGemm`]).
+    pub(crate) fn per_group(&self, cpu: &Cpu, g: GroupGemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        for gi in 0..self.groups {
+            cpu.gemm(
+                g.trans_a,
+                g.trans_b,
+                g.m,
+                g.n,
+                g.k,
+                1.0,
+                &a[self.block(gi, g.m, g.k)],
+                &b[self.block(gi, g.k, g.n)],
+                g.beta,
+                &mut c[self.block(gi, g.m, g.n)],
+            );
+        }
+    }
+}
+
+/// One group's product in [`Gemms::per_group`]: `op(A_g)` is `(m, k)`, `op(B_g)` `(k, n)` and
+/// `C_g` `(m, n)`, `op` transposing where `trans_a` / `trans_b` say.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupGemm {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub beta: f32,
 }
 
 impl Columns {
@@ -331,20 +362,20 @@ impl Layer for Convolution {
                 samples,
                 gemms.parallel,
             );
-            for gi in 0..gemms.groups {
-                pass.ctx.cpu.gemm(
-                    false,
-                    false,
+            gemms.per_group(
+                pass.ctx.cpu,
+                GroupGemm {
+                    trans_a: false,
+                    trans_b: false,
                     m,
-                    ld,
+                    n: ld,
                     k,
-                    1.0,
-                    &weight[gemms.block(gi, m, k)],
-                    &self.state.col[gemms.block(gi, k, ld)],
-                    0.0,
-                    &mut self.state.out[gemms.block(gi, m, ld)],
-                );
-            }
+                    beta: 0.0,
+                },
+                weight,
+                &self.state.col,
+                &mut self.state.out,
+            );
             // Sample j's channel r is row r's columns j·P..(j+1)·P, plus the bias.
             let top = &mut pass.tops[0].data[first * out_len..(first + samples) * out_len];
             let bias = self.settings.bias_term.then(|| pass.params[1]);
@@ -390,35 +421,35 @@ impl Layer for Convolution {
                 samples,
                 gemms.parallel,
             );
-            for gi in 0..gemms.groups {
-                cpu.gemm(
-                    false,
-                    true,
+            gemms.per_group(
+                cpu,
+                GroupGemm {
+                    trans_a: false,
+                    trans_b: true,
                     m,
-                    k,
-                    ld,
-                    1.0,
-                    &dy[gemms.block(gi, m, ld)],
-                    &self.state.col[gemms.block(gi, k, ld)],
-                    1.0,
-                    &mut param_diffs[0][gemms.block(gi, m, k)],
-                );
-            }
+                    n: k,
+                    k: ld,
+                    beta: 1.0,
+                },
+                dy,
+                &self.state.col,
+                param_diffs[0],
+            );
             if pass.propagate_down[0] {
-                for gi in 0..gemms.groups {
-                    cpu.gemm(
-                        true,
-                        false,
-                        k,
-                        ld,
-                        m,
-                        1.0,
-                        &weight[gemms.block(gi, m, k)],
-                        &dy[gemms.block(gi, m, ld)],
-                        0.0,
-                        &mut self.state.col[gemms.block(gi, k, ld)],
-                    );
-                }
+                gemms.per_group(
+                    cpu,
+                    GroupGemm {
+                        trans_a: true,
+                        trans_b: false,
+                        m: k,
+                        n: ld,
+                        k: m,
+                        beta: 0.0,
+                    },
+                    weight,
+                    dy,
+                    &mut self.state.col,
+                );
                 let parallel = gemms.parallel;
                 add_columns(
                     &g,

@@ -19,7 +19,9 @@
 
 use crate::config::layer_params::{ConvolutionParams, DeconvolutionParams};
 use crate::error::{Error, Result};
-use crate::layers::convolution::{add_columns, columns, gather_rows, scatter_rows, Columns};
+use crate::layers::convolution::{
+    add_columns, columns, gather_rows, scatter_rows, Columns, GroupGemm,
+};
 use crate::layers::spatial::{image_bottom, Geometry};
 use crate::layers::{weight_and_bias, BackwardPass, CpuLayer, ForwardPass, Layer};
 use crate::params::ParamSpec;
@@ -122,20 +124,20 @@ impl Layer for Deconvolution {
             let ld = samples * p;
             let chunk = &x[first * in_len..(first + samples) * in_len];
             gather_rows(chunk, &mut rows[..channels * ld], channels, p);
-            for gi in 0..gemms.groups {
-                pass.ctx.cpu.gemm(
-                    true,
-                    false,
-                    k,
-                    ld,
-                    m,
-                    1.0,
-                    &weight[gemms.block(gi, m, k)],
-                    &rows[gemms.block(gi, m, ld)],
-                    0.0,
-                    &mut col[gemms.block(gi, k, ld)],
-                );
-            }
+            gemms.per_group(
+                pass.ctx.cpu,
+                GroupGemm {
+                    trans_a: true,
+                    trans_b: false,
+                    m: k,
+                    n: ld,
+                    k: m,
+                    beta: 0.0,
+                },
+                weight,
+                rows,
+                &mut col[..],
+            );
             let images = &mut top[first * out_len..(first + samples) * out_len];
             match s.bias_term {
                 true => {
@@ -175,35 +177,35 @@ impl Layer for Deconvolution {
             columns(&geometry, col, dtop, first, samples, gemms.parallel);
             let chunk = &bottom.data[first * in_len..(first + samples) * in_len];
             gather_rows(chunk, &mut rows[..channels * ld], channels, p);
-            for gi in 0..gemms.groups {
-                cpu.gemm(
-                    false,
-                    true,
+            gemms.per_group(
+                cpu,
+                GroupGemm {
+                    trans_a: false,
+                    trans_b: true,
                     m,
-                    k,
-                    ld,
-                    1.0,
-                    &rows[gemms.block(gi, m, ld)],
-                    &col[gemms.block(gi, k, ld)],
-                    1.0,
-                    &mut param_diffs[0][gemms.block(gi, m, k)],
-                );
-            }
+                    n: k,
+                    k: ld,
+                    beta: 1.0,
+                },
+                rows,
+                col,
+                param_diffs[0],
+            );
             if pass.propagate_down[0] {
-                for gi in 0..gemms.groups {
-                    cpu.gemm(
-                        false,
-                        false,
+                gemms.per_group(
+                    cpu,
+                    GroupGemm {
+                        trans_a: false,
+                        trans_b: false,
                         m,
-                        ld,
+                        n: ld,
                         k,
-                        1.0,
-                        &weight[gemms.block(gi, m, k)],
-                        &col[gemms.block(gi, k, ld)],
-                        0.0,
-                        &mut rows[gemms.block(gi, m, ld)],
-                    );
-                }
+                        beta: 0.0,
+                    },
+                    weight,
+                    col,
+                    &mut rows[..],
+                );
                 let dx = &mut bottom.diff[first * in_len..(first + samples) * in_len];
                 scatter_rows(&rows[..channels * ld], dx, (channels, p), None, true);
             }
