@@ -1,6 +1,7 @@
 //! Launchers of the per-channel kernels (`channel.cu`): deterministic two-stage reductions over a
-//! channel view, per-channel affine maps and PReLU's per-channel slopes. A "channel view" `(outer, dim, inner)` of a blob has
-//! the channel index `(i / inner) % dim`: `(N, C, H·W)` for NCHW, `(N·H·W, C, 1)` for NHWC.
+//! channel view, per-channel affine maps and PReLU's per-channel slopes. A "channel view"
+//! `(outer, dim, inner)` of a blob has the channel index `(i / inner) % dim`: `(N, C, H·W)` for
+//! NCHW, `(N·H·W, C, 1)` for NHWC.
 
 use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
@@ -8,21 +9,6 @@ use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
-
-/// The checks of a kernel over `(n)` elements viewed as `(·, dim, inner)` with a per-channel
-/// operand `(name, elements)` of `dim` elements ([`check_len`], then [`int_count`] over the
-/// buffers `lens`): `(n, dim, inner)` as kernel ints, or `None` when there is nothing to launch.
-fn channel_counts(
-    op: &str,
-    (what, len): (&str, usize),
-    n: usize,
-    lens: &[(&str, usize)],
-    (dim, inner): (usize, usize),
-) -> Option<(i32, i32, i32)> {
-    check_len(op, what, len, dim);
-    let ni = int_count(op, n, lens)?;
-    Some((ni, to_i32(op, dim), to_i32(op, inner)))
-}
 
 impl Kernels {
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
@@ -207,10 +193,11 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "channel_bias_inplace";
-        let ch = ("bias", bias.len());
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &[("y", y.len())], (dim, inner)) else {
+        check_len(op, "bias", bias.len(), dim);
+        let Some(ni) = int_count(op, n, &[("y", y.len())]) else {
             return Ok(());
         };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let (yp, _y) = y.device_ptr_mut(s);
         // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
         // scale operand is absent (flag 0, never read).
@@ -220,91 +207,30 @@ impl Kernels {
             [&yp, &yp, &no, in bias, &yes, &yp, &ni, &d, &i]
         )
     }
+}
 
+launchers! {
     /// `dx (+)= dy · scale[d]` over `(n)` viewed as `(·, dim, inner)`.
-    #[allow(clippy::too_many_arguments)]
     pub fn channel_scale_backward(
-        &self,
-        s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
-        scale: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "channel_scale_backward";
-        let ch = ("scale", scale.len());
-        let lens = [("dy", dy.len()), ("dx", dx.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(
-            self, s, channel_scale_backward, self.grid(n),
-            [in dy, in scale, out dx, &ni, &d, &i, &acc]
-        )
-    }
+        dy: in f32, scale: in f32 [dim], dx: out f32,
+        n: elements as i32, (dim, inner): (usize, usize) as i32, accumulate: bool as i32,
+    ) => launch channel_scale_backward(in dy, in scale, out dx, &n, &dim, &inner, &accumulate);
 
     /// PReLU forward over `(n)` viewed as `(·, dim, inner)`: `y = max(x, 0) + slope[d] ·
     /// min(x, 0)` (`dim = 1`: one slope for all).
     pub fn prelu_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        slope: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-    ) -> Result<()> {
-        let op = "prelu_forward";
-        let ch = ("slope", slope.len());
-        let lens = [("x", x.len()), ("y", y.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        launch!(self, s, prelu_forward, self.grid(n), [in x, in slope, out y, &ni, &d, &i])
-    }
+        x: in f32, slope: in f32 [dim], y: out f32, n: elements as i32,
+        (dim, inner): (usize, usize) as i32,
+    ) => launch prelu_forward(in x, in slope, out y, &n, &dim, &inner);
 
     /// PReLU backward to the bottom over `(n)` viewed as `(·, dim, inner)`: `dx (+)= x > 0 ? dy
     /// : slope[d] · dy`.
-    #[allow(clippy::too_many_arguments)]
     pub fn prelu_backward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        slope: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "prelu_backward";
-        let ch = ("slope", slope.len());
-        let lens = [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(
-            self, s, prelu_backward, self.grid(n),
-            [in x, in dy, in slope, out dx, &ni, &d, &i, &acc]
-        )
-    }
+        x: in f32, dy: in f32, slope: in f32 [dim], dx: out f32,
+        n: elements as i32, (dim, inner): (usize, usize) as i32, accumulate: bool as i32,
+    ) => launch prelu_backward(in x, in dy, in slope, out dx, &n, &dim, &inner, &accumulate);
 
     /// `m = x ≤ 0 ? x : 0` over `(n)`: the factor of `dy` in PReLU's slope gradient.
-    pub fn prelu_negative_part(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        m: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let op = "prelu_negative_part";
-        let Some(ni) = int_count(op, n, &[("x", x.len()), ("m", m.len())]) else {
-            return Ok(());
-        };
-        launch!(self, s, prelu_negative_part, self.grid(n), [in x, out m, &ni])
-    }
+    pub fn prelu_negative_part(x: in f32, m: out f32, n: elements as i32)
+        => launch prelu_negative_part(in x, out m, &n);
 }

@@ -6,7 +6,7 @@
 //! other kernels: `convolution_implicit_gemm` (the same product without the column matrix) and
 //! `convolution_direct` (the forward from shared memory).
 
-use super::{check_len, int_count, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 
@@ -95,23 +95,12 @@ impl Kernels {
         }
         launch!(self, s, im2col_batch, self.grid(len), [in x, out col, &geom])
     }
+}
 
+launchers! {
     /// `y (b, a, p) = x (a, b, p)`.
-    pub fn swap_outer(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        (a, b, p): (usize, usize, usize),
-    ) -> Result<()> {
-        let op = "swap_outer";
-        let n = a * b * p;
-        if int_count(op, n, &[("x", x.len()), ("y", y.len())]).is_none() {
-            return Ok(());
-        }
-        let (ai, bi, pi) = (to_i32(op, a), to_i32(op, b), to_i32(op, p));
-        launch!(self, s, swap_outer, self.grid(n), [in x, out y, &ai, &bi, &pi])
-    }
+    pub fn swap_outer(x: in f32, y: out f32, (a, b, p): elements as i32)
+        => launch swap_outer(in x, out y, &a, &b, &p);
 }
 
 /// A square convolution geometry for the tests of the convolution kernels' launchers.
