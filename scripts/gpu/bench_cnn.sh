@@ -16,11 +16,7 @@
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
-mkdir -p "$OUT"
-source "$(dirname "$0")/env.sh"
-MPI=(mpirun --bind-to none --oversubscribe)
+source "$(dirname "$0")/start.sh"
 # 1 and 2 GPUs where the machine has two; 1 only on a one-GPU machine (said in the summary).
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
 [ "$NGPU" -ge 2 ] || echo "SKIPPED (needs 2 GPUs, this machine has $NGPU): 2-GPU benchmarks" | tee -a "$OUT/summary.txt"

@@ -13,11 +13,8 @@
 # defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype.
 # Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
+source "$(dirname "$0")/start.sh"
 mkdir -p "$OUT/scaling"
-source "$(dirname "$0")/env.sh"
-MPI=(mpirun --bind-to none --oversubscribe)
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
 COUNTS=""
 for n in 1 2 4 8; do [ "$n" -le "$NGPU" ] && COUNTS="$COUNTS $n"; done

@@ -122,9 +122,15 @@ macro_rules! launchers {
             [$($conv)* let $p = $p as i64;] $($($rest)*)?);
     };
     (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt [] [$($conv:tt)*]
-        ($($p:ident),+) : elements as i32 $(, $($rest:tt)*)?) => {
-        launchers!(@param $head $grid [$($sig)* ($($p),+): ($(launchers!(@usize $p)),+),] $ops
-            [1 $(* $p)+] [$($conv)* to_i32(OP, 1 $(* $p)+); $(let $p = to_i32(OP, $p);)+]
+        ($first:ident $(, $p:ident)+) : elements as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid
+            [$($sig)* ($first $(, $p)+): (usize $(, launchers!(@usize $p))+),] $ops
+            [$first $(* $p)+]
+            [
+                $($conv)* to_i32(OP, $first $(* $p)+);
+                let $first = to_i32(OP, $first);
+                $(let $p = to_i32(OP, $p);)+
+            ]
             $($($rest)*)?);
     };
     (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt [$($conv:tt)*]
