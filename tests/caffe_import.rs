@@ -91,15 +91,6 @@ fn train_imported(config: &Path, dir: &Path, extra: &[&str]) -> PathBuf {
     run_dir
 }
 
-/// The train-phase losses a run logged, in order.
-fn train_losses(run_dir: &Path) -> Vec<f64> {
-    metrics(&run_dir.join("metrics.jsonl"))
-        .iter()
-        .filter(|l| l["phase"] == "train")
-        .map(|l| l["loss"].as_f64().unwrap())
-        .collect()
-}
-
 /// The imported config with its `[data]` read from the IDX digits instead of the LMDBs (the same
 /// records in the same order); written next to it as `idx.toml`.
 fn on_idx_digits(dir: &Path) -> PathBuf {
@@ -416,18 +407,10 @@ fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
 
     let run_dir = dir.join("run");
     let idx = on_idx_digits(&dir);
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
-        &[
-            "train",
-            idx.to_str().unwrap(),
-            "--output",
-            run_dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=2",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+        &train_args(&idx, &run_dir, &["solver.max_iter=2"]),
+    ));
     let lines = metrics(&run_dir.join("metrics.jsonl"));
     let tested = lines.iter().filter(|l| l["phase"] == "test");
     for l in tested {

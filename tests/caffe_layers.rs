@@ -107,21 +107,9 @@ fn a_deploy_net_imports_exports_and_predicts_what_its_layers_compute() {
     let input = dir.join("x.npy");
     std::fs::write(&input, images_npy(&images)).unwrap();
     let out = dir.join("predictions.jsonl");
-    let run_out = mpi_p2ptrain(
-        1,
-        &[
-            "predict",
-            second.join("cluster.toml").to_str().unwrap(),
-            "--weights",
-            imported.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--top-k",
-            "2",
-        ],
-    );
+    let (config, inputs) = (second.join("cluster.toml"), [input.to_str().unwrap()]);
+    let args = predict_args(&config, &imported, &out, &inputs, &["--top-k", "2"]);
+    let run_out = mpi_p2ptrain(1, &args);
     ok(&run_out);
     let lines = metrics(&out);
     assert_eq!(lines.len(), 2);

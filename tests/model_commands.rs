@@ -72,18 +72,7 @@ fn predict(
     out: &Path,
     extra: &[&str],
 ) -> Vec<serde_json::Value> {
-    let mut args = vec![
-        "predict",
-        cfg.to_str().unwrap(),
-        "--weights",
-        weights.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--input",
-    ];
-    args.extend_from_slice(inputs);
-    args.extend_from_slice(extra);
-    let run = mpi_p2ptrain(np, &args);
+    let run = mpi_p2ptrain(np, &predict_args(cfg, weights, out, inputs, extra));
     assert!(run.status.success(), "{}", text(&run));
     metrics(out)
 }
@@ -207,18 +196,11 @@ fn npy_inputs_predict_what_the_idx_file_does() {
 #[test]
 fn bad_inputs_are_named_with_exit_code_2() {
     let (dir, cfg, snapshot) = trained("model_bad_inputs");
+    let predictions = dir.join("p.jsonl");
+    let inputs = [dir.to_str().unwrap()];
     let out = mpi_p2ptrain(
         2,
-        &[
-            "predict",
-            cfg.to_str().unwrap(),
-            "--weights",
-            snapshot.to_str().unwrap(),
-            "--input",
-            dir.to_str().unwrap(),
-            "-o",
-            dir.join("p.jsonl").to_str().unwrap(),
-        ],
+        &predict_args(&cfg, &snapshot, &predictions, &inputs, &[]),
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let all = text(&out);

@@ -2,7 +2,7 @@
 //! per-tensor multipliers, L1 against L2, clipping and `iter_size` normalisation.
 
 use super::*;
-use crate::config::{FillerConfig, LrPolicy};
+use crate::config::LrPolicy;
 use crate::params::ParamSpan;
 
 /// `base_lr = 0.1`, `max_iter = 100`, the rest at the config file's defaults (SGD, no momentum,
@@ -20,14 +20,9 @@ fn params(tensors: &[(usize, f32, f32)], w: &[f32]) -> Params {
         .iter()
         .enumerate()
         .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            layer: 0,
-            full_name: format!("t{i}"),
-            shape: vec![len],
-            offset: 0,
-            len: 0,
             lr_mult,
             decay_mult,
-            filler: FillerConfig::constant(0.0),
+            ..ParamSpan::unit(0, &format!("t{i}"), &[len])
         })
         .collect();
     let mut p = Params::new(spans);

@@ -2,30 +2,15 @@
 
 use super::load_str;
 use super::*;
-use crate::config_text::{accuracy, convolution, linear_classifier, mlp, position};
+use crate::config_text::{accuracy, convolution, digits_head, linear_classifier, mlp, position};
 use std::path::Path;
 use std::sync::LazyLock;
 
 /// The digits MLP (16 hidden units) and its test accuracy, on the CPU.
 static BASE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r#"[cluster]
-backend = "cpu"
-
-[data]
-format = "digits"
-batch_size = 32
-
-[solver]
-base_lr = 0.05
-momentum = 0.9
-max_iter = 100
-
-{}
-{}"#,
-        mlp(16, ""),
-        accuracy("ip2")
-    )
+    let solver = "base_lr = 0.05\nmomentum = 0.9\nmax_iter = 100\n";
+    let head = digits_head("backend = \"cpu\"\n", solver);
+    format!("{head}{}\n{}", mlp(16, ""), accuracy("ip2"))
 });
 
 fn check(text: &str) -> Result<()> {

@@ -278,6 +278,31 @@ pub fn train_args<'a>(config: &'a Path, out: &'a Path, sets: &[&'a str]) -> Vec<
     with_sets(&["train", config, "--output", out], sets)
 }
 
+/// `predict CONFIG --weights WEIGHTS -o OUT --input INPUT...`, then `extra`.
+pub fn predict_args<'a>(
+    config: &'a Path,
+    weights: &'a Path,
+    out: &'a Path,
+    inputs: &[&'a str],
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let path = |p: &'a Path| p.to_str().unwrap();
+    let mut args = vec!["predict", path(config), "--weights", path(weights)];
+    args.extend(["-o", path(out), "--input"]);
+    args.extend_from_slice(inputs);
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The training losses per iteration of the run in `dir`, as its metrics.jsonl has them.
+pub fn train_losses(dir: &Path) -> Vec<f64> {
+    metrics(&dir.join("metrics.jsonl"))
+        .iter()
+        .filter(|m| m["phase"] == "train")
+        .map(|m| m["loss"].as_f64().unwrap())
+        .collect()
+}
+
 /// The arguments that train the equivalence config into `out` with the `--set` options `sets`.
 pub fn equivalence_args(out: &Path, sets: &[&str]) -> Vec<String> {
     let config = equivalence_config();

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::backend::Cpu;
-use crate::config::{FillerConfig, LrPolicy, Plan};
+use crate::config::{LrPolicy, Plan};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::params::Params;
 use rand::{Rng, SeedableRng};
@@ -30,14 +30,9 @@ fn params(tensors: &[(usize, f32, f32)], seed: u64) -> Params {
         .iter()
         .enumerate()
         .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            layer: i,
-            full_name: format!("t{i}"),
-            shape: vec![len],
-            offset: 0,
-            len: 0,
             lr_mult,
             decay_mult,
-            filler: FillerConfig::constant(0.0),
+            ..ParamSpan::unit(i, &format!("t{i}"), &[len])
         })
         .collect();
     let mut p = Params::new(spans);
