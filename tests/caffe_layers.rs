@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::input_files::npy;
 use common::*;
 use std::path::Path;
 

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::input_files::npy;
 use common::*;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::config::LrPolicy;
-use crate::params::ParamSpan;
 
 /// `base_lr = 0.1`, `max_iter = 100`, the rest at the config file's defaults (SGD, no momentum,
 /// no decay, no clipping, `iter_size = 1`).
@@ -16,16 +15,7 @@ fn cfg(solver_type: SolverType) -> SolverConfig {
 /// Tensors `t0`, `t1`, … of one layer (so laid out back to back) of the given lengths and
 /// `(lr_mult, decay_mult)`, weights set to `w`.
 fn params(tensors: &[(usize, f32, f32)], w: &[f32]) -> Params {
-    let spans = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            lr_mult,
-            decay_mult,
-            ..ParamSpan::unit(0, &format!("t{i}"), &[len])
-        })
-        .collect();
-    let mut p = Params::new(spans);
+    let mut p = Params::of_tensors(tensors, |_| 0);
     p.data.copy_from_slice(w);
     p
 }

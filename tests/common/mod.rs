@@ -1,10 +1,12 @@
 //! Shared helpers of the integration tests: run the real binary, alone or under `mpirun` (the
 //! command lines, waiting for a job to train or to end), and read what it wrote (metrics.jsonl,
-//! safetensors snapshots); [`config_text`] writes the layer tables of the test configs.
+//! safetensors snapshots); [`config_text`] writes the layer tables of the test configs,
+//! [`input_files`] the NumPy and IDX inputs.
 
 #![allow(dead_code)]
 
 pub mod config_text;
+pub mod input_files;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,22 +14,6 @@ use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 use std::time::{Duration, Instant};
-
-/// A NumPy v1.0 `.npy` file of the element type `descr` (e.g. `<f4`, `|u1`) and the `shape`
-/// (Python's tuple text, e.g. `(2, 1, 8, 8)`): the header padded to 64 bytes as NumPy writes it,
-/// then the raw `data`.
-pub fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    b.extend_from_slice(header.as_bytes());
-    b.extend_from_slice(data);
-    b
-}
 
 /// The binary under test.
 pub fn bin() -> PathBuf {

@@ -24,18 +24,10 @@ fn cfg(solver_type: SolverType) -> SolverConfig {
     c
 }
 
-/// Tensors of the given lengths and `(lr_mult, decay_mult)`, weights uniform in [−1, 1).
+/// Tensors of the given lengths and `(lr_mult, decay_mult)`, one layer each, weights uniform in
+/// [−1, 1).
 fn params(tensors: &[(usize, f32, f32)], seed: u64) -> Params {
-    let spans = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            lr_mult,
-            decay_mult,
-            ..ParamSpan::unit(i, &format!("t{i}"), &[len])
-        })
-        .collect();
-    let mut p = Params::new(spans);
+    let mut p = Params::of_tensors(tensors, |i| i);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     p.data
         .iter_mut()
