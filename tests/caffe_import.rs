@@ -67,7 +67,7 @@ fn assert_exports_back_bitwise(snapshot: &Path, net: &str, back: &str) {
 
 /// Imports the digits net with its 50-iteration solver and Caffe's initial weights into `dir`.
 fn import_for_training(dir: &Path) {
-    let out = import(
+    ok(&import(
         dir,
         &[
             "--solver",
@@ -75,8 +75,7 @@ fn import_for_training(dir: &Path) {
             "--weights",
             &caffe("digits_lenet_init.caffemodel"),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
 }
 
 /// Trains `config` on one rank from the imported weights of `dir` into `dir/run` with the extra
@@ -86,8 +85,7 @@ fn train_imported(config: &Path, dir: &Path, extra: &[&str]) -> PathBuf {
     let mut args = train_args(config, &run_dir, &[]);
     args.extend(["--weights", weights.to_str().unwrap()]);
     args.extend_from_slice(extra);
-    let out = mpi_p2ptrain(1, &args);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&mpi_p2ptrain(1, &args));
     run_dir
 }
 
@@ -191,14 +189,13 @@ fn caffes_losses_are_reproduced_over_50_iterations() {
         );
     }
     let caffe50 = out_dir("caffe_import_train_50");
-    let out = import(
+    ok(&import(
         &caffe50,
         &[
             "--weights",
             &caffe("digits_lenet_from_init_iter_50.caffemodel"),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let diff = max_rel_diff(
         &run_dir.join("digits_lenet_from_init_iter_50.safetensors"),
         &caffe50.join("weights.safetensors"),
@@ -237,13 +234,12 @@ fn numpy_reference() -> (f64, u64, u64) {
 fn the_final_caffemodel_scores_as_caffes_forward_pass() {
     let (loss, correct, total) = numpy_reference();
     let dir = out_dir("caffe_import_score");
-    let out = import(
+    ok(&import(
         &dir,
         &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let config = on_idx_digits(&dir);
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
         &[
             "test",
@@ -253,8 +249,7 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass() {
             "--output",
             dir.join("run").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let m = metrics(&dir.join("run/metrics.jsonl"));
     assert_eq!(m.len(), 1, "one test line: {m:?}");
     let acc = m[0]["accuracy"].as_f64().unwrap();
@@ -447,12 +442,11 @@ fn caffes_losses_are_reproduced_from_its_lmdb() {
 #[test]
 fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
     let dir = out_dir("caffe_import_score_lmdb");
-    let out = import(
+    ok(&import(
         &dir,
         &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let out = mpi_p2ptrain(
+    ));
+    ok(&mpi_p2ptrain(
         2,
         &[
             "test",
@@ -462,8 +456,7 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
             "--output",
             dir.join("run").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let (_, correct, total) = numpy_reference();
     let m = metrics(&dir.join("run/metrics.jsonl"));
     let acc = m[0]["accuracy"].as_f64().unwrap();

@@ -237,7 +237,7 @@ fn corrupt_or_truncated_data_files_exit_2_naming_the_file() {
     cases.push(("empty", Vec::new()));
     // The good files train: the harness itself is sound.
     std::fs::write(&test_images, &whole).unwrap();
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
         &[
             "check",
@@ -245,8 +245,7 @@ fn corrupt_or_truncated_data_files_exit_2_naming_the_file() {
             "--output",
             dir.join("out").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     for (what, bytes) in cases {
         std::fs::write(&test_images, bytes).unwrap();
         let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
@@ -384,7 +383,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
         ],
         "{names:?}"
     );
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
         &[
             "check",
@@ -392,8 +391,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
             "--weights",
             first.to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
 }
 
 /// Every config of `tests/configs/bad/` (with the `--set` options of its `.sets` file), run

@@ -312,8 +312,7 @@ fn plotting_losses_and_times_of_1e308_ends_with_a_figure() {
         if log {
             args.push("--log-loss");
         }
-        let out = p2ptrain_within_deadline(&dir, &args);
-        assert!(out.status.success(), "{}", text(&out));
+        ok(&p2ptrain_within_deadline(&dir, &args));
         let len = std::fs::metadata(dir.join(figure)).unwrap().len();
         assert!(len > 1000, "{figure}: {len} bytes");
     }
@@ -345,8 +344,10 @@ fn a_figure_that_cannot_be_written_whole_leaves_the_previous_one_intact() {
          {\"iter\":9,\"phase\":\"train\",\"loss\":1.1,\"elapsed_s\":2.0}\n",
     )
     .unwrap();
-    let out = p2ptrain_within_deadline(&dir, &["plot", s(&metrics), "-o", "whole.svg"]);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&p2ptrain_within_deadline(
+        &dir,
+        &["plot", s(&metrics), "-o", "whole.svg"],
+    ));
     let size = std::fs::metadata(dir.join("whole.svg")).unwrap().len();
     assert!(size > 4096, "a figure of {size} bytes");
     std::fs::write(dir.join("fig.svg"), "the previous figure").unwrap();

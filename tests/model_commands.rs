@@ -25,11 +25,10 @@ fn config(max_iter: u64) -> String {
 /// Trains `config(20)` on one rank into a fresh folder `name`: (folder, config, snapshot).
 fn trained(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let (dir, cfg) = config_dir(name, &config(20));
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
         &[cfg.to_str().unwrap(), "--output", dir.to_str().unwrap()],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let snapshot = dir.join("snap/m_iter_20.safetensors");
     assert!(snapshot.is_file());
     (dir, cfg, snapshot)
@@ -147,8 +146,7 @@ fn predictions_agree_with_the_score_input_by_input() {
         );
         right += usize::from(top[0]["class"] == label);
     }
-    let out = score(1, &cfg, &snapshot, &dir);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&score(1, &cfg, &snapshot, &dir));
     let scored = metrics(&dir.join("metrics.jsonl")).last().unwrap().clone();
     let acc = scored["accuracy"].as_f64().unwrap();
     assert_eq!(right, (acc * labels.len() as f64).round() as usize);
