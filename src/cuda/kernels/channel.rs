@@ -7,7 +7,9 @@ use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::sync::Arc;
 
 impl Kernels {
@@ -75,34 +77,16 @@ impl Kernels {
         b: &impl DevicePtr<f32>,
         use_b: bool,
         out: &mut impl DevicePtrMut<f32>,
-        (outer, dim, inner): (usize, usize, usize),
+        dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let op = "channel_reduce";
-        let n = outer * dim * inner;
-        check_len(op, "a", a.len(), n);
-        if use_b {
-            check_len(op, "b", b.len(), n);
-        }
-        check_len(op, "out", out.len(), dim);
-        if dim == 0 {
-            return Ok(());
-        }
-        to_i32(op, n);
-        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (hb, acc) = (use_b as i32, accumulate as i32);
-        self.two_stage_sums(
-            s,
-            (op, 1),
-            (outer, dim, inner),
-            |grid, pp, sp| {
-                launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])
-            },
-            |pp, sp| {
-                let rows = self.grid_rows(dim);
-                launch!(self, s, channel_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
-            },
-        )
+        let kernels = [
+            (&self.channel_reduce, "channel_reduce"),
+            (&self.channel_reduce_finish, "channel_reduce_finish"),
+        ];
+        let operands = (a, use_b.then_some(b));
+        let op = ("channel_reduce", 1);
+        self.channel_sums(s, op, kernels, operands, out, dims, accumulate)
     }
 
     /// Both sums of a Scale layer's gradient in one pass over a channel view
@@ -115,30 +99,63 @@ impl Kernels {
         a: &impl DevicePtr<f32>,
         b: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
+        dims: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let kernels = [
+            (&self.bn_sums, "bn_sums"),
+            (&self.pair_reduce_finish, "pair_reduce_finish"),
+        ];
+        let op = ("channel_reduce_pair", 2);
+        self.channel_sums(s, op, kernels, (a, Some(b)), out, dims, accumulate)
+    }
+
+    /// The `per_channel` sums per channel `out (per_channel · dim) (+)=` of the two-stage
+    /// reduction [`Kernels::two_stage_sums`] over the view `(outer, dim, inner)` of `a` and `b`
+    /// (`None`: not read), by the kernels `[stage1, finish]` (each with its name), which take
+    /// `(a, b, has_b, partial, outer, dim, inner, splits)` and `(partial, out, dim, splits,
+    /// accumulate)`.
+    #[allow(clippy::too_many_arguments)]
+    fn channel_sums(
+        &self,
+        s: &Arc<CudaStream>,
+        (op, per_channel): (&str, usize),
+        [stage1, finish]: [(&CudaFunction, &str); 2],
+        (a, b): (&impl DevicePtr<f32>, Option<&impl DevicePtr<f32>>),
+        out: &mut impl DevicePtrMut<f32>,
         (outer, dim, inner): (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let op = "channel_reduce_pair";
         let n = outer * dim * inner;
         check_len(op, "a", a.len(), n);
-        check_len(op, "b", b.len(), n);
-        check_len(op, "out", out.len(), 2 * dim);
+        if let Some(b) = b {
+            check_len(op, "b", b.len(), n);
+        }
+        check_len(op, "out", out.len(), per_channel * dim);
         if dim == 0 {
             return Ok(());
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (has_b, acc) = (1i32, accumulate as i32);
+        let (hb, acc) = (b.is_some() as i32, accumulate as i32);
+        // An absent `b` passes a's address, never read (has_b is 0).
+        let (bp, _b) = match b {
+            Some(b) => b.device_ptr(s),
+            None => a.device_ptr(s),
+        };
         self.two_stage_sums(
             s,
-            (op, 2),
+            (op, per_channel),
             (outer, dim, inner),
             |grid, pp, sp| {
-                launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])
+                launch!(
+                    function stage1.0, stage1.1, s, grid,
+                    [in a, &bp, &hb, &pp, &o, &d, &i, &sp]
+                )
             },
             |pp, sp| {
                 let rows = self.grid_rows(dim);
-                launch!(self, s, pair_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
+                launch!(function finish.0, finish.1, s, rows, [&pp, out out, &d, &sp, &acc])
             },
         )
     }

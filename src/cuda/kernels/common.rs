@@ -59,11 +59,11 @@ macro_rules! launch {
 ///
 /// ```text
 /// /// What it computes, with the shapes.
-/// pub fn NAME(PARAM, ..) { PREP } => launch KERNEL(ARG, ..) GRID;
+/// pub fn NAME(PARAM, ..) over [COUNT] { PREP } => launch KERNEL(ARG, ..) GRID;
 /// ```
 ///
-/// (`{ PREP }` and `GRID` optional) becomes `pub fn NAME(&self, s: &CudaStream, PARAM, ..) ->
-/// Result<()>`, which
+/// (`over [COUNT]`, `{ PREP }` and `GRID` optional) becomes
+/// `pub fn NAME(&self, s: &CudaStream, PARAM, ..) -> Result<()>`, which
 /// 1. panics unless every device buffer holds the elements it needs ([`check_len`]),
 /// 2. returns at once when the element count is 0,
 /// 3. converts the parameters marked `as i32` / `as i64` to the kernel's integers (panicking
@@ -81,16 +81,20 @@ macro_rules! launch {
 ///   product is the element count (within `int`'s range), each passed as an `int`;
 /// - `k: usize as i32`, `(a, b): (usize, usize) as i32`: `int`s; `flag: bool as i32`: 0 or 1;
 /// - `x: TYPE`, `(a, b): TYPE` or `[a, b]: TYPE`: any other parameter, as it is.
+///
+/// Where no parameter is the element count, `over [COUNT]` gives it: an expression of the
+/// parameters as passed (evaluated where it is needed; `PREP` checks its range where the kernel
+/// takes it as an `int`). Without either, nothing is skipped and `GRID` must be given.
 macro_rules! launchers {
     ($(
         $(#[$attr:meta])*
-        pub fn $name:ident($($params:tt)*) $({ $($prep:tt)* })?
+        pub fn $name:ident($($params:tt)*) $(over [$count:expr])? $({ $($prep:tt)* })?
             => launch $kernel:ident($($args:tt)*) $($grid:ident $grid_arg:expr)?;
     )*) => {
         impl Kernels {$(
             launchers!(@param
                 [self [$(#[$attr])*] $name [$($($prep)*)?] $kernel [$($args)*]]
-                [$($grid $grid_arg)?] [] [] [] [] $($params)*
+                [$($grid $grid_arg)?] [] [] [$($count)?] [] $($params)*
             );
         )*}
     };

@@ -122,44 +122,23 @@ impl Kernels {
         }
         launch!(self, s, accuracy_finalize, Kernels::single_block(), [&rcp, &r, out out])
     }
-
-    /// ArgMax: `rows` searches of `dim` values `stride` apart in `x`, the `top_k` best of each
-    /// written to `y` (see `argmax_rank` in `loss.cu` and `crate::layers::arg_max` for the
-    /// layout); `(out_max_val, has_axis)` select it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn argmax(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        (rows, dim, stride): (usize, usize, usize),
-        top_k: usize,
-        (out_max_val, has_axis): (bool, bool),
-    ) -> Result<()> {
-        let op = "argmax";
-        let n = rows * dim;
-        let outputs = rows * top_k * if out_max_val && !has_axis { 2 } else { 1 };
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), outputs);
-        if n == 0 {
-            return Ok(());
-        }
-        to_i32(op, n);
-        let (r, d, st, k) = (
-            to_i32(op, rows),
-            to_i32(op, dim),
-            to_i32(op, stride),
-            to_i32(op, top_k),
-        );
-        let (mv, ha) = (out_max_val as i32, has_axis as i32);
-        launch!(
-            self, s, argmax_rank, self.grid(n),
-            [in x, out y, &r, &d, &st, &k, &mv, &ha]
-        )
-    }
 }
 
 launchers! {
+    /// ArgMax: `rows` searches of `dim` values `stride` apart in `x`, the `top_k` best of each
+    /// written to `y` (see `argmax_rank` in `loss.cu` and `crate::layers::arg_max` for the
+    /// layout); `(out_max_val, has_axis)` select it.
+    pub fn argmax(
+        x: in f32,
+        y: out f32 [rows * top_k * if out_max_val && !has_axis { 2 } else { 1 }],
+        (rows, dim, stride): (usize, usize, usize), top_k: usize,
+        (out_max_val, has_axis): (bool, bool),
+    ) over [rows * dim] {
+        to_i32(OP, rows * dim);
+        let [rows, dim, stride, top_k] = [rows, dim, stride, top_k].map(|v| to_i32(OP, v));
+        let (out_max_val, has_axis) = (i32::from(out_max_val), i32::from(has_axis));
+    } => launch argmax_rank(in x, out y, &rows, &dim, &stride, &top_k, &out_max_val, &has_axis);
+
     /// `dst[0] = (reset ? 0 : dst[0]) + weight · src[0]`.
     pub fn weighted_sum(src: in f32 [1], weight: f32, dst: out f32 [1], reset: bool as i32)
         => launch weighted_sum(in src, &weight, out dst, &reset) on Kernels::single_thread();
