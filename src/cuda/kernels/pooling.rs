@@ -173,9 +173,6 @@ impl Kernels {
         }
         let bi = to_i32(op, bottom);
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (mp, _m) = mask.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
         let (rounds_h, rounds_w) = g.scatter_rounds();
         let scatter = (rounds_h * rounds_w <= SCATTER_ROUNDS_MAX)
@@ -184,30 +181,21 @@ impl Kernels {
         if let Some(cfg) = scatter {
             let (pi, rh, rw) = (planes as i32, rounds_h as i32, rounds_w as i32);
             return launch!(
-                self,
-                s,
-                max_pool_backward_scatter,
-                cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &rh, &rw, &acc]
+                self, s, max_pool_backward_scatter, cfg,
+                [in dy, in mask, out dx, &pi, &g, &rh, &rw, &acc]
             );
         }
         if let Some((cfg, per_pass)) = self.pool_planes_grid(&g, planes) {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
             return launch!(
-                self,
-                s,
-                pool_backward_planes,
-                cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
+                self, s, pool_backward_planes, cfg,
+                [in dy, in mask, out dx, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
             );
         }
         launch!(
-            self,
-            s,
-            max_pool_backward,
-            self.grid(bottom),
-            [&dyp, &mp, &dxp, &bi, &g, &acc]
+            self, s, max_pool_backward, self.grid(bottom),
+            [in dy, in mask, out dx, &bi, &g, &acc]
         )
     }
 
@@ -237,8 +225,6 @@ impl Kernels {
         }
         let bi = to_i32(op, bottom);
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         // Without a ReLU the bottom's values are never read.
         let (xp, _x) = match relu {
             Some((x, _)) => {
@@ -253,19 +239,13 @@ impl Kernels {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
             return launch!(
-                self,
-                s,
-                pool_backward_planes,
-                cfg,
-                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
+                self, s, pool_backward_planes, cfg,
+                [in dy, &no_mask, out dx, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
             );
         }
         launch!(
-            self,
-            s,
-            ave_pool_backward,
-            self.grid(bottom),
-            [&dyp, &dxp, &bi, &g, &acc, &xp, &relu_i, &slope]
+            self, s, ave_pool_backward, self.grid(bottom),
+            [in dy, out dx, &bi, &g, &acc, &xp, &relu_i, &slope]
         )
     }
 }
