@@ -22,26 +22,19 @@ fn train(name: &str, np: usize, replicas: usize, batch: usize, sets: &[&str]) ->
         format!("data.batch_size={batch}"),
         format!("cluster.replicas_per_rank={replicas}"),
     );
-    let timeline = dir.join("timeline.json");
-    let mut args = vec![
-        "train",
-        "--no-progress",
-        "--output",
-        dir.to_str().unwrap(),
+    let (timeline, config) = (
+        dir.join("timeline.json"),
+        repo("tests/configs/equivalence.toml"),
+    );
+    let mut args = train_args(&config, &dir, &[b.as_str(), r.as_str()]);
+    let timeline_args = [
         "--timeline",
         timeline.to_str().unwrap(),
         "--timeline-iters",
         "3",
-        "--set",
-        &b,
-        "--set",
-        &r,
     ];
-    let config = repo("tests/configs/equivalence.toml");
-    args.insert(1, config.to_str().unwrap());
-    for s in sets {
-        args.extend(["--set", s]);
-    }
+    args.extend(["--no-progress"].into_iter().chain(timeline_args));
+    args.extend(sets.iter().flat_map(|&s| ["--set", s]));
     let out = mpi_p2ptrain(np, &args);
     assert!(out.status.success(), "{name} failed:\n{}", text(&out));
     (dir, text(&out))
