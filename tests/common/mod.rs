@@ -192,6 +192,15 @@ pub fn refused(out: &Output, wanted: &[&str]) {
     assert!(!t.contains("panicked"), "{t}");
 }
 
+/// Asserts that the text file `path` contains every one of `wanted`.
+pub fn assert_file_contains(path: &Path, wanted: &[&str]) {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    for w in wanted {
+        assert!(text.contains(w), "{w} in {}:\n{text}", path.display());
+    }
+}
+
 /// The lines of a `metrics.jsonl`.
 pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
