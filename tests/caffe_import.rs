@@ -256,10 +256,7 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass() {
     assert_eq!((acc * total as f64).round() as u64, correct, "{m:?}");
     let ours = m[0]["loss"].as_f64().unwrap();
     assert!((ours - loss).abs() < 1e-5, "loss {ours}, NumPy {loss}");
-    assert!(
-        !dir.join("run/snapshots").exists(),
-        "test writes no snapshot"
-    );
+    assert_absent(&dir.join("run/snapshots"), "test writes no snapshot");
 }
 
 /// A p2ptrain snapshot exported to `.caffemodel` and imported back is the snapshot bit for bit.
@@ -332,9 +329,9 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
         assert!(err.contains(who), "{who} in {err}");
         assert!(err.contains(what), "{what} in {err}");
     }
-    assert!(
-        !dir.join("out/cluster.toml").exists(),
-        "nothing is written on an error"
+    assert_absent(
+        &dir.join("out/cluster.toml"),
+        "nothing is written on an error",
     );
 }
 

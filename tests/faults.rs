@@ -444,8 +444,8 @@ fn bad_config_fails_cleanly(file: &Path, out: &Path) {
     assert!(expect.contains('`'), "{name}: the .expect names no key");
     assert_eq!(all.matches("p2ptrain: rank").count(), 1, "{name}:\n{all}");
     no_panic(&all);
-    assert!(
-        !out.join("metrics.jsonl").exists(),
-        "{name}: training started"
+    assert_absent(
+        &out.join("metrics.jsonl"),
+        &format!("{name}: training started"),
     );
 }

@@ -120,10 +120,7 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("accuracy_top5"), "{stdout}");
-    assert!(
-        !dir.join("snap/m_iter_0.safetensors").exists(),
-        "no snapshot"
-    );
+    assert_absent(&dir.join("snap/m_iter_0.safetensors"), "no snapshot");
 }
 
 /// Predictions on two ranks: one line per test image, in order, whose top class is right

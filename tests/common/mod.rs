@@ -192,10 +192,15 @@ pub fn refused(out: &Output, wanted: &[&str]) {
     assert!(!t.contains("panicked"), "{t}");
 }
 
+/// Asserts that nothing stands at `path` (a run wrote nothing there), saying `why` otherwise.
+pub fn assert_absent(path: &Path, why: &str) {
+    assert!(!path.exists(), "{}: {why}", path.display());
+}
+
 /// Asserts that the text file `path` contains every one of `wanted`.
 pub fn assert_file_contains(path: &Path, wanted: &[&str]) {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     for w in wanted {
         assert!(text.contains(w), "{w} in {}:\n{text}", path.display());
     }
