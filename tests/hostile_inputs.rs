@@ -271,16 +271,13 @@ fn a_negative_pad_says_what_the_key_accepts_and_where() {
 
 /// A metrics file whose losses and clock span ±1e308.
 fn extreme_metrics(dir: &Path) -> PathBuf {
-    let path = dir.join("metrics.jsonl");
-    std::fs::write(
-        &path,
+    metrics_file(
+        dir,
         "{\"iter\":0,\"phase\":\"train\",\"loss\":1e308,\"elapsed_s\":-1e308}\n\
          {\"iter\":1,\"phase\":\"train\",\"loss\":-1e308,\"elapsed_s\":1e308}\n\
          {\"iter\":2,\"phase\":\"train\",\"loss\":1e-300,\"elapsed_s\":1.5}\n\
          {\"iter\":2,\"phase\":\"test\",\"loss\":1e308,\"accuracy\":0.5}\n",
     )
-    .unwrap();
-    path
 }
 
 #[test]
@@ -317,13 +314,11 @@ fn plotting_onto_a_full_device_fails_and_does_not_say_wrote() {
 #[test]
 fn a_figure_that_cannot_be_written_whole_leaves_the_previous_one_intact() {
     let dir = out_dir("hostile_plot_file_size_limit");
-    let metrics = dir.join("metrics.jsonl");
-    std::fs::write(
-        &metrics,
+    let metrics = metrics_file(
+        &dir,
         "{\"iter\":0,\"phase\":\"train\",\"loss\":2.3,\"elapsed_s\":0.5}\n\
          {\"iter\":9,\"phase\":\"train\",\"loss\":1.1,\"elapsed_s\":2.0}\n",
-    )
-    .unwrap();
+    );
     ok(&p2ptrain_within_deadline(
         &dir,
         &["plot", s(&metrics), "-o", "whole.svg"],

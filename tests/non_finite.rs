@@ -73,18 +73,14 @@ fn poison(path: &Path, name: &str, at: usize) {
 #[test]
 fn a_huge_learning_rate_stops_the_job_without_a_snapshot_of_non_finite_weights() {
     let dir = out_dir("non_finite_huge_lr");
-    let out = train(
-        2,
-        &dir,
-        // No display: the look after each step finds it.
-        &[
-            "solver.base_lr=1e38",
-            "solver.max_iter=30",
-            "solver.snapshot=0",
-            "solver.display=0",
-        ],
-        &[],
-    );
+    // No display: the look after each step finds it.
+    let sets = [
+        "solver.base_lr=1e38",
+        "solver.max_iter=30",
+        "solver.snapshot=0",
+        "solver.display=0",
+    ];
+    let out = train(2, &dir, &sets, &[]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("not finite"), "the cause is named:\n{all}");

@@ -206,6 +206,13 @@ pub fn assert_file_contains(path: &Path, wanted: &[&str]) {
     }
 }
 
+/// Writes `lines` as `dir/metrics.jsonl`, as a run logs them, and returns its path.
+pub fn metrics_file(dir: &Path, lines: &str) -> PathBuf {
+    let path = dir.join("metrics.jsonl");
+    std::fs::write(&path, lines).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
 /// The lines of a `metrics.jsonl`.
 pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
