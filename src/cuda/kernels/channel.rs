@@ -7,9 +7,7 @@ use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 impl Kernels {
@@ -80,13 +78,15 @@ impl Kernels {
         dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let kernels = [
-            (&self.channel_reduce, "channel_reduce"),
-            (&self.channel_reduce_finish, "channel_reduce_finish"),
-        ];
         let operands = (a, use_b.then_some(b));
-        let op = ("channel_reduce", 1);
-        self.channel_sums(s, op, kernels, operands, out, dims, accumulate)
+        self.channel_sums(
+            s,
+            ("channel_reduce", false),
+            operands,
+            out,
+            dims,
+            accumulate,
+        )
     }
 
     /// Both sums of a Scale layer's gradient in one pass over a channel view
@@ -102,30 +102,38 @@ impl Kernels {
         dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let kernels = [
-            (&self.bn_sums, "bn_sums"),
-            (&self.pair_reduce_finish, "pair_reduce_finish"),
-        ];
-        let op = ("channel_reduce_pair", 2);
-        self.channel_sums(s, op, kernels, (a, Some(b)), out, dims, accumulate)
+        let op = ("channel_reduce_pair", true);
+        self.channel_sums(s, op, (a, Some(b)), out, dims, accumulate)
     }
 
-    /// The `per_channel` sums per channel `out (per_channel · dim) (+)=` of the two-stage
-    /// reduction [`Kernels::two_stage_sums`] over the view `(outer, dim, inner)` of `a` and `b`
-    /// (`None`: not read), by the kernels `[stage1, finish]` (each with its name), which take
-    /// `(a, b, has_b, partial, outer, dim, inner, splits)` and `(partial, out, dim, splits,
-    /// accumulate)`.
-    #[allow(clippy::too_many_arguments)]
+    /// The sums per channel `out (+)=` of the two-stage reduction [`Kernels::two_stage_sums`]
+    /// over the view `(outer, dim, inner)` of `a` and `b` (`None`: not read): one per channel
+    /// (`out (dim)`, [`Kernels::channel_reduce`]), or with `pair` two
+    /// ([`Kernels::channel_reduce_pair`], `out (2·dim)`).
     fn channel_sums(
         &self,
         s: &Arc<CudaStream>,
-        (op, per_channel): (&str, usize),
-        [stage1, finish]: [(&CudaFunction, &str); 2],
+        (op, pair): (&str, bool),
         (a, b): (&impl DevicePtr<f32>, Option<&impl DevicePtr<f32>>),
         out: &mut impl DevicePtrMut<f32>,
         (outer, dim, inner): (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
+        // Both stage-1 kernels take `(a, b, has_b, partial, outer, dim, inner, splits)`, both
+        // finishing ones `(partial, out, dim, splits, accumulate)`.
+        let (per_channel, [stage1, finish]) = if pair {
+            let kernels = [
+                (&self.bn_sums, "bn_sums"),
+                (&self.pair_reduce_finish, "pair_reduce_finish"),
+            ];
+            (2, kernels)
+        } else {
+            let kernels = [
+                (&self.channel_reduce, "channel_reduce"),
+                (&self.channel_reduce_finish, "channel_reduce_finish"),
+            ];
+            (1, kernels)
+        };
         let n = outer * dim * inner;
         check_len(op, "a", a.len(), n);
         if let Some(b) = b {
