@@ -37,8 +37,7 @@ ALL=("lenet $lenet 64 fp32 50 500"
 for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 math=$4 warmup=$5 iters=$6
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
-  if [ -n "${MATHS:-}" ] && [[ " $MATHS " != *" $math "* ]]; then continue; fi
+  listed "$name" "${ONLY:-}" && listed "$math" "${MATHS:-}" || continue
   echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
   for np in $(seq 1 "$((NGPU < 2 ? NGPU : 2))"); do
     for layout in ${LAYOUTS:-auto}; do

@@ -36,7 +36,7 @@ ALL=("resnet50 config/resnet50.toml 64 tf32 5 40"
 for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=$6
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  listed "$name" "${ONLY:-}" || continue
   echo "== scaling: $name, batch $batch per GPU" | tee -a "$OUT/summary.txt"
   for np in $COUNTS; do
     for math in ${MATHS:-$own_math}; do
