@@ -399,13 +399,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
 /// message, reported once, and no panic or backtrace.
 #[test]
 fn every_bad_config_exits_2_naming_the_key_without_a_panic() {
-    let dir = repo("tests/configs/bad");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
+    let files = config_text::bad_configs();
     assert!(files.len() >= 30, "only {} bad configs", files.len());
     let out = out_dir("faults_bad_configs");
     // Four at a time: each run is an MPI singleton start-up.

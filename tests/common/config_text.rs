@@ -1,6 +1,6 @@
 //! The `[[layer]]` tables of the small classifiers that most test configs end with, and the
 //! tables of a config on the bundled digits before them, written out once so that a fixture
-//! spells only what sets it apart. Shared by the integration tests
+//! spells only what sets it apart; and the corpus of bad configs ([`bad_configs`]). Shared by the integration tests
 //! (`common::config_text`) and the crate's unit tests (`crate::config_text`, compiled from this
 //! file in test builds only), so it names nothing of either.
 //!
@@ -75,6 +75,19 @@ pub fn mlp(hidden: usize, ip2_keys: &str) -> String {
         inner_product("ip2", "ip1", 10, ip2_keys),
         softmax_loss("ip2")
     )
+}
+
+/// The configs of the bad corpus, `tests/configs/bad/*.toml` (each beside its `.expect` and
+/// maybe `.sets` file), sorted by name.
+pub fn bad_configs() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bad");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
 }
 
 /// `file:line:col` (1-based, as the loader reports positions) of the one place `needle` stands
