@@ -91,6 +91,10 @@ macro_rules! launchers {
         pub fn $name:ident($($params:tt)*) $(over [$count:expr])? $({ $($prep:tt)* })?
             => launch $kernel:ident($($args:tt)*) $($grid:ident $grid_arg:expr)?;
     )*) => {
+        // Each launcher: `@param` reads its parameters one at a time into the signature, the
+        // buffers to check, the element count and the conversions; `@emit` writes the method.
+        // The `self` token travels in the head, so that the receiver and its uses share one
+        // hygiene context.
         impl Kernels {$(
             launchers!(@param
                 [self [$(#[$attr])*] $name [$($($prep)*)?] $kernel [$($args)*]]
