@@ -27,6 +27,10 @@ pub mod data;
 pub mod dist;
 pub mod error;
 pub mod input_file;
+/// The input files the tests write, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/common/input_files.rs"]
+mod input_files;
 pub mod inputs;
 pub mod layers;
 pub mod logging;

@@ -161,6 +161,24 @@ pub fn layer_range(spans: &[ParamSpan], layer: usize) -> Range<usize> {
     spans[r.start].offset..spans[r.end - 1].range().end
 }
 
+#[cfg(test)]
+impl Params {
+    /// Zeroed buffers of the tensors `t0`, `t1`, … of the given lengths and `(lr_mult,
+    /// decay_mult)`, tensor `i` in layer `layer_of(i)` (a layer's tensors are laid out back to
+    /// back, every layer from the alignment).
+    pub(crate) fn of_tensors(
+        tensors: &[(usize, f32, f32)],
+        layer_of: impl Fn(usize) -> usize,
+    ) -> Params {
+        let span = |(i, &(len, lr_mult, decay_mult)): (usize, &(usize, f32, f32))| ParamSpan {
+            lr_mult,
+            decay_mult,
+            ..ParamSpan::unit(layer_of(i), &format!("t{i}"), &[len])
+        };
+        Params::new(tensors.iter().enumerate().map(span).collect())
+    }
+}
+
 /// Disjoint writable views of `buf` at `spans` (in increasing offset order, not overlapping).
 fn views_mut<'a>(buf: &'a mut [f32], spans: &[ParamSpan]) -> Vec<&'a mut [f32]> {
     let mut views = Vec::with_capacity(spans.len());

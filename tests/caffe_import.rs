@@ -67,7 +67,7 @@ fn assert_exports_back_bitwise(snapshot: &Path, net: &str, back: &str) {
 
 /// Imports the digits net with its 50-iteration solver and Caffe's initial weights into `dir`.
 fn import_for_training(dir: &Path) {
-    let out = import(
+    ok(&import(
         dir,
         &[
             "--solver",
@@ -75,8 +75,7 @@ fn import_for_training(dir: &Path) {
             "--weights",
             &caffe("digits_lenet_init.caffemodel"),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
 }
 
 /// Trains `config` on one rank from the imported weights of `dir` into `dir/run` with the extra
@@ -86,18 +85,8 @@ fn train_imported(config: &Path, dir: &Path, extra: &[&str]) -> PathBuf {
     let mut args = train_args(config, &run_dir, &[]);
     args.extend(["--weights", weights.to_str().unwrap()]);
     args.extend_from_slice(extra);
-    let out = mpi_p2ptrain(1, &args);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&mpi_p2ptrain(1, &args));
     run_dir
-}
-
-/// The train-phase losses a run logged, in order.
-fn train_losses(run_dir: &Path) -> Vec<f64> {
-    metrics(&run_dir.join("metrics.jsonl"))
-        .iter()
-        .filter(|l| l["phase"] == "train")
-        .map(|l| l["loss"].as_f64().unwrap())
-        .collect()
 }
 
 /// The imported config with its `[data]` read from the IDX digits instead of the LMDBs (the same
@@ -200,14 +189,13 @@ fn caffes_losses_are_reproduced_over_50_iterations() {
         );
     }
     let caffe50 = out_dir("caffe_import_train_50");
-    let out = import(
+    ok(&import(
         &caffe50,
         &[
             "--weights",
             &caffe("digits_lenet_from_init_iter_50.caffemodel"),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let diff = max_rel_diff(
         &run_dir.join("digits_lenet_from_init_iter_50.safetensors"),
         &caffe50.join("weights.safetensors"),
@@ -246,13 +234,12 @@ fn numpy_reference() -> (f64, u64, u64) {
 fn the_final_caffemodel_scores_as_caffes_forward_pass() {
     let (loss, correct, total) = numpy_reference();
     let dir = out_dir("caffe_import_score");
-    let out = import(
+    ok(&import(
         &dir,
         &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let config = on_idx_digits(&dir);
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
         &[
             "test",
@@ -262,18 +249,14 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass() {
             "--output",
             dir.join("run").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let m = metrics(&dir.join("run/metrics.jsonl"));
     assert_eq!(m.len(), 1, "one test line: {m:?}");
     let acc = m[0]["accuracy"].as_f64().unwrap();
     assert_eq!((acc * total as f64).round() as u64, correct, "{m:?}");
     let ours = m[0]["loss"].as_f64().unwrap();
     assert!((ours - loss).abs() < 1e-5, "loss {ours}, NumPy {loss}");
-    assert!(
-        !dir.join("run/snapshots").exists(),
-        "test writes no snapshot"
-    );
+    assert_absent(&dir.join("run/snapshots"), "test writes no snapshot");
 }
 
 /// A p2ptrain snapshot exported to `.caffemodel` and imported back is the snapshot bit for bit.
@@ -346,9 +329,9 @@ fn what_p2ptrain_lacks_is_an_error_naming_layer_type_and_line() {
         assert!(err.contains(who), "{who} in {err}");
         assert!(err.contains(what), "{what} in {err}");
     }
-    assert!(
-        !dir.join("out/cluster.toml").exists(),
-        "nothing is written on an error"
+    assert_absent(
+        &dir.join("out/cluster.toml"),
+        "nothing is written on an error",
     );
 }
 
@@ -397,8 +380,7 @@ fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
     let prototxt = dir.join("net.prototxt");
     std::fs::write(&prototxt, &net).unwrap();
     ok(&import_net(prototxt.to_str().unwrap(), &dir, &[]));
-    let config = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
-    for line in [
+    let keys = [
         "type = \"lrn\"",
         "norm_region = \"within_channel\"",
         "k = 2",
@@ -410,24 +392,15 @@ fn elu_prelu_lrn_arg_max_and_euclidean_loss_import_train_and_export_back() {
         "loss_weight = 0.01",
         "type = \"arg_max\"",
         "out_max_val = true",
-    ] {
-        assert!(config.contains(line), "{line} in {config}");
-    }
+    ];
+    assert_file_contains(&dir.join("cluster.toml"), &keys);
 
     let run_dir = dir.join("run");
     let idx = on_idx_digits(&dir);
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
-        &[
-            "train",
-            idx.to_str().unwrap(),
-            "--output",
-            run_dir.to_str().unwrap(),
-            "--set",
-            "solver.max_iter=2",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+        &train_args(&idx, &run_dir, &["solver.max_iter=2"]),
+    ));
     let lines = metrics(&run_dir.join("metrics.jsonl"));
     let tested = lines.iter().filter(|l| l["phase"] == "test");
     for l in tested {
@@ -464,12 +437,11 @@ fn caffes_losses_are_reproduced_from_its_lmdb() {
 #[test]
 fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
     let dir = out_dir("caffe_import_score_lmdb");
-    let out = import(
+    ok(&import(
         &dir,
         &["--weights", &caffe("digits_lenet_iter_600.caffemodel")],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let out = mpi_p2ptrain(
+    ));
+    ok(&mpi_p2ptrain(
         2,
         &[
             "test",
@@ -479,8 +451,7 @@ fn the_final_caffemodel_scores_as_caffes_forward_pass_on_its_lmdb() {
             "--output",
             dir.join("run").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let (_, correct, total) = numpy_reference();
     let m = metrics(&dir.join("run/metrics.jsonl"));
     let acc = m[0]["accuracy"].as_f64().unwrap();

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::input_files::npy;
 use common::*;
 use std::path::Path;
 
@@ -53,17 +54,15 @@ fn a_deploy_net_imports_exports_and_predicts_what_its_layers_compute() {
     // Import without weights: the config of the deploy net.
     let first = dir.join("first");
     import(&prototxt, &first, &[]);
-    let cfg = std::fs::read_to_string(first.join("cluster.toml")).unwrap();
-    for line in [
+    let keys = [
         "format = \"synthetic\"",
         "shape = [1, 2, 2]",
         "type = \"input\"",
         "type = \"deconvolution\"",
         "slice_point = [1]",
         "type = \"silence\"",
-    ] {
-        assert!(cfg.contains(line), "{line} in\n{cfg}");
-    }
+    ];
+    assert_file_contains(&first.join("cluster.toml"), &keys);
 
     // The weights: a deconvolution of ones; scores (Σ rest, ½ Σ rest).
     let up = [1.0f32; 4];
@@ -107,21 +106,9 @@ fn a_deploy_net_imports_exports_and_predicts_what_its_layers_compute() {
     let input = dir.join("x.npy");
     std::fs::write(&input, images_npy(&images)).unwrap();
     let out = dir.join("predictions.jsonl");
-    let run_out = mpi_p2ptrain(
-        1,
-        &[
-            "predict",
-            second.join("cluster.toml").to_str().unwrap(),
-            "--weights",
-            imported.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--top-k",
-            "2",
-        ],
-    );
+    let (config, inputs) = (second.join("cluster.toml"), [input.to_str().unwrap()]);
+    let args = predict_args(&config, &imported, &out, &inputs, &["--top-k", "2"]);
+    let run_out = mpi_p2ptrain(1, &args);
     ok(&run_out);
     let lines = metrics(&out);
     assert_eq!(lines.len(), 2);

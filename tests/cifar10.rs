@@ -202,17 +202,10 @@ fn a_mean_image_of_channel_means_trains_as_mean_value_does() {
     };
     mean_file::write(&data.path().join("mean.binaryproto"), &image).unwrap();
     let out = out_dir("cifar_mean_file_np2_b4");
-    let o = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
-        &[
-            cfg.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--set",
-            "data.batch_size=4",
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+        &train_args(&cfg, &out, &["data.batch_size=4"]),
+    ));
     let reference = train(2, 4, "cifar_mean_value_np2_b4");
     let snapshot = "snapshots/cifar_iter_6.safetensors";
     assert_eq!(

@@ -37,8 +37,7 @@ fn singleton_without_a_launcher_trains() {
     let mut c = Command::new(bin());
     mpi_env(&mut c);
     c.args(equivalence_args(&dir, &["solver.max_iter=5"]));
-    let out = run(&mut c);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&run(&mut c));
     assert!(dir.join("snapshots/equiv_iter_5.safetensors").is_file());
     assert_eq!(
         metrics(&dir.join("metrics.jsonl"))
@@ -222,26 +221,16 @@ fn weights_round_trip_and_mismatched_weights_are_named() {
 
     // Starting from the snapshot with lr 0 must reproduce it exactly.
     let second = out_dir("weights_second");
-    let config = equivalence_config();
-    let out = mpi_p2ptrain(
-        2,
-        &with_sets(
-            &[
-                &config,
-                "--output",
-                second.to_str().unwrap(),
-                "--weights",
-                snap.to_str().unwrap(),
-            ],
-            &[
-                "solver.max_iter=1",
-                "solver.lr_policy=\"fixed\"",
-                "solver.base_lr=1e-30",
-                "solver.weight_decay=0",
-            ],
-        ),
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    let config = repo("tests/configs/equivalence.toml");
+    let frozen = [
+        "solver.max_iter=1",
+        "solver.lr_policy=\"fixed\"",
+        "solver.base_lr=1e-30",
+        "solver.weight_decay=0",
+    ];
+    let mut args = train_args(&config, &second, &frozen);
+    args.extend(["--weights", snap.to_str().unwrap()]);
+    ok(&mpi_p2ptrain(2, &args));
     assert!(max_rel_diff(&snap, &second.join("snapshots/equiv_iter_1.safetensors")) < 1e-6);
 
     // A net whose ip2 is wider cannot take these weights: the error names the tensors.

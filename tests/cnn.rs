@@ -25,7 +25,7 @@ fn last_test(dir: &Path) -> serde_json::Value {
 #[test]
 fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
     let dir = out_dir("cnn_digits_np2");
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
         &[
             "train",
@@ -33,8 +33,7 @@ fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
             "--output",
             dir.to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let test = last_test(&dir);
     assert_eq!(test["iter"], 2000);
     let acc = test["accuracy"].as_f64().unwrap();
@@ -56,8 +55,7 @@ fn digits_cnn_trains_under_mpirun_beyond_95_5_percent() {
         &["solver.max_iter=1", "solver.test_initialization=true"],
     );
     args.extend(["--weights", snapshot.to_str().unwrap()]);
-    let out = p2ptrain(&args);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&p2ptrain(&args));
     let first = metrics(&again.join("metrics.jsonl"))
         .into_iter()
         .find(|m| m["phase"] == "test")
@@ -123,8 +121,7 @@ fn lenet_names_the_missing_mnist_file_and_passes_check_on_synthetic_data() {
         "solver.test_iter=1",
         "solver.snapshot=0",
     ];
-    let out = mpi_p2ptrain(2, &train_args(&config, &dir, &sets));
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&mpi_p2ptrain(2, &train_args(&config, &dir, &sets)));
     let loss = last_test(&dir)["loss"].as_f64().unwrap();
     assert!(loss.is_finite() && loss > 0.0, "test loss {loss}");
 }
@@ -157,8 +154,7 @@ fn cifar10_quick_passes_check_and_trains_a_few_iterations() {
         ],
     );
     train.extend(files);
-    let out = p2ptrain(&train);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&p2ptrain(&train));
     let test = last_test(&dir);
     assert!(test["loss"].as_f64().unwrap().is_finite(), "{test}");
 }

@@ -237,7 +237,7 @@ fn corrupt_or_truncated_data_files_exit_2_naming_the_file() {
     cases.push(("empty", Vec::new()));
     // The good files train: the harness itself is sound.
     std::fs::write(&test_images, &whole).unwrap();
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         2,
         &[
             "check",
@@ -245,8 +245,7 @@ fn corrupt_or_truncated_data_files_exit_2_naming_the_file() {
             "--output",
             dir.join("out").to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     for (what, bytes) in cases {
         std::fs::write(&test_images, bytes).unwrap();
         let out = mpi_p2ptrain(2, &[cfg.to_str().unwrap()]);
@@ -384,7 +383,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
         ],
         "{names:?}"
     );
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
         &[
             "check",
@@ -392,8 +391,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
             "--weights",
             first.to_str().unwrap(),
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
 }
 
 /// Every config of `tests/configs/bad/` (with the `--set` options of its `.sets` file), run
@@ -401,13 +399,7 @@ fn a_full_disk_while_snapshotting_names_the_file_and_keeps_the_previous_snapshot
 /// message, reported once, and no panic or backtrace.
 #[test]
 fn every_bad_config_exits_2_naming_the_key_without_a_panic() {
-    let dir = repo("tests/configs/bad");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
+    let files = config_text::bad_configs();
     assert!(files.len() >= 30, "only {} bad configs", files.len());
     let out = out_dir("faults_bad_configs");
     // Four at a time: each run is an MPI singleton start-up.
@@ -446,8 +438,8 @@ fn bad_config_fails_cleanly(file: &Path, out: &Path) {
     assert!(expect.contains('`'), "{name}: the .expect names no key");
     assert_eq!(all.matches("p2ptrain: rank").count(), 1, "{name}:\n{all}");
     no_panic(&all);
-    assert!(
-        !out.join("metrics.jsonl").exists(),
-        "{name}: training started"
+    assert_absent(
+        &out.join("metrics.jsonl"),
+        &format!("{name}: training started"),
     );
 }

@@ -22,6 +22,15 @@ fn p2ptrain_within_deadline(dir: &Path, args: &[&str]) -> Output {
     within_deadline(c, dir)
 }
 
+/// Trains the equivalence config into `dir/run` with the `--set` options `sets` and then the
+/// arguments `extra`, as [`p2ptrain_within_deadline`] runs it.
+fn train_within_deadline(dir: &Path, sets: &[&str], extra: &[&str]) -> Output {
+    let (config, run) = (repo("tests/configs/equivalence.toml"), dir.join("run"));
+    let mut args = train_args(&config, &run, sets);
+    args.extend_from_slice(extra);
+    p2ptrain_within_deadline(dir, &args)
+}
+
 /// Runs `c` in `dir` (output to files there), killing it and failing the test if it is still
 /// running after [`DEADLINE`].
 fn within_deadline(mut c: Command, dir: &Path) -> Output {
@@ -56,10 +65,11 @@ fn failed_naming(out: &Output, code: i32, want: &[&str]) {
     }
 }
 
-/// A FIFO at `path` (nothing ever writes to it).
-fn mkfifo(path: &Path) {
-    let status = Command::new("mkfifo").arg(path).status().expect("mkfifo");
+/// Makes a FIFO at `path` (nothing ever writes to it) and returns the path.
+fn mkfifo(path: PathBuf) -> PathBuf {
+    let status = Command::new("mkfifo").arg(&path).status().expect("mkfifo");
     assert!(status.success(), "mkfifo {}", path.display());
+    path
 }
 
 fn s(p: &Path) -> &str {
@@ -69,15 +79,9 @@ fn s(p: &Path) -> &str {
 #[test]
 fn threads_per_replica_beyond_the_limit_is_refused_naming_the_key() {
     let dir = out_dir("hostile_threads");
-    let out = p2ptrain_within_deadline(
-        &dir,
-        &[
-            "check",
-            &equivalence_config(),
-            "--set",
-            "cluster.threads_per_replica=100000",
-        ],
-    );
+    let config = equivalence_config();
+    let args = with_sets(&["check", &config], &["cluster.threads_per_replica=100000"]);
+    let out = p2ptrain_within_deadline(&dir, &args);
     failed_naming(&out, 2, &["`cluster.threads_per_replica`", "4096"]);
     assert!(!text(&out).contains("panicked"), "{}", text(&out));
 }
@@ -85,8 +89,7 @@ fn threads_per_replica_beyond_the_limit_is_refused_naming_the_key() {
 #[test]
 fn a_fifo_as_the_config_file_is_refused_not_waited_on() {
     let dir = out_dir("hostile_fifo_config");
-    let fifo = dir.join("config.toml");
-    mkfifo(&fifo);
+    let fifo = mkfifo(dir.join("config.toml"));
     let out = p2ptrain_within_deadline(&dir, &["check", s(&fifo)]);
     failed_naming(&out, 2, &[s(&fifo), "a FIFO"]);
 }
@@ -101,21 +104,9 @@ fn dev_zero_as_the_config_file_is_refused_not_read() {
 #[test]
 fn a_fifo_or_a_device_as_weights_is_refused_not_waited_on() {
     let dir = out_dir("hostile_fifo_weights");
-    let fifo = dir.join("w.safetensors");
-    mkfifo(&fifo);
+    let fifo = mkfifo(dir.join("w.safetensors"));
     for weights in [s(&fifo), "/dev/zero"] {
-        let out = p2ptrain_within_deadline(
-            &dir,
-            &[
-                &equivalence_config(),
-                "--output",
-                s(&dir.join("run")),
-                "--weights",
-                weights,
-                "--set",
-                "solver.max_iter=1",
-            ],
-        );
+        let out = train_within_deadline(&dir, &["solver.max_iter=1"], &["--weights", weights]);
         failed_naming(&out, 2, &[weights, "not a regular file"]);
     }
 }
@@ -123,27 +114,16 @@ fn a_fifo_or_a_device_as_weights_is_refused_not_waited_on() {
 #[test]
 fn a_fifo_as_the_resumed_snapshot_is_refused_not_waited_on() {
     let dir = out_dir("hostile_fifo_resume");
-    let state = dir.join("equiv_iter_5.solverstate");
-    mkfifo(&state);
-    mkfifo(&dir.join("equiv_iter_5.safetensors"));
-    let out = p2ptrain_within_deadline(
-        &dir,
-        &[
-            &equivalence_config(),
-            "--output",
-            s(&dir.join("run")),
-            "--resume",
-            s(&state),
-        ],
-    );
+    let state = mkfifo(dir.join("equiv_iter_5.solverstate"));
+    mkfifo(dir.join("equiv_iter_5.safetensors"));
+    let out = train_within_deadline(&dir, &[], &["--resume", s(&state)]);
     failed_naming(&out, 2, &["equiv_iter_5.", "a FIFO"]);
 }
 
 #[test]
 fn a_fifo_as_a_plot_input_is_refused_not_waited_on() {
     let dir = out_dir("hostile_fifo_plot");
-    let fifo = dir.join("metrics.jsonl");
-    mkfifo(&fifo);
+    let fifo = mkfifo(dir.join("metrics.jsonl"));
     let out = p2ptrain_within_deadline(&dir, &["plot", s(&fifo), "-o", "fig.svg"]);
     failed_naming(&out, 2, &[s(&fifo), "a FIFO"]);
 }
@@ -291,16 +271,13 @@ fn a_negative_pad_says_what_the_key_accepts_and_where() {
 
 /// A metrics file whose losses and clock span ±1e308.
 fn extreme_metrics(dir: &Path) -> PathBuf {
-    let path = dir.join("metrics.jsonl");
-    std::fs::write(
-        &path,
+    metrics_file(
+        dir,
         "{\"iter\":0,\"phase\":\"train\",\"loss\":1e308,\"elapsed_s\":-1e308}\n\
          {\"iter\":1,\"phase\":\"train\",\"loss\":-1e308,\"elapsed_s\":1e308}\n\
          {\"iter\":2,\"phase\":\"train\",\"loss\":1e-300,\"elapsed_s\":1.5}\n\
          {\"iter\":2,\"phase\":\"test\",\"loss\":1e308,\"accuracy\":0.5}\n",
     )
-    .unwrap();
-    path
 }
 
 #[test]
@@ -312,8 +289,7 @@ fn plotting_losses_and_times_of_1e308_ends_with_a_figure() {
         if log {
             args.push("--log-loss");
         }
-        let out = p2ptrain_within_deadline(&dir, &args);
-        assert!(out.status.success(), "{}", text(&out));
+        ok(&p2ptrain_within_deadline(&dir, &args));
         let len = std::fs::metadata(dir.join(figure)).unwrap().len();
         assert!(len > 1000, "{figure}: {len} bytes");
     }
@@ -338,15 +314,15 @@ fn plotting_onto_a_full_device_fails_and_does_not_say_wrote() {
 #[test]
 fn a_figure_that_cannot_be_written_whole_leaves_the_previous_one_intact() {
     let dir = out_dir("hostile_plot_file_size_limit");
-    let metrics = dir.join("metrics.jsonl");
-    std::fs::write(
-        &metrics,
+    let metrics = metrics_file(
+        &dir,
         "{\"iter\":0,\"phase\":\"train\",\"loss\":2.3,\"elapsed_s\":0.5}\n\
          {\"iter\":9,\"phase\":\"train\",\"loss\":1.1,\"elapsed_s\":2.0}\n",
-    )
-    .unwrap();
-    let out = p2ptrain_within_deadline(&dir, &["plot", s(&metrics), "-o", "whole.svg"]);
-    assert!(out.status.success(), "{}", text(&out));
+    );
+    ok(&p2ptrain_within_deadline(
+        &dir,
+        &["plot", s(&metrics), "-o", "whole.svg"],
+    ));
     let size = std::fs::metadata(dir.join("whole.svg")).unwrap().len();
     assert!(size > 4096, "a figure of {size} bytes");
     std::fs::write(dir.join("fig.svg"), "the previous figure").unwrap();
@@ -380,7 +356,7 @@ fn a_fifo_as_the_mean_file_is_refused_not_waited_on() {
     let dir = out_dir("hostile_fifo_mean");
     std::fs::write(dir.join("train.bin"), cifar10_records(16, 0, 1)).unwrap();
     std::fs::write(dir.join("test.bin"), cifar10_records(8, 0, 2)).unwrap();
-    mkfifo(&dir.join("mean.binaryproto"));
+    mkfifo(dir.join("mean.binaryproto"));
     let config = dir.join("cifar.toml");
     std::fs::write(
         &config,

@@ -350,9 +350,9 @@ fn a_missing_file_a_label_out_of_range_and_a_folder_not_an_lmdb_are_named_before
         let t = text(&o);
         assert_eq!(o.status.code(), Some(2), "{want}: {t}");
         assert!(t.contains(want), "{want}: {t}");
-        assert!(
-            !out.join("metrics.jsonl").exists(),
-            "{want}: nothing written"
+        assert_absent(
+            &out.join("metrics.jsonl"),
+            &format!("{want}: nothing written"),
         );
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::input_files::npy;
 use common::*;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,11 +25,10 @@ fn config(max_iter: u64) -> String {
 /// Trains `config(20)` on one rank into a fresh folder `name`: (folder, config, snapshot).
 fn trained(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let (dir, cfg) = config_dir(name, &config(20));
-    let out = mpi_p2ptrain(
+    ok(&mpi_p2ptrain(
         1,
         &[cfg.to_str().unwrap(), "--output", dir.to_str().unwrap()],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    ));
     let snapshot = dir.join("snap/m_iter_20.safetensors");
     assert!(snapshot.is_file());
     (dir, cfg, snapshot)
@@ -72,18 +72,7 @@ fn predict(
     out: &Path,
     extra: &[&str],
 ) -> Vec<serde_json::Value> {
-    let mut args = vec![
-        "predict",
-        cfg.to_str().unwrap(),
-        "--weights",
-        weights.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--input",
-    ];
-    args.extend_from_slice(inputs);
-    args.extend_from_slice(extra);
-    let run = mpi_p2ptrain(np, &args);
+    let run = mpi_p2ptrain(np, &predict_args(cfg, weights, out, inputs, extra));
     assert!(run.status.success(), "{}", text(&run));
     metrics(out)
 }
@@ -131,10 +120,7 @@ fn test_logs_the_line_its_training_run_logged_plus_the_top5() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("accuracy_top5"), "{stdout}");
-    assert!(
-        !dir.join("snap/m_iter_0.safetensors").exists(),
-        "no snapshot"
-    );
+    assert_absent(&dir.join("snap/m_iter_0.safetensors"), "no snapshot");
 }
 
 /// Predictions on two ranks: one line per test image, in order, whose top class is right
@@ -157,8 +143,7 @@ fn predictions_agree_with_the_score_input_by_input() {
         );
         right += usize::from(top[0]["class"] == label);
     }
-    let out = score(1, &cfg, &snapshot, &dir);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&score(1, &cfg, &snapshot, &dir));
     let scored = metrics(&dir.join("metrics.jsonl")).last().unwrap().clone();
     let acc = scored["accuracy"].as_f64().unwrap();
     assert_eq!(right, (acc * labels.len() as f64).round() as usize);
@@ -207,18 +192,11 @@ fn npy_inputs_predict_what_the_idx_file_does() {
 #[test]
 fn bad_inputs_are_named_with_exit_code_2() {
     let (dir, cfg, snapshot) = trained("model_bad_inputs");
+    let predictions = dir.join("p.jsonl");
+    let inputs = [dir.to_str().unwrap()];
     let out = mpi_p2ptrain(
         2,
-        &[
-            "predict",
-            cfg.to_str().unwrap(),
-            "--weights",
-            snapshot.to_str().unwrap(),
-            "--input",
-            dir.to_str().unwrap(),
-            "-o",
-            dir.join("p.jsonl").to_str().unwrap(),
-        ],
+        &predict_args(&cfg, &snapshot, &predictions, &inputs, &[]),
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let all = text(&out);

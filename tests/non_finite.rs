@@ -73,18 +73,14 @@ fn poison(path: &Path, name: &str, at: usize) {
 #[test]
 fn a_huge_learning_rate_stops_the_job_without_a_snapshot_of_non_finite_weights() {
     let dir = out_dir("non_finite_huge_lr");
-    let out = train(
-        2,
-        &dir,
-        // No display: the look after each step finds it.
-        &[
-            "solver.base_lr=1e38",
-            "solver.max_iter=30",
-            "solver.snapshot=0",
-            "solver.display=0",
-        ],
-        &[],
-    );
+    // No display: the look after each step finds it.
+    let sets = [
+        "solver.base_lr=1e38",
+        "solver.max_iter=30",
+        "solver.snapshot=0",
+        "solver.display=0",
+    ];
+    let out = train(2, &dir, &sets, &[]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("not finite"), "the cause is named:\n{all}");
@@ -169,8 +165,7 @@ fn skip_mode_skips_the_update_on_every_replica_and_counts_it() {
 #[test]
 fn a_nan_in_weights_or_in_a_resume_snapshot_is_refused_naming_the_tensor_and_file() {
     let dir = out_dir("non_finite_load");
-    let out = train(1, &dir, &["solver.max_iter=2"], &[]);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&train(1, &dir, &["solver.max_iter=2"], &[]));
     let snapshot = dir.join("snapshots/equiv_iter_2.safetensors");
     let weights = dir.join("nan.safetensors");
     std::fs::copy(&snapshot, &weights).unwrap();
@@ -265,8 +260,7 @@ fn ranks_that_read_different_data_at_the_same_place_exit_2_naming_the_file_and_r
     let a = cifar_copy(&dir.join("a"), 64, 1);
     let same = cifar_copy(&dir.join("same"), 64, 1);
     // Identical copies in other directories: the job starts.
-    let out = check_two_configs(&a, &same, &dir.join("out"));
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&check_two_configs(&a, &same, &dir.join("out")));
 
     for (what, records, seed) in [("fewer records", 48, 1), ("other content", 64, 2)] {
         let b = cifar_copy(&dir.join(format!("b_{records}_{seed}")), records, seed);

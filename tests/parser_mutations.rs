@@ -7,11 +7,11 @@
 
 mod common;
 
+use common::input_files::{gzip, idx_labels};
 use common::{config_text, repo};
 use p2ptrain::inputs;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// One random edit of `input`.
@@ -164,20 +164,6 @@ fn idx_images(n: u32, h: u32, w: u32) -> Vec<u8> {
     }
     b.extend((0..n * h * w).map(|j| (j % 251) as u8));
     b
-}
-
-/// A raw IDX label file of `n` labels.
-fn idx_labels(n: u32) -> Vec<u8> {
-    let mut b = 0x0801u32.to_be_bytes().to_vec();
-    b.extend_from_slice(&n.to_be_bytes());
-    b.extend((0..n).map(|i| (i % 10) as u8));
-    b
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
 }
 
 #[test]

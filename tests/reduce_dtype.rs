@@ -22,26 +22,19 @@ fn train(name: &str, np: usize, replicas: usize, batch: usize, sets: &[&str]) ->
         format!("data.batch_size={batch}"),
         format!("cluster.replicas_per_rank={replicas}"),
     );
-    let timeline = dir.join("timeline.json");
-    let mut args = vec![
-        "train",
-        "--no-progress",
-        "--output",
-        dir.to_str().unwrap(),
+    let (timeline, config) = (
+        dir.join("timeline.json"),
+        repo("tests/configs/equivalence.toml"),
+    );
+    let mut args = train_args(&config, &dir, &[b.as_str(), r.as_str()]);
+    let timeline_args = [
         "--timeline",
         timeline.to_str().unwrap(),
         "--timeline-iters",
         "3",
-        "--set",
-        &b,
-        "--set",
-        &r,
     ];
-    let config = repo("tests/configs/equivalence.toml");
-    args.insert(1, config.to_str().unwrap());
-    for s in sets {
-        args.extend(["--set", s]);
-    }
+    args.extend(["--no-progress"].into_iter().chain(timeline_args));
+    args.extend(sets.iter().flat_map(|&s| ["--set", s]));
     let out = mpi_p2ptrain(np, &args);
     assert!(out.status.success(), "{name} failed:\n{}", text(&out));
     (dir, text(&out))
@@ -49,15 +42,6 @@ fn train(name: &str, np: usize, replicas: usize, batch: usize, sets: &[&str]) ->
 
 fn weights(dir: &Path) -> PathBuf {
     dir.join("snapshots/equiv_iter_30.safetensors")
-}
-
-/// The training losses per iteration, as metrics.jsonl has them.
-fn losses(dir: &Path) -> Vec<f64> {
-    metrics(&dir.join("metrics.jsonl"))
-        .iter()
-        .filter(|m| m["phase"] == "train")
-        .map(|m| m["loss"].as_f64().unwrap())
-        .collect()
 }
 
 /// The `bytes` of every `all-reduce bucket` span of the run's timeline.
@@ -82,7 +66,7 @@ fn two_bf16_replicas_train_the_same_bits_in_any_layout_and_close_to_fp32() {
     // The same rounding in both layouts: the same weights and losses, bit for bit.
     let same = max_rel_diff(&weights(&two_ranks), &weights(&two_threads));
     assert_eq!(same, 0.0, "bf16 np 2 × 1 and np 1 × 2 differ by {same:e}");
-    assert_eq!(losses(&two_ranks), losses(&two_threads));
+    assert_eq!(train_losses(&two_ranks), train_losses(&two_threads));
 
     // The FP32 wire: close, but not the same bits.
     let diff = max_rel_diff(&weights(&two_ranks), &weights(&fp32));
@@ -92,7 +76,7 @@ fn two_bf16_replicas_train_the_same_bits_in_any_layout_and_close_to_fp32() {
     );
     // Measured: 8.8e-3 (README, "bf16 gradient wire").
     assert!(diff < 3e-2, "bf16 and fp32 wires differ by {diff:e}");
-    let (a, b) = (losses(&two_ranks), losses(&fp32));
+    let (a, b) = (train_losses(&two_ranks), train_losses(&fp32));
     assert_eq!(a.len(), 30);
     assert_ne!(a, b);
     let last = (a[29] - b[29]).abs() / b[29];

@@ -29,8 +29,7 @@ fn train_quickstart(dir: &Path, extra: &[&str]) {
         ],
     );
     args.extend_from_slice(extra);
-    let out = p2ptrain(&args);
-    assert!(out.status.success(), "{}", text(&out));
+    ok(&p2ptrain(&args));
 }
 
 #[test]
@@ -105,12 +104,10 @@ fn plot_draws_briefly_trained_quickstarts_to_svg_and_png() {
 #[test]
 fn plot_names_a_bad_metrics_file_and_line_and_exits_2() {
     let dir = out_dir("plot_errors");
-    let bad = dir.join("metrics.jsonl");
-    std::fs::write(
-        &bad,
-        "{\"iter\":0,\"phase\":\"train\",\"loss\":1,\"elapsed_s\":0.1}\n{\"iter\":1,\"phase\":\n",
-    )
-    .unwrap();
+    // The second line is cut short.
+    let lines =
+        "{\"iter\":0,\"phase\":\"train\",\"loss\":1,\"elapsed_s\":0.1}\n{\"iter\":1,\"phase\":\n";
+    let bad = metrics_file(&dir, lines);
     let fig = dir.join("f.svg");
     let cases: [(&Path, &Path, &str); 3] = [
         (&bad, &fig, &format!("{}:2: not JSON", bad.display())),

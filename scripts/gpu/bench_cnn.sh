@@ -16,11 +16,7 @@
 #
 # Run by scripts/gpu/check.sh after its correctness checks; appends to OUT_DIR/summary.txt.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
-mkdir -p "$OUT"
-source "$(dirname "$0")/env.sh"
-MPI=(mpirun --bind-to none --oversubscribe)
+source "$(dirname "$0")/start.sh"
 # 1 and 2 GPUs where the machine has two; 1 only on a one-GPU machine (said in the summary).
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
 [ "$NGPU" -ge 2 ] || echo "SKIPPED (needs 2 GPUs, this machine has $NGPU): 2-GPU benchmarks" | tee -a "$OUT/summary.txt"
@@ -41,8 +37,7 @@ ALL=("lenet $lenet 64 fp32 50 500"
 for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 math=$4 warmup=$5 iters=$6
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
-  if [ -n "${MATHS:-}" ] && [[ " $MATHS " != *" $math "* ]]; then continue; fi
+  listed "$name" "${ONLY:-}" && listed "$math" "${MATHS:-}" || continue
   echo "== $name, batch $batch per GPU, $math" | tee -a "$OUT/summary.txt"
   for np in $(seq 1 "$((NGPU < 2 ? NGPU : 2))"); do
     for layout in ${LAYOUTS:-auto}; do

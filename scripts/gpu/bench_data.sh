@@ -13,10 +13,7 @@
 #
 # Appends its figures to OUT_DIR/summary.txt. Needs python3 with torch, torchvision, numpy, Pillow.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
-mkdir -p "$OUT"
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/start.sh"
 CORES=$(nproc)
 CLASSES=${CLASSES:-100}
 PER_CLASS=${PER_CLASS:-100}

@@ -17,11 +17,7 @@
 # PyTorch DDP.
 # Exits non-zero if a check fails.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
-mkdir -p "$OUT"
-source "$(dirname "$0")/env.sh"
-MPI=(mpirun --bind-to none --oversubscribe)
+source "$(dirname "$0")/start.sh"
 CMP="python3 scripts/gpu/compare_snapshots.py"
 failed=0
 fail() { echo "FAILED: $*" | tee -a "$OUT/summary.txt"; failed=1; }

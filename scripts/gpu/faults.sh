@@ -10,11 +10,9 @@
 # BACKEND=cpu it runs anywhere (the same cases as tests/faults.rs, through this script).
 # Exits non-zero if a case fails.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
+source "$(dirname "$0")/start.sh"
 BACKEND=${3:-cuda}
 mkdir -p "$OUT/runs"
-source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/../.."
 TIMEOUT=20
 LIMIT=$((TIMEOUT + 20))

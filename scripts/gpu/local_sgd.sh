@@ -19,12 +19,9 @@
 # (node_ranks = 2) with H = 4, 16. Each line gives samples/s and what a replica handed to
 # all-reduces ("communicated per replica": payload and ring bytes); OUT/local_sgd.md is the table.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
+source "$(dirname "$0")/start.sh"
 mkdir -p "$OUT/runs"
 cd "$(dirname "$0")/../.."
-source scripts/gpu/env.sh
-MPI=(mpirun --bind-to none --oversubscribe)
 CMP="python3 scripts/gpu/compare_snapshots.py"
 EQ=tests/configs/equivalence.toml
 failed=0

@@ -13,11 +13,8 @@
 # defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype.
 # Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
 set -uo pipefail
-BIN=$(realpath "${1:?BIN_DIR}")
-OUT=$(realpath -m "${2:?OUT_DIR}")
+source "$(dirname "$0")/start.sh"
 mkdir -p "$OUT/scaling"
-source "$(dirname "$0")/env.sh"
-MPI=(mpirun --bind-to none --oversubscribe)
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
 COUNTS=""
 for n in 1 2 4 8; do [ "$n" -le "$NGPU" ] && COUNTS="$COUNTS $n"; done
@@ -39,7 +36,7 @@ ALL=("resnet50 config/resnet50.toml 64 tf32 5 40"
 for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=$6
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  listed "$name" "${ONLY:-}" || continue
   echo "== scaling: $name, batch $batch per GPU" | tee -a "$OUT/summary.txt"
   for np in $COUNTS; do
     for math in ${MATHS:-$own_math}; do

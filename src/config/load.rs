@@ -495,29 +495,16 @@ fn normalize(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use crate::config::{DataFormat, LrPolicy};
-    use crate::config_text::mlp;
+    use crate::config_text::{digits_head, mlp};
     use crate::error::Pos;
     use crate::validate::{load, load_str};
     use std::sync::LazyLock;
 
     /// The digits MLP (32 hidden units, Xavier weights in `ip2`) on the CPU.
     static BASE: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            r#"[cluster]
-backend = "cpu"
-
-[data]
-format = "digits"
-batch_size = 32
-
-[solver]
-base_lr = 0.05 # comment kept
-max_iter = 100
-lr_policy = "fixed"
-
-{}"#,
-            mlp(32, "weight_filler = { type = \"xavier\" }\n")
-        )
+        let solver = "base_lr = 0.05 # comment kept\nmax_iter = 100\nlr_policy = \"fixed\"\n";
+        let head = digits_head("backend = \"cpu\"\n", solver);
+        head + &mlp(32, "weight_filler = { type = \"xavier\" }\n")
     });
 
     fn sets(s: &[&str]) -> Vec<String> {

@@ -419,32 +419,18 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_text::{inner_product, softmax_loss};
+    use crate::config_text::{digits_head, inner_product, softmax_loss};
     use crate::validate::load_str;
     use std::path::Path;
     use std::sync::LazyLock;
 
     /// One inner product and its loss on the digits, 4 replicas a rank, 2 micro-batches.
     static TEXT: LazyLock<String> = LazyLock::new(|| {
+        let solver = "base_lr = 0.05\nmomentum = 0.9\nlr_policy = \"inv\"\ngamma = 1e-4\n\
+                      power = 0.75\niter_size = 2\nmax_iter = 100\n";
+        let head = digits_head("replicas_per_rank = 4\n", solver);
         format!(
-            r#"[cluster]
-replicas_per_rank = 4
-
-[data]
-format = "digits"
-batch_size = 32
-
-[solver]
-base_lr = 0.05
-momentum = 0.9
-lr_policy = "inv"
-gamma = 1e-4
-power = 0.75
-iter_size = 2
-max_iter = 100
-
-{}
-{}"#,
+            "{head}{}\n{}",
             inner_product("ip1", "data", 10, ""),
             softmax_loss("ip1")
         )

@@ -277,9 +277,10 @@ impl Gpu {
         wait_for_event(&self.idle, "device work (compute stream)")
     }
 
-    /// `c = alpha · op(a) · op(b) + beta · c`, all row-major, as `crate::backend::Cpu::gemm`:
-    /// `op(a)` is `(m, k)`, `op(b)` is `(k, n)`, `c` is `(m, n)`; with `trans_a`, `a` is stored
-    /// `(k, m)`; with `trans_b`, `b` is stored `(n, k)`. `beta = 0` ignores the old contents of
+    /// `c = alpha · op(a) · op(b) + beta · c`, all row-major, as `crate::backend::Cpu::gemm`
+    /// with `trans = (trans_a, trans_b)` and `dims = (m, n, k)`: `op(a)` is `(m, k)`, `op(b)` is
+    /// `(k, n)`, `c` is `(m, n)`; with `trans_a`, `a` is stored `(k, m)`; with `trans_b`, `b` is
+    /// stored `(n, k)`. `beta = 0` ignores the old contents of
     /// `c`. Enqueued on the compute stream.
     ///
     /// cuBLAS is column-major and a row-major `(r, c)` matrix is its column-major transpose, so
@@ -287,11 +288,8 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
+        trans: (bool, bool),
+        dims: (usize, usize, usize),
         alpha: f32,
         a: &impl DevicePtr<f32>,
         b: &impl DevicePtr<f32>,
@@ -299,7 +297,7 @@ impl Gpu {
         c: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let on = (&self.blas, &*self.compute);
-        self.gemm_on(on, (trans_a, trans_b), (m, n, k), alpha, a, b, beta, c)
+        self.gemm_on(on, trans, dims, alpha, a, b, beta, c)
     }
 
     /// [`Gpu::gemm`] through the cuBLAS handle `blas` bound to `stream` (the compute stream's or

@@ -3,7 +3,8 @@
 //! elementwise, reduction, layer and update kernel the GPU layers and the GPU solver need,
 //! compiled by NVRTC as one program once per process and compute capability, loaded once per
 //! context into [`Kernels`], and launched through typed methods that check buffer lengths (all
-//! of them through the `launch!` macro of `kernels/common.rs`).
+//! of them through the `launch!` macro of `kernels/common.rs`, most of them declared by its
+//! `launchers!`).
 //!
 //! The source is compiled to PTX for the virtual architecture `compute_XY` of the device (the
 //! driver turns it into machine code for the exact chip when the module is loaded) with
@@ -207,7 +208,7 @@ mod pooling;
 mod softmax;
 mod solver;
 mod wire;
-use common::{check_len, check_lens, int_count, to_i32, BLOCK};
+use common::{check_len, int_count, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
@@ -319,7 +320,8 @@ mod tests {
     }
 
     /// The kernels a launcher file names: `launch!(self, s, NAME, ..)`,
-    /// `launch_rule!(NAME, ..)` and `&self.NAME` where `NAME` is a loaded kernel.
+    /// `launch_rule!(NAME, ..)`, `=> launch NAME(..)` (in `launchers!`) and `&self.NAME` where
+    /// `NAME` is a loaded kernel.
     fn launched_kernels(launcher: &str) -> Vec<String> {
         let ident = |rest: &str| -> String {
             let rest = rest.trim_start();
@@ -334,7 +336,7 @@ mod tests {
                 names.push(ident(args[2]));
             }
         }
-        for marker in ["launch_rule!(", "&self."] {
+        for marker in ["launch_rule!(", "=> launch ", "&self."] {
             for (at, _) in launcher.match_indices(marker) {
                 names.push(ident(&launcher[at + marker.len()..]));
             }

@@ -50,6 +50,7 @@ use super::device::wait_for_event;
 use super::event_clock::EventClock;
 use super::layers::{
     self as gpu_layers, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs,
+    StatePass,
 };
 use super::layout::Layout;
 use super::params::GpuParams;
@@ -636,7 +637,12 @@ impl GpuNet {
                 })
             })?;
             if phase == Phase::Train {
-                layer.update_state(gpu, &ctx, &mut self.params.data.slice_mut(range))?;
+                let params = self.params.data.slice_mut(range);
+                layer.update_state(StatePass {
+                    gpu,
+                    ctx: &ctx,
+                    params,
+                })?;
             }
             if node.is_loss {
                 for &t in node.tops {

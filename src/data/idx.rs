@@ -453,7 +453,7 @@ fn read_header(mut file: std::fs::File, n: usize) -> std::io::Result<(Vec<u8>, b
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::io::Write;
+    use crate::input_files::{gzip, idx_labels};
 
     /// A raw IDX image file of `n` images of h×w whose pixel j of image i is (i·7 + j) mod 256.
     pub(crate) fn images_bytes(n: u32, h: u32, w: u32) -> Vec<u8> {
@@ -466,20 +466,6 @@ pub(crate) mod tests {
             b.extend((0..size).map(|j| ((i * 7 + j) % 256) as u8));
         }
         b
-    }
-
-    /// A raw IDX label file of `n` labels i mod 10.
-    pub(crate) fn labels_bytes(n: u32) -> Vec<u8> {
-        let mut b = LABELS_MAGIC.to_be_bytes().to_vec();
-        b.extend_from_slice(&n.to_be_bytes());
-        b.extend((0..n).map(|i| (i % 10) as u8));
-        b
-    }
-
-    fn gzip(bytes: &[u8]) -> Vec<u8> {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        e.write_all(bytes).unwrap();
-        e.finish().unwrap()
     }
 
     fn err(images: &[u8], labels: &[u8]) -> String {
@@ -515,7 +501,7 @@ pub(crate) mod tests {
     fn gzip_and_raw_files_read_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let raw_i = images_bytes(5, 3, 4);
-        let raw_l = labels_bytes(5);
+        let raw_l = idx_labels(5);
         let files = [
             ("ri", raw_i.clone()),
             ("rl", raw_l.clone()),
@@ -561,7 +547,7 @@ pub(crate) mod tests {
     fn missing_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let l = dir.path().join("labels");
-        std::fs::write(&l, labels_bytes(1)).unwrap();
+        std::fs::write(&l, idx_labels(1)).unwrap();
         let e = IdxSource::open(&dir.path().join("nope-images"), &l, 10, 0.0, 1.0).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         let e = e.to_string();
@@ -574,7 +560,7 @@ pub(crate) mod tests {
     #[test]
     fn wrong_magic_is_shown_in_hex() {
         // Labels where images belong.
-        let e = err(&labels_bytes(3), &labels_bytes(3));
+        let e = err(&idx_labels(3), &idx_labels(3));
         assert!(
             e.starts_with("img.idx:") && e.contains("0x00000801") && e.contains("0x00000803"),
             "{e}"
@@ -588,7 +574,7 @@ pub(crate) mod tests {
             "{e}"
         );
         // Not an IDX file at all.
-        let e = err(b"PK\x03\x04 something", &labels_bytes(3));
+        let e = err(b"PK\x03\x04 something", &idx_labels(3));
         assert!(
             e.contains("0x504b0304") && e.contains("expected 0x00000803"),
             "{e}"
@@ -598,19 +584,19 @@ pub(crate) mod tests {
     #[test]
     fn truncated_files_say_how_much_is_missing() {
         let full = images_bytes(4, 3, 3); // 16 + 36 bytes
-        let e = err(&full[..50], &labels_bytes(4));
+        let e = err(&full[..50], &idx_labels(4));
         assert!(
             e.contains("truncated") && e.contains("52") && e.contains("50"),
             "{e}"
         );
-        let e = err(&full[..10], &labels_bytes(4));
+        let e = err(&full[..10], &idx_labels(4));
         assert!(
             e.contains("truncated") && e.contains("16-byte header"),
             "{e}"
         );
-        let e = err(&full[..2], &labels_bytes(4));
+        let e = err(&full[..2], &idx_labels(4));
         assert!(e.contains("truncated"), "{e}");
-        let l = labels_bytes(4);
+        let l = idx_labels(4);
         let e = err(&full, &l[..l.len() - 1]);
         assert!(
             e.starts_with("lab.idx:") && e.contains("12") && e.contains("11"),
@@ -618,12 +604,12 @@ pub(crate) mod tests {
         );
         // A truncated gzip stream.
         let g = gzip(&full);
-        let e = err(&g[..g.len() / 2], &labels_bytes(4));
+        let e = err(&g[..g.len() / 2], &idx_labels(4));
         assert!(e.starts_with("img.idx:") && e.contains("gzip"), "{e}");
         // Trailing bytes.
         let mut long = full.clone();
         long.push(0);
-        let e = err(&long, &labels_bytes(4));
+        let e = err(&long, &idx_labels(4));
         assert!(e.contains("1 bytes after the data"), "{e}");
     }
 
@@ -631,7 +617,7 @@ pub(crate) mod tests {
     fn non_u8_data_is_refused() {
         let mut b = images_bytes(2, 2, 2);
         b[2] = 0x0D;
-        let e = err(&b, &labels_bytes(2));
+        let e = err(&b, &idx_labels(2));
         assert!(
             e.contains("0x0d") && e.contains("f32") && e.contains("unsigned"),
             "{e}"
@@ -644,11 +630,11 @@ pub(crate) mod tests {
         for _ in 0..3 {
             b.extend_from_slice(&u32::MAX.to_be_bytes());
         }
-        let e = err(&b, &labels_bytes(2));
+        let e = err(&b, &idx_labels(2));
         assert!(e.contains("overflow") && e.contains("4294967295"), "{e}");
         b[4..8].copy_from_slice(&1u32.to_be_bytes());
         b[8..12].copy_from_slice(&0u32.to_be_bytes());
-        let e = err(&b, &labels_bytes(2));
+        let e = err(&b, &idx_labels(2));
         assert!(
             e.contains("img.idx") && e.contains("`rows`") && e.contains("is 0"),
             "{e}"
@@ -683,7 +669,7 @@ pub(crate) mod tests {
 
     #[test]
     fn count_mismatch_names_both_files_and_counts() {
-        let e = err(&images_bytes(5, 2, 2), &labels_bytes(4));
+        let e = err(&images_bytes(5, 2, 2), &idx_labels(4));
         assert!(
             e.contains("img.idx")
                 && e.contains("lab.idx")
@@ -695,7 +681,7 @@ pub(crate) mod tests {
 
     #[test]
     fn label_out_of_range_names_index_and_value() {
-        let mut l = labels_bytes(6);
+        let mut l = idx_labels(6);
         l[8 + 4] = 12;
         let e = err(&images_bytes(6, 2, 2), &l);
         assert!(

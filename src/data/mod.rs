@@ -735,9 +735,9 @@ mod tests {
         };
         let mut c = cfg(DataFormat::Idx);
         c.train_images = Some(write("tri", idx::tests::images_bytes(3, 2, 2)));
-        c.train_labels = Some(write("trl", idx::tests::labels_bytes(3)));
+        c.train_labels = Some(write("trl", crate::input_files::idx_labels(3)));
         c.test_images = Some(write("tei", idx::tests::images_bytes(2, 2, 3)));
-        c.test_labels = Some(write("tel", idx::tests::labels_bytes(2)));
+        c.test_labels = Some(write("tel", crate::input_files::idx_labels(2)));
         let e = open(&c, 1, 1).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         let e = e.to_string();

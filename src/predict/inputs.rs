@@ -321,20 +321,7 @@ impl InputSource for Concat {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut header =
-            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        b.extend_from_slice(header.as_bytes());
-        b.extend_from_slice(data);
-        b
-    }
+    use crate::input_files::npy;
 
     #[test]
     fn npy_arrays_of_bytes_and_floats() {

@@ -2,8 +2,7 @@
 //! per-tensor multipliers, L1 against L2, clipping and `iter_size` normalisation.
 
 use super::*;
-use crate::config::{FillerConfig, LrPolicy};
-use crate::params::ParamSpan;
+use crate::config::LrPolicy;
 
 /// `base_lr = 0.1`, `max_iter = 100`, the rest at the config file's defaults (SGD, no momentum,
 /// no decay, no clipping, `iter_size = 1`).
@@ -16,21 +15,7 @@ fn cfg(solver_type: SolverType) -> SolverConfig {
 /// Tensors `t0`, `t1`, … of one layer (so laid out back to back) of the given lengths and
 /// `(lr_mult, decay_mult)`, weights set to `w`.
 fn params(tensors: &[(usize, f32, f32)], w: &[f32]) -> Params {
-    let spans = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            layer: 0,
-            full_name: format!("t{i}"),
-            shape: vec![len],
-            offset: 0,
-            len: 0,
-            lr_mult,
-            decay_mult,
-            filler: FillerConfig::constant(0.0),
-        })
-        .collect();
-    let mut p = Params::new(spans);
+    let mut p = Params::of_tensors(tensors, |_| 0);
     p.data.copy_from_slice(w);
     p
 }

@@ -2,30 +2,17 @@
 
 use super::load_str;
 use super::*;
-use crate::config_text::{accuracy, convolution, linear_classifier, mlp, position};
+use crate::config_text::{
+    accuracy, bad_configs, convolution, digits_head, linear_classifier, mlp, position,
+};
 use std::path::Path;
 use std::sync::LazyLock;
 
 /// The digits MLP (16 hidden units) and its test accuracy, on the CPU.
 static BASE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r#"[cluster]
-backend = "cpu"
-
-[data]
-format = "digits"
-batch_size = 32
-
-[solver]
-base_lr = 0.05
-momentum = 0.9
-max_iter = 100
-
-{}
-{}"#,
-        mlp(16, ""),
-        accuracy("ip2")
-    )
+    let solver = "base_lr = 0.05\nmomentum = 0.9\nmax_iter = 100\n";
+    let head = digits_head("backend = \"cpu\"\n", solver);
+    format!("{head}{}\n{}", mlp(16, ""), accuracy("ip2"))
 });
 
 fn check(text: &str) -> Result<()> {
@@ -657,19 +644,8 @@ fn the_quickstart_is_valid() {
 /// `<name>.sets`, where present, holds `--set` options, one a line.
 #[test]
 fn the_bad_config_corpus_fails_as_expected() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bad");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 12,
-        "only {} files in {}",
-        files.len(),
-        dir.display()
-    );
+    let files = bad_configs();
+    assert!(files.len() >= 12, "only {} bad configs", files.len());
     for file in files {
         let expect = std::fs::read_to_string(file.with_extension("expect"))
             .unwrap_or_else(|e| panic!("{}: no .expect file: {e}", file.display()));

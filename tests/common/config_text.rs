@@ -1,5 +1,6 @@
-//! The `[[layer]]` tables of the small classifiers that most test configs end with, written out
-//! once so that a fixture spells only what sets it apart. Shared by the integration tests
+//! The `[[layer]]` tables of the small classifiers that most test configs end with, and the
+//! tables of a config on the bundled digits before them, written out once so that a fixture
+//! spells only what sets it apart; and the corpus of bad configs ([`bad_configs`]). Shared by the integration tests
 //! (`common::config_text`) and the crate's unit tests (`crate::config_text`, compiled from this
 //! file in test builds only), so it names nothing of either.
 //!
@@ -8,6 +9,16 @@
 //! it loaded (never a line number written by hand).
 
 #![allow(dead_code)]
+
+/// The tables a config on the bundled digits starts with: `[cluster]` with the lines `cluster`,
+/// `[data]` (the digits, batch 32) and `[solver]` with the lines `solver` (each line ending in a
+/// newline), then the blank line before the layers.
+pub fn digits_head(cluster: &str, solver: &str) -> String {
+    format!(
+        "[cluster]\n{cluster}\n[data]\nformat = \"digits\"\nbatch_size = 32\n\n\
+         [solver]\n{solver}\n"
+    )
+}
 
 /// `[[layer]]` `name`: an inner product of `bottom` with `outputs` outputs into the top `name`,
 /// then the lines `keys` (each ending in a newline; "" for none).
@@ -64,6 +75,19 @@ pub fn mlp(hidden: usize, ip2_keys: &str) -> String {
         inner_product("ip2", "ip1", 10, ip2_keys),
         softmax_loss("ip2")
     )
+}
+
+/// The configs of the bad corpus, `tests/configs/bad/*.toml` (each beside its `.expect` and
+/// maybe `.sets` file), sorted by name.
+pub fn bad_configs() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bad");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
 }
 
 /// `file:line:col` (1-based, as the loader reports positions) of the one place `needle` stands

@@ -1,10 +1,12 @@
 //! Shared helpers of the integration tests: run the real binary, alone or under `mpirun` (the
 //! command lines, waiting for a job to train or to end), and read what it wrote (metrics.jsonl,
-//! safetensors snapshots); [`config_text`] writes the layer tables of the test configs.
+//! safetensors snapshots); [`config_text`] writes the layer tables of the test configs,
+//! [`input_files`] the NumPy and IDX inputs.
 
 #![allow(dead_code)]
 
 pub mod config_text;
+pub mod input_files;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,22 +14,6 @@ use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 use std::time::{Duration, Instant};
-
-/// A NumPy v1.0 `.npy` file of the element type `descr` (e.g. `<f4`, `|u1`) and the `shape`
-/// (Python's tuple text, e.g. `(2, 1, 8, 8)`): the header padded to 64 bytes as NumPy writes it,
-/// then the raw `data`.
-pub fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    b.extend_from_slice(header.as_bytes());
-    b.extend_from_slice(data);
-    b
-}
 
 /// The binary under test.
 pub fn bin() -> PathBuf {
@@ -206,6 +192,27 @@ pub fn refused(out: &Output, wanted: &[&str]) {
     assert!(!t.contains("panicked"), "{t}");
 }
 
+/// Asserts that nothing stands at `path` (a run wrote nothing there), saying `why` otherwise.
+pub fn assert_absent(path: &Path, why: &str) {
+    assert!(!path.exists(), "{}: {why}", path.display());
+}
+
+/// Asserts that the text file `path` contains every one of `wanted`.
+pub fn assert_file_contains(path: &Path, wanted: &[&str]) {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    for w in wanted {
+        assert!(text.contains(w), "{w} in {}:\n{text}", path.display());
+    }
+}
+
+/// Writes `lines` as `dir/metrics.jsonl`, as a run logs them, and returns its path.
+pub fn metrics_file(dir: &Path, lines: &str) -> PathBuf {
+    let path = dir.join("metrics.jsonl");
+    std::fs::write(&path, lines).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
 /// The lines of a `metrics.jsonl`.
 pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -276,6 +283,31 @@ pub fn with_sets<'a>(args: &[&'a str], sets: &[&'a str]) -> Vec<&'a str> {
 pub fn train_args<'a>(config: &'a Path, out: &'a Path, sets: &[&'a str]) -> Vec<&'a str> {
     let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
     with_sets(&["train", config, "--output", out], sets)
+}
+
+/// `predict CONFIG --weights WEIGHTS -o OUT --input INPUT...`, then `extra`.
+pub fn predict_args<'a>(
+    config: &'a Path,
+    weights: &'a Path,
+    out: &'a Path,
+    inputs: &[&'a str],
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let path = |p: &'a Path| p.to_str().unwrap();
+    let mut args = vec!["predict", path(config), "--weights", path(weights)];
+    args.extend(["-o", path(out), "--input"]);
+    args.extend_from_slice(inputs);
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The training losses per iteration of the run in `dir`, as its metrics.jsonl has them.
+pub fn train_losses(dir: &Path) -> Vec<f64> {
+    metrics(&dir.join("metrics.jsonl"))
+        .iter()
+        .filter(|m| m["phase"] == "train")
+        .map(|m| m["loss"].as_f64().unwrap())
+        .collect()
 }
 
 /// The arguments that train the equivalence config into `out` with the `--set` options `sets`.

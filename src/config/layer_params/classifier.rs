@@ -87,14 +87,7 @@ impl KindParams for ArgMaxParams {
     }
 }
 
-/// `euclidean_loss`: `Σ (a − b)² / 2N` over a prediction `a` and a target `b`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EuclideanLossParams;
-
-impl KindParams for EuclideanLossParams {
-    const KEYS: &'static [&'static str] = &["loss_weight"];
-
-    fn resolve(_: &LayerConfig) -> Resolved<Self> {
-        Ok(EuclideanLossParams)
-    }
+parameterless_kind! {
+    /// `euclidean_loss`: `Σ (a − b)² / 2N` over a prediction `a` and a target `b`.
+    pub struct EuclideanLossParams, keys &["loss_weight"];
 }

@@ -12,6 +12,24 @@
 //! and `impl BuildCpu for ItsParams`), its GPU file (`impl BuildGpu for ItsParams`), and one line
 //! in [`for_each_layer_kind`], the registry from which the enum and both builders are generated.
 
+/// Declares the parameters of a kind that has none: a unit struct, its allowed keys `$keys`
+/// (those every layer of the kind may carry, such as `loss_weight`) and its `resolve`.
+macro_rules! parameterless_kind {
+    ($(#[$doc:meta])* pub struct $params:ident, keys $keys:expr;) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $params;
+
+        impl KindParams for $params {
+            const KEYS: &'static [&'static str] = $keys;
+
+            fn resolve(_: &LayerConfig) -> Resolved<Self> {
+                Ok($params)
+            }
+        }
+    };
+}
+
 mod affine;
 mod blob;
 mod classifier;

@@ -21,40 +21,19 @@ impl KindParams for ReluParams {
     }
 }
 
-/// `sigmoid`: no parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SigmoidParams;
-
-impl KindParams for SigmoidParams {
-    const KEYS: &'static [&'static str] = &["loss_weight"];
-
-    fn resolve(_: &LayerConfig) -> Resolved<Self> {
-        Ok(SigmoidParams)
-    }
+parameterless_kind! {
+    /// `sigmoid`: no parameters.
+    pub struct SigmoidParams, keys &["loss_weight"];
 }
 
-/// `tanh`: no parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TanhParams;
-
-impl KindParams for TanhParams {
-    const KEYS: &'static [&'static str] = &["loss_weight"];
-
-    fn resolve(_: &LayerConfig) -> Resolved<Self> {
-        Ok(TanhParams)
-    }
+parameterless_kind! {
+    /// `tanh`: no parameters.
+    pub struct TanhParams, keys &["loss_weight"];
 }
 
-/// `abs_val`: no parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AbsValParams;
-
-impl KindParams for AbsValParams {
-    const KEYS: &'static [&'static str] = &[];
-
-    fn resolve(_: &LayerConfig) -> Resolved<Self> {
-        Ok(AbsValParams)
-    }
+parameterless_kind! {
+    /// `abs_val`: no parameters.
+    pub struct AbsValParams, keys &[];
 }
 
 /// `power`: `y = (shift + scale · x)^power`.

@@ -61,16 +61,9 @@ impl KindParams for SplitParams {
     }
 }
 
-/// `silence`: reads its bottoms, writes nothing; their gradient from it is zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SilenceParams;
-
-impl KindParams for SilenceParams {
-    const KEYS: &'static [&'static str] = &[];
-
-    fn resolve(_: &LayerConfig) -> Resolved<Self> {
-        Ok(SilenceParams)
-    }
+parameterless_kind! {
+    /// `silence`: reads its bottoms, writes nothing; their gradient from it is zero.
+    pub struct SilenceParams, keys &[];
 }
 
 /// `slice`: the bottom cut along `axis` into one piece per top, at `slice_point` (the offsets

@@ -1,6 +1,7 @@
 //! Launchers of the per-channel kernels (`channel.cu`): deterministic two-stage reductions over a
-//! channel view, per-channel affine maps and PReLU's per-channel slopes. A "channel view" `(outer, dim, inner)` of a blob has
-//! the channel index `(i / inner) % dim`: `(N, C, H·W)` for NCHW, `(N·H·W, C, 1)` for NHWC.
+//! channel view, per-channel affine maps and PReLU's per-channel slopes. A "channel view"
+//! `(outer, dim, inner)` of a blob has the channel index `(i / inner) % dim`: `(N, C, H·W)` for
+//! NCHW, `(N·H·W, C, 1)` for NHWC.
 
 use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
@@ -8,21 +9,6 @@ use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
-
-/// The checks of a kernel over `(n)` elements viewed as `(·, dim, inner)` with a per-channel
-/// operand `(name, elements)` of `dim` elements ([`check_len`], then [`int_count`] over the
-/// buffers `lens`): `(n, dim, inner)` as kernel ints, or `None` when there is nothing to launch.
-fn channel_counts(
-    op: &str,
-    (what, len): (&str, usize),
-    n: usize,
-    lens: &[(&str, usize)],
-    (dim, inner): (usize, usize),
-) -> Option<(i32, i32, i32)> {
-    check_len(op, what, len, dim);
-    let ni = int_count(op, n, lens)?;
-    Some((ni, to_i32(op, dim), to_i32(op, inner)))
-}
 
 impl Kernels {
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
@@ -89,33 +75,17 @@ impl Kernels {
         b: &impl DevicePtr<f32>,
         use_b: bool,
         out: &mut impl DevicePtrMut<f32>,
-        (outer, dim, inner): (usize, usize, usize),
+        dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let op = "channel_reduce";
-        let n = outer * dim * inner;
-        check_len(op, "a", a.len(), n);
-        if use_b {
-            check_len(op, "b", b.len(), n);
-        }
-        check_len(op, "out", out.len(), dim);
-        if dim == 0 {
-            return Ok(());
-        }
-        to_i32(op, n);
-        let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (hb, acc) = (use_b as i32, accumulate as i32);
-        self.two_stage_sums(
+        let operands = (a, use_b.then_some(b));
+        self.channel_sums(
             s,
-            (op, 1),
-            (outer, dim, inner),
-            |grid, pp, sp| {
-                launch!(self, s, channel_reduce, grid, [in a, in b, &hb, &pp, &o, &d, &i, &sp])
-            },
-            |pp, sp| {
-                let rows = self.grid_rows(dim);
-                launch!(self, s, channel_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
-            },
+            ("channel_reduce", false),
+            operands,
+            out,
+            dims,
+            accumulate,
         )
     }
 
@@ -129,30 +99,71 @@ impl Kernels {
         a: &impl DevicePtr<f32>,
         b: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
+        dims: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = ("channel_reduce_pair", true);
+        self.channel_sums(s, op, (a, Some(b)), out, dims, accumulate)
+    }
+
+    /// The sums per channel `out (+)=` of the two-stage reduction [`Kernels::two_stage_sums`]
+    /// over the view `(outer, dim, inner)` of `a` and `b` (`None`: not read): one per channel
+    /// (`out (dim)`, [`Kernels::channel_reduce`]), or with `pair` two
+    /// ([`Kernels::channel_reduce_pair`], `out (2·dim)`).
+    fn channel_sums(
+        &self,
+        s: &Arc<CudaStream>,
+        (op, pair): (&str, bool),
+        (a, b): (&impl DevicePtr<f32>, Option<&impl DevicePtr<f32>>),
+        out: &mut impl DevicePtrMut<f32>,
         (outer, dim, inner): (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let op = "channel_reduce_pair";
+        // Both stage-1 kernels take `(a, b, has_b, partial, outer, dim, inner, splits)`, both
+        // finishing ones `(partial, out, dim, splits, accumulate)`.
+        let (per_channel, [stage1, finish]) = if pair {
+            let kernels = [
+                (&self.bn_sums, "bn_sums"),
+                (&self.pair_reduce_finish, "pair_reduce_finish"),
+            ];
+            (2, kernels)
+        } else {
+            let kernels = [
+                (&self.channel_reduce, "channel_reduce"),
+                (&self.channel_reduce_finish, "channel_reduce_finish"),
+            ];
+            (1, kernels)
+        };
         let n = outer * dim * inner;
         check_len(op, "a", a.len(), n);
-        check_len(op, "b", b.len(), n);
-        check_len(op, "out", out.len(), 2 * dim);
+        if let Some(b) = b {
+            check_len(op, "b", b.len(), n);
+        }
+        check_len(op, "out", out.len(), per_channel * dim);
         if dim == 0 {
             return Ok(());
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (has_b, acc) = (1i32, accumulate as i32);
+        let (hb, acc) = (b.is_some() as i32, accumulate as i32);
+        // An absent `b` passes a's address, never read (has_b is 0).
+        let (bp, _b) = match b {
+            Some(b) => b.device_ptr(s),
+            None => a.device_ptr(s),
+        };
         self.two_stage_sums(
             s,
-            (op, 2),
+            (op, per_channel),
             (outer, dim, inner),
             |grid, pp, sp| {
-                launch!(self, s, bn_sums, grid, [in a, in b, &has_b, &pp, &o, &d, &i, &sp])
+                launch!(
+                    function stage1.0, stage1.1, s, grid,
+                    [in a, &bp, &hb, &pp, &o, &d, &i, &sp]
+                )
             },
             |pp, sp| {
                 let rows = self.grid_rows(dim);
-                launch!(self, s, pair_reduce_finish, rows, [&pp, out out, &d, &sp, &acc])
+                launch!(function finish.0, finish.1, s, rows, [&pp, out out, &d, &sp, &acc])
             },
         )
     }
@@ -207,10 +218,11 @@ impl Kernels {
         (dim, inner): (usize, usize),
     ) -> Result<()> {
         let op = "channel_bias_inplace";
-        let ch = ("bias", bias.len());
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &[("y", y.len())], (dim, inner)) else {
+        check_len(op, "bias", bias.len(), dim);
+        let Some(ni) = int_count(op, n, &[("y", y.len())]) else {
             return Ok(());
         };
+        let (d, i) = (to_i32(op, dim), to_i32(op, inner));
         let (yp, _y) = y.device_ptr_mut(s);
         // channel_affine reads x[i] before it writes y[i]: x = y is its in-place form; the
         // scale operand is absent (flag 0, never read).
@@ -220,91 +232,30 @@ impl Kernels {
             [&yp, &yp, &no, in bias, &yes, &yp, &ni, &d, &i]
         )
     }
+}
 
+launchers! {
     /// `dx (+)= dy · scale[d]` over `(n)` viewed as `(·, dim, inner)`.
-    #[allow(clippy::too_many_arguments)]
     pub fn channel_scale_backward(
-        &self,
-        s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
-        scale: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "channel_scale_backward";
-        let ch = ("scale", scale.len());
-        let lens = [("dy", dy.len()), ("dx", dx.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(
-            self, s, channel_scale_backward, self.grid(n),
-            [in dy, in scale, out dx, &ni, &d, &i, &acc]
-        )
-    }
+        dy: in f32, scale: in f32 [dim], dx: out f32,
+        n: elements as i32, (dim, inner): (usize, usize) as i32, accumulate: bool as i32,
+    ) => launch channel_scale_backward(in dy, in scale, out dx, &n, &dim, &inner, &accumulate);
 
     /// PReLU forward over `(n)` viewed as `(·, dim, inner)`: `y = max(x, 0) + slope[d] ·
     /// min(x, 0)` (`dim = 1`: one slope for all).
     pub fn prelu_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        slope: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-    ) -> Result<()> {
-        let op = "prelu_forward";
-        let ch = ("slope", slope.len());
-        let lens = [("x", x.len()), ("y", y.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        launch!(self, s, prelu_forward, self.grid(n), [in x, in slope, out y, &ni, &d, &i])
-    }
+        x: in f32, slope: in f32 [dim], y: out f32, n: elements as i32,
+        (dim, inner): (usize, usize) as i32,
+    ) => launch prelu_forward(in x, in slope, out y, &n, &dim, &inner);
 
     /// PReLU backward to the bottom over `(n)` viewed as `(·, dim, inner)`: `dx (+)= x > 0 ? dy
     /// : slope[d] · dy`.
-    #[allow(clippy::too_many_arguments)]
     pub fn prelu_backward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        slope: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        (dim, inner): (usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "prelu_backward";
-        let ch = ("slope", slope.len());
-        let lens = [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())];
-        let Some((ni, d, i)) = channel_counts(op, ch, n, &lens, (dim, inner)) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(
-            self, s, prelu_backward, self.grid(n),
-            [in x, in dy, in slope, out dx, &ni, &d, &i, &acc]
-        )
-    }
+        x: in f32, dy: in f32, slope: in f32 [dim], dx: out f32,
+        n: elements as i32, (dim, inner): (usize, usize) as i32, accumulate: bool as i32,
+    ) => launch prelu_backward(in x, in dy, in slope, out dx, &n, &dim, &inner, &accumulate);
 
     /// `m = x ≤ 0 ? x : 0` over `(n)`: the factor of `dy` in PReLU's slope gradient.
-    pub fn prelu_negative_part(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        m: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let op = "prelu_negative_part";
-        let Some(ni) = int_count(op, n, &[("x", x.len()), ("m", m.len())]) else {
-            return Ok(());
-        };
-        launch!(self, s, prelu_negative_part, self.grid(n), [in x, out m, &ni])
-    }
+    pub fn prelu_negative_part(x: in f32, m: out f32, n: elements as i32)
+        => launch prelu_negative_part(in x, out m, &n);
 }

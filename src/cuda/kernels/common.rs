@@ -1,5 +1,6 @@
 //! What every launcher shares (the kernels' shared helpers are in `common.cu` beside this file):
-//! the [`launch!`] macro every launcher starts its kernel with, the launch geometries of the
+//! the [`launch!`] macro every launcher starts its kernel with, the [`launchers!`] macro that
+//! declares the launchers of one kernel each from compact signatures, the launch geometries of the
 //! grid-stride, one-warp-per-row and single-block kernels, the length checks (one buffer at a
 //! time, or every buffer of a kernel over `(n)` elements at once), and the
 //! stream-holding kernel of the path timings.
@@ -51,6 +52,150 @@ macro_rules! launch {
         [$arg:expr $(, $($rest:tt)*)?]) => {
         launch!(@bind $f, $name, $s, $cfg, [$($done,)* $arg] [$($($rest)*)?])
     };
+}
+
+/// Declares launchers of one kernel each from compact signatures, so that the checks and
+/// conversions every launcher makes are written once. Each entry
+///
+/// ```text
+/// /// What it computes, with the shapes.
+/// pub fn NAME(PARAM, ..) over [COUNT] { PREP } => launch KERNEL(ARG, ..) GRID;
+/// ```
+///
+/// (`over [COUNT]`, `{ PREP }` and `GRID` optional) becomes
+/// `pub fn NAME(&self, s: &CudaStream, PARAM, ..) -> Result<()>`, which
+/// 1. panics unless every device buffer holds the elements it needs ([`check_len`]),
+/// 2. returns at once when the element count is 0,
+/// 3. converts the parameters marked `as i32` / `as i64` to the kernel's integers (panicking
+///    beyond `int`'s range, [`to_i32`]),
+/// 4. runs the statements `PREP`, which see the launcher's name as `OP`,
+/// 5. launches `KERNEL` on `s` with the `ARG`s as [`launch!`] takes them, over `GRID`:
+///    `grid N` one wave over `N` elements, `on CONFIG` that launch configuration, none one wave
+///    over the element count.
+///
+/// A `PARAM` is one of
+/// - `x: in T` / `x: out T`: a device buffer the kernel reads (`&impl DevicePtr<T>`) / writes
+///   (`&mut impl DevicePtrMut<T>`) holding the element count; `x: in T [LEN]`: holding `LEN`;
+/// - `n: elements as i32` / `n: elements as i64`: the element count (`usize`), passed as the
+///   kernel's `int` / `long long`; `(a, b, c): elements as i32`: a shape of `usize`s whose
+///   product is the element count (within `int`'s range), each passed as an `int`;
+/// - `k: usize as i32`, `(a, b): (usize, usize) as i32`: `int`s; `flag: bool as i32`: 0 or 1;
+/// - `x: TYPE`, `(a, b): TYPE` or `[a, b]: TYPE`: any other parameter, as it is.
+///
+/// Where no parameter is the element count, `over [COUNT]` gives it: an expression of the
+/// parameters as passed (evaluated where it is needed; `PREP` checks its range where the kernel
+/// takes it as an `int`). Without either, nothing is skipped and `GRID` must be given.
+macro_rules! launchers {
+    ($(
+        $(#[$attr:meta])*
+        pub fn $name:ident($($params:tt)*) $(over [$count:expr])? $({ $($prep:tt)* })?
+            => launch $kernel:ident($($args:tt)*) $($grid:ident $grid_arg:expr)?;
+    )*) => {
+        // Each launcher: `@param` reads its parameters one at a time into the signature, the
+        // buffers to check, the element count and the conversions; `@emit` writes the method.
+        // The `self` token travels in the head, so that the receiver and its uses share one
+        // hygiene context.
+        impl Kernels {$(
+            launchers!(@param
+                [self [$(#[$attr])*] $name [$($($prep)*)?] $kernel [$($args)*]]
+                [$($grid $grid_arg)?] [] [] [$($count)?] [] $($params)*
+            );
+        )*}
+    };
+    // Every parameter read: the grid defaults to one wave over the element count.
+    (@param $head:tt [] $sig:tt $ops:tt [$($count:tt)+] $conv:tt) => {
+        launchers!(@emit $head [grid $($count)+] $sig $ops [$($count)+] $conv);
+    };
+    (@param $head:tt $grid:tt $sig:tt $ops:tt $count:tt $conv:tt) => {
+        launchers!(@emit $head $grid $sig $ops $count $conv);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] [$($ops:tt)*] $count:tt $conv:tt
+        $p:ident : in $t:ty $([$len:expr])? $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: &impl DevicePtr<$t>,]
+            [$($ops)* ($p $($len)?)] $count $conv $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] [$($ops:tt)*] $count:tt $conv:tt
+        $p:ident : out $t:ty $([$len:expr])? $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: &mut impl DevicePtrMut<$t>,]
+            [$($ops)* ($p $($len)?)] $count $conv $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt [] [$($conv:tt)*]
+        $p:ident : elements as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: usize,] $ops [$p]
+            [$($conv)* let $p = to_i32(OP, $p);] $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt [] [$($conv:tt)*]
+        $p:ident : elements as i64 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: usize,] $ops [$p]
+            [$($conv)* let $p = $p as i64;] $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt [] [$($conv:tt)*]
+        ($first:ident $(, $p:ident)+) : elements as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid
+            [$($sig)* ($first $(, $p)+): (usize $(, launchers!(@usize $p))+),] $ops
+            [$first $(* $p)+]
+            [
+                $($conv)* to_i32(OP, $first $(* $p)+);
+                let $first = to_i32(OP, $first);
+                $(let $p = to_i32(OP, $p);)+
+            ]
+            $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt [$($conv:tt)*]
+        $p:ident : usize as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: usize,] $ops $count
+            [$($conv)* let $p = to_i32(OP, $p);] $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt [$($conv:tt)*]
+        $p:ident : bool as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: bool,] $ops $count
+            [$($conv)* let $p = i32::from($p);] $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt [$($conv:tt)*]
+        ($($p:ident),+) : ($($t:ty),+) as i32 $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* ($($p),+): ($($t),+),] $ops $count
+            [$($conv)* $(let $p = to_i32(OP, $p);)+] $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt $conv:tt
+        $p:ident : $t:ty $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* $p: $t,] $ops $count $conv $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt $conv:tt
+        ($($p:ident),+) : $t:ty $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* ($($p),+): $t,] $ops $count $conv
+            $($($rest)*)?);
+    };
+    (@param $head:tt $grid:tt [$($sig:tt)*] $ops:tt $count:tt $conv:tt
+        [$($p:ident),+] : $t:ty $(, $($rest:tt)*)?) => {
+        launchers!(@param $head $grid [$($sig)* [$($p),+]: $t,] $ops $count $conv
+            $($($rest)*)?);
+    };
+    (@emit [$this:tt [$($attr:tt)*] $name:ident [$($prep:tt)*] $kernel:ident [$($args:tt)*]]
+        [$how:ident $grid:expr] [$($sig:tt)*] [$(($op:ident $($len:expr)?))*] $count:tt
+        [$($conv:tt)*]) => {
+        $($attr)*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name(&$this, s: &CudaStream, $($sig)*) -> Result<()> {
+            const OP: &str = stringify!($name);
+            $(check_len(OP, stringify!($op), $op.len(), launchers!(@need $count $($len)?));)*
+            launchers!(@return_if_empty $count);
+            let grid = launchers!(@grid $this $how $grid);
+            $($conv)*
+            $($prep)*
+            launch!($this, s, $kernel, grid, [$($args)*])
+        }
+    };
+    (@need [$count:expr]) => { $count };
+    (@need $count:tt $len:expr) => { $len };
+    (@return_if_empty []) => {};
+    (@return_if_empty [$count:expr]) => {
+        if $count == 0 {
+            return Ok(());
+        }
+    };
+    (@grid $this:tt grid $n:expr) => { $this.grid($n) };
+    (@grid $this:tt on $config:expr) => { $config };
+    (@usize $p:ident) => { usize };
 }
 
 /// Threads per block of the grid-stride kernels; a multiple of the warp size.

@@ -1,42 +1,39 @@
 //! Launchers of the copy kernels (`copy.cu`): strided rows (concat, slices), strided planes (a
 //! strided 1 × 1 convolution's data gradient) and batched transposes (NCHW ↔ NHWC).
 
-use super::{check_len, check_lens, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-impl Kernels {
+launchers! {
     /// `y[b] (+)= x[b]ᵀ` for `batch` row-major `(rows, cols)` matrices `x`, each becoming
     /// `(cols, rows)`: NCHW ↔ NHWC (`rows = C, cols = H·W` or the reverse) and KCRS ↔ KRSC.
-    #[allow(clippy::too_many_arguments)]
     pub fn transpose(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        batch: usize,
-        (rows, cols): (usize, usize),
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "transpose";
-        let n = batch * rows * cols;
-        if !check_lens(op, n, &[("x", x.len()), ("y", y.len())]) {
-            return Ok(());
-        }
-        let (ri, ci) = (to_i32(op, rows), to_i32(op, cols));
-        let acc = accumulate as i32;
-        let batch = u32::try_from(batch)
-            .ok()
-            .filter(|&b| b <= 65_535)
-            .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
-        let cfg = LaunchConfig {
-            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, s, transpose_batched, cfg, [in x, out y, &ri, &ci, &acc])
-    }
+        x: in f32, y: out f32, batch: usize, (rows, cols): (usize, usize) as i32,
+        accumulate: bool as i32,
+    ) over [batch * rows * cols]
+        => launch transpose_batched(in x, out y, &rows, &cols, &accumulate)
+        on transpose_tiles(OP, batch, (rows, cols));
+}
 
+/// The launch of `transpose_batched` over `batch` `(rows, cols)` matrices: blocks of 32 × 8
+/// threads, one per 32 × 32 tile and matrix.
+///
+/// # Panics
+/// If the matrices exceed the grid (65,535 along z).
+fn transpose_tiles(op: &str, batch: usize, (rows, cols): (usize, usize)) -> LaunchConfig {
+    let batch = u32::try_from(batch)
+        .ok()
+        .filter(|&b| b <= 65_535)
+        .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Kernels {
     /// `dx (planes, h, w, inner) (+)= ` `t (planes, oh, ow, inner)` spread to the positions
     /// `(oy·sh, ox·sw)`, zero elsewhere: the data gradient of a strided 1 × 1 convolution
     /// without padding from `t = Wᵀ·dy` (NCHW: `planes = N·C`, `inner = 1`; NHWC: `planes = N`,

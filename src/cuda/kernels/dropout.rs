@@ -1,7 +1,7 @@
 //! Launchers of the dropout kernels (`dropout.cu`): the counter-based mask of the layer contract,
 //! forward and backward.
 
-use super::{int_count, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
@@ -20,55 +20,31 @@ pub struct DropoutMask {
 }
 
 impl DropoutMask {
-    /// `(per_sample, chans)` as the kernels' ints (`per_sample` at least 1).
-    fn ints(&self, op: &str) -> (i32, i32) {
-        (to_i32(op, self.per_sample.max(1)), to_i32(op, self.chans))
+    /// The mask as the kernels take it: `(per_sample, chans)` as ints (`per_sample` at least 1),
+    /// then `(seed, iter, first_sample, ratio, scale)`.
+    fn kernel_args(&self, op: &str) -> (i32, i32, u64, u64, u64, f32, f32) {
+        let (seed, iter, first) = self.key;
+        let per_sample = to_i32(op, self.per_sample.max(1));
+        let chans = to_i32(op, self.chans);
+        (per_sample, chans, seed, iter, first, self.ratio, self.scale)
     }
 }
 
-impl Kernels {
+launchers! {
     /// Dropout forward over `(n)`: `y = x · scale` where `mask` keeps an element, else 0.
-    pub fn dropout_forward(
-        &self,
-        s: &CudaStream,
-        mask: &DropoutMask,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let op = "dropout_forward";
-        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
-            return Ok(());
-        };
-        let (pi, chans) = mask.ints(op);
-        let ((seed, iter, first), ratio, scale) = (mask.key, mask.ratio, mask.scale);
-        launch!(
-            self, s, dropout_forward, self.grid(n),
-            [in x, out y, &ni, &pi, &chans, &seed, &iter, &first, &ratio, &scale]
-        )
-    }
+    pub fn dropout_forward(mask: &DropoutMask, x: in f32, y: out f32, n: elements as i32) {
+        let (per_sample, chans, seed, iter, first, ratio, scale) = mask.kernel_args(OP);
+    } => launch dropout_forward(
+        in x, out y, &n, &per_sample, &chans, &seed, &iter, &first, &ratio, &scale
+    );
 
     /// Dropout backward with the forward's mask: `dx (+)= dy · scale` where it keeps an
     /// element, else `dx (+)= 0`.
     pub fn dropout_backward(
-        &self,
-        s: &CudaStream,
-        mask: &DropoutMask,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "dropout_backward";
-        let Some(ni) = int_count(op, n, &[("dy", dy.len()), ("dx", dx.len())]) else {
-            return Ok(());
-        };
-        let (pi, chans) = mask.ints(op);
-        let ((seed, iter, first), ratio, scale) = (mask.key, mask.ratio, mask.scale);
-        let acc = accumulate as i32;
-        launch!(
-            self, s, dropout_backward, self.grid(n),
-            [in dy, out dx, &ni, &pi, &chans, &seed, &iter, &first, &ratio, &scale, &acc]
-        )
-    }
+        mask: &DropoutMask, dy: in f32, dx: out f32, n: elements as i32, accumulate: bool as i32,
+    ) {
+        let (per_sample, chans, seed, iter, first, ratio, scale) = mask.kernel_args(OP);
+    } => launch dropout_backward(
+        in dy, out dx, &n, &per_sample, &chans, &seed, &iter, &first, &ratio, &scale, &accumulate
+    );
 }

@@ -3,9 +3,9 @@
 //! backward, bias rows, scaled copies, elementwise products and Eltwise MAX. Every operand is
 //! `(n)` unless a method says otherwise.
 
-use super::{check_len, check_lens, int_count, to_i32, Kernels};
+use super::{check_len, int_count, to_i32, Kernels};
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 /// An elementwise activation and its parameters: which pair of kernels a neuron layer runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,53 +32,46 @@ impl Activation {
     }
 }
 
-impl Kernels {
+launchers! {
     /// `x[..n] = value`.
-    pub fn fill(
-        &self,
-        s: &CudaStream,
-        x: &mut impl DevicePtrMut<f32>,
-        value: f32,
-        n: usize,
-    ) -> Result<()> {
-        if !check_lens("fill", n, &[("x", x.len())]) {
-            return Ok(());
-        }
-        let n64 = n as i64;
-        launch!(self, s, fill, self.grid(n), [out x, &value, &n64])
-    }
+    pub fn fill(x: out f32, value: f32, n: elements as i64)
+        => launch fill(out x, &value, &n);
 
     /// `x[..n] *= alpha`.
-    pub fn scale(
-        &self,
-        s: &CudaStream,
-        x: &mut impl DevicePtrMut<f32>,
-        alpha: f32,
-        n: usize,
-    ) -> Result<()> {
-        if !check_lens("scale", n, &[("x", x.len())]) {
-            return Ok(());
-        }
-        let n64 = n as i64;
-        launch!(self, s, scale, self.grid(n), [out x, &alpha, &n64])
-    }
+    pub fn scale(x: out f32, alpha: f32, n: elements as i64)
+        => launch scale(out x, &alpha, &n);
 
     /// `y[..n] += alpha · x[..n]`.
-    pub fn axpy(
-        &self,
-        s: &CudaStream,
-        alpha: f32,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        if !check_lens("axpy", n, &[("x", x.len()), ("y", y.len())]) {
-            return Ok(());
-        }
-        let n64 = n as i64;
-        launch!(self, s, axpy, self.grid(n), [in x, out y, &alpha, &n64])
-    }
+    pub fn axpy(alpha: f32, x: in f32, y: out f32, n: elements as i64)
+        => launch axpy(in x, out y, &alpha, &n);
 
+    /// `y (+)= alpha · x` over `(n)`.
+    pub fn scaled_copy(
+        x: in f32, y: out f32, alpha: f32, n: elements as i32, accumulate: bool as i32,
+    ) => launch scaled_copy(in x, out y, &alpha, &n, &accumulate);
+
+    /// `y = a · b` over `(n)`.
+    pub fn mul_into(a: in f32, b: in f32, y: out f32, n: elements as i32)
+        => launch mul_into(in a, in b, out y, &n);
+
+    /// `y *= x` over `(n)`.
+    pub fn mul_inplace(y: out f32, x: in f32, n: elements as i32)
+        => launch mul_inplace(out y, in x, &n);
+
+    /// Eltwise MAX with bottom `k`: `k = 0` sets `y = x, mask = 0`; later bottoms replace where
+    /// strictly greater (`mask = k`). `(n)` each.
+    pub fn eltwise_max_step(
+        x: in f32, y: out f32, mask: out i32, k: usize as i32, n: elements as i32,
+    ) => launch eltwise_max_step(in x, out y, out mask, &k, &n);
+
+    /// `dx (+)= mask == k ? dy : 0` over `(n)`.
+    pub fn eltwise_max_backward(
+        dy: in f32, mask: in i32, dx: out f32,
+        k: usize as i32, n: elements as i32, accumulate: bool as i32,
+    ) => launch eltwise_max_backward(in dy, in mask, out dx, &k, &n, &accumulate);
+}
+
+impl Kernels {
     /// `y = f(x)` over `(n)`.
     pub fn activation_forward(
         &self,
@@ -180,96 +173,5 @@ impl Kernels {
         let (r, c) = (to_i32("bias_add", rows), to_i32("bias_add", cols));
         to_i32("bias_add", rows * cols);
         launch!(self, s, bias_add, self.grid(rows * cols), [out y, in b, &r, &c])
-    }
-
-    /// `y (+)= alpha · x` over `(n)`.
-    pub fn scaled_copy(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        alpha: f32,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let Some(ni) = int_count("scaled_copy", n, &[("x", x.len()), ("y", y.len())]) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(self, s, scaled_copy, self.grid(n), [in x, out y, &alpha, &ni, &acc])
-    }
-
-    /// `y = a · b` over `(n)`.
-    pub fn mul_into(
-        &self,
-        s: &CudaStream,
-        a: &impl DevicePtr<f32>,
-        b: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let lens = [("a", a.len()), ("b", b.len()), ("y", y.len())];
-        let Some(ni) = int_count("mul_into", n, &lens) else {
-            return Ok(());
-        };
-        launch!(self, s, mul_into, self.grid(n), [in a, in b, out y, &ni])
-    }
-
-    /// `y *= x` over `(n)`.
-    pub fn mul_inplace(
-        &self,
-        s: &CudaStream,
-        y: &mut impl DevicePtrMut<f32>,
-        x: &impl DevicePtr<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let Some(ni) = int_count("mul_inplace", n, &[("x", x.len()), ("y", y.len())]) else {
-            return Ok(());
-        };
-        launch!(self, s, mul_inplace, self.grid(n), [out y, in x, &ni])
-    }
-
-    /// Eltwise MAX with bottom `k`: `k = 0` sets `y = x, mask = 0`; later bottoms replace where
-    /// strictly greater (`mask = k`). `(n)` each.
-    pub fn eltwise_max_step(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        mask: &mut CudaSlice<i32>,
-        k: usize,
-        n: usize,
-    ) -> Result<()> {
-        let op = "eltwise_max_step";
-        let lens = [("x", x.len()), ("y", y.len()), ("mask", mask.len())];
-        let Some(ni) = int_count(op, n, &lens) else {
-            return Ok(());
-        };
-        let ki = to_i32(op, k);
-        launch!(self, s, eltwise_max_step, self.grid(n), [in x, out y, out mask, &ki, &ni])
-    }
-
-    /// `dx (+)= mask == k ? dy : 0` over `(n)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn eltwise_max_backward(
-        &self,
-        s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
-        mask: &CudaSlice<i32>,
-        dx: &mut impl DevicePtrMut<f32>,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "eltwise_max_backward";
-        let lens = [("dy", dy.len()), ("mask", mask.len()), ("dx", dx.len())];
-        let Some(ni) = int_count(op, n, &lens) else {
-            return Ok(());
-        };
-        let (ki, acc) = (to_i32(op, k), accumulate as i32);
-        launch!(
-            self, s, eltwise_max_backward, self.grid(n),
-            [in dy, in mask, out dx, &ki, &ni, &acc]
-        )
     }
 }

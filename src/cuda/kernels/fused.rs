@@ -174,32 +174,6 @@ impl Kernels {
         )
     }
 
-    /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0).
-    #[allow(clippy::too_many_arguments)]
-    pub fn sum2_relu_forward(
-        &self,
-        s: &CudaStream,
-        [c0, c1]: [f32; 2],
-        slope: f32,
-        x0: &impl DevicePtr<f32>,
-        x1: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let name = "sum2_relu_forward";
-        for (what, len) in [("x0", x0.len()), ("x1", x1.len()), ("y", y.len())] {
-            check_len(name, what, len, n);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let ni = to_i32(name, n);
-        launch!(
-            self, s, sum2_relu_forward, self.grid(n),
-            [in x0, in x1, &c0, &c1, &slope, out y, &ni]
-        )
-    }
-
     /// From the top's data `y (n)` and gradient `dy (n)`: `dx_k (+)= c_k · dy · relu'(y)` for each
     /// bottom `k` whose entry of `dx` is `Some((gradient, accumulate))`.
     #[allow(clippy::too_many_arguments)]
@@ -244,4 +218,11 @@ impl Kernels {
             [in y, in dy, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1], &ni]
         )
     }
+}
+
+launchers! {
+    /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0).
+    pub fn sum2_relu_forward(
+        [c0, c1]: [f32; 2], slope: f32, x0: in f32, x1: in f32, y: out f32, n: elements as i32,
+    ) => launch sum2_relu_forward(in x0, in x1, &c0, &c1, &slope, out y, &n);
 }

@@ -6,7 +6,7 @@
 //! other kernels: `convolution_implicit_gemm` (the same product without the column matrix) and
 //! `convolution_direct` (the forward from shared memory).
 
-use super::{check_len, int_count, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 
@@ -58,6 +58,12 @@ impl ConvGeom {
             .filter(|&len| i32::try_from(len).is_ok())
     }
 
+    /// [`ConvGeom::col_len`], panicking (naming `op`) beyond the kernels' int range.
+    fn checked_col_len(&self, op: &str) -> usize {
+        self.col_len()
+            .unwrap_or_else(|| panic!("{op}: the column matrix exceeds the int range"))
+    }
+
     /// Elements of the top `(n, k, oh, ow)` for `k` outputs.
     pub(super) fn output_len(&self, k: usize) -> usize {
         self.positions() * k
@@ -71,47 +77,19 @@ impl ConvGeom {
     }
 }
 
-impl Kernels {
+launchers! {
     /// `col (C·kh·kw, N, OH·OW)` of the batch `x (N, C, H, W)`; see im2col.cu.
     ///
     /// # Panics
     /// If the column matrix exceeds the kernels' int range ([`ConvGeom::col_len`]) or a buffer
     /// is too short.
-    pub fn im2col_batch(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        geom: ConvGeom,
-        col: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        let op = "im2col_batch";
-        let len = geom
-            .col_len()
-            .unwrap_or_else(|| panic!("{op}: the column matrix exceeds the int range"));
-        check_len(op, "x", x.len(), geom.input_len());
-        check_len(op, "col", col.len(), len);
-        if len == 0 {
-            return Ok(());
-        }
-        launch!(self, s, im2col_batch, self.grid(len), [in x, out col, &geom])
-    }
+    pub fn im2col_batch(x: in f32 [geom.input_len()], geom: ConvGeom, col: out f32)
+        over [geom.checked_col_len(OP)]
+        => launch im2col_batch(in x, out col, &geom);
 
     /// `y (b, a, p) = x (a, b, p)`.
-    pub fn swap_outer(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        (a, b, p): (usize, usize, usize),
-    ) -> Result<()> {
-        let op = "swap_outer";
-        let n = a * b * p;
-        if int_count(op, n, &[("x", x.len()), ("y", y.len())]).is_none() {
-            return Ok(());
-        }
-        let (ai, bi, pi) = (to_i32(op, a), to_i32(op, b), to_i32(op, p));
-        launch!(self, s, swap_outer, self.grid(n), [in x, out y, &ai, &bi, &pi])
-    }
+    pub fn swap_outer(x: in f32, y: out f32, (a, b, p): elements as i32)
+        => launch swap_outer(in x, out y, &a, &b, &p);
 }
 
 /// A square convolution geometry for the tests of the convolution kernels' launchers.

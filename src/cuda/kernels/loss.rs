@@ -1,7 +1,7 @@
 //! Launchers of the loss kernels (`loss.cu`): softmax with loss forward and backward, top-k
 //! accuracy, and the device scalars that carry a loss between host synchronisations.
 
-use super::{check_len, int_count, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
@@ -122,108 +122,42 @@ impl Kernels {
         }
         launch!(self, s, accuracy_finalize, Kernels::single_block(), [&rcp, &r, out out])
     }
+}
+
+launchers! {
+    /// ArgMax: `rows` searches of `dim` values `stride` apart in `x`, the `top_k` best of each
+    /// written to `y` (see `argmax_rank` in `loss.cu` and `crate::layers::arg_max` for the
+    /// layout); `(out_max_val, has_axis)` select it.
+    pub fn argmax(
+        x: in f32,
+        y: out f32 [rows * top_k * if out_max_val && !has_axis { 2 } else { 1 }],
+        (rows, dim, stride): (usize, usize, usize), top_k: usize,
+        (out_max_val, has_axis): (bool, bool),
+    ) over [rows * dim] {
+        to_i32(OP, rows * dim);
+        let [rows, dim, stride, top_k] = [rows, dim, stride, top_k].map(|v| to_i32(OP, v));
+        let (out_max_val, has_axis) = (i32::from(out_max_val), i32::from(has_axis));
+    } => launch argmax_rank(in x, out y, &rows, &dim, &stride, &top_k, &out_max_val, &has_axis);
 
     /// `dst[0] = (reset ? 0 : dst[0]) + weight · src[0]`.
-    pub fn weighted_sum(
-        &self,
-        s: &CudaStream,
-        src: &impl DevicePtr<f32>,
-        weight: f32,
-        dst: &mut impl DevicePtrMut<f32>,
-        reset: bool,
-    ) -> Result<()> {
-        check_len("weighted_sum", "src", src.len(), 1);
-        check_len("weighted_sum", "dst", dst.len(), 1);
-        let reset = reset as i32;
-        launch!(self, s, weighted_sum, Kernels::single_thread(), [in src, &weight, out dst, &reset])
-    }
+    pub fn weighted_sum(src: in f32 [1], weight: f32, dst: out f32 [1], reset: bool as i32)
+        => launch weighted_sum(in src, &weight, out dst, &reset) on Kernels::single_thread();
 
     /// `slots[slot] = (reset ? 0 : slots[slot]) + loss[0]`, in double.
     pub fn loss_slot(
-        &self,
-        s: &CudaStream,
-        loss: &impl DevicePtr<f32>,
-        slots: &mut impl DevicePtrMut<f64>,
-        slot: usize,
-        reset: bool,
-    ) -> Result<()> {
-        check_len("loss_slot", "loss", loss.len(), 1);
-        check_len("loss_slot", "slots", slots.len(), slot + 1);
-        let (slot, reset) = (to_i32("loss_slot", slot), reset as i32);
-        launch!(self, s, loss_slot, Kernels::single_thread(), [in loss, out slots, &slot, &reset])
-    }
+        loss: in f32 [1], slots: out f64 [slot + 1], slot: usize as i32, reset: bool as i32,
+    ) => launch loss_slot(in loss, out slots, &slot, &reset) on Kernels::single_thread();
 
     /// `diff_at[0] = NaN` where `loss[0]` (an iteration's summed loss, in double) is not finite:
     /// a replica's non-finite loss reaches every replica through the gradient all-reduce.
-    pub fn poison_gradient(
-        &self,
-        s: &CudaStream,
-        loss: &impl DevicePtr<f64>,
-        diff_at: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        check_len("poison_gradient", "loss", loss.len(), 1);
-        check_len("poison_gradient", "diff_at", diff_at.len(), 1);
-        launch!(self, s, poison_gradient, Kernels::single_thread(), [in loss, out diff_at])
-    }
+    pub fn poison_gradient(loss: in f64 [1], diff_at: out f32 [1])
+        => launch poison_gradient(in loss, out diff_at) on Kernels::single_thread();
 
     /// `y (+)= (sign · top_diff[0] / num) · x` over `(n)`: a loss's gradient scaled by the loss
     /// weight in its top's diff `(1)`, read on the device (EuclideanLoss: `sign` ±1, `num` the
     /// batch).
-    #[allow(clippy::too_many_arguments)]
     pub fn scaled_by_top_diff(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        top_diff: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        (sign, num): (f32, f32),
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let op = "scaled_by_top_diff";
-        check_len(op, "top_diff", top_diff.len(), 1);
-        let Some(ni) = int_count(op, n, &[("x", x.len()), ("y", y.len())]) else {
-            return Ok(());
-        };
-        let acc = accumulate as i32;
-        launch!(
-            self, s, scaled_by_top_diff, self.grid(n),
-            [in x, in top_diff, out y, &sign, &num, &ni, &acc]
-        )
-    }
-
-    /// ArgMax: `rows` searches of `dim` values `stride` apart in `x`, the `top_k` best of each
-    /// written to `y` (see `argmax_rank` in `loss.cu` and `crate::layers::arg_max` for the
-    /// layout); `(out_max_val, has_axis)` select it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn argmax(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        (rows, dim, stride): (usize, usize, usize),
-        top_k: usize,
-        (out_max_val, has_axis): (bool, bool),
-    ) -> Result<()> {
-        let op = "argmax";
-        let n = rows * dim;
-        let outputs = rows * top_k * if out_max_val && !has_axis { 2 } else { 1 };
-        check_len(op, "x", x.len(), n);
-        check_len(op, "y", y.len(), outputs);
-        if n == 0 {
-            return Ok(());
-        }
-        to_i32(op, n);
-        let (r, d, st, k) = (
-            to_i32(op, rows),
-            to_i32(op, dim),
-            to_i32(op, stride),
-            to_i32(op, top_k),
-        );
-        let (mv, ha) = (out_max_val as i32, has_axis as i32);
-        launch!(
-            self, s, argmax_rank, self.grid(n),
-            [in x, out y, &r, &d, &st, &k, &mv, &ha]
-        )
-    }
+        x: in f32, top_diff: in f32 [1], y: out f32, (sign, num): (f32, f32),
+        n: elements as i32, accumulate: bool as i32,
+    ) => launch scaled_by_top_diff(in x, in top_diff, out y, &sign, &num, &n, &accumulate);
 }

@@ -119,34 +119,6 @@ impl Kernels {
         )
     }
 
-    /// The running statistics update of a training forward, in `params (2C + 1)`, with the count
-    /// `m = sums[2C]` for the variance correction `m / (m − 1)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bn_update_running(
-        &self,
-        s: &CudaStream,
-        params: &mut impl DevicePtrMut<f32>,
-        mean: &CudaSlice<f32>,
-        var: &CudaSlice<f32>,
-        sums: &CudaSlice<f64>,
-        c: usize,
-        maf: f32,
-    ) -> Result<()> {
-        let op = "bn_update_running";
-        check_len(op, "params", params.len(), 2 * c + 1);
-        check_len(op, "mean", mean.len(), c);
-        check_len(op, "var", var.len(), c);
-        check_len(op, "sums", sums.len(), 2 * c + 1);
-        if c == 0 {
-            return Ok(());
-        }
-        let ci = to_i32(op, c);
-        launch!(
-            self, s, bn_update_running, self.grid(c),
-            [out params, in mean, in var, in sums, &ci, &maf]
-        )
-    }
-
     /// BatchNorm backward over `(N, C, S)`. With batch statistics, `batch = Some((y, sums))`:
     /// `dx (+)= (dy − mean(dy) − mean(dy·y)·y) · inv_std`, the means from `sums (2C + 1)` =
     /// `[Σ dy, Σ dy·y, m]`. With global statistics (`None`): `dx (+)= dy · inv_std[c]`.
@@ -204,30 +176,6 @@ fn activation_ints(
 }
 
 impl Kernels {
-    /// LRN forward over `x (N, C, H, W)`: `scale = k + c · (Σ_window x² / d)` and `y = x ·
-    /// scale^(−beta)`, each `(N, C, H, W)`.
-    pub fn lrn_forward(
-        &self,
-        s: &CudaStream,
-        w: &LrnWindow,
-        x: &impl DevicePtr<f32>,
-        scale: &mut impl DevicePtrMut<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        let op = "lrn_forward";
-        let lens = [("x", x.len()), ("scale", scale.len()), ("y", y.len())];
-        let Some(ni) = int_count(op, w.count(), &lens) else {
-            return Ok(());
-        };
-        let [_, c, h, wd] = w.shape.map(|v| to_i32(op, v));
-        let (half, within) = (to_i32(op, w.half), w.within as i32);
-        let (k, cf, d, beta) = (w.k, w.c, w.d, w.beta);
-        launch!(
-            self, s, lrn_forward, self.grid(w.count()),
-            [in x, out scale, out y, &ni, &c, &h, &wd, &half, &within, &k, &cf, &d, &beta]
-        )
-    }
-
     /// LRN backward: `dx (+)= dy · scale^(−beta) − (2·beta·c/d) · x · Σ_window dy · y / scale`,
     /// every operand `(N, C, H, W)`.
     #[allow(clippy::too_many_arguments)]
@@ -260,6 +208,26 @@ impl Kernels {
             [in x, in y, in dy, in scale, out dx, &ni, &c, &h, &wd, &half, &within, &beta, &factor, &acc]
         )
     }
+}
+
+launchers! {
+    /// The running statistics update of a training forward, in `params (2C + 1)`, with the count
+    /// `m = sums[2C]` for the variance correction `m / (m − 1)`.
+    pub fn bn_update_running(
+        params: out f32 [2 * c + 1], mean: in f32, var: in f32, sums: in f64 [2 * c + 1],
+        c: elements as i32, maf: f32,
+    ) => launch bn_update_running(out params, in mean, in var, in sums, &c, &maf);
+
+    /// LRN forward over `x (N, C, H, W)`: `scale = k + c · (Σ_window x² / d)` and `y = x ·
+    /// scale^(−beta)`, each `(N, C, H, W)`.
+    pub fn lrn_forward(w: &LrnWindow, x: in f32, scale: out f32, y: out f32) over [w.count()] {
+        let n = to_i32(OP, w.count());
+        let [_, c, h, wd] = w.shape.map(|v| to_i32(OP, v));
+        let (half, within) = (to_i32(OP, w.half), w.within as i32);
+        let (k, cf, d, beta) = (w.k, w.c, w.d, w.beta);
+    } => launch lrn_forward(
+        in x, out scale, out y, &n, &c, &h, &wd, &half, &within, &k, &cf, &d, &beta
+    );
 }
 
 /// The windows and constants of one LRN layer over `(N, C, H, W)`, as its kernels take them

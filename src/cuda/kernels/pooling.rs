@@ -45,14 +45,14 @@ const PLANE_RUN: usize = 4;
 const SCATTER_ROUNDS_MAX: usize = 9;
 
 impl PoolGeom {
-    /// Elements of one sample of the bottom.
-    fn bottom_per_sample(&self) -> usize {
-        (self.channels * self.height * self.width) as usize
+    /// Elements of `batch` samples of the bottom.
+    fn bottom_len(&self, batch: usize) -> usize {
+        batch * (self.channels * self.height * self.width) as usize
     }
 
-    /// Elements of one sample of the top.
-    fn top_per_sample(&self) -> usize {
-        (self.channels * self.pooled_h * self.pooled_w) as usize
+    /// Elements of `batch` samples of the top.
+    fn top_len(&self, batch: usize) -> usize {
+        batch * (self.channels * self.pooled_h * self.pooled_w) as usize
     }
 
     /// Elements of one `(n, c)` plane of the bottom and of the top.
@@ -148,58 +148,6 @@ impl Kernels {
         Some((cfg, per_pass as i32))
     }
 
-    /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
-    /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
-    /// that is not positive becomes 0 with no argmax, -1).
-    #[allow(clippy::too_many_arguments)]
-    pub fn max_pool_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        mask: &mut CudaSlice<i32>,
-        batch: usize,
-        g: PoolGeom,
-        relu: bool,
-    ) -> Result<()> {
-        let op = "max_pool_forward";
-        let top = batch * g.top_per_sample();
-        check_len(op, "x", x.len(), batch * g.bottom_per_sample());
-        check_len(op, "y", y.len(), top);
-        check_len(op, "mask", mask.len(), top);
-        if top == 0 {
-            return Ok(());
-        }
-        let ti = to_i32(op, top);
-        to_i32(op, batch * g.bottom_per_sample());
-        let relu = i32::from(relu);
-        launch!(self, s, max_pool_forward, self.grid(top), [in x, out y, out mask, &ti, &g, &relu])
-    }
-
-    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
-    /// `relu_slope`, of the ReLU of `x` with that negative slope (a ReLU before the pooling).
-    pub fn ave_pool_forward(
-        &self,
-        s: &CudaStream,
-        x: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<f32>,
-        batch: usize,
-        g: PoolGeom,
-        relu_slope: Option<f32>,
-    ) -> Result<()> {
-        let op = "ave_pool_forward";
-        let top = batch * g.top_per_sample();
-        check_len(op, "x", x.len(), batch * g.bottom_per_sample());
-        check_len(op, "y", y.len(), top);
-        if top == 0 {
-            return Ok(());
-        }
-        let ti = to_i32(op, top);
-        to_i32(op, batch * g.bottom_per_sample());
-        let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
-        launch!(self, s, ave_pool_forward, self.grid(top), [in x, out y, &ti, &g, &relu, &slope])
-    }
-
     /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
     /// that fit in shared memory take `max_pool_backward_scatter` (or, where windows overlap
     /// more than `SCATTER_ROUNDS_MAX` times, `pool_backward_planes`), others the generic
@@ -216,18 +164,15 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = "max_pool_backward";
-        let bottom = batch * g.bottom_per_sample();
-        check_len(op, "dy", dy.len(), batch * g.top_per_sample());
-        check_len(op, "mask", mask.len(), batch * g.top_per_sample());
+        let bottom = g.bottom_len(batch);
+        check_len(op, "dy", dy.len(), g.top_len(batch));
+        check_len(op, "mask", mask.len(), g.top_len(batch));
         check_len(op, "dx", dx.len(), bottom);
         if bottom == 0 {
             return Ok(());
         }
         let bi = to_i32(op, bottom);
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (mp, _m) = mask.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         let planes = batch * g.channels as usize;
         let (rounds_h, rounds_w) = g.scatter_rounds();
         let scatter = (rounds_h * rounds_w <= SCATTER_ROUNDS_MAX)
@@ -236,30 +181,21 @@ impl Kernels {
         if let Some(cfg) = scatter {
             let (pi, rh, rw) = (planes as i32, rounds_h as i32, rounds_w as i32);
             return launch!(
-                self,
-                s,
-                max_pool_backward_scatter,
-                cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &rh, &rw, &acc]
+                self, s, max_pool_backward_scatter, cfg,
+                [in dy, in mask, out dx, &pi, &g, &rh, &rw, &acc]
             );
         }
         if let Some((cfg, per_pass)) = self.pool_planes_grid(&g, planes) {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
             return launch!(
-                self,
-                s,
-                pool_backward_planes,
-                cfg,
-                [&dyp, &mp, &dxp, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
+                self, s, pool_backward_planes, cfg,
+                [in dy, in mask, out dx, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
             );
         }
         launch!(
-            self,
-            s,
-            max_pool_backward,
-            self.grid(bottom),
-            [&dyp, &mp, &dxp, &bi, &g, &acc]
+            self, s, max_pool_backward, self.grid(bottom),
+            [in dy, in mask, out dx, &bi, &g, &acc]
         )
     }
 
@@ -278,8 +214,8 @@ impl Kernels {
         relu: Option<(&X, f32)>,
     ) -> Result<()> {
         let op = "ave_pool_backward";
-        let bottom = batch * g.bottom_per_sample();
-        check_len(op, "dy", dy.len(), batch * g.top_per_sample());
+        let bottom = g.bottom_len(batch);
+        check_len(op, "dy", dy.len(), g.top_len(batch));
         check_len(op, "dx", dx.len(), bottom);
         if let Some((x, _)) = relu {
             check_len(op, "x", x.len(), bottom);
@@ -289,8 +225,6 @@ impl Kernels {
         }
         let bi = to_i32(op, bottom);
         let acc = accumulate as i32;
-        let (dyp, _dy) = dy.device_ptr(s);
-        let (dxp, _dx) = dx.device_ptr_mut(s);
         // Without a ReLU the bottom's values are never read.
         let (xp, _x) = match relu {
             Some((x, _)) => {
@@ -305,21 +239,39 @@ impl Kernels {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
             return launch!(
-                self,
-                s,
-                pool_backward_planes,
-                cfg,
-                [&dyp, &no_mask, &dxp, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
+                self, s, pool_backward_planes, cfg,
+                [in dy, &no_mask, out dx, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
             );
         }
         launch!(
-            self,
-            s,
-            ave_pool_backward,
-            self.grid(bottom),
-            [&dyp, &dxp, &bi, &g, &acc, &xp, &relu_i, &slope]
+            self, s, ave_pool_backward, self.grid(bottom),
+            [in dy, out dx, &bi, &g, &acc, &xp, &relu_i, &slope]
         )
     }
+}
+
+launchers! {
+    /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
+    /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
+    /// that is not positive becomes 0 with no argmax, -1).
+    pub fn max_pool_forward(
+        x: in f32 [g.bottom_len(batch)], y: out f32, mask: out i32,
+        batch: usize, g: PoolGeom, relu: bool as i32,
+    ) over [g.top_len(batch)] {
+        let top = to_i32(OP, g.top_len(batch));
+        to_i32(OP, g.bottom_len(batch));
+    } => launch max_pool_forward(in x, out y, out mask, &top, &g, &relu);
+
+    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
+    /// `relu_slope`, of the ReLU of `x` with that negative slope (a ReLU before the pooling).
+    pub fn ave_pool_forward(
+        x: in f32 [g.bottom_len(batch)], y: out f32, batch: usize, g: PoolGeom,
+        relu_slope: Option<f32>,
+    ) over [g.top_len(batch)] {
+        let top = to_i32(OP, g.top_len(batch));
+        to_i32(OP, g.bottom_len(batch));
+        let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
+    } => launch ave_pool_forward(in x, out y, &top, &g, &relu, &slope);
 }
 
 #[cfg(test)]

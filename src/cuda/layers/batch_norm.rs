@@ -23,7 +23,9 @@
 //! The state tensors have lr_mult 0: their gradient is zero (written as such when the net asks
 //! this layer to overwrite the parameter gradient).
 
-use super::{one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad};
+use super::{
+    one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad, StatePass,
+};
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
 use crate::cuda::blob::GpuBlob;
@@ -31,7 +33,7 @@ use crate::cuda::kernels::StatsSource;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView};
 
 /// BatchNorm; see the module docs.
 #[derive(Debug)]
@@ -202,18 +204,13 @@ impl GpuLayer for GpuBatchNorm {
 
     /// The running statistics of a training forward with batch statistics (the sums still hold
     /// the forward's count `m`).
-    fn update_state(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        params: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if ctx.phase != Phase::Train || !self.batch_stats {
+    fn update_state(&mut self, mut pass: StatePass<'_>) -> Result<()> {
+        if pass.ctx.phase != Phase::Train || !self.batch_stats {
             return Ok(());
         }
-        gpu.kernels.bn_update_running(
-            &gpu.compute,
-            params,
+        pass.gpu.kernels.bn_update_running(
+            &pass.gpu.compute,
+            &mut pass.params,
             &self.mean,
             &self.var,
             &self.sums,

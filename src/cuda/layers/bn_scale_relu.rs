@@ -17,14 +17,14 @@
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
 
 use super::batch_norm::GpuBatchNorm;
-use super::{BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad};
+use super::{BackwardPass, ForwardPass, GpuLayer, Grad, StatePass};
 use crate::config::layer_params::LayerParams;
 use crate::cuda::kernels::BnScaleRelu;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
 use crate::net::NodeView;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView};
 
 /// Whether the layers `chain` (a BatchNorm, a Scale, optionally a ReLU, in net order, each
 /// reading the previous one's top) compute what one [`GpuBnScaleRelu`] does: a Scale with one
@@ -147,14 +147,10 @@ impl GpuLayer for GpuBnScaleRelu {
             .bn_scale_relu_forward(&gpu.compute, &op, &x.data(), &mut z.data_mut())
     }
 
-    fn update_state(
-        &mut self,
-        gpu: &Gpu,
-        ctx: &GpuCtx<'_>,
-        params: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        let n = self.state_len();
-        self.bn.update_state(gpu, ctx, &mut params.slice_mut(..n))
+    fn update_state(&mut self, mut pass: StatePass<'_>) -> Result<()> {
+        let params = pass.params.slice_mut(..self.state_len());
+        let (gpu, ctx) = (pass.gpu, pass.ctx);
+        self.bn.update_state(StatePass { gpu, ctx, params })
     }
 
     fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {

@@ -90,7 +90,7 @@ impl GpuLayer for GpuInnerProduct {
         let [x, y] = pass.blobs.bottom_top();
         let w = params.slice(..n * k);
         let mut top = y.data_mut();
-        gpu.gemm(false, true, m, n, k, 1.0, &x.data(), &w, 0.0, &mut top)?;
+        gpu.gemm((false, true), (m, n, k), 1.0, &x.data(), &w, 0.0, &mut top)?;
         if self.bias_term {
             let b = params.slice(n * k..n * k + n);
             gpu.kernels.bias_add(&gpu.compute, &mut top, &b, m, n)?;
@@ -106,17 +106,15 @@ impl GpuLayer for GpuInnerProduct {
         let [x, y] = pass.blobs.bottom_top();
         let top_diff = y.diff();
         let beta = pass.param_grad.beta();
+        let dw = &mut param_diff.slice_mut(..n * k);
         gpu.gemm(
-            true,
-            false,
-            n,
-            k,
-            m,
+            (true, false),
+            (n, k, m),
             1.0,
             &top_diff,
             &x.data(),
             beta,
-            &mut param_diff.slice_mut(..n * k),
+            dw,
         )?;
         if self.bias_term {
             gpu.gemv_t(
@@ -131,17 +129,15 @@ impl GpuLayer for GpuInnerProduct {
         }
         if grad.wanted() {
             let w = pass.params.slice(..n * k);
+            let dx = &mut x.diff_mut();
             gpu.gemm(
-                false,
-                false,
-                m,
-                k,
-                n,
+                (false, false),
+                (m, k, n),
                 1.0,
                 &top_diff,
                 &w,
                 grad.beta(),
-                &mut x.diff_mut(),
+                dx,
             )?;
         }
         Ok(())

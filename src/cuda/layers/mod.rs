@@ -7,8 +7,8 @@
 //!   to run (see [`crate::cuda::layout`]); a layer reads and writes the blobs the net names by
 //!   index in one slice of [`GpuBlob`]s, so that a layer borrows its bottoms and tops disjointly
 //!   without collecting references (all indices of one layer are distinct; the net checks this).
-//!   A call's arguments come bundled: [`ForwardPass`] and [`BackwardPass`], whose [`LayerBlobs`]
-//!   picks the bottoms and tops (`pass.blobs.bottom_top()`).
+//!   A call's arguments come bundled: [`ForwardPass`], [`StatePass`] and [`BackwardPass`], whose
+//!   [`LayerBlobs`] picks the bottoms and tops (`pass.blobs.bottom_top()`).
 //! - Layers computed element by element (relu, sigmoid, tanh, abs_val, power, elu, and the views
 //!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`]; Scale and Bias
 //!   are kinds of [`affine::GpuAffine`]. Each kind's file builds it and holds its tests.
@@ -247,6 +247,15 @@ pub struct ForwardPass<'a> {
     pub params: CudaView<'a, f32>,
 }
 
+/// What a layer's update of its state after a training forward gets: the device, the pass and
+/// the layer's range of the flat parameters, to write.
+pub struct StatePass<'a> {
+    pub gpu: &'a Gpu,
+    pub ctx: &'a GpuCtx<'a>,
+    /// The layer's range of the flat parameters `(param_len)`, in `param_specs()` order.
+    pub params: CudaViewMut<'a, f32>,
+}
+
 /// What a layer's backward gets: [`ForwardPass`]'s arguments, what to do with each gradient,
 /// and the layer's range of the flat gradient.
 pub struct BackwardPass<'a> {
@@ -284,13 +293,8 @@ pub trait GpuLayer: Send {
     fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()>;
 
     /// After a training forward: writes the layer's state kept in its range of the flat
-    /// parameters `params` (BatchNorm's running statistics). Nothing for most layers.
-    fn update_state(
-        &mut self,
-        _gpu: &Gpu,
-        _ctx: &GpuCtx<'_>,
-        _params: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
+    /// parameters `pass.params` (BatchNorm's running statistics). Nothing for most layers.
+    fn update_state(&mut self, _pass: StatePass<'_>) -> Result<()> {
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 //! parameter diffs (accumulated and overwritten). A layer that can run channels-last is checked
 //! twice: on NCHW blobs and on NHWC ones (converted on the host on the way in and out).
 
-use super::{build, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs};
+use super::{build, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs, StatePass};
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, Phase};
 use crate::cuda::blob::GpuBlob;
@@ -129,8 +129,8 @@ impl Fixture {
 
     /// Runs `layer`'s update of its state in the parameters.
     pub fn update_state(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>, layer: &mut dyn GpuLayer) {
-        let mut params = self.params.slice_mut(..self.param_len);
-        layer.update_state(gpu, ctx, &mut params).unwrap();
+        let params = self.params.slice_mut(..self.param_len);
+        layer.update_state(StatePass { gpu, ctx, params }).unwrap();
     }
 
     /// Runs `layer`'s backward in `ctx`, the bottoms' diffs as `grads` says and the parameters'

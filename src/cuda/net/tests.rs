@@ -277,7 +277,7 @@ fn inputs_copied_ahead_reach_their_own_pass() {
     let a = gpu.compute.alloc_zeros::<f32>(m * m).unwrap();
     let mut c = gpu.compute.alloc_zeros::<f32>(m * m).unwrap();
     for _ in 0..40 {
-        gpu.gemm(false, false, m, m, m, 1.0, &a, &a, 0.0, &mut c)
+        gpu.gemm((false, false), (m, m, m), 1.0, &a, &a, 0.0, &mut c)
             .unwrap();
     }
     let len = net.blob(top).count();

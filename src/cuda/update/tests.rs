@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::backend::Cpu;
-use crate::config::{FillerConfig, LrPolicy, Plan};
+use crate::config::{LrPolicy, Plan};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::params::Params;
 use rand::{Rng, SeedableRng};
@@ -24,23 +24,10 @@ fn cfg(solver_type: SolverType) -> SolverConfig {
     c
 }
 
-/// Tensors of the given lengths and `(lr_mult, decay_mult)`, weights uniform in [−1, 1).
+/// Tensors of the given lengths and `(lr_mult, decay_mult)`, one layer each, weights uniform in
+/// [−1, 1).
 fn params(tensors: &[(usize, f32, f32)], seed: u64) -> Params {
-    let spans = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, &(len, lr_mult, decay_mult))| ParamSpan {
-            layer: i,
-            full_name: format!("t{i}"),
-            shape: vec![len],
-            offset: 0,
-            len: 0,
-            lr_mult,
-            decay_mult,
-            filler: FillerConfig::constant(0.0),
-        })
-        .collect();
-    let mut p = Params::new(spans);
+    let mut p = Params::of_tensors(tensors, |i| i);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     p.data
         .iter_mut()
