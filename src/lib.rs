@@ -35,6 +35,7 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
+pub mod precision;
 pub mod predict;
 pub mod resume;
 pub mod signals;
