@@ -568,6 +568,63 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
     }
 
+    /// Mixed precision's rounding points: after a forward pass every blob but the loss holds
+    /// values of the half type, after backward every activation gradient does, while the
+    /// parameter gradients (FP32 sums of half products) and the master weights do not.
+    #[test]
+    fn half_math_rounds_activations_and_their_gradients_but_not_parameter_gradients() {
+        use crate::layers::test_util::layer_table;
+        let act = layer_table("act", "tanh", &["ip"], &["ip"], "");
+        let (mut cfg, _) = load_str("t.toml", &net_around(&act), Path::new("."), &[]).unwrap();
+        for (math, half) in [
+            (crate::config::MathMode::Bf16, Half::Bf16),
+            (crate::config::MathMode::Fp16, Half::Fp16),
+        ] {
+            cfg.cluster.math = math;
+            let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+            assert_eq!(net.half(), Some(half));
+            Net::init_params(&mut params, 3);
+            let master = params.data.clone();
+            let cpu = crate::backend::Cpu::new(1);
+            let ctx = Ctx {
+                cpu: &cpu,
+                phase: Phase::Train,
+                iter: 0,
+                seed: 3,
+                first_sample: 0,
+                reducer: None,
+            };
+            let (d, l) = net.inputs_mut();
+            d.iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = 0.1 + (i % 7) as f32 / 7.0);
+            l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+            let out = net.forward(&ctx, &mut params);
+            assert!(out[0].value.is_finite());
+            net.backward(&ctx, &mut params, &mut |_| {});
+            let loss = net.blob_named("loss").unwrap();
+            let holds = |v: &[f32]| v.iter().all(|&x| half.holds(x));
+            for b in 0..net.blob_count() {
+                if b != loss && b != LABEL {
+                    assert!(holds(net.blob_data(b)), "{half:?}: blob {b}'s data");
+                }
+                if net.blob_needs_grad(b) {
+                    let diff = &net.blobs[b].diff;
+                    assert!(
+                        diff.iter().any(|&g| g != 0.0) && holds(diff),
+                        "{half:?}: {b}"
+                    );
+                }
+            }
+            assert_eq!(params.data, master, "the master weights are not rounded");
+            assert!(!holds(&params.data), "{half:?}: the filler's weights");
+            assert!(
+                !holds(&params.diff),
+                "{half:?}: parameter gradients in FP32"
+            );
+        }
+    }
+
     #[test]
     fn forward_and_backward_run_repeatedly_with_the_same_results() {
         let (cfg, _) = load_str("t.toml", &net_around(""), Path::new("."), &[]).unwrap();

@@ -237,21 +237,63 @@ impl MathMode {
     }
 }
 
-/// `cluster.loss_scale`: `"dynamic"` or a fixed factor.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
+/// `cluster.loss_scale`: `"dynamic"` or a fixed factor (anything else is refused saying so).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LossScale {
+    /// Backed off on an overflow, grown after a run of good steps.
+    Dynamic,
     /// A fixed factor, never changed.
     Fixed(f32),
-    /// `"dynamic"`: backed off on an overflow, grown after a run of good steps.
-    Named(LossScaleKind),
 }
 
-/// The named value of `cluster.loss_scale`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LossScaleKind {
-    Dynamic,
+/// What `cluster.loss_scale` accepts, in messages.
+const LOSS_SCALE_EXPECTED: &str = "\"dynamic\" or a positive number (a fixed scale)";
+
+impl Serialize for LossScale {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            LossScale::Dynamic => s.serialize_str("dynamic"),
+            LossScale::Fixed(v) => s.serialize_f32(*v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LossScale {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(LossScaleVisitor)
+    }
+}
+
+/// Reads a [`LossScale`]: `"dynamic"` or a number.
+struct LossScaleVisitor;
+
+impl serde::de::Visitor<'_> for LossScaleVisitor {
+    type Value = LossScale;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(LOSS_SCALE_EXPECTED)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<LossScale, E> {
+        match v {
+            "dynamic" => Ok(LossScale::Dynamic),
+            _ => Err(E::custom(format!(
+                "expected {LOSS_SCALE_EXPECTED}, found {v:?}"
+            ))),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
 }
 
 /// How GPUs store 4-D activations (`cluster.gpu_layout`).

@@ -79,7 +79,7 @@ impl LossScaler {
         };
         let (rule, scale) = match cluster.loss_scale {
             Some(LossScale::Fixed(s)) => (Rule::Fixed, s),
-            Some(LossScale::Named(_)) => (dynamic, cluster.loss_scale_init),
+            Some(LossScale::Dynamic) => (dynamic, cluster.loss_scale_init),
             None if cluster.math == MathMode::Fp16 => (dynamic, cluster.loss_scale_init),
             None => (Rule::Off, 1.0),
         };

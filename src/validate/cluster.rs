@@ -85,7 +85,7 @@ impl Validator<'_> {
             ));
         }
         let dynamic = match c.loss_scale {
-            Some(LossScale::Named(_)) => true,
+            Some(LossScale::Dynamic) => true,
             Some(LossScale::Fixed(_)) => false,
             None => c.math == MathMode::Fp16,
         };
