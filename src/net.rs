@@ -568,6 +568,27 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
     }
 
+    /// The train-phase context of the tests' passes.
+    fn train_ctx(cpu: &crate::backend::Cpu) -> Ctx<'_> {
+        Ctx {
+            cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 3,
+            first_sample: 0,
+            reducer: None,
+        }
+    }
+
+    /// Fills the inputs of a batch of 4: `offset + (i mod 7) / 7` and the labels 0, 3, 5, 9.
+    fn fill_inputs(net: &mut Net, offset: f32) {
+        let (d, l) = net.inputs_mut();
+        d.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = offset + (i % 7) as f32 / 7.0);
+        l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+    }
+
     /// Mixed precision's rounding points: after a forward pass every blob but the loss holds
     /// values of the half type, after backward every activation gradient does, while the
     /// parameter gradients (FP32 sums of half products) and the master weights do not.
@@ -586,19 +607,8 @@ mod tests {
             Net::init_params(&mut params, 3);
             let master = params.data.clone();
             let cpu = crate::backend::Cpu::new(1);
-            let ctx = Ctx {
-                cpu: &cpu,
-                phase: Phase::Train,
-                iter: 0,
-                seed: 3,
-                first_sample: 0,
-                reducer: None,
-            };
-            let (d, l) = net.inputs_mut();
-            d.iter_mut()
-                .enumerate()
-                .for_each(|(i, v)| *v = 0.1 + (i % 7) as f32 / 7.0);
-            l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+            let ctx = train_ctx(&cpu);
+            fill_inputs(&mut net, 0.1);
             let out = net.forward(&ctx, &mut params);
             assert!(out[0].value.is_finite());
             net.backward(&ctx, &mut params, &mut |_| {});
@@ -631,19 +641,8 @@ mod tests {
         let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
         Net::init_params(&mut params, 3);
         let cpu = crate::backend::Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 3,
-            first_sample: 0,
-            reducer: None,
-        };
-        let (d, l) = net.inputs_mut();
-        d.iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = (i % 7) as f32 / 7.0);
-        l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+        let ctx = train_ctx(&cpu);
+        fill_inputs(&mut net, 0.0);
         let mut runs = Vec::new();
         for _ in 0..2 {
             params.diff.fill(0.0);
