@@ -4,7 +4,7 @@
 //!
 //! Dependency direction, from the modules that import nothing of the crate up to the top:
 //! `error`, `tensor`, `backend`, `spans`, `input_file` → `config` (the schema, parsing, typed
-//! layer parameters and the layer registry) → `params` → `layers` → `net` → `solver` → `signals`
+//! layer parameters and the layer registry) → `params`, `precision` → `layers` → `net` → `solver` → `signals`
 //! → `snapshot` → `resume` → `data` → `validate` (loading a config: parsing plus the whole-config
 //! checks, which read data file headers and infer shapes through the layers) → `predict` →
 //! `caffe` (import and export) → `inputs` → `dist` → `metrics`, `logging`, `output_folder` →
@@ -39,6 +39,7 @@ pub mod net;
 pub mod output_folder;
 pub mod parallel;
 pub mod params;
+pub mod precision;
 pub mod predict;
 pub mod resume;
 pub mod signals;

@@ -2,6 +2,7 @@
 //! killed job keeps what it logged. Written by universal rank 0 only.
 
 use crate::error::{Error, Result};
+use crate::solver::loss_scale::LossScaleState;
 use serde_json::{json, Map, Value};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -37,7 +38,9 @@ impl MetricsLog {
         })
     }
 
-    /// `{"iter", "phase": "train", "loss", "lr", "samples_per_sec", "elapsed_s"}`.
+    /// `{"iter", "phase": "train", "loss", "lr", "samples_per_sec", "elapsed_s"}`, and with loss
+    /// scaling `"loss_scale"` (the scale of the next step) and `"overflow_skipped"` (steps
+    /// skipped for an overflow so far).
     pub fn train(
         &mut self,
         iter: u64,
@@ -45,11 +48,17 @@ impl MetricsLog {
         lr: f32,
         samples_per_sec: f64,
         elapsed_s: f64,
+        loss_scale: Option<&LossScaleState>,
     ) -> Result<()> {
-        self.line(json!({
+        let mut line = json!({
             "iter": iter, "phase": "train", "loss": loss, "lr": lr,
             "samples_per_sec": samples_per_sec, "elapsed_s": elapsed_s,
-        }))
+        });
+        if let (Some(ls), Some(m)) = (loss_scale, line.as_object_mut()) {
+            m.insert("loss_scale".into(), json!(ls.scale));
+            m.insert("overflow_skipped".into(), json!(ls.skipped));
+        }
+        self.line(line)
     }
 
     /// `{"iter", "phase": "skip", "steps", "skipped_total"}`: `steps` updates refused for

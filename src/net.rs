@@ -11,6 +11,7 @@ use crate::config::{Config, LayerConfig, LayerParams, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, filler, BackwardPass, Ctx, ForwardPass, Layer};
 use crate::params::{ParamSpan, Params};
+use crate::precision::Half;
 use crate::tensor::Blob;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -116,6 +117,15 @@ pub struct Net {
     /// The current layer's bottoms and tops, moved out of `blobs` (allocations reused).
     scratch_bottoms: Vec<Blob>,
     scratch_tops: Vec<Blob>,
+    /// Mixed precision (`cluster.math = "bf16" | "fp16"`): the type activations, their
+    /// gradients and the weights the layers see are rounded to (`crate::precision`).
+    half: Option<Half>,
+    /// With `half`: the weights rounded to it, laid out as `Params::data`, made at each
+    /// forward pass (stateful layers' tensors copied unrounded).
+    half_params: Vec<f32>,
+    /// The factor loss tops' gradients are seeded with besides their loss weight (loss
+    /// scaling; 1 without).
+    loss_scale: f32,
 }
 
 impl Net {
@@ -131,6 +141,9 @@ impl Net {
             batch,
             scratch_bottoms: Vec::new(),
             scratch_tops: Vec::new(),
+            half: Half::of(cfg.cluster.math),
+            half_params: Vec::new(),
+            loss_scale: 1.0,
         };
         let mut latest: HashMap<String, usize> =
             HashMap::from([("data".to_string(), DATA), ("label".to_string(), LABEL)]);
@@ -302,7 +315,9 @@ impl Net {
         }
     }
 
-    /// Runs the layers of `phase` forward and returns the loss and accuracy outputs.
+    /// Runs the layers of `phase` forward and returns the loss and accuracy outputs. In mixed
+    /// precision the input, the weights the layers see and every top but the reported outputs
+    /// are rounded to the half type (`crate::precision`).
     pub fn forward(&mut self, ctx: &Ctx, params: &mut Params) -> Vec<Output> {
         self.forward_traced(ctx, params, None)
     }
@@ -315,12 +330,18 @@ impl Net {
         mut on_layer: Option<&mut LayerClock>,
     ) -> Vec<Output> {
         let mut outputs = Vec::new();
+        if let Some(half) = self.half {
+            self.round_inputs_and_weights(half, params);
+        }
         for i in 0..self.nodes.len() {
             if !self.nodes[i].runs_in(ctx.phase) {
                 continue;
             }
             let start = on_layer.is_some().then(Instant::now);
-            let (data, _) = params.layer_views(i);
+            let (data, _) = match self.half {
+                None => params.layer_views(i),
+                Some(_) => params.layer_views_in(i, &self.half_params),
+            };
             let node = &mut self.nodes[i];
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
@@ -331,6 +352,11 @@ impl Net {
                 params: &data,
                 tops,
             });
+            if let Some(half) = self.half {
+                if !node.layer.is_loss() && !node.layer.reports_output() {
+                    tops.iter_mut().for_each(|t| half.round_slice(&mut t.data));
+                }
+            }
             if node.layer.has_state() {
                 node.layer.update_state(ctx, &mut params.layer_data_mut(i));
             }
@@ -354,7 +380,9 @@ impl Net {
     }
 
     /// Runs backward through the layers of `phase` in reverse order, accumulating into
-    /// `params.diff`. Activation diffs are zeroed first; loss tops get their loss weight.
+    /// `params.diff`. Activation diffs are zeroed first; loss tops get their loss weight (times
+    /// the loss scale, see [`Net::set_loss_scale`]). In mixed precision each bottom gradient is
+    /// rounded to the half type after its layer's backward added to it.
     /// `on_layer_done(i)` is called after layer `i`'s parameter gradients are complete.
     pub fn backward(
         &mut self,
@@ -381,7 +409,7 @@ impl Net {
         for node in &self.nodes {
             if node.runs_in(ctx.phase) && node.loss_weight != 0.0 {
                 for &t in &node.tops {
-                    self.blobs[t].diff.fill(node.loss_weight);
+                    self.blobs[t].diff.fill(node.loss_weight * self.loss_scale);
                 }
             }
         }
@@ -391,7 +419,10 @@ impl Net {
                 continue;
             }
             let start = on_layer.is_some().then(Instant::now);
-            let (data, mut diffs) = params.layer_views(i);
+            let (data, mut diffs) = match self.half {
+                None => params.layer_views(i),
+                Some(_) => params.layer_views_in(i, &self.half_params),
+            };
             let (bottoms, tops) = (&mut self.scratch_bottoms, &mut self.scratch_tops);
             take_blobs(&mut self.blobs, &node.bottoms, bottoms);
             take_blobs(&mut self.blobs, &node.tops, tops);
@@ -403,6 +434,15 @@ impl Net {
                 params: &data,
                 param_diffs: &mut diffs,
             });
+            if let Some(half) = self.half {
+                for (b, _) in bottoms
+                    .iter_mut()
+                    .zip(&node.propagate_down)
+                    .filter(|p| *p.1)
+                {
+                    half.round_slice(&mut b.diff);
+                }
+            }
             restore_blobs(&mut self.blobs, &node.bottoms, bottoms);
             restore_blobs(&mut self.blobs, &node.tops, tops);
             if let (Some(f), Some(start)) = (on_layer.as_mut(), start) {
@@ -410,6 +450,31 @@ impl Net {
             }
             on_layer_done(i);
         }
+    }
+
+    /// Mixed precision's rounding before a forward pass: the input `data` (normalised by the
+    /// reader) and the half copy of the weights, every tensor but those of stateful layers
+    /// (BatchNorm's running statistics stay FP32, as cuDNN takes them).
+    fn round_inputs_and_weights(&mut self, half: Half, params: &Params) {
+        half.round_slice(&mut self.blobs[DATA].data);
+        self.half_params.clear();
+        self.half_params.extend_from_slice(&params.data);
+        for s in &params.spans {
+            if !self.nodes[s.layer].layer.has_state() {
+                half.round_slice(&mut self.half_params[s.range()]);
+            }
+        }
+    }
+
+    /// The half type activations are rounded to (`cluster.math`), `None` in FP32 and TF32.
+    pub fn half(&self) -> Option<Half> {
+        self.half
+    }
+
+    /// Seeds the next backward passes' loss gradients with `scale` × the loss weight (loss
+    /// scaling; the parameter gradients come out `scale` times too large).
+    pub fn set_loss_scale(&mut self, scale: f32) {
+        self.loss_scale = scale;
     }
 
     /// Number of layers.
@@ -503,25 +568,81 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
     }
 
+    /// The train-phase context of the tests' passes.
+    fn train_ctx(cpu: &crate::backend::Cpu) -> Ctx<'_> {
+        Ctx {
+            cpu,
+            phase: Phase::Train,
+            iter: 0,
+            seed: 3,
+            first_sample: 0,
+            reducer: None,
+        }
+    }
+
+    /// Fills the inputs of a batch of 4: `offset + (i mod 7) / 7` and the labels 0, 3, 5, 9.
+    fn fill_inputs(net: &mut Net, offset: f32) {
+        let (d, l) = net.inputs_mut();
+        d.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = offset + (i % 7) as f32 / 7.0);
+        l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+    }
+
+    /// Mixed precision's rounding points: after a forward pass every blob but the loss holds
+    /// values of the half type, after backward every activation gradient does, while the
+    /// parameter gradients (FP32 sums of half products) and the master weights do not.
+    #[test]
+    fn half_math_rounds_activations_and_their_gradients_but_not_parameter_gradients() {
+        use crate::layers::test_util::layer_table;
+        let act = layer_table("act", "tanh", &["ip"], &["ip"], "");
+        let (mut cfg, _) = load_str("t.toml", &net_around(&act), Path::new("."), &[]).unwrap();
+        for (math, half) in [
+            (crate::config::MathMode::Bf16, Half::Bf16),
+            (crate::config::MathMode::Fp16, Half::Fp16),
+        ] {
+            cfg.cluster.math = math;
+            let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+            assert_eq!(net.half(), Some(half));
+            Net::init_params(&mut params, 3);
+            let master = params.data.clone();
+            let cpu = crate::backend::Cpu::new(1);
+            let ctx = train_ctx(&cpu);
+            fill_inputs(&mut net, 0.1);
+            let out = net.forward(&ctx, &mut params);
+            assert!(out[0].value.is_finite());
+            net.backward(&ctx, &mut params, &mut |_| {});
+            let loss = net.blob_named("loss").unwrap();
+            let holds = |v: &[f32]| v.iter().all(|&x| half.holds(x));
+            for b in 0..net.blob_count() {
+                if b != loss && b != LABEL {
+                    assert!(holds(net.blob_data(b)), "{half:?}: blob {b}'s data");
+                }
+                if net.blob_needs_grad(b) {
+                    let diff = &net.blobs[b].diff;
+                    assert!(
+                        diff.iter().any(|&g| g != 0.0) && holds(diff),
+                        "{half:?}: {b}"
+                    );
+                }
+            }
+            assert_eq!(params.data, master, "the master weights are not rounded");
+            assert!(!holds(&params.data), "{half:?}: the filler's weights");
+            assert!(
+                !holds(&params.diff),
+                "{half:?}: parameter gradients in FP32"
+            );
+        }
+    }
+
     #[test]
     fn forward_and_backward_run_repeatedly_with_the_same_results() {
         let (cfg, _) = load_str("t.toml", &net_around(""), Path::new("."), &[]).unwrap();
         let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
         Net::init_params(&mut params, 3);
         let cpu = crate::backend::Cpu::new(1);
-        let ctx = Ctx {
-            cpu: &cpu,
-            phase: Phase::Train,
-            iter: 0,
-            seed: 3,
-            first_sample: 0,
-            reducer: None,
-        };
-        let (d, l) = net.inputs_mut();
-        d.iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = (i % 7) as f32 / 7.0);
-        l.copy_from_slice(&[0.0, 3.0, 5.0, 9.0]);
+        let ctx = train_ctx(&cpu);
+        fill_inputs(&mut net, 0.0);
         let mut runs = Vec::new();
         for _ in 0..2 {
             params.diff.fill(0.0);

@@ -132,6 +132,18 @@ impl Params {
         (data, views_mut(&mut self.diff, spans))
     }
 
+    /// Views of `layer`'s tensors in `data` (a buffer laid out as [`Params::data`], such as
+    /// mixed precision's half copy of the weights) read-only, and of their diff writable.
+    pub fn layer_views_in<'a>(
+        &'a mut self,
+        layer: usize,
+        data: &'a [f32],
+    ) -> (Vec<&'a [f32]>, Vec<&'a mut [f32]>) {
+        let spans = &self.spans[self.layer_spans(layer)];
+        let views = spans.iter().map(|s| &data[s.range()]).collect();
+        (views, views_mut(&mut self.diff, spans))
+    }
+
     /// Mutable views of `layer`'s tensors' data (the state of a stateful layer, see
     /// [`Layer::has_state`](crate::layers::Layer::has_state)).
     pub fn layer_data_mut(&mut self, layer: usize) -> Vec<&mut [f32]> {

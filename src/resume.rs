@@ -9,7 +9,10 @@
 //!   (records consumed, `iter × global batch`), the global batch and how it was made, the seed,
 //!   shuffle flag and training-set size that key the data order and augmentation, the loss
 //!   window of the displayed loss, the config's state fingerprint and its canonical JSON (to name
-//!   the keys that differ when a resume is refused).
+//!   the keys that differ when a resume is refused), and, when the loss is scaled
+//!   (`crate::solver::loss_scale`), `loss_scale`, `loss_scale_good_steps` and
+//!   `loss_scale_skipped`. Weights and history are FP32 whatever `cluster.math` is, so a run
+//!   resumes in another precision (a snapshot without loss scaling starts the scale afresh).
 //!
 //! Under local SGD (`[cluster] sync = "local_sgd"`) the replicas differ between averagings, and
 //! their solver histories always: the weights file then holds the mean of the replicas'
@@ -33,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::input_file::{read_regular, UNBOUNDED};
 use crate::params::Params;
 use crate::snapshot;
+use crate::solver::loss_scale::LossScaleState;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +50,11 @@ const LINEAGE_KEY: &str = "lineage";
 /// The solver-state metadata saying the replicas trained apart, and its value.
 const SYNC_KEY: &str = "sync";
 const LOCAL_SGD: &str = "local_sgd";
+/// The solver-state metadata of loss scaling: the scale, the run of good steps, the steps
+/// skipped for an overflow (absent when the loss was not scaled).
+const LOSS_SCALE_KEY: &str = "loss_scale";
+const GOOD_STEPS_KEY: &str = "loss_scale_good_steps";
+const SKIPPED_KEY: &str = "loss_scale_skipped";
 
 /// What a run resumes from besides the weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +73,9 @@ pub struct SolverState {
     pub lineage: Option<String>,
     /// Local SGD's replicas, each with its own state (`history` is then empty).
     pub apart: Option<ReplicasApart>,
+    /// Loss scaling's state, `None` when the run that wrote it did not scale its loss (or
+    /// predates loss scaling).
+    pub loss_scale: Option<LossScaleState>,
 }
 
 /// Local SGD's state in a snapshot, beyond the weights (the replicas' mean).
@@ -140,6 +152,8 @@ pub struct SaveState<'a> {
     pub lineage: &'a str,
     /// Local SGD: every replica's own state (then `history` is not written).
     pub apart: Option<&'a ReplicasApart>,
+    /// Loss scaling's state, when the loss is scaled.
+    pub loss_scale: Option<LossScaleState>,
 }
 
 /// Writes snapshot `state.iter` of `plan` into `dir`: the weights, then the solver state.
@@ -223,6 +237,11 @@ pub fn save(dir: &Path, plan: &Plan, params: &Params, state: &SaveState) -> Resu
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if let Some(ls) = state.loss_scale {
+        meta.push((LOSS_SCALE_KEY.into(), ls.scale.to_string()));
+        meta.push((GOOD_STEPS_KEY.into(), ls.good_steps.to_string()));
+        meta.push((SKIPPED_KEY.into(), ls.skipped.to_string()));
+    }
     if let Some(apart) = state.apart {
         meta.push((SYNC_KEY.into(), LOCAL_SGD.into()));
         meta.push(("last_sync".into(), apart.last_sync.to_string()));
@@ -498,6 +517,26 @@ pub fn load(
     let loss_window: Vec<(u64, f64)> = serde_json::from_str(get("loss_window")?)
         .map_err(|e| Error::snapshot(path, format!("metadata `loss_window`: {e}")))?;
 
+    let loss_scale = match meta.contains_key(LOSS_SCALE_KEY) {
+        false => None,
+        true => Some(LossScaleState {
+            scale: get(LOSS_SCALE_KEY)?
+                .parse::<f32>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| {
+                    Error::snapshot(
+                        path,
+                        format!(
+                            "metadata `{LOSS_SCALE_KEY}` = {:?} is not a positive number",
+                            meta[LOSS_SCALE_KEY]
+                        ),
+                    )
+                })?,
+            good_steps: num(GOOD_STEPS_KEY)?,
+            skipped: num(SKIPPED_KEY)?,
+        }),
+    };
     let apart_meta = match meta.get(SYNC_KEY).map(String::as_str) == Some(LOCAL_SGD) {
         false => None,
         true => Some((num("last_sync")?, get("outer")?.as_str())),
@@ -567,6 +606,7 @@ pub fn load(
         data_position: position,
         lineage: meta.get(LINEAGE_KEY).cloned(),
         apart,
+        loss_scale,
     })
 }
 
@@ -813,6 +853,7 @@ mod tests {
             data_position: 0,
             lineage: None,
             apart: None,
+            loss_scale: None,
         };
         // Same window, iter_size 2: slot j % 4 holds 2 × the mean of iteration j.
         assert_eq!(s.loss_slots(4, 2), [6.0, 8.0, 2.0, 4.0]);

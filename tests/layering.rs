@@ -7,7 +7,7 @@ use std::path::Path;
 const ORDER: &[&[&str]] = &[
     &["error", "tensor", "backend", "spans", "input_file"],
     &["config"],
-    &["params"],
+    &["params", "precision"],
     &["layers"],
     &["net"],
     &["solver"],

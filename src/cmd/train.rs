@@ -276,6 +276,17 @@ fn choose_devices(
     if wanted == BackendKind::Cpu {
         return Ok(cpu);
     }
+    if cfg.cluster.math.is_half() || cfg.cluster.loss_scale.is_some() {
+        // Validation refuses `cuda` with these; `auto` trains on the CPU.
+        if boot.rank == 0 {
+            tracing::info!(
+                "backend \"auto\": math \"{}\" and loss scaling run on the CPU backend only; \
+                 training on the CPU",
+                config::name_of(&cfg.cluster.math)
+            );
+        }
+        return Ok(cpu);
+    }
     let count = if crate::cuda::available() && crate::cuda::nccl::nccl_available() {
         crate::cuda::device_count()?
     } else {

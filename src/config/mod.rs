@@ -60,9 +60,23 @@ pub struct ClusterConfig {
     /// (half the bytes; each replica's gradient and the sum rounded to bfloat16).
     #[serde(default)]
     pub reduce_dtype: ReduceDtype,
-    /// GEMM precision on GPUs: `"fp32"`, or `"tf32"` (tensor cores, 10-bit mantissa inputs).
+    /// Compute precision: `"fp32"`, `"tf32"` (GPU GEMMs on tensor cores, 10-bit mantissa
+    /// inputs), or mixed precision `"bf16"` / `"fp16"` (activations and their gradients in the
+    /// half type, FP32 master weights; see [`MathMode`] and `crate::precision`).
     #[serde(default)]
     pub math: MathMode,
+    /// Loss scaling: `"dynamic"`, a fixed positive number, or unset (the default: dynamic
+    /// with `math = "fp16"`, none otherwise). See `crate::solver::loss_scale`.
+    pub loss_scale: Option<LossScale>,
+    /// Dynamic loss scaling: the scale of the first step.
+    #[serde(default = "loss_scale_init_default")]
+    pub loss_scale_init: f32,
+    /// Dynamic loss scaling: the scale doubles after this many steps in a row without overflow.
+    #[serde(default = "loss_scale_growth_interval_default")]
+    pub loss_scale_growth_interval: u64,
+    /// Dynamic loss scaling: the factor the scale is multiplied by on an overflow, in (0, 1).
+    #[serde(default = "loss_scale_backoff_default")]
+    pub loss_scale_backoff: f32,
     /// How cuDNN convolution algorithms are chosen per shape on GPUs.
     #[serde(default)]
     pub conv_algorithm: ConvAlgorithm,
@@ -198,13 +212,88 @@ impl ReduceDtype {
     }
 }
 
-/// GEMM precision on GPUs.
+/// Compute precision (`cluster.math`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum MathMode {
+    /// FP32 everywhere.
     #[default]
     Fp32,
+    /// FP32 storage; GPU GEMMs and convolutions on tensor cores with TF32 inputs (the CPU
+    /// computes in FP32).
     Tf32,
+    /// Mixed precision with bfloat16 activations (8 significant bits, FP32's range): the
+    /// rounding points of `crate::precision`.
+    Bf16,
+    /// Mixed precision with IEEE binary16 activations (11 significant bits, largest finite
+    /// 65504), loss scaling by default.
+    Fp16,
+}
+
+impl MathMode {
+    /// Whether activations and their gradients are kept in a 16-bit type.
+    pub fn is_half(self) -> bool {
+        matches!(self, MathMode::Bf16 | MathMode::Fp16)
+    }
+}
+
+/// `cluster.loss_scale`: `"dynamic"` or a fixed factor (anything else is refused saying so).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScale {
+    /// Backed off on an overflow, grown after a run of good steps.
+    Dynamic,
+    /// A fixed factor, never changed.
+    Fixed(f32),
+}
+
+/// What `cluster.loss_scale` accepts, in messages.
+const LOSS_SCALE_EXPECTED: &str = "\"dynamic\" or a positive number (a fixed scale)";
+
+impl Serialize for LossScale {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            LossScale::Dynamic => s.serialize_str("dynamic"),
+            LossScale::Fixed(v) => s.serialize_f32(*v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LossScale {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(LossScaleVisitor)
+    }
+}
+
+/// Reads a [`LossScale`]: `"dynamic"` or a number.
+struct LossScaleVisitor;
+
+impl serde::de::Visitor<'_> for LossScaleVisitor {
+    type Value = LossScale;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(LOSS_SCALE_EXPECTED)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<LossScale, E> {
+        match v {
+            "dynamic" => Ok(LossScale::Dynamic),
+            _ => Err(E::custom(format!(
+                "expected {LOSS_SCALE_EXPECTED}, found {v:?}"
+            ))),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<LossScale, E> {
+        Ok(LossScale::Fixed(v as f32))
+    }
 }
 
 /// How GPUs store 4-D activations (`cluster.gpu_layout`).
@@ -258,6 +347,10 @@ impl Default for ClusterConfig {
             bucket_mb: bucket_mb_default(),
             reduce_dtype: ReduceDtype::Fp32,
             math: MathMode::Fp32,
+            loss_scale: None,
+            loss_scale_init: loss_scale_init_default(),
+            loss_scale_growth_interval: loss_scale_growth_interval_default(),
+            loss_scale_backoff: loss_scale_backoff_default(),
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,
             gpu_layout: GpuLayout::Auto,
@@ -869,6 +962,15 @@ fn outer_lr_default() -> f32 {
 }
 fn outer_momentum_default() -> f32 {
     0.9
+}
+fn loss_scale_init_default() -> f32 {
+    65536.0
+}
+fn loss_scale_growth_interval_default() -> u64 {
+    2000
+}
+fn loss_scale_backoff_default() -> f32 {
+    0.5
 }
 fn prefetch_default() -> usize {
     4

@@ -37,6 +37,28 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
         .fold(OFFSET, |h, &b| (h ^ b as u64).wrapping_mul(PRIME))
 }
 
+/// The summary's precision line: mixed precision's half type and loss scaling, `None` for a run
+/// in FP32 (or TF32, named on the GPU line) without loss scaling.
+fn precision_row(c: &super::ClusterConfig) -> Option<String> {
+    use super::{LossScale, MathMode};
+    let scale = match (c.loss_scale, c.math) {
+        (Some(LossScale::Fixed(s)), _) => format!("loss scale {s}"),
+        (Some(LossScale::Dynamic), _) | (None, MathMode::Fp16) => format!(
+            "loss scale dynamic from {} (×{} on overflow, ×2 after {} good steps)",
+            c.loss_scale_init, c.loss_scale_backoff, c.loss_scale_growth_interval
+        ),
+        (None, _) => "no loss scaling".to_string(),
+    };
+    match (c.math.is_half(), c.loss_scale) {
+        (false, None) => None,
+        (false, Some(_)) => Some(scale),
+        (true, _) => Some(format!(
+            "{} activations and gradients, FP32 master weights, {scale}",
+            name_of(&c.math)
+        )),
+    }
+}
+
 /// The fingerprint of a config: FNV-1a of its canonical serialisation (serde_json, keys in
 /// declaration order, data paths as resolved). Equal configs give equal fingerprints on every rank.
 pub fn fingerprint(config: &Config) -> u64 {
@@ -243,6 +265,9 @@ impl Plan {
         );
         row("backend", name_of(&c.cluster.backend));
         row("sync", sync_row(&c.cluster));
+        if let Some(text) = precision_row(&c.cluster) {
+            row("precision", text);
+        }
         if c.cluster.backend != super::BackendKind::Cpu {
             let cl = &c.cluster;
             let algorithms = if cl.conv_exact {

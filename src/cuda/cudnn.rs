@@ -402,7 +402,8 @@ impl Drop for ConvDesc {
 
 fn math_type(math: MathMode) -> cudnnMathType_t {
     match math {
-        MathMode::Fp32 => cudnnMathType_t::CUDNN_FMA_MATH,
+        // The half modes never reach a GPU yet (refused at validation).
+        MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16 => cudnnMathType_t::CUDNN_FMA_MATH,
         MathMode::Tf32 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
     }
 }
@@ -620,7 +621,7 @@ const DIRECTIONS: [&str; 3] = ["forward", "backward data", "backward filter"];
 fn run_math_type(math: MathMode, reported: i32) -> cudnnMathType_t {
     use cudnnMathType_t::*;
     match (math, reported) {
-        (MathMode::Fp32, _) => CUDNN_FMA_MATH,
+        (MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16, _) => CUDNN_FMA_MATH,
         (MathMode::Tf32, 0) => CUDNN_DEFAULT_MATH,
         (MathMode::Tf32, 3) => CUDNN_FMA_MATH,
         (MathMode::Tf32, _) => CUDNN_TENSOR_OP_MATH,

@@ -96,7 +96,8 @@ pub fn wait_for_event(event: &CudaEvent, op: &str) -> Result<()> {
 fn blas_on(stream: Arc<CudaStream>, math: MathMode) -> Result<CudaBlas> {
     let blas = CudaBlas::new(stream).map_err(|e| gpu_error("create a cuBLAS handle", e))?;
     let mode = match math {
-        MathMode::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+        // The half modes never reach a GPU yet (refused at validation).
+        MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16 => cublasMath_t::CUBLAS_DEFAULT_MATH,
         MathMode::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
     };
     // SAFETY: the handle is valid for the lifetime of `blas`.

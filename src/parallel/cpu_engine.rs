@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::layers::Ctx;
 use crate::net::{weighted_loss, Net, Output, PassCtx};
 use crate::params::Params;
+use crate::solver::loss_scale::{LossScaleState, LossScaler, Verdict};
 use crate::solver::non_finite::{self, NonFiniteSteps};
 use crate::solver::{learning_rate, Solver};
 use crate::spans::{Name, SpanLog, Track};
@@ -43,6 +44,8 @@ pub struct CpuEngine {
     non_finite_mode: NonFiniteMode,
     /// The steps refused so far.
     non_finite: NonFiniteSteps,
+    /// Loss scaling (`cluster.loss_scale`; dynamic by default with `math = "fp16"`).
+    scaler: LossScaler,
     /// Local SGD: the communicator over this replica's node (`sync_scope = "node"`).
     node_comm: Option<CpuComm>,
     /// Which replicas average the current iteration's gradient.
@@ -96,6 +99,7 @@ impl CpuEngine {
             iter: 0,
             non_finite_mode: cfg.solver.non_finite,
             non_finite: NonFiniteSteps::default(),
+            scaler: LossScaler::new(&cfg.cluster),
             node_comm: None,
             scope: GradientScope::All,
             outer,
@@ -186,6 +190,7 @@ impl Engine for CpuEngine {
         let multi = self.comm.size() > 1;
         let reducer = CommReducer::new(&mut self.comm, &mut self.reduce_scratch);
         let ctx = layer_ctx(&self.cpu, self.seed, c, multi.then_some(&reducer as _));
+        self.net.set_loss_scale(self.scaler.scale());
         match &mut self.spans {
             None => self.net.backward(&ctx, &mut self.params, &mut |_| {}),
             Some(log) => self.net.backward_traced(
@@ -336,6 +341,13 @@ impl Engine for CpuEngine {
 
     fn update(&mut self, iter: u64) -> Result<f32> {
         let bad = non_finite::first_non_finite(&self.params.diff);
+        // The averaged gradient is the same bits on every replica: so is the verdict.
+        let step_scale = self.scaler.scale();
+        match self.scaler.verdict(bad.is_none()) {
+            Verdict::Overflow => return Ok(learning_rate(self.solver.config(), iter)),
+            Verdict::Apply => LossScaler::unscale(step_scale, &mut self.params.diff),
+            Verdict::NonFinite => {}
+        }
         if let Some(at) = bad {
             let (params, rank) = (&self.params, self.comm.rank());
             let loss_finite = self.loss_slots[self.slot].is_finite();
@@ -401,6 +413,15 @@ impl Engine for CpuEngine {
         }
         self.loss_slots.clear();
         self.loss_slots.extend_from_slice(loss_slots);
+        Ok(())
+    }
+
+    fn loss_scale(&mut self) -> Result<Option<LossScaleState>> {
+        Ok(self.scaler.state())
+    }
+
+    fn restore_loss_scale(&mut self, state: &LossScaleState) -> Result<()> {
+        self.scaler.restore(state);
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use crate::params::Params;
 use std::time::Instant;
 
 use super::local_sgd::GradientScope;
+use crate::solver::loss_scale::LossScaleState;
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::SpanLog;
 
@@ -89,6 +90,15 @@ pub trait Engine {
     fn history_names(&self) -> &'static [&'static str];
     /// Restores a resumed run's solver history and loss slots (the weights come in at build).
     fn restore_state(&mut self, history: &[Vec<f32>], loss_slots: &[f64]) -> Result<()>;
+    /// The loss-scaling state (`crate::solver::loss_scale`), `None` when the loss is not
+    /// scaled (for snapshots, the training log and `metrics.jsonl`).
+    fn loss_scale(&mut self) -> Result<Option<LossScaleState>> {
+        Ok(None)
+    }
+    /// Restores a resumed run's loss-scaling state (ignored when the loss is not scaled).
+    fn restore_loss_scale(&mut self, _state: &LossScaleState) -> Result<()> {
+        Ok(())
+    }
     /// A bit-exact hash of the parameters (`verify::hash_params`), for replica checks.
     fn params_hash(&mut self) -> Result<u64> {
         Ok(super::verify::hash_params(&self.params_to_host()?.data))

@@ -185,6 +185,9 @@ impl<E: Engine> P2PSync<E> {
         let s = &self.plan.config.solver;
         let slots = state.loss_slots(s.average_loss, s.iter_size);
         let cluster = &self.plan.config.cluster;
+        if let Some(ls) = &state.loss_scale {
+            self.engine.restore_loss_scale(ls)?;
+        }
         match &state.apart {
             Some(apart) => {
                 let r = self.engine.rank();
@@ -547,10 +550,17 @@ impl<E: Engine> P2PSync<E> {
 
     /// Universal rank 0 logs a display line and writes it to `metrics.jsonl`.
     fn log_train(&mut self, iter: u64, loss: f64, lr: f32, rate: f64, elapsed: f64) -> Result<()> {
+        let loss_scale = self.engine.loss_scale()?;
         let Some(out) = &mut self.outputs else {
             return Ok(());
         };
-        let line = format!("iter {iter}: loss {loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
+        let mut line = format!("iter {iter}: loss {loss:.6}, lr {lr:.6e}, {rate:.0} samples/s");
+        if let Some(ls) = &loss_scale {
+            line += &format!(
+                ", loss scale {} ({} overflow step(s) skipped)",
+                ls.scale, ls.skipped
+            );
+        }
         match &out.progress {
             Some(bar) => {
                 bar.set_position(iter + 1);
@@ -559,7 +569,8 @@ impl<E: Engine> P2PSync<E> {
             }
             None => info!("{line}"),
         }
-        out.metrics.train(iter, loss, lr, rate, elapsed)
+        out.metrics
+            .train(iter, loss, lr, rate, elapsed, loss_scale.as_ref())
     }
 
     /// Runs `warmup` untimed and `iters` timed iterations (no tests, no snapshots) and reports
@@ -891,6 +902,7 @@ impl<E: Engine> P2PSync<E> {
             None => self.engine.solver_history()?,
         };
         let history_names = self.engine.history_names();
+        let loss_scale = self.engine.loss_scale()?;
         let Some(out) = &mut self.outputs else {
             return Ok(());
         };
@@ -902,6 +914,7 @@ impl<E: Engine> P2PSync<E> {
             train_records: self.data.train.len(),
             lineage: &out.lineage.id,
             apart: apart.as_ref(),
+            loss_scale,
         };
         let files = resume::save(&out.dir, &self.plan, &params, &state)?;
         info!("snapshot {}", files.weights.display());

@@ -33,6 +33,7 @@
 //! }
 //! ```
 
+pub mod loss_scale;
 mod lr_policy;
 pub mod non_finite;
 mod update;

@@ -1,8 +1,9 @@
 //! `[cluster]`: bucket size, replicas and threads per rank, deadlines, local SGD's period and
-//! outer rule, and the gradient wire type against the sync mode.
+//! outer rule, the gradient wire type against the sync mode, and mixed precision (`math`, loss
+//! scaling) against the backend and the sync mode.
 
 use super::*;
-use crate::config::{ReduceDtype, SyncMode};
+use crate::config::{BackendKind, LossScale, MathMode, ReduceDtype, SyncMode};
 
 impl Validator<'_> {
     pub(super) fn cluster(&self) -> Result<()> {
@@ -41,7 +42,66 @@ impl Validator<'_> {
             self.at_least_one("cluster.world_size", n as u64)?;
         }
         self.local_sgd()?;
-        self.reduce_dtype()
+        self.reduce_dtype()?;
+        self.mixed_precision()
+    }
+
+    /// `math = "bf16" | "fp16"` and loss scaling run on the CPU backend only until the GPU
+    /// backend has its half-precision kernels; the loss-scaling keys' ranges; a dynamic scale
+    /// needs every replica to judge the same averaged gradient, which local SGD's own steps
+    /// are not.
+    fn mixed_precision(&self) -> Result<()> {
+        let c = &self.cfg.cluster;
+        if c.backend == BackendKind::Cuda && c.math.is_half() {
+            return Err(self.err(
+                "cluster.math",
+                format!(
+                    "\"{}\" (mixed precision) is not implemented on the GPU backend yet: use \
+                     backend = \"cpu\", or math = \"fp32\" or \"tf32\" on GPUs",
+                    name_of(&c.math)
+                ),
+            ));
+        }
+        if c.backend == BackendKind::Cuda && c.loss_scale.is_some() {
+            return Err(self.err(
+                "cluster.loss_scale",
+                "loss scaling is not implemented on the GPU backend yet: use backend = \"cpu\", \
+                 or leave loss_scale unset",
+            ));
+        }
+        if let Some(LossScale::Fixed(s)) = c.loss_scale {
+            self.positive("cluster.loss_scale", s)?;
+        }
+        self.positive("cluster.loss_scale_init", c.loss_scale_init)?;
+        self.at_least_one(
+            "cluster.loss_scale_growth_interval",
+            c.loss_scale_growth_interval,
+        )?;
+        let b = c.loss_scale_backoff;
+        if !(b > 0.0 && b < 1.0) {
+            return Err(self.err(
+                "cluster.loss_scale_backoff",
+                format!("must be in (0, 1), got {b}"),
+            ));
+        }
+        let dynamic = match c.loss_scale {
+            Some(LossScale::Dynamic) => true,
+            Some(LossScale::Fixed(_)) => false,
+            None => c.math == MathMode::Fp16,
+        };
+        if dynamic && c.sync == SyncMode::LocalSgd {
+            let key = match c.loss_scale {
+                Some(_) => "cluster.loss_scale",
+                None => "cluster.math",
+            };
+            return Err(self.err(
+                key,
+                "dynamic loss scaling (the default with math = \"fp16\") needs every replica to \
+                 judge the same averaged gradient, and local SGD's replicas step on their own: \
+                 set cluster.loss_scale to a fixed number (or sync = \"allreduce\")",
+            ));
+        }
+        Ok(())
     }
 
     /// `reduce_dtype = "bf16"` rounds gradients on the wire; local SGD's averagings carry

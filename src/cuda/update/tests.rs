@@ -233,6 +233,7 @@ fn through_a_snapshot(
         train_records: RECORDS,
         lineage: "resume-test",
         apart: None,
+        loss_scale: None,
     };
     let files = crate::resume::save(dir, plan, params, &state).unwrap();
     let mut back = Params::new(params.spans.clone());
