@@ -307,6 +307,9 @@ pub enum JpegDecoderKind {
     Zune,
     /// jpeg-decoder (pure Rust, image-rs).
     JpegDecoder,
+    /// libjpeg-turbo (C with SIMD, built from source by the `turbojpeg-sys` crate), decoding
+    /// only the part of each image that `random_resized_crop`'s window needs.
+    LibjpegTurbo,
 }
 
 /// What reading a record that cannot be decoded does (`data.on_corrupt`).
@@ -410,7 +413,7 @@ pub struct DataConfig {
     /// What an unreadable image or record does: `"stop"` (exit 2, naming it) or `"skip"`.
     #[serde(default)]
     pub on_corrupt: CorruptMode,
-    /// Image formats: the JPEG decoder, `"zune"` or `"jpeg-decoder"`.
+    /// Image formats: the JPEG decoder, `"zune"`, `"jpeg-decoder"` or `"libjpeg-turbo"`.
     #[serde(default)]
     pub jpeg_decoder: JpegDecoderKind,
     /// Batches each replica's reader keeps ready, at least (small batches: more, see
