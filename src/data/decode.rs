@@ -58,15 +58,15 @@ impl Image {
     }
 }
 
-/// Which JPEG decoder decodes (the default, and a second for `bench-data`'s comparison).
+/// Which JPEG decoder decodes (`data.jpeg_decoder`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JpegDecoder {
     /// zune-jpeg: pure Rust, SIMD colour conversion and IDCT.
-    #[default]
     Zune,
     /// jpeg-decoder (image-rs): pure Rust.
     JpegDecoderCrate,
     /// libjpeg-turbo (C, SIMD), decoding only the part of an image a window needs.
+    #[default]
     LibjpegTurbo,
 }
 

@@ -57,7 +57,7 @@ impl Default for DecodeOptions {
             color: true,
             resize: None,
             on_corrupt: OnCorrupt::Stop,
-            jpeg: JpegDecoder::Zune,
+            jpeg: JpegDecoder::default(),
         }
     }
 }
