@@ -331,7 +331,7 @@ impl Decompressor {
                 bytes.len() as tj::size_t,
                 out.pixels.as_mut_ptr(),
                 pitch,
-                format as i32,
+                format,
             )
         };
         self.check(status, "corrupt or truncated JPEG data")
@@ -402,7 +402,7 @@ pub(crate) mod tests {
                 w as i32,
                 0,
                 h as i32,
-                tj::TJPF_TJPF_RGB as i32,
+                tj::TJPF_TJPF_RGB,
                 &mut buf,
                 &mut len,
             );
