@@ -25,7 +25,7 @@ ENV PATH=/opt/rust/bin:/usr/local/cargo/bin:$PATH \
     CARGO_TERM_COLOR=never
 WORKDIR /src
 # The same set-up script as CI: OpenMPI and its headers, libclang for bindgen, pkg-config, a C
-# compiler and make.
+# compiler and make, cmake and nasm (libjpeg-turbo, linked statically).
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN scripts/install-deps.sh >/dev/null && rm -rf /var/lib/apt/lists/*
 COPY .docker-stage/rust /opt/rust

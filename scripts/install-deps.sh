@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages p2ptrain needs to build and run (Debian/Ubuntu): OpenMPI and the
-# headers rsmpi's bindings are generated from, and the C compiler and make that linking and
-# libffi-sys's build need. Does nothing when they are present.
+# headers rsmpi's bindings are generated from, the C compiler and make that linking and
+# libffi-sys's build need, and cmake and nasm, with which turbojpeg-sys builds libjpeg-turbo and
+# its SIMD code. Does nothing when they are present.
 set -euo pipefail
 need=()
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
@@ -12,6 +13,8 @@ compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib
   || need+=(libclang-dev)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || need+=(make)
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v nasm >/dev/null 2>&1 || need+=(nasm)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then

@@ -130,12 +130,17 @@ fn read_back(s: &dyn RecordSource) {
     }
 }
 
-/// An image file's bytes (JPEG or PNG) decoded as colour and as grey by each JPEG decoder; the
-/// first error, if any.
+/// An image file's bytes (JPEG or PNG) decoded as colour and as grey by each JPEG decoder, and
+/// by libjpeg-turbo a part of it as well (a window inside the image); the first error, if any.
 pub fn image(bytes: &[u8]) -> Result<()> {
     let mut img = Image::default();
     let mut first = None;
-    for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+    let jpegs = [
+        JpegDecoder::Zune,
+        JpegDecoder::JpegDecoderCrate,
+        JpegDecoder::LibjpegTurbo,
+    ];
+    for jpeg in jpegs {
         for color in [true, false] {
             match decode::decode(bytes, color, jpeg, &mut img) {
                 Ok(()) => assert_eq!(img.pixels.len(), img.height * img.width * img.channels),
@@ -143,6 +148,27 @@ pub fn image(bytes: &[u8]) -> Result<()> {
                     first.get_or_insert(e);
                 }
             }
+        }
+    }
+    // The middle half of the image, resampled to a quarter of its size.
+    let mut middle = |h: usize, w: usize| decode::View {
+        window: crate::data::resample::Window::pixels(h / 4, w / 4, h.div_ceil(2), w.div_ceil(2)),
+        out: (h.div_ceil(4), w.div_ceil(4)),
+    };
+    match decode::decode_view(
+        bytes,
+        true,
+        JpegDecoder::LibjpegTurbo,
+        &mut middle,
+        &mut img,
+    ) {
+        Ok(win) => {
+            assert_eq!(img.pixels.len(), img.height * img.width * img.channels);
+            assert!(win.y >= 0.0 && win.x >= 0.0);
+            assert!(win.y + win.h <= img.height as f64 && win.x + win.w <= img.width as f64);
+        }
+        Err(e) => {
+            first.get_or_insert(e);
         }
     }
     first.map_or(Ok(()), |e| Err(Error::data("image", e)))

@@ -395,11 +395,15 @@ pub enum DataFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum JpegDecoderKind {
-    /// zune-jpeg (pure Rust; the faster of the two measured, docs/benchmarks.md).
-    #[default]
+    /// zune-jpeg (pure Rust, whole images).
     Zune,
     /// jpeg-decoder (pure Rust, image-rs).
     JpegDecoder,
+    /// libjpeg-turbo (C with SIMD, built from source by the `turbojpeg-sys` crate), decoding
+    /// only the part of each image that `random_resized_crop`'s window needs: the fastest
+    /// measured (docs/benchmarks.md).
+    #[default]
+    LibjpegTurbo,
 }
 
 /// What reading a record that cannot be decoded does (`data.on_corrupt`).
@@ -503,7 +507,7 @@ pub struct DataConfig {
     /// What an unreadable image or record does: `"stop"` (exit 2, naming it) or `"skip"`.
     #[serde(default)]
     pub on_corrupt: CorruptMode,
-    /// Image formats: the JPEG decoder, `"zune"` or `"jpeg-decoder"`.
+    /// Image formats: the JPEG decoder, `"libjpeg-turbo"` (default), `"zune"` or `"jpeg-decoder"`.
     #[serde(default)]
     pub jpeg_decoder: JpegDecoderKind,
     /// Batches each replica's reader keeps ready, at least (small batches: more, see

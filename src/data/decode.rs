@@ -1,7 +1,11 @@
-//! Decoding image files (JPEG, baseline and progressive, through zune-jpeg; PNG through the png
-//! crate) into 8-bit [`Image`]s in Caffe's channel order: BGR for colour (OpenCV's, so
-//! `mean_value` lists are Caffe's), one channel for grey. Every failure is a message saying what
-//! is wrong with the bytes; nothing here panics on any input.
+//! Decoding image files (JPEG, baseline and progressive, through zune-jpeg, jpeg-decoder or
+//! libjpeg-turbo; PNG through the png crate) into 8-bit [`Image`]s in Caffe's channel order: BGR
+//! for colour (OpenCV's, so `mean_value` lists are Caffe's), one channel for grey. Every failure
+//! is a message saying what is wrong with the bytes; nothing here panics on any input.
+//!
+//! [`decode_view`] decodes only the part of a JPEG that a resampled window needs ([`View`]) where
+//! the decoder can (libjpeg-turbo: [`libjpeg_turbo`](super::libjpeg_turbo)); the others decode
+//! whole images.
 //!
 //! Colour conversions follow OpenCV's `imread`, which Caffe uses: a colour file read as grey is
 //! converted with OpenCV's fixed-point `Y = (1868·B + 9617·G + 4899·R + 2^13) >> 14` (a JPEG's
@@ -11,6 +15,8 @@
 //! Images larger than [`MAX_IMAGE_PIXELS`] are refused from their header, before any pixel
 //! buffer is allocated (a "PNG bomb" or an absurd declared size).
 
+use super::libjpeg_turbo::{self, Decoded};
+use super::resample::Window;
 use zune_jpeg::zune_core::colorspace::ColorSpace;
 use zune_jpeg::zune_core::options::DecoderOptions;
 
@@ -44,7 +50,7 @@ impl Image {
         }
     }
 
-    fn reshape(&mut self, height: usize, width: usize, channels: usize) {
+    pub(super) fn reshape(&mut self, height: usize, width: usize, channels: usize) {
         self.height = height;
         self.width = width;
         self.channels = channels;
@@ -52,14 +58,34 @@ impl Image {
     }
 }
 
-/// Which JPEG decoder decodes (the default, and a second for `bench-data`'s comparison).
+/// Which JPEG decoder decodes (`data.jpeg_decoder`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JpegDecoder {
     /// zune-jpeg: pure Rust, SIMD colour conversion and IDCT.
-    #[default]
     Zune,
     /// jpeg-decoder (image-rs): pure Rust.
     JpegDecoderCrate,
+    /// libjpeg-turbo (C, SIMD), decoding only the part of an image a window needs.
+    #[default]
+    LibjpegTurbo,
+}
+
+/// What a transform needs of an image: a window of it and the size the window is resampled
+/// to, `(out_h, out_w)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct View {
+    pub window: Window,
+    pub out: (usize, usize),
+}
+
+impl View {
+    /// The whole `h`×`w` image at its own size.
+    pub fn whole(h: usize, w: usize) -> Self {
+        View {
+            window: Window::whole(h, w),
+            out: (h, w),
+        }
+    }
 }
 
 /// The kinds of file recognised, by their first bytes.
@@ -80,13 +106,33 @@ pub fn sniff(bytes: &[u8]) -> Option<FileKind> {
     }
 }
 
-/// Decodes a JPEG or PNG file into `out` (its buffer reused), colour (BGR) when `color`, grey
-/// otherwise.
+/// Decodes a JPEG or PNG file whole into `out` (its buffer reused), colour (BGR) when `color`,
+/// grey otherwise.
 pub fn decode(bytes: &[u8], color: bool, jpeg: JpegDecoder, out: &mut Image) -> Result<(), String> {
-    match sniff(bytes) {
+    decode_view(bytes, color, jpeg, &mut View::whole, out).map(drop)
+}
+
+/// Decodes a JPEG or PNG file into `out` as [`decode`] does, but only the part that
+/// `view(height, width)` of the image needs when the decoder can (libjpeg-turbo's JPEGs: a
+/// cropped, possibly DCT-scaled, rectangle); returns the view's window in `out`'s coordinates.
+pub fn decode_view(
+    bytes: &[u8],
+    color: bool,
+    jpeg: JpegDecoder,
+    view: &mut dyn FnMut(usize, usize) -> View,
+    out: &mut Image,
+) -> Result<Window, String> {
+    let kind = sniff(bytes);
+    if kind == Some(FileKind::Jpeg) && jpeg == JpegDecoder::LibjpegTurbo {
+        if let Decoded::Window(window) = libjpeg_turbo::decode(bytes, color, view, out)? {
+            return Ok(window);
+        }
+    }
+    match kind {
         Some(FileKind::Jpeg) => match jpeg {
-            JpegDecoder::Zune => decode_jpeg(bytes, color, out),
             JpegDecoder::JpegDecoderCrate => decode_jpeg_crate(bytes, color, out),
+            // libjpeg-turbo leaves CMYK, 12-bit and lossless JPEGs to zune-jpeg.
+            JpegDecoder::Zune | JpegDecoder::LibjpegTurbo => decode_jpeg(bytes, color, out),
         },
         Some(FileKind::Png) => decode_png(bytes, color, out),
         None if bytes.is_empty() => Err("empty file (0 bytes)".into()),
@@ -94,11 +140,12 @@ pub fn decode(bytes: &[u8], color: bool, jpeg: JpegDecoder, out: &mut Image) -> 
             "not a JPEG or PNG file (starts with {:02x?})",
             &bytes[..bytes.len().min(8)]
         )),
-    }
+    }?;
+    Ok(view(out.height, out.width).window)
 }
 
 /// Checks declared dimensions against [`MAX_IMAGE_PIXELS`].
-fn check_size(width: usize, height: usize) -> Result<(), String> {
+pub(super) fn check_size(width: usize, height: usize) -> Result<(), String> {
     if width == 0 || height == 0 {
         return Err(format!("declares an empty image ({width}×{height})"));
     }
@@ -298,13 +345,19 @@ pub(crate) mod tests {
         }
     }
 
+    const ALL_JPEG: [JpegDecoder; 3] = [
+        JpegDecoder::Zune,
+        JpegDecoder::JpegDecoderCrate,
+        JpegDecoder::LibjpegTurbo,
+    ];
+
     fn fixture(name: &str) -> Vec<u8> {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jpeg/");
         std::fs::read(format!("{dir}{name}")).unwrap()
     }
 
-    /// Baseline, progressive and grey JPEGs decode, with both decoders, to within a few levels
-    /// of libjpeg-turbo's pixels (IDCT and chroma upsampling round differently).
+    /// Baseline, progressive and grey JPEGs decode, with every decoder, to within a few levels
+    /// of the reference libjpeg-turbo's pixels (IDCT and chroma upsampling round differently).
     #[test]
     fn jpegs_decode_close_to_libjpeg_turbo() {
         for (name, color) in [
@@ -320,7 +373,7 @@ pub(crate) mod tests {
                 &mut want,
             )
             .unwrap();
-            for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+            for jpeg in ALL_JPEG {
                 let mut got = Image::default();
                 decode(&fixture(&format!("{name}.jpg")), color, jpeg, &mut got).unwrap();
                 assert_eq!(
@@ -345,7 +398,7 @@ pub(crate) mod tests {
         let good = fixture("colour_baseline.jpg");
         let mut img = Image::default();
         for cut in [3, 20, 200, good.len() / 2] {
-            for jpeg in [JpegDecoder::Zune, JpegDecoder::JpegDecoderCrate] {
+            for jpeg in ALL_JPEG {
                 let r = decode(&good[..cut], true, jpeg, &mut img);
                 assert!(
                     r.is_err(),
@@ -358,7 +411,9 @@ pub(crate) mod tests {
         let mut huge = good.clone();
         let sof = huge.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
         huge[sof + 5..sof + 9].copy_from_slice(&[0xfd, 0xe8, 0xfd, 0xe8]);
-        let e = decode(&huge, true, JpegDecoder::Zune, &mut img).unwrap_err();
-        assert!(e.contains("65000×65000"), "{e}");
+        for jpeg in ALL_JPEG {
+            let e = decode(&huge, true, jpeg, &mut img).unwrap_err();
+            assert!(e.contains("65000×65000"), "{jpeg:?}: {e}");
+        }
     }
 }

@@ -7,7 +7,9 @@
 //! A record's shape is its own: raw `Datum`s carry theirs, files have their decoded size (or
 //! `new_height`×`new_width`). [`RecordSource::record_shape`] is the first record's; reading a
 //! record of another shape whole ([`RecordSource::try_fill`]) is an error naming it, while
-//! [`RecordSource::read_image`] reads any size for the resampling transforms.
+//! [`RecordSource::read_image`] reads any size for the resampling transforms, and
+//! [`RecordSource::read_view`] the part of it a resampled window needs (the JPEGs libjpeg-turbo
+//! decodes; records resized by `new_height`/`new_width` are read whole).
 //!
 //! Unreadable records (a corrupt or truncated image, a `Datum` whose sizes do not match its
 //! bytes) are named with their file or LMDB key: with `on_corrupt = "stop"` the read fails (exit
@@ -18,10 +20,10 @@
 //! the records of a batch in parallel.
 
 use super::datum::DatumView;
-use super::decode::{self, Image, JpegDecoder};
+use super::decode::{self, Image, JpegDecoder, View};
 use super::image_files::FileList;
 use super::lmdb::LmdbStore;
-use super::resample;
+use super::resample::{self, Window};
 use super::{Read, RecordSource};
 use crate::error::{Error, Result};
 use std::collections::HashSet;
@@ -55,7 +57,7 @@ impl Default for DecodeOptions {
             color: true,
             resize: None,
             on_corrupt: OnCorrupt::Stop,
-            jpeg: JpegDecoder::Zune,
+            jpeg: JpegDecoder::default(),
         }
     }
 }
@@ -232,23 +234,35 @@ impl ImageSource {
         image: &mut Image,
         scratch: &mut Vec<f32>,
     ) -> std::result::Result<(), String> {
-        self.with_stored(index, |stored| match stored {
-            Stored::Raw(shape, bytes) => {
-                image.set_planar(shape, bytes);
-                Ok(())
-            }
-            Stored::Floats(..) => {
-                Err("holds float_data, which the resizing transforms do not read".into())
-            }
-            Stored::Encoded(bytes) => {
-                decode::decode(bytes, self.options.color, self.options.jpeg, image)
-            }
-        })?;
+        self.view_of(index, &mut View::whole, image)?;
         if let Some((h, w)) = self.options.resize {
             let resized = resample::resize_bytes(image, h, w, scratch);
             image.set_planar([image.channels, h, w], &resized);
         }
         Ok(())
+    }
+
+    /// Reads the part of record `index` that `view(height, width)` needs (all of it unless
+    /// the decoder can decode a part); the view's window in `image`'s coordinates.
+    fn view_of(
+        &self,
+        index: usize,
+        view: &mut dyn FnMut(usize, usize) -> View,
+        image: &mut Image,
+    ) -> std::result::Result<Window, String> {
+        self.with_stored(index, |stored| match stored {
+            Stored::Raw(shape, bytes) => {
+                image.set_planar(shape, bytes);
+                Ok(view(image.height, image.width).window)
+            }
+            Stored::Floats(..) => {
+                Err("holds float_data, which the resizing transforms do not read".into())
+            }
+            Stored::Encoded(bytes) => {
+                let (color, jpeg) = (self.options.color, self.options.jpeg);
+                decode::decode_view(bytes, color, jpeg, view, image)
+            }
+        })
     }
 
     /// Writes record `index`, which must have the source's shape, as floats.
@@ -482,6 +496,25 @@ impl RecordSource for ImageSource {
     fn read_image(&self, index: usize, image: &mut Image) -> Result<Read> {
         let mut scratch = Vec::new();
         self.read_or_skip(index, |i| self.image_of(i, image, &mut scratch))
+    }
+
+    fn read_view(
+        &self,
+        index: usize,
+        view: &mut dyn FnMut(usize, usize) -> View,
+        image: &mut Image,
+    ) -> Result<(Read, Window)> {
+        if self.options.resize.is_some() {
+            // Resized records are decoded whole; the view is of the resized image.
+            let read = self.read_image(index, image)?;
+            return Ok((read, view(image.height, image.width).window));
+        }
+        let mut window = Window::whole(0, 0);
+        let read = self.read_or_skip(index, |i| {
+            window = self.view_of(i, view, image)?;
+            Ok(())
+        })?;
+        Ok((read, window))
     }
 
     fn label(&self, index: usize) -> u32 {

@@ -29,6 +29,7 @@ pub mod fingerprint;
 pub mod idx;
 pub mod image_files;
 pub mod images;
+pub mod libjpeg_turbo;
 pub mod lmdb;
 pub mod mean_file;
 pub mod order;
@@ -103,6 +104,20 @@ pub trait RecordSource: Send + Sync {
             "its records are not images: `random_resized_crop` needs format \"lmdb\", \
              \"image_list\" or \"image_folder\"",
         ))
+    }
+
+    /// Reads record `index` as [`read_image`](Self::read_image) does, but only the part of the
+    /// image that `view(height, width)` names where the source can decode a part (libjpeg-turbo's
+    /// JPEGs); returns what was read and the view's window in `image`'s coordinates. `view` is
+    /// called once per record tried (again for a record read in place of an unreadable one).
+    fn read_view(
+        &self,
+        index: usize,
+        view: &mut dyn FnMut(usize, usize) -> decode::View,
+        image: &mut decode::Image,
+    ) -> Result<(Read, resample::Window)> {
+        let read = self.read_image(index, image)?;
+        Ok((read, view(image.height, image.width).window))
     }
 
     /// The workers that decode this source's records, when it has them: a batch's records are
@@ -311,6 +326,7 @@ pub fn decode_options(cfg: &DataConfig) -> images::DecodeOptions {
         jpeg: match cfg.jpeg_decoder {
             JpegDecoderKind::Zune => decode::JpegDecoder::Zune,
             JpegDecoderKind::JpegDecoder => decode::JpegDecoder::JpegDecoderCrate,
+            JpegDecoderKind::LibjpegTurbo => decode::JpegDecoder::LibjpegTurbo,
         },
     }
 }

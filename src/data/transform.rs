@@ -22,13 +22,15 @@
 //! to `side`×`side` with an antialiasing linear filter, flipped when `mirror` says so, all drawn
 //! from (seed, stream position); in tests the shorter side resized to `shorter` and the centre
 //! `side`×`side` taken (torchvision's `Resize` + `CenterCrop`). Per-channel means and the scale
-//! follow; a mean image does not apply.
+//! follow; a mean image does not apply. The window is chosen from the image's size alone, before
+//! it is decoded, so that a decoder that can decodes only the part the window needs
+//! ([`RecordSource::read_view`]).
 //!
 //! Shapes: input records are `(C, H, W)`; outputs are `(C, crop, crop)` with a crop,
 //! `(C, side, side)` with a resized crop, else `(C, H, W)`.
 
 use super::augment::Augment;
-use super::decode::Image;
+use super::decode::{Image, View};
 use super::order::splitmix64;
 use super::resample::{resample, Window};
 use super::{Read, RecordSource};
@@ -283,11 +285,20 @@ impl Transform {
         scratch: &mut Scratch,
     ) -> Result<Read> {
         let read = if self.resized.is_some() {
-            let read = source.read_image(index, &mut scratch.image)?;
-            let img = &scratch.image;
-            let (win, flip) = self
-                .resized_window(position, img.height, img.width)
-                .expect("a resized crop");
+            let out_size = self.output_side();
+            let mut flip = false;
+            let (read, win) = source.read_view(
+                index,
+                &mut |h, w| {
+                    let (window, f) = self.resized_window(position, h, w).expect("a resized crop");
+                    flip = f;
+                    View {
+                        window,
+                        out: out_size,
+                    }
+                },
+                &mut scratch.image,
+            )?;
             self.resample(win, flip, out, scratch);
             read
         } else {
@@ -310,8 +321,15 @@ impl Transform {
         scratch: &mut Scratch,
     ) -> Result<Read> {
         let read = if let Some(r) = self.resized {
-            let read = source.read_image(index, &mut scratch.image)?;
-            let win = r.test_window(scratch.image.height, scratch.image.width);
+            let out_size = self.output_side();
+            let (read, win) = source.read_view(
+                index,
+                &mut |h, w| View {
+                    window: r.test_window(h, w),
+                    out: out_size,
+                },
+                &mut scratch.image,
+            )?;
             self.resample(win, false, out, scratch);
             read
         } else {
@@ -320,6 +338,12 @@ impl Transform {
         };
         self.normalize(out);
         Ok(read)
+    }
+
+    /// `(H, W)` of the output records.
+    fn output_side(&self) -> (usize, usize) {
+        let [_, oh, ow] = self.output_shape();
+        (oh, ow)
     }
 
     /// `window` of the scratch image resampled to the output side.

@@ -24,7 +24,7 @@ fn image_keys(d: &crate::config::DataConfig) -> [(&'static str, bool); 13] {
         ("workers", d.workers > 0),
         (
             "jpeg_decoder",
-            d.jpeg_decoder != crate::config::JpegDecoderKind::Zune,
+            d.jpeg_decoder != crate::config::JpegDecoderKind::default(),
         ),
     ]
 }
