@@ -59,6 +59,7 @@ kernel_sources!(
     "convolution_direct",
     "softmax",
     "wire",
+    "input",
 );
 
 /// Resident blocks per multiprocessor that one wave of a grid-stride kernel aims for.
@@ -189,6 +190,7 @@ kernel_set!(
     lrn_backward,
     to_bf16,
     from_bf16_scaled,
+    normalize_u8,
 );
 
 #[macro_use]
@@ -201,6 +203,7 @@ mod dropout;
 mod elementwise;
 mod fused;
 mod im2col;
+mod input;
 mod loss;
 mod normalization;
 mod pooling;
