@@ -2,14 +2,14 @@
 //! prepares — read, decode, augment (the config's transform) and assemble into batches of
 //! `data.batch_size` — on its decode workers, with the rate per worker. No GPU, no MPI, no net:
 //! the very reader a training replica uses ([`TrainReader`]) fills the batches, the first one is
-//! checked (finite values once normalised, labels below the classes), and the batches it
-//! completes while `--batches` of them are taken are timed.
+//! checked (finite values once normalised, labels below the classes), and then the filling
+//! and taking of `--batches` more is timed.
 //!
 //! `--decode-only` times reading and decoding alone (no resampling, no batch), each worker
 //! claiming the next image as soon as it is done with one: the figure the JPEG decoders are
 //! compared by.
 
-use crate::data::{self, decode::Image, RecordSource, TrainReader};
+use crate::data::{self, decode::Image, BatchStream, RecordSource, TrainOrder, TrainReader};
 use crate::error::{Error, Result};
 use crate::validate;
 use std::path::PathBuf;
@@ -110,40 +110,45 @@ pub fn measure(opts: &BenchDataOptions) -> Result<(DataRate, String)> {
             format!("{format}, decode only"),
         ));
     }
-    let mut reader = TrainReader::start(
-        split.train.clone(),
-        cfg.solver.random_seed,
-        cfg.data.shuffle,
+    // The checked batch and the warm-up on one reader, the timed batches on another that
+    // fills exactly those: the span covers their whole filling and nothing more.
+    let order = || TrainOrder::new(source.len(), cfg.solver.random_seed, cfg.data.shuffle);
+    let stream = BatchStream {
         batch,
-        0,
-        1,
-        0,
-        cfg.data.prefetch,
-        split.transform.clone(),
-    );
-    let first = reader.next()?;
-    check_batch(source, &first.data.to_f32(), &first.labels)?;
-    let pixels = match first.data {
+        rank: 0,
+        replicas: 1,
+    };
+    let reader = |range: std::ops::Range<u64>| {
+        let (train, transform) = (split.train.clone(), split.transform.clone());
+        TrainReader::start_range(train, order(), stream, range, cfg.data.prefetch, transform)
+    };
+    let take = |reader: &mut TrainReader, n: u64| -> Result<()> {
+        for _ in 0..n {
+            let b = reader.next()?;
+            reader.recycle(b);
+        }
+        Ok(())
+    };
+    let warm = 1 + opts.warmup;
+    let mut first = reader(0..warm);
+    let checked = first.next()?;
+    check_batch(source, &checked.data.to_f32(), &checked.labels)?;
+    let pixels = match checked.data {
         data::Pixels::F32(_) => "f32",
         data::Pixels::U8 { .. } => "u8",
     };
-    reader.recycle(first);
-    for _ in 0..opts.warmup {
-        let b = reader.next()?;
-        reader.recycle(b);
-    }
-    let (start, cpu, filled) = (Instant::now(), cpu_time(), reader.batches_filled());
-    for _ in 0..opts.batches {
-        let b = reader.next()?;
-        reader.recycle(b);
-    }
+    take(&mut first, opts.warmup)?;
+    drop(first);
+    let (start, cpu) = (Instant::now(), cpu_time());
+    let mut timed = reader(warm..warm + opts.batches);
+    take(&mut timed, opts.batches)?;
     let rate = DataRate {
-        images: (reader.batches_filled() - filled) * batch as u64,
+        images: opts.batches * batch as u64,
         seconds: start.elapsed().as_secs_f64(),
         cpu_seconds: cpu_time() - cpu,
         workers,
     };
-    drop(reader);
+    drop(timed);
     let [c, h, w] = split.input_shape();
     Ok((
         rate,

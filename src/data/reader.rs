@@ -438,6 +438,38 @@ impl TrainReader {
         prefetch: usize,
         transform: Transform,
     ) -> Self {
+        let stream = BatchStream {
+            batch,
+            rank,
+            replicas,
+        };
+        let order = TrainOrder::new(source.len(), seed, shuffle);
+        Self::start_range(
+            source,
+            order,
+            stream,
+            first_micro_batch..u64::MAX,
+            prefetch,
+            transform,
+        )
+    }
+
+    /// [`TrainReader::start`] for the micro-batches `micro_batches` only, in `order`: once they
+    /// have all been taken, `next` says the filling has stopped (`bench-data` times exactly
+    /// these).
+    pub fn start_range(
+        source: Arc<dyn RecordSource>,
+        order: TrainOrder,
+        stream: BatchStream,
+        micro_batches: Range<u64>,
+        prefetch: usize,
+        transform: Transform,
+    ) -> Self {
+        let BatchStream {
+            batch,
+            rank,
+            replicas,
+        } = stream;
         assert!(batch > 0, "batch size must be positive");
         assert!(rank < replicas, "rank {rank} of {replicas} replicas");
         let workers = source.workers().map_or(0, |p| p.current_num_threads());
@@ -445,19 +477,14 @@ impl TrainReader {
         let u8 = transform
             .u8_batches(&*source)
             .then(|| Arc::new(transform.normalization()));
-        let order = TrainOrder::new(source.len(), seed, shuffle);
-        let stream = BatchStream {
-            batch,
-            rank,
-            replicas,
-        };
         let shared = Arc::new(Shared::default());
         let (mut handle, mut streamer) = (None, None);
         if workers > 0 {
             queue = queue.for_workers(batch, workers);
             shared.lock().stream = Some(StreamState {
                 order,
-                next: first_micro_batch,
+                next: micro_batches.start,
+                end: micro_batches.end,
                 in_flight: VecDeque::new(),
                 jobs: 0,
                 failed_at: None,
@@ -480,7 +507,8 @@ impl TrainReader {
                 stream,
                 transform,
                 u8,
-                next: first_micro_batch,
+                next: micro_batches.start,
+                end: micro_batches.end,
                 queue,
                 shared: Arc::clone(&shared),
             };
@@ -625,6 +653,8 @@ struct StreamState {
     order: TrainOrder,
     /// The next micro-batch to open.
     next: u64,
+    /// The micro-batch at which the filling stops.
+    end: u64,
     /// Batches being filled, in micro-batch order; only the last may have slots left to claim.
     in_flight: VecDeque<InFlight>,
     /// Jobs started and not yet ended.
@@ -732,7 +762,8 @@ impl Streamer {
             f.claimed < b && s.failed_at.is_none_or(|at| f.batch.micro_batch <= at)
         });
         if !last_open {
-            if s.failed_at.is_some() || held + s.in_flight.len() >= self.queue.capacity {
+            let full = held + s.in_flight.len() >= self.queue.capacity;
+            if s.failed_at.is_some() || full || s.next >= s.end {
                 return None;
             }
             let mut batch = q.free.pop().unwrap_or_default();
@@ -833,6 +864,10 @@ impl Streamer {
             q.filled += 1;
             delivered = true;
         }
+        if s.next >= s.end && s.in_flight.is_empty() {
+            q.producer_gone = true; // every micro-batch asked for is ready
+            delivered = true;
+        }
         if delivered && q.consumer_waiting {
             self.shared.filled.notify_one();
         }
@@ -848,6 +883,8 @@ struct Producer {
     /// The normalisation of 8-bit batches, `None` for float batches.
     u8: Option<Arc<Normalize>>,
     next: u64,
+    /// The micro-batch at which the thread stops.
+    end: u64,
     /// Once the queue is full, the thread waits until the reader has taken it down to its
     /// low-water mark.
     queue: ReadyQueue,
@@ -870,7 +907,7 @@ impl Producer {
         let _gone = Gone(Arc::clone(&self.shared));
         let mut q = self.shared.lock();
         loop {
-            if q.stop {
+            if q.stop || self.next >= self.end {
                 return;
             }
             if q.ready.len() >= self.queue.capacity {
@@ -1129,7 +1166,8 @@ mod tests {
 
     /// A consumer that takes nothing: the jobs fill the queue up to its capacity (batches
     /// ready and in flight together) and end, rather than wait on their workers; taking
-    /// batches starts them again. Dropping the reader releases everything the jobs held.
+    /// batches down to the low-water mark starts them again. Dropping the reader releases
+    /// everything the jobs held.
     #[test]
     fn streaming_jobs_stop_at_a_full_queue_and_resume_when_batches_are_taken() {
         let source: Arc<dyn RecordSource> =
@@ -1138,30 +1176,34 @@ mod tests {
         let queue = ReadyQueue::new(3, 2 * 4).for_workers(2, 4);
         let identity = Transform::identity(shape);
         let mut reader = TrainReader::start(Arc::clone(&source), 1, true, 2, 0, 1, 0, 3, identity);
-        // Waits (at most 20 s, against a hang) until the jobs have ended on a full queue.
-        let idle_and_full = |r: &TrainReader| {
+        // Waits (at most 20 s, against a hang) until no job runs; returns the batches ready.
+        let idle = |r: &TrainReader| {
             let t = Instant::now();
             loop {
                 let (ready, _, _) = r.queue_state();
                 let (jobs, in_flight) = r.stream_state();
                 assert!(ready + in_flight <= queue.capacity, "{ready} + {in_flight}");
-                if jobs == 0 && ready == queue.capacity {
+                if jobs == 0 {
                     assert_eq!(in_flight, 0);
-                    return;
+                    return ready;
                 }
                 let state = r.stream_state();
                 assert!(t.elapsed() < Duration::from_secs(20), "{state:?}");
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
-        idle_and_full(&reader);
+        assert_eq!(idle(&reader), queue.capacity);
         assert_eq!(reader.batches_filled(), queue.capacity as u64);
-        for m in 0..3 * queue.capacity as u64 {
+        let taken = 3 * queue.capacity as u64;
+        for m in 0..taken {
             let got = reader.next().unwrap();
             assert_eq!(as_floats(got), direct(&*source, 1, true, m, 2, 0, 1));
         }
-        idle_and_full(&reader);
-        assert_eq!(reader.batches_filled(), 4 * queue.capacity as u64);
+        // The jobs last ended on a full queue, and have not been started since the consumer
+        // took it down past the low-water mark.
+        let ready = idle(&reader);
+        assert!(ready > queue.low_water(), "{ready} ready");
+        assert_eq!(reader.batches_filled(), taken + ready as u64);
         drop(reader);
         assert_eq!(Arc::strong_count(&source), 1, "a job outlived its reader");
     }
@@ -1246,6 +1288,31 @@ mod tests {
             assert!(reader.next().is_err());
             drop(reader);
             assert_eq!(Arc::strong_count(&source), 1, "a job outlived its reader");
+        }
+    }
+
+    /// A reader of a range of micro-batches delivers those, then says it has stopped, on the
+    /// thread and on decode workers alike.
+    #[test]
+    fn a_range_reader_stops_after_its_last_micro_batch() {
+        let workers: Arc<dyn RecordSource> =
+            Arc::new(FnSource::new(30, [1, 2, 2], byte_ramp).with_workers(3));
+        for source in [digits(), workers] {
+            let stream = BatchStream {
+                batch: 3,
+                rank: 0,
+                replicas: 1,
+            };
+            let order = TrainOrder::new(source.len(), 2, true);
+            let identity = Transform::identity(source.record_shape());
+            let mut reader =
+                TrainReader::start_range(Arc::clone(&source), order, stream, 4..9, 2, identity);
+            for m in 4..9 {
+                let got = as_floats(reader.next().unwrap());
+                assert_eq!(got, direct(&*source, 2, true, m, 3, 0, 1));
+            }
+            let e = reader.next().unwrap_err().to_string();
+            assert!(e.contains("stopped"), "{e}");
         }
     }
 
