@@ -24,9 +24,10 @@
 //! `side`×`side` taken (torchvision's `Resize` + `CenterCrop`). Per-channel means and the scale
 //! follow; a mean image does not apply.
 //!
-//! A resampled value is rounded to an 8-bit pixel, `(v + 0.5).floor()` clamped to 0..=255 (PIL's
-//! rounding of its 8-bit resize), before the means and the scale, so that a resized crop holds
-//! whole pixel values as a crop of raw 8-bit records does.
+//! A resampled value is rounded to an 8-bit pixel, clamped to 0..=255 and rounded half to even
+//! ([`round_pixel`]; PIL rounds its 8-bit resize half up, which differs only at exact halves),
+//! before the means and the scale, so that a resized crop holds whole pixel values as a crop of
+//! raw 8-bit records does.
 //!
 //! 8-bit batches: where every value before the means and the scale is a whole 8-bit pixel (raw
 //! 8-bit records, or a resized crop; no shift, no mean image: [`Transform::u8_batches`]), the
@@ -184,10 +185,13 @@ impl Normalize {
     }
 }
 
-/// A resampled value as a whole 8-bit pixel: `(v + 0.5).floor()`, clamped to 0..=255 (PIL's
-/// rounding of its 8-bit resize: half-way values go up).
+/// A resampled value as a whole 8-bit pixel: clamped to 0..=255 and rounded to the nearest
+/// integer, half-way values to the even one (`f32::round_ties_even`). Computed by adding and
+/// subtracting 2²³ (where the floats' spacing is 1, so the sum rounds to the integer), which
+/// vectorises where `round_ties_even` is a library call.
 pub fn round_pixel(v: f32) -> f32 {
-    (v + 0.5).floor().clamp(0.0, 255.0)
+    const SPACING_ONE: f32 = 8_388_608.0; // 2^23
+    (v.clamp(0.0, 255.0) + SPACING_ONE) - SPACING_ONE
 }
 
 /// The per-record transform of one data set.
@@ -391,13 +395,17 @@ impl Transform {
         let mut values = std::mem::take(&mut scratch.values);
         values.resize(out.len(), 0.0);
         let read = self.train_values(source, index, position, &mut values, scratch);
-        let pixels = values.iter().zip(out.iter_mut()).try_for_each(|(&v, o)| {
+        for (o, &v) in out.iter_mut().zip(&values) {
             *o = v as u8;
-            (f32::from(*o) == v).then_some(()).ok_or(v)
-        });
+        }
+        let inexact = out
+            .iter()
+            .zip(&values)
+            .find(|&(&o, &v)| f32::from(o) != v)
+            .map(|(_, &v)| v);
         scratch.values = values;
         let read = read?;
-        pixels.map_err(|v| {
+        inexact.map_or(Ok(()), Err).map_err(|v| {
             Error::data(
                 source.name(),
                 format!(
@@ -758,17 +766,23 @@ mod tests {
     }
 
     #[test]
-    fn resampled_values_round_half_up_to_pixels() {
+    fn resampled_values_round_half_to_even_pixels() {
         let cases = [
-            (0.5, 1.0),
+            (0.5, 0.0),
             (1.49, 1.0),
-            (2.5, 3.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
             (254.6, 255.0),
             (-0.3, 0.0),
             (255.4, 255.0),
+            (1e9, 255.0),
         ];
         for (v, want) in cases {
             assert_eq!(round_pixel(v), want, "{v}");
+        }
+        for k in -2000..=300_000 {
+            let v = k as f32 / 1024.0;
+            assert_eq!(round_pixel(v), v.clamp(0.0, 255.0).round_ties_even(), "{v}");
         }
     }
 
