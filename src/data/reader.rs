@@ -727,10 +727,13 @@ impl Streamer {
         }
     }
 
-    /// One job: claims, fills and reports slots until there is nothing to claim.
-    fn work(&self) {
+    /// One job: claims, fills and reports slots until there is nothing to claim. It lets go
+    /// of the reader's context before it counts itself out, so that a dropped reader has
+    /// released its source once its drop returns.
+    fn work(self: Arc<Self>) {
         let mut scratch = Scratch::default();
-        let mut q = self.shared.lock();
+        let shared = Arc::clone(&self.shared);
+        let mut q = shared.lock();
         while let Some(claim) = self.claim(&mut q) {
             drop(q);
             let read = catch_unwind(AssertUnwindSafe(|| self.fill(&claim, &mut scratch)))
@@ -738,13 +741,14 @@ impl Streamer {
                     let why = format!("panicked: {}", panic_message(&*payload));
                     Err(stopped_error(self.stream.rank, &why))
                 });
-            q = self.shared.lock();
+            q = shared.lock();
             self.report(&mut q, &claim, read);
         }
+        drop(self);
         let s = q.stream.as_mut().expect("a streaming queue");
         s.jobs -= 1;
         if s.jobs == 0 {
-            self.shared.jobs_ended.notify_all();
+            shared.jobs_ended.notify_all();
         }
     }
 
