@@ -1,16 +1,20 @@
 //! `p2ptrain bench-data CONFIG`: how many training images per second one rank's data pipeline
 //! prepares — read, decode, augment (the config's transform) and assemble into batches of
 //! `data.batch_size` — on its decode workers, with the rate per worker. No GPU, no MPI, no net:
-//! the batches are checked (finite values, labels below the classes) and then timed.
+//! the very reader a training replica uses ([`TrainReader`]) fills the batches, the first one is
+//! checked (finite values once normalised, labels below the classes), and then the filling
+//! and taking of `--batches` more is timed.
 //!
 //! `--decode-only` times reading and decoding alone (no resampling, no batch), each worker
-//! decoding whole images: the figure the JPEG decoders are compared by.
+//! claiming the next image as soon as it is done with one: the figure the JPEG decoders are
+//! compared by.
 
-use crate::data::{self, decode::Image, Batch, BatchStream, ReadyQueue, RecordSource, TrainOrder};
+use crate::data::{self, decode::Image, BatchStream, RecordSource, TrainOrder, TrainReader};
 use crate::error::{Error, Result};
 use crate::validate;
-use rayon::prelude::*;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// What `p2ptrain bench-data` was asked.
@@ -106,45 +110,49 @@ pub fn measure(opts: &BenchDataOptions) -> Result<(DataRate, String)> {
             format!("{format}, decode only"),
         ));
     }
-    // Batches are filled as a training replica's reader fills them: several per parallel pass
-    // where one holds too few records for the workers.
-    let size = split.transform.output_size();
-    let per_pass = ReadyQueue::new(cfg.data.prefetch, batch * size)
-        .for_workers(batch, workers)
-        .per_pass as u64;
-    let mut order = TrainOrder::new(source.len(), cfg.solver.random_seed, cfg.data.shuffle);
+    // The checked batch and the warm-up on one reader, the timed batches on another that
+    // fills exactly those: the span covers their whole filling and nothing more.
+    let order = || TrainOrder::new(source.len(), cfg.solver.random_seed, cfg.data.shuffle);
     let stream = BatchStream {
         batch,
         rank: 0,
         replicas: 1,
     };
-    let mut pass = vec![Batch::default(); per_pass as usize];
-    let mut next = 0;
-    let mut fill = |pass: &mut [Batch]| -> Result<()> {
-        let filled = stream.fill(source, &mut order, next, &split.transform, pass);
-        next += pass.len() as u64;
-        filled.into_iter().collect()
+    let reader = |range: std::ops::Range<u64>| {
+        let (train, transform) = (split.train.clone(), split.transform.clone());
+        TrainReader::start_range(train, order(), stream, range, cfg.data.prefetch, transform)
     };
-    fill(&mut pass)?;
-    check_batch(source, &pass[0].data, &pass[0].labels)?;
-    for _ in 0..opts.warmup.div_ceil(per_pass) {
-        fill(&mut pass)?;
-    }
-    let passes = opts.batches.div_ceil(per_pass);
+    let take = |reader: &mut TrainReader, n: u64| -> Result<()> {
+        for _ in 0..n {
+            let b = reader.next()?;
+            reader.recycle(b);
+        }
+        Ok(())
+    };
+    let warm = 1 + opts.warmup;
+    let mut first = reader(0..warm);
+    let checked = first.next()?;
+    check_batch(source, &checked.data.to_f32(), &checked.labels)?;
+    let pixels = match checked.data {
+        data::Pixels::F32(_) => "f32",
+        data::Pixels::U8 { .. } => "u8",
+    };
+    take(&mut first, opts.warmup)?;
+    drop(first);
     let (start, cpu) = (Instant::now(), cpu_time());
-    for _ in 0..passes {
-        fill(&mut pass)?;
-    }
+    let mut timed = reader(warm..warm + opts.batches);
+    take(&mut timed, opts.batches)?;
     let rate = DataRate {
-        images: passes * per_pass * batch as u64,
+        images: opts.batches * batch as u64,
         seconds: start.elapsed().as_secs_f64(),
         cpu_seconds: cpu_time() - cpu,
         workers,
     };
+    drop(timed);
     let [c, h, w] = split.input_shape();
     Ok((
         rate,
-        format!("{format}, batches of {batch} × {c}×{h}×{w}, {per_pass} per pass"),
+        format!("{format}, batches of {batch} × {c}×{h}×{w} ({pixels}), streamed"),
     ))
 }
 
@@ -163,31 +171,46 @@ fn check_batch(source: &dyn RecordSource, values: &[f32], labels: &[f32]) -> Res
     Ok(())
 }
 
-/// Reads and decodes `warmup + batches` batches of `batch` records in file order, in parallel
-/// on the source's workers.
+/// Reads and decodes `warmup + batches` batches of `batch` records in file order, on the
+/// source's workers, each worker claiming the next record as soon as it is done with one.
 fn decode_rate(
     source: &dyn RecordSource,
     batch: usize,
     opts: &BenchDataOptions,
 ) -> Result<DataRate> {
     let n = source.len();
-    let decode_batch = |m: u64| -> Result<()> {
-        let first = m as usize * batch;
-        (first..first + batch)
-            .into_par_iter()
-            .map_init(Image::default, |image, i| {
-                source.read_image(i % n, image).map(|_| ())
-            })
-            .collect::<Result<Vec<()>>>()
-            .map(drop)
+    let decode = |records: std::ops::Range<usize>| -> Result<()> {
+        let next = AtomicUsize::new(records.start);
+        let failed = Mutex::new(None);
+        let worker = || {
+            let mut image = Image::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= records.end {
+                    return;
+                }
+                if let Err(e) = source.read_image(i % n, &mut image) {
+                    next.store(records.end, Ordering::Relaxed);
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            }
+        };
+        match source.workers() {
+            Some(pool) => drop(pool.broadcast(|_| worker())),
+            None => worker(),
+        }
+        failed
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .map_or(Ok(()), Err)
     };
-    let run = |f: &(dyn Fn() -> Result<()> + Sync)| match source.workers() {
-        Some(pool) => pool.install(f),
-        None => f(),
-    };
-    run(&|| (0..opts.warmup).try_for_each(decode_batch))?;
+    let warm = opts.warmup as usize * batch;
+    decode(0..warm)?;
     let (start, cpu) = (Instant::now(), cpu_time());
-    run(&|| (opts.warmup..opts.warmup + opts.batches).try_for_each(decode_batch))?;
+    decode(warm..warm + opts.batches as usize * batch)?;
     Ok(DataRate {
         images: opts.batches * batch as u64,
         seconds: start.elapsed().as_secs_f64(),

@@ -60,6 +60,7 @@ kernel_sources!(
     "convolution_direct",
     "softmax",
     "wire",
+    "input",
 );
 
 /// Resident blocks per multiprocessor that one wave of a grid-stride kernel aims for.
@@ -190,6 +191,7 @@ kernel_set!(
     lrn_backward,
     to_bf16,
     from_bf16_scaled,
+    normalize_u8,
 );
 
 #[macro_use]
@@ -202,13 +204,14 @@ mod dropout;
 mod elementwise;
 mod fused;
 mod im2col;
+mod input;
 mod loss;
 mod normalization;
 mod pooling;
 mod softmax;
 mod solver;
 mod wire;
-use common::{check_len, int_count, to_i32, BLOCK};
+use common::{check_len, check_lens, int_count, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;

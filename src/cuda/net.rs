@@ -176,7 +176,7 @@ const COPY_PIECE: usize = 1 << 16;
 /// `dst = src` for the pinned staging of a batch's inputs. A large batch is copied in pieces on
 /// all cores: copied by the stepping thread alone, cifar10_quick's 6 MB batch at batch 512 left
 /// the device waiting for its input in some runs (up to 0.24 ms of a 1.7 ms step).
-fn copy_to_staging(dst: &mut [f32], src: &[f32]) {
+fn copy_to_staging<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
     if src.len() < PARALLEL_COPY_MIN {
         dst.copy_from_slice(src);
         return;
@@ -200,6 +200,8 @@ struct Staging {
     /// `(capacity of the data blob)`, only where the data blob is stored channels-last: the
     /// batch as the host gives it (NCHW), transposed from here into `device_data`.
     raw_data: Option<CudaSlice<f32>>,
+    /// Pinned and device bytes for batches of 8-bit pixels, allocated by the first one.
+    pixels: Option<PixelStaging>,
     /// Recorded on the copy stream after the copy out of the pinned buffers into the device ones.
     copied: CudaEvent,
     /// Recorded on the compute stream once every pass that read `device_*` (as the input blobs)
@@ -232,9 +234,30 @@ impl Staging {
             device_data: device(data)?,
             device_labels: device(labels)?,
             raw_data: raw_input.then(|| device(data)).transpose()?,
+            pixels: None,
             copied: event()?,
             released,
         })
+    }
+}
+
+/// A staging slot's buffers for a batch of 8-bit pixels `(capacity of the data blob)`: pinned
+/// on the host, then on the device, where `normalize_u8` turns them into the data blob's floats.
+struct PixelStaging {
+    host: PinnedHostSlice<u8>,
+    device: CudaSlice<u8>,
+}
+
+impl PixelStaging {
+    fn new(gpu: &Gpu, n: usize) -> Result<PixelStaging> {
+        // SAFETY: the buffer is written before any element is read.
+        let host = unsafe { gpu.ctx.alloc_pinned::<u8>(n.max(1)) }
+            .map_err(|e| gpu_error("allocate pinned pixel staging", e))?;
+        let device = gpu
+            .compute
+            .alloc_zeros::<u8>(n.max(1))
+            .map_err(|e| gpu_error("allocate device pixel staging", e))?;
+        Ok(PixelStaging { host, device })
     }
 }
 
@@ -281,6 +304,8 @@ pub struct GpuNet {
     gathered: CudaSlice<f32>,
     staging: [Staging; 2],
     next_staging: usize,
+    /// `(C)` the per-channel means of 8-bit batches on the device, and their host values.
+    pixel_mean: Option<(Vec<f32>, CudaSlice<f32>)>,
     /// The stream inputs are copied to the device on, beside the compute stream.
     copy: Arc<CudaStream>,
     /// Per-layer device times, while a timeline or `bench --layers` records them.
@@ -407,6 +432,7 @@ impl GpuNet {
             gathered,
             staging,
             next_staging: 0,
+            pixel_mean: None,
             copy,
             layer_clock: EventClock::default(),
             ordinal: gpu.ordinal,
@@ -517,12 +543,102 @@ impl GpuNet {
     /// # Panics
     /// If the lengths do not match the current batch.
     pub fn load_batch(&mut self, gpu: &Gpu, data: &[f32], labels: &[f32]) -> Result<()> {
+        let (slot, nd) = self.begin_load(gpu, data.len(), labels)?;
+        let st = &mut self.staging[slot];
+        let map_err = |e| gpu_error("map pinned input staging", e);
+        copy_to_staging(&mut st.data.as_mut_slice().map_err(map_err)?[..nd], data);
+        {
+            let src = st.data.as_slice().map_err(map_err)?;
+            let dst = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
+            let (dst, _record) = dst.device_ptr_mut(&self.copy);
+            // SAFETY: `dst` holds at least `nd` floats (the blob's capacity); the pinned source
+            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
+            unsafe { driver::memcpy_htod_async(dst, &src[..nd], self.copy.cu_stream()) }
+                .map_err(|e| gpu_error("copy a batch to the device", e))?;
+        }
+        self.end_load(gpu, slot)
+    }
+
+    /// [`GpuNet::load_batch`] for a batch of 8-bit pixels `(N, C, H, W)`: the bytes go to the
+    /// device (a quarter of the floats' traffic) and the `normalize_u8` kernel writes the data
+    /// blob's floats there, `(x − mean[c]) · scale`, bit for bit the floats
+    /// [`Normalize::apply`](crate::data::Normalize::apply) computes on the CPU.
+    ///
+    /// # Panics
+    /// If the lengths do not match the current batch or `normalize` the record shape.
+    pub fn load_batch_u8(
+        &mut self,
+        gpu: &Gpu,
+        pixels: &[u8],
+        normalize: &crate::data::Normalize,
+        labels: &[f32],
+    ) -> Result<()> {
+        let [c, h, w] = self.record_shape;
+        assert_eq!(
+            (normalize.mean.len(), normalize.plane),
+            (c, h * w),
+            "load_batch_u8: a normalisation of records {:?}",
+            self.record_shape
+        );
+        self.upload_pixel_mean(&normalize.mean)?;
+        let (slot, nd) = self.begin_load(gpu, pixels.len(), labels)?;
+        let st = &mut self.staging[slot];
+        if st.pixels.is_none() {
+            st.pixels = Some(PixelStaging::new(gpu, st.device_data.len())?);
+        }
+        let px = st.pixels.as_mut().expect("allocated above");
+        let map_err = |e| gpu_error("map pinned pixel staging", e);
+        copy_to_staging(&mut px.host.as_mut_slice().map_err(map_err)?[..nd], pixels);
+        {
+            let src = px.host.as_slice().map_err(map_err)?;
+            let (dst, _record) = px.device.device_ptr_mut(&self.copy);
+            // SAFETY: `dst` holds at least `nd` bytes (the blob's capacity); the pinned source
+            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
+            unsafe { driver::memcpy_htod_async(dst, &src[..nd], self.copy.cu_stream()) }
+                .map_err(|e| gpu_error("copy a batch of pixels to the device", e))?;
+        }
+        let floats = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
+        let (_, mean) = self.pixel_mean.as_ref().expect("uploaded above");
+        gpu.kernels.normalize_u8(
+            &self.copy,
+            &px.device,
+            floats,
+            mean,
+            c,
+            h * w,
+            normalize.scale,
+            nd,
+        )?;
+        self.end_load(gpu, slot)
+    }
+
+    /// Puts the per-channel means of 8-bit batches on the device, once (again only if they
+    /// change, after the copies that read the old ones).
+    fn upload_pixel_mean(&mut self, mean: &[f32]) -> Result<()> {
+        if self.pixel_mean.as_ref().is_some_and(|(m, _)| m == mean) {
+            return Ok(());
+        }
+        self.copy
+            .synchronize()
+            .map_err(|e| gpu_error("wait for the input copies", e))?;
+        let device = self
+            .copy
+            .clone_htod(mean)
+            .map_err(|e| gpu_error("copy the pixel means to the device", e))?;
+        self.pixel_mean = Some((mean.to_vec(), device));
+        Ok(())
+    }
+
+    /// The start of a load of a batch of `data_len` input values: checks the lengths, takes
+    /// the next staging slot (once the copy from it two loads ago is done), orders the copy
+    /// stream after the passes that read the slot's device buffers, and enqueues the labels'
+    /// copy. Returns the slot and the data blob's element count.
+    fn begin_load(&mut self, gpu: &Gpu, data_len: usize, labels: &[f32]) -> Result<(usize, usize)> {
         self.check_gpu(gpu);
         gpu.bind()?;
         let (nd, nl) = (self.blobs[DATA].count(), self.blobs[LABEL].count());
         assert_eq!(
-            data.len(),
-            nd,
+            data_len, nd,
             "load_batch: data for a batch of {}",
             self.batch
         );
@@ -532,28 +648,32 @@ impl GpuNet {
             "load_batch: labels for a batch of {}",
             self.batch
         );
-        let st = &mut self.staging[self.next_staging];
+        let slot = self.next_staging;
         self.next_staging ^= 1;
+        let st = &mut self.staging[slot];
         wait_for_event(&st.copied, "the input copy of two batches ago")?;
         let map_err = |e| gpu_error("map pinned input staging", e);
-        copy_to_staging(&mut st.data.as_mut_slice().map_err(map_err)?[..nd], data);
         st.labels.as_mut_slice().map_err(map_err)?[..nl].copy_from_slice(labels);
         // The device buffers were last read by the passes before `released` was recorded.
         self.copy
             .wait(&st.released)
             .map_err(|e| gpu_error("order the input copy after the passes that read it", e))?;
-        let data_dst = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
-        for (src, dst, n) in [
-            (&st.data, data_dst, nd),
-            (&st.labels, &mut st.device_labels, nl),
-        ] {
-            let src = src.as_slice().map_err(map_err)?;
-            let (dst, _record) = dst.device_ptr_mut(&self.copy);
-            // SAFETY: `dst` holds at least `n` floats (the blob's capacity); the pinned source
-            // stays alive and unwritten until `copied`, recorded below, has completed.
-            unsafe { driver::memcpy_htod_async(dst, &src[..n], self.copy.cu_stream()) }
-                .map_err(|e| gpu_error("copy a batch to the device", e))?;
+        {
+            let src = st.labels.as_slice().map_err(map_err)?;
+            let (dst, _record) = st.device_labels.device_ptr_mut(&self.copy);
+            // SAFETY: `dst` holds at least `nl` floats (the blob's capacity); the pinned source
+            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
+            unsafe { driver::memcpy_htod_async(dst, &src[..nl], self.copy.cu_stream()) }
+                .map_err(|e| gpu_error("copy a batch's labels to the device", e))?;
         }
+        Ok((slot, nd))
+    }
+
+    /// The end of a load into staging slot `slot`, once its data copy is enqueued: the
+    /// channels-last transpose where the data blob needs it, then the slot's device buffers
+    /// become the input blobs for the passes on the compute stream, after the copy.
+    fn end_load(&mut self, gpu: &Gpu, slot: usize) -> Result<()> {
+        let st = &mut self.staging[slot];
         if let Some(raw) = &st.raw_data {
             // The data blob is stored channels-last: transposed on the copy stream too.
             let shape = &self.blobs[DATA].shape;

@@ -179,6 +179,10 @@ impl RecordSource for Cifar10Source {
         u32::from(self.record(index)[0])
     }
 
+    fn values_are_u8(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

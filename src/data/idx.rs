@@ -334,6 +334,11 @@ impl RecordSource for IdxSource {
         u32::from(self.labels[index])
     }
 
+    /// The bytes as they are when the source itself neither shifts nor scales them.
+    fn values_are_u8(&self) -> bool {
+        self.mean == 0.0 && self.scale == 1.0
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -525,6 +525,17 @@ impl RecordSource for ImageSource {
         &self.name
     }
 
+    /// Raw `Datum` bytes and decoded images are; `float_data` is not. Judged by the first
+    /// record that can be read (a `float_data` record among bytes is then an error naming it).
+    fn values_are_u8(&self) -> bool {
+        (0..self.labels.len())
+            .find_map(|i| {
+                self.with_stored(i, |stored| Ok(!matches!(stored, Stored::Floats(..))))
+                    .ok()
+            })
+            .unwrap_or(false)
+    }
+
     fn workers(&self) -> Option<&rayon::ThreadPool> {
         Some(&self.workers)
     }

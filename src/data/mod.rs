@@ -45,9 +45,11 @@ pub use cifar10::Cifar10Source;
 pub use idx::IdxSource;
 pub use images::ImageSource;
 pub use order::{micro_batch_positions, permutation, TrainOrder};
-pub use reader::{fill_test_batch, fill_train_batch, Batch, BatchStream, ReadyQueue, TrainReader};
+pub use reader::{
+    fill_test_batch, fill_train_batch, Batch, BatchStream, Pixels, ReadyQueue, TrainReader,
+};
 pub use synthetic::SyntheticSource;
-pub use transform::{ResizedCrop, Scratch, Transform};
+pub use transform::{Normalize, ResizedCrop, Scratch, Transform};
 
 use crate::config::{CorruptMode, DataConfig, DataFormat, JpegDecoderKind};
 use crate::error::{Error, Result};
@@ -120,8 +122,15 @@ pub trait RecordSource: Send + Sync {
         Ok((read, view(image.height, image.width).window))
     }
 
-    /// The workers that decode this source's records, when it has them: a batch's records are
-    /// then filled in parallel on them.
+    /// Whether every value [`fill`](Self::fill) writes is a whole 8-bit pixel, 0 to 255 (raw
+    /// bytes): the reader may then hand batches on as 8-bit pixels (see
+    /// [`Transform::u8_batches`]).
+    fn values_are_u8(&self) -> bool {
+        false
+    }
+
+    /// The workers that decode this source's records, when it has them: the training reader's
+    /// jobs run on them, and a test batch's records are filled in parallel on them.
     fn workers(&self) -> Option<&rayon::ThreadPool> {
         None
     }

@@ -12,6 +12,8 @@ pub(crate) struct FnSource<F> {
     fill: F,
     label: fn(usize) -> u32,
     workers: Option<rayon::ThreadPool>,
+    /// Whether `fill` writes whole 8-bit values ([`FnSource::of_u8`]).
+    u8_values: bool,
 }
 
 impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
@@ -22,6 +24,7 @@ impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
             fill,
             label: |_| 0,
             workers: None,
+            u8_values: false,
         }
     }
 
@@ -33,6 +36,15 @@ impl<F: Fn(usize, &mut [f32]) + Send + Sync> FnSource<F> {
             .expect("starting the test's decode workers");
         FnSource {
             workers: Some(pool),
+            ..self
+        }
+    }
+
+    /// The same records, declared 8-bit ([`RecordSource::values_are_u8`]): `fill` must write
+    /// whole values 0 to 255.
+    pub(crate) fn of_u8(self) -> Self {
+        FnSource {
+            u8_values: true,
             ..self
         }
     }
@@ -61,5 +73,8 @@ impl<F: Fn(usize, &mut [f32]) + Send + Sync> RecordSource for FnSource<F> {
     }
     fn workers(&self) -> Option<&rayon::ThreadPool> {
         self.workers.as_ref()
+    }
+    fn values_are_u8(&self) -> bool {
+        self.u8_values
     }
 }

@@ -26,6 +26,17 @@
 //! it is decoded, so that a decoder that can decodes only the part the window needs
 //! ([`RecordSource::read_view`]).
 //!
+//! A resampled value is rounded to an 8-bit pixel, clamped to 0..=255 and rounded half to even
+//! ([`round_pixel`]; PIL rounds its 8-bit resize half up, which differs only at exact halves),
+//! before the means and the scale, so that a resized crop holds whole pixel values as a crop of
+//! raw 8-bit records does.
+//!
+//! 8-bit batches: where every value before the means and the scale is a whole 8-bit pixel (raw
+//! 8-bit records, or a resized crop; no shift, no mean image: [`Transform::u8_batches`]), the
+//! reader can hand batches on as those pixels ([`Transform::train_u8`]) with the [`Normalize`]
+//! step that the consumer applies, `(x − mean[c]) · scale` in f32 exactly as
+//! [`Transform::train`] computes it, so that both give the same floats bit for bit.
+//!
 //! Shapes: input records are `(C, H, W)`; outputs are `(C, crop, crop)` with a crop,
 //! `(C, side, side)` with a resized crop, else `(C, H, W)`.
 
@@ -34,7 +45,7 @@ use super::decode::{Image, View};
 use super::order::splitmix64;
 use super::resample::{resample, Window};
 use super::{Read, RecordSource};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -119,6 +130,70 @@ pub struct Scratch {
     image: Image,
     /// The resampler's rows.
     rows: Vec<f32>,
+    /// An output record before it becomes 8-bit pixels ([`Transform::train_u8`]).
+    values: Vec<f32>,
+}
+
+/// The last step of a transform, applied by the consumer of 8-bit batches:
+/// `out = (x − mean[c]) · scale` in f32 for pixels `(b, C, H, W)`, c the channel of the pixel
+/// (the subtraction and the product each rounded once, as [`Transform::train`] rounds them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalize {
+    /// `(C)`.
+    pub mean: Vec<f32>,
+    pub scale: f32,
+    /// H·W: the pixels of one channel of one record.
+    pub plane: usize,
+}
+
+/// Pixels from which [`Normalize::apply`] works on all cores.
+const PARALLEL_NORMALIZE_MIN: usize = 1 << 20;
+
+impl Normalize {
+    /// `out[i] = (pixels[i] − mean[c]) · scale` for `pixels` and `out` of `(b, C, H, W)`.
+    ///
+    /// # Panics
+    /// If the lengths differ or are not whole records.
+    pub fn apply(&self, pixels: &[u8], out: &mut [f32]) {
+        use rayon::prelude::*;
+        let channels = self.mean.len();
+        assert_eq!(pixels.len(), out.len(), "normalize: pixels and floats");
+        assert_eq!(
+            pixels.len() % (channels * self.plane).max(1),
+            0,
+            "normalize: whole records of {channels}×{}",
+            self.plane
+        );
+        let plane = |(k, (src, dst)): (usize, (&[u8], &mut [f32]))| {
+            let m = self.mean[k % channels];
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = (f32::from(s) - m) * self.scale;
+            }
+        };
+        let plane_len = self.plane.max(1);
+        if pixels.len() >= PARALLEL_NORMALIZE_MIN {
+            pixels
+                .par_chunks(plane_len)
+                .zip(out.par_chunks_mut(plane_len))
+                .enumerate()
+                .for_each(plane);
+        } else {
+            pixels
+                .chunks(plane_len)
+                .zip(out.chunks_mut(plane_len))
+                .enumerate()
+                .for_each(plane);
+        }
+    }
+}
+
+/// A resampled value as a whole 8-bit pixel: clamped to 0..=255 and rounded to the nearest
+/// integer, half-way values to the even one (`f32::round_ties_even`). Computed by adding and
+/// subtracting 2²³ (where the floats' spacing is 1, so the sum rounds to the integer), which
+/// vectorises where `round_ties_even` is a library call.
+pub fn round_pixel(v: f32) -> f32 {
+    const SPACING_ONE: f32 = 8_388_608.0; // 2^23
+    (v.clamp(0.0, 255.0) + SPACING_ONE) - SPACING_ONE
 }
 
 /// The per-record transform of one data set.
@@ -284,6 +359,75 @@ impl Transform {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<Read> {
+        let read = self.train_values(source, index, position, out, scratch)?;
+        self.normalize(out);
+        Ok(read)
+    }
+
+    /// Whether the batches of `source` can travel as 8-bit pixels: every value before the means
+    /// and the scale is a whole pixel 0..=255 (a resized crop's rounded ones, or a source's raw
+    /// bytes cropped and flipped), with no shift and no mean image. Decided once per data set.
+    pub fn u8_batches(&self, source: &dyn RecordSource) -> bool {
+        self.shift.shift == 0
+            && self.mean_image.is_none()
+            && (self.resized.is_some() || source.values_are_u8())
+    }
+
+    /// The step that turns this transform's 8-bit output into the net's input.
+    pub fn normalization(&self) -> Normalize {
+        let [_, oh, ow] = self.output_shape();
+        Normalize {
+            mean: self.mean.clone(),
+            scale: self.scale,
+            plane: oh * ow,
+        }
+    }
+
+    /// [`Transform::train`] without its last step ([`Transform::normalization`]): the record as
+    /// 8-bit pixels, for a data set whose [`Transform::u8_batches`] holds. A value that is not a
+    /// whole pixel (a `float_data` record among bytes) is an error naming the record.
+    pub fn train_u8(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        position: u64,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<Read> {
+        let mut values = std::mem::take(&mut scratch.values);
+        values.resize(out.len(), 0.0);
+        let read = self.train_values(source, index, position, &mut values, scratch);
+        for (o, &v) in out.iter_mut().zip(&values) {
+            *o = v as u8;
+        }
+        let inexact = out
+            .iter()
+            .zip(&values)
+            .find(|&(&o, &v)| f32::from(o) != v)
+            .map(|(_, &v)| v);
+        scratch.values = values;
+        let read = read?;
+        inexact.map_or(Ok(()), Err).map_err(|v| {
+            Error::data(
+                source.name(),
+                format!(
+                    "record {index} holds the value {v}, not an 8-bit pixel, while the data \
+                     set's first record holds pixels"
+                ),
+            )
+        })?;
+        Ok(read)
+    }
+
+    /// [`Transform::train`]'s record before the means and the scale.
+    fn train_values(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        position: u64,
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<Read> {
         let read = if self.resized.is_some() {
             let out_size = self.output_side();
             let mut flip = false;
@@ -307,7 +451,6 @@ impl Transform {
         };
         self.shift
             .apply(position, self.output_shape(), out, &mut scratch.floats);
-        self.normalize(out);
         Ok(read)
     }
 
@@ -346,11 +489,13 @@ impl Transform {
         (oh, ow)
     }
 
-    /// `window` of the scratch image resampled to the output side.
+    /// `window` of the scratch image resampled to the output side, rounded to whole pixels
+    /// ([`round_pixel`]).
     fn resample(&self, window: Window, flip: bool, out: &mut [f32], scratch: &mut Scratch) {
         let [_, oh, ow] = self.output_shape();
         let Scratch { image, rows, .. } = scratch;
         resample(image, window, (oh, ow), flip, true, out, rows);
+        out.iter_mut().for_each(|v| *v = round_pixel(*v));
     }
 
     /// Copies the `output_shape` window at `(y, x)` of the raw record, flipped along W if asked.
@@ -578,6 +723,185 @@ mod tests {
         }
         let other = Transform::new([2, 4, 5], 2, true, &[0.0], 1.0, 0, 12);
         assert!((0..50).any(|p| t.train_window(p) != other.train_window(p)));
+    }
+
+    /// 50 records of 2×4×5 bytes, declared 8-bit.
+    fn byte_records() -> impl RecordSource {
+        let fill = |i: usize, out: &mut [f32]| {
+            for (k, v) in out.iter_mut().enumerate() {
+                *v = ((i * 31 + k * 7) % 256) as f32;
+            }
+        };
+        FnSource::new(50, [2, 4, 5], fill).of_u8()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The consumer's normalisation of 8-bit records gives the floats `train` gives, bit for
+    /// bit, whatever the crop, flip, means and scale.
+    #[test]
+    fn u8_records_normalised_by_the_consumer_are_the_float_records() {
+        let source = byte_records();
+        let cases: [(usize, bool, &[f32], f32); 4] = [
+            (0, false, &[0.0], 1.0),
+            (3, true, &[10.5, 200.25], 0.017),
+            (0, true, &[104.0], 1.0 / 255.0),
+            (2, true, &[123.675, 116.28], 0.0171247),
+        ];
+        for (crop, mirror, mean, scale) in cases {
+            let t = Transform::new([2, 4, 5], crop, mirror, mean, scale, 0, 3);
+            assert!(t.u8_batches(&source));
+            let normalize = t.normalization();
+            let n = t.output_size();
+            let mut scratch = Scratch::default();
+            for p in 0..40u64 {
+                let (mut want, mut pixels, mut got) = (vec![0.0; n], vec![0u8; n], vec![0.0; n]);
+                t.train(&source, 7, p, &mut want, &mut scratch).unwrap();
+                t.train_u8(&source, 7, p, &mut pixels, &mut scratch)
+                    .unwrap();
+                normalize.apply(&pixels, &mut got);
+                assert_eq!(bits(&got), bits(&want), "crop {crop}, position {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn batches_are_u8_only_where_every_value_is_a_pixel() {
+        let bytes = byte_records();
+        let plain = Transform::new([2, 4, 5], 0, true, &[1.5], 0.5, 0, 1);
+        assert!(plain.u8_batches(&bytes));
+        assert!(!plain.u8_batches(&ramp()), "a source of floats");
+        let shifted = Transform::new([2, 4, 5], 0, true, &[1.5], 0.5, 1, 1);
+        assert!(!shifted.u8_batches(&bytes), "a shift");
+        let mean_image =
+            Transform::new([2, 4, 5], 0, false, &[0.0], 1.0, 0, 1).with_mean_image(vec![0.5; 40]);
+        assert!(!mean_image.u8_batches(&bytes), "a mean image");
+        // A value that is not a pixel after all is an error naming its record.
+        let liar =
+            FnSource::new(3, [1, 1, 2], |i, out: &mut [f32]| out.fill(i as f32 + 0.5)).of_u8();
+        let t = Transform::identity([1, 1, 2]);
+        let e = t
+            .train_u8(&liar, 2, 0, &mut [0; 2], &mut Scratch::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("record 2") && e.contains("2.5"), "{e}");
+    }
+
+    #[test]
+    fn resampled_values_round_half_to_even_pixels() {
+        let cases = [
+            (0.5, 0.0),
+            (1.49, 1.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (254.6, 255.0),
+            (-0.3, 0.0),
+            (255.4, 255.0),
+            (1e9, 255.0),
+        ];
+        for (v, want) in cases {
+            assert_eq!(round_pixel(v), want, "{v}");
+        }
+        for k in -2000..=300_000 {
+            let v = k as f32 / 1024.0;
+            assert_eq!(round_pixel(v), v.clamp(0.0, 255.0).round_ties_even(), "{v}");
+        }
+    }
+
+    /// Images of any size (3×13×17 here), read through `read_image`.
+    struct Pictures;
+
+    impl RecordSource for Pictures {
+        fn len(&self) -> usize {
+            4
+        }
+        fn record_shape(&self) -> [usize; 3] {
+            [3, 13, 17]
+        }
+        fn classes(&self) -> usize {
+            2
+        }
+        fn fill(&self, _: usize, _: &mut [f32]) {
+            unreachable!("read through read_image")
+        }
+        fn label(&self, _: usize) -> u32 {
+            1
+        }
+        fn read_image(&self, index: usize, image: &mut Image) -> Result<Read> {
+            let planar: Vec<u8> = (0..3 * 13 * 17)
+                .map(|k| ((k * 37 + index * 11) % 256) as u8)
+                .collect();
+            image.set_planar([3, 13, 17], &planar);
+            Ok(Read {
+                label: 1,
+                skipped: 0,
+            })
+        }
+    }
+
+    /// A resized crop holds whole pixel values, and its 8-bit records normalised by the consumer
+    /// are its float records.
+    #[test]
+    fn a_resized_crop_travels_as_pixels() {
+        let crop = ResizedCrop {
+            side: 6,
+            area: (0.3, 1.0),
+            aspect: (0.75, 1.333),
+            shorter: 7,
+        };
+        let identity =
+            Transform::new([3, 13, 17], 0, true, &[0.0], 1.0, 0, 5).with_resized_crop(crop);
+        let scaled = Transform::new([3, 13, 17], 0, true, &[100.0, 50.5, 3.0], 0.017, 0, 5)
+            .with_resized_crop(crop);
+        let n = identity.output_size();
+        let mut scratch = Scratch::default();
+        for p in 0..20u64 {
+            let mut raw = vec![f32::NAN; n];
+            identity
+                .train(&Pictures, (p % 4) as usize, p, &mut raw, &mut scratch)
+                .unwrap();
+            assert!(
+                raw.iter()
+                    .all(|&v| v == v.round() && (0.0..=255.0).contains(&v)),
+                "{raw:?}"
+            );
+            assert!(scaled.u8_batches(&Pictures));
+            let (mut want, mut pixels, mut got) = (vec![0.0; n], vec![0u8; n], vec![0.0; n]);
+            scaled
+                .train(&Pictures, (p % 4) as usize, p, &mut want, &mut scratch)
+                .unwrap();
+            scaled
+                .train_u8(&Pictures, (p % 4) as usize, p, &mut pixels, &mut scratch)
+                .unwrap();
+            scaled.normalization().apply(&pixels, &mut got);
+            assert_eq!(bits(&got), bits(&want), "position {p}");
+            let as_floats: Vec<f32> = pixels.iter().map(|&v| f32::from(v)).collect();
+            assert_eq!(as_floats, raw, "position {p}");
+        }
+    }
+
+    #[test]
+    fn normalize_applies_each_channels_mean_on_both_sides_of_the_parallel_threshold() {
+        for (records, plane) in [(3, 5), (1 + PARALLEL_NORMALIZE_MIN / 10, 5)] {
+            let normalize = Normalize {
+                mean: vec![1.0, 2.5],
+                scale: 0.3,
+                plane,
+            };
+            let pixels: Vec<u8> = (0..records * 2 * plane).map(|k| (k % 251) as u8).collect();
+            let mut out = vec![f32::NAN; pixels.len()];
+            normalize.apply(&pixels, &mut out);
+            for (k, (&x, &y)) in pixels.iter().zip(&out).enumerate() {
+                let mean = normalize.mean[(k / plane) % 2];
+                assert_eq!(
+                    y.to_bits(),
+                    ((f32::from(x) - mean) * 0.3).to_bits(),
+                    "pixel {k}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use super::local_sgd::{self, GradientScope, Outer, OuterRun};
 use super::reducer::CommReducer;
 use crate::backend::Cpu;
 use crate::config::{Config, NonFiniteMode, Phase, ReduceDtype};
+use crate::data::Normalize;
 use crate::dist::{Communicator, CpuComm};
 use crate::error::{Error, Result};
 use crate::layers::Ctx;
@@ -163,6 +164,18 @@ impl Engine for CpuEngine {
     fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()> {
         let (d, l) = self.net.inputs_mut();
         d.copy_from_slice(data);
+        l.copy_from_slice(labels);
+        Ok(())
+    }
+
+    fn load_batch_u8(
+        &mut self,
+        pixels: &[u8],
+        normalize: &Normalize,
+        labels: &[f32],
+    ) -> Result<()> {
+        let (d, l) = self.net.inputs_mut();
+        normalize.apply(pixels, d);
         l.copy_from_slice(labels);
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! GPU) until the loop asks for them: the loss window at display time, outputs at test time,
 //! parameters at snapshot time.
 
+use crate::data::{Normalize, Pixels};
 use crate::error::Result;
 use crate::net::{Output, PassCtx};
 use crate::params::Params;
@@ -28,6 +29,18 @@ pub trait Engine {
     fn set_batch(&mut self, n: usize) -> Result<()>;
     /// Copies a batch in: `data` (n, C, H, W) and `labels` (n).
     fn load_batch(&mut self, data: &[f32], labels: &[f32]) -> Result<()>;
+    /// Copies a batch of 8-bit pixels in, normalised on the way: `pixels` (n, C, H, W) become
+    /// the floats `normalize` makes of them (bit for bit those the CPU's [`Normalize::apply`]
+    /// computes), `labels` (n) are copied. A GPU copies the bytes and normalises on the device.
+    fn load_batch_u8(&mut self, pixels: &[u8], normalize: &Normalize, labels: &[f32])
+        -> Result<()>;
+    /// Copies a training batch's inputs in, in whichever form they travel.
+    fn load_pixels(&mut self, data: &Pixels, labels: &[f32]) -> Result<()> {
+        match data {
+            Pixels::F32(floats) => self.load_batch(floats, labels),
+            Pixels::U8 { values, normalize } => self.load_batch_u8(values, normalize, labels),
+        }
+    }
     /// Zeroes the parameter gradients (start of an iteration).
     fn zero_grad(&mut self) -> Result<()>;
     /// Train-phase forward over the loaded batch, adding the pass's loss into loss slot `slot`

@@ -44,6 +44,7 @@ use crate::cuda::net::GpuNet;
 use crate::cuda::update::GpuSolver;
 use crate::cuda::wire::GradientWire;
 use crate::cuda::{gpu_error, Gpu};
+use crate::data::Normalize;
 use crate::error::{Error, Result};
 use crate::net::Output;
 use crate::net::PassCtx;
@@ -387,6 +388,18 @@ impl Engine for GpuEngine {
         let (gpu, net) = (&self.gpu, &mut self.net);
         self.clock
             .time(gpu, Step::Data, || net.load_batch(gpu, data, labels))
+    }
+
+    fn load_batch_u8(
+        &mut self,
+        pixels: &[u8],
+        normalize: &Normalize,
+        labels: &[f32],
+    ) -> Result<()> {
+        let (gpu, net) = (&self.gpu, &mut self.net);
+        self.clock.time(gpu, Step::Data, || {
+            net.load_batch_u8(gpu, pixels, normalize, labels)
+        })
     }
 
     /// Nothing to do: the first backward of an iteration overwrites the gradients.

@@ -314,7 +314,7 @@ impl<E: Engine> P2PSync<E> {
         self.engine.zero_grad()?;
         for sub in 0..s.iter_size {
             let batch = times.time(Step::Data, || reader.next())?;
-            self.engine.load_batch(&batch.data, &batch.labels)?;
+            self.engine.load_pixels(&batch.data, &batch.labels)?;
             let ctx = PassCtx {
                 phase: Phase::Train,
                 iter,

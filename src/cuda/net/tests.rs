@@ -669,3 +669,38 @@ fn routing_layers_and_deconvolution_train_as_on_the_cpu() {
     let cfg = config_of("routing.toml", ROUTING_TOML);
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[]);
 }
+
+/// The 8-bit input path: `load_batch_u8` leaves in the data blob exactly the floats the CPU
+/// normalises the batch to (what `load_batch` of those floats leaves), at the full batch and a
+/// smaller one, through both staging slots, with the labels copied alike.
+#[test]
+fn a_u8_batch_is_normalised_on_the_device_as_on_the_cpu() {
+    let gpu = gpu_or_skip!("a_u8_batch_is_normalised_on_the_device_as_on_the_cpu");
+    let cfg = equivalence_config();
+    let mut net = GpuNet::new(&cfg, RECORD, 6, &gpu).unwrap();
+    let plane = RECORD[1] * RECORD[2];
+    let normalize = crate::data::Normalize {
+        mean: vec![33.7],
+        scale: 0.017_124_7,
+        plane,
+    };
+    for (n, seed) in [(6, 1u64), (6, 2), (3, 3), (6, 4)] {
+        net.set_batch(&gpu, n).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let pixels: Vec<u8> = (0..n * plane).map(|_| rng.gen()).collect();
+        let labels: Vec<f32> = (0..n).map(|_| rng.gen_range(0..10) as f32).collect();
+        let mut floats = vec![0.0; pixels.len()];
+        normalize.apply(&pixels, &mut floats);
+        net.load_batch_u8(&gpu, &pixels, &normalize, &labels)
+            .unwrap();
+        let got = gpu.compute.clone_dtoh(&net.blob(DATA).data()).unwrap();
+        let got_labels = gpu.compute.clone_dtoh(&net.blob(LABEL).data()).unwrap();
+        net.load_batch(&gpu, &floats, &labels).unwrap();
+        let want = gpu.compute.clone_dtoh(&net.blob(DATA).data()).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "batch of {n}, seed {seed}");
+        // One channel: the data blob holds the batch in the host's order in either layout.
+        assert_eq!(bits(&got), bits(&floats), "batch of {n}, seed {seed}");
+        assert_eq!(got_labels, labels);
+    }
+}
