@@ -196,6 +196,15 @@ pub fn round_pixel(v: f32) -> f32 {
     (v.clamp(0.0, 255.0) + SPACING_ONE) - SPACING_ONE
 }
 
+/// `v` truncated into `0..=255` (NaN gives 0), without the checks of a saturating cast, so that
+/// a loop of it vectorises.
+fn to_pixel(v: f32) -> u8 {
+    // `max` and `min` return the number where the other operand is NaN.
+    let clamped = v.max(0.0).min(255.0);
+    // SAFETY: `clamped` is finite and within 0..=255, so it truncates to an i32 that fits a u8.
+    unsafe { clamped.to_int_unchecked::<i32>() as u8 }
+}
+
 /// The per-record transform of one data set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transform {
@@ -397,14 +406,21 @@ impl Transform {
         let mut values = std::mem::take(&mut scratch.values);
         values.resize(out.len(), 0.0);
         let read = self.train_values(source, index, position, &mut values, scratch);
+        // One branch-free pass (it vectorises); the offending value is looked for only when
+        // there is one.
+        let mut whole = true;
         for (o, &v) in out.iter_mut().zip(&values) {
-            *o = v as u8;
+            let pixel = to_pixel(v);
+            whole &= f32::from(pixel) == v;
+            *o = pixel;
         }
-        let inexact = out
-            .iter()
-            .zip(&values)
-            .find(|&(&o, &v)| f32::from(o) != v)
-            .map(|(_, &v)| v);
+        let inexact = match whole {
+            true => None,
+            false => values
+                .iter()
+                .find(|&&v| f32::from(to_pixel(v)) != v)
+                .copied(),
+        };
         scratch.values = values;
         let read = read?;
         inexact.map_or(Ok(()), Err).map_err(|v| {
