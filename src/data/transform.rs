@@ -198,6 +198,7 @@ pub fn round_pixel(v: f32) -> f32 {
 
 /// `v` truncated into `0..=255` (NaN gives 0), without the checks of a saturating cast, so that
 /// a loop of it vectorises.
+#[allow(clippy::manual_clamp)] // `clamp` keeps NaN, which the unchecked conversion must not see
 fn to_pixel(v: f32) -> u8 {
     // `max` and `min` return the number where the other operand is NaN.
     let clamped = v.max(0.0).min(255.0);
