@@ -449,16 +449,19 @@ pub(crate) mod tests {
         all
     }
 
+    /// [`decode_view`] through libjpeg-turbo, the view the same whatever the image's size.
+    fn turbo(
+        bytes: &[u8],
+        color: bool,
+        view: &mut dyn FnMut(usize, usize) -> View,
+        img: &mut Image,
+    ) -> Result<Window, String> {
+        decode_view(bytes, color, JpegDecoder::LibjpegTurbo, view, img)
+    }
+
     fn whole(bytes: &[u8], color: bool) -> Image {
         let mut img = Image::default();
-        decode_view(
-            bytes,
-            color,
-            JpegDecoder::LibjpegTurbo,
-            &mut View::whole,
-            &mut img,
-        )
-        .unwrap();
+        turbo(bytes, color, &mut View::whole, &mut img).unwrap();
         img
     }
 
@@ -493,14 +496,7 @@ pub(crate) mod tests {
                 for key in 0..60 {
                     let view = unscaled_view(key, full.height, full.width);
                     let mut part = Image::default();
-                    let got = decode_view(
-                        &bytes,
-                        color,
-                        JpegDecoder::LibjpegTurbo,
-                        &mut |_, _| view,
-                        &mut part,
-                    )
-                    .unwrap();
+                    let got = turbo(&bytes, color, &mut |_, _| view, &mut part).unwrap();
                     let (oy, ox) = (view.window.y - got.y, view.window.x - got.x);
                     assert!(oy.fract() == 0.0 && ox.fract() == 0.0, "{name}: {got:?}");
                     assert_eq!((got.h, got.w), (view.window.h, view.window.w));
@@ -573,14 +569,7 @@ pub(crate) mod tests {
                 out,
             };
             let mut part = Image::default();
-            let win = decode_view(
-                &bytes,
-                true,
-                JpegDecoder::LibjpegTurbo,
-                &mut |_, _| view,
-                &mut part,
-            )
-            .unwrap();
+            let win = turbo(&bytes, true, &mut |_, _| view, &mut part).unwrap();
             let s = 1.0 / denom as f64;
             assert_eq!(
                 (part.height, part.width),
@@ -635,10 +624,9 @@ pub(crate) mod tests {
             ] {
                 let mut img = Image::default();
                 for view in [None, Some(top_left)] {
-                    let e = decode_view(
+                    let e = turbo(
                         &bytes[..cut],
                         true,
-                        JpegDecoder::LibjpegTurbo,
                         &mut |h, w| view.unwrap_or(View::whole(h, w)),
                         &mut img,
                     )
@@ -662,14 +650,7 @@ pub(crate) mod tests {
         let mut img = Image::default();
         let mut padded = jpeg.clone();
         padded.extend_from_slice(&[0; 100]);
-        decode_view(
-            &padded,
-            true,
-            JpegDecoder::LibjpegTurbo,
-            &mut View::whole,
-            &mut img,
-        )
-        .unwrap();
+        turbo(&padded, true, &mut View::whole, &mut img).unwrap();
         // An APP1 segment holding a whole JPEG (a thumbnail), then the image cut short.
         let thumb = encode(8, 8, tj::TJSAMP_TJSAMP_444, false);
         let mut with_thumb = jpeg[..2].to_vec();
@@ -677,24 +658,10 @@ pub(crate) mod tests {
         with_thumb.extend_from_slice(&((thumb.len() + 2) as u16).to_be_bytes());
         with_thumb.extend_from_slice(&thumb);
         with_thumb.extend_from_slice(&jpeg[2..]);
-        decode_view(
-            &with_thumb,
-            true,
-            JpegDecoder::LibjpegTurbo,
-            &mut View::whole,
-            &mut img,
-        )
-        .unwrap();
+        turbo(&with_thumb, true, &mut View::whole, &mut img).unwrap();
         assert_eq!((img.height, img.width), (24, 40));
         let cut = &with_thumb[..with_thumb.len() - 2];
-        let e = decode_view(
-            cut,
-            true,
-            JpegDecoder::LibjpegTurbo,
-            &mut View::whole,
-            &mut img,
-        )
-        .unwrap_err();
+        let e = turbo(cut, true, &mut View::whole, &mut img).unwrap_err();
         assert!(e.contains("end-of-image marker"), "{e}");
     }
 }
