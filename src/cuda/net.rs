@@ -241,6 +241,35 @@ impl Staging {
     }
 }
 
+/// Enqueues on `copy` the copy of the first `n` elements of the pinned `src` into `dst`
+/// (`what` names it in an error). The caller keeps `src` alive and unwritten until the slot's
+/// `copied` event, recorded by [`GpuNet::end_load`] after the copies, has completed.
+fn upload<T>(
+    copy: &CudaStream,
+    src: &PinnedHostSlice<T>,
+    dst: &mut CudaSlice<T>,
+    n: usize,
+    what: &str,
+) -> Result<()>
+where
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
+{
+    let src = src
+        .as_slice()
+        .map_err(|e| gpu_error("map pinned input staging", e))?;
+    assert!(
+        dst.len() >= n && src.len() >= n,
+        "{what}: {n} elements into {} from {}",
+        dst.len(),
+        src.len()
+    );
+    let (dst, _record) = dst.device_ptr_mut(copy);
+    // SAFETY: `dst` and `src` hold at least `n` elements (asserted); the caller keeps the pinned
+    // source alive and unwritten until the copy has completed (above).
+    unsafe { driver::memcpy_htod_async(dst, &src[..n], copy.cu_stream()) }
+        .map_err(|e| gpu_error(what, e))
+}
+
 /// A staging slot's buffers for a batch of 8-bit pixels `(capacity of the data blob)`: pinned
 /// on the host, then on the device, where `normalize_u8` turns them into the data blob's floats.
 struct PixelStaging {
@@ -547,15 +576,8 @@ impl GpuNet {
         let st = &mut self.staging[slot];
         let map_err = |e| gpu_error("map pinned input staging", e);
         copy_to_staging(&mut st.data.as_mut_slice().map_err(map_err)?[..nd], data);
-        {
-            let src = st.data.as_slice().map_err(map_err)?;
-            let dst = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
-            let (dst, _record) = dst.device_ptr_mut(&self.copy);
-            // SAFETY: `dst` holds at least `nd` floats (the blob's capacity); the pinned source
-            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
-            unsafe { driver::memcpy_htod_async(dst, &src[..nd], self.copy.cu_stream()) }
-                .map_err(|e| gpu_error("copy a batch to the device", e))?;
-        }
+        let dst = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
+        upload(&self.copy, &st.data, dst, nd, "copy a batch to the device")?;
         self.end_load(gpu, slot)
     }
 
@@ -589,14 +611,8 @@ impl GpuNet {
         let px = st.pixels.as_mut().expect("allocated above");
         let map_err = |e| gpu_error("map pinned pixel staging", e);
         copy_to_staging(&mut px.host.as_mut_slice().map_err(map_err)?[..nd], pixels);
-        {
-            let src = px.host.as_slice().map_err(map_err)?;
-            let (dst, _record) = px.device.device_ptr_mut(&self.copy);
-            // SAFETY: `dst` holds at least `nd` bytes (the blob's capacity); the pinned source
-            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
-            unsafe { driver::memcpy_htod_async(dst, &src[..nd], self.copy.cu_stream()) }
-                .map_err(|e| gpu_error("copy a batch of pixels to the device", e))?;
-        }
+        let what = "copy a batch of pixels to the device";
+        upload(&self.copy, &px.host, &mut px.device, nd, what)?;
         let floats = st.raw_data.as_mut().unwrap_or(&mut st.device_data);
         let (_, mean) = self.pixel_mean.as_ref().expect("uploaded above");
         gpu.kernels.normalize_u8(
@@ -658,14 +674,8 @@ impl GpuNet {
         self.copy
             .wait(&st.released)
             .map_err(|e| gpu_error("order the input copy after the passes that read it", e))?;
-        {
-            let src = st.labels.as_slice().map_err(map_err)?;
-            let (dst, _record) = st.device_labels.device_ptr_mut(&self.copy);
-            // SAFETY: `dst` holds at least `nl` floats (the blob's capacity); the pinned source
-            // stays alive and unwritten until `copied`, recorded by `end_load`, has completed.
-            unsafe { driver::memcpy_htod_async(dst, &src[..nl], self.copy.cu_stream()) }
-                .map_err(|e| gpu_error("copy a batch's labels to the device", e))?;
-        }
+        let what = "copy a batch's labels to the device";
+        upload(&self.copy, &st.labels, &mut st.device_labels, nl, what)?;
         Ok((slot, nd))
     }
 
