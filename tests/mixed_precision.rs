@@ -271,15 +271,16 @@ fn digits_cnn_reaches_the_fp32_accuracy_in_bf16_and_fp16() {
     }
 }
 
-/// Until the GPU backend has half-precision kernels, `backend = "cuda"` refuses a half `math`
-/// and loss scaling before anything is allocated (exit 2), naming the key and its place.
+/// Until the GPU backend keeps a loss scale on the device, `backend = "cuda"` refuses loss
+/// scaling, and with it `math = "fp16"`, before anything is allocated (exit 2), naming the key
+/// and its place; `bf16` passes.
 #[test]
-fn the_gpu_backend_refuses_half_math_and_loss_scaling() {
+fn the_gpu_backend_refuses_fp16_and_loss_scaling_and_takes_bf16() {
     let digits = std::fs::read_to_string(repo("config/digits_cnn.toml")).unwrap();
-    let cuda = digits.replace("backend = \"cpu\"", "backend = \"cuda\"\nmath = \"bf16\"");
+    let cuda = digits.replace("backend = \"cpu\"", "backend = \"cuda\"\nmath = \"fp16\"");
     assert_ne!(cuda, digits);
     let dir = out_dir("mixed_refused");
-    let file = dir.join("cuda_bf16.toml");
+    let file = dir.join("cuda_fp16.toml");
     std::fs::write(&file, cuda).unwrap();
     let check = |args: &[&str]| {
         let out = std::process::Command::new(bin())
@@ -293,6 +294,13 @@ fn the_gpu_backend_refuses_half_math_and_loss_scaling() {
     refused(&check(&[file.to_str().unwrap()]), &[&at, "GPU backend"]);
     let digits = repo("config/digits_cnn.toml");
     let digits = digits.to_str().unwrap();
+    let bf16 = [
+        "--set",
+        "cluster.backend=\"cuda\"",
+        "--set",
+        "cluster.math=\"bf16\"",
+    ];
+    ok(&check(&[&[digits][..], &bf16].concat()));
     let scaled = [
         "--set",
         "cluster.backend=\"cuda\"",

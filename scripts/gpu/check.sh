@@ -9,7 +9,8 @@
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
 # np 1 × 1 with four times the batch), all reduce modes, the bf16 gradient wire against the CPU's
-# and across layouts, CPU–GPU agreement of a whole training run, a GPU timeline's layer and bucket
+# and across layouts, CPU–GPU agreement of a whole training run (FP32, and bf16 math against the
+# CPU's rounding), a GPU timeline's layer and bucket
 # spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
 # GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with snapshots resumed
 # across backends, a stopped and a killed rank ending the job (scripts/gpu/faults.sh), a
@@ -116,6 +117,29 @@ if two_gpus "bf16 gradient wire"; then
   python3 scripts/gpu/check_timeline.py "$OUT/timeline_gpu.json" --replicas 2 --iters 5 \
     --layers ip1,ip2,ip3 --buckets 3 --bytes-per-float 2 | tee -a "$OUT/summary.txt" \
     || fail "GPU timeline lacks layer or bucket spans"
+fi
+
+echo "== mixed precision (cluster.math = \"bf16\") against the CPU's rounding" | tee -a "$OUT/summary.txt"
+M='cluster.math="bf16"'
+train gpu_1x1_b32_m16 1 1 32 cuda "$M"
+train cpu_1x1_b32_m16 1 1 32 cpu "$M"
+# A sum taken in another order crosses a bf16 rounding boundary now and then (2^-8 of that
+# element), and 30 steps of training amplify it as they amplify the bf16 wire's: 2e-2.
+$CMP "$(snap gpu_1x1_b32_m16)" "$(snap cpu_1x1_b32_m16)" --tol 2e-2 \
+  --label "bf16 math: GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
+  || fail "bf16 math: GPU and CPU training differ"
+if differ=$($CMP "$(snap gpu_1x1_b32_m16)" "$(snap gpu_1x1_b32)" --tol 1e-6 --label "bf16 vs fp32 math"); then
+  fail "bf16 math: the GPU trained the FP32 weights (no rounding?): $differ"
+else
+  echo "OK   bf16 vs fp32 math on a GPU differ, as they must:${differ#*:}" | tee -a "$OUT/summary.txt"
+fi
+if two_gpus "bf16 math topology equivalence"; then
+  train gpu_2x1_b16_m16 2 1 16 cuda "$M"
+  train gpu_1x2_b16_m16 1 2 16 cuda "$M"
+  for other in gpu_2x1_b16_m16 gpu_1x2_b16_m16; do
+    $CMP "$(snap gpu_1x1_b32_m16)" "$(snap $other)" --tol 2e-2 --label "bf16 math: $other vs gpu_1x1_b32_m16" \
+      | tee -a "$OUT/summary.txt" || fail "bf16 math: $other differs"
+  done
 fi
 
 echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"

@@ -235,6 +235,14 @@ impl MathMode {
     pub fn is_half(self) -> bool {
         matches!(self, MathMode::Bf16 | MathMode::Fp16)
     }
+
+    /// Whether GPU GEMMs and convolutions run on tensor cores with TF32 operands: in `tf32`,
+    /// and in the half modes, whose values TF32 holds exactly (bf16's 8 and fp16's 11
+    /// significant bits within TF32's 11, its exponent range FP32's), so that the products are
+    /// those of half-type operands, accumulated in FP32.
+    pub fn tf32_tensor_cores(self) -> bool {
+        self != MathMode::Fp32
+    }
 }
 
 /// `cluster.loss_scale`: `"dynamic"` or a fixed factor (anything else is refused saying so).
@@ -317,7 +325,7 @@ impl GpuLayout {
     /// convolutions are `wide` (see [`GpuLayout::Auto`]).
     pub fn channels_last(self, math: MathMode, wide: bool) -> bool {
         match self {
-            GpuLayout::Auto => math == MathMode::Tf32 && wide,
+            GpuLayout::Auto => math.tf32_tensor_cores() && wide,
             GpuLayout::Nchw => false,
             GpuLayout::Nhwc => true,
         }

@@ -401,10 +401,9 @@ impl Drop for ConvDesc {
 }
 
 fn math_type(math: MathMode) -> cudnnMathType_t {
-    match math {
-        // The half modes never reach a GPU yet (refused at validation).
-        MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16 => cudnnMathType_t::CUDNN_FMA_MATH,
-        MathMode::Tf32 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    match math.tf32_tensor_cores() {
+        false => cudnnMathType_t::CUDNN_FMA_MATH,
+        true => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
     }
 }
 
@@ -482,7 +481,7 @@ fn bwd_filter_algo(v: i32) -> Option<BwdFilterAlgo> {
 /// `exact` in FP32 only the GEMM-like ones (forward 0–3, backward-data 0–1, backward-filter
 /// 0, 1, 3).
 fn allowed(direction: usize, algo: i32, math: MathMode, exact: bool) -> bool {
-    if math == MathMode::Tf32 || !exact {
+    if math.tf32_tensor_cores() || !exact {
         return true;
     }
     match direction {
@@ -616,15 +615,15 @@ fn fastest_candidate(
 /// The directions' names in the debug log.
 const DIRECTIONS: [&str; 3] = ["forward", "backward data", "backward filter"];
 
-/// The math type to run an algorithm with: FMA in `fp32` whatever cuDNN reports; in `tf32` the
-/// reported one, except that down-conversion to half precision is never allowed.
+/// The math type to run an algorithm with: FMA in `fp32` whatever cuDNN reports; in `tf32` and
+/// the half modes the reported one, except that down-conversion to half precision is never allowed.
 fn run_math_type(math: MathMode, reported: i32) -> cudnnMathType_t {
     use cudnnMathType_t::*;
-    match (math, reported) {
-        (MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16, _) => CUDNN_FMA_MATH,
-        (MathMode::Tf32, 0) => CUDNN_DEFAULT_MATH,
-        (MathMode::Tf32, 3) => CUDNN_FMA_MATH,
-        (MathMode::Tf32, _) => CUDNN_TENSOR_OP_MATH,
+    match (math.tf32_tensor_cores(), reported) {
+        (false, _) => CUDNN_FMA_MATH,
+        (true, 0) => CUDNN_DEFAULT_MATH,
+        (true, 3) => CUDNN_FMA_MATH,
+        (true, _) => CUDNN_TENSOR_OP_MATH,
     }
 }
 

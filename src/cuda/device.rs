@@ -92,13 +92,13 @@ pub fn wait_for_event(event: &CudaEvent, op: &str) -> Result<()> {
     }
 }
 
-/// A cuBLAS handle on `stream`: TF32 tensor-core math for `MathMode::Tf32`, FP32 otherwise.
+/// A cuBLAS handle on `stream`: TF32 tensor-core math where `math` has it
+/// ([`MathMode::tf32_tensor_cores`]), FP32 otherwise.
 fn blas_on(stream: Arc<CudaStream>, math: MathMode) -> Result<CudaBlas> {
     let blas = CudaBlas::new(stream).map_err(|e| gpu_error("create a cuBLAS handle", e))?;
-    let mode = match math {
-        // The half modes never reach a GPU yet (refused at validation).
-        MathMode::Fp32 | MathMode::Bf16 | MathMode::Fp16 => cublasMath_t::CUBLAS_DEFAULT_MATH,
-        MathMode::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+    let mode = match math.tf32_tensor_cores() {
+        false => cublasMath_t::CUBLAS_DEFAULT_MATH,
+        true => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
     };
     // SAFETY: the handle is valid for the lifetime of `blas`.
     unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
@@ -145,7 +145,7 @@ fn row_major_gemm(
 
 impl Gpu {
     /// Opens device `ordinal`: retains its primary context, creates the compute stream and a
-    /// cuBLAS handle on it (TF32 tensor-core math for `MathMode::Tf32`, plain FP32 otherwise),
+    /// cuBLAS handle on it (TF32 tensor-core math where the mode has it, plain FP32 otherwise),
     /// and loads the kernels (compiling them with NVRTC on the first device of an architecture).
     pub fn new(ordinal: usize, math: MathMode) -> Result<Gpu> {
         let count = super::device_count()?;

@@ -133,6 +133,8 @@ kernel_set!(
     scaled_copy,
     mul_into,
     mul_inplace,
+    round_half,
+    round_half_copy,
     eltwise_max_step,
     eltwise_max_backward,
     max_pool_forward,

@@ -60,12 +60,14 @@ use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
 use crate::net::{Net, Output, PassCtx, DATA, LABEL};
 use crate::params::{ParamSpan, Params};
+use crate::precision::Half;
 use crate::spans::Name;
 use cudarc::driver::{
     result as driver, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
 };
 use fusion::Slot;
 use rayon::prelude::*;
+use rounding::HalfRounding;
 use std::sync::Arc;
 use storage::{Conversion, StoragePlan};
 
@@ -312,6 +314,8 @@ pub struct GpuNet {
     blobs: Vec<GpuBlob>,
     /// The layout of every layer and blob, and the conversions between them.
     storage: StoragePlan,
+    /// Mixed precision's rounding (`cluster.math = "bf16"`); `None` in FP32 and TF32.
+    rounding: Option<HalfRounding>,
     /// Per layer, the blobs it reads (the graph's bottoms, converted ones replaced by copies).
     bottoms: Vec<Vec<usize>>,
     /// The learnable tensors and their gradient, one allocation each.
@@ -376,7 +380,12 @@ impl GpuNet {
             .collect::<Vec<_>>();
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
-        let layer_slots = fusion::plan(&graph, &layout.spans);
+        let half = Half::of(cfg.cluster.math);
+        let layer_slots = match half {
+            // The CPU rounds every member's top of a chain: no fusion.
+            Some(_) => vec![Slot::Own; graph.len()],
+            None => fusion::plan(&graph, &layout.spans),
+        };
         let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
         let channels_last = gpu.layout.channels_last(gpu.math, wide);
         let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
@@ -413,6 +422,9 @@ impl GpuNet {
         let bottoms = storage.bottoms(&graph);
         let raw_input = storage.input_channels_last();
         let params = GpuParams::new(gpu, layout.spans)?;
+        let rounding = half
+            .map(|h| HalfRounding::new(gpu, h, &graph, &shapers, &params.spans, params.len()))
+            .transpose()?;
         let top_names: Vec<Vec<String>> = cfg.layers.iter().map(|lc| lc.top.clone()).collect();
         let outputs = top_names.iter().map(Vec::len).sum::<usize>();
         let alloc_f32 = |n: usize, what: &str| {
@@ -444,6 +456,7 @@ impl GpuNet {
             idle_blobs,
             blobs,
             storage,
+            rounding,
             bottoms,
             params,
             record_shape,
@@ -732,6 +745,12 @@ impl GpuNet {
             first_sample: pass.first_sample,
             collective,
         };
+        if let Some(r) = &mut self.rounding {
+            r.round_weights(gpu, &self.params.data)?;
+            let data = &mut self.blobs[DATA];
+            let n = data.count();
+            r.round(gpu, &mut data.data, n)?;
+        }
         let mut reset = true;
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let node = self.graph.node(i);
@@ -743,8 +762,12 @@ impl GpuNet {
                 Slot::Head { last, params } => (params.clone(), self.graph.node(*last).tops),
                 Slot::Absorbed { .. } => continue,
             };
-            let params = self.params.data.slice(range.clone());
+            let params = match &self.rounding {
+                Some(r) => r.weights.slice(range.clone()),
+                None => self.params.data.slice(range.clone()),
+            };
             let (blobs, bottoms, storage) = (&mut self.blobs, &self.bottoms[i], &self.storage);
+            let rounding = self.rounding.as_ref().filter(|r| r.rounds_tops[i]);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
                 for c in storage.of_layer(i) {
                     let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
@@ -764,7 +787,14 @@ impl GpuNet {
                     ctx: &ctx,
                     blobs: LayerBlobs::new(blobs, bottoms, tops),
                     params,
-                })
+                })?;
+                if let Some(r) = rounding {
+                    for &t in tops {
+                        let n = blobs[t].count();
+                        r.round(gpu, &mut blobs[t].data, n)?;
+                    }
+                }
+                Ok(())
             })?;
             if phase == Phase::Train {
                 let params = self.params.data.slice_mut(range);
@@ -926,7 +956,11 @@ impl GpuNet {
                 },
             };
             if let Some((at, range)) = run {
-                let params = self.params.data.slice(range.clone());
+                let params = match &self.rounding {
+                    Some(r) => r.weights.slice(range.clone()),
+                    None => self.params.data.slice(range.clone()),
+                };
+                let (rounding, graph_bottoms) = (&self.rounding, self.graph.node(at).bottoms);
                 let param_diff = self.params.diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
                 let (bottoms, storage) = (&self.bottoms[at], &self.storage);
@@ -954,6 +988,14 @@ impl GpuNet {
                             matrix,
                             accumulate,
                         )?;
+                    }
+                    if let Some(r) = rounding {
+                        for (&b, g) in graph_bottoms.iter().zip(&plan.grads[at]) {
+                            if g.wanted() {
+                                let n = blobs[b].count();
+                                r.round(gpu, &mut blobs[b].diff, n)?;
+                            }
+                        }
                     }
                     Ok(())
                 })?;
@@ -1065,6 +1107,7 @@ fn with_copies(mut shapes: Vec<Vec<usize>>, storage: &StoragePlan) -> Vec<Vec<us
 }
 
 mod fusion;
+mod rounding;
 mod storage;
 
 #[cfg(test)]

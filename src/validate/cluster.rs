@@ -46,20 +46,17 @@ impl Validator<'_> {
         self.mixed_precision()
     }
 
-    /// `math = "bf16" | "fp16"` and loss scaling run on the CPU backend only until the GPU
-    /// backend has its half-precision kernels; the loss-scaling keys' ranges; a dynamic scale
-    /// needs every replica to judge the same averaged gradient, which local SGD's own steps
-    /// are not.
+    /// Loss scaling (and so `math = "fp16"`, which scales by default) runs on the CPU backend
+    /// only until the GPU backend keeps the scale on the device; the loss-scaling keys' ranges;
+    /// a dynamic scale needs every replica to judge the same averaged gradient, which local
+    /// SGD's own steps are not.
     fn mixed_precision(&self) -> Result<()> {
         let c = &self.cfg.cluster;
-        if c.backend == BackendKind::Cuda && c.math.is_half() {
+        if c.backend == BackendKind::Cuda && c.math == MathMode::Fp16 {
             return Err(self.err(
                 "cluster.math",
-                format!(
-                    "\"{}\" (mixed precision) is not implemented on the GPU backend yet: use \
-                     backend = \"cpu\", or math = \"fp32\" or \"tf32\" on GPUs",
-                    name_of(&c.math)
-                ),
+                "\"fp16\" needs loss scaling, which the GPU backend does not do yet: use \
+                 math = \"bf16\" on GPUs (FP32's exponent range, no scaling), or backend = \"cpu\"",
             ));
         }
         if c.backend == BackendKind::Cuda && c.loss_scale.is_some() {

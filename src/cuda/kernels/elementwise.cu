@@ -172,3 +172,32 @@ extern "C" __global__ void elu_backward(const float* x, const float* dy, float* 
         dx[i] = accumulate ? dx[i] + g : g;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Mixed precision's rounding (`crate::precision`): a float rounded to the half type, to nearest
+// with ties to even, and widened back exactly; a NaN stays a NaN. bf16 keeps the top 16 bits of
+// the float (8 significant bits, FP32's range); fp16 goes through the hardware conversion
+// (11 significant bits, beyond 65504 an infinity, subnormals below 2^-14).
+
+__device__ __forceinline__ float round_to_half(float v, int fp16) {
+    if (fp16) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+        return r;
+    }
+    const unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return v;
+    return __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
+// x (n) rounded in place.
+extern "C" __global__ void round_half(float* x, int fp16, long long n) {
+    GRID_STRIDE_LONG(i, n) x[i] = round_to_half(x[i], fp16);
+}
+
+// y (n) = x rounded.
+extern "C" __global__ void round_half_copy(const float* x, float* y, int fp16, long long n) {
+    GRID_STRIDE_LONG(i, n) y[i] = round_to_half(x[i], fp16);
+}

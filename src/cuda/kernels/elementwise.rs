@@ -1,6 +1,7 @@
 //! Launchers of the elementwise kernels (`elementwise.cu`): fill, scale, axpy, the activations
 //! of the neuron layers ([`Activation`]: ReLU, sigmoid, tanh, absolute value, power, ELU) forward and
-//! backward, bias rows, scaled copies, elementwise products and Eltwise MAX. Every operand is
+//! backward, bias rows, scaled copies, elementwise products, Eltwise MAX and mixed precision's
+//! rounding to the half type. Every operand is
 //! `(n)` unless a method says otherwise.
 
 use super::{check_len, int_count, to_i32, Kernels};
@@ -69,6 +70,15 @@ launchers! {
         dy: in f32, mask: in i32, dx: out f32,
         k: usize as i32, n: elements as i32, accumulate: bool as i32,
     ) => launch eltwise_max_backward(in dy, in mask, out dx, &k, &n, &accumulate);
+
+    /// `x[..n]` rounded in place to bf16, or to fp16 when `fp16` (to nearest, ties to even, as
+    /// [`Half::round`](crate::precision::Half::round)).
+    pub fn round_half(x: out f32, fp16: bool as i32, n: elements as i64)
+        => launch round_half(out x, &fp16, &n);
+
+    /// `y[..n] = x[..n]` rounded as [`Kernels::round_half`] does.
+    pub fn round_half_copy(x: in f32, y: out f32, fp16: bool as i32, n: elements as i64)
+        => launch round_half_copy(in x, out y, &fp16, &n);
 }
 
 impl Kernels {
@@ -173,5 +183,71 @@ impl Kernels {
         let (r, c) = (to_i32("bias_add", rows), to_i32("bias_add", cols));
         to_i32("bias_add", rows * cols);
         launch!(self, s, bias_add, self.grid(rows * cols), [out y, in b, &r, &c])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::precision::Half;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Both half types, in place and into a copy, on random floats of every magnitude and on the
+    /// edges (ties, the largest finite fp16 and the first value that overflows it, fp16's
+    /// subnormals and what flushes to zero, infinities, NaN): the device's values are
+    /// `Half::round`'s bit for bit.
+    #[test]
+    fn round_half_matches_the_cpu_bit_for_bit() {
+        let gpu = gpu_or_skip!("round_half_matches_the_cpu_bit_for_bit");
+        let (s, k) = (&gpu.compute, &gpu.kernels);
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let mut values: Vec<f32> = (0..100_000)
+            .map(|_| f32::from_bits(rng.gen::<u32>()))
+            .collect();
+        values.extend((0..10_000).map(|_| rng.gen_range(-4.0f32..4.0)));
+        values.extend([
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            1.0 + 2f32.powi(-11),
+            65504.0,
+            65519.0,
+            65520.0,
+            -2f32.powi(-24),
+            2f32.powi(-25),
+            3.0 * 2f32.powi(-26),
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+        ]);
+        let x = s.clone_htod(&values).unwrap();
+        for half in [Half::Bf16, Half::Fp16] {
+            let fp16 = half == Half::Fp16;
+            let mut copy = s.alloc_zeros::<f32>(values.len()).unwrap();
+            k.round_half_copy(s, &x, &mut copy, fp16, values.len())
+                .unwrap();
+            let mut in_place = x.clone();
+            k.round_half(s, &mut in_place, fp16, values.len()).unwrap();
+            for got in [
+                s.clone_dtoh(&copy).unwrap(),
+                s.clone_dtoh(&in_place).unwrap(),
+            ] {
+                for (&v, g) in values.iter().zip(got) {
+                    let w = half.round(v);
+                    let same = if w.is_nan() {
+                        g.is_nan()
+                    } else {
+                        g.to_bits() == w.to_bits()
+                    };
+                    assert!(
+                        same,
+                        "{half:?}: {v:e} ({:#x}) rounded to {g:e}, want {w:e}",
+                        v.to_bits()
+                    );
+                }
+            }
+        }
     }
 }

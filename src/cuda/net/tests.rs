@@ -18,6 +18,28 @@ use std::path::Path;
 /// orders through three layers).
 const RTOL: f32 = 1e-4;
 
+/// Relative tolerances of a comparison with the CPU net: losses, and the tensors (gradients,
+/// weights, running statistics).
+#[derive(Clone, Copy)]
+struct Tolerance {
+    loss: f32,
+    tensors: f32,
+}
+
+/// FP32 against FP32.
+const FP32: Tolerance = Tolerance {
+    loss: 1e-5,
+    tensors: RTOL,
+};
+
+/// bf16 against the CPU's bf16 rounding: a sum taken in another order lands on the other side
+/// of a rounding boundary now and then, one bf16 step (2⁻⁸ relative) in that element, which the
+/// layers after it carry on.
+const BF16: Tolerance = Tolerance {
+    loss: 2e-3,
+    tensors: 1e-2,
+};
+
 const RECORD: [usize; 3] = [1, 8, 8];
 
 /// `tests/configs/equivalence.toml`, embedded so that the test binary runs from any directory
@@ -64,11 +86,21 @@ fn pass(phase: Phase) -> PassCtx {
 /// Losses agree closely; accuracies of a batch of `n` to within one sample, since two scores
 /// a rounding apart may rank differently (the layer tests check the counting itself exactly).
 fn assert_outputs(what: &str, got: &[Output], want: &[Output], n: usize) {
+    assert_outputs_at(what, got, want, n, FP32.loss);
+}
+
+/// [`assert_outputs`] with losses compared at `loss_rtol`.
+fn assert_outputs_at(what: &str, got: &[Output], want: &[Output], n: usize, loss_rtol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
     for (g, w) in got.iter().zip(want) {
         assert_eq!((&g.name, g.is_loss), (&w.name, w.is_loss), "{what}");
         if w.is_loss {
-            assert_close(&format!("{what}: {}", w.name), &[g.value], &[w.value], 1e-5);
+            assert_close(
+                &format!("{what}: {}", w.name),
+                &[g.value],
+                &[w.value],
+                loss_rtol,
+            );
         } else {
             let (gc, wc) = (
                 crate::layers::accuracy::count_from_fraction(g.value, n),
@@ -399,6 +431,64 @@ fn cnn_training_steps_match_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
 }
 
+/// `math = "bf16"`: the CNN (convolutions, synced BatchNorm, Scale, poolings, Dropout) against
+/// the CPU's bf16 rounding over a few training steps, on three-channel records, NCHW and
+/// channels-last; no chain is fused. The first gradient is several times closer to the CPU's
+/// bf16 one than to its FP32 one, so the GPU rounds where the CPU does.
+#[test]
+fn bf16_cnn_training_steps_match_the_cpu_rounding() {
+    let mut gpu = gpu_or_skip!(
+        "bf16_cnn_training_steps_match_the_cpu_rounding",
+        MathMode::Bf16
+    );
+    let mut cfg = cnn_config();
+    cfg.cluster.math = MathMode::Bf16;
+    for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+        gpu.layout = layout;
+        cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &[], BF16);
+        let to_bf16 = first_gradient_gap(&gpu, &cfg, &cfg);
+        let to_fp32 = first_gradient_gap(&gpu, &cfg, &cnn_config());
+        assert!(
+            4.0 * to_bf16 < to_fp32,
+            "{layout:?}: the bf16 gradient is {to_bf16:e} from the CPU's bf16 one and \
+             {to_fp32:e} from its FP32 one"
+        );
+    }
+}
+
+/// `max |g − c| / max |c|` between the first training gradient of the GPU net of `cfg` and that
+/// of the CPU net of `cpu_cfg`, from the same weights and batch of three-channel records.
+fn first_gradient_gap(gpu: &Gpu, cfg: &Config, cpu_cfg: &Config) -> f32 {
+    let (n, record) = (16, [3, 8, 8]);
+    let cpu = Cpu::new(1);
+    let (mut cpu_net, mut params) = Net::build(cpu_cfg, record, n).unwrap();
+    Net::init_params(&mut params, 7);
+    let (data, labels) = batch_of(n, record, 9);
+    let (d, l) = cpu_net.inputs_mut();
+    d.copy_from_slice(&data);
+    l.copy_from_slice(&labels);
+    // The GPU net keys dropout's masks by the config's seed.
+    let ctx = Ctx {
+        seed: cfg.solver.random_seed,
+        ..ctx(&cpu, Phase::Train)
+    };
+    crate::solver::zero_grad(&mut params);
+    cpu_net.forward(&ctx, &mut params);
+    cpu_net.backward(&ctx, &mut params, &mut |_| {});
+    let mut net = GpuNet::new(cfg, record, n, gpu).unwrap();
+    net.params_from_host(gpu, &params).unwrap();
+    net.load_batch(gpu, &data, &labels).unwrap();
+    net.forward(gpu, pass(Phase::Train), None).unwrap();
+    net.backward_first(gpu, None, &mut |_, _| {}).unwrap();
+    let got = net.params_to_host(gpu).unwrap().diff;
+    let scale = params.diff.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let gap = got
+        .iter()
+        .zip(&params.diff)
+        .fold(0f32, |m, (g, c)| m.max((g - c).abs()));
+    gap / scale
+}
+
 /// The chain of the ReLU `relu` and the pooling after it, as the GPU net reports it.
 fn relu_and_pool(cfg: &Config, relu: &str) -> (usize, usize) {
     let i = cfg.layers.iter().position(|l| l.name == relu).unwrap();
@@ -509,11 +599,18 @@ fn cnn_of_elu_prelu_lrn_arg_max_and_euclidean_loss_matches_cpu() {
 fn cnn_steps_match_cpu(gpu: &mut Gpu, cfg: &Config, record: [usize; 3], fused: &[(usize, usize)]) {
     for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
         gpu.layout = layout;
-        cnn_steps_match_cpu_in(gpu, cfg, record, fused);
+        cnn_steps_match_cpu_in(gpu, cfg, record, fused, FP32);
     }
 }
 
-fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[(usize, usize)]) {
+/// [`cnn_steps_match_cpu`] in the layout `gpu` is set to, compared at `tol`.
+fn cnn_steps_match_cpu_in(
+    gpu: &Gpu,
+    cfg: &Config,
+    record: [usize; 3],
+    fused: &[(usize, usize)],
+    tol: Tolerance,
+) {
     let n = 16;
     let cpu = Cpu::new(1);
     let (mut cpu_net, mut params) = Net::build(cfg, record, n).unwrap();
@@ -557,10 +654,20 @@ fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[
         net.backward_first(gpu, None, &mut |_, _| {}).unwrap();
         if iter == 0 {
             let got = net.outputs(gpu).unwrap();
-            assert_outputs("cnn, first step", &got, &want, n);
+            assert_outputs_at("cnn, first step", &got, &want, n, tol.loss);
             let grads = net.params_to_host(gpu).unwrap();
-            assert_close("cnn: first gradient", &grads.diff, &params.diff, RTOL);
-            assert_close("cnn: running statistics", &grads.data, &params.data, RTOL);
+            assert_close(
+                "cnn: first gradient",
+                &grads.diff,
+                &params.diff,
+                tol.tensors,
+            );
+            assert_close(
+                "cnn: running statistics",
+                &grads.data,
+                &params.data,
+                tol.tensors,
+            );
         }
         let cpu_lr = cpu_solver.apply(&cpu, iter, &mut params);
         let gpu_lr = gpu_solver.apply(gpu, iter, &mut net.params).unwrap();
@@ -570,7 +677,7 @@ fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[
             &format!("cnn: weights and statistics after step {iter}"),
             &got.data,
             &params.data,
-            RTOL,
+            tol.tensors,
         );
     }
     let test = PassCtx {
@@ -588,7 +695,8 @@ fn cnn_steps_match_cpu_in(gpu: &Gpu, cfg: &Config, record: [usize; 3], fused: &[
     };
     let want = cpu_net.forward(&ctx, &mut params);
     net.forward(gpu, test, None).unwrap();
-    assert_outputs("cnn, test", &net.outputs(gpu).unwrap(), &want, n);
+    let got = net.outputs(gpu).unwrap();
+    assert_outputs_at("cnn, test", &got, &want, n, tol.loss);
 }
 
 /// A net of the routing layers and a deconvolution: Input (with the labels as a second top),
