@@ -118,15 +118,23 @@ impl Taps {
 /// f32 (AVX2's 8 lanes).
 const BLOCK: usize = 8;
 
-/// What [`resample`] reuses between images: both axes' taps and pass 1's rows.
+/// What [`resample`] reuses between images: both axes' taps and the passes' buffers.
 #[derive(Debug, Clone, Default)]
 pub struct Resampler {
     across: Taps,
     down: Taps,
-    /// Pass 1's output for one block of rows, `(BLOCK, n)`.
+    buffers: Buffers,
+}
+
+/// The passes' intermediate values for one block of [`BLOCK`] output rows.
+#[derive(Debug, Clone, Default)]
+struct Buffers {
+    /// Pass 1's output, `(BLOCK, n)`.
     rows: Vec<f32>,
     /// The same transposed, `(n, BLOCK)`: each value's `BLOCK` rows side by side.
     columns: Vec<f32>,
+    /// Pass 2's pixels, `(C, out_w, BLOCK)`, before they go to their rows of the output.
+    pixels: Vec<u8>,
 }
 
 /// The geometry of one resampling, for the passes.
@@ -165,8 +173,7 @@ pub fn resample(
     let Resampler {
         across,
         down,
-        rows,
-        columns,
+        buffers,
     } = scratch;
     across.compute(window.x, window.w, image.width, out_w, antialias);
     down.compute(window.y, window.h, image.height, out_h, antialias);
@@ -182,9 +189,10 @@ pub fn resample(
     };
     // Rows past the last output row of the last block keep stale values, which are never
     // stored.
-    rows.resize(BLOCK * n, 0.0);
-    columns.resize(n * BLOCK, 0.0);
-    passes(image, down, across, shape, (rows, columns), out);
+    buffers.rows.resize(BLOCK * n, 0.0);
+    buffers.columns.resize(n * BLOCK, 0.0);
+    buffers.pixels.resize(c * out_w * BLOCK, 0);
+    passes(image, down, across, shape, buffers, out);
 }
 
 /// Both passes, compiled for AVX2 where the processor has it.
@@ -193,7 +201,7 @@ fn passes(
     down: &Taps,
     across: &Taps,
     shape: Shape,
-    buffers: (&mut [f32], &mut [f32]),
+    buffers: &mut Buffers,
     out: &mut [u8],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -216,7 +224,7 @@ unsafe fn passes_avx2(
     down: &Taps,
     across: &Taps,
     shape: Shape,
-    buffers: (&mut [f32], &mut [f32]),
+    buffers: &mut Buffers,
     out: &mut [u8],
 ) {
     passes_generic(image, down, across, shape, buffers, out);
@@ -230,19 +238,25 @@ fn passes_generic(
     down: &Taps,
     across: &Taps,
     shape: Shape,
-    (rows, columns): (&mut [f32], &mut [f32]),
+    buffers: &mut Buffers,
     out: &mut [u8],
 ) {
+    let Buffers {
+        rows,
+        columns,
+        pixels,
+    } = buffers;
     for y0 in (0..shape.out_h).step_by(BLOCK) {
         let block = BLOCK.min(shape.out_h - y0);
         vertical(image, down, shape, y0, block, rows);
         transpose(rows, shape.n, columns);
         match shape.c {
-            1 => horizontal::<1>(columns, across, shape, (y0, block), out),
-            2 => horizontal::<2>(columns, across, shape, (y0, block), out),
-            3 => horizontal::<3>(columns, across, shape, (y0, block), out),
-            _ => horizontal::<4>(columns, across, shape, (y0, block), out),
+            1 => horizontal::<1>(columns, across, shape, pixels),
+            2 => horizontal::<2>(columns, across, shape, pixels),
+            3 => horizontal::<3>(columns, across, shape, pixels),
+            _ => horizontal::<4>(columns, across, shape, pixels),
         }
+        scatter(pixels, shape, (y0, block), out);
     }
 }
 
@@ -279,18 +293,12 @@ fn transpose(rows: &[f32], n: usize, columns: &mut [f32]) {
     }
 }
 
-/// Pass 2 for images of `C` channels on output rows `y0..y0 + block`: each channel's values
-/// along W weighted by `across` (mirrored when `shape.flip`), all the block's rows at once from
-/// `columns` `(n, BLOCK)`, rounded into the planes of `out`.
+/// Pass 2 for images of `C` channels on one block of rows: each channel's values along W
+/// weighted by `across` (mirrored when `shape.flip`), all the block's rows at once from
+/// `columns` `(n, BLOCK)`, rounded into `pixels` `(C, out_w, BLOCK)`.
 #[inline(always)]
-fn horizontal<const C: usize>(
-    columns: &[f32],
-    across: &Taps,
-    shape: Shape,
-    (y0, block): (usize, usize),
-    out: &mut [u8],
-) {
-    let (out_h, out_w) = (shape.out_h, shape.out_w);
+fn horizontal<const C: usize>(columns: &[f32], across: &Taps, shape: Shape, pixels: &mut [u8]) {
+    let out_w = shape.out_w;
     for ox in 0..out_w {
         let (first, wts) = across.of(ox);
         let taps = &columns[(first - shape.lo) * C * BLOCK..][..wts.len() * C * BLOCK];
@@ -303,10 +311,27 @@ fn horizontal<const C: usize>(
                     *a += w * v;
                 }
             }
-            let pixels: [u8; BLOCK] = std::array::from_fn(|r| to_byte(acc[r]));
-            let plane = &mut out[ch * out_h * out_w..][..out_h * out_w];
-            for (r, &p) in pixels[..block].iter().enumerate() {
-                plane[(y0 + r) * out_w + dx] = p;
+            let dst = &mut pixels[(ch * out_w + dx) * BLOCK..][..BLOCK];
+            for (d, &a) in dst.iter_mut().zip(&acc) {
+                *d = to_byte(a);
+            }
+        }
+    }
+}
+
+/// `pixels` `(C, out_w, BLOCK)` of output rows `y0..y0 + block` into their rows of `out`
+/// `(C, out_h, out_w)`.
+#[inline(always)]
+fn scatter(pixels: &[u8], shape: Shape, (y0, block): (usize, usize), out: &mut [u8]) {
+    let (out_h, out_w) = (shape.out_h, shape.out_w);
+    for (plane, staged) in out
+        .chunks_exact_mut(out_h * out_w)
+        .zip(pixels.chunks_exact(out_w * BLOCK))
+    {
+        for r in 0..block {
+            let row = &mut plane[(y0 + r) * out_w..][..out_w];
+            for (d, &p) in row.iter_mut().zip(staged[r..].iter().step_by(BLOCK)) {
+                *d = p;
             }
         }
     }
