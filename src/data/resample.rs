@@ -11,13 +11,20 @@
 //! image is) and their weights renormalised (in f64, then stored as f32).
 //!
 //! Arithmetic, exactly (so that a result is the same on every machine and every SIMD width):
-//! pass 1 runs down the columns: for each output row `oy`, over only the columns any output
-//! reads, `mid = w₀·in[r₀] + w₁·in[r₀+1] + …` in f32, each product and each sum rounded once in
-//! that order (no fused multiply-add); pass 2 runs along each such row: for each output column,
-//! `acc = 0 + w₀·mid[c₀] + w₁·mid[c₀+1] + …` in f32 the same way. The result is clamped to
-//! 0..=255 and rounded to the nearest integer, half-way values to the even one
-//! ([`round_pixel`]). Both passes are plain loops over contiguous memory that the compiler
-//! vectorises, compiled once for the baseline target and once for AVX2, chosen at run time;
+//! pass 1 runs down the columns: for each output row, over only the input columns some output
+//! reads, `mid = w₀·in[r₀] + w₁·in[r₀+1] + …` in f32 (the bytes converted exactly), each product
+//! and each sum rounded once, in that order (no fused multiply-add); pass 2 runs along each such
+//! row: for each output column, `acc = 0 + w₀·mid[c₀] + w₁·mid[c₀+1] + …` in f32 the same way.
+//! `acc` is clamped to 0..=255 and rounded to the nearest integer, half-way values to the even
+//! one ([`round_pixel`]). Against exact arithmetic this differs only where the exact value is
+//! within a rounding error (far below 10⁻³) of half-way between two pixels.
+//!
+//! Layout, for speed: the columns-first order touches only the output's rows, and pass 1 is a
+//! weighted sum of whole input rows, which vectorises as it stands. Pass 2 works on blocks of
+//! [`BLOCK`] output rows: the block's pass-1 rows are transposed so that each value's `BLOCK`
+//! rows lie side by side, and each output column of each channel is then `BLOCK` lanes of
+//! multiply-adds; its pixels are staged by column and copied into the output's rows. The
+//! passes are compiled once for the baseline target and once for AVX2, chosen at run time;
 //! neither changes the order of the operations on a value, only how many values go at once.
 //!
 //! Shapes: the input image is `(H, W, C)` interleaved, C ≤ 4; outputs are `(C, out_h, out_w)`
@@ -162,6 +169,28 @@ pub fn resample(
     out: &mut [u8],
     scratch: &mut Resampler,
 ) {
+    resample_on(
+        image,
+        window,
+        (out_h, out_w),
+        (flip, antialias),
+        out,
+        scratch,
+        true,
+    );
+}
+
+/// [`resample`], with the AVX2 build of the passes where `avx2` allows it and the processor
+/// has it.
+fn resample_on(
+    image: &Image,
+    window: Window,
+    (out_h, out_w): (usize, usize),
+    (flip, antialias): (bool, bool),
+    out: &mut [u8],
+    scratch: &mut Resampler,
+    avx2: bool,
+) {
     let c = image.channels;
     assert!((1..=4).contains(&c), "images of 1 to 4 channels");
     assert_eq!(out.len(), c * out_h * out_w, "output of (C, H, W)");
@@ -192,10 +221,10 @@ pub fn resample(
     buffers.rows.resize(BLOCK * n, 0.0);
     buffers.columns.resize(n * BLOCK, 0.0);
     buffers.pixels.resize(c * out_w * BLOCK, 0);
-    passes(image, down, across, shape, buffers, out);
+    passes(image, down, across, shape, buffers, out, avx2);
 }
 
-/// Both passes, compiled for AVX2 where the processor has it.
+/// Both passes, compiled for AVX2 where `avx2` allows it and the processor has it.
 fn passes(
     image: &Image,
     down: &Taps,
@@ -203,14 +232,15 @@ fn passes(
     shape: Shape,
     buffers: &mut Buffers,
     out: &mut [u8],
+    avx2: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the processor has AVX2.
         unsafe { passes_avx2(image, down, across, shape, buffers, out) };
         return;
     }
-    passes_generic(image, down, across, shape, buffers, out);
+    passes_generic::<false>(image, down, across, shape, buffers, out);
 }
 
 /// [`passes_generic`] compiled with AVX2 (the same operations in the same order per value).
@@ -227,13 +257,14 @@ unsafe fn passes_avx2(
     buffers: &mut Buffers,
     out: &mut [u8],
 ) {
-    passes_generic(image, down, across, shape, buffers, out);
+    passes_generic::<true>(image, down, across, shape, buffers, out);
 }
 
 /// Pass 1 then pass 2 on each block of [`BLOCK`] output rows, through `rows` `(BLOCK, n)` and
-/// `columns` `(n, BLOCK)`.
+/// `columns` `(n, BLOCK)`. `AVX2` (only where the processor has it) transposes with AVX2's
+/// shuffles.
 #[inline(always)]
-fn passes_generic(
+fn passes_generic<const AVX2: bool>(
     image: &Image,
     down: &Taps,
     across: &Taps,
@@ -249,6 +280,14 @@ fn passes_generic(
     for y0 in (0..shape.out_h).step_by(BLOCK) {
         let block = BLOCK.min(shape.out_h - y0);
         vertical(image, down, shape, y0, block, rows);
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: `AVX2` is set by `passes_avx2` only, which runs where the processor has it.
+            unsafe { transpose_avx2(rows, shape.n, columns) };
+        } else {
+            transpose(rows, shape.n, columns);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         transpose(rows, shape.n, columns);
         match shape.c {
             1 => horizontal::<1>(columns, across, shape, pixels),
@@ -287,6 +326,60 @@ fn vertical(image: &Image, down: &Taps, shape: Shape, y0: usize, block: usize, r
 #[inline(always)]
 fn transpose(rows: &[f32], n: usize, columns: &mut [f32]) {
     for (j, column) in columns.chunks_exact_mut(BLOCK).enumerate() {
+        for (r, v) in column.iter_mut().enumerate() {
+            *v = rows[r * n + j];
+        }
+    }
+}
+
+/// [`transpose`] eight columns at a time as 8×8 blocks through AVX2's shuffles (data movement
+/// only: the values are those [`transpose`] gives).
+///
+/// # Safety
+/// The processor must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx2(rows: &[f32], n: usize, columns: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const { assert!(BLOCK == 8, "8×8 blocks") };
+    assert!(rows.len() >= BLOCK * n && columns.len() >= n * BLOCK);
+    let whole = n / 8 * 8;
+    for j in (0..whole).step_by(8) {
+        // SAFETY: rows `r·n + j .. + 8` and columns `(j + i)·8 .. + 8` lie within the lengths
+        // asserted above, as `j + 8 ≤ n`.
+        unsafe {
+            let row = |r: usize| _mm256_loadu_ps(rows.as_ptr().add(r * n + j));
+            let (a, b, c, d) = (row(0), row(1), row(2), row(3));
+            let (e, f, g, h) = (row(4), row(5), row(6), row(7));
+            let (ab0, ab1) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+            let (cd0, cd1) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+            let (ef0, ef1) = (_mm256_unpacklo_ps(e, f), _mm256_unpackhi_ps(e, f));
+            let (gh0, gh1) = (_mm256_unpacklo_ps(g, h), _mm256_unpackhi_ps(g, h));
+            let q0 = _mm256_shuffle_ps::<0x44>(ab0, cd0);
+            let q1 = _mm256_shuffle_ps::<0xee>(ab0, cd0);
+            let q2 = _mm256_shuffle_ps::<0x44>(ab1, cd1);
+            let q3 = _mm256_shuffle_ps::<0xee>(ab1, cd1);
+            let q4 = _mm256_shuffle_ps::<0x44>(ef0, gh0);
+            let q5 = _mm256_shuffle_ps::<0xee>(ef0, gh0);
+            let q6 = _mm256_shuffle_ps::<0x44>(ef1, gh1);
+            let q7 = _mm256_shuffle_ps::<0xee>(ef1, gh1);
+            let out = columns.as_mut_ptr().add(j * BLOCK);
+            let store = |i: usize, v: __m256| _mm256_storeu_ps(out.add(i * BLOCK), v);
+            store(0, _mm256_permute2f128_ps::<0x20>(q0, q4));
+            store(1, _mm256_permute2f128_ps::<0x20>(q1, q5));
+            store(2, _mm256_permute2f128_ps::<0x20>(q2, q6));
+            store(3, _mm256_permute2f128_ps::<0x20>(q3, q7));
+            store(4, _mm256_permute2f128_ps::<0x31>(q0, q4));
+            store(5, _mm256_permute2f128_ps::<0x31>(q1, q5));
+            store(6, _mm256_permute2f128_ps::<0x31>(q2, q6));
+            store(7, _mm256_permute2f128_ps::<0x31>(q3, q7));
+        }
+    }
+    for (j, column) in columns[..n * BLOCK]
+        .chunks_exact_mut(BLOCK)
+        .enumerate()
+        .skip(whole)
+    {
         for (r, v) in column.iter_mut().enumerate() {
             *v = rows[r * n + j];
         }
@@ -502,7 +595,8 @@ mod tests {
 
     /// Every output is the exact (f64) resampled value rounded to the nearest pixel, or, within
     /// 10⁻³ of half-way between two pixels, one of those two: the f32 passes differ from exact
-    /// arithmetic by far less than that.
+    /// arithmetic by far less than that. The baseline build of the passes gives the same bytes
+    /// as the one `resample` picks (AVX2 where the processor has it).
     #[test]
     fn outputs_are_the_exact_values_rounded() {
         let mut s = Resampler::default();
@@ -525,7 +619,19 @@ mod tests {
             let (oh, ow) = (1 + (r(6) * 30.0) as usize, 1 + (r(7) * 30.0) as usize);
             let (flip, antialias) = (key % 3 == 0, key % 5 != 0);
             let mut out = vec![0; c * oh * ow];
-            resample(&img, win, (oh, ow), flip, antialias, &mut out, &mut s);
+            let mut baseline = vec![0; c * oh * ow];
+            let size = (oh, ow);
+            resample(&img, win, size, flip, antialias, &mut out, &mut s);
+            resample_on(
+                &img,
+                win,
+                size,
+                (flip, antialias),
+                &mut baseline,
+                &mut s,
+                false,
+            );
+            assert_eq!(out, baseline, "case {key}: the AVX2 and baseline builds");
             for oy in 0..oh {
                 let down = reference_taps(win.y, win.h, h, oh, oy, antialias);
                 for ox in 0..ow {
