@@ -29,7 +29,8 @@
 //! A resampled value is rounded to an 8-bit pixel, clamped to 0..=255 and rounded half to even
 //! ([`round_pixel`]; PIL rounds its 8-bit resize half up, which differs only at exact halves),
 //! before the means and the scale, so that a resized crop holds whole pixel values as a crop of
-//! raw 8-bit records does.
+//! raw 8-bit records does: the resampler writes those pixels ([`resample`]), and the float path
+//! converts them.
 //!
 //! 8-bit batches: where every value before the means and the scale is a whole 8-bit pixel (raw
 //! 8-bit records, or a resized crop; no shift, no mean image: [`Transform::u8_batches`]), the
@@ -388,8 +389,10 @@ impl Transform {
     }
 
     /// [`Transform::train`] without its last step ([`Transform::normalization`]): the record as
-    /// 8-bit pixels, for a data set whose [`Transform::u8_batches`] holds. A value that is not a
-    /// whole pixel (a `float_data` record among bytes) is an error naming the record.
+    /// 8-bit pixels, for a data set whose [`Transform::u8_batches`] holds. A resized crop is
+    /// resampled straight into them (the bytes [`Transform::train`]'s floats hold); otherwise a
+    /// value that is not a whole pixel (a `float_data` record among bytes) is an error naming
+    /// the record.
     pub fn train_u8(
         &self,
         source: &dyn RecordSource,
