@@ -83,7 +83,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<usize> {
     // Every record is made before the LMDB is created: a bad image leaves nothing behind.
     let mut records = Vec::with_capacity(lines.len());
     let mut image = Image::default();
-    let mut scratch = Vec::new();
+    let mut scratch = resample::Resampler::default();
     for (i, (file, label)) in lines.iter().enumerate() {
         let value = datum_of(opts, file, *label, &mut image, &mut scratch)
             .map_err(|e| Error::data(file, e))?;
@@ -105,7 +105,7 @@ fn datum_of(
     file: &Path,
     label: i64,
     image: &mut Image,
-    scratch: &mut Vec<f32>,
+    scratch: &mut resample::Resampler,
 ) -> std::result::Result<Vec<u8>, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read: {e}"))?;
     decode::decode(&bytes, !opts.gray, JpegDecoder::Zune, image)?;

@@ -232,7 +232,7 @@ impl ImageSource {
         &self,
         index: usize,
         image: &mut Image,
-        scratch: &mut Vec<f32>,
+        scratch: &mut resample::Resampler,
     ) -> std::result::Result<(), String> {
         self.view_of(index, &mut View::whole, image)?;
         if let Some((h, w)) = self.options.resize {
@@ -301,7 +301,7 @@ impl ImageSource {
             _ => Ok(true),
         })?;
         if needs_image {
-            let mut scratch = Vec::new();
+            let mut scratch = resample::Resampler::default();
             self.image_of(index, image, &mut scratch)?;
             let got = [image.channels, image.height, image.width];
             if got != want {
@@ -494,7 +494,7 @@ impl RecordSource for ImageSource {
     }
 
     fn read_image(&self, index: usize, image: &mut Image) -> Result<Read> {
-        let mut scratch = Vec::new();
+        let mut scratch = resample::Resampler::default();
         self.read_or_skip(index, |i| self.image_of(i, image, &mut scratch))
     }
 

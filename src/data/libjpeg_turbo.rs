@@ -358,6 +358,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::data::decode::{decode_view, JpegDecoder};
     use crate::data::order::splitmix64;
+    use crate::data::resample::{resample, Resampler};
 
     /// A `w`×`h` RGB field: smooth ramps plus hashed noise, so that every block has detail.
     fn field(w: usize, h: usize) -> Vec<u8> {
@@ -577,27 +578,27 @@ pub(crate) mod tests {
             );
             assert_eq!((win.h, win.w), (157.0 * s, 203.0 * s));
             let n = 3 * out.0 * out.1;
-            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-            let mut rows = Vec::new();
-            crate::data::resample::resample(
-                &full,
-                view.window,
-                out,
-                false,
-                true,
-                &mut a,
-                &mut rows,
-            );
-            crate::data::resample::resample(&part, win, out, false, true, &mut b, &mut rows);
-            let mean = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum::<f32>() / n as f32;
+            let (mut a, mut b) = (vec![0; n], vec![0; n]);
+            let mut scratch = Resampler::default();
+            resample(&full, view.window, out, false, true, &mut a, &mut scratch);
+            resample(&part, win, out, false, true, &mut b, &mut scratch);
+            let mean_diff = |a: &[u8], b: &[u8]| {
+                let sum: u32 = a
+                    .iter()
+                    .zip(b)
+                    .map(|(&x, &y)| u32::from(x.abs_diff(y)))
+                    .sum();
+                sum as f32 / n as f32
+            };
+            let mean = mean_diff(&a, &b);
             // The same picture: much closer than the whole decode's window moved by one output
             // pixel is to itself (a window misplaced by the scaling would not be).
             let moved = Window {
                 x: view.window.w / out.1 as f64,
                 ..view.window
             };
-            crate::data::resample::resample(&full, moved, out, false, true, &mut b, &mut rows);
-            let off = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum::<f32>() / n as f32;
+            resample(&full, moved, out, false, true, &mut b, &mut scratch);
+            let off = mean_diff(&a, &b);
             assert!(
                 mean < off / 2.0,
                 "1/{denom}: off by {mean} on average, one pixel's move {off}"

@@ -29,7 +29,8 @@
 //! A resampled value is rounded to an 8-bit pixel, clamped to 0..=255 and rounded half to even
 //! ([`round_pixel`]; PIL rounds its 8-bit resize half up, which differs only at exact halves),
 //! before the means and the scale, so that a resized crop holds whole pixel values as a crop of
-//! raw 8-bit records does.
+//! raw 8-bit records does: the resampler writes those pixels ([`resample`]), and the float path
+//! converts them.
 //!
 //! 8-bit batches: where every value before the means and the scale is a whole 8-bit pixel (raw
 //! 8-bit records, or a resized crop; no shift, no mean image: [`Transform::u8_batches`]), the
@@ -43,7 +44,8 @@
 use super::augment::Augment;
 use super::decode::{Image, View};
 use super::order::splitmix64;
-use super::resample::{resample, Window};
+pub use super::resample::round_pixel;
+use super::resample::{resample, Resampler, Window};
 use super::{Read, RecordSource};
 use crate::error::{Error, Result};
 use rand::{Rng, SeedableRng};
@@ -128,8 +130,10 @@ pub struct Scratch {
     floats: Vec<f32>,
     /// A decoded image.
     image: Image,
-    /// The resampler's rows.
-    rows: Vec<f32>,
+    /// The resampler's taps and rows.
+    resampler: Resampler,
+    /// A resized crop's pixels `(C, H, W)` on their way to floats.
+    pixels: Vec<u8>,
     /// An output record before it becomes 8-bit pixels ([`Transform::train_u8`]).
     values: Vec<f32>,
 }
@@ -185,15 +189,6 @@ impl Normalize {
                 .for_each(plane);
         }
     }
-}
-
-/// A resampled value as a whole 8-bit pixel: clamped to 0..=255 and rounded to the nearest
-/// integer, half-way values to the even one (`f32::round_ties_even`). Computed by adding and
-/// subtracting 2²³ (where the floats' spacing is 1, so the sum rounds to the integer), which
-/// vectorises where `round_ties_even` is a library call.
-pub fn round_pixel(v: f32) -> f32 {
-    const SPACING_ONE: f32 = 8_388_608.0; // 2^23
-    (v.clamp(0.0, 255.0) + SPACING_ONE) - SPACING_ONE
 }
 
 /// `v` truncated into `0..=255` (NaN gives 0), without the checks of a saturating cast, so that
@@ -394,8 +389,10 @@ impl Transform {
     }
 
     /// [`Transform::train`] without its last step ([`Transform::normalization`]): the record as
-    /// 8-bit pixels, for a data set whose [`Transform::u8_batches`] holds. A value that is not a
-    /// whole pixel (a `float_data` record among bytes) is an error naming the record.
+    /// 8-bit pixels, for a data set whose [`Transform::u8_batches`] holds. A resized crop is
+    /// resampled straight into them (the bytes [`Transform::train`]'s floats hold); otherwise a
+    /// value that is not a whole pixel (a `float_data` record among bytes) is an error naming
+    /// the record.
     pub fn train_u8(
         &self,
         source: &dyn RecordSource,
@@ -404,6 +401,10 @@ impl Transform {
         out: &mut [u8],
         scratch: &mut Scratch,
     ) -> Result<Read> {
+        if self.resized.is_some() && self.shift.shift == 0 {
+            // Resampled values are whole pixels by construction.
+            return self.resized_crop_u8(source, index, position, out, scratch);
+        }
         let mut values = std::mem::take(&mut scratch.values);
         values.resize(out.len(), 0.0);
         let read = self.train_values(source, index, position, &mut values, scratch);
@@ -446,20 +447,7 @@ impl Transform {
         scratch: &mut Scratch,
     ) -> Result<Read> {
         let read = if self.resized.is_some() {
-            let out_size = self.output_side();
-            let mut flip = false;
-            let (read, win) = source.read_view(
-                index,
-                &mut |h, w| {
-                    let (window, f) = self.resized_window(position, h, w).expect("a resized crop");
-                    flip = f;
-                    View {
-                        window,
-                        out: out_size,
-                    }
-                },
-                &mut scratch.image,
-            )?;
+            let (read, win, flip) = self.read_train_view(source, index, position, scratch)?;
             self.resample(win, flip, out, scratch);
             read
         } else {
@@ -506,13 +494,66 @@ impl Transform {
         (oh, ow)
     }
 
-    /// `window` of the scratch image resampled to the output side, rounded to whole pixels
-    /// ([`round_pixel`]).
+    /// `window` of the scratch image resampled to the output side, as whole pixels
+    /// ([`resample`]), into `out` `(C, H, W)` floats.
     fn resample(&self, window: Window, flip: bool, out: &mut [f32], scratch: &mut Scratch) {
+        let mut pixels = std::mem::take(&mut scratch.pixels);
+        pixels.resize(out.len(), 0);
+        self.resample_u8(window, flip, &mut pixels, scratch);
+        for (o, &p) in out.iter_mut().zip(&pixels) {
+            *o = f32::from(p);
+        }
+        scratch.pixels = pixels;
+    }
+
+    /// `window` of the scratch image resampled to the output side into `out` `(C, H, W)`.
+    fn resample_u8(&self, window: Window, flip: bool, out: &mut [u8], scratch: &mut Scratch) {
         let [_, oh, ow] = self.output_shape();
-        let Scratch { image, rows, .. } = scratch;
-        resample(image, window, (oh, ow), flip, true, out, rows);
-        out.iter_mut().for_each(|v| *v = round_pixel(*v));
+        let Scratch {
+            image, resampler, ..
+        } = scratch;
+        resample(image, window, (oh, ow), flip, true, out, resampler);
+    }
+
+    /// The training record of a resized crop straight into 8-bit pixels `(C, side, side)`.
+    fn resized_crop_u8(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        position: u64,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<Read> {
+        let (read, win, flip) = self.read_train_view(source, index, position, scratch)?;
+        self.resample_u8(win, flip, out, scratch);
+        Ok(read)
+    }
+
+    /// Reads the part of training record `index` its resized crop at stream position
+    /// `position` needs into the scratch image: what the source read, the window in the
+    /// image's coordinates, and whether to flip.
+    fn read_train_view(
+        &self,
+        source: &dyn RecordSource,
+        index: usize,
+        position: u64,
+        scratch: &mut Scratch,
+    ) -> Result<(Read, Window, bool)> {
+        let out_size = self.output_side();
+        let mut flip = false;
+        let (read, win) = source.read_view(
+            index,
+            &mut |h, w| {
+                let (window, f) = self.resized_window(position, h, w).expect("a resized crop");
+                flip = f;
+                View {
+                    window,
+                    out: out_size,
+                }
+            },
+            &mut scratch.image,
+        )?;
+        Ok((read, win, flip))
     }
 
     /// Copies the `output_shape` window at `(y, x)` of the raw record, flipped along W if asked.
