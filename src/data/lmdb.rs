@@ -13,6 +13,7 @@ use super::datum::DatumView;
 use heed::types::Bytes;
 use heed::{Database, EnvFlags, EnvOpenOptions, WithoutTls};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The keys and labels of an LMDB, and the open environment to read records from.
 pub struct LmdbStore {
@@ -46,14 +47,25 @@ fn open_env(path: &Path) -> Result<heed::Env<WithoutTls>, String> {
     if !path.join("data.mdb").is_file() {
         return Err("not an LMDB: the folder holds no data.mdb".into());
     }
+    // LMDB allows one open environment per file and process (heed refuses a second), and one
+    // process may read a dataset several times at once (its replicas, train and test on the same
+    // LMDB): each folder is opened once and shared for the life of the process.
+    static OPEN: Mutex<Vec<(PathBuf, heed::Env<WithoutTls>)>> = Mutex::new(Vec::new());
+    let key = path.canonicalize().map_err(|e| format!("cannot resolve the path: {e}"))?;
+    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, env)) = open.iter().find(|(p, _)| *p == key) {
+        return Ok(env.clone());
+    }
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // SAFETY: the map is only read, and the dataset must not be written while training reads it
     // (the module's contract); without the lock file no other process is told about this reader.
-    unsafe {
+    let env = unsafe {
         options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK | EnvFlags::NO_READ_AHEAD);
-        options.open(path)
+        options.open(&key)
     }
-    .map_err(|e| format!("not a readable LMDB: {e}"))
+    .map_err(|e| format!("not a readable LMDB: {e}"))?;
+    open.push((key, env.clone()));
+    Ok(env)
 }
 
 /// A read transaction of `env` and its main (unnamed) database.
@@ -225,6 +237,21 @@ mod tests {
         assert!(write(&db, std::iter::empty())
             .unwrap_err()
             .contains("exists"));
+    }
+
+    /// Two stores of one folder at once (a process reads a dataset through several stores: its
+    /// replicas, train and test on the same LMDB), the second through another spelling of the
+    /// path: both open and read.
+    #[test]
+    fn one_folder_opens_twice_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        let recs = (0..3).map(|i| (format!("{i}"), Datum::default().encode_to_vec()));
+        assert_eq!(write(&db, recs), Ok(3));
+        let first = LmdbStore::open(&db).unwrap();
+        let second = LmdbStore::open(&dir.path().join("./db/")).unwrap();
+        assert_eq!((first.len(), second.len()), (3, 3));
+        assert_eq!(second.key(2), "2");
     }
 
     #[test]
