@@ -51,7 +51,9 @@ fn open_env(path: &Path) -> Result<heed::Env<WithoutTls>, String> {
     // process may read a dataset several times at once (its replicas, train and test on the same
     // LMDB): each folder is opened once and shared for the life of the process.
     static OPEN: Mutex<Vec<(PathBuf, heed::Env<WithoutTls>)>> = Mutex::new(Vec::new());
-    let key = path.canonicalize().map_err(|e| format!("cannot resolve the path: {e}"))?;
+    let key = path
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve the path: {e}"))?;
     let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, env)) = open.iter().find(|(p, _)| *p == key) {
         return Ok(env.clone());
