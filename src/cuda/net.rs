@@ -23,6 +23,9 @@
 //! which): its forward at the chain's first layer, its backward at the last; the other layers of
 //! the chain are skipped and the blobs only they write are left empty.
 //!
+//! With `cluster.math = "bf16"` the net rounds its FP32 blobs and weights where the CPU net does
+//! (the `rounding` module) and forms no fused chains.
+//!
 //! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
 //! weight, then layers run in reverse and accumulate. Where a blob's gradient has exactly one
 //! contributor, that layer overwrites instead of the net zero-filling first (same result, one
