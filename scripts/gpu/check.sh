@@ -53,6 +53,15 @@ train() { # name np replicas batch backend [sets...]
     >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
 }
 snap() { echo "$OUT/runs/$1/snapshots/equiv_iter_30.safetensors"; }
+# must_differ A B WHAT: the snapshots A and B differ by more than 1e-6 (a rounding happened).
+must_differ() {
+  local differ
+  if differ=$($CMP "$1" "$2" --tol 1e-6 --label "$3"); then
+    fail "$3: the same weights (no rounding?): $differ"
+  else
+    echo "OK   $3 differ, as they must (the rounding happens):${differ#*:}" | tee -a "$OUT/summary.txt"
+  fi
+}
 mkdir -p "$OUT/runs"
 train gpu_1x1_b32 1 1 32 cuda
 train cpu_1x1_b32 1 1 32 cpu
@@ -102,12 +111,7 @@ if two_gpus "bf16 gradient wire"; then
     --label "bf16 wire: np 2 x 1 GPU vs np 2 x 1 CPU" | tee -a "$OUT/summary.txt" \
     || fail "bf16 wire: GPU and CPU training differ"
   # The rounding happens: the FP32 wire's run must differ (by more than 1e-6).
-  if differ=$($CMP "$(snap gpu_2x1_b16_bf16)" "$(snap gpu_2x1_b16)" --tol 1e-6 --label "bf16 vs fp32 wire"); then
-    fail "bf16 wire: the GPU trained the FP32 wire's weights (no rounding?): $differ"
-  else
-    echo "OK   bf16 vs fp32 wire on GPUs differ, as they must (the rounding happens):${differ#*:}" \
-      | tee -a "$OUT/summary.txt"
-  fi
+  must_differ "$(snap gpu_2x1_b16_bf16)" "$(snap gpu_2x1_b16)" "bf16 vs fp32 wire on GPUs"
   echo "== a GPU timeline: layer spans on the compute stream, bucket spans on the communication stream" \
     | tee -a "$OUT/summary.txt"
   "${MPI[@]}" -np 2 "$BIN/p2ptrain" train $EQ --no-progress --output "$OUT/runs/timeline_gpu" \
@@ -128,11 +132,7 @@ train cpu_1x1_b32_m16 1 1 32 cpu "$M"
 $CMP "$(snap gpu_1x1_b32_m16)" "$(snap cpu_1x1_b32_m16)" --tol 2e-2 \
   --label "bf16 math: GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
   || fail "bf16 math: GPU and CPU training differ"
-if differ=$($CMP "$(snap gpu_1x1_b32_m16)" "$(snap gpu_1x1_b32)" --tol 1e-6 --label "bf16 vs fp32 math"); then
-  fail "bf16 math: the GPU trained the FP32 weights (no rounding?): $differ"
-else
-  echo "OK   bf16 vs fp32 math on a GPU differ, as they must:${differ#*:}" | tee -a "$OUT/summary.txt"
-fi
+must_differ "$(snap gpu_1x1_b32_m16)" "$(snap gpu_1x1_b32)" "bf16 vs fp32 math on a GPU"
 if two_gpus "bf16 math topology equivalence"; then
   train gpu_2x1_b16_m16 2 1 16 cuda "$M"
   train gpu_1x2_b16_m16 1 2 16 cuda "$M"

@@ -66,7 +66,8 @@ use crate::params::{ParamSpan, Params};
 use crate::precision::Half;
 use crate::spans::Name;
 use cudarc::driver::{
-    result as driver, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
+    result as driver, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut,
+    PinnedHostSlice,
 };
 use fusion::Slot;
 use rayon::prelude::*;
@@ -765,10 +766,7 @@ impl GpuNet {
                 Slot::Head { last, params } => (params.clone(), self.graph.node(*last).tops),
                 Slot::Absorbed { .. } => continue,
             };
-            let params = match &self.rounding {
-                Some(r) => r.weights.slice(range.clone()),
-                None => self.params.data.slice(range.clone()),
-            };
+            let params = weights_seen(&self.rounding, &self.params.data, range.clone());
             let (blobs, bottoms, storage) = (&mut self.blobs, &self.bottoms[i], &self.storage);
             let rounding = self.rounding.as_ref().filter(|r| r.rounds_tops[i]);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
@@ -959,10 +957,7 @@ impl GpuNet {
                 },
             };
             if let Some((at, range)) = run {
-                let params = match &self.rounding {
-                    Some(r) => r.weights.slice(range.clone()),
-                    None => self.params.data.slice(range.clone()),
-                };
+                let params = weights_seen(&self.rounding, &self.params.data, range.clone());
                 let (rounding, graph_bottoms) = (&self.rounding, self.graph.node(at).bottoms);
                 let param_diff = self.params.diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
@@ -1099,6 +1094,19 @@ fn check_layout(spans: &[ParamSpan], shapers: &[Box<dyn Layer>]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The weights the layers see in `range` of the flat parameters: the rounded copy in mixed
+/// precision, the master weights `master` otherwise.
+fn weights_seen<'a>(
+    rounding: &'a Option<HalfRounding>,
+    master: &'a CudaSlice<f32>,
+    range: std::ops::Range<usize>,
+) -> CudaView<'a, f32> {
+    match rounding {
+        Some(r) => r.weights.slice(range),
+        None => master.slice(range),
+    }
 }
 
 /// The graph's blob `shapes` followed by those of the storage plan's copies.
