@@ -271,61 +271,41 @@ fn digits_cnn_reaches_the_fp32_accuracy_in_bf16_and_fp16() {
     }
 }
 
-/// Until the GPU backend keeps a loss scale on the device, `backend = "cuda"` refuses loss
-/// scaling, and with it `math = "fp16"`, before anything is allocated (exit 2), naming the key
-/// and its place; `bf16` passes (where no GPU is, the backend itself is refused).
+/// `backend = "cuda"` takes every precision and loss scaling (validation passes; without a GPU,
+/// `check` then refuses the backend itself, saying so), and a bad loss scale is refused before
+/// anything is allocated (exit 2), naming the key.
 #[test]
-fn the_gpu_backend_refuses_fp16_and_loss_scaling_and_takes_bf16() {
-    let digits = std::fs::read_to_string(repo("config/digits_cnn.toml")).unwrap();
-    let cuda = digits.replace("backend = \"cpu\"", "backend = \"cuda\"\nmath = \"fp16\"");
-    assert_ne!(cuda, digits);
-    let dir = out_dir("mixed_refused");
-    let file = dir.join("cuda_fp16.toml");
-    std::fs::write(&file, cuda).unwrap();
-    let check = |args: &[&str]| {
-        let out = std::process::Command::new(bin())
-            .arg("check")
-            .args(args)
-            .output()
-            .unwrap();
-        out
-    };
-    let at = format!("{}:7:1: `cluster.math`", file.display());
-    refused(&check(&[file.to_str().unwrap()]), &[&at, "GPU backend"]);
+fn the_gpu_backend_takes_every_precision_and_loss_scaling() {
     let digits = repo("config/digits_cnn.toml");
     let digits = digits.to_str().unwrap();
-    let bf16 = [
-        "--set",
-        "cluster.backend=\"cuda\"",
-        "--set",
-        "cluster.math=\"bf16\"",
-    ];
-    // bf16 passes validation; without a GPU `check` still refuses the backend, saying so.
-    let out = check(&[&[digits][..], &bf16].concat());
-    let t = text(&out);
-    assert!(!t.contains("`cluster.math`"), "{t}");
-    assert!(out.status.success() || t.contains("usable GPU"), "{t}");
-    let scaled = [
-        "--set",
-        "cluster.backend=\"cuda\"",
-        "--set",
-        "cluster.loss_scale=8",
-    ];
+    let check = |sets: &[&str]| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.arg("check").arg(digits);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        cmd.output().unwrap()
+    };
+    for sets in [
+        &["cluster.math=\"bf16\""][..],
+        &["cluster.math=\"fp16\""],
+        &["cluster.math=\"fp16\"", "cluster.loss_scale=8"],
+        &["cluster.math=\"bf16\"", "cluster.loss_scale=\"dynamic\""],
+    ] {
+        let out = check(&[&["cluster.backend=\"cuda\""][..], sets].concat());
+        let t = text(&out);
+        assert!(!t.contains("`cluster."), "{sets:?}: {t}");
+        assert!(
+            out.status.success() || t.contains("usable GPU"),
+            "{sets:?}: {t}"
+        );
+    }
     refused(
-        &check(&[&[digits][..], &scaled].concat()),
-        &["`cluster.loss_scale`", "GPU backend"],
-    );
-    let typo = ["--set", "cluster.loss_scale=\"dynamc\""];
-    refused(
-        &check(&[&[digits][..], &typo].concat()),
+        &check(&["cluster.backend=\"cuda\"", "cluster.loss_scale=\"dynamc\""]),
         &["`cluster.loss_scale`", "\"dynamic\" or a positive number"],
     );
-    // The same configs pass on the CPU backend.
-    let cpu = [
-        "--set",
-        "cluster.math=\"fp16\"",
-        "--set",
-        "cluster.loss_scale=8",
-    ];
-    ok(&check(&[&[digits][..], &cpu].concat()));
+    refused(
+        &check(&["cluster.math=\"fp16\"", "cluster.loss_scale=-1"]),
+        &["`cluster.loss_scale`"],
+    );
 }

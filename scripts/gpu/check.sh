@@ -9,8 +9,8 @@
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
 # np 1 × 1 with four times the batch), all reduce modes, the bf16 gradient wire against the CPU's
-# and across layouts, CPU–GPU agreement of a whole training run (FP32, and bf16 math against the
-# CPU's rounding), a GPU timeline's layer and bucket
+# and across layouts, CPU–GPU agreement of a whole training run (FP32, and bf16 and fp16 math
+# against the CPU's rounding, fp16's overflow steps skipped as on the CPU), a GPU timeline's layer and bucket
 # spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
 # GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with snapshots resumed
 # across backends, a stopped and a killed rank ending the job (scripts/gpu/faults.sh), a
@@ -123,24 +123,50 @@ if two_gpus "bf16 gradient wire"; then
     || fail "GPU timeline lacks layer or bucket spans"
 fi
 
-echo "== mixed precision (cluster.math = \"bf16\") against the CPU's rounding" | tee -a "$OUT/summary.txt"
-M='cluster.math="bf16"'
-train gpu_1x1_b32_m16 1 1 32 cuda "$M"
-train cpu_1x1_b32_m16 1 1 32 cpu "$M"
-# A sum taken in another order crosses a bf16 rounding boundary now and then (2^-8 of that
-# element), and 30 steps of training amplify it as they amplify the bf16 wire's: 2e-2.
-$CMP "$(snap gpu_1x1_b32_m16)" "$(snap cpu_1x1_b32_m16)" --tol 2e-2 \
-  --label "bf16 math: GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
-  || fail "bf16 math: GPU and CPU training differ"
-must_differ "$(snap gpu_1x1_b32_m16)" "$(snap gpu_1x1_b32)" "bf16 vs fp32 math on a GPU"
-if two_gpus "bf16 math topology equivalence"; then
-  train gpu_2x1_b16_m16 2 1 16 cuda "$M"
-  train gpu_1x2_b16_m16 1 2 16 cuda "$M"
-  for other in gpu_2x1_b16_m16 gpu_1x2_b16_m16; do
-    $CMP "$(snap gpu_1x1_b32_m16)" "$(snap $other)" --tol 2e-2 --label "bf16 math: $other vs gpu_1x1_b32_m16" \
-      | tee -a "$OUT/summary.txt" || fail "bf16 math: $other differs"
-  done
+echo "== mixed precision (cluster.math = \"bf16\" and \"fp16\") against the CPU's rounding" | tee -a "$OUT/summary.txt"
+for half in bf16 fp16; do
+  M="cluster.math=\"$half\""
+  train "gpu_1x1_b32_$half" 1 1 32 cuda "$M"
+  train "cpu_1x1_b32_$half" 1 1 32 cpu "$M"
+  # A sum taken in another order crosses a half-type rounding boundary now and then (2^-8 of that
+  # element in bf16, 2^-11 in fp16), and 30 steps of training amplify it as they amplify the
+  # bf16 wire's: 2e-2.
+  $CMP "$(snap "gpu_1x1_b32_$half")" "$(snap "cpu_1x1_b32_$half")" --tol 2e-2 \
+    --label "$half math: GPU vs CPU, 30 iterations" | tee -a "$OUT/summary.txt" \
+    || fail "$half math: GPU and CPU training differ"
+  must_differ "$(snap "gpu_1x1_b32_$half")" "$(snap gpu_1x1_b32)" "$half vs fp32 math on a GPU"
+  if two_gpus "$half math topology equivalence"; then
+    train "gpu_2x1_b16_$half" 2 1 16 cuda "$M"
+    train "gpu_1x2_b16_$half" 1 2 16 cuda "$M"
+    for other in "gpu_2x1_b16_$half" "gpu_1x2_b16_$half"; do
+      $CMP "$(snap "gpu_1x1_b32_$half")" "$(snap "$other")" --tol 2e-2 \
+        --label "$half math: $other vs gpu_1x1_b32_$half" | tee -a "$OUT/summary.txt" \
+        || fail "$half math: $other differs"
+    done
+  fi
+done
+# fp16's dynamic loss scale on the device: from 2^32 the scaled gradient overflows fp16, and the
+# steps are skipped and the scale halved until it fits — the same steps and the same scale as the
+# CPU's, on one GPU and on two.
+O=(cluster.math=\"fp16\" cluster.loss_scale_init=4294967296 solver.display=1)
+train gpu_1x1_b32_fp16_over 1 1 32 cuda "${O[@]}"
+train cpu_1x1_b32_fp16_over 1 1 32 cpu "${O[@]}"
+scales() { grep -o 'loss scale [0-9.e+]* ([0-9]* overflow' "$OUT/runs-$1.log"; }
+over_runs=(gpu_1x1_b32_fp16_over)
+if two_gpus "fp16 overflow steps on 2 GPUs"; then
+  train gpu_2x1_b16_fp16_over 2 1 16 cuda "${O[@]}"
+  over_runs+=(gpu_2x1_b16_fp16_over)
 fi
+for run in "${over_runs[@]}"; do
+  if [ -n "$(scales cpu_1x1_b32_fp16_over)" ] && [ "$(scales "$run")" = "$(scales cpu_1x1_b32_fp16_over)" ]; then
+    echo "fp16 loss scale: $run skips the CPU's steps: $(scales "$run" | tail -n 1)" | tee -a "$OUT/summary.txt"
+  else
+    fail "fp16 loss scale: $run and the CPU skip different steps"
+  fi
+  $CMP "$(snap "$run")" "$(snap cpu_1x1_b32_fp16_over)" --tol 2e-2 \
+    --label "fp16 from a 2^32 scale: $run vs CPU" | tee -a "$OUT/summary.txt" \
+    || fail "fp16 with overflows: $run and the CPU differ"
+done
 
 echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
 train_cfg() { # config name np replicas batch backend [gpu_layout]

@@ -276,17 +276,6 @@ fn choose_devices(
     if wanted == BackendKind::Cpu {
         return Ok(cpu);
     }
-    if cfg.cluster.math == config::MathMode::Fp16 || cfg.cluster.loss_scale.is_some() {
-        // Validation refuses `cuda` with these; `auto` trains on the CPU.
-        if boot.rank == 0 {
-            tracing::info!(
-                "backend \"auto\": loss scaling (math \"{}\") runs on the CPU backend only; \
-                 training on the CPU",
-                config::name_of(&cfg.cluster.math)
-            );
-        }
-        return Ok(cpu);
-    }
     let count = if crate::cuda::available() && crate::cuda::nccl::nccl_available() {
         crate::cuda::device_count()?
     } else {

@@ -18,7 +18,10 @@ use super::kernels::Kernels;
 use crate::config::{ConvAlgorithm, GpuLayout, MathMode};
 use crate::dist::deadline::{self, Wait};
 use crate::error::{Error, Result};
-use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
+use crate::precision::Half;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasOperation_t, cudaDataType_t,
+};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, Gemv, GemvConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -329,6 +332,77 @@ impl Gpu {
         unsafe { blas.gemm(cfg, b, a, c) }.map_err(|e| {
             gpu_error(
                 &format!("cublasSgemm (m {m}, n {n}, k {k}, trans_a {trans_a}, trans_b {trans_b})"),
+                e,
+            )
+        })
+    }
+
+    /// [`Gpu::gemm`] with half-type operands on the compute stream: `a` and `b` hold the bit
+    /// patterns of `half` values (bf16 or fp16), the products accumulate in FP32
+    /// (`CUBLAS_COMPUTE_32F`) on tensor cores, and `c` stays FP32 — the products of mixed
+    /// precision (`crate::precision`) at half the operand bytes and twice the tensor-core rate
+    /// of TF32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_half(
+        &self,
+        half: Half,
+        (trans_a, trans_b): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
+        beta: f32,
+        c: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(a.len() >= m * k, "gemm_half: a has {} < {m}·{k}", a.len());
+        assert!(b.len() >= k * n, "gemm_half: b has {} < {k}·{n}", b.len());
+        assert!(c.len() >= m * n, "gemm_half: c has {} < {m}·{n}", c.len());
+        let stream = &*self.compute;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return self.scale_without_product(stream, c, beta, m * n);
+        }
+        let cfg = row_major_gemm("gemm_half", (trans_a, trans_b), (m, n, k), alpha, beta);
+        let operand = match half {
+            Half::Bf16 => cudaDataType_t::CUDA_R_16BF,
+            Half::Fp16 => cudaDataType_t::CUDA_R_16F,
+        };
+        let (a, _a) = a.device_ptr(stream);
+        let (b, _b) = b.device_ptr(stream);
+        let (c, _c) = c.device_ptr_mut(stream);
+        // SAFETY: the handle is bound to `stream`, on which the pointers are valid; the asserts
+        // above bound every element the strides reach; alpha and beta are host scalars read
+        // during the call (the handle's default pointer mode).
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cfg.transa,
+                cfg.transb,
+                cfg.m,
+                cfg.n,
+                cfg.k,
+                (&cfg.alpha) as *const f32 as *const _,
+                b as *const _,
+                operand,
+                cfg.lda,
+                a as *const _,
+                operand,
+                cfg.ldb,
+                (&cfg.beta) as *const f32 as *const _,
+                c as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                cfg.ldc,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| {
+            gpu_error(
+                &format!(
+                    "cublasGemmEx {half:?} (m {m}, n {n}, k {k}, trans_a {trans_a}, trans_b {trans_b})"
+                ),
                 e,
             )
         })

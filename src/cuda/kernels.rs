@@ -101,6 +101,7 @@ macro_rules! kernel_set {
 kernel_set!(
     hold_stream,
     fill,
+    fill_scaled,
     scale,
     axpy,
     relu_forward,
@@ -135,6 +136,8 @@ kernel_set!(
     mul_inplace,
     round_half,
     round_half_copy,
+    round_half_split,
+    to_half,
     eltwise_max_step,
     eltwise_max_backward,
     max_pool_forward,
@@ -224,7 +227,7 @@ pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
 pub use normalization::StatsSource;
 pub use pooling::PoolGeom;
-pub use solver::{Rule, UpdateArgs};
+pub use solver::{LossScaleArgs, Rule, UpdateArgs};
 
 impl Kernels {
     /// Compiles [`SOURCE`] for the device of `ctx` (once per process and compute capability)

@@ -41,6 +41,7 @@ pub mod device;
 pub mod kernels;
 pub mod layers;
 pub mod layout;
+pub mod loss_scale;
 pub mod net;
 pub mod params;
 pub mod path_timing;

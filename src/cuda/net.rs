@@ -23,11 +23,13 @@
 //! which): its forward at the chain's first layer, its backward at the last; the other layers of
 //! the chain are skipped and the blobs only they write are left empty.
 //!
-//! With `cluster.math = "bf16"` the net rounds its FP32 blobs and weights where the CPU net does
-//! (the `rounding` module) and forms no fused chains.
+//! With `cluster.math = "bf16"` or `"fp16"` the net rounds its FP32 blobs and weights where the
+//! CPU net does (the `rounding` module), runs its inner products on half-type operands, and forms
+//! no fused chains.
 //!
 //! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
-//! weight, then layers run in reverse and accumulate. Where a blob's gradient has exactly one
+//! weight (times the device loss scale, `crate::cuda::loss_scale`, where the loss is scaled),
+//! then layers run in reverse and accumulate. Where a blob's gradient has exactly one
 //! contributor, that layer overwrites instead of the net zero-filling first (same result, one
 //! pass over the blob less).
 //!
@@ -56,6 +58,7 @@ use super::layers::{
     StatePass,
 };
 use super::layout::Layout;
+use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{Config, Phase};
@@ -64,6 +67,7 @@ use crate::layers::{self, Layer};
 use crate::net::{Net, Output, PassCtx, DATA, LABEL};
 use crate::params::{ParamSpan, Params};
 use crate::precision::Half;
+use crate::solver::loss_scale::LossScaler;
 use crate::spans::Name;
 use cudarc::driver::{
     result as driver, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut,
@@ -318,8 +322,12 @@ pub struct GpuNet {
     blobs: Vec<GpuBlob>,
     /// The layout of every layer and blob, and the conversions between them.
     storage: StoragePlan,
-    /// Mixed precision's rounding (`cluster.math = "bf16"`); `None` in FP32 and TF32.
+    /// Mixed precision's rounding (`cluster.math = "bf16"` or `"fp16"`); `None` in FP32 and
+    /// TF32.
     rounding: Option<HalfRounding>,
+    /// Loss scaling (`cluster.loss_scale`, dynamic by default in fp16): the factor the loss
+    /// tops' gradients are seeded with, which the solver judges and moves; `None` when off.
+    pub loss_scale: Option<DeviceLossScale>,
     /// Per layer, the blobs it reads (the graph's bottoms, converted ones replaced by copies).
     bottoms: Vec<Vec<usize>>,
     /// The learnable tensors and their gradient, one allocation each.
@@ -427,8 +435,27 @@ impl GpuNet {
         let raw_input = storage.input_channels_last();
         let params = GpuParams::new(gpu, layout.spans)?;
         let rounding = half
-            .map(|h| HalfRounding::new(gpu, h, &graph, &shapers, &params.spans, params.len()))
+            .map(|h| {
+                let (spans, len) = (&params.spans, params.len());
+                let conversions = &storage.conversions;
+                HalfRounding::new(
+                    gpu,
+                    h,
+                    &graph,
+                    &shapers,
+                    &layers,
+                    &bottoms,
+                    conversions,
+                    spans,
+                    len,
+                )
+            })
             .transpose()?;
+        let scaler = LossScaler::new(&cfg.cluster);
+        let loss_scale = match scaler.is_on() {
+            true => Some(DeviceLossScale::new(gpu, &scaler)?),
+            false => None,
+        };
         let top_names: Vec<Vec<String>> = cfg.layers.iter().map(|lc| lc.top.clone()).collect();
         let outputs = top_names.iter().map(Vec::len).sum::<usize>();
         let alloc_f32 = |n: usize, what: &str| {
@@ -461,6 +488,7 @@ impl GpuNet {
             blobs,
             storage,
             rounding,
+            loss_scale,
             bottoms,
             params,
             record_shape,
@@ -767,6 +795,10 @@ impl GpuNet {
                 Slot::Absorbed { .. } => continue,
             };
             let params = weights_seen(&self.rounding, &self.params.data, range.clone());
+            let half = self
+                .rounding
+                .as_ref()
+                .and_then(|r| r.operands(i, range.clone()));
             let (blobs, bottoms, storage) = (&mut self.blobs, &self.bottoms[i], &self.storage);
             let rounding = self.rounding.as_ref().filter(|r| r.rounds_tops[i]);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
@@ -788,6 +820,7 @@ impl GpuNet {
                     ctx: &ctx,
                     blobs: LayerBlobs::new(blobs, bottoms, tops),
                     params,
+                    half,
                 })?;
                 if let Some(r) = rounding {
                     for &t in tops {
@@ -928,7 +961,13 @@ impl GpuNet {
         for &(t, w) in &plan.loss_tops {
             let blob = &mut self.blobs[t];
             let n = blob.count();
-            gpu.kernels.fill(&gpu.compute, &mut blob.diff, w, n)?;
+            match &self.loss_scale {
+                Some(ls) => {
+                    gpu.kernels
+                        .fill_scaled(&gpu.compute, &mut blob.diff, w, &ls.scale, n)?
+                }
+                None => gpu.kernels.fill(&gpu.compute, &mut blob.diff, w, n)?,
+            }
         }
         if param_grad == Grad::Overwrite {
             for &i in &plan.idle_param_layers {
@@ -958,6 +997,10 @@ impl GpuNet {
             };
             if let Some((at, range)) = run {
                 let params = weights_seen(&self.rounding, &self.params.data, range.clone());
+                let half = self
+                    .rounding
+                    .as_ref()
+                    .and_then(|r| r.operands(at, range.clone()));
                 let (rounding, graph_bottoms) = (&self.rounding, self.graph.node(at).bottoms);
                 let param_diff = self.params.diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
@@ -969,6 +1012,7 @@ impl GpuNet {
                         blobs: LayerBlobs::new(blobs, bottoms, node.tops),
                         grads: &plan.grads[at],
                         params,
+                        half,
                         param_grad,
                         param_diff,
                     })?;
@@ -988,8 +1032,13 @@ impl GpuNet {
                         )?;
                     }
                     if let Some(r) = rounding {
-                        for (&b, g) in graph_bottoms.iter().zip(&plan.grads[at]) {
-                            if g.wanted() {
+                        let read = bottoms.iter().zip(graph_bottoms).zip(&plan.grads[at]);
+                        for ((&stored, &b), g) in read {
+                            // Overwritten in place from half-type top diffs by a layer that
+                            // keeps them: already half-type values.
+                            let kept =
+                                r.backward_keeps_half[at] && *g == Grad::Overwrite && stored == b;
+                            if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;
                             }

@@ -12,12 +12,14 @@
 //! record only when it asks ([`GpuSolver::non_finite_steps`]). The per-tensor `lr_mult` and
 //! `decay_mult` sit in small device tables built once, so one launch updates every tensor.
 
+use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
 use crate::cuda::kernels::{Rule, UpdateArgs};
 use crate::error::{Error, Result};
 use crate::params::ParamSpan;
+use crate::solver::loss_scale::LossScaler;
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::solver::{learning_rate, Solver};
 use cudarc::driver::CudaSlice;
@@ -44,6 +46,8 @@ pub struct GpuSolver {
     scale: CudaSlice<f32>,
     /// `(3)` the refused steps: count, first and last iteration (−1 until one).
     steps: CudaSlice<i64>,
+    /// The loss scale of [`GpuSolver::apply`], which scales nothing.
+    unscaled: DeviceLossScale,
 }
 
 impl GpuSolver {
@@ -86,6 +90,7 @@ impl GpuSolver {
                 .map_err(err("norm partials"))?,
             scale: s.alloc_zeros::<f32>(1).map_err(err("scale"))?,
             steps: s.clone_htod(&[0i64, -1, -1]).map_err(err("step record"))?,
+            unscaled: DeviceLossScale::new(gpu, &LossScaler::off())?,
         })
     }
 
@@ -166,6 +171,19 @@ impl GpuSolver {
     /// # Panics
     /// If `params` has not the length the solver was built for.
     pub fn apply(&mut self, gpu: &Gpu, iter: u64, params: &mut GpuParams) -> Result<f32> {
+        self.apply_scaled(gpu, iter, params, None)
+    }
+
+    /// [`GpuSolver::apply`] of a gradient `loss_scale` times the true one, where the loss is
+    /// scaled: the verdict first (`crate::cuda::loss_scale`), then the update of a finite step
+    /// with the gradient unscaled; an overflow under the dynamic rule updates nothing.
+    pub fn apply_scaled(
+        &mut self,
+        gpu: &Gpu,
+        iter: u64,
+        params: &mut GpuParams,
+        loss_scale: Option<&mut DeviceLossScale>,
+    ) -> Result<f32> {
         assert_eq!(
             params.len(),
             self.n,
@@ -195,6 +213,7 @@ impl GpuSolver {
             &mut self.steps,
             iter,
             cfg.non_finite == NonFiniteMode::Stop,
+            loss_scale.unwrap_or(&mut self.unscaled).args(),
         )?;
 
         // Steps 3 and 4, fused over every tensor.

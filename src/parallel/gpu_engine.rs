@@ -11,7 +11,9 @@
 //! Non-finite numbers (`crate::solver::non_finite`): the engine sums each iteration's loss into
 //! a device scalar of its own; where that sum is not finite, a one-thread kernel makes one
 //! gradient element NaN before the all-reduce, and the solver refuses the update of a
-//! non-finite averaged gradient on the device. Nothing of it synchronises.
+//! non-finite averaged gradient on the device. Nothing of it synchronises. Loss scaling
+//! (`crate::cuda::loss_scale`) judges the same averaged gradient on the device first: an
+//! overflow under the dynamic rule skips the step on every replica and backs the scale off.
 //!
 //! Local SGD (`super::local_sgd`): a step's gradient is all-reduced over the replicas of its
 //! scope — the job's communicator, the node's (a second NCCL communicator over the node's
@@ -49,6 +51,7 @@ use crate::error::{Error, Result};
 use crate::net::Output;
 use crate::net::PassCtx;
 use crate::params::Params;
+use crate::solver::loss_scale::LossScaleState;
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::{Name, SpanLog, Step, Track};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
@@ -638,9 +641,28 @@ impl Engine for GpuEngine {
     }
 
     fn update(&mut self, iter: u64) -> Result<f32> {
-        let (gpu, solver, params) = (&self.gpu, &mut self.solver, &mut self.net.params);
-        self.clock
-            .time(gpu, Step::Update, || solver.apply(gpu, iter, params))
+        let (gpu, solver, net) = (&self.gpu, &mut self.solver, &mut self.net);
+        let (params, loss_scale) = (&mut net.params, net.loss_scale.as_mut());
+        self.clock.time(gpu, Step::Update, || {
+            solver.apply_scaled(gpu, iter, params, loss_scale)
+        })
+    }
+
+    fn loss_scale(&mut self) -> Result<Option<LossScaleState>> {
+        match &self.net.loss_scale {
+            Some(ls) => {
+                self.wait_for_device("the loss scale")?;
+                ls.state(&self.gpu)
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn restore_loss_scale(&mut self, state: &LossScaleState) -> Result<()> {
+        match &mut self.net.loss_scale {
+            Some(ls) => ls.restore(&self.gpu, state),
+            None => Ok(()),
+        }
     }
 
     fn non_finite_steps(&mut self) -> Result<NonFiniteSteps> {

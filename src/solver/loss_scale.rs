@@ -26,7 +26,7 @@ use crate::config::{ClusterConfig, LossScale, MathMode};
 
 /// How the scale moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Rule {
+pub enum Rule {
     /// No scaling: the scale is 1.
     Off,
     /// A fixed scale.
@@ -58,9 +58,9 @@ pub enum Verdict {
 }
 
 /// The smallest dynamic scale: below it, scaling would shrink gradients instead of saving them.
-const MIN_SCALE: f32 = 1.0;
+pub const MIN_SCALE: f32 = 1.0;
 /// The dynamic scale's growth factor.
-const GROWTH: f32 = 2.0;
+pub const GROWTH: f32 = 2.0;
 
 /// Loss scaling of one replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +91,23 @@ impl LossScaler {
                 skipped: 0,
             },
         }
+    }
+
+    /// No scaling (a scale of 1).
+    pub fn off() -> Self {
+        LossScaler {
+            rule: Rule::Off,
+            state: LossScaleState {
+                scale: 1.0,
+                good_steps: 0,
+                skipped: 0,
+            },
+        }
+    }
+
+    /// How the scale moves.
+    pub fn rule(&self) -> Rule {
+        self.rule
     }
 
     /// Whether the loss is scaled at all.

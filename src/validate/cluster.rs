@@ -3,7 +3,7 @@
 //! scaling) against the backend and the sync mode.
 
 use super::*;
-use crate::config::{BackendKind, LossScale, MathMode, ReduceDtype, SyncMode};
+use crate::config::{LossScale, MathMode, ReduceDtype, SyncMode};
 
 impl Validator<'_> {
     pub(super) fn cluster(&self) -> Result<()> {
@@ -46,26 +46,10 @@ impl Validator<'_> {
         self.mixed_precision()
     }
 
-    /// Loss scaling (and so `math = "fp16"`, which scales by default) runs on the CPU backend
-    /// only until the GPU backend keeps the scale on the device; the loss-scaling keys' ranges;
-    /// a dynamic scale needs every replica to judge the same averaged gradient, which local
-    /// SGD's own steps are not.
+    /// The loss-scaling keys' ranges; a dynamic scale needs every replica to judge the same
+    /// averaged gradient, which local SGD's own steps are not.
     fn mixed_precision(&self) -> Result<()> {
         let c = &self.cfg.cluster;
-        if c.backend == BackendKind::Cuda && c.math == MathMode::Fp16 {
-            return Err(self.err(
-                "cluster.math",
-                "\"fp16\" needs loss scaling, which the GPU backend does not do yet: use \
-                 math = \"bf16\" on GPUs (FP32's exponent range, no scaling), or backend = \"cpu\"",
-            ));
-        }
-        if c.backend == BackendKind::Cuda && c.loss_scale.is_some() {
-            return Err(self.err(
-                "cluster.loss_scale",
-                "loss scaling is not implemented on the GPU backend yet: use backend = \"cpu\", \
-                 or leave loss_scale unset",
-            ));
-        }
         if let Some(LossScale::Fixed(s)) = c.loss_scale {
             self.positive("cluster.loss_scale", s)?;
         }

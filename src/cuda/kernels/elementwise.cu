@@ -5,6 +5,12 @@ extern "C" __global__ void fill(float* x, float value, long long n) {
     GRID_STRIDE_LONG(i, n) x[i] = value;
 }
 
+// x = value * factor[0]: a constant times a device scalar (the loss gradient times the loss scale).
+extern "C" __global__ void fill_scaled(float* x, float value, const float* factor, long long n) {
+    const float v = value * factor[0];
+    GRID_STRIDE_LONG(i, n) x[i] = v;
+}
+
 extern "C" __global__ void scale(float* x, float alpha, long long n) {
     GRID_STRIDE_LONG(i, n) x[i] = alpha * x[i];
 }
@@ -200,4 +206,33 @@ extern "C" __global__ void round_half(float* x, int fp16, long long n) {
 // y (n) = x rounded.
 extern "C" __global__ void round_half_copy(const float* x, float* y, int fp16, long long n) {
     GRID_STRIDE_LONG(i, n) y[i] = round_to_half(x[i], fp16);
+}
+
+// The bit pattern of v in the half type (bf16 or fp16), rounded as round_to_half rounds.
+__device__ __forceinline__ unsigned short half_bits(float v, int fp16) {
+    if (fp16) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+    const unsigned u = __float_as_uint(round_to_half(v, 0));
+    // A NaN keeps its sign and upper payload and gets the quiet bit, so that it stays a NaN.
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    return (unsigned short)(u >> 16);
+}
+
+// y (n) = x rounded, and h (n) its half-type bit patterns: the weights the layers see, as floats
+// and as tensor-core operands, in one pass.
+extern "C" __global__ void round_half_split(const float* x, float* y, unsigned short* h, int fp16,
+                                            long long n) {
+    GRID_STRIDE_LONG(i, n) {
+        const float r = round_to_half(x[i], fp16);
+        y[i] = r;
+        h[i] = half_bits(r, fp16);
+    }
+}
+
+// h (n) = the half-type bit patterns of x rounded (exact where x already holds half values).
+extern "C" __global__ void to_half(const float* x, unsigned short* h, int fp16, long long n) {
+    GRID_STRIDE_LONG(i, n) h[i] = half_bits(x[i], fp16);
 }

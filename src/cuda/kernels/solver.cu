@@ -17,14 +17,41 @@ extern "C" __global__ void sumsq_partial(const float* x, long long n, double* pa
 
 // One block: scale[0] = normalise, times clip / norm when parts > 0 and
 // norm = sqrt(sum(partials)) * normalise exceeds clip (the CPU solver's steps 1 and 2).
+//
+// Loss scaling (crate::solver::loss_scale, rule 0 off, 1 fixed, 2 dynamic): the gradient summed
+// in partials is ls[0] times the true one. Its verdict, as LossScaler::verdict: not finite under
+// the dynamic rule with ls[0] above 1, the step is skipped (scale[0] NaN, not recorded as a
+// refused step), ls[0] backs off (at least 1), counts[0] (good steps) restarts and counts[1]
+// (skipped steps) grows; finite, counts[0] grows and at growth_interval ls[0] doubles (while
+// finite). A finite step is unscaled: the norm is that of the gradient divided by the step's
+// scale, and scale[0] carries 1 / scale (for a power of two, the CPU's unscale-then-scale bit for
+// bit). Otherwise a non-finite sum is a refused step, as without scaling.
 extern "C" __global__ void clip_scale(const double* partials, int parts, double normalise,
                                       double clip, float* scale, long long* steps,
-                                      long long iter, int latch) {
+                                      long long iter, int latch, float* ls, long long* counts,
+                                      int rule, long long growth_interval, float backoff) {
     double s = 0.0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
     s = block_sum(s);
     if (threadIdx.x == 0) {
         const bool finite = isfinite(s);
+        float unscale = 1.0f;
+        if (rule != 0) {
+            const float step_scale = ls[0];
+            if (rule == 2 && !finite && step_scale > 1.0f) {
+                ls[0] = fmaxf(step_scale * backoff, 1.0f);
+                counts[0] = 0;
+                counts[1] += 1;
+                scale[0] = __int_as_float(0x7fc00000);
+                return;
+            }
+            if (rule == 2 && finite && ++counts[0] >= growth_interval) {
+                counts[0] = 0;
+                if (isfinite(step_scale * 2.0f)) ls[0] = step_scale * 2.0f;
+            }
+            unscale = 1.0f / step_scale;
+            s *= (double)unscale * (double)unscale;
+        }
         if (!finite) {
             steps[0] += 1;
             if (steps[1] < 0) steps[1] = iter;
@@ -39,7 +66,7 @@ extern "C" __global__ void clip_scale(const double* partials, int parts, double 
             const double norm = sqrt(s) * normalise;
             if (norm > clip) factor *= clip / norm;
         }
-        scale[0] = (float)factor;
+        scale[0] = (float)((double)(float)factor * (double)unscale);
     }
 }
 

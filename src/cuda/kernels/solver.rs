@@ -5,7 +5,16 @@
 
 use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
+use crate::solver::loss_scale::Rule as LossScaleRule;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+
+/// Loss scaling's device state as [`Kernels::clip_scale`] judges and moves it
+/// (`crate::cuda::loss_scale`): the scale `(1)` and the counts `(2)` of good and skipped steps.
+pub struct LossScaleArgs<'a> {
+    pub rule: LossScaleRule,
+    pub scale: &'a mut CudaSlice<f32>,
+    pub counts: &'a mut CudaSlice<i64>,
+}
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and
@@ -95,6 +104,11 @@ impl Kernels {
     /// not finite, iteration `iter` is recorded in `steps` (`[count, first, last]`, `first` and
     /// `last` −1 until one), and `scale[0]` is NaN, which makes the update kernels apply nothing;
     /// with `latch`, so is it at every iteration after one was recorded.
+    ///
+    /// Under loss scaling (`loss_scale.rule` not `Off`), the verdict of
+    /// `LossScaler::verdict` first: an overflow under the dynamic rule skips the step (NaN,
+    /// not recorded) and backs the scale off; a finite step moves the dynamic counts and is
+    /// unscaled (the norm taken of the true gradient, `scale[0]` times `1 / step scale`).
     #[allow(clippy::too_many_arguments)]
     pub fn clip_scale(
         &self,
@@ -107,15 +121,26 @@ impl Kernels {
         steps: &mut impl DevicePtrMut<i64>,
         iter: u64,
         latch: bool,
+        loss_scale: LossScaleArgs<'_>,
     ) -> Result<()> {
         check_len("clip_scale", "partials", partials.len(), parts);
         check_len("clip_scale", "scale", scale.len(), 1);
         check_len("clip_scale", "steps", steps.len(), 3);
         let parts = to_i32("clip_scale", parts);
         let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
+        let (rule, growth_interval, backoff) = match loss_scale.rule {
+            LossScaleRule::Off => (0i32, 0i64, 1f32),
+            LossScaleRule::Fixed => (1, 0, 1.0),
+            LossScaleRule::Dynamic {
+                growth_interval,
+                backoff,
+            } => (2, growth_interval.min(i64::MAX as u64) as i64, backoff),
+        };
+        let (ls, counts) = (loss_scale.scale, loss_scale.counts);
         launch!(
             self, s, clip_scale, Kernels::single_block(),
-            [in partials, &parts, &normalise, &clip, out scale, out steps, &iter, &latch]
+            [in partials, &parts, &normalise, &clip, out scale, out steps, &iter, &latch,
+             out ls, out counts, &rule, &growth_interval, &backoff]
         )
     }
 

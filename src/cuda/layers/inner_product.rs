@@ -9,12 +9,19 @@
 //! Backward: `dW (N, K) += top_diffᵀ · bottom` (SGEMM, β = 1), `db (N) += top_diffᵀ · ones (M)`
 //! (SGEMV against a ones vector, deterministic), `bottom_diff (M, K) (+)= top_diff · W` (SGEMM,
 //! β = 1 to accumulate, 0 to overwrite).
+//!
+//! In mixed precision, where the pass carries [`HalfOperands`], the three products run as
+//! `cublasGemmEx` on half-type operands with FP32 accumulation and FP32 outputs: the weight comes
+//! as the net's half copy, the bottom and the top's diff (which hold half-type values) are
+//! converted into the layer's own `(M, K)` and `(M, N)` scratch, exactly. The bias and its
+//! gradient stay FP32.
 
-use super::{one_bottom_with_axis, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{one_bottom_with_axis, BackwardPass, BuildGpu, ForwardPass, GpuLayer, HalfOperands};
 use crate::config::layer_params::InnerProductParams;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
+use crate::precision::Half;
 use cudarc::driver::CudaSlice;
 
 /// The fully connected layer; see the module docs.
@@ -30,6 +37,31 @@ pub struct GpuInnerProduct {
     m: usize,
     /// `(capacity ≥ M)` ones for the bias gradient.
     ones: CudaSlice<f32>,
+    /// Mixed precision's half-type copies of the bottom `(M, K)` and of the top's diff `(M, N)`,
+    /// allocated by the first pass that needs them.
+    half_bottom: Option<CudaSlice<u16>>,
+    half_top_diff: Option<CudaSlice<u16>>,
+}
+
+/// `x[..n]` as half-type bit patterns in `scratch`, grown to hold them.
+fn to_half<'s>(
+    gpu: &Gpu,
+    half: &HalfOperands<'_>,
+    x: &CudaSlice<f32>,
+    n: usize,
+    scratch: &'s mut Option<CudaSlice<u16>>,
+) -> Result<&'s CudaSlice<u16>> {
+    if scratch.as_ref().is_none_or(|s| s.len() < n) {
+        let grown = gpu
+            .compute
+            .alloc_zeros::<u16>(n.max(1))
+            .map_err(|e| gpu_error("allocate a half-type operand", e))?;
+        *scratch = Some(grown);
+    }
+    let to = scratch.as_mut().expect("allocated above");
+    let fp16 = half.half == Half::Fp16;
+    gpu.kernels.to_half(&gpu.compute, x, to, fp16, n)?;
+    Ok(to)
 }
 
 /// `(n)` ones on the device.
@@ -53,6 +85,8 @@ impl BuildGpu for InnerProductParams {
             k: None,
             m: 0,
             ones: ones(gpu, 1)?,
+            half_bottom: None,
+            half_top_diff: None,
         }))
     }
 }
@@ -60,6 +94,10 @@ impl BuildGpu for InnerProductParams {
 impl GpuLayer for GpuInnerProduct {
     fn type_name(&self) -> &'static str {
         "inner_product"
+    }
+
+    fn takes_half_operands(&self) -> bool {
+        true
     }
 
     /// One bottom of more than `axis` axes whose trailing axes hold the `K` of the first call.
@@ -88,9 +126,18 @@ impl GpuLayer for GpuInnerProduct {
         let (gpu, params) = (pass.gpu, &pass.params);
         let (m, n, k) = (self.m, self.num_output, self.k.unwrap_or(0));
         let [x, y] = pass.blobs.bottom_top();
-        let w = params.slice(..n * k);
         let mut top = y.data_mut();
-        gpu.gemm((false, true), (m, n, k), 1.0, &x.data(), &w, 0.0, &mut top)?;
+        match &pass.half {
+            Some(h) => {
+                let x = to_half(gpu, h, &x.data, m * k, &mut self.half_bottom)?;
+                let w = h.params.slice(..n * k);
+                gpu.gemm_half(h.half, (false, true), (m, n, k), 1.0, x, &w, 0.0, &mut top)?;
+            }
+            None => {
+                let w = params.slice(..n * k);
+                gpu.gemm((false, true), (m, n, k), 1.0, &x.data(), &w, 0.0, &mut top)?;
+            }
+        }
         if self.bias_term {
             let b = params.slice(n * k..n * k + n);
             gpu.kernels.bias_add(&gpu.compute, &mut top, &b, m, n)?;
@@ -107,15 +154,26 @@ impl GpuLayer for GpuInnerProduct {
         let top_diff = y.diff();
         let beta = pass.param_grad.beta();
         let dw = &mut param_diff.slice_mut(..n * k);
-        gpu.gemm(
-            (true, false),
-            (n, k, m),
-            1.0,
-            &top_diff,
-            &x.data(),
-            beta,
-            dw,
-        )?;
+        let half_top_diff = match &pass.half {
+            Some(h) => {
+                let dy = to_half(gpu, h, &y.diff, m * n, &mut self.half_top_diff)?;
+                let x = to_half(gpu, h, &x.data, m * k, &mut self.half_bottom)?;
+                gpu.gemm_half(h.half, (true, false), (n, k, m), 1.0, dy, x, beta, dw)?;
+                Some((h, dy))
+            }
+            None => {
+                gpu.gemm(
+                    (true, false),
+                    (n, k, m),
+                    1.0,
+                    &top_diff,
+                    &x.data(),
+                    beta,
+                    dw,
+                )?;
+                None
+            }
+        };
         if self.bias_term {
             gpu.gemv_t(
                 m,
@@ -128,17 +186,18 @@ impl GpuLayer for GpuInnerProduct {
             )?;
         }
         if grad.wanted() {
-            let w = pass.params.slice(..n * k);
             let dx = &mut x.diff_mut();
-            gpu.gemm(
-                (false, false),
-                (m, k, n),
-                1.0,
-                &top_diff,
-                &w,
-                grad.beta(),
-                dx,
-            )?;
+            let (dims, beta) = ((m, k, n), grad.beta());
+            match half_top_diff {
+                Some((h, dy)) => {
+                    let w = h.params.slice(..n * k);
+                    gpu.gemm_half(h.half, (false, false), dims, 1.0, dy, &w, beta, dx)?;
+                }
+                None => {
+                    let w = pass.params.slice(..n * k);
+                    gpu.gemm((false, false), dims, 1.0, &top_diff, &w, beta, dx)?;
+                }
+            }
         }
         Ok(())
     }

@@ -97,6 +97,7 @@ use super::{gpu_error, Gpu};
 use crate::config::layer_params::LayerParams;
 use crate::config::Phase;
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
 
 /// The pass a layer runs in: the device twin of `crate::layers::Ctx`.
@@ -245,6 +246,8 @@ pub struct ForwardPass<'a> {
     pub blobs: LayerBlobs<'a>,
     /// The layer's range of the flat parameters `(param_len)`, in `param_specs()` order.
     pub params: CudaView<'a, f32>,
+    /// The same as half-type operands, where mixed precision allows them.
+    pub half: Option<HalfOperands<'a>>,
 }
 
 /// What a layer's update of its state after a training forward gets: the device, the pass and
@@ -267,6 +270,8 @@ pub struct BackwardPass<'a> {
     pub grads: &'a [Grad],
     /// The layer's range of the flat parameters `(param_len)`, in `param_specs()` order.
     pub params: CudaView<'a, f32>,
+    /// The same as half-type operands, where mixed precision allows them.
+    pub half: Option<HalfOperands<'a>>,
     /// What happens to `param_diff`: `Accumulate` or `Overwrite`.
     pub param_grad: Grad,
     /// The layer's range of the flat gradient `(param_len)`, laid out as `params`.
@@ -297,6 +302,36 @@ pub trait GpuLayer: Send {
     fn update_state(&mut self, _pass: StatePass<'_>) -> Result<()> {
         Ok(())
     }
+
+    /// Whether the forward maps bottoms holding half-type values to tops holding half-type
+    /// values exactly (a selection or a sign: ReLU without slope, max pooling, the views), so
+    /// that mixed precision need not round its tops (`crate::cuda::net::rounding`).
+    fn forward_keeps_half(&self) -> bool {
+        false
+    }
+
+    /// Whether the backward, overwriting a bottom's diff, maps top diffs holding half-type values
+    /// to a bottom diff holding half-type values exactly (ReLU without slope, the views).
+    fn backward_keeps_half(&self) -> bool {
+        false
+    }
+
+    /// Whether the layer runs its products on [`HalfOperands`] when its passes carry them.
+    fn takes_half_operands(&self) -> bool {
+        false
+    }
+}
+
+/// The half-type operands of mixed precision (`crate::cuda::net::rounding`) for a layer whose
+/// products run on them ([`GpuLayer::takes_half_operands`]). Passed only where converting the
+/// layer's operands to the half type is exact: its bottoms hold half-type values (the rounded
+/// input or rounded tops) and so will its tops' diffs (no top is a loss top), so that the
+/// products are those of the rounding contract, accumulated in FP32.
+pub struct HalfOperands<'a> {
+    pub half: Half,
+    /// The layer's range of the weights the layers see, as half-type bit patterns
+    /// `(param_len)`.
+    pub params: CudaView<'a, u16>,
 }
 
 /// The GPU column of the layer registry ([`crate::config::layer_params`]): how the resolved

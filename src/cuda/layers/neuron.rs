@@ -24,6 +24,13 @@ pub trait NeuronFn: Send {
 
     /// `dx (n) (+)= dy (n) · f'`, from whichever of `grad.x` and `grad.y` the derivative reads.
     fn backward(&self, gpu: &Gpu, grad: NeuronGrad<'_>) -> Result<()>;
+
+    /// Whether `f` and `dy · f'` map half-type values to half-type values exactly (a selection
+    /// or a sign), so that mixed precision need not round them
+    /// ([`GpuLayer::forward_keeps_half`]).
+    fn keeps_half(&self) -> bool {
+        false
+    }
 }
 
 /// `(n)` values on the device, read-only.
@@ -54,6 +61,14 @@ pub struct GpuNeuron<F>(pub F);
 impl<F: NeuronFn> GpuLayer for GpuNeuron<F> {
     fn type_name(&self) -> &'static str {
         self.0.type_name()
+    }
+
+    fn forward_keeps_half(&self) -> bool {
+        self.0.keeps_half()
+    }
+
+    fn backward_keeps_half(&self) -> bool {
+        self.0.keeps_half()
     }
 
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
@@ -91,6 +106,15 @@ impl NeuronFn for Activation {
             Activation::Abs => "abs_val",
             Activation::Power { .. } => "power",
             Activation::Elu { .. } => "elu",
+        }
+    }
+
+    /// ReLU without slope (`x` or 0; `dy` or 0) and the absolute value (`±x`; `±dy`).
+    fn keeps_half(&self) -> bool {
+        match self {
+            Activation::Relu { negative_slope } => *negative_slope == 0.0,
+            Activation::Abs => true,
+            _ => false,
         }
     }
 

@@ -155,6 +155,11 @@ impl BuildGpu for PoolingParams {
 }
 
 impl GpuLayer for GpuPooling {
+    /// The maximum of half-type values is one of them.
+    fn forward_keeps_half(&self) -> bool {
+        self.method == PoolMethod::Max
+    }
+
     fn type_name(&self) -> &'static str {
         match self.relu {
             None => "pooling",

@@ -123,6 +123,7 @@ impl Fixture {
                 ctx,
                 blobs: LayerBlobs::new(&mut self.blobs, &self.bottoms, &self.tops),
                 params: self.params.slice(..self.param_len),
+                half: None,
             })
             .unwrap();
     }
@@ -149,6 +150,7 @@ impl Fixture {
                 blobs: LayerBlobs::new(&mut self.blobs, &self.bottoms, &self.tops),
                 grads,
                 params: self.params.slice(..self.param_len),
+                half: None,
                 param_grad,
                 param_diff: self.param_diff.slice_mut(..self.param_len),
             })

@@ -28,6 +28,10 @@ impl NeuronFn for Identity {
         self.type_name
     }
 
+    fn keeps_half(&self) -> bool {
+        true
+    }
+
     fn forward(&self, gpu: &Gpu, x: &Values<'_>, y: &mut ValuesMut<'_>, _n: usize) -> Result<()> {
         gpu.compute
             .memcpy_dtod(x, y)

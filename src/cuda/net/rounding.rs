@@ -9,15 +9,27 @@
 //! - after each layer's backward, the diffs of the bottoms it sent a gradient to (after its
 //!   contribution was added in FP32).
 //!
-//! GEMMs and convolutions run on tensor cores with TF32 operands, which hold half-type values
-//! exactly ([`MathMode::tf32_tensor_cores`](crate::config::MathMode::tf32_tensor_cores)), so their
-//! products are those of half-type operands accumulated in FP32, as the contract says. Fused
-//! chains are not formed in half modes: the CPU rounds every member's top.
+//! A rounding that cannot change a value is skipped: the tops of a layer whose forward keeps
+//! half-type values ([`GpuLayer::forward_keeps_half`]: ReLU without slope, max pooling, the
+//! views) when its bottoms hold them, and a bottom diff its backward overwrites from half-type
+//! top diffs ([`GpuLayer::backward_keeps_half`]).
+//!
+//! Layers that take [`HalfOperands`] (the inner product) run their GEMMs on half-type operands
+//! with FP32 accumulation: the weights as a half-type copy written beside the rounded FP32 one,
+//! their bottoms and top diffs converted, which is exact because those hold half-type values —
+//! a condition checked per layer here (every bottom is the input or a top rounded by this
+//! module, no top is a loss top). Other GEMMs and convolutions run on tensor cores with TF32
+//! operands, which hold half-type values exactly
+//! ([`MathMode::tf32_tensor_cores`](crate::config::MathMode::tf32_tensor_cores)), so their
+//! products too are those of half-type operands accumulated in FP32, as the contract says.
+//! Fused chains are not formed in half modes: the CPU rounds every member's top.
 
+use super::storage::Conversion;
+use crate::cuda::layers::{GpuLayer, HalfOperands};
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
 use crate::layers::Layer;
-use crate::net::Net;
+use crate::net::{Net, DATA, LABEL};
 use crate::params::ParamSpan;
 use crate::precision::Half;
 use cudarc::driver::{CudaSlice, DevicePtrMut};
@@ -29,20 +41,75 @@ pub struct HalfRounding {
     /// `(params)` the weights the layers see in the passes since the last
     /// [`HalfRounding::round_weights`].
     pub weights: CudaSlice<f32>,
+    /// `(params)` the same as half-type bit patterns, where some layer takes half operands.
+    weights_half: Option<CudaSlice<u16>>,
     /// The flat parameters in contiguous runs, each rounded (`true`) or copied.
     runs: Vec<(Range<usize>, bool)>,
     /// Per layer, whether its tops are rounded after its forward.
     pub rounds_tops: Vec<bool>,
+    /// Per layer, whether a bottom diff its backward overwrites holds half-type values already.
+    pub backward_keeps_half: Vec<bool>,
+    /// Per layer, whether its passes carry [`HalfOperands`].
+    takes_half_operands: Vec<bool>,
+}
+
+/// Where a net's values hold half-type values: per layer whether its tops do after the
+/// layer's forward and the rounding (all but those of loss and reported layers), and per blob
+/// (the graph's, then the storage plan's copies) whether every writer leaves half-type values.
+struct HalfValues {
+    tops: Vec<bool>,
+    blobs: Vec<bool>,
+}
+
+impl HalfValues {
+    fn new(graph: &Net, conversions: &[Conversion]) -> HalfValues {
+        let tops: Vec<bool> = (0..graph.len())
+            .map(|i| {
+                let node = graph.node(i);
+                !node.is_loss && !node.reports_output
+            })
+            .collect();
+        let mut blobs = vec![None; graph.blob_count()];
+        for (i, &half) in tops.iter().enumerate() {
+            for &t in graph.node(i).tops {
+                blobs[t] = Some(blobs[t].unwrap_or(true) && half);
+            }
+        }
+        let mut blobs: Vec<bool> = blobs.into_iter().map(|b| b.unwrap_or(false)).collect();
+        // The input is rounded before each forward; labels never are.
+        (blobs[DATA], blobs[LABEL]) = (true, false);
+        let mut copies = conversions.to_vec();
+        copies.sort_by_key(|c| c.copy);
+        for c in copies {
+            debug_assert_eq!(
+                c.copy,
+                blobs.len(),
+                "copies follow the graph's blobs in order"
+            );
+            blobs.push(blobs[c.from]);
+        }
+        HalfValues { tops, blobs }
+    }
+
+    /// Whether every blob of `bottoms` holds half-type values.
+    fn all(&self, bottoms: &[usize]) -> bool {
+        bottoms.iter().all(|&b| self.blobs[b])
+    }
 }
 
 impl HalfRounding {
-    /// The rounding to `half` of the net `graph` (its CPU `layers`) with the learnable tensors
-    /// `spans` (laid out, in order) of `len` floats.
+    /// The rounding to `half` of the net `graph` (its CPU `layers`, its GPU layers `gpu_layers`
+    /// reading the blobs `bottoms`, after the storage plan's `conversions`) with the learnable
+    /// tensors `spans` (laid out, in order) of `len` floats.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         half: Half,
         graph: &Net,
         layers: &[Box<dyn Layer>],
+        gpu_layers: &[Box<dyn GpuLayer>],
+        bottoms: &[Vec<usize>],
+        conversions: &[Conversion],
         spans: &[ParamSpan],
         len: usize,
     ) -> Result<HalfRounding> {
@@ -54,21 +121,54 @@ impl HalfRounding {
                 _ => runs.push((s.range(), round)),
             }
         }
-        let rounds_tops = (0..graph.len())
-            .map(|i| {
-                let node = graph.node(i);
-                !node.is_loss && !node.reports_output
-            })
-            .collect();
+        let values = HalfValues::new(graph, conversions);
+        let per_layer = |f: &dyn Fn(usize, &dyn GpuLayer) -> bool| -> Vec<bool> {
+            gpu_layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| f(i, l.as_ref()))
+                .collect()
+        };
+        let rounds_tops = per_layer(&|i, l| {
+            values.tops[i] && !(l.forward_keeps_half() && values.all(&bottoms[i]))
+        });
+        let backward_keeps_half = per_layer(&|i, l| values.tops[i] && l.backward_keeps_half());
+        let takes_half_operands =
+            per_layer(&|i, l| values.tops[i] && l.takes_half_operands() && values.all(&bottoms[i]));
+        let alloc = |what: &str| {
+            let what = format!("allocate the half-precision weights{what}");
+            move |e| gpu_error(&what, e)
+        };
         let weights = gpu
             .compute
             .alloc_zeros::<f32>(len.max(1))
-            .map_err(|e| gpu_error("allocate the half-precision weights", e))?;
+            .map_err(alloc(""))?;
+        let weights_half = match takes_half_operands.contains(&true) {
+            true => Some(
+                gpu.compute
+                    .alloc_zeros::<u16>(len.max(1))
+                    .map_err(alloc(" (bit patterns)"))?,
+            ),
+            false => None,
+        };
         Ok(HalfRounding {
             half,
             weights,
+            weights_half,
             runs,
             rounds_tops,
+            backward_keeps_half,
+            takes_half_operands,
+        })
+    }
+
+    /// The half-type operands of layer `layer` over its `range` of the flat parameters, where
+    /// it takes them.
+    pub fn operands(&self, layer: usize, range: Range<usize>) -> Option<HalfOperands<'_>> {
+        let weights = self.weights_half.as_ref()?;
+        self.takes_half_operands[layer].then(|| HalfOperands {
+            half: self.half,
+            params: weights.slice(range),
         })
     }
 
@@ -79,10 +179,29 @@ impl HalfRounding {
                 master.slice(range.clone()),
                 self.weights.slice_mut(range.clone()),
             );
+            let fp16 = self.half == Half::Fp16;
             if *round {
-                let fp16 = self.half == Half::Fp16;
-                gpu.kernels
-                    .round_half_copy(&gpu.compute, &from, &mut to, fp16, range.len())?;
+                match &mut self.weights_half {
+                    Some(bits) => {
+                        let mut bits = bits.slice_mut(range.clone());
+                        let k = &gpu.kernels;
+                        k.round_half_split(
+                            &gpu.compute,
+                            &from,
+                            &mut to,
+                            &mut bits,
+                            fp16,
+                            range.len(),
+                        )?;
+                    }
+                    None => gpu.kernels.round_half_copy(
+                        &gpu.compute,
+                        &from,
+                        &mut to,
+                        fp16,
+                        range.len(),
+                    )?,
+                }
             } else {
                 gpu.compute
                     .memcpy_dtod(&from, &mut to)

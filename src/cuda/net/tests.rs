@@ -431,26 +431,54 @@ fn cnn_training_steps_match_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
 }
 
-/// `math = "bf16"`: the CNN (convolutions, synced BatchNorm, Scale, poolings, Dropout) against
-/// the CPU's bf16 rounding over a few training steps, on three-channel records, NCHW and
-/// channels-last; no chain is fused. The first gradient is several times closer to the CPU's
-/// bf16 one than to its FP32 one, so the GPU rounds where the CPU does.
+/// `math = "bf16"`: the CNN (convolutions, synced BatchNorm, Scale, poolings, Dropout, the
+/// inner product on half-type operands) against the CPU's bf16 rounding over a few training
+/// steps, on three-channel records, NCHW and channels-last; no chain is fused. The first
+/// gradient is several times closer to the CPU's bf16 one than to its FP32 one, so the GPU
+/// rounds where the CPU does.
 #[test]
 fn bf16_cnn_training_steps_match_the_cpu_rounding() {
-    let mut gpu = gpu_or_skip!(
-        "bf16_cnn_training_steps_match_the_cpu_rounding",
-        MathMode::Bf16
+    half_cnn_training_steps_match_the_cpu_rounding(MathMode::Bf16);
+}
+
+/// [`bf16_cnn_training_steps_match_the_cpu_rounding`] in fp16 (no loss scaling: the net's
+/// rounding alone, at the bf16 tolerance, which fp16's three more bits keep well inside).
+#[test]
+fn fp16_cnn_training_steps_match_the_cpu_rounding() {
+    half_cnn_training_steps_match_the_cpu_rounding(MathMode::Fp16);
+}
+
+fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
+    let name = format!(
+        "{}::{math:?}_cnn_training_steps_match_the_cpu_rounding",
+        module_path!()
     );
+    let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(&name, math) else {
+        return;
+    };
     let mut cfg = cnn_config();
-    cfg.cluster.math = MathMode::Bf16;
+    cfg.cluster.math = math;
+    let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
+    let rounding = net.rounding.as_ref().unwrap();
+    let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+    let ip = at("ip1");
+    assert!(rounding.operands(ip, net.params.layer_range(ip)).is_some());
+    assert!(rounding
+        .operands(at("conv1"), net.params.layer_range(at("conv1")))
+        .is_none());
+    // Rounding the tops of ReLU and of the max pooling would change nothing: not done.
+    let rounded: Vec<bool> = ["conv1", "relu1", "pool1", "relu2", "pool2", "ip1", "loss"]
+        .map(|l| rounding.rounds_tops[at(l)])
+        .to_vec();
+    assert_eq!(rounded, [true, false, false, false, true, true, false]);
     for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
         gpu.layout = layout;
         cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &[], BF16);
-        let to_bf16 = first_gradient_gap(&gpu, &cfg, &cfg);
+        let to_half = first_gradient_gap(&gpu, &cfg, &cfg);
         let to_fp32 = first_gradient_gap(&gpu, &cfg, &cnn_config());
         assert!(
-            4.0 * to_bf16 < to_fp32,
-            "{layout:?}: the bf16 gradient is {to_bf16:e} from the CPU's bf16 one and \
+            4.0 * to_half < to_fp32,
+            "{math:?}, {layout:?}: the gradient is {to_half:e} from the CPU's {math:?} one and \
              {to_fp32:e} from its FP32 one"
         );
     }

@@ -423,3 +423,85 @@ fn a_non_finite_gradient_applies_no_update_and_is_recorded() {
         }
     }
 }
+
+/// Loss scaling on the device against the CPU's `LossScaler` and solver, step for step, from a
+/// dynamic scale of 8 growing every 3 good steps, with clipping engaged: a gradient `scale`
+/// times the true one is judged, skipped on an overflow (weights, history and the refused-step
+/// record unchanged, the scale halved, the skip counted), and otherwise unscaled and applied
+/// (only the clipping norm is summed in another order). A fixed scale leaves a non-finite
+/// gradient to `non_finite` as FP32 does.
+#[test]
+fn a_scaled_gradient_is_judged_unscaled_and_applied_as_on_the_cpu() {
+    use crate::config::{ClusterConfig, LossScale, MathMode};
+    use crate::cuda::loss_scale::DeviceLossScale;
+    use crate::solver::loss_scale::{LossScaler, Verdict};
+    let gpu = gpu_or_skip!("a_scaled_gradient_is_judged_unscaled_and_applied_as_on_the_cpu");
+    let cluster = ClusterConfig {
+        math: MathMode::Fp16,
+        loss_scale_init: 8.0,
+        loss_scale_growth_interval: 3,
+        ..Default::default()
+    };
+    let cpu = Cpu::default();
+    let mut host = params(&[(3000, 1.0, 1.0), (17, 2.0, 0.0)], 760);
+    let mut c = rule_cfg(SolverType::Sgd);
+    c.clip_gradients = 0.5;
+    c.weight_decay = 1e-3;
+    let n = host.len();
+    let mut cpu_solver = Solver::new(&c, n);
+    let mut scaler = LossScaler::new(&cluster);
+    let mut dev = GpuParams::from_host(&gpu, &host).unwrap();
+    let mut gpu_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+    let mut device_scale = DeviceLossScale::new(&gpu, &scaler).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(761);
+    let overflows = [1, 5, 6];
+    for iter in 0..10u64 {
+        let mut grad = gradient(&mut rng, &host, 1.0);
+        grad.iter_mut().for_each(|g| *g *= scaler.scale());
+        if overflows.contains(&iter) {
+            grad[41] = f32::INFINITY;
+        }
+        host.diff.copy_from_slice(&grad);
+        let step_scale = scaler.scale();
+        let verdict = scaler.verdict(!overflows.contains(&iter));
+        if verdict == Verdict::Apply {
+            LossScaler::unscale(step_scale, &mut host.diff);
+            cpu_solver.apply(&cpu, iter, &mut host);
+        }
+        gpu.compute
+            .memcpy_htod(&grad[..], &mut dev.diff.slice_mut(..n))
+            .unwrap();
+        gpu_solver
+            .apply_scaled(&gpu, iter, &mut dev, Some(&mut device_scale))
+            .unwrap();
+        let got = dev.to_host(&gpu).unwrap();
+        let what = format!("iteration {iter} ({verdict:?}): weights");
+        assert_close(&what, &got.data, &host.data, RTOL);
+        assert_eq!(
+            device_scale.state(&gpu).unwrap(),
+            scaler.state(),
+            "iteration {iter}: loss scale"
+        );
+    }
+    assert_eq!(scaler.state().unwrap().skipped, 3);
+    assert_eq!(gpu_solver.non_finite_steps(&gpu).unwrap().count, 0);
+
+    // A fixed scale: an overflow is a refused step of `non_finite`, the scale never moves.
+    let fixed = LossScaler::new(&ClusterConfig {
+        loss_scale: Some(LossScale::Fixed(1024.0)),
+        ..cluster.clone()
+    });
+    let mut fixed_scale = DeviceLossScale::new(&gpu, &fixed).unwrap();
+    let before = dev.to_host(&gpu).unwrap().data;
+    let mut grad = vec![1.0f32; n];
+    grad[3] = f32::NAN;
+    gpu.compute
+        .memcpy_htod(&grad[..], &mut dev.diff.slice_mut(..n))
+        .unwrap();
+    gpu_solver
+        .apply_scaled(&gpu, 10, &mut dev, Some(&mut fixed_scale))
+        .unwrap();
+    assert_eq!(dev.to_host(&gpu).unwrap().data, before);
+    assert_eq!(gpu_solver.non_finite_steps(&gpu).unwrap().count, 1);
+    assert_eq!(fixed_scale.state(&gpu).unwrap(), fixed.state());
+}
