@@ -10,7 +10,8 @@
 #
 # Workloads (batch per GPU): resnet50 (64), cifar10_quick (512), mlp4096 (512); a workload's math
 # for PyTorch's non-AMP run is tf32 except cifar10_quick (fp32, as in its anchor figures). MATHS
-# defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype.
+# defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype;
+# PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call).
 # Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
 set -uo pipefail
 source "$(dirname "$0")/start.sh"
@@ -30,9 +31,11 @@ record() { # framework workload gpus mode samples_per_sec
 }
 
 # name config batch math warmup iters
+# The small nets run long enough (about a second) for the GPUs' clocks to settle: with a few
+# hundred milliseconds, one-GPU rates moved by a third between runs of the same binary.
 ALL=("resnet50 config/resnet50.toml 64 tf32 5 40"
-  "cifar10_quick $quick 512 fp32 20 200"
-  "mlp4096 config/mlp4096.toml 512 tf32 30 300")
+  "cifar10_quick $quick 512 fp32 50 600"
+  "mlp4096 config/mlp4096.toml 512 tf32 100 1000")
 for w in "${ALL[@]}"; do
   set -- $w
   name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=$6
@@ -52,7 +55,9 @@ for w in "${ALL[@]}"; do
         record p2ptrain "$name" "$np" "$math wire $wire" "${rate:-null}"
       done
     done
-    for mode in "--math $own_math" "--math $own_math --amp --channels-last"; do
+    torch_modes=("--math $own_math" "--math $own_math --amp --channels-last")
+    [ "${PYTORCH:-1}" = 1 ] || torch_modes=()
+    for mode in "${torch_modes[@]}"; do
       label=$([[ $mode == *--amp* ]] && echo "AMP bf16 channels-last" || echo "$own_math")
       err="$OUT/scaling/torch-$name-${label// /_}-$np.err"
       if [ "$np" -eq 1 ]; then
