@@ -318,14 +318,9 @@ impl Gpu {
         beta: f32,
         c: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        assert!(a.len() >= m * k, "gemm: a has {} < {m}·{k}", a.len());
-        assert!(b.len() >= k * n, "gemm: b has {} < {k}·{n}", b.len());
-        assert!(c.len() >= m * n, "gemm: c has {} < {m}·{n}", c.len());
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            return self.scale_without_product(stream, c, beta, m * n);
+        let lens = (a.len(), b.len());
+        if let Some(done) = self.trivial_gemm("gemm", stream, lens, (m, n, k), beta, c) {
+            return done;
         }
         let cfg = row_major_gemm("gemm", (trans_a, trans_b), (m, n, k), alpha, beta);
         // SAFETY: the asserts above bound every element the strides reach.
@@ -354,15 +349,9 @@ impl Gpu {
         beta: f32,
         c: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        assert!(a.len() >= m * k, "gemm_half: a has {} < {m}·{k}", a.len());
-        assert!(b.len() >= k * n, "gemm_half: b has {} < {k}·{n}", b.len());
-        assert!(c.len() >= m * n, "gemm_half: c has {} < {m}·{n}", c.len());
-        let stream = &*self.compute;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            return self.scale_without_product(stream, c, beta, m * n);
+        let (stream, lens) = (&*self.compute, (a.len(), b.len()));
+        if let Some(done) = self.trivial_gemm("gemm_half", stream, lens, (m, n, k), beta, c) {
+            return done;
         }
         let cfg = row_major_gemm("gemm_half", (trans_a, trans_b), (m, n, k), alpha, beta);
         let operand = match half {
@@ -406,6 +395,27 @@ impl Gpu {
                 e,
             )
         })
+    }
+
+    /// What every GEMM checks first: panics where an operand of `a_len`, `b_len` or `c`'s
+    /// elements is shorter than `(m, k)`, `(k, n)` or `(m, n)`; `Some` of the result where no
+    /// product is left to run (an empty `c`, or `k = 0`, which leaves `beta · c` on `stream`).
+    fn trivial_gemm(
+        &self,
+        op: &str,
+        stream: &CudaStream,
+        (a_len, b_len): (usize, usize),
+        (m, n, k): (usize, usize, usize),
+        beta: f32,
+        c: &mut impl DevicePtrMut<f32>,
+    ) -> Option<Result<()>> {
+        assert!(a_len >= m * k, "{op}: a has {a_len} < {m}·{k}");
+        assert!(b_len >= k * n, "{op}: b has {b_len} < {k}·{n}");
+        assert!(c.len() >= m * n, "{op}: c has {} < {m}·{n}", c.len());
+        if m == 0 || n == 0 {
+            return Some(Ok(()));
+        }
+        (k == 0).then(|| self.scale_without_product(stream, c, beta, m * n))
     }
 
     /// `c = beta · c` over `len` elements, as a product with an empty inner dimension leaves it

@@ -208,10 +208,11 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    /// Both half types, in place and into a copy, on random floats of every magnitude and on the
-    /// edges (ties, the largest finite fp16 and the first value that overflows it, fp16's
-    /// subnormals and what flushes to zero, infinities, NaN): the device's values are
-    /// `Half::round`'s bit for bit.
+    /// Both half types, in place, into a copy and split into a copy and half-type bit patterns
+    /// (and `to_half`'s bit patterns), on random floats of every magnitude and on the edges
+    /// (ties, the largest finite fp16 and the first value that overflows it, fp16's subnormals
+    /// and what flushes to zero, infinities, NaN): the device's values, and the bit patterns
+    /// widened, are `Half::round`'s bit for bit.
     #[test]
     fn round_half_matches_the_cpu_bit_for_bit() {
         let gpu = gpu_or_skip!("round_half_matches_the_cpu_bit_for_bit");
