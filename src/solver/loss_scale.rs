@@ -209,6 +209,14 @@ mod tests {
     }
 
     #[test]
+    fn off_scales_nothing_and_keeps_no_state() {
+        let off = LossScaler::off();
+        assert_eq!((off.is_on(), off.scale(), off.state()), (false, 1.0, None));
+        assert_eq!(off, LossScaler::new(&cluster(MathMode::Fp32, |_| {})));
+        assert_eq!(off.rule(), Rule::Off);
+    }
+
+    #[test]
     fn overflows_back_off_and_good_runs_grow_the_dynamic_scale() {
         let mut s = LossScaler::new(&cluster(MathMode::Fp16, |c| {
             c.loss_scale_init = 8.0;
