@@ -56,13 +56,13 @@ pub struct HalfRounding {
 /// Where a net's values hold half-type values: per layer whether its tops do after the
 /// layer's forward and the rounding (all but those of loss and reported layers), and per blob
 /// (the graph's, then the storage plan's copies) whether every writer leaves half-type values.
-struct HalfValues {
-    tops: Vec<bool>,
-    blobs: Vec<bool>,
+pub(super) struct HalfValues {
+    pub tops: Vec<bool>,
+    pub blobs: Vec<bool>,
 }
 
 impl HalfValues {
-    fn new(graph: &Net, conversions: &[Conversion]) -> HalfValues {
+    pub(super) fn new(graph: &Net, conversions: &[Conversion]) -> HalfValues {
         let tops: Vec<bool> = (0..graph.len())
             .map(|i| {
                 let node = graph.node(i);
@@ -92,7 +92,7 @@ impl HalfValues {
     }
 
     /// Whether every blob of `bottoms` holds half-type values.
-    fn all(&self, bottoms: &[usize]) -> bool {
+    pub(super) fn all(&self, bottoms: &[usize]) -> bool {
         bottoms.iter().all(|&b| self.blobs[b])
     }
 }

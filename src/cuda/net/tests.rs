@@ -487,6 +487,37 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     }
 }
 
+/// Where mixed precision's values hold half-type values, which decides where a layer may take
+/// half-type operands (without a GPU): the input and every top but a loss's or a reported
+/// layer's; not the labels; a storage copy as the blob it was converted from.
+#[test]
+fn half_values_are_the_rounded_tops_and_the_input() {
+    let cfg = cnn_config();
+    let (graph, _) = Net::build(&cfg, [3, 8, 8], 4).unwrap();
+    let blob = |name: &str| graph.blob_named(name).unwrap();
+    let layer = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+    let copy = Conversion {
+        layer: layer("ip1"),
+        slot: 0,
+        from: blob("pool2"),
+        copy: graph.blob_count(),
+    };
+    let values = rounding::HalfValues::new(&graph, &[copy]);
+    for name in ["conv1", "pool1", "conv2", "pool2", "ip1"] {
+        assert!(values.blobs[blob(name)], "{name}");
+    }
+    for name in ["loss", "accuracy"] {
+        assert!(!values.blobs[blob(name)], "{name}");
+        assert!(!values.tops[layer(name)], "{name}");
+    }
+    assert!(values.tops[layer("ip1")] && values.tops[layer("drop1")]);
+    assert!(values.blobs[DATA] && !values.blobs[LABEL]);
+    assert_eq!(values.blobs.len(), graph.blob_count() + 1);
+    assert!(values.blobs[graph.blob_count()], "the copy of pool2");
+    assert!(values.all(&[DATA, graph.blob_count()]));
+    assert!(!values.all(&[blob("ip1"), LABEL]));
+}
+
 /// `max |g − c| / max |c|` between the first training gradient of the GPU net of `cfg` and that
 /// of the CPU net of `cpu_cfg`, from the same weights and batch of three-channel records.
 fn first_gradient_gap(gpu: &Gpu, cfg: &Config, cpu_cfg: &Config) -> f32 {
