@@ -78,15 +78,10 @@ impl HalfValues {
         let mut blobs: Vec<bool> = blobs.into_iter().map(|b| b.unwrap_or(false)).collect();
         // The input is rounded before each forward; labels never are.
         (blobs[DATA], blobs[LABEL]) = (true, false);
-        let mut copies = conversions.to_vec();
-        copies.sort_by_key(|c| c.copy);
-        for c in copies {
-            debug_assert_eq!(
-                c.copy,
-                blobs.len(),
-                "copies follow the graph's blobs in order"
-            );
-            blobs.push(blobs[c.from]);
+        // Each copy (an index past the graph's blobs) holds what its source holds.
+        blobs.resize(graph.blob_count() + conversions.len(), false);
+        for c in conversions {
+            blobs[c.copy] = blobs[c.from];
         }
         HalfValues { tops, blobs }
     }
