@@ -221,7 +221,7 @@ pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
 pub use elementwise::Activation;
-pub use fused::BnScaleRelu;
+pub use fused::{BnScaleRelu, ChainSums};
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
 pub use normalization::LrnWindow;

@@ -24,8 +24,9 @@
 //! the chain are skipped and the blobs only they write are left empty.
 //!
 //! With `cluster.math = "bf16"` or `"fp16"` the net rounds its FP32 blobs and weights where the
-//! CPU net does (the `rounding` module), runs its inner products on half-type operands, and forms
-//! no fused chains.
+//! CPU net does (the `rounding` module) and runs its inner products on half-type operands; its
+//! fused chains round each member's result as the CPU does (or are formed only where that
+//! rounding changes nothing, see the `fusion` module).
 //!
 //! Backward follows the CPU net: activation gradients start at zero and loss tops at their loss
 //! weight (times the device loss scale, `crate::cuda::loss_scale`, where the loss is scaled),
@@ -393,11 +394,7 @@ impl GpuNet {
         let shapes = infer_shapes(&graph, &mut shapers, record_shape, batch)?;
         check_layout(&layout.spans, &shapers)?;
         let half = Half::of(cfg.cluster.math);
-        let layer_slots = match half {
-            // The CPU rounds every member's top of a chain: no fusion.
-            Some(_) => vec![Slot::Own; graph.len()],
-            None => fusion::plan(&graph, &layout.spans),
-        };
+        let layer_slots = fusion::plan(&graph, &layout.spans, half.is_some());
         let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
         let channels_last = gpu.layout.channels_last(gpu.math, wide);
         let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
@@ -422,7 +419,7 @@ impl GpuNet {
                 let runs = storage.runs[i];
                 match layer_slots[i] {
                     Slot::Head { last, .. } => {
-                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs)
+                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs, half)
                     }
                     _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs),
                 }
@@ -1036,8 +1033,9 @@ impl GpuNet {
                         for ((&stored, &b), g) in read {
                             // Overwritten in place from half-type top diffs by a layer that
                             // keeps them: already half-type values.
-                            let kept =
-                                r.backward_keeps_half[at] && *g == Grad::Overwrite && stored == b;
+                            let kept = stored == b
+                                && (r.rounds_itself[at]
+                                    || r.backward_keeps_half[at] && *g == Grad::Overwrite);
                             if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;

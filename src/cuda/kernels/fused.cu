@@ -2,86 +2,117 @@
 // BatchNorm -> Scale -> ReLU fused over (N, C, S): y = (x - mean[c]) * inv_std[c] (BatchNorm),
 // v = y * gamma[c] (+ beta[c]) (Scale), z = v > 0 ? v : slope * v (ReLU when relu != 0,
 // slope >= 0, so that z > 0 exactly where v > 0). Only z is stored; backward recomputes y from x.
+//
+// Mixed precision (half = 1 bf16, 2 fp16; 0 none): every value the CPU's three layers would
+// round is rounded where they round it, y and v, the leaky part of z, the gradient the ReLU and
+// the Scale pass down, and dx, so that the chain computes what they compute.
 
+__device__ __forceinline__ float bsr_round(float v, int half) {
+    return half ? round_to_half(v, half == 2) : v;
+}
+
+// The BatchNorm's top y, from its bottom x.
+__device__ __forceinline__ float bsr_normalized(float x, float mean, float inv_std, int half) {
+    return bsr_round((x - mean) * inv_std, half);
+}
+
+// The Scale's top v.
 __device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, float gamma,
-                                          const float* beta, int has_beta, int c) {
-    float v = (x - mean) * inv_std;
-    v = v * gamma;
+                                          const float* beta, int has_beta, int c, int half) {
+    float v = bsr_normalized(x, mean, inv_std, half) * gamma;
     if (has_beta) v = v + beta[c];
-    return v;
+    return bsr_round(v, half);
 }
 
 extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* mean,
                                                  const float* inv_std, const float* gamma,
                                                  const float* beta, int has_beta, int relu,
-                                                 float slope, float* z, int n, int c, int s) {
+                                                 float slope, float* z, int n, int c, int s,
+                                                 int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     GRID_STRIDE_INT(i, n) {
         const int ch = channel_of(i, by_s, by_c);
-        const float v = bsr_value(x[i], mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch);
-        z[i] = (relu && !(v > 0.0f)) ? slope * v : v;
+        const float v =
+            bsr_value(x[i], mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
+        z[i] = (relu && !(v > 0.0f)) ? bsr_round(slope * v, half) : v;
     }
 }
 
 // The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
-__device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slope) {
-    return (relu && !(z > 0.0f)) ? dz * slope : dz;
+__device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slope, int half) {
+    return (relu && !(z > 0.0f)) ? bsr_round(dz * slope, half) : dz;
 }
 
-// Stage 1 of the backward sums, chunked as bn_sums: partial[(ch * splits + k) * 2] = sum g,
-// partial[... + 1] = sum g * y.
+// Stage 1 of the backward sums, chunked as bn_sums: partial[(ch * splits + k) * 2] = sum t,
+// partial[... + 1] = sum t * y, where t is g (bn_terms 0) or the gradient the Scale passes to
+// the BatchNorm, gamma * g rounded (bn_terms 1, in mixed precision, where that rounding keeps
+// the BatchNorm's sums from being gamma times the Scale's).
 extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
-                                              const float* mean, const float* inv_std, int relu,
-                                              float slope, double* partial, int n, int c, int s,
-                                              int splits) {
+                                              const float* mean, const float* inv_std,
+                                              const float* gamma, int relu, float slope,
+                                              double* partial, int n, int c, int s, int splits,
+                                              int half, int bn_terms) {
     view_sums(
         [=](int idx, int ch) {
-            const float g = bsr_grad(dz[idx], z[idx], relu, slope);
-            const float y = (x[idx] - mean[ch]) * inv_std[ch];
-            return make_double2((double)g, (double)g * (double)y);
+            const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
+            const float t = bn_terms ? bsr_round(gamma[ch] * g, half) : g;
+            const float y = bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
+            return make_double2((double)t, (double)t * (double)y);
         },
         partial, 1, n, c, s, splits);
 }
 
-// Per channel, from the partials: sums = [sum g (C), sum g*y (C), n * s] (the
-// BatchNorm sums, before any all-reduce) and the Scale's local gradient
-// dgamma[c] (+)= sum g*y, dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]).
+// Per channel, from the partials: where store_sums, sums = [sum t (C), sum t*y (C), n * s] (the
+// BatchNorm sums, before any all-reduce); where store_dparams, the Scale's local gradient
+// dgamma[c] (+)= sum t*y, dbeta[c] (+)= sum t (dparams = [dgamma (C), dbeta (C) if has_beta]).
 extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* sums,
                                                 float* dparams, int has_beta, int c, int splits,
-                                                int per, int accumulate) {
+                                                int per, int accumulate, int store_sums,
+                                                int store_dparams) {
     WARP_PER_CHANNEL(ch, c) {
         double s1, s2;
-        if (!bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2)) continue;
+        if (store_sums) {
+            if (!bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2)) continue;
+        } else {
+            chunk_sums(partial, ch, splits, 2, &s1, &s2);
+            if ((threadIdx.x & 31) != 0) continue;
+        }
+        if (!store_dparams) continue;
         dparams[ch] = accumulate ? dparams[ch] + (float)s2 : (float)s2;
         if (has_beta) dparams[c + ch] = accumulate ? dparams[c + ch] + (float)s1 : (float)s1;
     }
 }
 
 // dx (+)= BatchNorm's backward of dy = gamma * g: with batch statistics
-// (dy - gamma * sums[c] / m - gamma * sums[C + c] / m * y) * inv_std (m = sums[2C]), with global
-// ones dy * inv_std.
+// (dy - mean(dy) - mean(dy * y) * y) * inv_std over m = sums[2C] values, with global ones
+// dy * inv_std. The means are gamma * sums[c] / m and gamma * sums[C + c] / m from sums of g,
+// or in mixed precision sums[c] / m and sums[C + c] / m from sums of the rounded dy (bn_terms).
 extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* z, const float* x,
                                                   const float* mean, const float* inv_std,
                                                   const float* gamma, const double* sums,
                                                   int batch_stats, int relu, float slope,
-                                                  float* dx, int n, int c, int s,
-                                                  int accumulate) {
+                                                  float* dx, int n, int c, int s, int accumulate,
+                                                  int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
     GRID_STRIDE_INT(i, n) {
         const int ch = channel_of(i, by_s, by_c);
         const float gm = gamma[ch];
-        const float dy = gm * bsr_grad(dz[i], z[i], relu, slope);
+        const float dy = bsr_round(gm * bsr_grad(dz[i], z[i], relu, slope, half), half);
         float d;
         if (batch_stats) {
-            const float mean_dy = gm * (float)(sums[ch] * inv_m);
-            const float mean_dyy = gm * (float)(sums[c + ch] * inv_m);
-            const float y = (x[i] - mean[ch]) * inv_std[ch];
+            float mean_dy = (float)(sums[ch] * inv_m);
+            float mean_dyy = (float)(sums[c + ch] * inv_m);
+            if (!half) {
+                mean_dy = gm * mean_dy;
+                mean_dyy = gm * mean_dyy;
+            }
+            const float y = bsr_normalized(x[i], mean[ch], inv_std[ch], half);
             d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
         } else {
             d = dy * inv_std[ch];
         }
-        dx[i] = accumulate ? dx[i] + d : d;
+        dx[i] = bsr_round(accumulate ? dx[i] + d : d, half);
     }
 }
 

@@ -3,12 +3,17 @@
 //! Eltwise SUM → ReLU of [`crate::cuda::layers::eltwise_relu`].
 //!
 //! Shapes: activations `(N, C, S)` (`S` the product of the spatial axes); per-channel operands
-//! `(C)`; the BatchNorm sums `(2C + 1)` doubles `[Σ g, Σ g·y, N·S]`, `g` the gradient reaching the
-//! Scale's output and `y` the normalised input.
+//! `(C)`; the BatchNorm sums `(2C + 1)` doubles `[Σ t, Σ t·y, N·S]`, `y` the normalised input and
+//! `t` the gradient reaching the Scale's output (`g`) or, in mixed precision, the one the Scale
+//! passes to the BatchNorm (see [`ChainSums`]).
+//!
+//! In mixed precision ([`BnScaleRelu::half`]) the BatchNorm → Scale → ReLU kernels round every
+//! value the three layers' CPU versions round, where they round it (`crate::precision`).
 
 use super::{check_len, to_i32, Kernels};
 use crate::cuda::gpu_error;
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
 };
@@ -25,6 +30,21 @@ pub struct BnScaleRelu<'a> {
     /// The ReLU's negative slope (≥ 0); `None` when no ReLU follows the Scale.
     pub relu: Option<f32>,
     pub dims: (usize, usize, usize),
+    /// The half type every layer's result is rounded to, in mixed precision.
+    pub half: Option<Half>,
+}
+
+/// Which sums [`Kernels::bn_scale_relu_sums`] takes and which of them it stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainSums {
+    /// `Σ g`, `Σ g·y` into both the BatchNorm's sums and the Scale's gradient (the BatchNorm's
+    /// backward multiplies them by `gamma`): without rounding.
+    Both,
+    /// `Σ g`, `Σ g·y` into the Scale's gradient only.
+    Scale,
+    /// The sums of `t = gamma · g` rounded into the BatchNorm's sums only: in mixed precision,
+    /// where the rounding of `t` keeps them from being `gamma` times the Scale's.
+    BatchNorm,
 }
 
 impl BnScaleRelu<'_> {
@@ -44,6 +64,15 @@ impl BnScaleRelu<'_> {
 
     fn relu_args(&self) -> (i32, f32) {
         (self.relu.is_some() as i32, self.relu.unwrap_or(0.0))
+    }
+
+    /// The kernels' `half`: 0 none, 1 bf16, 2 fp16.
+    fn half_arg(&self) -> i32 {
+        match self.half {
+            None => 0,
+            Some(Half::Bf16) => 1,
+            Some(Half::Fp16) => 2,
+        }
     }
 }
 
@@ -65,7 +94,7 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let has_beta = op.beta.is_some() as i32;
+        let (has_beta, half) = (op.beta.is_some() as i32, op.half_arg());
         // An absent beta passes gamma's address, never read (has_beta is 0).
         let (bp, _b) = match &op.beta {
             Some(b) => b.device_ptr(s),
@@ -75,13 +104,13 @@ impl Kernels {
             self, s, bn_scale_relu_forward, self.grid(count),
             [
                 in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, out z,
-                &ni, &c, &sp,
+                &ni, &c, &sp, &half,
             ]
         )
     }
 
-    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x`:
-    /// `sums (2C + 1)` = `[Σ g, Σ g·y, N·S]`, and the Scale's gradient
+    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x`, stored as
+    /// `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
     /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
     /// (the chunked two-stage sums of the BatchNorm layer).
     #[allow(clippy::too_many_arguments)]
@@ -95,6 +124,7 @@ impl Kernels {
         sums: &mut CudaSlice<f64>,
         dparams: &mut impl DevicePtrMut<f32>,
         accumulate: bool,
+        which: ChainSums,
     ) -> Result<()> {
         let name = "bn_scale_relu_sums";
         let (count, (ni, ci, si)) = op.check(name);
@@ -109,6 +139,10 @@ impl Kernels {
             return Ok(());
         }
         let (relu, slope) = op.relu_args();
+        let half = op.half_arg();
+        let bn_terms = (which == ChainSums::BatchNorm) as i32;
+        let store_sums = (which != ChainSums::Scale) as i32;
+        let store_dparams = (which != ChainSums::BatchNorm) as i32;
         let (grid, splits) = self.grid_channel_sums((n, c, sp));
         let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
@@ -120,8 +154,8 @@ impl Kernels {
             launch!(
                 self, s, bn_scale_relu_sums, grid,
                 [
-                    in dz, in z, in x, in op.mean, in op.inv_std, &relu, &slope, &pp, &ni, &ci,
-                    &si, &spl,
+                    in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope, &pp,
+                    &ni, &ci, &si, &spl, &half, &bn_terms,
                 ]
             )?;
         }
@@ -129,12 +163,16 @@ impl Kernels {
         let (hb, acc) = (has_beta as i32, accumulate as i32);
         launch!(
             self, s, bn_scale_relu_finish, self.grid_rows(c),
-            [&pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc]
+            [
+                &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums,
+                &store_dparams,
+            ]
         )
     }
 
     /// `dx (+)=` the BatchNorm backward of `gamma · g`: with batch statistics from `sums`
-    /// (after any all-reduce), else `gamma · g · inv_std`.
+    /// (after any all-reduce: [`ChainSums::Both`]'s, or in mixed precision
+    /// [`ChainSums::BatchNorm`]'s), else `gamma · g · inv_std`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_scale_relu_backward(
         &self,
@@ -164,12 +202,12 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let (bs, acc) = (batch_stats as i32, accumulate as i32);
+        let (bs, acc, half) = (batch_stats as i32, accumulate as i32, op.half_arg());
         launch!(
             self, s, bn_scale_relu_backward, self.grid(count),
             [
                 in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
-                &slope, out dx, &ni, &ci, &si, &acc,
+                &slope, out dx, &ni, &ci, &si, &acc, &half,
             ]
         )
     }

@@ -15,15 +15,23 @@
 //! the Scale's gradient `dgamma = Σ g·y`, `dbeta = Σ g` and the BatchNorm's sums of
 //! `dy = gamma · g` (`Σ dy = gamma · Σ g`, `Σ dy·y = gamma · Σ g·y`), all-reduced when `sync`;
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
+//!
+//! Mixed precision (built with a [`Half`]): the kernels round what the three layers' CPU versions
+//! round — the normalised `y`, the Scale's output, the leaky part of `z`, the gradients the ReLU
+//! and the Scale pass down, and `dx` — so the chain computes their numbers and the net rounds
+//! nothing after it ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
+//! rounded `gamma · g`, which are not `gamma` times the Scale's: a second pass of sums, taken
+//! only where the BatchNorm's backward needs them (batch statistics, a wanted `dx`).
 
 use super::batch_norm::GpuBatchNorm;
 use super::{BackwardPass, ForwardPass, GpuLayer, Grad, StatePass};
 use crate::config::layer_params::LayerParams;
-use crate::cuda::kernels::BnScaleRelu;
+use crate::cuda::kernels::{BnScaleRelu, ChainSums};
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
 use crate::net::NodeView;
+use crate::precision::Half;
 use cudarc::driver::{CudaSlice, CudaView};
 
 /// Whether the layers `chain` (a BatchNorm, a Scale, optionally a ReLU, in net order, each
@@ -51,6 +59,7 @@ struct Shape {
     scale_offset: usize,
     bias_term: bool,
     relu: Option<f32>,
+    half: Option<Half>,
 }
 
 fn operands<'a>(
@@ -67,6 +76,7 @@ fn operands<'a>(
         beta: shape.bias_term.then(|| params.slice(at + c..at + 2 * c)),
         relu: shape.relu,
         dims: shape.dims,
+        half: shape.half,
     }
 }
 
@@ -77,12 +87,21 @@ pub struct GpuBnScaleRelu {
     relu: Option<f32>,
     /// Offset of the Scale's parameters in the layer's view.
     scale_offset: usize,
+    /// The half type of mixed precision, whose rounding the kernels apply.
+    half: Option<Half>,
 }
 
 impl GpuBnScaleRelu {
     /// The layers `chain` (checked by [`fusable`]), whose Scale's parameters start
-    /// `scale_offset` floats after the BatchNorm's in the flat buffers.
-    pub fn new(gpu: &Gpu, chain: &[NodeView], scale_offset: usize, layout: Layout) -> Result<Self> {
+    /// `scale_offset` floats after the BatchNorm's in the flat buffers, rounding to `half` in
+    /// mixed precision.
+    pub fn new(
+        gpu: &Gpu,
+        chain: &[NodeView],
+        scale_offset: usize,
+        layout: Layout,
+        half: Option<Half>,
+    ) -> Result<Self> {
         let (LayerParams::BatchNorm(bn), LayerParams::Scale(scale)) =
             (chain[0].params, chain[1].params)
         else {
@@ -100,6 +119,7 @@ impl GpuBnScaleRelu {
                 _ => unreachable!("fusable checked the ReLU"),
             }),
             scale_offset,
+            half,
         })
     }
 
@@ -119,6 +139,7 @@ impl GpuBnScaleRelu {
             scale_offset: self.scale_offset,
             bias_term: self.bias_term,
             relu: self.relu,
+            half: self.half,
         }
     }
 
@@ -135,6 +156,10 @@ impl GpuLayer for GpuBnScaleRelu {
 
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
         self.bn.reshape(gpu, bottoms)
+    }
+
+    fn rounds_itself(&self) -> bool {
+        self.half.is_some()
     }
 
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
@@ -167,9 +192,15 @@ impl GpuLayer for GpuBnScaleRelu {
         let scale_len = c * (1 + self.bias_term as usize);
         let batch_stats = self.bn.batch_stats();
         let [x, z] = pass.blobs.bottom_top();
-        {
-            // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
-            let shape = self.shape();
+        // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
+        let shape = self.shape();
+        let bn_sums_needed = batch_stats && grad.wanted();
+        let passes: &[ChainSums] = match (self.half, bn_sums_needed) {
+            (None, _) => &[ChainSums::Both],
+            (Some(_), false) => &[ChainSums::Scale],
+            (Some(_), true) => &[ChainSums::Scale, ChainSums::BatchNorm],
+        };
+        for &which in passes {
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
             gpu.kernels.bn_scale_relu_sums(
@@ -181,6 +212,7 @@ impl GpuLayer for GpuBnScaleRelu {
                 sums,
                 &mut param_diff.slice_mut(at..at + scale_len),
                 param_grad.accumulate(),
+                which,
             )?;
         }
         if !grad.wanted() {

@@ -320,6 +320,13 @@ pub trait GpuLayer: Send {
     fn takes_half_operands(&self) -> bool {
         false
     }
+
+    /// Whether the layer, built for mixed precision, rounds its tops and the bottom diffs it
+    /// writes itself, wherever the CPU layers it stands for round (a fused chain), so that the
+    /// net rounds nothing after it.
+    fn rounds_itself(&self) -> bool {
+        false
+    }
 }
 
 /// The half-type operands of mixed precision (`crate::cuda::net::rounding`) for a layer whose

@@ -5,7 +5,13 @@
 //! [`Slot`] per layer; [`super::GpuNet`] runs a fused chain's forward at its head and its
 //! backward at its last layer (so that every parameter gradient of the chain is complete when the
 //! backward reaches the last layer, where the gradient all-reduce may pick it up).
+//!
+//! In mixed precision the CPU rounds every member's top and bottom gradient. The BatchNorm
+//! chain's kernels round where the members would; the others are formed only where no rounding
+//! but the chain's last top's and first bottom gradient's (which the net applies) can change a
+//! value: their ReLU has slope 0, which commutes with the rounding and keeps half-type values.
 
+use crate::config::layer_params::LayerParams;
 use crate::config::LayerKind;
 use crate::cuda::layers::bn_scale_relu::{self, GpuBnScaleRelu};
 use crate::cuda::layers::eltwise_relu::{self, GpuEltwiseRelu};
@@ -16,6 +22,7 @@ use crate::cuda::Gpu;
 use crate::error::Result;
 use crate::net::{Net, NodeView};
 use crate::params::ParamSpan;
+use crate::precision::Half;
 use std::ops::Range;
 
 /// What the net does at one layer's slot.
@@ -33,8 +40,9 @@ pub enum Slot {
 /// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
 /// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads
 /// the one top of the one before it, nobody else reads those intermediate tops, and all run in
-/// the same phases without a loss weight.
-fn chain_at(graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
+/// the same phases without a loss weight. In mixed precision (`half`), a chain of an Eltwise or
+/// a Pooling needs a ReLU of slope 0.
+fn chain_at(graph: &Net, consumers: &[usize], i: usize, half: bool) -> Option<usize> {
     let linked = |a: usize, b: usize| {
         let (na, nb) = (graph.node(a), graph.node(b));
         na.tops.len() == 1
@@ -48,10 +56,21 @@ fn chain_at(graph: &Net, consumers: &[usize], i: usize) -> Option<usize> {
         return None;
     }
     let nodes = |last: usize| (i..=last).map(|j| graph.node(j)).collect::<Vec<_>>();
+    let exact = |pair: &[NodeView]| {
+        !half
+            || pair.iter().all(|n| match n.params {
+                LayerParams::Relu(r) => r.negative_slope == 0.0,
+                _ => true,
+            })
+    };
     match (graph.node(i).params.kind(), graph.node(i).bottoms.len()) {
-        (LayerKind::Eltwise, 2) => eltwise_relu::fusable(&nodes(i + 1)).then_some(i + 1),
+        (LayerKind::Eltwise, 2) => {
+            let pair = nodes(i + 1);
+            (eltwise_relu::fusable(&pair) && exact(&pair)).then_some(i + 1)
+        }
         (LayerKind::Pooling | LayerKind::Relu, 1) => {
-            pooling::fused_relu(&nodes(i + 1)).map(|_| i + 1)
+            let pair = nodes(i + 1);
+            (pooling::fused_relu(&pair).is_some() && exact(&pair)).then_some(i + 1)
         }
         (LayerKind::BatchNorm, 1) => {
             let with_relu = i + 2 < graph.len()
@@ -75,8 +94,9 @@ fn params_of(spans: &[ParamSpan], first: usize, last: usize) -> Option<Range<usi
     Some(first_span.offset..end)
 }
 
-/// The slot of every layer of `graph` with parameters laid out as `spans`.
-pub fn plan(graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> {
+/// The slot of every layer of `graph` with parameters laid out as `spans`, in mixed precision
+/// where `half`.
+pub fn plan(graph: &Net, spans: &[ParamSpan], half: bool) -> Vec<Slot> {
     let mut consumers = vec![0usize; graph.blob_count()];
     for i in 0..graph.len() {
         for &b in graph.node(i).bottoms {
@@ -88,11 +108,12 @@ pub fn plan(graph: &Net, spans: &[ParamSpan]) -> Vec<Slot> {
     while i < graph.len() {
         // A BatchNorm chain sees the BatchNorm's and the Scale's parameters; the others have
         // none.
-        let chain =
-            chain_at(graph, &consumers, i).and_then(|last| match graph.node(i).params.kind() {
+        let chain = chain_at(graph, &consumers, i, half).and_then(|last| {
+            match graph.node(i).params.kind() {
                 LayerKind::BatchNorm => Some((last, params_of(spans, i, i + 1)?)),
                 _ => Some((last, 0..0)),
-            });
+            }
+        });
         match chain {
             Some((last, params)) => {
                 slots[i] = Slot::Head { last, params };
@@ -124,7 +145,8 @@ pub fn idle_blobs(graph: &Net, slots: &[Slot]) -> Vec<bool> {
 }
 
 /// The fused layer of the chain at `head` (as planned by [`plan`]), for the bottom shapes
-/// `bottoms`.
+/// `bottoms`, rounding to `half` in mixed precision.
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     gpu: &Gpu,
     graph: &Net,
@@ -133,6 +155,7 @@ pub fn build(
     last: usize,
     bottoms: &[&[usize]],
     layout: Layout,
+    half: Option<Half>,
 ) -> Result<Box<dyn GpuLayer>> {
     let chain: Vec<NodeView> = (head..=last).map(|j| graph.node(j)).collect();
     let kind = chain[0].params.kind();
@@ -148,6 +171,7 @@ pub fn build(
             &chain,
             scale.start - bn.start,
             layout,
+            half,
         )?)
     };
     layer.reshape(gpu, bottoms)?;
@@ -172,7 +196,7 @@ mod tests {
     fn slots_for(text: &str, record: [usize; 3]) -> (Vec<Slot>, Vec<ParamSpan>) {
         let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
         let (graph, layout) = Net::build(&cfg, record, 1).unwrap();
-        (plan(&graph, &layout.spans), layout.spans)
+        (plan(&graph, &layout.spans, false), layout.spans)
     }
 
     #[test]
@@ -316,6 +340,39 @@ mod tests {
         assert_eq!(with_slope("relu2", "-0.5")[relu2], Slot::Own);
         let average = quick.replacen("pool = \"max\"", "pool = \"ave\"", 1);
         assert_eq!(slots_of(&average)[pool1], Slot::Own);
+    }
+
+    /// In mixed precision a leaky ReLU joins a BatchNorm chain (whose kernels round its leak) but
+    /// neither a residual sum nor an average pooling, whose top the CPU would round before it.
+    #[test]
+    fn in_mixed_precision_only_exact_chains_take_a_leaky_relu() {
+        let half_slots = |text: &str| {
+            let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
+            let (graph, layout) = Net::build(&cfg, [1, 8, 8], 1).unwrap();
+            plan(&graph, &layout.spans, true)
+        };
+        assert_eq!(half_slots(CNN), slots_of(CNN).0, "slope 0: the FP32 chains");
+        let relu = |name: &str| format!("name = \"{name}\"\ntype = \"relu\"\n");
+        let leaky = |text: &str, name: &str| {
+            let with = text.replacen(
+                &relu(name),
+                &format!("{}negative_slope = 0.1\n", relu(name)),
+                1,
+            );
+            assert_ne!(with, text, "{name} as expected");
+            with
+        };
+        let cnn = leaky(&leaky(CNN, "relu1"), "relu2");
+        let (fp32, _) = slots_of(&cnn);
+        let half = half_slots(&cnn);
+        let relu2 = index_of(CNN, "relu2");
+        assert!(matches!(fp32[1], Slot::Head { last: 3, .. }) && fp32[1] == half[1]);
+        assert!(matches!(fp32[relu2], Slot::Head { .. }));
+        assert_eq!(half[relu2], Slot::Own);
+        let residual = leaky(RESIDUAL, "relu");
+        let sum = index_of(RESIDUAL, "sum");
+        assert!(matches!(slots_of(&residual).0[sum], Slot::Head { .. }));
+        assert_eq!(half_slots(&residual)[sum], Slot::Own);
     }
 
     #[test]

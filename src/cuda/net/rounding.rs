@@ -22,7 +22,9 @@
 //! operands, which hold half-type values exactly
 //! ([`MathMode::tf32_tensor_cores`](crate::config::MathMode::tf32_tensor_cores)), so their
 //! products too are those of half-type operands accumulated in FP32, as the contract says.
-//! Fused chains are not formed in half modes: the CPU rounds every member's top.
+//! A layer that rounds its own results ([`GpuLayer::rounds_itself`]: the fused BatchNorm → Scale
+//! → ReLU chain) gets no rounding pass; the other fused chains round nothing in between (see
+//! the `fusion` module) and get the passes of a layer.
 
 use super::storage::Conversion;
 use crate::cuda::layers::{GpuLayer, HalfOperands};
@@ -51,6 +53,8 @@ pub struct HalfRounding {
     pub backward_keeps_half: Vec<bool>,
     /// Per layer, whether its passes carry [`HalfOperands`].
     takes_half_operands: Vec<bool>,
+    /// Per layer, whether it rounds its tops and the bottom diffs it writes itself.
+    pub rounds_itself: Vec<bool>,
 }
 
 /// Where a net's values hold half-type values: per layer whether its tops do after the
@@ -124,8 +128,10 @@ impl HalfRounding {
                 .map(|(i, l)| f(i, l.as_ref()))
                 .collect()
         };
+        let rounds_itself = per_layer(&|_, l| l.rounds_itself());
         let rounds_tops = per_layer(&|i, l| {
-            values.tops[i] && !(l.forward_keeps_half() && values.all(&bottoms[i]))
+            let kept = l.rounds_itself() || l.forward_keeps_half() && values.all(&bottoms[i]);
+            values.tops[i] && !kept
         });
         let backward_keeps_half = per_layer(&|i, l| values.tops[i] && l.backward_keeps_half());
         let takes_half_operands =
@@ -154,6 +160,7 @@ impl HalfRounding {
             rounds_tops,
             backward_keeps_half,
             takes_half_operands,
+            rounds_itself,
         })
     }
 

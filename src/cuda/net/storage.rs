@@ -215,7 +215,7 @@ mod tests {
     /// The storage plan of the config `text`, and its graph.
     fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
         let b = build(text, record);
-        let slots = fusion::plan(&b.graph, &b.spans);
+        let slots = fusion::plan(&b.graph, &b.spans, false);
         let plan = StoragePlan::new(&b.cfg.layers, &b.graph, &b.shapes, &slots, channels_last);
         (plan, b.graph)
     }

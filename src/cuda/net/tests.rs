@@ -433,9 +433,10 @@ fn cnn_training_steps_match_cpu() {
 
 /// `math = "bf16"`: the CNN (convolutions, synced BatchNorm, Scale, poolings, Dropout, the
 /// inner product on half-type operands) against the CPU's bf16 rounding over a few training
-/// steps, on three-channel records, NCHW and channels-last; no chain is fused. The first
-/// gradient is several times closer to the CPU's bf16 one than to its FP32 one, so the GPU
-/// rounds where the CPU does.
+/// steps, on three-channel records, NCHW and channels-last, with the chains fused as in FP32
+/// (bn1 → scale1 → relu1 rounding each member's result in its kernels, relu2 → pool2). The
+/// first gradient is several times closer to the CPU's bf16 one than to its FP32 one, so the
+/// GPU rounds where the CPU does.
 #[test]
 fn bf16_cnn_training_steps_match_the_cpu_rounding() {
     half_cnn_training_steps_match_the_cpu_rounding(MathMode::Bf16);
@@ -446,6 +447,63 @@ fn bf16_cnn_training_steps_match_the_cpu_rounding() {
 #[test]
 fn fp16_cnn_training_steps_match_the_cpu_rounding() {
     half_cnn_training_steps_match_the_cpu_rounding(MathMode::Fp16);
+}
+
+/// The fused chains of the FP32 tests in mixed precision, against the CPU's rounding over a few
+/// training steps in both layouts and both half types: BatchNorm → Scale without a ReLU and with
+/// a leaky one (whose leak the kernels round), max pooling → ReLU, and the residual sum → ReLU.
+/// A ReLU of slope 0.1 before an average pooling stays unfused (the CPU rounds its top).
+#[test]
+fn half_fused_chains_match_the_cpu_rounding() {
+    let name = concat!(module_path!(), "::half_fused_chains_match_the_cpu_rounding");
+    let relu2 = "name = \"relu2\"\ntype = \"relu\"\n";
+    let pool1 = "kernel_size = 2\nstride = 2\n";
+    let after_pool =
+        "\n[[layer]]\nname = \"relu1\"\ntype = \"relu\"\nbottom = [\"pool1\"]\ntop = [\"pool1\"]\n";
+    let leaky1 = CNN_RELU1.replace(
+        "type = \"relu\"\n",
+        "type = \"relu\"\nnegative_slope = 0.1\n",
+    );
+    assert!(CNN_TOML.contains(CNN_RELU1) && CNN_TOML.contains(relu2) && CNN_TOML.contains(pool1));
+    let no_relu = config_of("no_relu.toml", &CNN_TOML.replace(CNN_RELU1, ""));
+    let leaky = config_of("leaky.toml", &CNN_TOML.replace(CNN_RELU1, &leaky1));
+    let after = config_of(
+        "relu_after_pool.toml",
+        &CNN_TOML
+            .replace(CNN_RELU1, "")
+            .replacen(pool1, &format!("{pool1}{after_pool}"), 1)
+            .replace(relu2, &format!("{relu2}negative_slope = 0.1\n")),
+    );
+    let pool = after.layers.iter().position(|l| l.name == "pool1").unwrap();
+    let residual = config_of(
+        "cnn_equivalence.toml",
+        include_str!("../../../tests/configs/cnn_equivalence.toml"),
+    );
+    let sum = residual
+        .layers
+        .iter()
+        .position(|l| l.name == "sum")
+        .unwrap();
+    let cases: [(&Config, Vec<(usize, usize)>); 4] = [
+        (&no_relu, vec![(1, 2), relu_and_pool(&no_relu, "relu2")]),
+        (&leaky, vec![(1, 3), relu_and_pool(&leaky, "relu2")]),
+        (&after, vec![(1, 2), (pool, pool + 1)]),
+        (&residual, vec![(sum, sum + 1)]),
+    ];
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        for (cfg, chains) in &cases {
+            let mut cfg = (*cfg).clone();
+            cfg.cluster.math = math;
+            cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+            for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+                gpu.layout = layout;
+                cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, chains, BF16);
+            }
+        }
+    }
 }
 
 fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
@@ -469,14 +527,17 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     assert!(rounding
         .operands(at("conv1"), net.params.layer_range(at("conv1")))
         .is_none());
-    // Rounding the tops of ReLU and of the max pooling would change nothing: not done.
-    let rounded: Vec<bool> = ["conv1", "relu1", "pool1", "relu2", "pool2", "ip1", "loss"]
+    // Rounding the tops of the max pooling would change nothing, and the fused bn1 → scale1 →
+    // relu1 rounds its own (its slot is bn1's): not done. relu2 → pool2 (average) is rounded.
+    let rounded: Vec<bool> = ["conv1", "bn1", "pool1", "relu2", "ip1", "loss"]
         .map(|l| rounding.rounds_tops[at(l)])
         .to_vec();
-    assert_eq!(rounded, [true, false, false, false, true, true, false]);
+    assert_eq!(rounded, [true, false, false, true, true, false]);
+    assert!(rounding.rounds_itself[at("bn1")] && !rounding.rounds_itself[at("relu2")]);
+    let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
     for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
         gpu.layout = layout;
-        cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &[], BF16);
+        cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
         let to_half = first_gradient_gap(&gpu, &cfg, &cfg);
         let to_fp32 = first_gradient_gap(&gpu, &cfg, &cnn_config());
         assert!(
