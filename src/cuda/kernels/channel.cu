@@ -13,17 +13,23 @@
 #define SUM_TILE 32
 #define SUM_ROWS 8
 
-// Stage 1 of one or two sums per channel: term(idx, d) is the (first, second) term of element
-// idx of channel d. Writes partial[(d * splits + k) * 2 + {0, 1}] when pair, else only the first
-// sum at partial[d * splits + k].
-template <class Term>
-__device__ __forceinline__ void view_sums(Term term, double* partial, int pair, int outer,
-                                          int dim, int inner, int splits) {
+// N sums of doubles, the terms of one element or the sums of one thread.
+template <int N>
+struct Sums {
+    double v[N];
+};
+
+// Stage 1 of N sums per channel: term(idx, d) is the Sums<N> of element idx of channel d.
+// Writes partial[(d * splits + k) * N + j], j < N.
+template <int N, class Term>
+__device__ __forceinline__ void view_sums_n(Term term, double* partial, int outer, int dim,
+                                            int inner, int splits) {
     const int k = blockIdx.x;
-    double s1 = 0.0, s2 = 0.0;
+    Sums<N> acc;
+    for (int j = 0; j < N; ++j) acc.v[j] = 0.0;
     int d;
     if (inner == 1) {
-        __shared__ double rows[2][SUM_ROWS][SUM_TILE];
+        __shared__ double rows[N][SUM_ROWS][SUM_TILE];
         d = blockIdx.y * SUM_TILE + threadIdx.x;
         const int chunk = (outer + splits - 1) / splits;
         const int begin = k * chunk;
@@ -32,28 +38,22 @@ __device__ __forceinline__ void view_sums(Term term, double* partial, int pair, 
             // Four rows' loads in flight per thread, added in row order as one at a time would.
             int r = begin + threadIdx.y;
             for (; r + 3 * SUM_ROWS < end; r += 4 * SUM_ROWS) {
-                double2 t[4];
+                Sums<N> t[4];
                 for (int u = 0; u < 4; ++u) t[u] = term((r + u * SUM_ROWS) * dim + d, d);
-                for (int u = 0; u < 4; ++u) {
-                    s1 += t[u].x;
-                    s2 += t[u].y;
-                }
+                for (int u = 0; u < 4; ++u)
+                    for (int j = 0; j < N; ++j) acc.v[j] += t[u].v[j];
             }
             for (; r < end; r += SUM_ROWS) {
-                const double2 t = term(r * dim + d, d);
-                s1 += t.x;
-                s2 += t.y;
+                const Sums<N> t = term(r * dim + d, d);
+                for (int j = 0; j < N; ++j) acc.v[j] += t.v[j];
             }
         }
-        rows[0][threadIdx.y][threadIdx.x] = s1;
-        rows[1][threadIdx.y][threadIdx.x] = s2;
+        for (int j = 0; j < N; ++j) rows[j][threadIdx.y][threadIdx.x] = acc.v[j];
         __syncthreads();
         if (threadIdx.y != 0 || d >= dim) return;
-        s1 = 0.0;
-        s2 = 0.0;
-        for (int y = 0; y < SUM_ROWS; ++y) {
-            s1 += rows[0][y][threadIdx.x];
-            s2 += rows[1][y][threadIdx.x];
+        for (int j = 0; j < N; ++j) {
+            acc.v[j] = 0.0;
+            for (int y = 0; y < SUM_ROWS; ++y) acc.v[j] += rows[j][y][threadIdx.x];
         }
     } else {
         d = blockIdx.y;
@@ -62,21 +62,36 @@ __device__ __forceinline__ void view_sums(Term term, double* partial, int pair, 
         const int begin = k * chunk;
         const int end = min(per, begin + chunk);
         const FastDiv by_inner = fast_div(inner);
-        for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
-            const int o = div_by(j, by_inner);
-            const double2 t = term((o * dim + d) * inner + (j - o * inner), d);
-            s1 += t.x;
-            s2 += t.y;
+        for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const int o = div_by(i, by_inner);
+            const Sums<N> t = term((o * dim + d) * inner + (i - o * inner), d);
+            for (int j = 0; j < N; ++j) acc.v[j] += t.v[j];
         }
-        s1 = block_sum(s1);
-        s2 = pair ? block_sum(s2) : 0.0;
+        for (int j = 0; j < N; ++j) acc.v[j] = block_sum(acc.v[j]);
         if (threadIdx.x != 0) return;
     }
+    for (int j = 0; j < N; ++j) partial[(d * splits + k) * N + j] = acc.v[j];
+}
+
+// Stage 1 of one or two sums per channel: term(idx, d) is the (first, second) term of element
+// idx of channel d. Writes partial[(d * splits + k) * 2 + {0, 1}] when pair, else only the first
+// sum at partial[d * splits + k].
+template <class Term>
+__device__ __forceinline__ void view_sums(Term term, double* partial, int pair, int outer,
+                                          int dim, int inner, int splits) {
     if (pair) {
-        partial[(d * splits + k) * 2] = s1;
-        partial[(d * splits + k) * 2 + 1] = s2;
+        view_sums_n<2>(
+            [=](int idx, int d) {
+                const double2 t = term(idx, d);
+                return Sums<2>{{t.x, t.y}};
+            },
+            partial, outer, dim, inner, splits);
     } else {
-        partial[d * splits + k] = s1;
+        view_sums_n<1>(
+            [=](int idx, int d) {
+                return Sums<1>{{term(idx, d).x}};
+            },
+            partial, outer, dim, inner, splits);
     }
 }
 

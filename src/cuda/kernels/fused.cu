@@ -43,41 +43,73 @@ __device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slo
     return (relu && !(z > 0.0f)) ? bsr_round(dz * slope, half) : dz;
 }
 
-// Stage 1 of the backward sums, chunked as bn_sums: partial[(ch * splits + k) * 2] = sum t,
-// partial[... + 1] = sum t * y, where t is g (bn_terms 0) or the gradient the Scale passes to
-// the BatchNorm, gamma * g rounded (bn_terms 1, in mixed precision, where that rounding keeps
-// the BatchNorm's sums from being gamma times the Scale's).
+// Stage 1 of the backward sums, chunked as bn_sums: per channel sum g and sum g * y at
+// partial[(ch * splits + k) * 2 + {0, 1}], or with quad (mixed precision) four sums at
+// partial[(ch * splits + k) * 4 + {0, 1, 2, 3}]: those two, then sum t and sum t * y of the
+// gradient the Scale passes to the BatchNorm, t = gamma * g rounded (whose rounding keeps the
+// BatchNorm's sums from being gamma times the Scale's).
 extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
                                               const float* mean, const float* inv_std,
                                               const float* gamma, int relu, float slope,
                                               double* partial, int n, int c, int s, int splits,
-                                              int half, int bn_terms) {
-    view_sums(
-        [=](int idx, int ch) {
-            const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
-            const float t = bn_terms ? bsr_round(gamma[ch] * g, half) : g;
-            const float y = bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
-            return make_double2((double)t, (double)t * (double)y);
-        },
-        partial, 1, n, c, s, splits);
+                                              int half, int quad) {
+    if (quad) {
+        view_sums_n<4>(
+            [=](int idx, int ch) {
+                const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
+                const float t = bsr_round(gamma[ch] * g, half);
+                const double y = (double)bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
+                return Sums<4>{{(double)g, (double)g * y, (double)t, (double)t * y}};
+            },
+            partial, n, c, s, splits);
+    } else {
+        view_sums(
+            [=](int idx, int ch) {
+                const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
+                const float y = bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
+                return make_double2((double)g, (double)g * (double)y);
+            },
+            partial, 1, n, c, s, splits);
+    }
 }
 
-// Per channel, from the partials: where store_sums, sums = [sum t (C), sum t*y (C), n * s] (the
-// BatchNorm sums, before any all-reduce); where store_dparams, the Scale's local gradient
-// dgamma[c] (+)= sum t*y, dbeta[c] (+)= sum t (dparams = [dgamma (C), dbeta (C) if has_beta]).
+// The sums over the chunks of channel ch of the stage-1 partials laid out
+// [(ch * splits + k) * stride + at + {0, 1}], in chunk_sums' order. Called by a whole warp.
+__device__ __forceinline__ void bsr_chunk_sums(const double* partial, int ch, int splits,
+                                               int stride, int at, double* s1, double* s2) {
+    double a = 0.0, b = 0.0;
+    for (int k = threadIdx.x & 31; k < splits; k += 32) {
+        a += partial[(ch * splits + k) * stride + at];
+        b += partial[(ch * splits + k) * stride + at + 1];
+    }
+    *s1 = warp_sum_double(a);
+    *s2 = warp_sum_double(b);
+}
+
+// Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
+// dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]) and, where store_sums,
+// the BatchNorm sums = [sum g (C), sum g*y (C), n * s], or with quad [sum t, sum t*y, n * s]
+// (before any all-reduce).
 extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* sums,
                                                 float* dparams, int has_beta, int c, int splits,
                                                 int per, int accumulate, int store_sums,
-                                                int store_dparams) {
+                                                int quad) {
+    const int stride = quad ? 4 : 2;
     WARP_PER_CHANNEL(ch, c) {
-        double s1, s2;
-        if (store_sums) {
-            if (!bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2)) continue;
+        double s1, s2, b1, b2;
+        bsr_chunk_sums(partial, ch, splits, stride, 0, &s1, &s2);
+        if (quad) {
+            bsr_chunk_sums(partial, ch, splits, stride, 2, &b1, &b2);
         } else {
-            chunk_sums(partial, ch, splits, 2, &s1, &s2);
-            if ((threadIdx.x & 31) != 0) continue;
+            b1 = s1;
+            b2 = s2;
         }
-        if (!store_dparams) continue;
+        if ((threadIdx.x & 31) != 0) continue;
+        if (store_sums) {
+            sums[ch] = b1;
+            sums[c + ch] = b2;
+            if (ch == 0) sums[2 * c] = (double)per;
+        }
         dparams[ch] = accumulate ? dparams[ch] + (float)s2 : (float)s2;
         if (has_beta) dparams[c + ch] = accumulate ? dparams[c + ch] + (float)s1 : (float)s1;
     }
@@ -119,12 +151,14 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
 // ---------------------------------------------------------------------------------------------
 // Eltwise SUM of two bottoms fused with the ReLU after it (a residual block's join):
 // y = relu(c0 * x0 + c1 * x1), the sum rounded as the unfused layers do (c0 * x0, then + c1 * x1).
+// Mixed precision (half as above; the net fuses only a ReLU of slope 0 then, which commutes with
+// the rounding): y and each dx rounded as the CPU rounds the ReLU's top and the sum's gradients.
 
 extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
-                                             float slope, float* y, int n) {
+                                             float slope, float* y, int n, int half) {
     GRID_STRIDE_INT(i, n) {
         const float v = fmaf(c1, x1[i], c0 * x0[i]);
-        y[i] = v > 0.0f ? v : slope * v;
+        y[i] = bsr_round(v > 0.0f ? v : slope * v, half);
     }
 }
 
@@ -132,16 +166,16 @@ extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, f
 // bottom k that wants its gradient (want_k).
 extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
                                               float slope, float* dx0, float* dx1, int want0,
-                                              int want1, int acc0, int acc1, int n) {
+                                              int want1, int acc0, int acc1, int n, int half) {
     GRID_STRIDE_INT(i, n) {
         const float g = y[i] > 0.0f ? dy[i] : slope * dy[i];
         if (want0) {
             const float v = c0 * g;
-            dx0[i] = acc0 ? dx0[i] + v : v;
+            dx0[i] = bsr_round(acc0 ? dx0[i] + v : v, half);
         }
         if (want1) {
             const float v = c1 * g;
-            dx1[i] = acc1 ? dx1[i] + v : v;
+            dx1[i] = bsr_round(acc1 ? dx1[i] + v : v, half);
         }
     }
 }

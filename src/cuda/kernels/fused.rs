@@ -34,17 +34,27 @@ pub struct BnScaleRelu<'a> {
     pub half: Option<Half>,
 }
 
-/// Which sums [`Kernels::bn_scale_relu_sums`] takes and which of them it stores.
+/// Which sums [`Kernels::bn_scale_relu_sums`] takes and where it stores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChainSums {
-    /// `Σ g`, `Σ g·y` into both the BatchNorm's sums and the Scale's gradient (the BatchNorm's
-    /// backward multiplies them by `gamma`): without rounding.
+    /// `Σ g`, `Σ g·y` into both the Scale's gradient and the BatchNorm's sums (whose backward
+    /// multiplies them by `gamma`): without rounding.
     Both,
     /// `Σ g`, `Σ g·y` into the Scale's gradient only.
     Scale,
-    /// The sums of `t = gamma · g` rounded into the BatchNorm's sums only: in mixed precision,
-    /// where the rounding of `t` keeps them from being `gamma` times the Scale's.
-    BatchNorm,
+    /// `Σ g`, `Σ g·y` into the Scale's gradient and, in the same pass, the sums of
+    /// `t = gamma · g` rounded into the BatchNorm's: in mixed precision, where the rounding of `t`
+    /// keeps them from being `gamma` times the Scale's.
+    Separate,
+}
+
+/// The fused kernels' `half`: 0 none, 1 bf16, 2 fp16.
+fn half_arg(half: Option<Half>) -> i32 {
+    match half {
+        None => 0,
+        Some(Half::Bf16) => 1,
+        Some(Half::Fp16) => 2,
+    }
 }
 
 impl BnScaleRelu<'_> {
@@ -66,13 +76,8 @@ impl BnScaleRelu<'_> {
         (self.relu.is_some() as i32, self.relu.unwrap_or(0.0))
     }
 
-    /// The kernels' `half`: 0 none, 1 bf16, 2 fp16.
     fn half_arg(&self) -> i32 {
-        match self.half {
-            None => 0,
-            Some(Half::Bf16) => 1,
-            Some(Half::Fp16) => 2,
-        }
+        half_arg(self.half)
     }
 }
 
@@ -140,14 +145,14 @@ impl Kernels {
         }
         let (relu, slope) = op.relu_args();
         let half = op.half_arg();
-        let bn_terms = (which == ChainSums::BatchNorm) as i32;
+        let quad = which == ChainSums::Separate;
+        let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
-        let store_dparams = (which != ChainSums::BatchNorm) as i32;
         let (grid, splits) = self.grid_channel_sums((n, c, sp));
         let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
         let mut partial = s
-            .alloc_zeros::<f64>(2 * c * splits)
+            .alloc_zeros::<f64>(per_element * c * splits)
             .map_err(|e| gpu_error("bn_scale_relu_sums scratch", e))?;
         {
             let (pp, _p) = partial.device_ptr_mut(s);
@@ -155,7 +160,7 @@ impl Kernels {
                 self, s, bn_scale_relu_sums, grid,
                 [
                     in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope, &pp,
-                    &ni, &ci, &si, &spl, &half, &bn_terms,
+                    &ni, &ci, &si, &spl, &half, &quad_arg,
                 ]
             )?;
         }
@@ -164,15 +169,14 @@ impl Kernels {
         launch!(
             self, s, bn_scale_relu_finish, self.grid_rows(c),
             [
-                &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums,
-                &store_dparams,
+                &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums, &quad_arg,
             ]
         )
     }
 
     /// `dx (+)=` the BatchNorm backward of `gamma · g`: with batch statistics from `sums`
     /// (after any all-reduce: [`ChainSums::Both`]'s, or in mixed precision
-    /// [`ChainSums::BatchNorm`]'s), else `gamma · g · inv_std`.
+    /// [`ChainSums::Separate`]'s), else `gamma · g · inv_std`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_scale_relu_backward(
         &self,
@@ -213,7 +217,8 @@ impl Kernels {
     }
 
     /// From the top's data `y (n)` and gradient `dy (n)`: `dx_k (+)= c_k · dy · relu'(y)` for each
-    /// bottom `k` whose entry of `dx` is `Some((gradient, accumulate))`.
+    /// bottom `k` whose entry of `dx` is `Some((gradient, accumulate))`, rounded to `half` in
+    /// mixed precision.
     #[allow(clippy::too_many_arguments)]
     pub fn sum2_relu_backward(
         &self,
@@ -224,6 +229,7 @@ impl Kernels {
         dy: &impl DevicePtr<f32>,
         dx: [Option<(&mut CudaViewMut<'_, f32>, bool)>; 2],
         n: usize,
+        half: Option<Half>,
     ) -> Result<()> {
         let name = "sum2_relu_backward";
         check_len(name, "y", y.len(), n);
@@ -236,7 +242,7 @@ impl Kernels {
         if n == 0 || dx.iter().all(Option::is_none) {
             return Ok(());
         }
-        let ni = to_i32(name, n);
+        let (ni, half) = (to_i32(name, n), half_arg(half));
         let want = dx.each_ref().map(|d| d.is_some() as i32);
         let acc = dx
             .each_ref()
@@ -253,14 +259,20 @@ impl Kernels {
         };
         launch!(
             self, s, sum2_relu_backward, self.grid(n),
-            [in y, in dy, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1], &ni]
+            [
+                in y, in dy, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1],
+                &ni, &half,
+            ]
         )
     }
 }
 
 launchers! {
-    /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0).
+    /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0), rounded to
+    /// `half` in mixed precision.
     pub fn sum2_relu_forward(
         [c0, c1]: [f32; 2], slope: f32, x0: in f32, x1: in f32, y: out f32, n: elements as i32,
-    ) => launch sum2_relu_forward(in x0, in x1, &c0, &c1, &slope, out y, &n);
+        half: Option<Half>,
+    ) { let half = half_arg(half); }
+        => launch sum2_relu_forward(in x0, in x1, &c0, &c1, &slope, out y, &n, &half);
 }

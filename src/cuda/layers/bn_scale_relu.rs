@@ -20,8 +20,8 @@
 //! round — the normalised `y`, the Scale's output, the leaky part of `z`, the gradients the ReLU
 //! and the Scale pass down, and `dx` — so the chain computes their numbers and the net rounds
 //! nothing after it ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
-//! rounded `gamma · g`, which are not `gamma` times the Scale's: a second pass of sums, taken
-//! only where the BatchNorm's backward needs them (batch statistics, a wanted `dx`).
+//! rounded `gamma · g`, which are not `gamma` times the Scale's: two more sums in the same pass,
+//! taken only where the BatchNorm's backward needs them (batch statistics, a wanted `dx`).
 
 use super::batch_norm::GpuBatchNorm;
 use super::{BackwardPass, ForwardPass, GpuLayer, Grad, StatePass};
@@ -195,12 +195,12 @@ impl GpuLayer for GpuBnScaleRelu {
         // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
         let shape = self.shape();
         let bn_sums_needed = batch_stats && grad.wanted();
-        let passes: &[ChainSums] = match (self.half, bn_sums_needed) {
-            (None, _) => &[ChainSums::Both],
-            (Some(_), false) => &[ChainSums::Scale],
-            (Some(_), true) => &[ChainSums::Scale, ChainSums::BatchNorm],
+        let which = match (self.half, bn_sums_needed) {
+            (None, _) => ChainSums::Both,
+            (Some(_), false) => ChainSums::Scale,
+            (Some(_), true) => ChainSums::Separate,
         };
-        for &which in passes {
+        {
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
             gpu.kernels.bn_scale_relu_sums(

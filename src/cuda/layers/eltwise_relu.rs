@@ -6,6 +6,10 @@
 //!
 //! Shapes: bottoms `x0`, `x1` and top `y`, all of one shape. Forward
 //! `y = relu(c0 · x0 + c1 · x1)`; backward `dx_k (+)= c_k · dy · relu'(y)`. No parameters.
+//!
+//! Mixed precision: the kernels round `y` and each `dx_k` as the CPU rounds the ReLU's top and the
+//! sum's bottom gradients (the net fuses the pair then only where the ReLU has slope 0), so the
+//! net rounds nothing after it ([`GpuLayer::rounds_itself`]).
 
 use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::LayerParams;
@@ -13,6 +17,7 @@ use crate::config::EltwiseOp;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::net::NodeView;
+use crate::precision::Half;
 
 /// Whether the layers `chain` (an Eltwise, then a ReLU reading its top, in net order) compute
 /// what one [`GpuEltwiseRelu`] does: a SUM of two distinct bottoms (with two coefficients, if
@@ -40,11 +45,14 @@ pub struct GpuEltwiseRelu {
     name: String,
     coeff: [f32; 2],
     slope: f32,
+    /// The half type of mixed precision, whose rounding the kernels apply.
+    half: Option<Half>,
 }
 
 impl GpuEltwiseRelu {
-    /// The pair `chain` (checked by [`fusable`]).
-    pub fn new(chain: &[NodeView]) -> Self {
+    /// The pair `chain` (checked by [`fusable`]), rounding to `half` in mixed precision (where
+    /// the ReLU has slope 0).
+    pub fn new(chain: &[NodeView], half: Option<Half>) -> Self {
         let (LayerParams::Eltwise(sum), LayerParams::Relu(relu)) =
             (chain[0].params, chain[1].params)
         else {
@@ -56,6 +64,7 @@ impl GpuEltwiseRelu {
             name: chain[0].name.to_string(),
             coeff: [coeff[0], coeff[1]],
             slope: relu.negative_slope,
+            half,
         }
     }
 }
@@ -63,6 +72,10 @@ impl GpuEltwiseRelu {
 impl GpuLayer for GpuEltwiseRelu {
     fn type_name(&self) -> &'static str {
         "eltwise+relu"
+    }
+
+    fn rounds_itself(&self) -> bool {
+        self.half.is_some()
     }
 
     /// Two bottoms of one shape.
@@ -88,6 +101,7 @@ impl GpuLayer for GpuEltwiseRelu {
             &x1.data(),
             &mut y.data_mut(),
             n,
+            self.half,
         )
     }
 
@@ -108,6 +122,7 @@ impl GpuLayer for GpuEltwiseRelu {
             &y.diff(),
             dx,
             n,
+            self.half,
         )
     }
 }

@@ -160,7 +160,7 @@ pub fn build(
     let chain: Vec<NodeView> = (head..=last).map(|j| graph.node(j)).collect();
     let kind = chain[0].params.kind();
     let mut layer: Box<dyn GpuLayer> = if kind == LayerKind::Eltwise {
-        Box::new(GpuEltwiseRelu::new(&chain))
+        Box::new(GpuEltwiseRelu::new(&chain, half))
     } else if matches!(kind, LayerKind::Pooling | LayerKind::Relu) {
         Box::new(GpuPooling::with_relu(gpu, &chain, layout)?)
     } else {
