@@ -216,7 +216,7 @@ mod pooling;
 mod softmax;
 mod solver;
 mod wire;
-use common::{check_len, check_lens, int_count, to_i32, BLOCK};
+use common::{check_len, check_lens, half_arg, int_count, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;

@@ -435,12 +435,19 @@ impl GpuNet {
             .map(|h| {
                 let (spans, len) = (&params.spans, params.len());
                 let conversions = &storage.conversions;
+                let runs_at: Vec<usize> = (layer_slots.iter().enumerate())
+                    .map(|(i, slot)| match slot {
+                        Slot::Absorbed { head } => *head,
+                        _ => i,
+                    })
+                    .collect();
                 HalfRounding::new(
                     gpu,
                     h,
                     &graph,
                     &shapers,
                     &layers,
+                    &runs_at,
                     &bottoms,
                     conversions,
                     spans,
@@ -1035,7 +1042,8 @@ impl GpuNet {
                             // keeps them: already half-type values.
                             let kept = stored == b
                                 && (r.rounds_itself[at]
-                                    || r.backward_keeps_half[at] && *g == Grad::Overwrite);
+                                    || r.backward_keeps_half[at] && *g == Grad::Overwrite)
+                                || r.diff_left_by[b] == Some(at);
                             if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;

@@ -11,6 +11,7 @@
 
 use super::Kernels;
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
 /// The one way every launcher starts a kernel: launches `$func` of `$k` on `$stream` with
@@ -283,5 +284,14 @@ impl Kernels {
             shared_mem_bytes: 0,
         };
         launch!(self, s, hold_stream, one, [&ns])
+    }
+}
+
+/// The kernels' `half` argument (`round_if_half` in `elementwise.cu`): 0 none, 1 bf16, 2 fp16.
+pub(super) fn half_arg(half: Option<Half>) -> i32 {
+    match half {
+        None => 0,
+        Some(Half::Bf16) => 1,
+        Some(Half::Fp16) => 2,
     }
 }

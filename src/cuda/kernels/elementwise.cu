@@ -198,6 +198,12 @@ __device__ __forceinline__ float round_to_half(float v, int fp16) {
     return __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
+// v rounded to the half type `half` (1 bf16, 2 fp16), or as it is (0): the rounding of the
+// kernels that take mixed precision's half type as an argument.
+__device__ __forceinline__ float round_if_half(float v, int half) {
+    return half ? round_to_half(v, half == 2) : v;
+}
+
 // x (n) rounded in place.
 extern "C" __global__ void round_half(float* x, int fp16, long long n) {
     GRID_STRIDE_LONG(i, n) x[i] = round_to_half(x[i], fp16);

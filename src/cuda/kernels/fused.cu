@@ -4,16 +4,13 @@
 // slope >= 0, so that z > 0 exactly where v > 0). Only z is stored; backward recomputes y from x.
 //
 // Mixed precision (half = 1 bf16, 2 fp16; 0 none): every value the CPU's three layers would
-// round is rounded where they round it, y and v, the leaky part of z, the gradient the ReLU and
-// the Scale pass down, and dx, so that the chain computes what they compute.
+// round is rounded where they round it, x as it is read, y and v, the leaky part of z, the
+// gradient the ReLU and the Scale pass down, and dx, so that the chain computes what they compute.
 
-__device__ __forceinline__ float bsr_round(float v, int half) {
-    return half ? round_to_half(v, half == 2) : v;
-}
-
-// The BatchNorm's top y, from its bottom x.
+// The BatchNorm's top y, from its bottom x. In mixed precision x is rounded as it is read: the net
+// leaves a top that only such chains read unrounded (rounding a rounded value changes nothing).
 __device__ __forceinline__ float bsr_normalized(float x, float mean, float inv_std, int half) {
-    return bsr_round((x - mean) * inv_std, half);
+    return round_if_half((round_if_half(x, half) - mean) * inv_std, half);
 }
 
 // The Scale's top v.
@@ -21,7 +18,7 @@ __device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, f
                                           const float* beta, int has_beta, int c, int half) {
     float v = bsr_normalized(x, mean, inv_std, half) * gamma;
     if (has_beta) v = v + beta[c];
-    return bsr_round(v, half);
+    return round_if_half(v, half);
 }
 
 extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* mean,
@@ -34,13 +31,15 @@ extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* me
         const int ch = channel_of(i, by_s, by_c);
         const float v =
             bsr_value(x[i], mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
-        z[i] = (relu && !(v > 0.0f)) ? bsr_round(slope * v, half) : v;
+        z[i] = (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
     }
 }
 
 // The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
+// In mixed precision dz is rounded as it is read, as x is.
 __device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slope, int half) {
-    return (relu && !(z > 0.0f)) ? bsr_round(dz * slope, half) : dz;
+    dz = round_if_half(dz, half);
+    return (relu && !(z > 0.0f)) ? round_if_half(dz * slope, half) : dz;
 }
 
 // Stage 1 of the backward sums, chunked as bn_sums: per channel sum g and sum g * y at
@@ -57,7 +56,7 @@ extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, c
         view_sums_n<4>(
             [=](int idx, int ch) {
                 const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
-                const float t = bsr_round(gamma[ch] * g, half);
+                const float t = round_if_half(gamma[ch] * g, half);
                 const double y = (double)bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
                 return Sums<4>{{(double)g, (double)g * y, (double)t, (double)t * y}};
             },
@@ -130,7 +129,7 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
     GRID_STRIDE_INT(i, n) {
         const int ch = channel_of(i, by_s, by_c);
         const float gm = gamma[ch];
-        const float dy = bsr_round(gm * bsr_grad(dz[i], z[i], relu, slope, half), half);
+        const float dy = round_if_half(gm * bsr_grad(dz[i], z[i], relu, slope, half), half);
         float d;
         if (batch_stats) {
             float mean_dy = (float)(sums[ch] * inv_m);
@@ -144,7 +143,7 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
         } else {
             d = dy * inv_std[ch];
         }
-        dx[i] = bsr_round(accumulate ? dx[i] + d : d, half);
+        dx[i] = round_if_half(accumulate ? dx[i] + d : d, half);
     }
 }
 
@@ -152,13 +151,14 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
 // Eltwise SUM of two bottoms fused with the ReLU after it (a residual block's join):
 // y = relu(c0 * x0 + c1 * x1), the sum rounded as the unfused layers do (c0 * x0, then + c1 * x1).
 // Mixed precision (half as above; the net fuses only a ReLU of slope 0 then, which commutes with
-// the rounding): y and each dx rounded as the CPU rounds the ReLU's top and the sum's gradients.
+// the rounding): y and each dx rounded as the CPU rounds the ReLU's top and the sum's gradients,
+// and x0, x1 and dy as they are read (the net may leave them unrounded for this pair to round).
 
 extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
                                              float slope, float* y, int n, int half) {
     GRID_STRIDE_INT(i, n) {
-        const float v = fmaf(c1, x1[i], c0 * x0[i]);
-        y[i] = bsr_round(v > 0.0f ? v : slope * v, half);
+        const float v = fmaf(c1, round_if_half(x1[i], half), c0 * round_if_half(x0[i], half));
+        y[i] = round_if_half(v > 0.0f ? v : slope * v, half);
     }
 }
 
@@ -168,14 +168,15 @@ extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, f
                                               float slope, float* dx0, float* dx1, int want0,
                                               int want1, int acc0, int acc1, int n, int half) {
     GRID_STRIDE_INT(i, n) {
-        const float g = y[i] > 0.0f ? dy[i] : slope * dy[i];
+        const float d = round_if_half(dy[i], half);
+        const float g = y[i] > 0.0f ? d : slope * d;
         if (want0) {
             const float v = c0 * g;
-            dx0[i] = bsr_round(acc0 ? dx0[i] + v : v, half);
+            dx0[i] = round_if_half(acc0 ? dx0[i] + v : v, half);
         }
         if (want1) {
             const float v = c1 * g;
-            dx1[i] = bsr_round(acc1 ? dx1[i] + v : v, half);
+            dx1[i] = round_if_half(acc1 ? dx1[i] + v : v, half);
         }
     }
 }

@@ -10,7 +10,7 @@
 //! In mixed precision ([`BnScaleRelu::half`]) the BatchNorm → Scale → ReLU kernels round every
 //! value the three layers' CPU versions round, where they round it (`crate::precision`).
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, half_arg, to_i32, Kernels};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use crate::precision::Half;
@@ -46,15 +46,6 @@ pub enum ChainSums {
     /// `t = gamma · g` rounded into the BatchNorm's: in mixed precision, where the rounding of `t`
     /// keeps them from being `gamma` times the Scale's.
     Separate,
-}
-
-/// The fused kernels' `half`: 0 none, 1 bf16, 2 fp16.
-fn half_arg(half: Option<Half>) -> i32 {
-    match half {
-        None => 0,
-        Some(Half::Bf16) => 1,
-        Some(Half::Fp16) => 2,
-    }
 }
 
 impl BnScaleRelu<'_> {

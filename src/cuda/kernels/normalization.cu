@@ -4,12 +4,13 @@
 
 // Stage 1 of the sums (see the per-channel reductions above) over the view (n, c, s): over
 // chunk k of channel ch, partial[(ch * splits + k) * 2] = sum a,
-// partial[... + 1] = sum a * (has_b ? b : a).
+// partial[... + 1] = sum a * (has_b ? b : a), with a rounded to the half type `half` as it is
+// read (round_if_half).
 extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
-                                   int n, int c, int s, int splits) {
+                                   int n, int c, int s, int splits, int half) {
     view_sums(
         [=](int idx, int) {
-            const double v = (double)a[idx];
+            const double v = (double)round_if_half(a[idx], half);
             return make_double2(v, v * (has_b ? (double)b[idx] : v));
         },
         partial, 1, n, c, s, splits);

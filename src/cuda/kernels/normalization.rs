@@ -2,8 +2,9 @@
 //! of the spatial axes): the statistics, in double, normalisation, the running averages and the
 //! backward pass; and of the LRN kernels over `(N, C, H, W)` ([`LrnWindow`]).
 
-use super::{check_len, int_count, to_i32, Kernels};
+use super::{check_len, half_arg, int_count, to_i32, Kernels};
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::sync::Arc;
 
@@ -19,7 +20,9 @@ pub enum StatsSource<'a> {
 
 impl Kernels {
     /// BatchNorm sums over `a (N, C, S)`: `sums (2C + 1)` = `[Σ a (C), Σ a·b (C), N·S]`, with
-    /// `b = a` when `b` is `None`; per channel in double.
+    /// `b = a` when `b` is `None`; per channel in double. In mixed precision, `a` is rounded to
+    /// `half` as it is read.
+    #[allow(clippy::too_many_arguments)]
     pub fn bn_sums(
         &self,
         s: &Arc<CudaStream>,
@@ -27,6 +30,7 @@ impl Kernels {
         b: Option<&CudaView<'_, f32>>,
         sums: &mut CudaSlice<f64>,
         (n, c, sp): (usize, usize, usize),
+        half: Option<Half>,
     ) -> Result<()> {
         let op = "bn_sums";
         let count = n * c * sp;
@@ -44,14 +48,14 @@ impl Kernels {
             Some(v) => v.device_ptr(s),
             None => a.device_ptr(s),
         };
-        let hb = b.is_some() as i32;
+        let (hb, half) = (b.is_some() as i32, half_arg(half));
         let per = to_i32(op, n * sp);
         self.two_stage_sums(
             s,
             (op, 2),
             (n, c, sp),
             |grid, pp, spl| {
-                launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl])
+                launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl, &half])
             },
             |pp, spl| {
                 let rows = self.grid_rows(c);

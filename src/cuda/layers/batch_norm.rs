@@ -33,6 +33,7 @@ use crate::cuda::kernels::StatsSource;
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
+use crate::precision::Half;
 use cudarc::driver::{CudaSlice, CudaView};
 
 /// BatchNorm; see the module docs.
@@ -97,20 +98,22 @@ impl GpuBatchNorm {
 
     /// The statistics half of forward: `mean`, `var` and `inv_std` of the bottom `x` (batch
     /// statistics, all-reduced when `sync`) or of the running statistics in `state`, as the
-    /// phase and `use_global_stats` say.
+    /// phase and `use_global_stats` say; in mixed precision (`round_x`) of `x` rounded to the
+    /// half type as it is read.
     pub(super) fn statistics(
         &mut self,
         gpu: &Gpu,
         ctx: &GpuCtx<'_>,
         x: &GpuBlob,
         state: &CudaView<'_, f32>,
+        round_x: Option<Half>,
     ) -> Result<()> {
         let (_, c, _) = self.dims;
         let s = &gpu.compute;
         self.batch_stats = !self.global(ctx.phase);
         if self.batch_stats {
             gpu.kernels
-                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims)?;
+                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims, round_x)?;
             self.reduce(gpu, ctx)?;
         }
         let source = if self.batch_stats {
@@ -195,7 +198,7 @@ impl GpuLayer for GpuBatchNorm {
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let gpu = pass.gpu;
         let [x, y] = pass.blobs.bottom_top();
-        self.statistics(gpu, pass.ctx, x, &pass.params)?;
+        self.statistics(gpu, pass.ctx, x, &pass.params, None)?;
         let stats = (&self.mean, &self.inv_std);
         let s = &gpu.compute;
         gpu.kernels
@@ -234,7 +237,7 @@ impl GpuLayer for GpuBatchNorm {
         let top = y.data();
         if self.batch_stats {
             gpu.kernels
-                .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims)?;
+                .bn_sums(s, &y.diff(), Some(&top), &mut self.sums, self.dims, None)?;
             self.reduce(gpu, pass.ctx)?;
         }
         let batch = self.batch_stats.then_some((&top, &self.sums));

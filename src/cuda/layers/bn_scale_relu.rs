@@ -17,7 +17,8 @@
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
 //!
 //! Mixed precision (built with a [`Half`]): the kernels round what the three layers' CPU versions
-//! round — the normalised `y`, the Scale's output, the leaky part of `z`, the gradients the ReLU
+//! round — `x` and `dz` as they read them (the net leaves a top or a gradient that only such
+//! layers read unrounded, [`GpuLayer::rounds_on_load`]), the normalised `y`, the Scale's output, the leaky part of `z`, the gradients the ReLU
 //! and the Scale pass down, and `dx` — so the chain computes their numbers and the net rounds
 //! nothing after it ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
 //! rounded `gamma · g`, which are not `gamma` times the Scale's: two more sums in the same pass,
@@ -162,11 +163,15 @@ impl GpuLayer for GpuBnScaleRelu {
         self.half.is_some()
     }
 
+    fn rounds_on_load(&self) -> bool {
+        self.half.is_some()
+    }
+
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (gpu, params) = (pass.gpu, &pass.params);
         let [x, z] = pass.blobs.bottom_top();
         let state = params.slice(..self.state_len());
-        self.bn.statistics(gpu, pass.ctx, x, &state)?;
+        self.bn.statistics(gpu, pass.ctx, x, &state, self.half)?;
         let op = self.operands(self.bn.mean_and_inv_std(), params);
         gpu.kernels
             .bn_scale_relu_forward(&gpu.compute, &op, &x.data(), &mut z.data_mut())

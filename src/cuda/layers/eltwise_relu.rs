@@ -9,7 +9,8 @@
 //!
 //! Mixed precision: the kernels round `y` and each `dx_k` as the CPU rounds the ReLU's top and the
 //! sum's bottom gradients (the net fuses the pair then only where the ReLU has slope 0), so the
-//! net rounds nothing after it ([`GpuLayer::rounds_itself`]).
+//! net rounds nothing after it ([`GpuLayer::rounds_itself`]), and they round `x_k` and `dy` as
+//! they read them ([`GpuLayer::rounds_on_load`]).
 
 use super::{BackwardPass, ForwardPass, GpuLayer};
 use crate::config::layer_params::LayerParams;
@@ -75,6 +76,10 @@ impl GpuLayer for GpuEltwiseRelu {
     }
 
     fn rounds_itself(&self) -> bool {
+        self.half.is_some()
+    }
+
+    fn rounds_on_load(&self) -> bool {
         self.half.is_some()
     }
 

@@ -327,6 +327,13 @@ pub trait GpuLayer: Send {
     fn rounds_itself(&self) -> bool {
         false
     }
+
+    /// Whether the layer, built for mixed precision, rounds what it reads to the half type as it
+    /// reads it — its bottoms' data in forward, its tops' diffs in backward (the fused chains
+    /// that round themselves) — so that a value only such layers read needs no rounding pass.
+    fn rounds_on_load(&self) -> bool {
+        false
+    }
 }
 
 /// The half-type operands of mixed precision (`crate::cuda::net::rounding`) for a layer whose

@@ -5,9 +5,13 @@
 //! - before each forward pass, the input `data` in place, and the weights the layers see: a copy
 //!   of the FP32 master weights rounded to the half type, except the tensors of stateful layers
 //!   (BatchNorm's running statistics), copied as they are;
-//! - after each layer's forward, its tops, unless it is a loss or a reported layer (accuracy);
+//! - after each layer's forward, its tops, unless it is a loss or a reported layer (accuracy), or
+//!   only layers that round their bottoms as they read them read those tops
+//!   ([`GpuLayer::rounds_on_load`]: a convolution's top before a fused BatchNorm);
 //! - after each layer's backward, the diffs of the bottoms it sent a gradient to (after its
-//!   contribution was added in FP32).
+//!   contribution was added in FP32), unless it is the last to add to a diff that only a layer
+//!   rounding it as it reads it reads next ([`HalfRounding::diff_left_by`]: a convolution's
+//!   bottom gradient on its way to a fused BatchNorm chain or residual sum).
 //!
 //! A rounding that cannot change a value is skipped: the tops of a layer whose forward keeps
 //! half-type values ([`GpuLayer::forward_keeps_half`]: ReLU without slope, max pooling, the
@@ -55,6 +59,10 @@ pub struct HalfRounding {
     takes_half_operands: Vec<bool>,
     /// Per layer, whether it rounds its tops and the bottom diffs it writes itself.
     pub rounds_itself: Vec<bool>,
+    /// Per blob, the layer whose backward leaves the blob's diff unrounded, for the layer that
+    /// wrote the blob to round as it reads it ([`GpuLayer::rounds_on_load`]): the last of the
+    /// blob's readers to add to its diff, after which the diff is read only by that writer.
+    pub diff_left_by: Vec<Option<usize>>,
 }
 
 /// Where a net's values hold half-type values: per layer whether its tops do after the
@@ -90,6 +98,15 @@ impl HalfValues {
         HalfValues { tops, blobs }
     }
 
+    /// Marks `blob` and its storage copies (of `conversions`) as not holding half-type values:
+    /// a top left unrounded for its readers to round.
+    pub(super) fn leave_unrounded(&mut self, blob: usize, conversions: &[Conversion]) {
+        self.blobs[blob] = false;
+        for c in conversions.iter().filter(|c| c.from == blob) {
+            self.blobs[c.copy] = false;
+        }
+    }
+
     /// Whether every blob of `bottoms` holds half-type values.
     pub(super) fn all(&self, bottoms: &[usize]) -> bool {
         bottoms.iter().all(|&b| self.blobs[b])
@@ -98,8 +115,9 @@ impl HalfValues {
 
 impl HalfRounding {
     /// The rounding to `half` of the net `graph` (its CPU `layers`, its GPU layers `gpu_layers`
-    /// reading the blobs `bottoms`, after the storage plan's `conversions`) with the learnable
-    /// tensors `spans` (laid out, in order) of `len` floats.
+    /// reading the blobs `bottoms`, after the storage plan's `conversions`; the work of layer `i`
+    /// run by layer `runs_at[i]`, the head of its fused chain) with the learnable tensors `spans`
+    /// (laid out, in order) of `len` floats.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -107,6 +125,7 @@ impl HalfRounding {
         graph: &Net,
         layers: &[Box<dyn Layer>],
         gpu_layers: &[Box<dyn GpuLayer>],
+        runs_at: &[usize],
         bottoms: &[Vec<usize>],
         conversions: &[Conversion],
         spans: &[ParamSpan],
@@ -120,7 +139,45 @@ impl HalfRounding {
                 _ => runs.push((s.range(), round)),
             }
         }
-        let values = HalfValues::new(graph, conversions);
+        let mut values = HalfValues::new(graph, conversions);
+        // A layer whose tops only layers rounding their bottoms as they read them read leaves
+        // them unrounded.
+        let mut readers = vec![Vec::new(); graph.blob_count()];
+        for j in 0..graph.len() {
+            for &b in graph.node(j).bottoms {
+                readers[b].push(j);
+            }
+        }
+        let read_rounded = |t: usize| {
+            let on_load = |j: &usize| gpu_layers[*j].rounds_on_load();
+            !readers[t].is_empty() && readers[t].iter().all(on_load)
+        };
+        let leaves_tops: Vec<bool> = (0..graph.len())
+            .map(|i| {
+                let tops = graph.node(i).tops;
+                !tops.is_empty() && tops.iter().all(|&t| read_rounded(t))
+            })
+            .collect();
+        for i in (0..graph.len()).filter(|&i| leaves_tops[i]) {
+            for &t in graph.node(i).tops {
+                values.leave_unrounded(t, conversions);
+            }
+        }
+        // Backward runs in reverse net order, a fused chain at its head's turn as far as other
+        // layers are concerned: a blob's first reader in net order adds to its diff last.
+        let mut writer = vec![None; graph.blob_count()];
+        for (i, &runs) in runs_at.iter().enumerate() {
+            for &t in graph.node(i).tops {
+                writer[t] = Some(runs);
+            }
+        }
+        let diff_left_by = (0..graph.blob_count())
+            .map(|b| {
+                let w = writer[b].filter(|&w| gpu_layers[w].rounds_on_load())?;
+                let last = readers[b].iter().map(|&j| runs_at[j]).min()?;
+                (last != w).then_some(last)
+            })
+            .collect();
         let per_layer = |f: &dyn Fn(usize, &dyn GpuLayer) -> bool| -> Vec<bool> {
             gpu_layers
                 .iter()
@@ -131,7 +188,7 @@ impl HalfRounding {
         let rounds_itself = per_layer(&|_, l| l.rounds_itself());
         let rounds_tops = per_layer(&|i, l| {
             let kept = l.rounds_itself() || l.forward_keeps_half() && values.all(&bottoms[i]);
-            values.tops[i] && !kept
+            values.tops[i] && !kept && !leaves_tops[i]
         });
         let backward_keeps_half = per_layer(&|i, l| values.tops[i] && l.backward_keeps_half());
         let takes_half_operands =
@@ -161,6 +218,7 @@ impl HalfRounding {
             backward_keeps_half,
             takes_half_operands,
             rounds_itself,
+            diff_left_by,
         })
     }
 

@@ -527,13 +527,22 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     assert!(rounding
         .operands(at("conv1"), net.params.layer_range(at("conv1")))
         .is_none());
-    // Rounding the tops of the max pooling would change nothing, and the fused bn1 → scale1 →
-    // relu1 rounds its own (its slot is bn1's): not done. relu2 → pool2 (average) is rounded.
-    let rounded: Vec<bool> = ["conv1", "bn1", "pool1", "relu2", "ip1", "loss"]
+    // Rounding the tops of the max pooling would change nothing, the fused bn1 → scale1 → relu1
+    // rounds its own (its slot is bn1's) and its bottom conv1 as it reads it: not done. conv2
+    // and relu2 → pool2 (average) are rounded.
+    let rounded: Vec<bool> = ["conv1", "bn1", "pool1", "conv2", "relu2", "ip1", "loss"]
         .map(|l| rounding.rounds_tops[at(l)])
         .to_vec();
-    assert_eq!(rounded, [true, false, false, true, true, false]);
+    assert_eq!(rounded, [false, false, false, true, true, true, false]);
     assert!(rounding.rounds_itself[at("bn1")] && !rounding.rounds_itself[at("relu2")]);
+    // pool1's backward leaves the gradient of the chain's top for the chain to round.
+    let chain_top = net.graph.node(at("pool1")).bottoms[0];
+    assert_eq!(rounding.diff_left_by[chain_top], Some(at("pool1")));
+    let conv1 = net.graph.node(at("bn1")).bottoms[0];
+    assert_eq!(
+        rounding.diff_left_by[conv1], None,
+        "its writer, conv1, does not round it"
+    );
     let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
     for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
         gpu.layout = layout;
