@@ -95,13 +95,16 @@ __device__ __forceinline__ void view_sums(Term term, double* partial, int pair, 
     }
 }
 
-// partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1).
+// partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1);
+// a is rounded to the half type `half` as it is read (round_if_half), as bn_sums rounds it, whose
+// parameter list this kernel shares.
 extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b,
                                           double* partial, int outer, int dim, int inner,
-                                          int splits) {
+                                          int splits, int half) {
     view_sums(
         [=](int idx, int) {
-            return make_double2(has_b ? (double)a[idx] * (double)b[idx] : (double)a[idx], 0.0);
+            const double v = (double)round_if_half(a[idx], half);
+            return make_double2(has_b ? v * (double)b[idx] : v, 0.0);
         },
         partial, 0, outer, dim, inner, splits);
 }

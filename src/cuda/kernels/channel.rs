@@ -119,8 +119,9 @@ impl Kernels {
         (outer, dim, inner): (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        // Both stage-1 kernels take `(a, b, has_b, partial, outer, dim, inner, splits)`, both
-        // finishing ones `(partial, out, dim, splits, accumulate)`.
+        // Both stage-1 kernels take `(a, b, has_b, partial, outer, dim, inner, splits, half)`
+        // (`half` 0: nothing rounded), both finishing ones `(partial, out, dim, splits,
+        // accumulate)`.
         let (per_channel, [stage1, finish]) = if pair {
             let kernels = [
                 (&self.bn_sums, "bn_sums"),
@@ -145,7 +146,7 @@ impl Kernels {
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (hb, acc) = (b.is_some() as i32, accumulate as i32);
+        let (hb, acc, half) = (b.is_some() as i32, accumulate as i32, 0i32);
         // An absent `b` passes a's address, never read (has_b is 0).
         let (bp, _b) = match b {
             Some(b) => b.device_ptr(s),
@@ -158,7 +159,7 @@ impl Kernels {
             |grid, pp, sp| {
                 launch!(
                     function stage1.0, stage1.1, s, grid,
-                    [in a, &bp, &hb, &pp, &o, &d, &i, &sp]
+                    [in a, &bp, &hb, &pp, &o, &d, &i, &sp, &half]
                 )
             },
             |pp, sp| {
