@@ -389,6 +389,174 @@ mod tests {
         assert_eq!(listed.len(), files.len(), "{listed:?} / {files:?}");
     }
 
+    /// The index of the bracket closing the one that `text` starts with (`(`, `[` or `{`).
+    fn closing(text: &str) -> usize {
+        let mut depth = 0;
+        for (i, c) in text.char_indices() {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return i;
+                    }
+                }
+                _ => {}
+            }
+        }
+        panic!("unbalanced brackets in {text:.80}");
+    }
+
+    /// The comma-separated items of `list` outside any bracket, trimmed, empty ones (a trailing
+    /// comma) dropped.
+    fn items(list: &str) -> Vec<&str> {
+        let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+        for (i, c) in list.char_indices() {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(list[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        out.push(list[start..].trim());
+        out.retain(|item| !item.is_empty());
+        out
+    }
+
+    /// The contents of the bracket that `text` starts with.
+    fn inside(text: &str) -> &str {
+        &text[1..closing(text)]
+    }
+
+    /// Every kernel of [`SOURCE`] and its number of parameters, a parameter-list macro
+    /// (`#define UPDATE_PARAMS ...`, continued by backslashes) counted as the parameters it holds.
+    fn kernel_parameters() -> HashMap<String, usize> {
+        let mut lists = HashMap::new();
+        for (at, _) in SOURCE.match_indices("#define ") {
+            let rest = &SOURCE[at + "#define ".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if name.ends_with("_PARAMS") {
+                let mut body = String::new();
+                for line in rest[name.len()..].lines() {
+                    body.push_str(line.trim_end().trim_end_matches('\\'));
+                    if !line.trim_end().ends_with('\\') {
+                        break;
+                    }
+                }
+                lists.insert(name, items(&body).len());
+            }
+        }
+        let decl = "extern \"C\" __global__ void ";
+        SOURCE
+            .match_indices(decl)
+            .map(|(at, _)| {
+                let rest = &SOURCE[at + decl.len()..];
+                let open = rest.find('(').unwrap();
+                let params = items(inside(&rest[open..]));
+                let count = params
+                    .iter()
+                    .map(|p| lists.get(*p).copied().unwrap_or(1))
+                    .sum();
+                (rest[..open].to_string(), count)
+            })
+            .collect()
+    }
+
+    /// The kernels a dynamic launch (`launch!(function F, ..)`) may start, by the expression
+    /// `F`: the channel sums' two stages, and the implicit GEMM's weight-gradient tiles.
+    fn dynamic_kernels(function: &str) -> Vec<&'static str> {
+        let named: &[&'static str] = match function {
+            "stage1.0" => &["bn_sums", "channel_reduce"],
+            "finish.0" => &["pair_reduce_finish", "channel_reduce_finish"],
+            _ => &[],
+        };
+        let tiles = KERNEL_NAMES
+            .iter()
+            .copied()
+            .filter(|k| function == "func" && k.starts_with("wgrad_partial_"));
+        named.iter().copied().chain(tiles).collect()
+    }
+
+    /// Runs without a GPU: every launch in the launcher files passes each kernel as many
+    /// arguments as the kernel's source declares parameters (a launch with one too few reads
+    /// past its arguments on the GPU): `launch!(self, STREAM, NAME, GRID, [ARGS])`, the dynamic
+    /// `launch!(function F, ..)` for each kernel `F` may be, `=> launch NAME(ARGS)` in
+    /// `launchers!`, and `launch_rule!(NAME, [EXTRA])` (its template's arguments and `EXTRA`).
+    #[test]
+    fn every_launch_passes_each_kernel_parameter() {
+        let params = kernel_parameters();
+        assert_eq!(params.len(), KERNEL_NAMES.len());
+        let mut checked = 0;
+        let mut check = |file: &str, kernel: &str, args: usize| {
+            let want = params
+                .get(kernel)
+                .unwrap_or_else(|| panic!("kernels/{file}.rs launches `{kernel}`, not in SOURCE"));
+            assert_eq!(
+                args, *want,
+                "kernels/{file}.rs passes `{kernel}` {args} arguments; it takes {want}"
+            );
+            checked += 1;
+        };
+        for (file, _, source) in FAMILIES {
+            // The code without its comments (which show the macros' forms).
+            let launcher: String = source
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            let launcher = launcher.as_str();
+            let mut rule_base = None;
+            for (at, _) in launcher.match_indices("launch!(") {
+                let call = items(inside(&launcher[at + 7..]));
+                let args = items(inside(call.last().unwrap())).len();
+                let function = call[0].strip_prefix("function ").map(str::trim);
+                if let Some(function) = function.filter(|f| !f.starts_with('$')) {
+                    let kernels = dynamic_kernels(function);
+                    assert!(
+                        !kernels.is_empty(),
+                        "kernels/{file}.rs: unknown `{function}`"
+                    );
+                    for kernel in kernels {
+                        check(file, kernel, args);
+                    }
+                } else if call[0] == "self" && call[2].starts_with('$') {
+                    // launch_rule!'s template: `$($extra)*` stands for the rule's own arguments.
+                    rule_base = Some(args - 1);
+                } else if call[0] == "self" {
+                    check(file, call[2], args);
+                }
+            }
+            for (at, _) in launcher.match_indices("=> launch ") {
+                let rest = &launcher[at + "=> launch ".len()..];
+                let open = rest.find('(').unwrap();
+                let kernel = rest[..open].trim();
+                if !kernel.starts_with('$') {
+                    check(file, kernel, items(inside(&rest[open..])).len());
+                }
+            }
+            for (at, _) in launcher.match_indices("launch_rule!(") {
+                let call = items(inside(&launcher[at + "launch_rule!".len()..]));
+                if call[0].starts_with('$') {
+                    continue;
+                }
+                let base = rule_base.expect("launch_rule!'s template precedes its uses");
+                check(file, call[0], base + items(inside(call[1])).len());
+            }
+        }
+        assert!(
+            checked >= KERNEL_NAMES.len(),
+            "{checked} launches checked for {} kernels",
+            KERNEL_NAMES.len()
+        );
+    }
+
     /// Compiles the source with NVRTC where the library is present (it needs no GPU), and says
     /// so loudly where it is not.
     #[test]
