@@ -18,9 +18,10 @@
 //!
 //! Mixed precision (built with a [`Half`]): the kernels round what the three layers' CPU versions
 //! round — `x` and `dz` as they read them (the net leaves a top or a gradient that only such
-//! layers read unrounded, [`GpuLayer::rounds_on_load`]), the normalised `y`, the Scale's output, the leaky part of `z`, the gradients the ReLU
-//! and the Scale pass down, and `dx` — so the chain computes their numbers and the net rounds
-//! nothing after it ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
+//! layers read unrounded, [`GpuLayer::rounds_on_load`]), the normalised `y`, the Scale's output,
+//! the leaky part of `z`, the gradients the ReLU and the Scale pass down, and `dx` — so the
+//! chain computes their numbers and the net rounds nothing after it
+//! ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
 //! rounded `gamma · g`, which are not `gamma` times the Scale's: two more sums in the same pass,
 //! taken only where the BatchNorm's backward needs them (batch statistics, a wanted `dx`).
 

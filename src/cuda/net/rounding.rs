@@ -27,8 +27,8 @@
 //! ([`MathMode::tf32_tensor_cores`](crate::config::MathMode::tf32_tensor_cores)), so their
 //! products too are those of half-type operands accumulated in FP32, as the contract says.
 //! A layer that rounds its own results ([`GpuLayer::rounds_itself`]: the fused BatchNorm → Scale
-//! → ReLU chain) gets no rounding pass; the other fused chains round nothing in between (see
-//! the `fusion` module) and get the passes of a layer.
+//! → ReLU and residual sum → ReLU chains) gets no rounding pass; the pooling chains round nothing
+//! in between (see the `fusion` module) and get the passes of a layer.
 
 use super::storage::Conversion;
 use crate::cuda::layers::{GpuLayer, HalfOperands};
