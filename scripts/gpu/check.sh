@@ -12,7 +12,7 @@
 # and across layouts, CPU–GPU agreement of a whole training run (FP32, and bf16 and fp16 math
 # against the CPU's rounding, fp16's overflow steps skipped as on the CPU), a GPU timeline's layer and bucket
 # spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
-# GPU with twice the batch, GPU vs CPU), AdamW and AdaDelta against the CPU with snapshots resumed
+# GPU with twice the batch, GPU vs CPU; FP32, and bf16 and fp16 with their fused chains), AdamW and AdaDelta against the CPU with snapshots resumed
 # across backends, a stopped and a killed rank ending the job (scripts/gpu/faults.sh), a
 # GPU-trained ResNet-50 exported to torchvision and predicted by both — then the benchmarks beside
 # PyTorch DDP.
@@ -170,11 +170,12 @@ for layout in "${over_layouts[@]}"; do
 done
 
 echo "== convolutional nets (cuDNN convolution, pooling, synced BatchNorm, Dropout) on GPUs" | tee -a "$OUT/summary.txt"
-train_cfg() { # config name np replicas batch backend [gpu_layout]
-  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6 layout=${7:-auto}
+train_cfg() { # config name np replicas batch backend [gpu_layout [math]]
+  local cfg=$1 name=$2 np=$3 r=$4 b=$5 backend=$6 layout=${7:-auto} math=${8:-fp32}
   "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train "$cfg" --no-progress --output "$OUT/runs/$name" \
     --set "data.batch_size=$b" --set "cluster.replicas_per_rank=$r" --set "cluster.backend=\"$backend\"" \
-    --set "cluster.gpu_layout=\"$layout\"" >"$OUT/runs-$name.log" 2>&1 || fail "training $name"
+    --set "cluster.gpu_layout=\"$layout\"" --set "cluster.math=\"$math\"" >"$OUT/runs-$name.log" 2>&1 \
+    || fail "training $name"
 }
 # tests/configs/cnn_bn_dropout.toml: conv (padded, grouped), sync BatchNorm + Scale, max and ave
 # pooling, Dropout; 20 iterations. tests/configs/cnn_equivalence.toml: branches joined by concat,
@@ -205,6 +206,26 @@ for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
       --label "$1: channels-last, np 2 x 1 GPU (b16) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
       || fail "$1: channels-last GPU topologies differ"
   fi
+done
+# In bf16 and fp16 the fused chains (BatchNorm → Scale → ReLU, the residual sum → ReLU) round
+# where the CPU's layers do: against the CPU's rounding and across topologies, at the mixed
+# precision section's tolerance.
+for w in "cnn_bn_dropout cnn_bn_iter_20" "cnn_equivalence cnn_equiv_iter_30"; do
+  set -- $w
+  cfg=tests/configs/$1.toml
+  for half in bf16 fp16; do
+    train_cfg "$cfg" "$1_gpu_1x1_b32_$half" 1 1 32 cuda auto "$half"
+    train_cfg "$cfg" "$1_cpu_1x1_b32_$half" 1 1 32 cpu auto "$half"
+    $CMP "$(s "$1_gpu_1x1_b32_$half" "$2")" "$(s "$1_cpu_1x1_b32_$half" "$2")" --tol 2e-2 \
+      --label "$1 $half: GPU vs CPU" | tee -a "$OUT/summary.txt" \
+      || fail "$1 $half: GPU and CPU training differ"
+    if two_gpus "$1 $half: np 2 x 1 GPU vs np 1 x 1 GPU"; then
+      train_cfg "$cfg" "$1_gpu_2x1_b16_$half" 2 1 16 cuda auto "$half"
+      $CMP "$(s "$1_gpu_1x1_b32_$half" "$2")" "$(s "$1_gpu_2x1_b16_$half" "$2")" --tol 2e-2 \
+        --label "$1 $half: np 2 x 1 GPU (b16) vs np 1 x 1 GPU (b32)" | tee -a "$OUT/summary.txt" \
+        || fail "$1 $half: GPU topologies differ"
+    fi
+  done
 done
 grep -h '"phase":"test"' "$OUT"/runs/*/metrics.jsonl | tail -n 16 > "$OUT/test-metrics.txt"
 
