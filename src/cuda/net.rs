@@ -804,7 +804,7 @@ impl GpuNet {
                 .as_ref()
                 .and_then(|r| r.operands(i, range.clone()));
             let (blobs, bottoms, storage) = (&mut self.blobs, &self.bottoms[i], &self.storage);
-            let rounding = self.rounding.as_ref().filter(|r| r.rounds_tops[i]);
+            let rounding = self.rounding.as_ref().filter(|r| r.plan.rounds_tops[i]);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
                 for c in storage.of_layer(i) {
                     let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
@@ -1040,10 +1040,11 @@ impl GpuNet {
                         for ((&stored, &b), g) in read {
                             // Overwritten in place from half-type top diffs by a layer that
                             // keeps them: already half-type values.
+                            let p = &r.plan;
                             let kept = stored == b
-                                && (r.rounds_itself[at]
-                                    || r.backward_keeps_half[at] && *g == Grad::Overwrite)
-                                || r.diff_left_by[b] == Some(at);
+                                && (p.rounds_itself[at]
+                                    || p.backward_keeps_half[at] && *g == Grad::Overwrite)
+                                || p.diff_left_by[b] == Some(at);
                             if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;

@@ -51,18 +51,116 @@ pub struct HalfRounding {
     weights_half: Option<CudaSlice<u16>>,
     /// The flat parameters in contiguous runs, each rounded (`true`) or copied.
     runs: Vec<(Range<usize>, bool)>,
+    /// Where the passes round.
+    pub plan: RoundingPlan,
+}
+
+/// What a GPU layer tells the rounding about itself (the [`GpuLayer`] methods of those names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct LayerTraits {
+    pub forward_keeps_half: bool,
+    pub backward_keeps_half: bool,
+    pub takes_half_operands: bool,
+    pub rounds_itself: bool,
+    pub rounds_on_load: bool,
+}
+
+impl LayerTraits {
+    fn of(layer: &dyn GpuLayer) -> LayerTraits {
+        LayerTraits {
+            forward_keeps_half: layer.forward_keeps_half(),
+            backward_keeps_half: layer.backward_keeps_half(),
+            takes_half_operands: layer.takes_half_operands(),
+            rounds_itself: layer.rounds_itself(),
+            rounds_on_load: layer.rounds_on_load(),
+        }
+    }
+}
+
+/// Where a net's passes round, decided from the graph and its layers' [`LayerTraits`] alone
+/// (see the module docs).
+#[derive(Debug)]
+pub struct RoundingPlan {
     /// Per layer, whether its tops are rounded after its forward.
     pub rounds_tops: Vec<bool>,
     /// Per layer, whether a bottom diff its backward overwrites holds half-type values already.
     pub backward_keeps_half: Vec<bool>,
     /// Per layer, whether its passes carry [`HalfOperands`].
-    takes_half_operands: Vec<bool>,
+    pub takes_half_operands: Vec<bool>,
     /// Per layer, whether it rounds its tops and the bottom diffs it writes itself.
     pub rounds_itself: Vec<bool>,
     /// Per blob, the layer whose backward leaves the blob's diff unrounded, for the layer that
     /// wrote the blob to round as it reads it ([`GpuLayer::rounds_on_load`]): the last of the
     /// blob's readers to add to its diff, after which the diff is read only by that writer.
     pub diff_left_by: Vec<Option<usize>>,
+}
+
+impl RoundingPlan {
+    /// The plan for the net `graph` whose layers (the slots' layers: a fused chain's at its head)
+    /// have the `traits`, the work of layer `i` run by layer `runs_at[i]`, reading the blobs
+    /// `bottoms` after the storage plan's `conversions`.
+    pub(super) fn new(
+        graph: &Net,
+        traits: &[LayerTraits],
+        runs_at: &[usize],
+        bottoms: &[Vec<usize>],
+        conversions: &[Conversion],
+    ) -> RoundingPlan {
+        let mut values = HalfValues::new(graph, conversions);
+        // A layer whose tops only layers rounding their bottoms as they read them read leaves
+        // them unrounded.
+        let mut readers = vec![Vec::new(); graph.blob_count()];
+        for j in 0..graph.len() {
+            for &b in graph.node(j).bottoms {
+                readers[b].push(j);
+            }
+        }
+        let read_rounded = |t: usize| {
+            let on_load = |j: &usize| traits[*j].rounds_on_load;
+            !readers[t].is_empty() && readers[t].iter().all(on_load)
+        };
+        let leaves_tops: Vec<bool> = (0..graph.len())
+            .map(|i| {
+                let tops = graph.node(i).tops;
+                !tops.is_empty() && tops.iter().all(|&t| read_rounded(t))
+            })
+            .collect();
+        for i in (0..graph.len()).filter(|&i| leaves_tops[i]) {
+            for &t in graph.node(i).tops {
+                values.leave_unrounded(t, conversions);
+            }
+        }
+        // Backward runs in reverse net order, a fused chain at its head's turn as far as other
+        // layers are concerned: a blob's first reader in net order adds to its diff last.
+        let mut writer = vec![None; graph.blob_count()];
+        for (i, &runs) in runs_at.iter().enumerate() {
+            for &t in graph.node(i).tops {
+                writer[t] = Some(runs);
+            }
+        }
+        let diff_left_by = (0..graph.blob_count())
+            .map(|b| {
+                let w = writer[b].filter(|&w| traits[w].rounds_on_load)?;
+                let last = readers[b].iter().map(|&j| runs_at[j]).min()?;
+                (last != w).then_some(last)
+            })
+            .collect();
+        let per_layer = |f: &dyn Fn(usize, &LayerTraits) -> bool| -> Vec<bool> {
+            traits.iter().enumerate().map(|(i, t)| f(i, t)).collect()
+        };
+        RoundingPlan {
+            rounds_itself: per_layer(&|_, t| t.rounds_itself),
+            rounds_tops: per_layer(&|i, t| {
+                let kept = t.rounds_itself || t.forward_keeps_half && values.all(&bottoms[i]);
+                values.tops[i] && !kept && !leaves_tops[i]
+            }),
+            backward_keeps_half: per_layer(&|i, t| values.tops[i] && t.backward_keeps_half),
+            takes_half_operands: per_layer(&|i, t| {
+                values.tops[i] && t.takes_half_operands && values.all(&bottoms[i])
+            }),
+            diff_left_by,
+        }
+    }
 }
 
 /// Where a net's values hold half-type values: per layer whether its tops do after the
@@ -139,60 +237,11 @@ impl HalfRounding {
                 _ => runs.push((s.range(), round)),
             }
         }
-        let mut values = HalfValues::new(graph, conversions);
-        // A layer whose tops only layers rounding their bottoms as they read them read leaves
-        // them unrounded.
-        let mut readers = vec![Vec::new(); graph.blob_count()];
-        for j in 0..graph.len() {
-            for &b in graph.node(j).bottoms {
-                readers[b].push(j);
-            }
-        }
-        let read_rounded = |t: usize| {
-            let on_load = |j: &usize| gpu_layers[*j].rounds_on_load();
-            !readers[t].is_empty() && readers[t].iter().all(on_load)
-        };
-        let leaves_tops: Vec<bool> = (0..graph.len())
-            .map(|i| {
-                let tops = graph.node(i).tops;
-                !tops.is_empty() && tops.iter().all(|&t| read_rounded(t))
-            })
+        let traits: Vec<LayerTraits> = gpu_layers
+            .iter()
+            .map(|l| LayerTraits::of(l.as_ref()))
             .collect();
-        for i in (0..graph.len()).filter(|&i| leaves_tops[i]) {
-            for &t in graph.node(i).tops {
-                values.leave_unrounded(t, conversions);
-            }
-        }
-        // Backward runs in reverse net order, a fused chain at its head's turn as far as other
-        // layers are concerned: a blob's first reader in net order adds to its diff last.
-        let mut writer = vec![None; graph.blob_count()];
-        for (i, &runs) in runs_at.iter().enumerate() {
-            for &t in graph.node(i).tops {
-                writer[t] = Some(runs);
-            }
-        }
-        let diff_left_by = (0..graph.blob_count())
-            .map(|b| {
-                let w = writer[b].filter(|&w| gpu_layers[w].rounds_on_load())?;
-                let last = readers[b].iter().map(|&j| runs_at[j]).min()?;
-                (last != w).then_some(last)
-            })
-            .collect();
-        let per_layer = |f: &dyn Fn(usize, &dyn GpuLayer) -> bool| -> Vec<bool> {
-            gpu_layers
-                .iter()
-                .enumerate()
-                .map(|(i, l)| f(i, l.as_ref()))
-                .collect()
-        };
-        let rounds_itself = per_layer(&|_, l| l.rounds_itself());
-        let rounds_tops = per_layer(&|i, l| {
-            let kept = l.rounds_itself() || l.forward_keeps_half() && values.all(&bottoms[i]);
-            values.tops[i] && !kept && !leaves_tops[i]
-        });
-        let backward_keeps_half = per_layer(&|i, l| values.tops[i] && l.backward_keeps_half());
-        let takes_half_operands =
-            per_layer(&|i, l| values.tops[i] && l.takes_half_operands() && values.all(&bottoms[i]));
+        let plan = RoundingPlan::new(graph, &traits, runs_at, bottoms, conversions);
         let alloc = |what: &str| {
             let what = format!("allocate the half-precision weights{what}");
             move |e| gpu_error(&what, e)
@@ -201,7 +250,7 @@ impl HalfRounding {
             .compute
             .alloc_zeros::<f32>(len.max(1))
             .map_err(alloc(""))?;
-        let weights_half = match takes_half_operands.contains(&true) {
+        let weights_half = match plan.takes_half_operands.contains(&true) {
             true => Some(
                 gpu.compute
                     .alloc_zeros::<u16>(len.max(1))
@@ -214,11 +263,7 @@ impl HalfRounding {
             weights,
             weights_half,
             runs,
-            rounds_tops,
-            backward_keeps_half,
-            takes_half_operands,
-            rounds_itself,
-            diff_left_by,
+            plan,
         })
     }
 
@@ -226,7 +271,7 @@ impl HalfRounding {
     /// it takes them.
     pub fn operands(&self, layer: usize, range: Range<usize>) -> Option<HalfOperands<'_>> {
         let weights = self.weights_half.as_ref()?;
-        self.takes_half_operands[layer].then(|| HalfOperands {
+        self.plan.takes_half_operands[layer].then(|| HalfOperands {
             half: self.half,
             params: weights.slice(range),
         })

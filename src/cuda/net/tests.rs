@@ -531,16 +531,16 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     // rounds its own (its slot is bn1's) and its bottom conv1 as it reads it: not done. conv2
     // and relu2 → pool2 (average) are rounded.
     let rounded: Vec<bool> = ["conv1", "bn1", "pool1", "conv2", "relu2", "ip1", "loss"]
-        .map(|l| rounding.rounds_tops[at(l)])
+        .map(|l| rounding.plan.rounds_tops[at(l)])
         .to_vec();
     assert_eq!(rounded, [false, false, false, true, true, true, false]);
-    assert!(rounding.rounds_itself[at("bn1")] && !rounding.rounds_itself[at("relu2")]);
+    assert!(rounding.plan.rounds_itself[at("bn1")] && !rounding.plan.rounds_itself[at("relu2")]);
     // pool1's backward leaves the gradient of the chain's top for the chain to round.
     let chain_top = net.graph.node(at("pool1")).bottoms[0];
-    assert_eq!(rounding.diff_left_by[chain_top], Some(at("pool1")));
+    assert_eq!(rounding.plan.diff_left_by[chain_top], Some(at("pool1")));
     let conv1 = net.graph.node(at("bn1")).bottoms[0];
     assert_eq!(
-        rounding.diff_left_by[conv1], None,
+        rounding.plan.diff_left_by[conv1], None,
         "its writer, conv1, does not round it"
     );
     let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
@@ -586,6 +586,106 @@ fn half_values_are_the_rounded_tops_and_the_input() {
     assert!(values.blobs[graph.blob_count()], "the copy of pool2");
     assert!(values.all(&[DATA, graph.blob_count()]));
     assert!(!values.all(&[blob("ip1"), LABEL]));
+}
+
+/// The [`rounding::LayerTraits`] the GPU layers of `graph` report in mixed precision under the
+/// fusion plan `slots`, written out by hand from the layers' kinds: the BatchNorm and residual
+/// chains round themselves and what they read, a max pooling (alone or before its ReLU) and a
+/// ReLU of slope 0 keep half-type values, the inner product takes half-type operands.
+fn traits_by_hand(graph: &Net, slots: &[Slot]) -> Vec<rounding::LayerTraits> {
+    use crate::config::layer_params::LayerParams;
+    use crate::config::PoolMethod;
+    let max_pool =
+        |p: &LayerParams| matches!(p, LayerParams::Pooling(p) if p.method == PoolMethod::Max);
+    (0..graph.len())
+        .map(|i| {
+            let params = graph.node(i).params;
+            let head = matches!(slots[i], Slot::Head { .. });
+            let chain =
+                head && matches!(params, LayerParams::BatchNorm(_) | LayerParams::Eltwise(_));
+            let relu0 = matches!(params, LayerParams::Relu(r) if r.negative_slope == 0.0);
+            rounding::LayerTraits {
+                forward_keeps_half: max_pool(params) || relu0 && !head,
+                backward_keeps_half: relu0 && !head,
+                takes_half_operands: matches!(params, LayerParams::InnerProduct(_)),
+                rounds_itself: chain,
+                rounds_on_load: chain,
+            }
+        })
+        .collect()
+}
+
+/// Without a GPU: ResNet-20's rounding plan in mixed precision leaves every convolution's top
+/// for the BatchNorm chain after it to round, and every gradient on its way back to a chain for
+/// the chain: the diff of a blob that two layers read is left unrounded by the first of them in
+/// net order (which adds to it last), and rounded after the other.
+#[test]
+fn resnet_tops_and_gradients_are_left_to_the_chains_that_read_them() {
+    let text = include_str!("../../../config/resnet20.toml");
+    let (start, end) = (text.find("[data]").unwrap(), text.find("[solver]").unwrap());
+    let synthetic =
+        "[data]\nformat = \"synthetic\"\nshape = [3, 32, 32]\nclasses = 10\nbatch_size = 8\n\n";
+    let cfg = config_of(
+        "resnet20.toml",
+        &format!("{}{synthetic}{}", &text[..start], &text[end..]),
+    );
+    let (graph, layout) = Net::build(&cfg, [3, 32, 32], 1).unwrap();
+    let slots = fusion::plan(&graph, &layout.spans, true);
+    let runs_at: Vec<usize> = (slots.iter().enumerate())
+        .map(|(i, s)| match s {
+            Slot::Absorbed { head } => *head,
+            _ => i,
+        })
+        .collect();
+    let bottoms: Vec<Vec<usize>> = (0..graph.len())
+        .map(|i| graph.node(i).bottoms.to_vec())
+        .collect();
+    let traits = traits_by_hand(&graph, &slots);
+    let plan = rounding::RoundingPlan::new(&graph, &traits, &runs_at, &bottoms, &[]);
+    let kind = |i: usize| graph.node(i).params.kind();
+    let convolutions: Vec<usize> = (0..graph.len())
+        .filter(|&i| kind(i) == crate::config::LayerKind::Convolution)
+        .collect();
+    assert_eq!(
+        convolutions.len(),
+        21,
+        "ResNet-20's convolutions, projections included"
+    );
+    for &i in &convolutions {
+        assert!(
+            !plan.rounds_tops[i],
+            "{}: its chain rounds it",
+            graph.node(i).name
+        );
+    }
+    let mut shared = 0;
+    for &i in &convolutions {
+        let b = graph.node(i).bottoms[0];
+        let mut readers: Vec<usize> = (0..graph.len())
+            .filter(|&j| graph.node(j).bottoms.contains(&b))
+            .collect();
+        readers.sort();
+        let writer = (0..graph.len()).find(|&j| graph.node(j).tops.contains(&b));
+        let rounds_on_load = writer.is_some_and(|w| traits[runs_at[w]].rounds_on_load);
+        let want = rounds_on_load.then_some(runs_at[readers[0]]);
+        assert_eq!(
+            plan.diff_left_by[b],
+            want,
+            "the diff of {}'s bottom",
+            graph.node(i).name
+        );
+        shared += (readers.len() > 1 && want.is_some()) as usize;
+    }
+    assert!(
+        shared >= 6,
+        "blobs read by two layers, left by the first: {shared}"
+    );
+    // The chains round themselves; the input and the inner product stay as without chains.
+    for i in 0..graph.len() {
+        if matches!(slots[i], Slot::Head { .. }) && traits[i].rounds_itself {
+            assert!(plan.rounds_itself[i] && !plan.rounds_tops[i]);
+        }
+    }
 }
 
 /// `max |g − c| / max |c|` between the first training gradient of the GPU net of `cfg` and that
