@@ -10,7 +10,7 @@
 //!   ([`GpuLayer::rounds_on_load`]: a convolution's top before a fused BatchNorm);
 //! - after each layer's backward, the diffs of the bottoms it sent a gradient to (after its
 //!   contribution was added in FP32), unless it is the last to add to a diff that only a layer
-//!   rounding it as it reads it reads next ([`HalfRounding::diff_left_by`]: a convolution's
+//!   rounding it as it reads it reads next ([`RoundingPlan::diff_left_by`]: a convolution's
 //!   bottom gradient on its way to a fused BatchNorm chain or residual sum).
 //!
 //! A rounding that cannot change a value is skipped: the tops of a layer whose forward keeps
