@@ -124,17 +124,24 @@ __device__ __forceinline__ double warp_sum_double(double v) {
 }
 
 // The sums over the `splits` chunks of channel ch of the stage-1 partials laid out
-// [(ch * splits + k) * pair + j], j < pair (1 or 2): lane l adds chunks l, l + 32, ... in order,
-// then a fixed shuffle tree adds the lanes, so the result depends only on the shape. Called by a
-// whole warp; valid in every lane.
-__device__ __forceinline__ void chunk_sums(const double* partial, int ch, int splits, int pair,
-                                           double* s1, double* s2) {
+// [(ch * splits + k) * stride + at + j], j < pair (1 or 2): lane l adds chunks l, l + 32, ... in
+// order, then a fixed shuffle tree adds the lanes, so the result depends only on the shape.
+// Called by a whole warp; valid in every lane.
+__device__ __forceinline__ void chunk_sums_at(const double* partial, int ch, int splits,
+                                              int stride, int at, int pair, double* s1,
+                                              double* s2) {
     const int lane = threadIdx.x & 31;
     double a = 0.0, b = 0.0;
     for (int k = lane; k < splits; k += 32) {
-        a += partial[(ch * splits + k) * pair];
-        if (pair == 2) b += partial[(ch * splits + k) * 2 + 1];
+        a += partial[(ch * splits + k) * stride + at];
+        if (pair == 2) b += partial[(ch * splits + k) * stride + at + 1];
     }
     *s1 = warp_sum_double(a);
     *s2 = warp_sum_double(b);
+}
+
+// chunk_sums_at of partials laid out [(ch * splits + k) * pair + j], j < pair.
+__device__ __forceinline__ void chunk_sums(const double* partial, int ch, int splits, int pair,
+                                           double* s1, double* s2) {
+    chunk_sums_at(partial, ch, splits, pair, 0, pair, s1, s2);
 }

@@ -72,19 +72,6 @@ extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, c
     }
 }
 
-// The sums over the chunks of channel ch of the stage-1 partials laid out
-// [(ch * splits + k) * stride + at + {0, 1}], in chunk_sums' order. Called by a whole warp.
-__device__ __forceinline__ void bsr_chunk_sums(const double* partial, int ch, int splits,
-                                               int stride, int at, double* s1, double* s2) {
-    double a = 0.0, b = 0.0;
-    for (int k = threadIdx.x & 31; k < splits; k += 32) {
-        a += partial[(ch * splits + k) * stride + at];
-        b += partial[(ch * splits + k) * stride + at + 1];
-    }
-    *s1 = warp_sum_double(a);
-    *s2 = warp_sum_double(b);
-}
-
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
 // dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]) and, where store_sums,
 // the BatchNorm sums = [sum g (C), sum g*y (C), n * s], or with quad [sum t, sum t*y, n * s]
@@ -96,9 +83,9 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
     const int stride = quad ? 4 : 2;
     WARP_PER_CHANNEL(ch, c) {
         double s1, s2, b1, b2;
-        bsr_chunk_sums(partial, ch, splits, stride, 0, &s1, &s2);
+        chunk_sums_at(partial, ch, splits, stride, 0, 2, &s1, &s2);
         if (quad) {
-            bsr_chunk_sums(partial, ch, splits, stride, 2, &b1, &b2);
+            chunk_sums_at(partial, ch, splits, stride, 2, 2, &b1, &b2);
         } else {
             b1 = s1;
             b2 = s2;

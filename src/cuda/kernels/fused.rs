@@ -66,10 +66,6 @@ impl BnScaleRelu<'_> {
     fn relu_args(&self) -> (i32, f32) {
         (self.relu.is_some() as i32, self.relu.unwrap_or(0.0))
     }
-
-    fn half_arg(&self) -> i32 {
-        half_arg(self.half)
-    }
 }
 
 impl Kernels {
@@ -90,7 +86,7 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let (has_beta, half) = (op.beta.is_some() as i32, op.half_arg());
+        let (has_beta, half) = (op.beta.is_some() as i32, half_arg(op.half));
         // An absent beta passes gamma's address, never read (has_beta is 0).
         let (bp, _b) = match &op.beta {
             Some(b) => b.device_ptr(s),
@@ -135,7 +131,7 @@ impl Kernels {
             return Ok(());
         }
         let (relu, slope) = op.relu_args();
-        let half = op.half_arg();
+        let half = half_arg(op.half);
         let quad = which == ChainSums::Separate;
         let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
@@ -197,7 +193,7 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let (bs, acc, half) = (batch_stats as i32, accumulate as i32, op.half_arg());
+        let (bs, acc, half) = (batch_stats as i32, accumulate as i32, half_arg(op.half));
         launch!(
             self, s, bn_scale_relu_backward, self.grid(count),
             [
