@@ -11,7 +11,10 @@
 # Workloads (batch per GPU): resnet50 (64), cifar10_quick (512), mlp4096 (512); a workload's math
 # for PyTorch's non-AMP run is tf32 except cifar10_quick (fp32, as in its anchor figures). MATHS
 # defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype;
-# PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call).
+# PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call); BN_SYNC=false
+# runs ResNet-50 with every BatchNorm normalising its own GPU's batch (`sync = false`, as PyTorch's).
+# SETS="key=value ..." adds `--set`s to every p2ptrain run. Before each run the script waits (up to 60 s) until no process holds a GPU, and logs each GPU's
+# clocks, temperature, power and throttle reasons to OUT_DIR/scaling/gpu-state.log.
 # Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
 set -uo pipefail
 source "$(dirname "$0")/start.sh"
@@ -26,6 +29,30 @@ RES="$OUT/scaling/results.jsonl"
 quick="$OUT/scaling/cifar10_quick_synthetic.toml"
 python3 scripts/gpu/synthetic_config.py cifar10_quick "$quick" || exit 1
 
+# The ResNet-50 config of the run: the repository's, or with per-GPU BatchNorm (BN_SYNC=false).
+resnet="config/resnet50.toml"
+if [ "${BN_SYNC:-true}" = false ]; then
+  resnet="$OUT/scaling/resnet50_per_gpu_bn.toml"
+  sed 's/^sync = true/sync = false/' config/resnet50.toml >"$resnet"
+  grep -q '^sync = true' "$resnet" && { echo "BN_SYNC=false: a sync = true is left" >&2; exit 1; }
+fi
+
+# Waits until no compute process holds a GPU (a previous run's workers may still be exiting),
+# then logs what the GPUs are doing: label, clocks, temperature, power, throttle reasons.
+settle() {
+  local i
+  for i in $(seq 60); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && break
+    sleep 1
+  done
+  { echo "-- $1 (waited ${i} s for idle GPUs)"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1
+    nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+      --format=csv,noheader 2>&1
+    nvidia-smi --query-gpu=index,clocks_event_reasons.active --format=csv,noheader 2>/dev/null \
+      || nvidia-smi --query-gpu=index,clocks_throttle_reasons.active --format=csv,noheader 2>&1; } >>"$OUT/scaling/gpu-state.log"
+}
+
 record() { # framework workload gpus mode samples_per_sec
   printf '{"framework":"%s","workload":"%s","gpus":%s,"mode":"%s","samples_per_sec":%s}\n' "$@" >>"$RES"
 }
@@ -33,7 +60,7 @@ record() { # framework workload gpus mode samples_per_sec
 # name config batch math warmup iters
 # The small nets run long enough (about a second) for the GPUs' clocks to settle: with a few
 # hundred milliseconds, one-GPU rates moved by a third between runs of the same binary.
-ALL=("resnet50 config/resnet50.toml 64 tf32 5 40"
+ALL=("resnet50 $resnet 64 tf32 5 40"
   "cifar10_quick $quick 512 fp32 50 600"
   "mlp4096 config/mlp4096.toml 512 tf32 100 1000")
 for w in "${ALL[@]}"; do
@@ -46,7 +73,9 @@ for w in "${ALL[@]}"; do
       for wire in ${WIRES:-fp32}; do
         sets=(--set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch")
         [ "$wire" = fp32 ] || sets+=(--set "cluster.reduce_dtype=\"$wire\"")
+        for extra in ${SETS:-}; do sets+=(--set "$extra"); done
         log="$OUT/scaling/p2ptrain-$name-$math-wire$wire-$np.log"
+        settle "p2ptrain $name $math wire $wire np $np"
         timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
           "${sets[@]}" >"$log" 2>&1 || { echo "FAILED: p2ptrain $name $math wire $wire np $np" | tee -a "$OUT/summary.txt"; failed=1; }
         line=$(grep '^bench:' "$log")
@@ -60,6 +89,7 @@ for w in "${ALL[@]}"; do
     for mode in "${torch_modes[@]}"; do
       label=$([[ $mode == *--amp* ]] && echo "AMP bf16 channels-last" || echo "$own_math")
       err="$OUT/scaling/torch-$name-${label// /_}-$np.err"
+      settle "pytorch $name $label np $np"
       if [ "$np" -eq 1 ]; then
         # shellcheck disable=SC2086
         json=$(timeout 300 python3 scripts/pytorch_ddp.py --workload "$name" --batch "$batch" \
@@ -98,7 +128,7 @@ PY
 if [ -n "${TIMELINE:-}" ]; then
   np=${COUNTS##* }
   echo "== timeline: ResNet-50, $np GPU(s), 12 iterations" | tee -a "$OUT/summary.txt"
-  timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train config/resnet50.toml --no-progress \
+  timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" train "$resnet" --no-progress \
     --output "$OUT/scaling/timeline-run" --set 'cluster.backend="cuda"' --set "cluster.math=\"$(set -- ${MATHS:-tf32}; echo "$1")\"" \
     --set 'solver.max_iter=12' --timeline "$OUT/scaling/resnet50-timeline.json" --timeline-iters 12 \
     >"$OUT/scaling/timeline.log" 2>&1 || { echo "FAILED: timeline run" | tee -a "$OUT/summary.txt"; failed=1; }

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Writes the timing twin of a config that reads real files: the same net and solver on synthetic
-records of the data's shape, so a benchmark measures no input pipeline.
+records of the data's shape, so a benchmark measures no file reading or decoding. The records are
+whole 8-bit pixels (`pixels = "u8"`), as the IDX and CIFAR-10 files' are, so the batches travel to
+the GPU as bytes, as the real data's do. FLOAT=1 keeps them floats (four times the bytes).
 
     python3 scripts/gpu/synthetic_config.py lenet OUT.toml          # config/lenet.toml, 1x28x28 IDX
     python3 scripts/gpu/synthetic_config.py cifar10_quick OUT.toml  # config/cifar10_quick.toml, CIFAR-10
 """
 
+import os
 import re
 import sys
 
@@ -27,6 +30,8 @@ def main() -> int:
     name, out = sys.argv[1], sys.argv[2]
     source = f"config/{name}.toml"
     pattern, synthetic = DATA[name]
+    if os.environ.get("FLOAT", "0") != "1":
+        synthetic += 'pixels = "u8"\n'
     text, n = re.subn(pattern, synthetic, open(source).read(), flags=re.S)
     if n != 1:
         print(f"synthetic_config.py: {source}: no data block to replace", file=sys.stderr)

@@ -399,6 +399,18 @@ pub enum DataFormat {
     ImageFolder,
 }
 
+/// The values of synthetic records (`data.pixels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticPixels {
+    /// Floats in [0, 1), handed to the net as floats.
+    #[default]
+    Float,
+    /// Whole 8-bit pixels, 0 to 255: batches travel as bytes and are normalised where they are
+    /// used (on a GPU, by the device), as the image formats' do.
+    U8,
+}
+
 /// Which library decodes JPEG files (`data.jpeg_decoder`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -471,6 +483,8 @@ pub struct DataConfig {
     pub train_size: Option<usize>,
     /// Synthetic: number of test records.
     pub test_size: Option<usize>,
+    /// Synthetic: the records' values (default `"float"`, in [0, 1)).
+    pub pixels: Option<SyntheticPixels>,
     /// Training augmentation: translate each record by up to `shift` pixels along H and W
     /// (offsets keyed by seed and stream position; the border gets the value of a zero pixel).
     #[serde(default)]

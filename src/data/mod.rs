@@ -51,7 +51,7 @@ pub use reader::{
 pub use synthetic::SyntheticSource;
 pub use transform::{Normalize, ResizedCrop, Scratch, Transform};
 
-use crate::config::{CorruptMode, DataConfig, DataFormat, JpegDecoderKind};
+use crate::config::{CorruptMode, DataConfig, DataFormat, JpegDecoderKind, SyntheticPixels};
 use crate::error::{Error, Result};
 use crate::input_file::{open_regular, read_regular, InputError, UNBOUNDED};
 use std::ops::Range;
@@ -294,7 +294,13 @@ pub fn open_sources(
             if test_size == 0 {
                 return Err(config_error("data.test_size", "must be at least 1"));
             }
-            let make = |split, len| SyntheticSource::new(shape, classes, len, seed, split);
+            let make = |split, len| {
+                let source = SyntheticSource::new(shape, classes, len, seed, split);
+                match cfg.pixels.unwrap_or_default() {
+                    SyntheticPixels::Float => source,
+                    SyntheticPixels::U8 => source.with_u8_pixels(),
+                }
+            };
             (
                 Arc::new(make(Split::Train, train_size)) as Arc<dyn RecordSource>,
                 Arc::new(make(Split::Test, test_size)) as Arc<dyn RecordSource>,
@@ -645,6 +651,7 @@ mod tests {
             shape: None,
             train_size: None,
             test_size: None,
+            pixels: None,
             shift: 0,
             prefetch: 2,
             train_source: None,

@@ -41,6 +41,8 @@ pub struct SyntheticSource {
     tag: u64,
     mean: f32,
     scale: f32,
+    /// The pool holds whole 8-bit pixels ([`SyntheticSource::with_u8_pixels`]).
+    u8_pixels: bool,
     name: String,
     /// `(P, C, H, W)` raw pixels of the pool records, shared by clones.
     pool: Arc<[f32]>,
@@ -122,6 +124,7 @@ impl SyntheticSource {
             tag,
             mean: 0.0,
             scale: 1.0,
+            u8_pixels: false,
             name: format!(
                 "synthetic:{}",
                 if split == Split::Train {
@@ -164,6 +167,18 @@ impl SyntheticSource {
     pub fn with_normalization(mut self, mean: f32, scale: f32) -> Self {
         self.mean = mean;
         self.scale = scale;
+        self
+    }
+
+    /// The same records as whole 8-bit pixels: a value `v` in [0, 1) becomes `⌊256 v⌋`, 0 to
+    /// 255, and the source says so ([`RecordSource::values_are_u8`]), so that its batches travel
+    /// as bytes, as real images' do. Any normalisation set before is dropped.
+    pub fn with_u8_pixels(mut self) -> Self {
+        let pool: Vec<f32> = self.pool.iter().map(|&v| (v * 256.0).floor()).collect();
+        self.pool = Arc::from(pool);
+        self.mean = 0.0;
+        self.scale = 1.0;
+        self.u8_pixels = true;
         self
     }
 
@@ -215,6 +230,10 @@ impl RecordSource for SyntheticSource {
     fn name(&self) -> &str {
         &self.name
     }
+
+    fn values_are_u8(&self) -> bool {
+        self.u8_pixels
+    }
 }
 
 #[cfg(test)]
@@ -230,6 +249,54 @@ mod tests {
         assert!(pad_shape(&[1, 2, 3, 4]).is_err());
         assert!(pad_shape(&[3, 0, 5]).is_err());
         assert!(pad_shape(&[usize::MAX, 2]).is_err());
+    }
+
+    /// `pixels = "u8"`: the float records' values as whole pixels, the same labels, and batches
+    /// that travel as bytes and normalise to the floats the transform gives.
+    #[test]
+    fn u8_pixels_are_the_float_records_quantised() {
+        use crate::data::transform::{Scratch, Transform};
+        let floats = SyntheticSource::new([3, 4, 5], 7, 300, 5, Split::Train);
+        let bytes = floats.clone().with_u8_pixels();
+        assert!(!floats.values_are_u8() && bytes.values_are_u8());
+        let (mut f, mut b) = (vec![0.0f32; 60], vec![0.0f32; 60]);
+        let (mut lowest, mut highest) = (f32::MAX, f32::MIN);
+        for i in 0..300 {
+            floats.fill(i, &mut f);
+            bytes.fill(i, &mut b);
+            assert_eq!(floats.label(i), bytes.label(i));
+            for (x, y) in f.iter().zip(&b) {
+                assert_eq!(*y, (x * 256.0).floor(), "record {i}");
+                assert!(
+                    y.fract() == 0.0 && (0.0..=255.0).contains(y),
+                    "record {i}: {y}"
+                );
+            }
+            lowest = lowest.min(b.iter().copied().fold(f32::MAX, f32::min));
+            highest = highest.max(b.iter().copied().fold(f32::MIN, f32::max));
+        }
+        assert!(
+            lowest < 32.0 && highest > 223.0,
+            "pixels in [{lowest}, {highest}]"
+        );
+        // A per-channel mean and a scale, as cifar10_quick's: bytes through the normalisation
+        // are the floats of the transform, bit for bit.
+        let t = Transform::new(
+            [3, 4, 5],
+            0,
+            false,
+            &[125.3, 123.0, 113.9],
+            1.0 / 255.0,
+            0,
+            1,
+        );
+        assert!(t.u8_batches(&bytes) && !t.u8_batches(&floats));
+        let (mut want, mut pixels, mut got) = (vec![0.0; 60], vec![0u8; 60], vec![0.0; 60]);
+        let mut scratch = Scratch::default();
+        t.train(&bytes, 9, 0, &mut want, &mut scratch).unwrap();
+        t.train_u8(&bytes, 9, 0, &mut pixels, &mut scratch).unwrap();
+        t.normalization().apply(&pixels, &mut got);
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl Validator<'_> {
             ("shape", d.shape.is_some()),
             ("train_size", d.train_size.is_some()),
             ("test_size", d.test_size.is_some()),
+            ("pixels", d.pixels.is_some()),
         ];
         if d.format != DataFormat::Idx {
             if let Some((k, _)) = paths.iter().find(|(_, p)| p.is_some()) {

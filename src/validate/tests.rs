@@ -245,6 +245,15 @@ fn data_formats_take_their_own_keys() {
         "format = \"synthetic\"\nshape = [64]",
     ))
     .unwrap();
+    check(&BASE.replace(
+        "format = \"digits\"",
+        "format = \"synthetic\"\nshape = [64]\npixels = \"u8\"",
+    ))
+    .unwrap();
+    has(
+        &err("batch_size = 32", "batch_size = 32\npixels = \"u8\""),
+        "`data.pixels`: does not apply to format \"digits\"",
+    );
     has(
         &synth("shape = [1, 8, 8]\nclasses = 10\ntrain_size = 0\ntest_size = 9"),
         "`data.train_size`: must be at least 1",
