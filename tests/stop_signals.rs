@@ -1,9 +1,10 @@
 //! Stopping and signalling a run through the real binary, alone and under `mpirun`: SIGTERM or
 //! SIGINT to `mpirun` (which stops relaying the ranks' output and signals them only
-//! `odls_base_sigkill_timeout` seconds later) ends in a complete snapshot; a log under a launcher
-//! gets plain lines, the progress bar only with `--progress`; a second SIGINT during a snapshot
-//! leaves no temporary file; SIGUSR1 before the config is even read is acted on at the first
-//! iteration.
+//! `odls_base_sigkill_timeout` seconds later) ends in a complete snapshot, the signal reaching
+//! ranks that agree on signals only every few iterations (`parallel::agreement`); a log under a
+//! launcher gets plain lines, the progress bar only with `--progress`; a second SIGINT during a
+//! snapshot leaves no temporary file; SIGUSR1 before the config is even read is acted on at the
+//! first iteration.
 
 mod common;
 
@@ -45,6 +46,20 @@ fn alive(pid: u32) -> bool {
 /// Waits until the run has written its first display line (it is training).
 fn wait_training(out: &Path, child: &mut Child) {
     wait_for_training(out, child, END_WITHIN);
+}
+
+/// Waits until the file `log` holds a line containing `what`, within [`END_WITHIN`]; kills `job`
+/// and fails otherwise.
+fn wait_for_log_line(log: &Path, what: &str, job: &mut Child) {
+    let start = Instant::now();
+    while !std::fs::read(log).is_ok_and(|t| String::from_utf8_lossy(&t).contains(what)) {
+        if start.elapsed() > END_WITHIN || job.try_wait().unwrap().is_some() {
+            let _ = job.kill();
+            let _ = job.wait();
+            panic!("no `{what}` in {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits for `child` to end within [`END_WITHIN`]; kills it and fails otherwise.
@@ -156,6 +171,11 @@ fn stop_signal_to_mpirun_snapshots(name: &str, sig: libc::c_int, sink: Sink) {
     std::fs::create_dir_all(&out).unwrap();
     let mut job = spawn_chatty_job(&cfg, &out, sink);
     wait_training(&out, &mut job);
+    if let Sink::File = sink {
+        // The signal reaches ranks that no longer agree after every iteration
+        // (parallel::agreement): it is sent once the schedule has set its interval.
+        wait_for_log_line(&out.with_extension("log"), "signals agreed every", &mut job);
+    }
     let ranks = ranks_of(job.id());
     assert_eq!(ranks.len(), 2, "ranks of mpirun: {ranks:?}");
     kill(job.id(), sig);

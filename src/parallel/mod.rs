@@ -2,8 +2,9 @@
 //! and starts one `P2PSync` thread per local replica; each `P2PSync` runs its own net, solver and
 //! data shard and talks to the others through its `Communicator`; `SharedScores` turns the
 //! replicas' local loss and accuracy into global figures; `local_sgd` schedules local SGD's
-//! averagings.
+//! averagings, `agreement` the signal agreements of synchronous training.
 
+pub mod agreement;
 pub mod bucket;
 pub mod cpu_engine;
 pub mod engine;

@@ -8,12 +8,13 @@
 //!
 //! Under local SGD (`super::local_sgd`) a step averages its gradient over the replicas its
 //! [`Schedule`] says (a node's, or none) and the replicas average their parameters every
-//! `sync_period` steps. Where they agree (after an averaging or a synchronous step) the loop
-//! agrees on signals, reads the refused-step record and verifies every replica; in between it
-//! exchanges nothing but what the user asked for (display, tests, snapshots), so that a signal
-//! is acted on at the next averaging. Tests and snapshot weights take the replicas' mean
+//! `sync_period` steps. Where they agree (after an averaging, or a synchronous step that the
+//! [`AgreementSchedule`] names) the loop agrees on signals and reads the refused-step record;
+//! in between it exchanges nothing but what the user asked for (display, tests, snapshots,
+//! `verify_interval`), so that a signal is acted on at the next agreement. Tests and snapshot weights take the replicas' mean
 //! parameters; a snapshot also carries every replica's own state (`crate::resume`).
 
+use super::agreement::{AgreementSchedule, ProbeEnd};
 use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
 use super::local_sgd::{AfterStep, GradientScope, Schedule, Traffic};
@@ -233,6 +234,29 @@ impl<E: Engine> P2PSync<E> {
         Ok(effects.decide(&watch.agreed(&max)))
     }
 
+    /// At the end of the agreement schedule's probe, sets its interval from every replica's mean
+    /// step time (a collective, at the same iteration on every replica); nothing alone.
+    fn time_agreements(&mut self, agreements: &mut AgreementSchedule, iter: u64) -> Result<()> {
+        if self.engine.size() < 2 {
+            return Ok(());
+        }
+        if let ProbeEnd::MeanStep(mine) = agreements.after_agreement(iter, Instant::now()) {
+            let mut sum = [mine];
+            self.engine.sum_scores(&mut sum)?;
+            let mean = sum[0] / self.engine.size() as f64;
+            agreements.set_interval(mean);
+            if self.outputs.is_some() {
+                info!(
+                    "signals agreed every {} iteration(s) from iteration {} (mean step {:.3} ms)",
+                    agreements.interval(),
+                    iter + 1,
+                    mean * 1e3
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Compares a bit-exact hash of the parameters across every replica (a collective) and
     /// fails, naming the first diverging universal rank, when they differ. Under local SGD,
     /// what must agree: the outer state everywhere, and the parameters everywhere right after an
@@ -416,6 +440,7 @@ impl<E: Engine> P2PSync<E> {
         let mut watch = SignalWatch::new(local == 0);
         let effects = Effects::new(&s);
         let mut signal_slots = vec![0.0; 4 * self.engine.size()];
+        let mut agreements = AgreementSchedule::new(first_iter);
         for iter in first_iter..s.max_iter {
             crate::dist::deadline::set_iteration(iter);
             InjectedPanic::check(fault, self.engine.rank(), iter);
@@ -452,15 +477,20 @@ impl<E: Engine> P2PSync<E> {
             let done = iter + 1;
             self.verify_replicas(done)?;
             // Replicas apart (local SGD) exchange nothing: signals wait for the next averaging.
-            let decision = match in_sync {
+            // In step, they agree where the schedule says.
+            let agrees = in_sync && (self.schedule.is_local() || agreements.due(iter));
+            let decision = match agrees {
                 true => self.agree_on_signals(&mut watch, &effects, &mut signal_slots)?,
                 false => Decision::default(),
             };
+            if agrees && !self.schedule.is_local() {
+                self.time_agreements(&mut agreements, iter)?;
+            }
             if decision.stop.is_some() {
                 signals::note_stop_decided();
             }
             // Where the host has just waited for the device anyway.
-            if in_sync && self.engine.host_waits_each_step() {
+            if agrees && self.engine.host_waits_each_step() {
                 self.look_at_non_finite()?;
             }
             if decision != Decision::default() {
