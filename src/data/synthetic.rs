@@ -163,10 +163,11 @@ impl SyntheticSource {
         self.pool_labels.len()
     }
 
-    /// Records come out as `(pixel − mean) · scale`.
+    /// Records come out as `(pixel − mean) · scale` (no longer whole pixels, whatever the pool).
     pub fn with_normalization(mut self, mean: f32, scale: f32) -> Self {
         self.mean = mean;
         self.scale = scale;
+        self.u8_pixels = false;
         self
     }
 
@@ -259,6 +260,7 @@ mod tests {
         let floats = SyntheticSource::new([3, 4, 5], 7, 300, 5, Split::Train);
         let bytes = floats.clone().with_u8_pixels();
         assert!(!floats.values_are_u8() && bytes.values_are_u8());
+        assert!(!bytes.clone().with_normalization(1.0, 0.5).values_are_u8());
         let (mut f, mut b) = (vec![0.0f32; 60], vec![0.0f32; 60]);
         let (mut lowest, mut highest) = (f32::MAX, f32::MIN);
         for i in 0..300 {

@@ -82,7 +82,8 @@ pub trait Engine {
     /// The steps refused so far for non-finite numbers (a GPU engine waits for the device).
     fn non_finite_steps(&mut self) -> Result<NonFiniteSteps>;
     /// Whether the host waits for this engine's device every step anyway (always on the CPU), so
-    /// that reading [`Engine::non_finite_steps`] after each step costs no extra wait.
+    /// that reading [`Engine::non_finite_steps`] after each step costs no extra wait; otherwise
+    /// the loop reads it where it has waited (its agreements among replicas).
     fn host_waits_each_step(&self) -> bool {
         true
     }

@@ -489,8 +489,11 @@ impl<E: Engine> P2PSync<E> {
             if decision.stop.is_some() {
                 signals::note_stop_decided();
             }
-            // Where the host has just waited for the device anyway.
-            if agrees && self.engine.host_waits_each_step() {
+            // Where the host has just waited for the device anyway: after every step where it
+            // always does (the CPU), else after an agreement among replicas (on GPUs, ordered
+            // after the step).
+            if in_sync && (self.engine.host_waits_each_step() || (agrees && self.engine.size() > 1))
+            {
                 self.look_at_non_finite()?;
             }
             if decision != Decision::default() {
