@@ -11,8 +11,9 @@
 //! `sync_period` steps. Where they agree (after an averaging, or a synchronous step that the
 //! [`AgreementSchedule`] names) the loop agrees on signals and reads the refused-step record;
 //! in between it exchanges nothing but what the user asked for (display, tests, snapshots,
-//! `verify_interval`), so that a signal is acted on at the next agreement. Tests and snapshot weights take the replicas' mean
-//! parameters; a snapshot also carries every replica's own state (`crate::resume`).
+//! `verify_interval`), so that a signal is acted on at the next agreement. Tests and snapshot
+//! weights take the replicas' mean parameters; a snapshot also carries every replica's own state
+//! (`crate::resume`).
 
 use super::agreement::{AgreementSchedule, ProbeEnd};
 use super::engine::Engine;
