@@ -13,6 +13,10 @@
 //! (the subcommands). Every input file is opened
 //! through `input_file`. No module imports one above it outside of tests.
 
+// The crate is an application: its docs are read with `--document-private-items`, where links
+// to private items resolve.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod backend;
 pub mod caffe;
 pub mod chrome_trace;

@@ -4,7 +4,8 @@
 //!
 //! - [`prototxt`]: the text format, a schema-less tree with line numbers.
 //! - [`proto`]: the binary messages through prost (`BlobProto` is `data::mean_file`'s).
-//! - [`layer_types`] (here): Caffe's layer type names and p2ptrain's layer kinds.
+//! - here: Caffe's layer type names and p2ptrain's layer kinds ([`CAFFE_TYPES`],
+//!   [`kind_of_caffe_type`], [`caffe_type_of`]).
 //! - [`net`]: a net prototxt → `[data]` and `[[layer]]` tables; [`solver`]: a solver prototxt →
 //!   `[solver]` (and `[cluster] backend`); [`weights`]: `.caffemodel` ↔ named tensors;
 //!   [`import`]: the three together, written as `cluster.toml` and `weights.safetensors`.

@@ -1,6 +1,6 @@
 //! The subcommands, one module each, above every other module of the crate (the binary,
 //! `main.rs`, only parses arguments and calls them): [`train`] (`train`, `check`, `bench`, and
-//! the shared flow of [`test`] (the test phase alone) and [`predict`] (class probabilities of
+//! the shared flow of [`test`](mod@test) (the test phase alone) and [`predict`] (class probabilities of
 //! inputs): MPI start-up, config, data and weights agreed by every rank, the `P2PManager` run),
 //! `bench-allreduce` (NCCL or the CPU path, checked then timed over a sweep of sizes), `plot`
 //! (curves from `metrics.jsonl`), `compute-mean` (a dataset's mean image as a Caffe

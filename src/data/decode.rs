@@ -4,7 +4,7 @@
 //! is a message saying what is wrong with the bytes; nothing here panics on any input.
 //!
 //! [`decode_view`] decodes only the part of a JPEG that a resampled window needs ([`View`]) where
-//! the decoder can (libjpeg-turbo: [`libjpeg_turbo`](super::libjpeg_turbo)); the others decode
+//! the decoder can (libjpeg-turbo: [`super::libjpeg_turbo`]); the others decode
 //! whole images.
 //!
 //! Colour conversions follow OpenCV's `imread`, which Caffe uses: a colour file read as grey is

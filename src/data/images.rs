@@ -1,6 +1,6 @@
 //! [`ImageSource`]: the record source of the image formats — Caffe LMDBs (`format = "lmdb"`),
 //! list files (`"image_list"`) and class folders (`"image_folder"`) — over raw `Datum` pixels,
-//! `float_data`, or JPEG/PNG files decoded on the fly ([`decode`](super::decode)), with Caffe's
+//! `float_data`, or JPEG/PNG files decoded on the fly ([`super::decode`]), with Caffe's
 //! `is_color` and `new_height`/`new_width` resize, and what to do with a record that cannot be
 //! read (`data.on_corrupt`).
 //!

@@ -1,5 +1,5 @@
 //! What every launcher shares (the kernels' shared helpers are in `common.cu` beside this file):
-//! the [`launch!`] macro every launcher starts its kernel with, the [`launchers!`] macro that
+//! the `launch!` macro every launcher starts its kernel with, the `launchers!` macro that
 //! declares the launchers of one kernel each from compact signatures, the launch geometries of the
 //! grid-stride, one-warp-per-row and single-block kernels, the length checks (one buffer at a
 //! time, or every buffer of a kernel over `(n)` elements at once), and the
@@ -70,7 +70,7 @@ macro_rules! launch {
 /// 3. converts the parameters marked `as i32` / `as i64` to the kernel's integers (panicking
 ///    beyond `int`'s range, [`to_i32`]),
 /// 4. runs the statements `PREP`, which see the launcher's name as `OP`,
-/// 5. launches `KERNEL` on `s` with the `ARG`s as [`launch!`] takes them, over `GRID`:
+/// 5. launches `KERNEL` on `s` with the `ARG`s as `launch!` takes them, over `GRID`:
 ///    `grid N` one wave over `N` elements, `on CONFIG` that launch configuration, none one wave
 ///    over the element count.
 ///

@@ -2,7 +2,7 @@
 //! `y = x + b[d]` over the view `(outer, dim, inner)` of the bottom, `d` over the axes
 //! `axis .. axis + num_axes` (default 1 and 1). One bottom: `b` is learnable (the layer's only
 //! tensor); two bottoms: `b` is the second bottom and gets a gradient like a bottom. The layer
-//! is a [`GpuAffine`](super::affine::GpuAffine), whose docs give the backward.
+//! is a [`super::affine::GpuAffine`], whose docs give the backward.
 
 use super::affine::GpuAffine;
 use super::{BuildGpu, GpuLayer};

@@ -2,7 +2,7 @@
 //! `y = x · s[d] (+ b[d])` over the view `(outer, dim, inner)` of the bottom `x`, `d` over the
 //! axes `axis .. axis + num_axes` (default 1 and 1: one factor per channel); `s` learnable with
 //! one bottom, the second bottom with two; `b` learnable with `bias_term`. The layer is a
-//! [`GpuAffine`](super::affine::GpuAffine), whose docs give the backward.
+//! [`super::affine::GpuAffine`], whose docs give the backward.
 
 use super::affine::GpuAffine;
 use super::{BuildGpu, GpuLayer};
