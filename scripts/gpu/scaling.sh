@@ -11,8 +11,9 @@
 # Workloads (batch per GPU): resnet50 (64), cifar10_quick (512), mlp4096 (512); a workload's math
 # for PyTorch's non-AMP run is tf32 except cifar10_quick (fp32, as in its anchor figures). MATHS
 # defaults to each workload's own math; a WIRES value other than fp32 sets cluster.reduce_dtype;
-# PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call); BN_SYNC=false
-# runs ResNet-50 with every BatchNorm normalising its own GPU's batch (`sync = false`, as PyTorch's).
+# PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call);
+# BN_SYNC=false runs ResNet-50 with every BatchNorm normalising its own GPU's batch
+# (`sync = false`, as PyTorch's).
 # SETS="key=value ..." adds `--set`s to every p2ptrain run. Before each run the script waits (up
 # to 60 s) until no process holds a GPU, and logs each GPU's clocks, temperature, power and
 # throttle reasons to OUT_DIR/scaling/gpu-state.log.
