@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text, wait_for_training,
-    wait_within,
+    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text, wait_for_file,
+    wait_for_training, wait_within,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -46,20 +46,6 @@ fn alive(pid: u32) -> bool {
 /// Waits until the run has written its first display line (it is training).
 fn wait_training(out: &Path, child: &mut Child) {
     wait_for_training(out, child, END_WITHIN);
-}
-
-/// Waits until the file `log` holds a line containing `what`, within [`END_WITHIN`]; kills `job`
-/// and fails otherwise.
-fn wait_for_log_line(log: &Path, what: &str, job: &mut Child) {
-    let start = Instant::now();
-    while !std::fs::read(log).is_ok_and(|t| String::from_utf8_lossy(&t).contains(what)) {
-        if start.elapsed() > END_WITHIN || job.try_wait().unwrap().is_some() {
-            let _ = job.kill();
-            let _ = job.wait();
-            panic!("no `{what}` in {}", log.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits for `child` to end within [`END_WITHIN`]; kills it and fails otherwise.
@@ -174,7 +160,10 @@ fn stop_signal_to_mpirun_snapshots(name: &str, sig: libc::c_int, sink: Sink) {
     if let Sink::File = sink {
         // The signal reaches ranks that no longer agree after every iteration
         // (parallel::agreement): it is sent once the schedule has set its interval.
-        wait_for_log_line(&out.with_extension("log"), "signals agreed every", &mut job);
+        let (log, line) = (out.with_extension("log"), "signals agreed every");
+        wait_for_file(&log, "the agreement interval", &mut job, END_WITHIN, |t| {
+            t.contains(line)
+        });
     }
     let ranks = ranks_of(job.id());
     assert_eq!(ranks.len(), 2, "ranks of mpirun: {ranks:?}");

@@ -190,7 +190,8 @@ fn prepare(action: &Action, opts: &Options, boot: &Bootstrap) -> Result<Prepared
     let devices = choose_devices(&cfg, &source, boot)?;
     // Before anything runs on the pool (opening the data may).
     let workers = size_worker_pool(
-        pool_threads_per_replica(&cfg, boot, &devices) * cfg.cluster.replicas_per_rank,
+        replica_threads(&cfg, boot, matches!(devices, Devices::Cuda { .. }))
+            * cfg.cluster.replicas_per_rank,
     );
     let world_size = boot.size;
     let plan = Plan::new(cfg, source, world_size)?;
@@ -272,7 +273,7 @@ fn choose_devices(
 ) -> Result<Devices> {
     let k = cfg.cluster.replicas_per_rank;
     let cpu = Devices::Cpu {
-        threads_per_replica: threads_per_replica(cfg, boot),
+        threads_per_replica: replica_threads(cfg, boot, false),
     };
     let wanted = cfg.cluster.backend;
     if wanted == BackendKind::Cpu {
@@ -476,17 +477,8 @@ fn size_worker_pool(threads: usize) -> usize {
 /// "The worker pool of a GPU replica").
 const GPU_REPLICA_THREADS: usize = 8;
 
-/// Worker-pool threads per replica on `devices` ([`replica_threads`]).
-fn pool_threads_per_replica(cfg: &config::Config, boot: &Bootstrap, devices: &Devices) -> usize {
-    let on_gpu = matches!(devices, Devices::Cuda { .. });
-    replica_threads(cfg, boot, on_gpu)
-}
-
-/// GEMM threads per replica on the CPU ([`replica_threads`]).
-fn threads_per_replica(cfg: &config::Config, boot: &Bootstrap) -> usize {
-    replica_threads(cfg, boot, false)
-}
-
+/// Worker-pool threads per replica of this node's rank, on GPUs (`on_gpu`) or the CPU (where they
+/// are also the GEMM threads): [`threads_for`] this node's cores and replicas.
 fn replica_threads(cfg: &config::Config, boot: &Bootstrap, on_gpu: bool) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let local_replicas = boot.local_size * cfg.cluster.replicas_per_rank;

@@ -46,16 +46,6 @@ pub struct AgreementSchedule {
     measured_from: Option<Instant>,
 }
 
-/// What the loop does at the end of a step's agreement ([`AgreementSchedule::after_agreement`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ProbeEnd {
-    /// Nothing.
-    Not,
-    /// The probe has ended: average this replica's mean step time (seconds) over every replica
-    /// (a collective) and hand it to [`AgreementSchedule::set_interval`].
-    MeanStep(f64),
-}
-
 impl AgreementSchedule {
     pub fn new(first: u64) -> Self {
         AgreementSchedule {
@@ -71,19 +61,16 @@ impl AgreementSchedule {
         done <= PROBE_STEPS || (done - PROBE_STEPS).is_multiple_of(self.interval)
     }
 
-    /// Notes the end of iteration `iter`'s agreement at `now`; at the probe's last step, this
-    /// replica's mean wall time per measured step.
-    pub fn after_agreement(&mut self, iter: u64, now: Instant) -> ProbeEnd {
+    /// Notes the end of iteration `iter`'s agreement at `now`. At the probe's last step, this
+    /// replica's mean wall time per measured step, in seconds: the loop averages it over every
+    /// replica (a collective) and hands the mean to [`AgreementSchedule::set_interval`].
+    pub fn after_agreement(&mut self, iter: u64, now: Instant) -> Option<f64> {
         let done = iter + 1 - self.first;
         if done == PROBE_STEPS - MEASURED_STEPS {
             self.measured_from = Some(now);
         }
-        match (done == PROBE_STEPS, self.measured_from) {
-            (true, Some(from)) => {
-                ProbeEnd::MeanStep((now - from).as_secs_f64() / MEASURED_STEPS as f64)
-            }
-            _ => ProbeEnd::Not,
-        }
+        let from = self.measured_from.filter(|_| done == PROBE_STEPS)?;
+        Some((now - from).as_secs_f64() / MEASURED_STEPS as f64)
     }
 
     /// Sets the interval from the replicas' mean step time, in seconds.
@@ -125,7 +112,7 @@ mod tests {
                 let iter = first + k;
                 assert!(s.due(iter), "probe step {k}");
                 let now = t0 + Duration::from_millis(2 * (k + 1));
-                if let ProbeEnd::MeanStep(m) = s.after_agreement(iter, now) {
+                if let Some(m) = s.after_agreement(iter, now) {
                     assert_eq!(k + 1, PROBE_STEPS);
                     asked = Some(m);
                 }

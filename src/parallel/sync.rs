@@ -15,7 +15,7 @@
 //! weights take the replicas' mean parameters; a snapshot also carries every replica's own state
 //! (`crate::resume`).
 
-use super::agreement::{AgreementSchedule, ProbeEnd};
+use super::agreement::AgreementSchedule;
 use super::engine::Engine;
 use super::fault::{InjectedPanic, INJECT_PERTURB};
 use super::local_sgd::{AfterStep, GradientScope, Schedule, Traffic};
@@ -241,7 +241,7 @@ impl<E: Engine> P2PSync<E> {
         if self.engine.size() < 2 {
             return Ok(());
         }
-        if let ProbeEnd::MeanStep(mine) = agreements.after_agreement(iter, Instant::now()) {
+        if let Some(mine) = agreements.after_agreement(iter, Instant::now()) {
             let mut sum = [mine];
             self.engine.sum_scores(&mut sum)?;
             let mean = sum[0] / self.engine.size() as f64;

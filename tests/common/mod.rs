@@ -136,15 +136,28 @@ pub fn train_to<S: AsRef<std::ffi::OsStr>>(
 /// `limit`; panics if the job ends first or the time runs out (then killing it).
 pub fn wait_for_training(out: &Path, job: &mut Child, limit: Duration) {
     let metrics = out.join("metrics.jsonl");
+    wait_for_file(&metrics, "training", job, limit, |t| t.lines().count() >= 1);
+}
+
+/// Waits until the file `path` holds text for which `ready` holds (`what` names that state),
+/// at most `limit`, while `job` runs; panics if the job ends first or the time runs out (then
+/// killing it).
+pub fn wait_for_file(
+    path: &Path,
+    what: &str,
+    job: &mut Child,
+    limit: Duration,
+    ready: impl Fn(&str) -> bool,
+) {
     let start = Instant::now();
-    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
+    while !std::fs::read(path).is_ok_and(|t| ready(&String::from_utf8_lossy(&t))) {
         if let Some(status) = job.try_wait().unwrap() {
-            panic!("the run ended before training: {status}");
+            panic!("the run ended before {what}: {status}");
         }
         if start.elapsed() > limit {
             let _ = job.kill();
             let _ = job.wait();
-            panic!("no metrics after {limit:?}");
+            panic!("no {what} in {} after {limit:?}", path.display());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
