@@ -75,6 +75,12 @@ if two_gpus "topology equivalence and reduce modes"; then
     $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
       || fail "$other differs"
   done
+  # Two replicas add in one order whatever the buckets, and the update bucket by bucket (several
+  # buckets) is the update of the whole gradient (one bucket): the same bits.
+  for other in gpu_2x1_b16_layerwise gpu_2x1_b16_tiny_buckets; do
+    $CMP "$(snap gpu_2x1_b16)" "$(snap $other)" --tol 0 --label "$other vs gpu_2x1_b16, bit for bit" \
+      | tee -a "$OUT/summary.txt" || fail "$other differs from one bucket"
+  done
 fi
 # Four GPUs: every layout of 4 replicas (np 4 x 1, np 2 x 2, np 1 x 4) at 8 samples each against
 # one replica at 32.
@@ -82,7 +88,8 @@ if [ "$NGPU" -ge 4 ]; then
   train gpu_4x1_b8 4 1 8 cuda
   train gpu_2x2_b8 2 2 8 cuda
   train gpu_1x4_b8 1 4 8 cuda
-  for other in gpu_4x1_b8 gpu_2x2_b8 gpu_1x4_b8; do
+  train gpu_4x1_b8_layerwise 4 1 8 cuda 'cluster.reduce="layerwise"'
+  for other in gpu_4x1_b8 gpu_2x2_b8 gpu_1x4_b8 gpu_4x1_b8_layerwise; do
     $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
       || fail "$other differs"
   done

@@ -120,6 +120,7 @@ kernel_set!(
     loss_slot,
     poison_gradient,
     sumsq_partial,
+    sumsq_partial_bf16,
     clip_scale,
     sgd_update,
     nesterov_update,
@@ -227,7 +228,7 @@ pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
 pub use normalization::StatsSource;
 pub use pooling::PoolGeom;
-pub use solver::{LossScaleArgs, Rule, UpdateArgs};
+pub use solver::{LossScaleArgs, Rule, UpdateArgs, WireSum};
 
 impl Kernels {
     /// Compiles [`SOURCE`] for the device of `ctx` (once per process and compute capability)

@@ -11,18 +11,23 @@
 //! which the update kernel applies nothing (`crate::solver::non_finite`); the host reads the
 //! record only when it asks ([`GpuSolver::non_finite_steps`]). The per-tensor `lr_mult` and
 //! `decay_mult` sit in small device tables built once, so one launch updates every tensor.
+//!
+//! Where the result cannot differ ([`GpuSolver::updates_by_part`]), the engine updates the
+//! gradient bucket by bucket ([`GpuSolver::apply_part`]): each bucket's three kernels run as soon
+//! as its all-reduce is done, while the next bucket is still on the wire.
 
 use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
-use crate::cuda::kernels::{Rule, UpdateArgs};
+use crate::cuda::kernels::{Rule, UpdateArgs, WireSum};
 use crate::error::{Error, Result};
 use crate::params::ParamSpan;
-use crate::solver::loss_scale::LossScaler;
+use crate::solver::loss_scale::{LossScaler, Rule as LossScaleRule};
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::solver::{learning_rate, Solver};
 use cudarc::driver::CudaSlice;
+use std::ops::Range;
 
 /// The update rule of one replica with its history on the device; see the module docs.
 #[derive(Debug)]
@@ -184,6 +189,36 @@ impl GpuSolver {
         params: &mut GpuParams,
         loss_scale: Option<&mut DeviceLossScale>,
     ) -> Result<f32> {
+        let whole = Part {
+            range: 0..self.n,
+            later: false,
+            sum: None,
+        };
+        self.apply_part(gpu, iter, params, whole, loss_scale)
+    }
+
+    /// Whether the update may run bucket by bucket ([`GpuSolver::apply_part`]), each part as
+    /// soon as its all-reduce is done, with the same result as one update of the whole
+    /// gradient: no clipping (whose factor needs the whole gradient's norm), `non_finite =
+    /// "stop"` (under `"skip"` a step must leave every weight as it was when any part is not
+    /// finite) and no dynamic loss scale (whose verdict moves its state once per step).
+    pub fn updates_by_part(&self, loss_scale: Option<&DeviceLossScale>) -> bool {
+        let dynamic = loss_scale.is_some_and(|ls| matches!(ls.rule, LossScaleRule::Dynamic { .. }));
+        self.cfg.clip_gradients <= 0.0 && self.cfg.non_finite == NonFiniteMode::Stop && !dynamic
+    }
+
+    /// The update of iteration `iter` over the elements `part.range` of the flat buffers: judged
+    /// and applied as [`GpuSolver::apply_scaled`] does the whole gradient, where
+    /// [`GpuSolver::updates_by_part`] allows it (see [`Part`]).
+    pub fn apply_part(
+        &mut self,
+        gpu: &Gpu,
+        iter: u64,
+        params: &mut GpuParams,
+        part: Part<'_>,
+        loss_scale: Option<&mut DeviceLossScale>,
+    ) -> Result<f32> {
+        let Part { range, later, sum } = part;
         assert_eq!(
             params.len(),
             self.n,
@@ -193,7 +228,7 @@ impl GpuSolver {
         );
         let cfg = &self.cfg;
         let lr = learning_rate(cfg, iter);
-        if self.n == 0 {
+        if range.is_empty() {
             return Ok(lr);
         }
         gpu.bind()?;
@@ -202,11 +237,19 @@ impl GpuSolver {
 
         // Steps 1 and 2: the factor on the raw diff, on the device (NaN for a refused step).
         let normalise = 1.0 / cfg.iter_size.max(1) as f64;
-        k.sumsq_partial(s, &params.diff, n, &mut self.partials)?;
+        let parts = k.sumsq_parts(range.len());
+        let partials = &mut self.partials.slice_mut(..parts);
+        match sum {
+            Some(w) => {
+                let bits = &w.bits.slice(range.clone());
+                k.sumsq_partial_bf16(s, bits, w.scale, range.len(), partials)?
+            }
+            None => k.sumsq_partial(s, &params.diff.slice(range.clone()), range.len(), partials)?,
+        }
         k.clip_scale(
             s,
-            &self.partials,
-            k.sumsq_parts(n),
+            partials,
+            parts,
             normalise,
             cfg.clip_gradients as f64,
             &mut self.scale,
@@ -214,13 +257,16 @@ impl GpuSolver {
             iter,
             cfg.non_finite == NonFiniteMode::Stop,
             loss_scale.unwrap_or(&mut self.unscaled).args(),
+            later,
         )?;
 
         // Steps 3 and 4, fused over every tensor.
         let args = UpdateArgs {
             w: &mut params.data,
             g: &mut params.diff,
+            sum,
             n,
+            range,
             ends: &self.ends,
             lr_mult: &self.lr_mult,
             decay_mult: &self.decay_mult,
@@ -272,6 +318,20 @@ impl GpuSolver {
         k.update(s, args, rule)?;
         Ok(lr)
     }
+}
+
+/// One part of an iteration's update ([`GpuSolver::apply_part`]): the elements `range`, whether
+/// it is `later` than the iteration's first part, and where its raw gradient is: in the
+/// gradient buffer, or still in the bfloat16 wire's `sum`, widened and averaged as it is read.
+///
+/// A later part of an iteration already refused adds nothing to the refused-step record; in
+/// `stop` mode the latch refuses the parts after a non-finite one. The parts before it have
+/// been applied: the run stops at its next look at the record and writes nothing after it (a
+/// non-finite loss poisons the first part launched, so that then nothing is applied).
+pub struct Part<'a> {
+    pub range: Range<usize>,
+    pub later: bool,
+    pub sum: Option<WireSum<'a>>,
 }
 
 /// Adam's bias correction `√(1 − β₂ᵗ) / (1 − β₁ᵗ)` with `t = iter + 1`, computed as the CPU

@@ -1,37 +1,42 @@
 //! The gradient wire of one GPU replica (`cluster.reduce_dtype`): how a bucket of the flat FP32
 //! gradient is averaged over a communicator. FP32: NCCL's in-place `Avg`. bfloat16: a kernel
-//! rounds the bucket into a staging buffer of bfloat16 bits (`to_bf16`), NCCL sums those in
-//! bfloat16 (`ncclBfloat16`, half the bytes), and a kernel writes the sum back over the bucket as
-//! FP32 times `1/R` (`from_bf16_scaled`) — the arithmetic of `crate::dist::wire`, which the CPU
-//! backend runs. All three are enqueued on the communicator's stream, one after the other, so
-//! the bucket's trip needs no host synchronisation and no event beyond the one that already
-//! orders the bucket after the backward that produced it; buckets on that stream run in turn, so
-//! one staging buffer as long as the largest bucket serves them all.
+//! rounds the bucket into a staging buffer of bfloat16 bits (`to_bf16`, [`GradientWire::pack`]),
+//! NCCL sums those in bfloat16 (`ncclBfloat16`, half the bytes; [`GradientWire::reduce`]), and
+//! the sum comes back as FP32 times `1/R` (`from_bf16_scaled`) — the arithmetic of
+//! `crate::dist::wire`, which the CPU backend runs.
+//!
+//! The staging buffer is as long as the gradient and holds each bucket at the bucket's own
+//! offsets, so buckets never wait for one another's staging. The engine packs a bucket on the
+//! compute stream as the backward that completes it ends, and the communication stream runs
+//! only NCCL's part of the trips; the sum is written back over the bucket on the communication
+//! stream ([`GradientWire::unpack`]), or left in the staging buffer for an update that reads it
+//! there ([`GradientWire::sum`]: the widening and the `1/R` in the same FP32 operations).
 
-use super::kernels::Kernels;
+use super::kernels::{Kernels, WireSum};
 use super::nccl::{NcclComm, ReduceOp};
 use super::{gpu_error, Gpu};
 use crate::config::ReduceDtype;
 use crate::error::{Error, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 
 /// A replica's wire: its element type and, for bfloat16, the staging buffer.
 pub struct GradientWire {
     dtype: ReduceDtype,
-    /// `(largest bucket)` bfloat16 bit patterns; `None` on the FP32 wire.
+    /// `(gradient floats)` bfloat16 bit patterns at the gradient's offsets; `None` on the FP32
+    /// wire.
     staging: Option<CudaSlice<u16>>,
 }
 
 impl GradientWire {
-    /// The wire of `dtype` for buckets of at most `largest` floats, its staging buffer (if any)
+    /// The wire of `dtype` for a gradient of `len` floats, its staging buffer (if any)
     /// allocated on `gpu`'s compute stream.
-    pub fn new(gpu: &Gpu, dtype: ReduceDtype, largest: usize) -> Result<Self> {
+    pub fn new(gpu: &Gpu, dtype: ReduceDtype, len: usize) -> Result<Self> {
         let staging = match dtype {
             ReduceDtype::Fp32 => None,
             ReduceDtype::Bf16 => Some(
                 gpu.compute
-                    .alloc_zeros::<u16>(largest.max(1))
+                    .alloc_zeros::<u16>(len.max(1))
                     .map_err(|e| gpu_error("allocate the bfloat16 gradient staging buffer", e))?,
             ),
         };
@@ -43,8 +48,92 @@ impl GradientWire {
         (floats * self.dtype.bytes()) as u64
     }
 
-    /// Replaces `grad[range]` by its mean over `comm`'s replicas, enqueued on `comm`'s stream
-    /// (ordered after the work that wrote `grad[range]` by the caller).
+    /// The staging buffer, checked to hold `range` of a `len`-float gradient.
+    fn staging_for(
+        &mut self,
+        range: &Range<usize>,
+        len: usize,
+    ) -> Result<Option<&mut CudaSlice<u16>>> {
+        let Some(staging) = &mut self.staging else {
+            return Ok(None);
+        };
+        if range.end > staging.len() || range.end > len || range.start > range.end {
+            return Err(Error::Device(format!(
+                "bfloat16 gradient wire: bucket {}..{} of a {len}-float gradient does not fit the \
+                 {}-element staging buffer",
+                range.start,
+                range.end,
+                staging.len()
+            )));
+        }
+        Ok(Some(staging))
+    }
+
+    /// Rounds `grad[range]` into the staging buffer on `stream` (nothing on the FP32 wire).
+    pub fn pack(
+        &mut self,
+        kernels: &Kernels,
+        stream: &CudaStream,
+        grad: &CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        let Some(staging) = self.staging_for(&range, grad.len())? else {
+            return Ok(());
+        };
+        let n = range.len();
+        kernels.to_bf16(
+            stream,
+            &grad.slice(range.clone()),
+            &mut staging.slice_mut(range),
+            n,
+        )
+    }
+
+    /// The all-reduce of the bucket `range` on `comm`'s stream, ordered by the caller after its
+    /// [`GradientWire::pack`]: the FP32 average in `grad[range]`, or the bfloat16 sum in the
+    /// staging buffer.
+    pub fn reduce(
+        &mut self,
+        comm: &NcclComm,
+        grad: &mut CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        let s = comm.stream();
+        match self.staging_for(&range, grad.len())? {
+            None => comm.all_reduce_avg(grad, range, s),
+            Some(staging) => comm.all_reduce_bf16(staging, range, ReduceOp::Sum, s),
+        }
+    }
+
+    /// Writes the bfloat16 sum of the bucket `range` over `grad[range]` as FP32 times `1/R` for
+    /// `R` = `comm`'s replicas, on `comm`'s stream (nothing on the FP32 wire).
+    pub fn unpack(
+        &mut self,
+        kernels: &Kernels,
+        comm: &NcclComm,
+        grad: &mut CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        let scale = 1.0 / comm.size() as f32;
+        let Some(staging) = self.staging_for(&range, grad.len())? else {
+            return Ok(());
+        };
+        let n = range.len();
+        let sum = staging.slice(range.clone());
+        kernels.from_bf16_scaled(comm.stream(), &sum, &mut grad.slice_mut(range), scale, n)
+    }
+
+    /// The bfloat16 sums left in the staging buffer, averaged over `comm`'s replicas as they are
+    /// read; `None` on the FP32 wire, whose average is in the gradient buffer.
+    pub fn sum(&self, comm: &NcclComm) -> Option<WireSum<'_>> {
+        self.staging.as_ref().map(|bits| WireSum {
+            bits,
+            scale: 1.0 / comm.size() as f32,
+        })
+    }
+
+    /// Replaces `grad[range]` by its mean over `comm`'s replicas, the three steps enqueued on
+    /// `comm`'s stream (ordered after the work that wrote `grad[range]` by the caller).
     pub fn all_reduce_avg(
         &mut self,
         kernels: &Kernels,
@@ -52,30 +141,9 @@ impl GradientWire {
         grad: &mut CudaSlice<f32>,
         range: Range<usize>,
     ) -> Result<()> {
-        let s = comm.stream();
-        let Some(staging) = &mut self.staging else {
-            return comm.all_reduce_avg(grad, range, s);
-        };
-        let n = range.len();
-        if n > staging.len() || range.end > grad.len() {
-            return Err(Error::Device(format!(
-                "bfloat16 gradient wire: bucket {}..{} of a {}-float gradient does not fit the \
-                 {}-element staging buffer",
-                range.start,
-                range.end,
-                grad.len(),
-                staging.len()
-            )));
-        }
-        kernels.to_bf16(
-            s,
-            &grad.slice(range.clone()),
-            &mut staging.slice_mut(..n),
-            n,
-        )?;
-        comm.all_reduce_bf16(staging, 0..n, ReduceOp::Sum, s)?;
-        let scale = 1.0 / comm.size() as f32;
-        kernels.from_bf16_scaled(s, &staging.slice(..n), &mut grad.slice_mut(range), scale, n)
+        self.pack(kernels, comm.stream(), grad, range.clone())?;
+        self.reduce(comm, grad, range.clone())?;
+        self.unpack(kernels, comm, grad, range)
     }
 }
 
@@ -173,7 +241,7 @@ mod tests {
         let mut grad = gpu.compute.clone_htod(&host).unwrap();
         gpu.synchronize().unwrap();
         let range = 7..host.len() - 5;
-        let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, range.len()).unwrap();
+        let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, range.end).unwrap();
         assert_eq!(wire.bytes(10), 20);
         wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range.clone())
             .unwrap();
@@ -226,7 +294,8 @@ mod tests {
                         let comm = NcclComm::from_id(stream.clone(), r, 2, id).unwrap();
                         let mut grad = gpu.compute.clone_htod(host).unwrap();
                         gpu.synchronize().unwrap();
-                        let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, 40_000).unwrap();
+                        let mut wire =
+                            GradientWire::new(&gpu, ReduceDtype::Bf16, host.len()).unwrap();
                         wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range)
                             .unwrap();
                         let out = stream.clone_dtoh(&grad).unwrap();

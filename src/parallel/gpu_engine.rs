@@ -4,9 +4,11 @@
 //! last backward of an iteration, each bucket is launched on the communication stream as soon as
 //! the compute stream has passed the backward of the bucket's last layer (ordered by CUDA events,
 //! never by host synchronisation); before the update the compute stream waits for the last
-//! bucket. Where the host waits for the device (display, test, snapshot, the end of a run), it
-//! waits through [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the
-//! collective deadline.
+//! bucket, or, where the update rule allows it (`GpuSolver::updates_by_part`), waits for each
+//! bucket in turn and updates its part of the parameters at once, so that the update of the
+//! first buckets runs while the last ones are still on the wire. Where the host waits for the
+//! device (display, test, snapshot, the end of a run), it waits through
+//! [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the collective deadline.
 //!
 //! Non-finite numbers (`crate::solver::non_finite`): the engine sums each iteration's loss into
 //! a device scalar of its own; where that sum is not finite, a one-thread kernel makes one
@@ -23,13 +25,16 @@
 //! communication stream, ordered by events as the gradient buckets are.
 //!
 //! The buckets travel in the type of `cluster.reduce_dtype` (`crate::cuda::wire`): FP32 through
-//! NCCL's `Avg`, or bfloat16 — a conversion kernel, NCCL's bfloat16 sum and a kernel back to FP32
-//! with the `1/R` of the average, all three on the communication stream, overlapped with
-//! backward as the FP32 buckets are.
+//! NCCL's `Avg`, or bfloat16 — a conversion kernel on the compute stream as the bucket becomes
+//! ready, NCCL's bfloat16 sum on the communication stream, and the sum back to FP32 with the
+//! `1/R` of the average: a kernel after the sum on the communication stream, or, where the
+//! update runs bucket by bucket, inside the update's kernels, which read the sum where NCCL left
+//! it. The communication stream thus runs NCCL alone where it can.
 //!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
 //! backward on the compute stream, and each gradient bucket's all-reduce on the communication
-//! stream (from the first event of its trip to the last, with the bytes it put on the wire), from
+//! stream (from the first event of its trip there to the last, with the bytes it put on the
+//! wire), from
 //! the `EventClock`s of the step phases, of the net's layers and of the buckets, mapped onto the
 //! host clock through one event recorded when the timeline starts. The events are read once,
 //! after the timeline's window of iterations: the steps themselves never wait for them.
@@ -43,7 +48,7 @@ use crate::cuda::kernels::Kernels;
 use crate::cuda::layers::Collective;
 use crate::cuda::nccl::{NcclComm, NcclId};
 use crate::cuda::net::GpuNet;
-use crate::cuda::update::GpuSolver;
+use crate::cuda::update::{GpuSolver, Part};
 use crate::cuda::wire::GradientWire;
 use crate::cuda::{gpu_error, Gpu};
 use crate::data::Normalize;
@@ -79,8 +84,12 @@ pub struct GpuEngine {
     bucket_clock: EventClock<Name>,
     /// Per layer, the buckets its backward completes.
     ready_after: Vec<Vec<usize>>,
+    /// Per bucket, the event recorded on the communication stream after its all-reduce.
+    arrived: Vec<CudaEvent>,
     /// Buckets launched during the current iteration's last backward.
     launched: bool,
+    /// The current step's update waits for the buckets one by one and updates each at once.
+    update_by_bucket: bool,
     iter_size: u64,
     /// Index of the current sub-batch within its iteration.
     sub: u64,
@@ -153,16 +162,20 @@ impl GpuEngine {
             m => m,
         };
         let buckets = plan_buckets(&net.params.spans, mode, cfg.cluster.bucket_mb);
-        let largest = buckets.iter().map(Bucket::len).max().unwrap_or(0);
         let dtype = match size {
             1 => ReduceDtype::Fp32, // nothing goes on a wire
             _ => cfg.cluster.reduce_dtype,
         };
-        let wire = GradientWire::new(&gpu, dtype, largest)?;
+        let wire = GradientWire::new(&gpu, dtype, net.params.len())?;
         let mut ready_after = vec![Vec::new(); net.graph().len()];
         for (b, bucket) in buckets.iter().enumerate() {
             ready_after[bucket.ready_after_layer].push(b);
         }
+        let arrived = buckets
+            .iter()
+            .map(|_| gpu.ctx.new_event(None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| gpu_error("create the buckets' events", e))?;
         let outer = Outer::of(&cfg.cluster);
         let n = net.params.len();
         let (outer_runs, anchor, outer_momentum) = match outer {
@@ -187,7 +200,9 @@ impl GpuEngine {
             wire,
             bucket_clock: EventClock::default(),
             ready_after,
+            arrived,
             launched: false,
+            update_by_bucket: false,
             iter_size: cfg.solver.iter_size,
             sub: 0,
             clock: PhaseClock::default(),
@@ -328,15 +343,24 @@ fn poison(gpu: &Gpu, loss: &CudaSlice<f64>, diff: &mut CudaSlice<f32>, at: usize
 }
 
 /// What launching a bucket's all-reduce needs besides the gradient: the wire, the kernels it
-/// converts with, and the clock that times it.
+/// converts with, the compute stream it packs on and the event that orders the communication
+/// stream after it, the clock that times the trip, the buckets' arrival events, and whether the
+/// wire's sum stays in its staging buffer for an update that reads it there.
 struct Launcher<'a> {
     wire: &'a mut GradientWire,
     kernels: &'a Kernels,
+    compute: &'a CudaStream,
+    fence: &'a CudaEvent,
     clock: &'a mut EventClock<Name>,
+    arrived: &'a [CudaEvent],
+    keep_sum: bool,
 }
 
 impl Launcher<'_> {
-    /// Launches the all-reduce (average) of bucket `b` on `comm`'s stream, on the wire.
+    /// Launches the all-reduce (average) of bucket `b` over `comm`: packed for the wire on the
+    /// compute stream, then reduced on `comm`'s stream (the bucket's span on the timeline) and,
+    /// unless the sum is kept, written back over the bucket there; the bucket's arrival event
+    /// follows.
     fn launch(
         &mut self,
         comm: &NcclComm,
@@ -348,10 +372,20 @@ impl Launcher<'_> {
             index: b as u32,
             bytes: self.wire.bytes(bucket.len()),
         };
-        let (wire, kernels) = (&mut *self.wire, self.kernels);
+        let (wire, kernels, range) = (&mut *self.wire, self.kernels, bucket.range.clone());
+        wire.pack(kernels, self.compute, diff, range.clone())?;
+        order(self.fence, self.compute, comm.stream())?;
+        let keep_sum = self.keep_sum;
         self.clock.time_on(comm.stream(), name, || {
-            wire.all_reduce_avg(kernels, comm, diff, bucket.range.clone())
-        })
+            wire.reduce(comm, diff, range.clone())?;
+            match keep_sum {
+                true => Ok(()),
+                false => wire.unpack(kernels, comm, diff, range),
+            }
+        })?;
+        self.arrived[b]
+            .record(comm.stream())
+            .map_err(|e| gpu_error("record a bucket's arrival", e))
     }
 }
 
@@ -430,6 +464,7 @@ impl Engine for GpuEngine {
         let GpuEngine {
             gpu,
             net,
+            solver,
             comm,
             node_comm,
             scope,
@@ -438,19 +473,28 @@ impl Engine for GpuEngine {
             wire,
             bucket_clock,
             ready_after,
+            arrived,
             launched,
+            update_by_bucket,
             clock,
             fence,
             iter_loss,
             ..
         } = self;
+        let reduce = reducing(*scope, comm, node_comm.as_ref());
+        let overlap = last && buckets.len() > 1 && reduce.is_some();
+        // Buckets launched during backward are updated one by one as they arrive, where the rule
+        // allows it (`update` waits for each), reading the wire's sum where it is kept.
+        let by_bucket = overlap && solver.updates_by_part(net.loss_scale.as_ref());
         let mut launcher = Launcher {
             wire,
             kernels: &gpu.kernels,
+            compute: &gpu.compute,
+            fence,
             clock: bucket_clock,
+            arrived,
+            keep_sum: by_bucket,
         };
-        let reduce = reducing(*scope, comm, node_comm.as_ref());
-        let overlap = last && buckets.len() > 1 && reduce.is_some();
         let coll = collective(comm, fence, comm_stream);
         let mut failure: Option<Error> = None;
         let mut on_layer_done = |layer: usize, diff: &mut CudaSlice<f32>| {
@@ -462,9 +506,7 @@ impl Engine for GpuEngine {
                     0 => poison(gpu, iter_loss, diff, buckets[0].range.start),
                     _ => Ok(()),
                 };
-                let r = poisoned
-                    .and_then(|_| order(fence, &gpu.compute, comm_stream))
-                    .and_then(|_| launcher.launch(reduce, diff, b, &buckets[b]));
+                let r = poisoned.and_then(|_| launcher.launch(reduce, diff, b, &buckets[b]));
                 if let Err(e) = r {
                     failure = Some(e);
                     return;
@@ -482,6 +524,7 @@ impl Engine for GpuEngine {
             return Err(e);
         }
         *launched = overlap;
+        *update_by_bucket = by_bucket;
         Ok(())
     }
 
@@ -520,17 +563,23 @@ impl Engine for GpuEngine {
         };
         if !self.launched {
             poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0)?;
-            order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
             let mut launcher = Launcher {
                 wire: &mut self.wire,
                 kernels: &self.gpu.kernels,
+                compute: &self.gpu.compute,
+                fence: &self.fence,
                 clock: &mut self.bucket_clock,
+                arrived: &self.arrived,
+                keep_sum: false,
             };
             for (b, bucket) in self.buckets.iter().enumerate() {
                 launcher.launch(reduce, &mut self.net.params.diff, b, bucket)?;
             }
         }
         self.launched = false;
+        if self.update_by_bucket {
+            return Ok(());
+        }
         // On the compute stream, the time of this wait is the communication left exposed.
         let (gpu, comm_stream, fence) = (&self.gpu, &self.comm_stream, &self.fence);
         self.clock.time(gpu, Step::AllReduce, || {
@@ -640,11 +689,34 @@ impl Engine for GpuEngine {
             .map_err(|e| gpu_error("copy a broadcast buffer to the host", e))
     }
 
+    /// The update of the averaged gradient: at once, or bucket by bucket in launch order, each
+    /// after the compute stream has waited for its all-reduce and reading the bfloat16 wire's
+    /// sum where it was kept (the update phase then holds the communication left exposed as
+    /// well).
     fn update(&mut self, iter: u64) -> Result<f32> {
+        let by_bucket = std::mem::take(&mut self.update_by_bucket);
         let (gpu, solver, net) = (&self.gpu, &mut self.solver, &mut self.net);
-        let (params, loss_scale) = (&mut net.params, net.loss_scale.as_mut());
+        let (params, mut loss_scale) = (&mut net.params, net.loss_scale.as_mut());
+        let (buckets, arrived) = (&self.buckets, &self.arrived);
+        let reduce = reducing(self.scope, &self.comm, self.node_comm.as_ref());
+        let sum = reduce.and_then(|c| self.wire.sum(c));
         self.clock.time(gpu, Step::Update, || {
-            solver.apply_scaled(gpu, iter, params, loss_scale)
+            if !by_bucket {
+                return solver.apply_scaled(gpu, iter, params, loss_scale);
+            }
+            let mut lr = 0.0;
+            for (b, (bucket, event)) in buckets.iter().zip(arrived).enumerate() {
+                gpu.compute
+                    .wait(event)
+                    .map_err(|e| gpu_error("wait for a bucket's all-reduce", e))?;
+                let part = Part {
+                    range: bucket.range.clone(),
+                    later: b > 0,
+                    sum,
+                };
+                lr = solver.apply_part(gpu, iter, params, part, loss_scale.as_deref_mut())?;
+            }
+            Ok(lr)
         })
     }
 

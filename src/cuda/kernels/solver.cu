@@ -15,6 +15,20 @@ extern "C" __global__ void sumsq_partial(const float* x, long long n, double* pa
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+// The same over the gradient as the bfloat16 wire leaves it: x = float(w[i]) * scale, the
+// widening and the product of from_bf16_scaled, squared in double.
+extern "C" __global__ void sumsq_partial_bf16(const unsigned short* w, float scale, long long n,
+                                              double* partials) {
+    double s = 0.0;
+    GRID_STRIDE_LONG(i, n) {
+        const float x = __uint_as_float((unsigned int)w[i] << 16) * scale;
+        const double v = (double)x;
+        s += v * v;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
 // One block: scale[0] = normalise, times clip / norm when parts > 0 and
 // norm = sqrt(sum(partials)) * normalise exceeds clip (the CPU solver's steps 1 and 2).
 //
@@ -26,10 +40,15 @@ extern "C" __global__ void sumsq_partial(const float* x, long long n, double* pa
 // finite). A finite step is unscaled: the norm is that of the gradient divided by the step's
 // scale, and scale[0] carries 1 / scale (for a power of two, the CPU's unscale-then-scale bit for
 // bit). Otherwise a non-finite sum is a refused step, as without scaling.
+//
+// A gradient judged in parts (part > 0 for every part after an iteration's first; the dynamic
+// rule is never judged in parts) records its iteration once: a part of an iteration already
+// recorded adds nothing to the record, and with latch its scale is NaN like the first one's.
 extern "C" __global__ void clip_scale(const double* partials, int parts, double normalise,
                                       double clip, float* scale, long long* steps,
                                       long long iter, int latch, float* ls, long long* counts,
-                                      int rule, long long growth_interval, float backoff) {
+                                      int rule, long long growth_interval, float backoff,
+                                      int part) {
     double s = 0.0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
     s = block_sum(s);
@@ -52,7 +71,7 @@ extern "C" __global__ void clip_scale(const double* partials, int parts, double 
             unscale = 1.0f / step_scale;
             s *= (double)unscale * (double)unscale;
         }
-        if (!finite) {
+        if (!finite && !(part > 0 && steps[2] == iter)) {
             steps[0] += 1;
             if (steps[1] < 0) steps[1] = iter;
             steps[2] = iter;
@@ -71,9 +90,12 @@ extern "C" __global__ void clip_scale(const double* partials, int parts, double 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Update rules over the flat buffers w, g (n) and their history, tensor by tensor: tensor s
+// Update rules over the elements [start, end) of the flat buffers w, g and their history (the
+// whole buffer, or one gradient bucket's part of it), tensor by tensor: tensor s
 // holds the elements [ends[s-1], ends[s]) (ends ascending, the last equal to n) and has its
-// own lr_mult and decay_mult. Per element, as the CPU solver: the effective gradient
+// own lr_mult and decay_mult. The raw gradient is g[i], or, where sum is not null, the bfloat16
+// wire's sum float(sum[i]) * sum_scale (from_bf16_scaled's value, which is then never written
+// out). Per element, as the CPU solver: the effective gradient
 // grad = scale * g + weight_decay * decay_mult * r(w), r(w) = w (L2) or sign(w) (L1), is stored
 // back into g, then the rule updates the history and w with lr * lr_mult. A rule with decoupled
 // decay (AdamW) gets grad = scale * g and the decay as its own term instead.
@@ -185,38 +207,41 @@ template <typename Rule> struct DecoupledDecay { static constexpr bool value = f
 template <> struct DecoupledDecay<AdamwRule> { static constexpr bool value = true; };
 
 template <typename Rule>
-__device__ void update(const Rule& rule, float* w, float* g, long long n, const long long* ends,
+__device__ void update(const Rule& rule, float* w, float* g, const unsigned short* sum,
+                       float sum_scale, long long start, long long end, const long long* ends,
                        const float* lr_mult, const float* decay_mult, int spans,
                        const float* scale, float lr, float weight_decay, int l1) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long i = start + blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    if (i >= n) return;
+    if (i >= end) return;
     const float sc = scale[0];
     if (isnan(sc)) return;  // a step refused for a non-finite gradient
     int s = span_of(i, ends, spans);
-    for (; i < n; i += stride) {
+    for (; i < end; i += stride) {
         while (i >= ends[s]) ++s;
         const float lr_s = lr * lr_mult[s];
         const float decay_s = weight_decay * decay_mult[s];
         const float wi = w[i];
         const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
+        const float gi = sum ? __uint_as_float((unsigned int)sum[i] << 16) * sum_scale : g[i];
         if constexpr (DecoupledDecay<Rule>::value) {
-            const float grad = sc * g[i];
+            const float grad = sc * gi;
             g[i] = grad;
             w[i] = rule(i, wi, grad, lr_s, lr_s * decay_s * r);
         } else {
-            const float grad = sc * g[i] + decay_s * r;
+            const float grad = sc * gi + decay_s * r;
             g[i] = grad;
             w[i] = rule(i, wi, grad, lr_s);
         }
     }
 }
 
-#define UPDATE_PARAMS                                                                             \
-    float *w, float *g, long long n, const long long *ends, const float *lr_mult,                \
-        const float *decay_mult, int spans, const float *scale, float lr, float weight_decay,    \
-        int l1
-#define UPDATE_ARGS w, g, n, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, l1
+#define UPDATE_PARAMS                                                                       \
+    float *w, float *g, const unsigned short *sum, float sum_scale, long long start,         \
+        long long end, const long long *ends, const float *lr_mult, const float *decay_mult, \
+        int spans, const float *scale, float lr, float weight_decay, int l1
+#define UPDATE_ARGS                                                                           \
+    w, g, sum, sum_scale, start, end, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, l1
 
 extern "C" __global__ void sgd_update(UPDATE_PARAMS, float* v, float momentum) {
     update(SgdRule{momentum, v}, UPDATE_ARGS);

@@ -7,6 +7,7 @@ use super::{check_len, to_i32, Kernels};
 use crate::error::Result;
 use crate::solver::loss_scale::Rule as LossScaleRule;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use std::ops::Range;
 
 /// Loss scaling's device state as [`Kernels::clip_scale`] judges and moves it
 /// (`crate::cuda::loss_scale`): the scale `(1)` and the counts `(2)` of good and skipped steps.
@@ -16,13 +17,26 @@ pub struct LossScaleArgs<'a> {
     pub counts: &'a mut CudaSlice<i64>,
 }
 
+/// The bfloat16 wire's sum of a gradient over the replicas (`crate::cuda::wire`): the bit
+/// patterns `(n)`, at the flat offsets of the gradient, and the averaging `scale` (`1/R`) that
+/// `from_bf16_scaled` would multiply them by. An update reading it reads that value.
+#[derive(Clone, Copy)]
+pub struct WireSum<'a> {
+    pub bits: &'a CudaSlice<u16>,
+    pub scale: f32,
+}
+
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
-/// tensors' `ends` `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and
-/// `decay_mult` `(spans)`, and the device scalar `scale` `(1)` that multiplies the raw gradient.
+/// raw gradient in `g` or in the wire's `sum`, the elements `range` it updates (all `0..n`, or
+/// one gradient bucket's), the tensors' `ends`
+/// `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and `decay_mult`
+/// `(spans)`, and the device scalar `scale` `(1)` that multiplies the raw gradient.
 pub struct UpdateArgs<'a> {
     pub w: &'a mut CudaSlice<f32>,
     pub g: &'a mut CudaSlice<f32>,
+    pub sum: Option<WireSum<'a>>,
     pub n: usize,
+    pub range: Range<usize>,
     pub ends: &'a CudaSlice<i64>,
     pub lr_mult: &'a CudaSlice<f32>,
     pub decay_mult: &'a CudaSlice<f32>,
@@ -99,6 +113,27 @@ impl Kernels {
         launch!(self, s, sumsq_partial, self.grid(n), [in x, &n64, out partials])
     }
 
+    /// [`Kernels::sumsq_partial`] of the wire's sum: of `float(w[i]) · scale` for `i < n`, the
+    /// values `from_bf16_scaled` would write.
+    pub fn sumsq_partial_bf16(
+        &self,
+        s: &CudaStream,
+        w: &impl DevicePtr<u16>,
+        scale: f32,
+        n: usize,
+        partials: &mut impl DevicePtrMut<f64>,
+    ) -> Result<()> {
+        check_len("sumsq_partial_bf16", "w", w.len(), n);
+        check_len(
+            "sumsq_partial_bf16",
+            "partials",
+            partials.len(),
+            self.sumsq_parts(n),
+        );
+        let n64 = n as i64;
+        launch!(self, s, sumsq_partial_bf16, self.grid(n), [in w, &scale, &n64, out partials])
+    }
+
     /// `scale[0] = normalise`, times `clip / norm` when `parts > 0` and
     /// `norm = √(Σ partials[..parts]) · normalise` exceeds `clip`. Where that sum of squares is
     /// not finite, iteration `iter` is recorded in `steps` (`[count, first, last]`, `first` and
@@ -109,6 +144,10 @@ impl Kernels {
     /// `LossScaler::verdict` first: an overflow under the dynamic rule skips the step (NaN,
     /// not recorded) and backs the scale off; a finite step moves the dynamic counts and is
     /// unscaled (the norm taken of the true gradient, `scale[0]` times `1 / step scale`).
+    ///
+    /// `later_part`: the partials are one part of the iteration's gradient after its first (a
+    /// gradient judged bucket by bucket, never under the dynamic rule): where iteration `iter`
+    /// is already recorded, the record is left as it is.
     #[allow(clippy::too_many_arguments)]
     pub fn clip_scale(
         &self,
@@ -122,12 +161,14 @@ impl Kernels {
         iter: u64,
         latch: bool,
         loss_scale: LossScaleArgs<'_>,
+        later_part: bool,
     ) -> Result<()> {
         check_len("clip_scale", "partials", partials.len(), parts);
         check_len("clip_scale", "scale", scale.len(), 1);
         check_len("clip_scale", "steps", steps.len(), 3);
         let parts = to_i32("clip_scale", parts);
         let (iter, latch) = (iter.min(i64::MAX as u64) as i64, latch as i32);
+        let part = later_part as i32;
         let (rule, growth_interval, backoff) = match loss_scale.rule {
             LossScaleRule::Off => (0i32, 0i64, 1f32),
             LossScaleRule::Fixed => (1, 0, 1.0),
@@ -140,12 +181,13 @@ impl Kernels {
         launch!(
             self, s, clip_scale, Kernels::single_block(),
             [in partials, &parts, &normalise, &clip, out scale, out steps, &iter, &latch,
-             out ls, out counts, &rule, &growth_interval, &backoff]
+             out ls, out counts, &rule, &growth_interval, &backoff, &part]
         )
     }
 
-    /// One update step of `rule` over the flat buffers of `a` (see `crate::solver::Solver::apply`
-    /// for the formulas, which the kernels follow operation for operation).
+    /// One update step of `rule` over `a.range` of the flat buffers of `a` (see
+    /// `crate::solver::Solver::apply` for the formulas, which the kernels follow operation for
+    /// operation).
     pub fn update(&self, s: &CudaStream, a: UpdateArgs<'_>, rule: Rule<'_>) -> Result<()> {
         let op = "update";
         check_len(op, "w", a.w.len(), a.n);
@@ -154,11 +196,26 @@ impl Kernels {
         check_len(op, "lr_mult", a.lr_mult.len(), a.spans);
         check_len(op, "decay_mult", a.decay_mult.len(), a.spans);
         check_len(op, "scale", a.scale.len(), 1);
-        if a.n == 0 || a.spans == 0 {
+        assert!(
+            a.range.start <= a.range.end && a.range.end <= a.n,
+            "update: range {:?} outside the {} parameters",
+            a.range,
+            a.n
+        );
+        if a.range.is_empty() || a.spans == 0 {
             return Ok(());
         }
-        let cfg = self.grid(a.n);
-        let n64 = a.n as i64;
+        let cfg = self.grid(a.range.len());
+        let (start, end) = (a.range.start as i64, a.range.end as i64);
+        // The wire's sum, or a null pointer: the kernels then read `g`.
+        let (sum, sum_scale, _sum_guard) = match a.sum {
+            Some(w) => {
+                check_len(op, "sum", w.bits.len(), a.n);
+                let (ptr, guard) = w.bits.device_ptr(s);
+                (ptr, w.scale, Some(guard))
+            }
+            None => (0, 1.0f32, None),
+        };
         let spans = to_i32(op, a.spans);
         let l1 = a.l1 as i32;
         let (lr, wd) = (a.lr, a.weight_decay);
@@ -169,7 +226,7 @@ impl Kernels {
                 launch!(
                     self, s, $func, cfg,
                     [
-                        out a.w, out a.g, &n64, in a.ends, in a.lr_mult, in a.decay_mult, &spans,
+                        out a.w, out a.g, &sum, &sum_scale, &start, &end, in a.ends, in a.lr_mult, in a.decay_mult, &spans,
                         in a.scale, &lr, &wd, &l1, $($extra)*
                     ]
                 )

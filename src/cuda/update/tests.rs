@@ -1,7 +1,8 @@
 //! Tests of [`GpuSolver`]: every rule against the CPU [`Solver`] over several steps from the
 //! same weights and gradients, with per-tensor multipliers, L1 and L2 decay, `iter_size`
 //! normalisation, clipping both engaged and not, and the cosine policy with warmup; a snapshot
-//! of either solver resumed by the other; and a non-finite gradient, which applies nothing.
+//! of either solver resumed by the other; a non-finite gradient, which applies nothing; and the
+//! update bucket by bucket, which is the update of the whole gradient.
 
 use super::*;
 use crate::backend::Cpu;
@@ -504,4 +505,221 @@ fn a_scaled_gradient_is_judged_unscaled_and_applied_as_on_the_cpu() {
     assert_eq!(dev.to_host(&gpu).unwrap().data, before);
     assert_eq!(gpu_solver.non_finite_steps(&gpu).unwrap().count, 1);
     assert_eq!(fixed_scale.state(&gpu).unwrap(), fixed.state());
+}
+
+/// Splits `0..n` into parts at `cuts` and lists them in a gradient bucket's launch order (the
+/// highest offsets first).
+fn parts_in_launch_order(n: usize, cuts: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut bounds = vec![0];
+    bounds.extend(cuts.iter().copied().filter(|&c| c > 0 && c < n));
+    bounds.push(n);
+    bounds.windows(2).rev().map(|w| w[0]..w[1]).collect()
+}
+
+/// Part `i` (in launch order) of an iteration's update, its gradient in the gradient buffer.
+fn gradient_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
+    Part {
+        range: range.clone(),
+        later: i > 0,
+        sum: None,
+    }
+}
+
+/// The update bucket by bucket is the update of the whole gradient, bit for bit, for every rule
+/// (with L2 decay and `iter_size` normalisation), with parts cut inside tensors and between
+/// them; and only where the result cannot differ: not with clipping, `skip`, or a dynamic scale.
+#[test]
+fn an_update_in_parts_is_the_update_of_the_whole() {
+    use crate::config::ClusterConfig;
+    use crate::cuda::loss_scale::DeviceLossScale;
+    let gpu = gpu_or_skip!("an_update_in_parts_is_the_update_of_the_whole");
+    let host = params(TENSORS, 31);
+    let n = host.len();
+    let parts = parts_in_launch_order(n, &[500, 1040, 300_000, 700_000]);
+    for rule in RULES {
+        let mut c = rule_cfg(rule);
+        c.weight_decay = 1e-3;
+        c.iter_size = 2;
+        let mut whole = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut split = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut whole_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let mut split_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        assert!(split_solver.updates_by_part(None), "{rule:?}");
+        let mut rng = ChaCha8Rng::seed_from_u64(32);
+        for iter in 0..3 {
+            let grad = gradient(&mut rng, &host, 0.5);
+            for p in [&mut whole, &mut split] {
+                gpu.compute
+                    .memcpy_htod(&grad[..], &mut p.diff.slice_mut(..n))
+                    .unwrap();
+            }
+            let lr = whole_solver.apply(&gpu, iter, &mut whole).unwrap();
+            for (i, part) in parts.iter().enumerate() {
+                let got = split_solver
+                    .apply_part(&gpu, iter, &mut split, gradient_part(part, i), None)
+                    .unwrap();
+                assert_eq!(got, lr);
+            }
+            let (a, b) = (whole.to_host(&gpu).unwrap(), split.to_host(&gpu).unwrap());
+            assert_eq!(a.data, b.data, "{rule:?} iteration {iter}: weights");
+            assert_eq!(
+                a.diff, b.diff,
+                "{rule:?} iteration {iter}: effective gradient"
+            );
+            let (ha, hb) = (
+                whole_solver.history_to_host(&gpu).unwrap(),
+                split_solver.history_to_host(&gpu).unwrap(),
+            );
+            assert_eq!(ha, hb, "{rule:?} iteration {iter}: history");
+        }
+    }
+    let c = rule_cfg(SolverType::Sgd);
+    let allowed = |c: &SolverConfig, ls: Option<&DeviceLossScale>| {
+        GpuSolver::new(&gpu, c, &host.spans)
+            .unwrap()
+            .updates_by_part(ls)
+    };
+    let mut clipped = c.clone();
+    clipped.clip_gradients = 1.0;
+    let mut skipping = c.clone();
+    skipping.non_finite = NonFiniteMode::Skip;
+    assert!(!allowed(&clipped, None), "clipping needs the whole norm");
+    assert!(
+        !allowed(&skipping, None),
+        "skip leaves every weight of the step"
+    );
+    let scaler = |toml: &str| {
+        let cluster: ClusterConfig = toml::from_str(toml).unwrap();
+        DeviceLossScale::new(&gpu, &LossScaler::new(&cluster)).unwrap()
+    };
+    let dynamic = scaler("math = \"fp16\"");
+    let fixed = scaler("math = \"fp16\"\nloss_scale = 128.0");
+    assert!(
+        !allowed(&c, Some(&dynamic)),
+        "the dynamic rule moves once a step"
+    );
+    assert!(
+        allowed(&c, Some(&fixed)),
+        "a fixed scale is the same in every part"
+    );
+}
+
+/// Judged in parts under `stop`: a non-finite part records its iteration once, however many
+/// parts of it follow; where it is the first part launched (the part a non-finite loss
+/// poisons), nothing of the step is applied; every later step is refused.
+#[test]
+fn a_non_finite_part_records_its_step_once_and_stops_the_rest() {
+    let gpu = gpu_or_skip!("a_non_finite_part_records_its_step_once_and_stops_the_rest");
+    let host = params(&[(300, 1.0, 1.0), (7, 1.0, 1.0), (500, 1.0, 1.0)], 751);
+    let n = host.len();
+    let parts = parts_in_launch_order(n, &[150, 400]);
+    let c = rule_cfg(SolverType::Sgd);
+    for bad_part in 0..parts.len() {
+        let mut dev = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut s = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let mut step = |grad: &[f32], iter: u64| {
+            gpu.compute
+                .memcpy_htod(grad, &mut dev.diff.slice_mut(..n))
+                .unwrap();
+            for (i, part) in parts.iter().enumerate() {
+                s.apply_part(&gpu, iter, &mut dev, gradient_part(part, i), None)
+                    .unwrap();
+            }
+            dev.to_host(&gpu).unwrap().data
+        };
+        let good = vec![0.25f32; n];
+        let before = step(&good, 0);
+        let mut bad = good.clone();
+        bad[parts[bad_part].start] = f32::NAN;
+        bad[parts[parts.len() - 1].start] = f32::INFINITY;
+        let after = step(&bad, 1);
+        if bad_part == 0 {
+            assert_eq!(after, before, "a non-finite first part applies nothing");
+        }
+        for (i, part) in parts.iter().enumerate().filter(|&(i, _)| i > bad_part) {
+            assert_eq!(
+                after[part.clone()],
+                before[part.clone()],
+                "part {i} after the bad one"
+            );
+        }
+        assert_eq!(step(&good, 2), after, "stop refuses every later step");
+        let steps = s.non_finite_steps(&gpu).unwrap();
+        assert_eq!(
+            (steps.count, steps.first, steps.last),
+            (1, Some(1), Some(1))
+        );
+    }
+}
+
+/// An update reading the bfloat16 wire's sum (widened and averaged as it is read) is the update
+/// of the gradient `from_bf16_scaled` writes, bit for bit, for every rule, and a NaN in the sum
+/// is refused as one in the gradient.
+#[test]
+fn an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient() {
+    use crate::cuda::kernels::WireSum;
+    let gpu = gpu_or_skip!("an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient");
+    let (s, k) = (&gpu.compute, &gpu.kernels);
+    let host = params(TENSORS, 41);
+    let n = host.len();
+    let parts = parts_in_launch_order(n, &[1000, 400_000]);
+    let scale = 1.0 / 3.0;
+    for rule in RULES {
+        let mut c = rule_cfg(rule);
+        c.weight_decay = 1e-3;
+        let mut unpacked = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut reading = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut a = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let mut b = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(42);
+        for iter in 0..3 {
+            let grad = gradient(&mut rng, &host, 0.5);
+            let mut bits: Vec<u16> = grad
+                .iter()
+                .map(|&g| crate::dist::wire::to_wire(g).to_bits())
+                .collect();
+            if iter == 1 {
+                bits[parts[1].start + 3] = 0x7fc0; // a NaN in a later part
+            }
+            let bits = s.clone_htod(&bits).unwrap();
+            k.from_bf16_scaled(s, &bits, &mut unpacked.diff.slice_mut(..n), scale, n)
+                .unwrap();
+            // The other side's gradient buffer holds something else: only the sum is read.
+            s.memcpy_htod(&grad[..], &mut reading.diff.slice_mut(..n))
+                .unwrap();
+            for (i, range) in parts.iter().enumerate() {
+                a.apply_part(&gpu, iter, &mut unpacked, gradient_part(range, i), None)
+                    .unwrap();
+                let reads_sum = Part {
+                    sum: Some(WireSum { bits: &bits, scale }),
+                    ..gradient_part(range, i)
+                };
+                b.apply_part(&gpu, iter, &mut reading, reads_sum, None)
+                    .unwrap();
+            }
+            let (x, y) = (
+                unpacked.to_host(&gpu).unwrap(),
+                reading.to_host(&gpu).unwrap(),
+            );
+            assert_eq!(x.data, y.data, "{rule:?} iteration {iter}: weights");
+            // A refused part leaves the gradient buffer as it was: only iteration 0 writes all.
+            if iter == 0 {
+                assert_eq!(
+                    x.diff, y.diff,
+                    "{rule:?} iteration {iter}: effective gradient"
+                );
+            }
+            assert_eq!(
+                a.history_to_host(&gpu).unwrap(),
+                b.history_to_host(&gpu).unwrap(),
+                "{rule:?} iteration {iter}: history"
+            );
+        }
+        let (ra, rb) = (
+            a.non_finite_steps(&gpu).unwrap(),
+            b.non_finite_steps(&gpu).unwrap(),
+        );
+        assert_eq!((rb.count, rb.first), (1, Some(1)), "{rule:?}");
+        assert_eq!((ra.count, ra.first, ra.last), (rb.count, rb.first, rb.last));
+    }
 }
