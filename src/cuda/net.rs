@@ -289,12 +289,14 @@ struct PixelStaging {
 }
 
 impl PixelStaging {
-    fn new(gpu: &Gpu, n: usize) -> Result<PixelStaging> {
+    /// Buffers for `n` pixels, the device one allocated and zeroed on the `copy` stream, which
+    /// writes it next: zeroed on another stream, it could be zeroed after the first batch's
+    /// copy into it (the first batches' pixels lost in part, now and then).
+    fn new(gpu: &Gpu, copy: &Arc<CudaStream>, n: usize) -> Result<PixelStaging> {
         // SAFETY: the buffer is written before any element is read.
         let host = unsafe { gpu.ctx.alloc_pinned::<u8>(n.max(1)) }
             .map_err(|e| gpu_error("allocate pinned pixel staging", e))?;
-        let device = gpu
-            .compute
+        let device = copy
             .alloc_zeros::<u8>(n.max(1))
             .map_err(|e| gpu_error("allocate device pixel staging", e))?;
         Ok(PixelStaging { host, device })
@@ -655,7 +657,7 @@ impl GpuNet {
         let (slot, nd) = self.begin_load(gpu, pixels.len(), labels)?;
         let st = &mut self.staging[slot];
         if st.pixels.is_none() {
-            st.pixels = Some(PixelStaging::new(gpu, st.device_data.len())?);
+            st.pixels = Some(PixelStaging::new(gpu, &self.copy, st.device_data.len())?);
         }
         let px = st.pixels.as_mut().expect("allocated above");
         let map_err = |e| gpu_error("map pinned pixel staging", e);

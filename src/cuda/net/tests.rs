@@ -1044,3 +1044,37 @@ fn a_u8_batch_is_normalised_on_the_device_as_on_the_cpu() {
         assert_eq!(got_labels, labels);
     }
 }
+
+/// The first 8-bit batches allocate the slots' device pixel buffers: their zeroing is ordered
+/// before the copy into them whatever else the compute stream is busy with (held here for
+/// 20 ms), so the pixels copied in stay there.
+#[test]
+fn a_first_u8_batch_is_not_zeroed_behind_a_busy_compute_stream() {
+    let gpu = gpu_or_skip!("a_first_u8_batch_is_not_zeroed_behind_a_busy_compute_stream");
+    let cfg = equivalence_config();
+    let n = 6;
+    let mut net = GpuNet::new(&cfg, RECORD, n, &gpu).unwrap();
+    let plane = RECORD[1] * RECORD[2];
+    let normalize = crate::data::Normalize {
+        mean: vec![0.0],
+        scale: 1.0,
+        plane,
+    };
+    gpu.synchronize().unwrap();
+    for slot in 0..2 {
+        let pixels: Vec<u8> = (0..n * plane).map(|i| (i % 251 + 1) as u8).collect();
+        let labels = vec![1.0; n];
+        gpu.kernels.hold_stream(&gpu.compute, 20_000_000).unwrap();
+        net.load_batch_u8(&gpu, &pixels, &normalize, &labels)
+            .unwrap();
+        gpu.synchronize().unwrap();
+        net.copy.synchronize().unwrap();
+        let staged = &net.staging[slot].pixels.as_ref().unwrap().device;
+        let got = net.copy.clone_dtoh(staged).unwrap();
+        assert_eq!(
+            &got[..pixels.len()],
+            &pixels[..],
+            "slot {slot}: the staged pixels"
+        );
+    }
+}
