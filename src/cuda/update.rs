@@ -203,8 +203,7 @@ impl GpuSolver {
     /// "stop"` (under `"skip"` a step must leave every weight as it was when any part is not
     /// finite) and no dynamic loss scale (whose verdict moves its state once per step).
     pub fn updates_by_part(&self, loss_scale: Option<&DeviceLossScale>) -> bool {
-        let dynamic = loss_scale.is_some_and(|ls| matches!(ls.rule, LossScaleRule::Dynamic { .. }));
-        self.cfg.clip_gradients <= 0.0 && self.cfg.non_finite == NonFiniteMode::Stop && !dynamic
+        updates_by_part(&self.cfg, loss_scale.map(|ls| ls.rule))
     }
 
     /// The update of iteration `iter` over the elements `part.range` of the flat buffers: judged
@@ -318,6 +317,13 @@ impl GpuSolver {
         k.update(s, args, rule)?;
         Ok(lr)
     }
+}
+
+/// [`GpuSolver::updates_by_part`] for the solver `cfg` under the loss-scaling rule `loss_scale`
+/// (`None`: the loss is not scaled).
+pub fn updates_by_part(cfg: &SolverConfig, loss_scale: Option<LossScaleRule>) -> bool {
+    let dynamic = matches!(loss_scale, Some(LossScaleRule::Dynamic { .. }));
+    cfg.clip_gradients <= 0.0 && cfg.non_finite == NonFiniteMode::Stop && !dynamic
 }
 
 /// One part of an iteration's update ([`GpuSolver::apply_part`]): the elements `range`, whether

@@ -114,7 +114,7 @@ impl GradientWire {
         grad: &mut CudaSlice<f32>,
         range: Range<usize>,
     ) -> Result<()> {
-        let scale = 1.0 / comm.size() as f32;
+        let scale = averaging(comm);
         let Some(staging) = self.staging_for(&range, grad.len())? else {
             return Ok(());
         };
@@ -128,7 +128,7 @@ impl GradientWire {
     pub fn sum(&self, comm: &NcclComm) -> Option<WireSum<'_>> {
         self.staging.as_ref().map(|bits| WireSum {
             bits,
-            scale: 1.0 / comm.size() as f32,
+            scale: averaging(comm),
         })
     }
 
@@ -145,6 +145,11 @@ impl GradientWire {
         self.reduce(comm, grad, range.clone())?;
         self.unpack(kernels, comm, grad, range)
     }
+}
+
+/// The factor that turns a sum over `comm`'s replicas into their mean: `1/R` in FP32.
+fn averaging(comm: &NcclComm) -> f32 {
+    1.0 / comm.size() as f32
 }
 
 #[cfg(test)]

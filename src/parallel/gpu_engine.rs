@@ -34,10 +34,10 @@
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
 //! backward on the compute stream, and each gradient bucket's all-reduce on the communication
 //! stream (from the first event of its trip there to the last, with the bytes it put on the
-//! wire), from
-//! the `EventClock`s of the step phases, of the net's layers and of the buckets, mapped onto the
-//! host clock through one event recorded when the timeline starts. The events are read once,
-//! after the timeline's window of iterations: the steps themselves never wait for them.
+//! wire), from the `EventClock`s of the step phases, of the net's layers and of the buckets,
+//! mapped onto the host clock through one event recorded when the timeline starts. The events
+//! are read once, after the timeline's window of iterations: the steps themselves never wait for
+//! them.
 
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;

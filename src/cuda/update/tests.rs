@@ -527,11 +527,9 @@ fn gradient_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
 
 /// The update bucket by bucket is the update of the whole gradient, bit for bit, for every rule
 /// (with L2 decay and `iter_size` normalisation), with parts cut inside tensors and between
-/// them; and only where the result cannot differ: not with clipping, `skip`, or a dynamic scale.
+/// them.
 #[test]
 fn an_update_in_parts_is_the_update_of_the_whole() {
-    use crate::config::ClusterConfig;
-    use crate::cuda::loss_scale::DeviceLossScale;
     let gpu = gpu_or_skip!("an_update_in_parts_is_the_update_of_the_whole");
     let host = params(TENSORS, 31);
     let n = host.len();
@@ -573,35 +571,28 @@ fn an_update_in_parts_is_the_update_of_the_whole() {
             assert_eq!(ha, hb, "{rule:?} iteration {iter}: history");
         }
     }
-    let c = rule_cfg(SolverType::Sgd);
-    let allowed = |c: &SolverConfig, ls: Option<&DeviceLossScale>| {
-        GpuSolver::new(&gpu, c, &host.spans)
-            .unwrap()
-            .updates_by_part(ls)
-    };
-    let mut clipped = c.clone();
+}
+
+/// The update runs in parts only where the result cannot differ from the whole gradient's: not
+/// with clipping (the global norm), `skip` (every weight of a refused step kept) or a dynamic
+/// loss scale (its state moves once a step); a fixed scale is the same in every part.
+#[test]
+fn an_update_runs_in_parts_only_where_the_result_cannot_differ() {
+    let plain = rule_cfg(SolverType::Sgd);
+    assert!(updates_by_part(&plain, None));
+    let mut clipped = plain.clone();
     clipped.clip_gradients = 1.0;
-    let mut skipping = c.clone();
+    assert!(!updates_by_part(&clipped, None));
+    let mut skipping = plain.clone();
     skipping.non_finite = NonFiniteMode::Skip;
-    assert!(!allowed(&clipped, None), "clipping needs the whole norm");
-    assert!(
-        !allowed(&skipping, None),
-        "skip leaves every weight of the step"
-    );
-    let scaler = |toml: &str| {
-        let cluster: ClusterConfig = toml::from_str(toml).unwrap();
-        DeviceLossScale::new(&gpu, &LossScaler::new(&cluster)).unwrap()
+    assert!(!updates_by_part(&skipping, None));
+    let dynamic = LossScaleRule::Dynamic {
+        growth_interval: 2000,
+        backoff: 0.5,
     };
-    let dynamic = scaler("math = \"fp16\"");
-    let fixed = scaler("math = \"fp16\"\nloss_scale = 128.0");
-    assert!(
-        !allowed(&c, Some(&dynamic)),
-        "the dynamic rule moves once a step"
-    );
-    assert!(
-        allowed(&c, Some(&fixed)),
-        "a fixed scale is the same in every part"
-    );
+    assert!(!updates_by_part(&plain, Some(dynamic)));
+    assert!(updates_by_part(&plain, Some(LossScaleRule::Fixed)));
+    assert!(updates_by_part(&plain, Some(LossScaleRule::Off)));
 }
 
 /// Judged in parts under `stop`: a non-finite part records its iteration once, however many
