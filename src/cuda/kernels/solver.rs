@@ -28,9 +28,9 @@ pub struct WireSum<'a> {
 
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// raw gradient in `g` or in the wire's `sum`, the elements `range` it updates (all `0..n`, or
-/// one gradient bucket's), the tensors' `ends`
-/// `(spans)` (ascending, the last equal to `n`), per-tensor `lr_mult` and `decay_mult`
-/// `(spans)`, and the device scalar `scale` `(1)` that multiplies the raw gradient.
+/// one gradient bucket's), the tensors' `ends` `(spans)` (ascending, the last equal to `n`),
+/// per-tensor `lr_mult` and `decay_mult` `(spans)`, and the device scalar `scale` `(1)` that
+/// multiplies the raw gradient.
 pub struct UpdateArgs<'a> {
     pub w: &'a mut CudaSlice<f32>,
     pub g: &'a mut CudaSlice<f32>,
@@ -226,8 +226,9 @@ impl Kernels {
                 launch!(
                     self, s, $func, cfg,
                     [
-                        out a.w, out a.g, &sum, &sum_scale, &start, &end, in a.ends, in a.lr_mult, in a.decay_mult, &spans,
-                        in a.scale, &lr, &wd, &l1, $($extra)*
+                        out a.w, out a.g, &sum, &sum_scale, &start, &end, in a.ends,
+                        in a.lr_mult, in a.decay_mult, &spans, in a.scale, &lr, &wd, &l1,
+                        $($extra)*
                     ]
                 )
             };
