@@ -131,20 +131,6 @@ impl GradientWire {
             scale: averaging(comm),
         })
     }
-
-    /// Replaces `grad[range]` by its mean over `comm`'s replicas, the three steps enqueued on
-    /// `comm`'s stream (ordered after the work that wrote `grad[range]` by the caller).
-    pub fn all_reduce_avg(
-        &mut self,
-        kernels: &Kernels,
-        comm: &NcclComm,
-        grad: &mut CudaSlice<f32>,
-        range: Range<usize>,
-    ) -> Result<()> {
-        self.pack(kernels, comm.stream(), grad, range.clone())?;
-        self.reduce(comm, grad, range.clone())?;
-        self.unpack(kernels, comm, grad, range)
-    }
 }
 
 /// The factor that turns a sum over `comm`'s replicas into their mean: `1/R` in FP32.
@@ -162,6 +148,20 @@ mod tests {
     use half::bf16;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    /// Replaces `grad[range]` by its mean over `comm`'s replicas through `wire`: packed, reduced
+    /// and unpacked, all on `comm`'s stream.
+    fn all_reduce_avg(
+        wire: &mut GradientWire,
+        kernels: &Kernels,
+        comm: &NcclComm,
+        grad: &mut CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        wire.pack(kernels, comm.stream(), grad, range.clone())?;
+        wire.reduce(comm, grad, range.clone())?;
+        wire.unpack(kernels, comm, grad, range)
+    }
 
     /// FP32 inputs that reach every branch of the rounding: ties (even and odd), just below and
     /// above them, zeros, subnormals, the largest finite (which rounds to ∞), infinities and
@@ -248,9 +248,8 @@ mod tests {
         let range = 7..host.len() - 5;
         let mut wire = GradientWire::new(&gpu, ReduceDtype::Bf16, range.end).unwrap();
         assert_eq!(wire.bytes(10), 20);
-        wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range.clone())
-            .unwrap();
-        let too_long = wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, 0..host.len());
+        all_reduce_avg(&mut wire, &gpu.kernels, &comm, &mut grad, range.clone()).unwrap();
+        let too_long = all_reduce_avg(&mut wire, &gpu.kernels, &comm, &mut grad, 0..host.len());
         assert!(too_long.is_err(), "a bucket beyond the staging buffer");
         let got = stream.clone_dtoh(&grad).unwrap();
         stream.synchronize().unwrap();
@@ -301,8 +300,7 @@ mod tests {
                         gpu.synchronize().unwrap();
                         let mut wire =
                             GradientWire::new(&gpu, ReduceDtype::Bf16, host.len()).unwrap();
-                        wire.all_reduce_avg(&gpu.kernels, &comm, &mut grad, range)
-                            .unwrap();
+                        all_reduce_avg(&mut wire, &gpu.kernels, &comm, &mut grad, range).unwrap();
                         let out = stream.clone_dtoh(&grad).unwrap();
                         stream.synchronize().unwrap();
                         comm.finish().unwrap();
