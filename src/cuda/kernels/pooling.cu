@@ -1,9 +1,15 @@
 // ---------------------------------------------------------------------------------------------
 // Pooling, Caffe's kernels (BVLC pooling_layer.cu) with its output sizes.
+//
+// In mixed precision (`half` of PoolGeom: 1 bf16, 2 fp16, 0 none; round_if_half) every kernel
+// rounds what it reads — the bottom's values, the top's diffs — and what it writes — the top,
+// the bottom's diff after its sum (and after the addition to what the diff held) — where the
+// CPU's layers round: a pooling's own results, and a fused ReLU's before it (a ReLU of slope 0
+// keeps half-type values, so it needs none of its own).
 
 struct PoolGeom {
     int channels, height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
-        pad_h, pad_w, nhwc;
+        pad_h, pad_w, nhwc, half;
 };
 
 // (plane, row, col) of element i of a (planes, rows, cols) tensor; a plane is one (n, c).
@@ -69,7 +75,7 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
         const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
-                const float v = slice[(h * g.width + w) * step];
+                const float v = round_if_half(slice[(h * g.width + w) * step], g.half);
                 if (v > maxval) {
                     maxidx = h * g.width + w;
                     maxval = v;
@@ -109,11 +115,11 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
         const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
-                const float v = slice[(h * g.width + w) * step];
+                const float v = round_if_half(slice[(h * g.width + w) * step], g.half);
                 aveval += (relu && !(v > 0.0f)) ? slope * v : v;
             }
         }
-        y[index] = aveval / pool_size;
+        y[index] = round_if_half(aveval / pool_size, g.half);
     }
 }
 
@@ -138,10 +144,10 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
         for (int ph = phstart; ph < phend; ++ph) {
             for (int pw = pwstart; pw < pwend; ++pw) {
                 const int p = (ph * g.pooled_w + pw) * step;
-                if (mask_slice[p] == self) gradient += dy_slice[p];
+                if (mask_slice[p] == self) gradient += round_if_half(dy_slice[p], g.half);
             }
         }
-        dx[index] = accumulate ? dx[index] + gradient : gradient;
+        dx[index] = round_if_half(accumulate ? dx[index] + gradient : gradient, g.half);
     }
 }
 
@@ -172,11 +178,16 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
                 const int wstart = pw * g.stride_w - g.pad_w;
                 const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
                 const int pool_size = (hend - hstart) * (wend - wstart);
-                gradient += dy_slice[(ph * g.pooled_w + pw) * step] / pool_size;
+                gradient +=
+                    round_if_half(dy_slice[(ph * g.pooled_w + pw) * step], g.half) / pool_size;
             }
         }
-        if (relu && !(x[index] > 0.0f)) gradient = slope * gradient;
-        dx[index] = accumulate ? dx[index] + gradient : gradient;
+        if (relu) {
+            // The pooling's bottom diff, rounded, is the ReLU's top diff.
+            gradient = round_if_half(gradient, g.half);
+            if (!(round_if_half(x[index], g.half) > 0.0f)) gradient = slope * gradient;
+        }
+        dx[index] = round_if_half(accumulate ? dx[index] + gradient : gradient, g.half);
     }
 }
 
@@ -244,9 +255,9 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
             if (average) {
                 const int p = t - div_by(t, by_pooled) * pooled;
                 const int ph = div_by(p, by_pw), pw = p - ph * g.pooled_w;
-                pass_dy[t] = dy[top + t] / (h_div[ph] * w_div[pw]);
+                pass_dy[t] = round_if_half(dy[top + t], g.half) / (h_div[ph] * w_div[pw]);
             } else {
-                pass_dy[t] = dy[top + t];
+                pass_dy[t] = round_if_half(dy[top + t], g.half);
                 pass_mask[t] = mask[top + t];
             }
         }
@@ -259,7 +270,7 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
 #pragma unroll
             for (int e = 0; e < PLANE_RUN; ++e) {
                 const int t = t0 + e * blockDim.x;
-                below[e] = (relu && t < n) ? px[t] : 0.0f;
+                below[e] = (relu && t < n) ? round_if_half(px[t], g.half) : 0.0f;
                 old[e] = (accumulate && t < n) ? pdx[t] : 0.0f;
             }
 #pragma unroll
@@ -277,8 +288,11 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
                             if (average || plane_mask[p] == i) gradient += plane_dy[p];
                         }
                     }
-                    if (relu && !(below[e] > 0.0f)) gradient = slope * gradient;
-                    pdx[t] = accumulate ? old[e] + gradient : gradient;
+                    if (relu) {
+                        gradient = round_if_half(gradient, g.half);
+                        if (!(below[e] > 0.0f)) gradient = slope * gradient;
+                    }
+                    pdx[t] = round_if_half(accumulate ? old[e] + gradient : gradient, g.half);
                 }
             }
         }
@@ -317,7 +331,7 @@ extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int*
         for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
             const int m = mask[top + p];
             plane_mask[p] = m;
-            plane_dy[p] = dy[top + p];
+            plane_dy[p] = round_if_half(dy[top + p], g.half);
             int round = -1;
             if (m >= 0) {
                 const int ah = div_by(m, by_w), aw = m - ah * g.width;
@@ -336,6 +350,6 @@ extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int*
         }
         float* pdx = dx + (long long)plane * area;
         for (int i = threadIdx.x; i < area; i += blockDim.x)
-            pdx[i] = accumulate ? pdx[i] + plane_dx[i] : plane_dx[i];
+            pdx[i] = round_if_half(accumulate ? pdx[i] + plane_dx[i] : plane_dx[i], g.half);
     }
 }

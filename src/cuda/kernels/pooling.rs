@@ -2,8 +2,9 @@
 //! generic kernels over any layout, and the NCHW plane kernels that take a whole `(n, c)` plane
 //! into shared memory where it fits.
 
-use super::{check_len, to_i32, Kernels, BLOCK};
+use super::{check_len, half_arg, to_i32, Kernels, BLOCK};
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -27,9 +28,12 @@ pub struct PoolGeom {
     pub pad_w: i32,
     /// 1 when both tensors are stored channels-last (NHWC), 0 for NCHW.
     pub nhwc: i32,
+    /// The half type of mixed precision whose rounding the kernels apply to what they read and
+    /// write (`half_arg`: 0 none, 1 bf16, 2 fp16; see pooling.cu).
+    pub half: i32,
 }
 
-// SAFETY: `#[repr(C)]` of twelve i32, the layout of the C struct of the same fields.
+// SAFETY: `#[repr(C)]` of thirteen i32, the layout of the C struct of the same fields.
 unsafe impl DeviceRepr for PoolGeom {}
 
 /// Shared memory `pool_backward_planes` and `max_pool_backward_scatter` may take per block: the
@@ -45,6 +49,14 @@ const PLANE_RUN: usize = 4;
 const SCATTER_ROUNDS_MAX: usize = 9;
 
 impl PoolGeom {
+    /// The same geometry, its kernels rounding to `half` (none: FP32).
+    pub fn rounding_to(self, half: Option<Half>) -> PoolGeom {
+        PoolGeom {
+            half: half_arg(half),
+            ..self
+        }
+    }
+
     /// Elements of `batch` samples of the bottom.
     fn bottom_len(&self, batch: usize) -> usize {
         batch * (self.channels * self.height * self.width) as usize

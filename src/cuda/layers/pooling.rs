@@ -22,6 +22,13 @@
 //! operations in the same order as the two layers, so the same values (a clamped maximum is +0
 //! where the pair writes −0).
 //!
+//! In mixed precision ([`GpuPooling::rounding_to`]) the kernels round what they read (the
+//! bottom's values, the top's diffs) and what they write (the top, the bottom's diff), where the
+//! CPU's pooling and fused ReLU round: the layer [`rounds_itself`](GpuLayer::rounds_itself) and
+//! [`rounds_on_load`](GpuLayer::rounds_on_load), so that the net rounds neither its top nor the
+//! diff it writes, nor the convolution's top it reads or the gradient on its way back to it.
+//! A fused ReLU has slope 0 there (`cuda::net::fusion`), which keeps half-type values.
+//!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
 //! fit in shared memory run a "plane" kernel (a block per `(n, c)` plane at a time, the top
@@ -40,6 +47,7 @@ use crate::cuda::layout::Layout;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::net::NodeView;
+use crate::precision::Half;
 use cudarc::driver::CudaSlice;
 
 /// Max or average pooling; see the module docs.
@@ -59,6 +67,8 @@ pub struct GpuPooling {
     layout: Layout,
     /// A ReLU that runs fused with the pooling.
     relu: Option<FusedRelu>,
+    /// The half type of mixed precision whose rounding the kernels apply.
+    half: Option<Half>,
 }
 
 /// A ReLU fused with a pooling; see the module docs.
@@ -121,7 +131,14 @@ impl GpuPooling {
             mask: scratch(gpu, 1)?,
             layout,
             relu: None,
+            half: None,
         })
+    }
+
+    /// The same layer rounding to `half` in its kernels (see the module docs).
+    pub fn rounding_to(mut self, half: Option<Half>) -> Self {
+        self.half = half;
+        self
     }
 
     /// The pair `chain` (checked by [`fused_relu`]) as one layer: its pooling with its ReLU.
@@ -148,6 +165,21 @@ impl GpuPooling {
     }
 }
 
+/// The pooling `name` with parameters `p` for the bottom shapes `bottoms`, rounding to `half`
+/// in its kernels (mixed precision; [`BuildGpu`]'s layer otherwise).
+pub fn build_rounding(
+    gpu: &Gpu,
+    name: &str,
+    p: &PoolingParams,
+    bottoms: &[&[usize]],
+    layout: Layout,
+    half: Option<Half>,
+) -> Result<Box<dyn GpuLayer>> {
+    let mut layer = GpuPooling::new(gpu, name, p, layout)?.rounding_to(half);
+    layer.reshape(gpu, bottoms)?;
+    Ok(Box::new(layer))
+}
+
 impl BuildGpu for PoolingParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
         Ok(Box::new(GpuPooling::new(gpu, name, self, layout)?))
@@ -158,6 +190,14 @@ impl GpuLayer for GpuPooling {
     /// The maximum of half-type values is one of them.
     fn forward_keeps_half(&self) -> bool {
         self.method == PoolMethod::Max
+    }
+
+    fn rounds_itself(&self) -> bool {
+        self.half.is_some()
+    }
+
+    fn rounds_on_load(&self) -> bool {
+        self.half.is_some()
     }
 
     fn type_name(&self) -> &'static str {
@@ -192,7 +232,9 @@ impl GpuLayer for GpuPooling {
             pad_h: int(name, pad[0])?,
             pad_w: int(name, pad[1])?,
             nhwc: (self.layout == Layout::Nhwc) as i32,
-        };
+            half: 0,
+        }
+        .rounding_to(self.half);
         self.batch = n;
         if self.method == PoolMethod::Max {
             grow(gpu, &mut self.mask, n * c * ph * pw)?;

@@ -8,8 +8,8 @@
 //!
 //! In mixed precision the CPU rounds every member's top and bottom gradient. The BatchNorm
 //! chain's kernels round where the members would; the others are formed only where no rounding
-//! but the chain's last top's and first bottom gradient's (which the net applies) can change a
-//! value: their ReLU has slope 0, which commutes with the rounding and keeps half-type values.
+//! but the chain's last top's and first bottom gradient's (which their kernels apply) can change
+//! a value: their ReLU has slope 0, which commutes with the rounding and keeps half-type values.
 
 use crate::config::layer_params::LayerParams;
 use crate::config::LayerKind;
@@ -162,7 +162,7 @@ pub fn build(
     let mut layer: Box<dyn GpuLayer> = if kind == LayerKind::Eltwise {
         Box::new(GpuEltwiseRelu::new(&chain, half))
     } else if matches!(kind, LayerKind::Pooling | LayerKind::Relu) {
-        Box::new(GpuPooling::with_relu(gpu, &chain, layout)?)
+        Box::new(GpuPooling::with_relu(gpu, &chain, layout)?.rounding_to(half))
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
         let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");

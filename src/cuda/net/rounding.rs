@@ -7,11 +7,11 @@
 //!   (BatchNorm's running statistics), copied as they are;
 //! - after each layer's forward, its tops, unless it is a loss or a reported layer (accuracy), or
 //!   only layers that round their bottoms as they read them read those tops
-//!   ([`GpuLayer::rounds_on_load`]: a convolution's top before a fused BatchNorm);
+//!   ([`GpuLayer::rounds_on_load`]: a convolution's top before a fused BatchNorm or a pooling);
 //! - after each layer's backward, the diffs of the bottoms it sent a gradient to (after its
 //!   contribution was added in FP32), unless it is the last to add to a diff that only a layer
 //!   rounding it as it reads it reads next ([`RoundingPlan::diff_left_by`]: a convolution's
-//!   bottom gradient on its way to a fused BatchNorm chain or residual sum).
+//!   bottom gradient on its way to a fused BatchNorm chain, a residual sum or a pooling).
 //!
 //! A rounding that cannot change a value is skipped: the tops of a layer whose forward keeps
 //! half-type values ([`GpuLayer::forward_keeps_half`]: ReLU without slope, max pooling, the
@@ -27,8 +27,8 @@
 //! ([`MathMode::tf32_tensor_cores`](crate::config::MathMode::tf32_tensor_cores)), so their
 //! products too are those of half-type operands accumulated in FP32, as the contract says.
 //! A layer that rounds its own results ([`GpuLayer::rounds_itself`]: the fused BatchNorm → Scale
-//! → ReLU and residual sum → ReLU chains) gets no rounding pass; the pooling chains round nothing
-//! in between (see the `fusion` module) and get the passes of a layer.
+//! → ReLU and residual sum → ReLU chains, and the poolings, fused with a ReLU or not) gets no
+//! rounding pass.
 
 use super::storage::Conversion;
 use crate::cuda::layers::{GpuLayer, HalfOperands};

@@ -475,6 +475,16 @@ fn half_fused_chains_match_the_cpu_rounding() {
             .replace(relu2, &format!("{relu2}negative_slope = 0.1\n")),
     );
     let pool = after.layers.iter().position(|l| l.name == "pool1").unwrap();
+    // A max pooling whose windows overlap (a gradient summed from several tops, then rounded)
+    // and an average pooling alone.
+    let relu2_layer = format!("[[layer]]\n{relu2}bottom = [\"conv2\"]\ntop = [\"conv2\"]\n");
+    assert!(CNN_TOML.contains(&relu2_layer));
+    let overlap = config_of(
+        "overlapping_pools.toml",
+        &CNN_TOML
+            .replace(&relu2_layer, "")
+            .replacen(pool1, "kernel_size = 3\nstride = 2\n", 1),
+    );
     let residual = config_of(
         "cnn_equivalence.toml",
         include_str!("../../../tests/configs/cnn_equivalence.toml"),
@@ -484,8 +494,9 @@ fn half_fused_chains_match_the_cpu_rounding() {
         .iter()
         .position(|l| l.name == "sum")
         .unwrap();
-    let cases: [(&Config, Vec<(usize, usize)>); 4] = [
+    let cases: [(&Config, Vec<(usize, usize)>); 5] = [
         (&no_relu, vec![(1, 2), relu_and_pool(&no_relu, "relu2")]),
+        (&overlap, vec![(1, 3)]),
         (&leaky, vec![(1, 3), relu_and_pool(&leaky, "relu2")]),
         (&after, vec![(1, 2), (pool, pool + 1)]),
         (&residual, vec![(sum, sum + 1)]),
@@ -527,14 +538,19 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     assert!(rounding
         .operands(at("conv1"), net.params.layer_range(at("conv1")))
         .is_none());
-    // Rounding the tops of the max pooling would change nothing, the fused bn1 → scale1 → relu1
-    // rounds its own (its slot is bn1's) and its bottom conv1 as it reads it: not done. conv2
-    // and relu2 → pool2 (average) are rounded.
+    // The fused bn1 → scale1 → relu1 (its slot is bn1's), pool1 and relu2 → pool2 (average)
+    // round their own tops, and the first and last their bottoms as they read them: conv1's and
+    // conv2's tops are not rounded. ip1's is.
     let rounded: Vec<bool> = ["conv1", "bn1", "pool1", "conv2", "relu2", "ip1", "loss"]
         .map(|l| rounding.plan.rounds_tops[at(l)])
         .to_vec();
-    assert_eq!(rounded, [false, false, false, true, true, true, false]);
-    assert!(rounding.plan.rounds_itself[at("bn1")] && !rounding.plan.rounds_itself[at("relu2")]);
+    assert_eq!(rounded, [false, false, false, false, false, true, false]);
+    for layer in ["bn1", "pool1", "relu2"] {
+        assert!(rounding.plan.rounds_itself[at(layer)], "{layer}");
+    }
+    // conv2 leaves its bottom's gradient for pool1, which wrote the blob, to round.
+    let pool1_top = net.graph.node(at("conv2")).bottoms[0];
+    assert_eq!(rounding.plan.diff_left_by[pool1_top], Some(at("conv2")));
     // pool1's backward leaves the gradient of the chain's top for the chain to round.
     let chain_top = net.graph.node(at("pool1")).bottoms[0];
     assert_eq!(rounding.plan.diff_left_by[chain_top], Some(at("pool1")));
@@ -601,8 +617,12 @@ fn traits_by_hand(graph: &Net, slots: &[Slot]) -> Vec<rounding::LayerTraits> {
         .map(|i| {
             let params = graph.node(i).params;
             let head = matches!(slots[i], Slot::Head { .. });
+            // The fused chains, and the poolings (alone or heading a chain with a ReLU).
             let chain =
-                head && matches!(params, LayerParams::BatchNorm(_) | LayerParams::Eltwise(_));
+                head && matches!(
+                    params,
+                    LayerParams::BatchNorm(_) | LayerParams::Eltwise(_) | LayerParams::Relu(_)
+                ) || matches!(params, LayerParams::Pooling(_));
             let relu0 = matches!(params, LayerParams::Relu(r) if r.negative_slope == 0.0);
             rounding::LayerTraits {
                 forward_keeps_half: max_pool(params) || relu0 && !head,
@@ -615,21 +635,29 @@ fn traits_by_hand(graph: &Net, slots: &[Slot]) -> Vec<rounding::LayerTraits> {
         .collect()
 }
 
-/// Without a GPU: ResNet-20's rounding plan in mixed precision leaves every convolution's top
-/// for the BatchNorm chain after it to round, and every gradient on its way back to a chain for
-/// the chain: the diff of a blob that two layers read is left unrounded by the first of them in
-/// net order (which adds to it last), and rounded after the other.
-#[test]
-fn resnet_tops_and_gradients_are_left_to_the_chains_that_read_them() {
-    let text = include_str!("../../../config/resnet20.toml");
+/// A net of the config file `text`, its `[data]` replaced by synthetic `shape` records at
+/// batch 8, and its mixed-precision fusion and rounding plans from [`traits_by_hand`]: the
+/// graph, each layer's slot, traits and running layer, and the rounding plan.
+fn half_plan_of(
+    file: &str,
+    text: &str,
+    shape: [usize; 3],
+) -> (
+    Net,
+    Vec<Slot>,
+    Vec<rounding::LayerTraits>,
+    Vec<usize>,
+    rounding::RoundingPlan,
+) {
     let (start, end) = (text.find("[data]").unwrap(), text.find("[solver]").unwrap());
-    let synthetic =
-        "[data]\nformat = \"synthetic\"\nshape = [3, 32, 32]\nclasses = 10\nbatch_size = 8\n\n";
+    let synthetic = format!(
+        "[data]\nformat = \"synthetic\"\nshape = {shape:?}\nclasses = 10\nbatch_size = 8\n\n"
+    );
     let cfg = config_of(
-        "resnet20.toml",
+        file,
         &format!("{}{synthetic}{}", &text[..start], &text[end..]),
     );
-    let (graph, layout) = Net::build(&cfg, [3, 32, 32], 1).unwrap();
+    let (graph, layout) = Net::build(&cfg, shape, 1).unwrap();
     let slots = fusion::plan(&graph, &layout.spans, true);
     let runs_at: Vec<usize> = (slots.iter().enumerate())
         .map(|(i, s)| match s {
@@ -642,6 +670,59 @@ fn resnet_tops_and_gradients_are_left_to_the_chains_that_read_them() {
         .collect();
     let traits = traits_by_hand(&graph, &slots);
     let plan = rounding::RoundingPlan::new(&graph, &traits, &runs_at, &bottoms, &[]);
+    (graph, slots, traits, runs_at, plan)
+}
+
+/// Without a GPU: cifar10_quick's rounding plan in mixed precision leaves its convolutions'
+/// tops for the poolings (fused with their ReLUs) to round as they read them, and the gradients
+/// the convolutions and the first inner product send back to a pooling for the pooling: of the
+/// rounding passes, only the inner products' tops and the gradient between them are left.
+#[test]
+fn cifar10_quick_leaves_its_roundings_to_the_poolings() {
+    let text = include_str!("../../../config/cifar10_quick.toml");
+    let (graph, slots, _, _, plan) = half_plan_of("cifar10_quick.toml", text, [3, 32, 32]);
+    let at = |name: &str| {
+        (0..graph.len())
+            .find(|&i| graph.node(i).name == name)
+            .unwrap()
+    };
+    for conv in ["conv1", "conv2", "conv3"] {
+        assert!(!plan.rounds_tops[at(conv)], "{conv}: a pooling rounds it");
+    }
+    for head in ["pool1", "relu2", "relu3"] {
+        assert!(
+            matches!(slots[at(head)], Slot::Head { .. }),
+            "{head} heads a chain"
+        );
+        assert!(
+            plan.rounds_itself[at(head)] && !plan.rounds_tops[at(head)],
+            "{head}"
+        );
+    }
+    assert!(plan.rounds_tops[at("ip1")] && plan.rounds_tops[at("ip2")]);
+    for (reader, writer) in [("conv2", "pool1"), ("conv3", "pool2"), ("ip1", "pool3")] {
+        let b = graph.node(at(reader)).bottoms[0];
+        assert_eq!(
+            plan.diff_left_by[b],
+            Some(at(reader)),
+            "{reader} leaves its bottom's gradient to {writer}"
+        );
+    }
+    let ip1_top = graph.node(at("ip2")).bottoms[0];
+    assert_eq!(
+        plan.diff_left_by[ip1_top], None,
+        "ip1 rounds nothing it reads"
+    );
+}
+
+/// Without a GPU: ResNet-20's rounding plan in mixed precision leaves every convolution's top
+/// for the BatchNorm chain after it to round, and every gradient on its way back to a chain for
+/// the chain: the diff of a blob that two layers read is left unrounded by the first of them in
+/// net order (which adds to it last), and rounded after the other.
+#[test]
+fn resnet_tops_and_gradients_are_left_to_the_chains_that_read_them() {
+    let text = include_str!("../../../config/resnet20.toml");
+    let (graph, slots, traits, runs_at, plan) = half_plan_of("resnet20.toml", text, [3, 32, 32]);
     let kind = |i: usize| graph.node(i).params.kind();
     let convolutions: Vec<usize> = (0..graph.len())
         .filter(|&i| kind(i) == crate::config::LayerKind::Convolution)
