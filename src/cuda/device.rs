@@ -46,6 +46,11 @@ pub struct Gpu {
     /// How nets on this device store 4-D activations (`cluster.gpu_layout`; see
     /// [`crate::cuda::layout`]).
     pub layout: GpuLayout,
+    /// In mixed precision, the products per converted value from which an inner product runs
+    /// its GEMMs on half-type operands
+    /// ([`HALF_OPERANDS_MIN_PRODUCTS`](crate::cuda::layers::inner_product::HALF_OPERANDS_MIN_PRODUCTS);
+    /// 0 takes them everywhere).
+    pub half_operands_min_products: usize,
     /// cuDNN bound to `compute`, created by the first [`Gpu::cudnn`].
     dnn: OnceLock<Cudnn>,
     /// A second stream of this device with its own cuDNN and cuBLAS handles, created by the
@@ -188,6 +193,7 @@ impl Gpu {
             conv_algorithm: ConvAlgorithm::Measured,
             conv_exact: true,
             layout: GpuLayout::Nchw,
+            half_operands_min_products: super::layers::inner_product::HALF_OPERANDS_MIN_PRODUCTS,
             dnn: OnceLock::new(),
             side: OnceLock::new(),
             conv_scratch: Mutex::new([None, None]),
