@@ -20,7 +20,8 @@
 # too. Needs the Fashion-MNIST IDX files (.gz) under /usr/share/datasets/fashion-mnist/ (Debian's
 # dataset-fashion-mnist) or FASHION, and python3. Each run writes OUT_DIR/accuracy/<math>-seed<seed>/
 # (metrics.jsonl, the final snapshot) and its log OUT_DIR/accuracy/<math>-seed<seed>.log.
-# Appends the tables to OUT_DIR/summary.txt and writes them to OUT_DIR/accuracy.md.
+# Appends the tables to OUT_DIR/summary.txt and writes them to OUT_DIR/accuracy.md, and the first
+# seed's curves of every precision overlaid to OUT_DIR/accuracy-curves-seed<seed>.svg.
 # Exits non-zero if a run failed or ended without a final test.
 set -uo pipefail
 source "$(dirname "$0")/start.sh"
@@ -182,4 +183,17 @@ open(md, "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 sys.exit(1 if bad else 0)
 PY
+
+# The curves of the first seed's run of each precision overlaid (`p2ptrain plot`): training loss
+# and test accuracy against the iteration, for docs/mixed-precision/.
+seed=${SEEDS%% *}
+curves=()
+for math in $MATHS; do
+  m="$RUNS/$math-seed$seed/metrics.jsonl"
+  [ -e "$m" ] && curves+=("$m" --label "$math")
+done
+if [ ${#curves[@]} -gt 0 ]; then
+  "$BIN/p2ptrain" plot "${curves[@]}" -o "$OUT/accuracy-curves-seed$seed.svg" \
+    >>"$OUT/summary.txt" 2>&1 || fail "accuracy: p2ptrain plot"
+fi
 exit $failed
