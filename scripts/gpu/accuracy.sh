@@ -13,6 +13,8 @@
 #   SETS='data.shift=4 solver.weight_decay=5e-4' scripts/gpu/accuracy.sh BIN_DIR OUT_DIR
 #                                                   # more --set KEY=VALUE, after (over) the script's own
 #   NGPU=2 scripts/gpu/accuracy.sh BIN_DIR OUT_DIR  # use only GPUs 0 and 1
+#   PER_GPU=3 scripts/gpu/accuracy.sh BIN_DIR OUT_DIR  # runs sharing each GPU at a time (default 1;
+#                                                   # ResNet-20's kernels leave an H200 mostly idle)
 #   TIMEOUT=1800 scripts/gpu/accuracy.sh BIN_DIR OUT_DIR  # seconds a run may take (default 3600)
 #   FASHION=DIR scripts/gpu/accuracy.sh BIN_DIR OUT_DIR   # the IDX files' folder (default Debian's)
 #
@@ -30,6 +32,7 @@ CFG=config/resnet20_fashion.toml
 MATHS=${MATHS:-"fp32 bf16 fp16"}
 SEEDS=${SEEDS:-"1 2 3"}
 NGPU=${NGPU:-$(nvidia-smi -L | grep -c '^GPU')}
+PER_GPU=${PER_GPU:-1}
 TIMEOUT=${TIMEOUT:-3600}
 RUNS="$OUT/accuracy"
 mkdir -p "$RUNS"
@@ -54,14 +57,15 @@ done
 read -r -a extra <<<"${SETS:-}"
 for s in "${extra[@]}"; do common+=(--set "$s"); done
 
-# The runs, in MATHS-major order; run i goes to GPU i mod NGPU, each GPU's runs one after another.
+# The runs, in MATHS-major order; worker w of NGPU × PER_GPU takes runs w, w + workers, ... one
+# after another on GPU w mod NGPU.
 names=()
 for math in $MATHS; do
   for seed in $SEEDS; do names+=("$math seed$seed $seed"); done
 done
 {
   echo "== accuracy: ResNet-20 on Fashion-MNIST ($CFG${ITERS:+, $ITERS iterations}), maths: $MATHS, seeds: $SEEDS"
-  echo "${#names[@]} runs on $NGPU GPU(s), one per GPU at a time${SETS:+; --set $SETS}"
+  echo "${#names[@]} runs on $NGPU GPU(s), $PER_GPU per GPU at a time${SETS:+; --set $SETS}"
 } | tee -a "$OUT/summary.txt"
 
 run_one() { # gpu math seed -- one training run; writes <run>.status: "rc wall_seconds"
@@ -77,11 +81,12 @@ run_one() { # gpu math seed -- one training run; writes <run>.status: "rc wall_s
   echo "$name on GPU $gpu: exit $rc, $(cut -d' ' -f2 "$RUNS/$name.status") s"
 }
 
-for ((g = 0; g < NGPU && g < ${#names[@]}; g++)); do
+workers=$((NGPU * PER_GPU))
+for ((w = 0; w < workers && w < ${#names[@]}; w++)); do
   (
-    for ((i = g; i < ${#names[@]}; i += NGPU)); do
+    for ((i = w; i < ${#names[@]}; i += workers)); do
       read -r math _ seed <<<"${names[i]}"
-      run_one "$g" "$math" "$seed"
+      run_one "$((w % NGPU))" "$math" "$seed"
     done
   ) &
 done

@@ -14,6 +14,7 @@
 # PYTORCH=0 leaves PyTorch out (for a second pass over other modes in the same call);
 # BN_SYNC=false runs ResNet-50 with every BatchNorm normalising its own GPU's batch
 # (`sync = false`, as PyTorch's).
+# ITERS=N times N iterations (after the warm-up) of every workload instead of its own count.
 # SETS="key=value ..." adds `--set`s to every p2ptrain run. Before each run the script waits (up
 # to 60 s) until no process holds a GPU, and logs each GPU's clocks, temperature, power and
 # throttle reasons to OUT_DIR/scaling/gpu-state.log.
@@ -67,7 +68,7 @@ ALL=("resnet50 $resnet 64 tf32 5 40"
   "mlp4096 config/mlp4096.toml 512 tf32 100 1000")
 for w in "${ALL[@]}"; do
   set -- $w
-  name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=$6
+  name=$1 cfg=$2 batch=$3 own_math=$4 warmup=$5 iters=${ITERS:-$6}
   listed "$name" "${ONLY:-}" || continue
   echo "== scaling: $name, batch $batch per GPU" | tee -a "$OUT/summary.txt"
   for np in $COUNTS; do

@@ -35,12 +35,17 @@ __device__ __forceinline__ void view_sums_n(Term term, double* partial, int oute
         const int begin = k * chunk;
         const int end = min(outer, begin + chunk);
         if (d < dim) {
-            // Four rows' loads in flight per thread, added in row order as one at a time would.
+            // Eight rows' loads in flight per thread (four for the four-sum terms, which read
+            // three tensors each), added in row order as one at a time would.
+            constexpr int ROWS_IN_FLIGHT = N <= 2 ? 8 : 4;
             int r = begin + threadIdx.y;
-            for (; r + 3 * SUM_ROWS < end; r += 4 * SUM_ROWS) {
-                Sums<N> t[4];
-                for (int u = 0; u < 4; ++u) t[u] = term((r + u * SUM_ROWS) * dim + d, d);
-                for (int u = 0; u < 4; ++u)
+            for (; r + (ROWS_IN_FLIGHT - 1) * SUM_ROWS < end; r += ROWS_IN_FLIGHT * SUM_ROWS) {
+                Sums<N> t[ROWS_IN_FLIGHT];
+#pragma unroll
+                for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
+                    t[u] = term((r + u * SUM_ROWS) * dim + d, d);
+#pragma unroll
+                for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
                     for (int j = 0; j < N; ++j) acc.v[j] += t[u].v[j];
             }
             for (; r < end; r += SUM_ROWS) {

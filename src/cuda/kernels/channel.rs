@@ -7,8 +7,23 @@ use super::{check_len, int_count, to_i32, Kernels, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::sync::Arc;
+
+/// The scratch of `len` doubles for stage 1's partial sums: stream-ordered (the context's memory
+/// pool, freed in stream order on drop) and not zeroed, since stage 1 writes every partial that
+/// the finishing kernel reads.
+pub(super) fn partial_sums_scratch(
+    s: &Arc<CudaStream>,
+    op: &str,
+    len: usize,
+) -> Result<CudaSlice<f64>> {
+    // SAFETY: the finishing kernels read a partial (channel < dim, chunk < splits) only after
+    // stage 1, earlier on the same stream, wrote it.
+    unsafe { s.alloc::<f64>(len) }.map_err(|e| gpu_error(&format!("{op} scratch"), e))
+}
 
 impl Kernels {
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
@@ -53,10 +68,7 @@ impl Kernels {
     ) -> Result<()> {
         let (grid, splits) = self.grid_channel_sums(dims);
         let sp = to_i32(op, splits);
-        // Stream-ordered scratch (the context's memory pool), freed in stream order on drop.
-        let mut partial = s
-            .alloc_zeros::<f64>(per_channel * dims.1 * splits)
-            .map_err(|e| gpu_error(&format!("{op} scratch"), e))?;
+        let mut partial = partial_sums_scratch(s, op, per_channel * dims.1 * splits)?;
         {
             let (pp, _p) = partial.device_ptr_mut(s);
             stage1(grid, pp, sp)?;

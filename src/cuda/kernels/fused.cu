@@ -27,12 +27,14 @@ extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* me
                                                  float slope, float* z, int n, int c, int s,
                                                  int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
-    GRID_STRIDE_INT(i, n) {
-        const int ch = channel_of(i, by_s, by_c);
-        const float v =
-            bsr_value(x[i], mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
-        z[i] = (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
-    }
+    grid_stride_by_four(
+        n, [=](int i) { return x[i]; },
+        [=](int i, float xi) {
+            const int ch = channel_of(i, by_s, by_c);
+            const float v =
+                bsr_value(xi, mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
+            z[i] = (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
+        });
 }
 
 // The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
@@ -113,25 +115,34 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
                                                   int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
-    GRID_STRIDE_INT(i, n) {
-        const int ch = channel_of(i, by_s, by_c);
-        const float gm = gamma[ch];
-        const float dy = round_if_half(gm * bsr_grad(dz[i], z[i], relu, slope, half), half);
-        float d;
-        if (batch_stats) {
-            float mean_dy = (float)(sums[ch] * inv_m);
-            float mean_dyy = (float)(sums[c + ch] * inv_m);
-            if (!half) {
-                mean_dy = gm * mean_dy;
-                mean_dyy = gm * mean_dyy;
+    // The streamed inputs of an element: dz, z, x and (accumulate) the dx it adds to.
+    struct In {
+        float dz, z, x, dx;
+    };
+    grid_stride_by_four(
+        n,
+        [=](int i) {
+            return In{dz[i], z[i], batch_stats ? x[i] : 0.0f, accumulate ? dx[i] : 0.0f};
+        },
+        [=](int i, In in) {
+            const int ch = channel_of(i, by_s, by_c);
+            const float gm = gamma[ch];
+            const float dy = round_if_half(gm * bsr_grad(in.dz, in.z, relu, slope, half), half);
+            float d;
+            if (batch_stats) {
+                float mean_dy = (float)(sums[ch] * inv_m);
+                float mean_dyy = (float)(sums[c + ch] * inv_m);
+                if (!half) {
+                    mean_dy = gm * mean_dy;
+                    mean_dyy = gm * mean_dyy;
+                }
+                const float y = bsr_normalized(in.x, mean[ch], inv_std[ch], half);
+                d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
+            } else {
+                d = dy * inv_std[ch];
             }
-            const float y = bsr_normalized(x[i], mean[ch], inv_std[ch], half);
-            d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
-        } else {
-            d = dy * inv_std[ch];
-        }
-        dx[i] = round_if_half(accumulate ? dx[i] + d : d, half);
-    }
+            dx[i] = round_if_half(accumulate ? in.dx + d : d, half);
+        });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -143,10 +154,13 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
 
 extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
                                              float slope, float* y, int n, int half) {
-    GRID_STRIDE_INT(i, n) {
-        const float v = fmaf(c1, round_if_half(x1[i], half), c0 * round_if_half(x0[i], half));
-        y[i] = round_if_half(v > 0.0f ? v : slope * v, half);
-    }
+    grid_stride_by_four(
+        n, [=](int i) { return make_float2(x0[i], x1[i]); },
+        [=](int i, float2 in) {
+            const float v =
+                fmaf(c1, round_if_half(in.y, half), c0 * round_if_half(in.x, half));
+            y[i] = round_if_half(v > 0.0f ? v : slope * v, half);
+        });
 }
 
 // g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
@@ -154,16 +168,29 @@ extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, f
 extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
                                               float slope, float* dx0, float* dx1, int want0,
                                               int want1, int acc0, int acc1, int n, int half) {
-    GRID_STRIDE_INT(i, n) {
-        const float d = round_if_half(dy[i], half);
-        const float g = y[i] > 0.0f ? d : slope * d;
-        if (want0) {
-            const float v = c0 * g;
-            dx0[i] = round_if_half(acc0 ? dx0[i] + v : v, half);
-        }
-        if (want1) {
-            const float v = c1 * g;
-            dx1[i] = round_if_half(acc1 ? dx1[i] + v : v, half);
-        }
-    }
+    // The streamed inputs of an element: y, dy and the bottom diffs it adds to. Where both
+    // bottoms are one blob, dx1 is read after dx0's addition, as one at a time would.
+    struct In {
+        float y, dy, dx0, dx1;
+    };
+    const bool dx1_after_dx0 = want0 && dx0 == dx1;
+    grid_stride_by_four(
+        n,
+        [=](int i) {
+            return In{y[i], dy[i], want0 && acc0 ? dx0[i] : 0.0f,
+                      want1 && acc1 && !dx1_after_dx0 ? dx1[i] : 0.0f};
+        },
+        [=](int i, In in) {
+            const float d = round_if_half(in.dy, half);
+            const float g = in.y > 0.0f ? d : slope * d;
+            if (want0) {
+                const float v = c0 * g;
+                dx0[i] = round_if_half(acc0 ? in.dx0 + v : v, half);
+            }
+            if (want1) {
+                const float v = c1 * g;
+                const float held = dx1_after_dx0 ? dx1[i] : in.dx1;
+                dx1[i] = round_if_half(acc1 ? held + v : v, half);
+            }
+        });
 }

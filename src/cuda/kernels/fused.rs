@@ -11,7 +11,6 @@
 //! value the three layers' CPU versions round, where they round it (`crate::precision`).
 
 use super::{check_len, half_arg, to_i32, Kernels};
-use crate::cuda::gpu_error;
 use crate::error::Result;
 use crate::precision::Half;
 use cudarc::driver::{
@@ -138,9 +137,7 @@ impl Kernels {
         let (grid, splits) = self.grid_channel_sums((n, c, sp));
         let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
-        let mut partial = s
-            .alloc_zeros::<f64>(per_element * c * splits)
-            .map_err(|e| gpu_error("bn_scale_relu_sums scratch", e))?;
+        let mut partial = super::channel::partial_sums_scratch(s, name, per_element * c * splits)?;
         {
             let (pp, _p) = partial.device_ptr_mut(s);
             launch!(

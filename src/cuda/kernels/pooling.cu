@@ -141,10 +141,29 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
         const float* dy_slice = dy + offset;
         const int* mask_slice = mask + offset;
         const int self = h * g.width + w;
-        for (int ph = phstart; ph < phend; ++ph) {
-            for (int pw = pwstart; pw < pwend; ++pw) {
+        if (phend - phstart <= 2 && pwend - pwstart <= 2) {
+            // At most 2 x 2 windows (a kernel of up to twice the stride, as 3 x 3 by 2): their
+            // argmaxes and diffs are all loaded before any is compared, so that the loads
+            // overlap, and added in the loop's order below.
+            int m[4];
+            float d[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int ph = phstart + (k >> 1), pw = pwstart + (k & 1);
+                const bool inside = ph < phend && pw < pwend;
                 const int p = (ph * g.pooled_w + pw) * step;
-                if (mask_slice[p] == self) gradient += round_if_half(dy_slice[p], g.half);
+                m[k] = inside ? mask_slice[p] : -1;
+                d[k] = inside ? dy_slice[p] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (m[k] == self) gradient += round_if_half(d[k], g.half);
+        } else {
+            for (int ph = phstart; ph < phend; ++ph) {
+                for (int pw = pwstart; pw < pwend; ++pw) {
+                    const int p = (ph * g.pooled_w + pw) * step;
+                    if (mask_slice[p] == self) gradient += round_if_half(dy_slice[p], g.half);
+                }
             }
         }
         dx[index] = round_if_half(accumulate ? dx[index] + gradient : gradient, g.half);
