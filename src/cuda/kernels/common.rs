@@ -232,6 +232,13 @@ pub(super) fn int_count(op: &str, n: usize, lens: &[(&str, usize)]) -> Option<i3
 }
 
 impl Kernels {
+    /// Threads of one full wave of a grid-stride kernel ([`Kernels::grid`]'s largest grid): an
+    /// elementwise kernel over more than four times as many elements runs
+    /// `grid_stride_by_four`'s four-at-a-time loop (`common.cu`), which tests must reach.
+    pub fn wave_threads(&self) -> usize {
+        self.max_blocks as usize * BLOCK as usize
+    }
+
     /// One wave of `BLOCK`-thread blocks over `n` elements (at least one block).
     pub(super) fn grid(&self, n: usize) -> LaunchConfig {
         let blocks = n

@@ -325,6 +325,9 @@ mod tests {
         max_matches_cpu_padded_rectangular: "name = \"pool\"\ntype = \"pooling\"\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 1]", vec![vec![2, 4, 9, 6]], 402;
         ave_matches_cpu_padded: "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1", vec![vec![2, 3, 7, 7]], 403;
         ave_matches_cpu_overlapping_unpadded: "name = \"pool\"\ntype = \"pooling\"\npool = \"ave\"\nkernel_size = 3\nstride = 2", vec![vec![3, 2, 8, 9]], 404;
+        // Three windows cover a pixel along each axis: channels-last, max pooling's backward
+        // takes its covering-window loop rather than the 2 x 2 case of the cases above.
+        max_matches_cpu_with_three_windows_a_pixel: "name = \"pool\"\ntype = \"pooling\"\nkernel_size = 3\nstride = 1", vec![vec![2, 3, 6, 7]], 410;
     }
 
     /// NCHW backward runs a plane kernel when a plane fits in shared memory (every case above:

@@ -880,6 +880,30 @@ fn residual_sum_fused_with_its_relu_matches_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(sum, sum + 1)]);
 }
 
+/// The fused BatchNorm → Scale → ReLU chain and residual sum → ReLU on tensors large enough that
+/// their kernels run the four-elements-a-thread loop (`grid_stride_by_four`), not only its tail,
+/// in both layouts: the CNN on 3 × 128 × 128 records (the chain over 16 × 8 × 128 × 128 values)
+/// and the convolutional equivalence net on 1 × 192 × 192 (the sum over 16 × 16 × 96 × 96).
+#[test]
+fn fused_chains_match_cpu_on_tensors_beyond_one_wave() {
+    let mut gpu = gpu_or_skip!("fused_chains_match_cpu_on_tensors_beyond_one_wave");
+    let four_waves = 4 * gpu.kernels.wave_threads();
+    for (values, what) in [(16 * 8 * 128 * 128, "chain"), (16 * 16 * 96 * 96, "sum")] {
+        assert!(
+            values > four_waves,
+            "the {what}'s {values} values fill fewer than four waves of {} threads",
+            four_waves / 4
+        );
+    }
+    let cfg = cnn_config();
+    let chains = [(1, 3), relu_and_pool(&cfg, "relu2")];
+    cnn_steps_match_cpu(&mut gpu, &cfg, [3, 128, 128], &chains);
+    let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
+    let cfg = config_of("cnn_equivalence.toml", text);
+    let sum = cfg.layers.iter().position(|l| l.name == "sum").unwrap();
+    cnn_steps_match_cpu(&mut gpu, &cfg, [1, 192, 192], &[(sum, sum + 1)]);
+}
+
 /// A CNN of ELU, PReLU (per channel and shared), LRN (both regions), a softmax loss beside a
 /// weighted Euclidean loss on the same features, and an ArgMax in the test phase, against the
 /// CPU net: the slopes' gradients and updates, both losses' weights, and ArgMax's top kept out
