@@ -571,12 +571,16 @@ mod tests {
             ));
             return;
         }
-        let ptx = compile("compute_80").unwrap_or_else(|e| panic!("{e}"));
-        for name in KERNEL_NAMES {
-            assert!(
-                ptx.contains(&format!(".entry {name}(")),
-                "the PTX lacks the entry `{name}`"
-            );
+        // Turing (the oldest architecture CUDA 13 compiles for) and Ampere, on either side of
+        // the source's `__CUDA_ARCH__` branches.
+        for arch in ["compute_75", "compute_80"] {
+            let ptx = compile(arch).unwrap_or_else(|e| panic!("{e}"));
+            for name in KERNEL_NAMES {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "the PTX for {arch} lacks the entry `{name}`"
+                );
+            }
         }
     }
 }
