@@ -200,7 +200,7 @@ fn format(layout: Layout) -> cudnnTensorFormat_t {
 }
 
 /// What distinguishes the two 4-D descriptors, [`TensorDesc`] and [`FilterDesc`]: cuDNN's calls
-/// that create, set (packed FP32 in a [`Layout`]) and destroy one.
+/// that create, set (packed, of an element type, in a [`Layout`]) and destroy one.
 pub trait DescKind {
     /// The opaque struct the descriptor points to.
     type Raw;
@@ -213,11 +213,17 @@ pub trait DescKind {
     /// `raw` is writable.
     unsafe fn create(raw: *mut *mut Self::Raw) -> cudnnStatus_t;
 
-    /// Sets the live descriptor `raw` to the four dimensions `dims`, FP32, stored in `layout`.
+    /// Sets the live descriptor `raw` to the four dimensions `dims` of element type `ty`, stored
+    /// in `layout`.
     ///
     /// # Safety
     /// `raw` is live.
-    unsafe fn set(raw: *mut Self::Raw, layout: Layout, dims: [i32; 4]) -> cudnnStatus_t;
+    unsafe fn set(
+        raw: *mut Self::Raw,
+        layout: Layout,
+        ty: cudnnDataType_t,
+        dims: [i32; 4],
+    ) -> cudnnStatus_t;
 
     /// Destroys the live descriptor `raw`.
     ///
@@ -243,8 +249,13 @@ impl DescKind for Tensor {
         sys::cudnnCreateTensorDescriptor(raw)
     }
 
-    unsafe fn set(raw: sys::cudnnTensorDescriptor_t, l: Layout, d: [i32; 4]) -> cudnnStatus_t {
-        sys::cudnnSetTensor4dDescriptor(raw, format(l), FLOAT, d[0], d[1], d[2], d[3])
+    unsafe fn set(
+        raw: sys::cudnnTensorDescriptor_t,
+        l: Layout,
+        ty: cudnnDataType_t,
+        d: [i32; 4],
+    ) -> cudnnStatus_t {
+        sys::cudnnSetTensor4dDescriptor(raw, format(l), ty, d[0], d[1], d[2], d[3])
     }
 
     unsafe fn destroy(raw: sys::cudnnTensorDescriptor_t) -> cudnnStatus_t {
@@ -260,8 +271,13 @@ impl DescKind for Filter {
         sys::cudnnCreateFilterDescriptor(raw)
     }
 
-    unsafe fn set(raw: sys::cudnnFilterDescriptor_t, l: Layout, d: [i32; 4]) -> cudnnStatus_t {
-        sys::cudnnSetFilter4dDescriptor(raw, FLOAT, format(l), d[0], d[1], d[2], d[3])
+    unsafe fn set(
+        raw: sys::cudnnFilterDescriptor_t,
+        l: Layout,
+        ty: cudnnDataType_t,
+        d: [i32; 4],
+    ) -> cudnnStatus_t {
+        sys::cudnnSetFilter4dDescriptor(raw, ty, format(l), d[0], d[1], d[2], d[3])
     }
 
     unsafe fn destroy(raw: sys::cudnnFilterDescriptor_t) -> cudnnStatus_t {
@@ -269,10 +285,11 @@ impl DescKind for Filter {
     }
 }
 
-/// cuDNN's name of the element type of every descriptor here.
+/// cuDNN's name of FP32, the element type of the layers' descriptors and the compute type of
+/// every convolution.
 const FLOAT: cudnnDataType_t = cudnnDataType_t::CUDNN_DATA_FLOAT;
 
-/// A packed FP32 4-D descriptor of kind `K`, owning its cuDNN descriptor.
+/// A packed 4-D descriptor of kind `K` (FP32, but for the survey's), owning its cuDNN descriptor.
 #[derive(Debug)]
 pub struct Desc4<K: DescKind> {
     raw: *mut K::Raw,
@@ -280,18 +297,24 @@ pub struct Desc4<K: DescKind> {
     pub dims: [usize; 4],
 }
 
-/// A packed FP32 tensor descriptor `(n, c, h, w)`, NCHW or NHWC.
+/// A packed tensor descriptor `(n, c, h, w)`, NCHW or NHWC.
 pub type TensorDesc = Desc4<Tensor>;
 
-/// An FP32 filter descriptor `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, KCRS or KRSC.
+/// A filter descriptor `(k, c, r, s)` = `(num_output, C/group, kh, kw)`, KCRS or KRSC.
 pub type FilterDesc = Desc4<Filter>;
 
 // SAFETY: a descriptor is plain host memory owned by this value.
 unsafe impl<K: DescKind> Send for Desc4<K> {}
 
 impl<K: DescKind> Desc4<K> {
-    /// A descriptor of `dims` stored in `layout`.
+    /// An FP32 descriptor of `dims` stored in `layout`.
     pub fn new(dims: [usize; 4], layout: Layout) -> Result<Self> {
+        Self::typed(dims, layout, FLOAT)
+    }
+
+    /// A descriptor of `dims` stored in `layout` with elements of type `ty` (the half types'
+    /// survey, `cudnn::survey`).
+    pub fn typed(dims: [usize; 4], layout: Layout, ty: cudnnDataType_t) -> Result<Self> {
         let [create, set] = K::CALLS;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is writable.
@@ -304,7 +327,7 @@ impl<K: DescKind> Desc4<K> {
             int(set, dims[3])?,
         ];
         // SAFETY: live descriptor.
-        check(set, unsafe { K::set(d.raw, layout, ints) })?;
+        check(set, unsafe { K::set(d.raw, layout, ty, ints) })?;
         Ok(d)
     }
 

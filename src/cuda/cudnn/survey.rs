@@ -2,7 +2,8 @@
 //! at batch 512 and of ResNet-50 at batch 64, the best time cuDNN's own benchmark
 //! (`cudnnFind*`) gives each direction in NCHW and NHWC under each math type, any algorithm and
 //! deterministic ones only, with per-net totals — the figures behind the layout and algorithm
-//! choices in docs/benchmarks.md. Run on a GPU machine with
+//! choices in docs/benchmarks.md; and what half-type tensors would give ResNet-50's
+//! convolutions. Run on a GPU machine with
 //! `p2ptrain-unittests --ignored --nocapture cudnn::survey`.
 
 use super::*;
@@ -126,5 +127,93 @@ fn survey(dnn: &Cudnn, n: usize, shapes: &[Shape]) {
                 totals[1] + totals[3] + totals[5]
             );
         }
+    }
+}
+
+/// What half-type convolutions would give ResNet-50 at batch 64 (channels-last, tensor-op math,
+/// FP32 accumulation), for docs/design.md's half-type storage (Mixed precision, step 2): the best
+/// time cuDNN's benchmark gives each direction with FP32 tensors (TF32), and with bf16 and with
+/// fp16 ones, per shape and in total; and, shape by shape, whether cuDNN takes an FP32 weight
+/// gradient from half-type input and top gradient (the mixed-precision contract's parameter
+/// gradient) and an FP32 top from half-type input and weights.
+#[test]
+#[ignore]
+fn resnet50_half_type_convolutions() {
+    use cudnnDataType_t::{CUDNN_DATA_BFLOAT16, CUDNN_DATA_FLOAT, CUDNN_DATA_HALF};
+    let gpu = gpu_or_skip!("resnet50_half_type_convolutions", MathMode::Tf32);
+    let dnn = gpu.cudnn().unwrap();
+    let (n, nhwc) = (64, Layout::Nhwc);
+    let types = [
+        ("fp32", CUDNN_DATA_FLOAT),
+        ("bf16", CUDNN_DATA_BFLOAT16),
+        ("fp16", CUDNN_DATA_HALF),
+    ];
+    // The best time of a Find, or why there is none.
+    let verdict = |found: Result<Vec<RawPerf>>| match found {
+        Ok(perf) => match summarize(&perf).0 {
+            best if best.is_finite() => format!("{best:.3} ms"),
+            _ => "no algorithm".to_string(),
+        },
+        Err(e) => format!("refused ({e})"),
+    };
+    let mut totals = [[0f32; 3]; 3];
+    for &(c, h, w, k, r, stride, pad, count) in SHAPES {
+        let oh = (h + 2 * pad - r) / stride + 1;
+        let ow = (w + 2 * pad - r) / stride + 1;
+        let geometry = ConvGeometry {
+            pad: [pad; 2],
+            stride: [stride; 2],
+            dilation: [1; 2],
+            group: 1,
+        };
+        let math = cudnnMathType_t::CUDNN_TENSOR_OP_MATH;
+        let cd = ConvDesc::with_math_type(geometry, dnn.math, math).unwrap();
+        let x_of = |ty| TensorDesc::typed([n, c, h, w], nhwc, ty).unwrap();
+        let y_of = |ty| TensorDesc::typed([n, k, oh, ow], nhwc, ty).unwrap();
+        let w_of = |ty| FilterDesc::typed([k, c, r, r], nhwc, ty).unwrap();
+        let mut line = format!("c{c} {h}x{w} k{k} r{r} s{stride} (x{count}):");
+        for (t, &(name, ty)) in types.iter().enumerate() {
+            let (x, f, y) = (x_of(ty), w_of(ty), y_of(ty));
+            line += &format!(" {name}");
+            for (dir, total) in totals[t].iter_mut().enumerate() {
+                match rank_once(dnn, dir, ConvAlgorithm::Measured, (&x, &f, &cd, &y)) {
+                    Ok(perf) => {
+                        let best = summarize(&perf).0;
+                        *total += best * count as f32;
+                        line += &format!(" {best:.3}");
+                    }
+                    Err(e) => line += &format!(" [{dir}: {e}]"),
+                }
+            }
+        }
+        for &(name, ty) in &types[1..] {
+            let (x, y) = (x_of(ty), y_of(ty));
+            let wgrad = rank_once(
+                dnn,
+                2,
+                ConvAlgorithm::Measured,
+                (&x, &w_of(CUDNN_DATA_FLOAT), &cd, &y),
+            );
+            let fwd = rank_once(
+                dnn,
+                0,
+                ConvAlgorithm::Measured,
+                (&x, &w_of(ty), &cd, &y_of(CUDNN_DATA_FLOAT)),
+            );
+            line += &format!(
+                " | {name} x and dy into an FP32 dw: {}; {name} x and w into an FP32 y: {}",
+                verdict(wgrad),
+                verdict(fwd)
+            );
+        }
+        println!("{line}");
+    }
+    for (t, (name, _)) in types.iter().enumerate() {
+        let [fwd, data, filter] = totals[t];
+        println!(
+            "TOTAL NHWC {name} (tensor ops): fwd {fwd:.2} bwd_data {data:.2} bwd_filter \
+             {filter:.2} ms; sum {:.2}",
+            fwd + data + filter
+        );
     }
 }
