@@ -18,7 +18,8 @@
 # SETS="key=value ..." adds `--set`s to every p2ptrain run. Before each run the script waits (up
 # to 60 s) until no process holds a GPU, and logs each GPU's clocks, temperature, power and
 # throttle reasons to OUT_DIR/scaling/gpu-state.log.
-# Appends to OUT_DIR/summary.txt and writes OUT_DIR/scaling.md.
+# Appends to OUT_DIR/summary.txt (each p2ptrain run's rate and step split) and writes
+# OUT_DIR/scaling.md.
 set -uo pipefail
 source "$(dirname "$0")/start.sh"
 mkdir -p "$OUT/scaling"
@@ -83,6 +84,9 @@ for w in "${ALL[@]}"; do
           "${sets[@]}" >"$log" 2>&1 || { echo "FAILED: p2ptrain $name $math wire $wire np $np" | tee -a "$OUT/summary.txt"; failed=1; }
         line=$(grep '^bench:' "$log")
         echo "p2ptrain $name $math wire=$wire ${np} GPU(s): $line" | tee -a "$OUT/summary.txt"
+        # Where the step went (data wait, passes, exposed all-reduce, update): a one-GPU rate
+        # below the others' per GPU shows there.
+        grep -A7 '^step split' "$log" | sed 's/^/    /' >>"$OUT/summary.txt"
         rate=$(sed -n 's/.*[^0-9.]\([0-9][0-9.]*\) samples\/s.*/\1/p' <<<"$line" | head -1)
         record p2ptrain "$name" "$np" "$math wire $wire" "${rate:-null}"
       done
