@@ -55,14 +55,13 @@ use super::blob::GpuBlob;
 use super::device::wait_for_event;
 use super::event_clock::EventClock;
 use super::layers::{
-    self as gpu_layers, pooling, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad,
-    LayerBlobs, StatePass,
+    self as gpu_layers, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs,
+    StatePass,
 };
 use super::layout::Layout;
 use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
-use crate::config::layer_params::LayerParams;
 use crate::config::{Config, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
@@ -424,13 +423,7 @@ impl GpuNet {
                     Slot::Head { last, .. } => {
                         fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs, half)
                     }
-                    // In mixed precision a pooling rounds in its kernels.
-                    _ => match (node.params, half) {
-                        (LayerParams::Pooling(p), Some(_)) => {
-                            pooling::build_rounding(gpu, node.name, p, &bottoms, runs, half)
-                        }
-                        _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs),
-                    },
+                    _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs, half),
                 }
             })
             .collect::<Result<Vec<_>>>()?;

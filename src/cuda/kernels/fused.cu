@@ -168,17 +168,15 @@ extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, f
 extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
                                               float slope, float* dx0, float* dx1, int want0,
                                               int want1, int acc0, int acc1, int n, int half) {
-    // The streamed inputs of an element: y, dy and the bottom diffs it adds to. Where both
-    // bottoms are one blob, dx1 is read after dx0's addition, as one at a time would.
+    // The streamed inputs of an element: y, dy and the bottom diffs it adds to (two distinct
+    // buffers: the launcher borrows both mutably).
     struct In {
         float y, dy, dx0, dx1;
     };
-    const bool dx1_after_dx0 = want0 && dx0 == dx1;
     grid_stride_by_four(
         n,
         [=](int i) {
-            return In{y[i], dy[i], want0 && acc0 ? dx0[i] : 0.0f,
-                      want1 && acc1 && !dx1_after_dx0 ? dx1[i] : 0.0f};
+            return In{y[i], dy[i], want0 && acc0 ? dx0[i] : 0.0f, want1 && acc1 ? dx1[i] : 0.0f};
         },
         [=](int i, In in) {
             const float d = round_if_half(in.dy, half);
@@ -189,8 +187,7 @@ extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, f
             }
             if (want1) {
                 const float v = c1 * g;
-                const float held = dx1_after_dx0 ? dx1[i] : in.dx1;
-                dx1[i] = round_if_half(acc1 ? held + v : v, half);
+                dx1[i] = round_if_half(acc1 ? in.dx1 + v : v, half);
             }
         });
 }

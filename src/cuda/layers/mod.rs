@@ -383,15 +383,22 @@ crate::config::layer_params::for_each_layer_kind!(gpu_builder);
 
 /// Builds the GPU layer `name` from its resolved parameters (see [`BuildGpu`]), for the given
 /// bottom shapes, running in `layout` (its 4-D bottoms and tops stored so; `Nhwc` only where
-/// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows).
+/// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows). In mixed precision
+/// (`half`), a layer that rounds in its own kernels (a pooling) is built to round to that type.
 pub fn build(
     gpu: &Gpu,
     name: &str,
     params: &LayerParams,
     bottoms: &[&[usize]],
     layout: Layout,
+    half: Option<Half>,
 ) -> Result<Box<dyn GpuLayer>> {
-    let mut layer = build_unshaped(gpu, name, params, layout)?;
+    let mut layer: Box<dyn GpuLayer> = match (params, half) {
+        (LayerParams::Pooling(p), Some(_)) => {
+            Box::new(pooling::GpuPooling::new(gpu, name, p, layout)?.rounding_to(half))
+        }
+        _ => build_unshaped(gpu, name, params, layout)?,
+    };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
 }

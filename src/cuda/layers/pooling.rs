@@ -165,21 +165,6 @@ impl GpuPooling {
     }
 }
 
-/// The pooling `name` with parameters `p` for the bottom shapes `bottoms`, rounding to `half`
-/// in its kernels (mixed precision; [`BuildGpu`]'s layer otherwise).
-pub fn build_rounding(
-    gpu: &Gpu,
-    name: &str,
-    p: &PoolingParams,
-    bottoms: &[&[usize]],
-    layout: Layout,
-    half: Option<Half>,
-) -> Result<Box<dyn GpuLayer>> {
-    let mut layer = GpuPooling::new(gpu, name, p, layout)?.rounding_to(half);
-    layer.reshape(gpu, bottoms)?;
-    Ok(Box::new(layer))
-}
-
 impl BuildGpu for PoolingParams {
     fn build_gpu(&self, gpu: &Gpu, name: &str, layout: Layout) -> Result<Box<dyn GpuLayer>> {
         Ok(Box::new(GpuPooling::new(gpu, name, self, layout)?))

@@ -211,6 +211,7 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         &case.cfg.params().unwrap(),
         &shapes,
         layout,
+        None,
     )
     .unwrap();
 
