@@ -60,6 +60,11 @@ pub struct ClusterConfig {
     /// (half the bytes; each replica's gradient and the sum rounded to bfloat16).
     #[serde(default)]
     pub reduce_dtype: ReduceDtype,
+    /// How the bfloat16 wire's buckets cross between the GPUs of one host: `"nccl"` (NCCL's
+    /// all-reduce, on the multiprocessors) or `"copy_engines"` (peer copies by the copy engines
+    /// and one summing kernel; see [`ReduceTransport`]).
+    #[serde(default)]
+    pub reduce_transport: ReduceTransport,
     /// Compute precision: `"fp32"`, `"tf32"` (GPU GEMMs on tensor cores, 10-bit mantissa
     /// inputs), or mixed precision `"bf16"` / `"fp16"` (activations and their gradients in the
     /// half type, FP32 master weights; see [`MathMode`] and `crate::precision`).
@@ -200,6 +205,21 @@ pub enum ReduceDtype {
     /// to it (to nearest, ties to even), summed in it, and the sum brought back to FP32 and
     /// divided by the replicas (`crate::dist::wire`).
     Bf16,
+}
+
+/// How the buckets of the bfloat16 gradient wire are summed across GPUs
+/// (`cluster.reduce_transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceTransport {
+    /// NCCL's all-reduce, whose kernels run on the multiprocessors beside the backward pass.
+    #[default]
+    Nccl,
+    /// Every replica on one host, GPUs reaching each other by peer access (NVLink or PCIe): each
+    /// bucket is reduce-scattered and all-gathered by peer copies, which the copy engines run
+    /// without a multiprocessor, and its slices are summed by one kernel in rank order
+    /// (`crate::cuda::peer_wire`). Needs `reduce_dtype = "bf16"` and the GPU backend.
+    CopyEngines,
 }
 
 impl ReduceDtype {
@@ -354,6 +374,7 @@ impl Default for ClusterConfig {
             reduce: ReduceMode::Bucketed,
             bucket_mb: bucket_mb_default(),
             reduce_dtype: ReduceDtype::Fp32,
+            reduce_transport: ReduceTransport::Nccl,
             math: MathMode::Fp32,
             loss_scale: None,
             loss_scale_init: loss_scale_init_default(),

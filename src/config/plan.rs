@@ -151,9 +151,14 @@ fn sync_row(c: &super::ClusterConfig) -> String {
     if c.sync == SyncMode::Allreduce {
         return match c.reduce_dtype {
             super::ReduceDtype::Fp32 => "allreduce (gradients averaged every step)".into(),
-            super::ReduceDtype::Bf16 => {
-                "allreduce (gradients averaged every step, in bf16 on the wire)".into()
-            }
+            super::ReduceDtype::Bf16 => match c.reduce_transport {
+                super::ReduceTransport::Nccl => {
+                    "allreduce (gradients averaged every step, in bf16 on the wire)".into()
+                }
+                super::ReduceTransport::CopyEngines => "allreduce (gradients averaged every \
+                    step, in bf16 on the wire, moved by the GPUs' copy engines)"
+                    .into(),
+            },
         };
     }
     let scope = match (c.sync_scope, c.node_ranks) {

@@ -197,6 +197,7 @@ kernel_set!(
     lrn_backward,
     to_bf16,
     from_bf16_scaled,
+    sum_bf16_slices,
     normalize_u8,
 );
 

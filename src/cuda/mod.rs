@@ -45,6 +45,7 @@ pub mod loss_scale;
 pub mod net;
 pub mod params;
 pub mod path_timing;
+pub mod peer_wire;
 pub mod update;
 pub mod wire;
 

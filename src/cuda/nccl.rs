@@ -62,7 +62,7 @@ use crate::dist::nodes::Nodes;
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +91,7 @@ struct RawId {
 }
 
 /// `ncclDataType_t` values.
+const NCCL_UINT8: c_int = 1;
 const NCCL_FLOAT32: c_int = 7;
 const NCCL_FLOAT64: c_int = 8;
 const NCCL_BFLOAT16: c_int = 9;
@@ -118,6 +119,8 @@ type BroadcastFn = unsafe extern "C" fn(
     RawComm,
     CUstream,
 ) -> c_int;
+type AllGatherFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, CUstream) -> c_int;
 type GetErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
 type GetLastErrorFn = unsafe extern "C" fn(RawComm) -> *const c_char;
 
@@ -136,6 +139,7 @@ struct Lib {
     comm_get_async_error: CommGetAsyncErrorFn,
     all_reduce: AllReduceFn,
     broadcast: BroadcastFn,
+    all_gather: AllGatherFn,
     get_error_string: GetErrorStringFn,
     /// `ncclGetLastError`, NCCL 2.13+.
     get_last_error: Option<GetLastErrorFn>,
@@ -233,6 +237,7 @@ fn bind(handle: *mut c_void, name: &str) -> std::result::Result<Lib, String> {
             comm_get_async_error: symbol(handle, "ncclCommGetAsyncError")?,
             all_reduce: symbol(handle, "ncclAllReduce")?,
             broadcast: symbol(handle, "ncclBroadcast")?,
+            all_gather: symbol(handle, "ncclAllGather")?,
             get_error_string: symbol(handle, "ncclGetErrorString")?,
             get_last_error: symbol(handle, "ncclGetLastError").ok(),
         })
@@ -719,6 +724,49 @@ impl NcclComm {
             .map_err(|e| cuda("copy to host", e))?;
         self.scratch = Some(scratch);
         Ok(())
+    }
+
+    /// Every replica's `mine` in rank order, concatenated (`ncclAllGather` of bytes): what set-up
+    /// exchanges, such as the addresses of `crate::cuda::peer_wire`. Every replica passes the
+    /// same length. Runs on the communicator's own stream and waits for the result.
+    pub fn gather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        let name = "ncclAllGather";
+        let cuda = |op: &str, e: cudarc::driver::DriverError| {
+            Error::Comm(format!("CUDA {op} (NCCL all-gather of set-up data): {e}"))
+        };
+        let (n, stream) = (mine.len(), self.stream.clone());
+        let mut all = vec![0u8; n * self.size];
+        if n == 0 {
+            return Ok(all);
+        }
+        let send = stream
+            .clone_htod(mine)
+            .map_err(|e| cuda("copy to device", e))?;
+        let mut recv = stream
+            .alloc_zeros::<u8>(n * self.size)
+            .map_err(|e| cuda("alloc", e))?;
+        {
+            let (src, _r) = send.device_ptr(&stream);
+            let (dst, _w) = recv.device_ptr_mut(&stream);
+            // SAFETY: `src` holds `n` bytes and `dst` `n × size` on this communicator's device,
+            // both alive and borrowed for the call.
+            let rc = unsafe {
+                (self.lib.all_gather)(
+                    src as *const c_void,
+                    dst as *mut c_void,
+                    n,
+                    NCCL_UINT8,
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            };
+            self.lib.check(name, rc, Some(self.raw))?;
+        }
+        self.synchronize(&stream, "set-up all-gather")?;
+        stream
+            .memcpy_dtoh(&recv, &mut all)
+            .map_err(|e| cuda("copy to host", e))?;
+        Ok(all)
     }
 
     /// Waits until everything enqueued so far on `stream` (a stream of this device, ordered after

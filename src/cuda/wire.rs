@@ -8,24 +8,32 @@
 //! The staging buffer is as long as the gradient and holds each bucket at the bucket's own
 //! offsets, so buckets never wait for one another's staging. The engine packs a bucket on the
 //! compute stream as the backward that completes it ends, and the communication stream runs
-//! only NCCL's part of the trips; the sum is written back over the bucket on the communication
+//! only the sum's part of the trips; the sum is written back over the bucket on the communication
 //! stream ([`GradientWire::unpack`]), or left in the staging buffer for an update that reads it
 //! there ([`GradientWire::sum`]: the widening and the `1/R` in the same FP32 operations).
+//!
+//! The bfloat16 sum crosses between GPUs by NCCL's all-reduce, or, with
+//! `cluster.reduce_transport = "copy_engines"`, by the copy engines' peer copies and one summing
+//! kernel (`super::peer_wire`, whose block then holds the staging buffer).
 
 use super::kernels::{Kernels, WireSum};
 use super::nccl::{NcclComm, ReduceOp};
+use super::peer_wire::PeerWire;
 use super::{gpu_error, Gpu};
-use crate::config::ReduceDtype;
+use crate::config::{ReduceDtype, ReduceTransport};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 
-/// A replica's wire: its element type and, for bfloat16, the staging buffer.
+/// A replica's wire: its element type and, for bfloat16, the staging buffer, or the copy-engine
+/// wire that holds it.
 pub struct GradientWire {
     dtype: ReduceDtype,
-    /// `(gradient floats)` bfloat16 bit patterns at the gradient's offsets; `None` on the FP32
-    /// wire.
+    /// `(gradient floats)` bfloat16 bit patterns at the gradient's offsets, for NCCL's sum;
+    /// `None` on the FP32 wire and on the copy engines'.
     staging: Option<CudaSlice<u16>>,
+    /// The copy engines' wire (bfloat16 with `reduce_transport = "copy_engines"`).
+    peers: Option<PeerWire>,
 }
 
 impl GradientWire {
@@ -40,7 +48,35 @@ impl GradientWire {
                     .map_err(|e| gpu_error("allocate the bfloat16 gradient staging buffer", e))?,
             ),
         };
-        Ok(GradientWire { dtype, staging })
+        Ok(GradientWire {
+            dtype,
+            staging,
+            peers: None,
+        })
+    }
+
+    /// The wire of `dtype` over `transport` for the buckets `buckets` of a `len`-float gradient,
+    /// summed over `comm`'s replicas. The copy engines' wire is set up with every replica (a
+    /// collective) where the wire is bfloat16 and has peers; otherwise as [`Self::new`].
+    pub fn over(
+        gpu: &Gpu,
+        dtype: ReduceDtype,
+        transport: ReduceTransport,
+        comm: &NcclComm,
+        buckets: &[Range<usize>],
+        len: usize,
+    ) -> Result<Self> {
+        let by_copy_engines = transport == ReduceTransport::CopyEngines
+            && dtype == ReduceDtype::Bf16
+            && comm.size() > 1;
+        if !by_copy_engines {
+            return Self::new(gpu, dtype, len);
+        }
+        Ok(GradientWire {
+            dtype,
+            staging: None,
+            peers: Some(PeerWire::new(gpu, comm, buckets, len)?),
+        })
     }
 
     /// Bytes `floats` gradient elements take on the wire.
@@ -54,8 +90,10 @@ impl GradientWire {
         range: &Range<usize>,
         len: usize,
     ) -> Result<Option<&mut CudaSlice<u16>>> {
-        let Some(staging) = &mut self.staging else {
-            return Ok(None);
+        let staging = match (&mut self.peers, &mut self.staging) {
+            (Some(peers), _) => peers.staging_mut(),
+            (None, Some(staging)) => staging,
+            (None, None) => return Ok(None),
         };
         if range.end > staging.len() || range.end > len || range.start > range.end {
             return Err(Error::Device(format!(
@@ -90,15 +128,23 @@ impl GradientWire {
     }
 
     /// The all-reduce of the bucket `range` on `comm`'s stream, ordered by the caller after its
-    /// [`GradientWire::pack`]: the FP32 average in `grad[range]`, or the bfloat16 sum in the
-    /// staging buffer.
+    /// [`GradientWire::pack`] on `packed_on`: the FP32 average in `grad[range]`, or the bfloat16
+    /// sum in the staging buffer. The copy engines carry it where they were set up for `comm`'s
+    /// replicas (with `comm` the replicas' one communicator, or one of the same size: the same
+    /// replicas).
     pub fn reduce(
         &mut self,
+        kernels: &Kernels,
+        packed_on: &CudaStream,
         comm: &NcclComm,
         grad: &mut CudaSlice<f32>,
         range: Range<usize>,
     ) -> Result<()> {
         let s = comm.stream();
+        self.staging_for(&range, grad.len())?;
+        if let Some(peers) = self.peers.as_mut().filter(|p| p.replicas() == comm.size()) {
+            return peers.all_reduce(kernels, packed_on, s, &range);
+        }
         match self.staging_for(&range, grad.len())? {
             None => comm.all_reduce_avg(grad, range, s),
             Some(staging) => comm.all_reduce_bf16(staging, range, ReduceOp::Sum, s),
@@ -126,7 +172,11 @@ impl GradientWire {
     /// The bfloat16 sums left in the staging buffer, averaged over `comm`'s replicas as they are
     /// read; `None` on the FP32 wire, whose average is in the gradient buffer.
     pub fn sum(&self, comm: &NcclComm) -> Option<WireSum<'_>> {
-        self.staging.as_ref().map(|bits| WireSum {
+        let staging = match &self.peers {
+            Some(peers) => Some(peers.staging()),
+            None => self.staging.as_ref(),
+        };
+        staging.map(|bits| WireSum {
             bits,
             scale: averaging(comm),
         })
@@ -159,7 +209,7 @@ mod tests {
         range: Range<usize>,
     ) -> Result<()> {
         wire.pack(kernels, comm.stream(), grad, range.clone())?;
-        wire.reduce(comm, grad, range.clone())?;
+        wire.reduce(kernels, comm.stream(), comm, grad, range.clone())?;
         wire.unpack(kernels, comm, grad, range)
     }
 

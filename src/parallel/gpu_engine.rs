@@ -166,7 +166,9 @@ impl GpuEngine {
             1 => ReduceDtype::Fp32, // nothing goes on a wire
             _ => cfg.cluster.reduce_dtype,
         };
-        let wire = GradientWire::new(&gpu, dtype, net.params.len())?;
+        let ranges: Vec<_> = buckets.iter().map(|b| b.range.clone()).collect();
+        let transport = cfg.cluster.reduce_transport;
+        let wire = GradientWire::over(&gpu, dtype, transport, &comm, &ranges, net.params.len())?;
         let mut ready_after = vec![Vec::new(); net.graph().len()];
         for (b, bucket) in buckets.iter().enumerate() {
             ready_after[bucket.ready_after_layer].push(b);
@@ -373,11 +375,12 @@ impl Launcher<'_> {
             bytes: self.wire.bytes(bucket.len()),
         };
         let (wire, kernels, range) = (&mut *self.wire, self.kernels, bucket.range.clone());
+        let compute = self.compute;
         wire.pack(kernels, self.compute, diff, range.clone())?;
         order(self.fence, self.compute, comm.stream())?;
         let keep_sum = self.keep_sum;
         self.clock.time_on(comm.stream(), name, || {
-            wire.reduce(comm, diff, range.clone())?;
+            wire.reduce(kernels, compute, comm, diff, range.clone())?;
             match keep_sum {
                 true => Ok(()),
                 false => wire.unpack(kernels, comm, diff, range),

@@ -3,7 +3,7 @@
 //! scaling) against the backend and the sync mode.
 
 use super::*;
-use crate::config::{LossScale, MathMode, ReduceDtype, SyncMode};
+use crate::config::{BackendKind, LossScale, MathMode, ReduceDtype, ReduceTransport, SyncMode};
 
 impl Validator<'_> {
     pub(super) fn cluster(&self) -> Result<()> {
@@ -96,6 +96,30 @@ impl Validator<'_> {
                 "\"bf16\" applies to synchronous training's gradient all-reduce only; with \
                  cluster.sync = \"local_sgd\" the replicas average parameters, which bf16 would \
                  round to 8 significant bits: use reduce_dtype = \"fp32\" (or sync = \"allreduce\")",
+            ));
+        }
+        self.reduce_transport()
+    }
+
+    /// `reduce_transport = "copy_engines"` carries the bfloat16 wire between GPUs; whether every
+    /// replica is on one host with peer access is found when the GPUs are opened.
+    fn reduce_transport(&self) -> Result<()> {
+        let c = &self.cfg.cluster;
+        if c.reduce_transport != ReduceTransport::CopyEngines {
+            return Ok(());
+        }
+        if c.reduce_dtype != ReduceDtype::Bf16 {
+            return Err(self.err(
+                "cluster.reduce_transport",
+                "\"copy_engines\" carries the bfloat16 gradient wire: set cluster.reduce_dtype = \
+                 \"bf16\" as well (or reduce_transport = \"nccl\")",
+            ));
+        }
+        if c.backend == BackendKind::Cpu {
+            return Err(self.err(
+                "cluster.reduce_transport",
+                "\"copy_engines\" moves gradients between GPUs: it needs cluster.backend = \
+                 \"cuda\" (or \"auto\" on a machine with GPUs)",
             ));
         }
         Ok(())

@@ -25,3 +25,22 @@ extern "C" __global__ void from_bf16_scaled(const unsigned short* w, float* x, f
                                             long long n) {
     GRID_STRIDE_LONG(i, n) x[i] = __uint_as_float((unsigned int)w[i] << 16) * scale;
 }
+
+// The copy-engine wire's sum of one bucket slice (p2ptrain::cuda::peer_wire): own[i] becomes the
+// bfloat16 sum over the replicas in rank order, each addition rounded once (as
+// p2ptrain::dist::wire::add). Replica `rank`'s own term is own[i]; replica s's (s != rank) is
+// slots[s * stride + i], the slice its peer copy delivered.
+extern "C" __global__ void sum_bf16_slices(const unsigned short* slots, long long stride,
+                                           unsigned short* own, int rank, int replicas,
+                                           long long n) {
+    GRID_STRIDE_LONG(i, n) {
+        unsigned short acc = rank == 0 ? own[i] : slots[i];
+        for (int s = 1; s < replicas; ++s) {
+            const unsigned short v = s == rank ? own[i] : slots[s * stride + i];
+            const float sum = __uint_as_float((unsigned int)acc << 16)
+                            + __uint_as_float((unsigned int)v << 16);
+            acc = float_to_bf16_bits(sum);
+        }
+        own[i] = acc;
+    }
+}
