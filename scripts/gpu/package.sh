@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 DIR=${1:-.gpu}
 mkdir -p "$DIR"
 cargo build --release
-cp target/release/p2ptrain "$DIR/"
+cp "${CARGO_TARGET_DIR:-target}/release/p2ptrain" "$DIR/"
 strip "$DIR/p2ptrain"
 test_bin=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys

@@ -4,13 +4,17 @@
 //!
 //! The alternatives take turns, run by run, after one untimed run of each: a clock still rising
 //! from idle, or another stream's work, weighs on all of them alike, where timing one after the
-//! other favoured whichever ran last. Each alternative's median of [`TIMED_RUNS`] runs, each
-//! timed on its own by a pair of events, keeps one slow run from deciding.
+//! other favoured whichever ran last. Each alternative's median device time of [`TIMED_RUNS`]
+//! runs, each timed on its own by a pair of events, keeps one slow run from deciding.
 //!
 //! Each run waits on the device behind [`Kernels::hold_stream`] while the host enqueues it, so
 //! that its device time is the device's alone (a run that the device began before the host had
 //! enqueued all of it is timed again behind a hold twice as long); the host's time to enqueue
-//! it is measured on its own. A path costs a step the larger of the two ([`PathTime::cost_ms`]):
+//! it is measured on its own, and the least of the runs is kept: the host's noise (a thread
+//! descheduled, cold caches) only ever adds to it. Its median had ranged over 0.05–0.11 ms for
+//! one cuDNN call in five runs of one binary, and the run where it passed the 0.106 ms of device
+//! time of a kernel twice as slow on the device chose that kernel (cifar10_quick's conv3
+//! forward, 0.045 ms of device time on cuDNN). A path costs a step the larger of the two ([`PathTime::cost_ms`]):
 //! with the host running ahead (large batches) its device time, but where the host is what
 //! the device waits on (small batches), a path of several launches with host-side set-up
 //! (cuDNN's FFT algorithms) can cost more host time than device time. Timed simply as it was
@@ -37,7 +41,7 @@ pub fn zeroed_floats(stream: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<f32
         .map_err(|e| gpu_error("allocate a buffer to time alternative paths", e))
 }
 
-/// One alternative's median times over its timed runs.
+/// One alternative's median device time and least host time over its timed runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PathTime {
     /// Milliseconds of device time from its first launch to the end of its last.
@@ -53,9 +57,9 @@ impl PathTime {
     }
 }
 
-/// Median times of `count` alternatives, `run(i)` enqueuing alternative `i` on `stream`, timed
-/// in turns, each run behind a hold of the stream by `kernels` (see the module docs).
-/// Synchronises.
+/// The times ([`PathTime`]) of `count` alternatives, `run(i)` enqueuing alternative `i` on
+/// `stream`, timed in turns, each run behind a hold of the stream by `kernels` (see the module
+/// docs). Synchronises.
 pub fn median_times_in_turns(
     stream: &CudaStream,
     kernels: &Kernels,
@@ -117,11 +121,12 @@ pub fn median_times_in_turns(
         t.sort_by(f32::total_cmp);
         t[TIMED_RUNS / 2]
     };
+    let least = |t: Vec<f32>| t.into_iter().fold(f32::INFINITY, f32::min);
     Ok(times
         .into_iter()
         .map(|(device, host)| PathTime {
             device_ms: median(device),
-            host_ms: median(host),
+            host_ms: least(host),
         })
         .collect())
 }

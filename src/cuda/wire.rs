@@ -6,8 +6,9 @@
 //! `crate::dist::wire`, which the CPU backend runs.
 //!
 //! The staging buffer is as long as the gradient and holds each bucket at the bucket's own
-//! offsets, so buckets never wait for one another's staging. The engine packs a bucket on the
-//! compute stream as the backward that completes it ends, and the communication stream runs
+//! offsets, so buckets never wait for one another's staging. The engine packs a bucket on a
+//! rounding stream of its own as the backward that completes it ends, and the communication
+//! stream runs
 //! only the sum's part of the trips; the sum is written back over the bucket on the communication
 //! stream ([`GradientWire::unpack`]), or left in the staging buffer for an update that reads it
 //! there ([`GradientWire::sum`]: the widening and the `1/R` in the same FP32 operations).
@@ -79,6 +80,11 @@ impl GradientWire {
         })
     }
 
+    /// Whether buckets are rounded into a staging buffer before they travel (the bfloat16 wire).
+    pub fn packs(&self) -> bool {
+        self.dtype == ReduceDtype::Bf16
+    }
+
     /// Bytes `floats` gradient elements take on the wire.
     pub fn bytes(&self, floats: usize) -> u64 {
         (floats * self.dtype.bytes()) as u64
@@ -141,12 +147,13 @@ impl GradientWire {
         range: Range<usize>,
     ) -> Result<()> {
         let s = comm.stream();
-        self.staging_for(&range, grad.len())?;
-        if let Some(peers) = self.peers.as_mut().filter(|p| p.replicas() == comm.size()) {
-            return peers.all_reduce(kernels, packed_on, s, &range);
-        }
+        let by_peers = self.peers.as_ref().map(|p| p.replicas()) == Some(comm.size());
         match self.staging_for(&range, grad.len())? {
             None => comm.all_reduce_avg(grad, range, s),
+            Some(_) if by_peers => {
+                let peers = self.peers.as_mut().expect("checked above");
+                peers.all_reduce(kernels, packed_on, s, &range)
+            }
             Some(staging) => comm.all_reduce_bf16(staging, range, ReduceOp::Sum, s),
         }
     }

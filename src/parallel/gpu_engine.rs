@@ -25,8 +25,9 @@
 //! communication stream, ordered by events as the gradient buckets are.
 //!
 //! The buckets travel in the type of `cluster.reduce_dtype` (`crate::cuda::wire`): FP32 through
-//! NCCL's `Avg`, or bfloat16 — a conversion kernel on the compute stream as the bucket becomes
-//! ready, NCCL's bfloat16 sum on the communication stream, and the sum back to FP32 with the
+//! NCCL's `Avg`, or bfloat16 — a conversion kernel on a rounding stream of its own as the bucket
+//! becomes ready (beside the backward that goes on), NCCL's bfloat16 sum (or the copy engines',
+//! `cluster.reduce_transport`) on the communication stream, and the sum back to FP32 with the
 //! `1/R` of the average: a kernel after the sum on the communication stream, or, where the
 //! update runs bucket by bucket, inside the update's kernels, which read the sum where NCCL left
 //! it. The communication stream thus runs NCCL alone where it can.
@@ -77,6 +78,10 @@ pub struct GpuEngine {
     solver: GpuSolver,
     comm: NcclComm,
     comm_stream: Arc<CudaStream>,
+    /// Where the bfloat16 wire rounds each bucket, beside the backward that goes on.
+    pack_stream: Arc<CudaStream>,
+    /// Orders the communication stream after a bucket's rounding on `pack_stream`.
+    packed: CudaEvent,
     buckets: Vec<Bucket>,
     /// The element type the buckets travel in, with its staging buffer.
     wire: GradientWire,
@@ -152,6 +157,14 @@ impl GpuEngine {
             .ctx
             .new_event(None)
             .map_err(|e| gpu_error("create the stream-ordering event", e))?;
+        let pack_stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the gradient wire's rounding stream", e))?;
+        let packed = gpu
+            .ctx
+            .new_event(None)
+            .map_err(|e| gpu_error("create the rounding stream's event", e))?;
         let iter_loss = gpu
             .compute
             .alloc_zeros::<f64>(1)
@@ -198,6 +211,8 @@ impl GpuEngine {
             solver,
             comm,
             comm_stream,
+            pack_stream,
+            packed,
             buckets,
             wire,
             bucket_clock: EventClock::default(),
@@ -345,14 +360,17 @@ fn poison(gpu: &Gpu, loss: &CudaSlice<f64>, diff: &mut CudaSlice<f32>, at: usize
 }
 
 /// What launching a bucket's all-reduce needs besides the gradient: the wire, the kernels it
-/// converts with, the compute stream it packs on and the event that orders the communication
-/// stream after it, the clock that times the trip, the buckets' arrival events, and whether the
-/// wire's sum stays in its staging buffer for an update that reads it there.
+/// converts with, the compute stream that produced the bucket, the stream it is rounded on
+/// beside the backward, the events that order the streams, the clock that times the trip, the
+/// buckets' arrival events, and whether the wire's sum stays in its staging buffer for an
+/// update that reads it there.
 struct Launcher<'a> {
     wire: &'a mut GradientWire,
     kernels: &'a Kernels,
     compute: &'a CudaStream,
+    pack_stream: &'a CudaStream,
     fence: &'a CudaEvent,
+    packed: &'a CudaEvent,
     clock: &'a mut EventClock<Name>,
     arrived: &'a [CudaEvent],
     keep_sum: bool,
@@ -360,9 +378,9 @@ struct Launcher<'a> {
 
 impl Launcher<'_> {
     /// Launches the all-reduce (average) of bucket `b` over `comm`: packed for the wire on the
-    /// compute stream, then reduced on `comm`'s stream (the bucket's span on the timeline) and,
-    /// unless the sum is kept, written back over the bucket there; the bucket's arrival event
-    /// follows.
+    /// rounding stream once the compute stream has produced it (the FP32 wire packs nothing),
+    /// then reduced on `comm`'s stream (the bucket's span on the timeline) and, unless the sum is
+    /// kept, written back over the bucket there; the bucket's arrival event follows.
     fn launch(
         &mut self,
         comm: &NcclComm,
@@ -375,12 +393,21 @@ impl Launcher<'_> {
             bytes: self.wire.bytes(bucket.len()),
         };
         let (wire, kernels, range) = (&mut *self.wire, self.kernels, bucket.range.clone());
-        let compute = self.compute;
-        wire.pack(kernels, self.compute, diff, range.clone())?;
-        order(self.fence, self.compute, comm.stream())?;
+        let packed_on = match wire.packs() {
+            true => {
+                order(self.fence, self.compute, self.pack_stream)?;
+                wire.pack(kernels, self.pack_stream, diff, range.clone())?;
+                order(self.packed, self.pack_stream, comm.stream())?;
+                self.pack_stream
+            }
+            false => {
+                order(self.fence, self.compute, comm.stream())?;
+                self.compute
+            }
+        };
         let keep_sum = self.keep_sum;
         self.clock.time_on(comm.stream(), name, || {
-            wire.reduce(kernels, compute, comm, diff, range.clone())?;
+            wire.reduce(kernels, packed_on, comm, diff, range.clone())?;
             match keep_sum {
                 true => Ok(()),
                 false => wire.unpack(kernels, comm, diff, range),
@@ -472,6 +499,8 @@ impl Engine for GpuEngine {
             node_comm,
             scope,
             comm_stream,
+            pack_stream,
+            packed,
             buckets,
             wire,
             bucket_clock,
@@ -493,7 +522,9 @@ impl Engine for GpuEngine {
             wire,
             kernels: &gpu.kernels,
             compute: &gpu.compute,
+            pack_stream,
             fence,
+            packed,
             clock: bucket_clock,
             arrived,
             keep_sum: by_bucket,
@@ -570,7 +601,9 @@ impl Engine for GpuEngine {
                 wire: &mut self.wire,
                 kernels: &self.gpu.kernels,
                 compute: &self.gpu.compute,
+                pack_stream: &self.pack_stream,
                 fence: &self.fence,
+                packed: &self.packed,
                 clock: &mut self.bucket_clock,
                 arrived: &self.arrived,
                 keep_sum: false,

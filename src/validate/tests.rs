@@ -152,15 +152,24 @@ fn the_reduce_dtype_is_fp32_or_bf16_and_bf16_is_not_for_local_sgd() {
 fn the_copy_engines_carry_the_bf16_wire_of_gpus_only() {
     let with = |v: &str| BASE.replacen("backend = \"cpu\"", v, 1);
     let ce = "reduce_transport = \"copy_engines\"";
-    check(&with(&format!("backend = \"cuda\"\nreduce_dtype = \"bf16\"\n{ce}"))).unwrap();
-    check(&with(&format!("backend = \"auto\"\nreduce_dtype = \"bf16\"\n{ce}"))).unwrap();
+    check(&with(&format!(
+        "backend = \"cuda\"\nreduce_dtype = \"bf16\"\n{ce}"
+    )))
+    .unwrap();
+    check(&with(&format!(
+        "backend = \"auto\"\nreduce_dtype = \"bf16\"\n{ce}"
+    )))
+    .unwrap();
     check(&with("backend = \"cpu\"\nreduce_transport = \"nccl\"")).unwrap();
     has(
         &err("backend = \"cpu\"", &format!("backend = \"cuda\"\n{ce}")),
         "`cluster.reduce_transport`: \"copy_engines\" carries the bfloat16 gradient wire",
     );
     has(
-        &err("backend = \"cpu\"", &format!("reduce_dtype = \"bf16\"\n{ce}")),
+        &err(
+            "backend = \"cpu\"",
+            &format!("reduce_dtype = \"bf16\"\n{ce}"),
+        ),
         "`cluster.reduce_transport`: \"copy_engines\" moves gradients between GPUs",
     );
     has(
