@@ -973,6 +973,7 @@ convolution_call!(
     ) -> dw: FilterDesc
 );
 
+pub mod graph;
 #[cfg(test)]
 mod survey;
 

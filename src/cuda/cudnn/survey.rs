@@ -217,3 +217,109 @@ fn resnet50_half_type_convolutions() {
         );
     }
 }
+
+/// What cuDNN's graph API gives ResNet-50's convolutions (`super::graph`): per shape and
+/// direction, the best of the first eight execution plans of the heuristics (mode A), each timed
+/// over ten runs after two, channels-last — TF32 on FP32 tensors, bf16 tensors, and the mixed
+/// calls half-type storage needs (bf16 `x` and `dy` into an FP32 `dw`; bf16 `x` and `w` into an
+/// FP32 `y`), or why there is none. Set against `scripts/gpu/conv_survey.py` (PyTorch) and
+/// `resnet50_half_type_convolutions` (the legacy API).
+#[test]
+#[ignore]
+fn resnet50_graph_api_convolutions() {
+    use super::graph::{execute, plans, Direction};
+    use cudarc::driver::sys::CUevent_flags;
+    use cudnnDataType_t::{CUDNN_DATA_BFLOAT16 as BF16, CUDNN_DATA_FLOAT as F32};
+    let gpu = gpu_or_skip!("resnet50_graph_api_convolutions", MathMode::Tf32);
+    let dnn = gpu.cudnn().unwrap();
+    let s = &gpu.compute;
+    let event = || {
+        s.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    };
+    let (start, end) = (event(), event());
+    let n = 64;
+    let dirs = [
+        Direction::Forward,
+        Direction::BackwardData,
+        Direction::BackwardFilter,
+    ];
+    let mut totals = [[0f32; 3]; 2];
+    for &(c, h, w, k, r, stride, pad, count) in SHAPES {
+        let oh = (h + 2 * pad - r) / stride + 1;
+        let ow = (w + 2 * pad - r) / stride + 1;
+        let dims = [[n, c, h, w], [k, c, r, r], [n, k, oh, ow]];
+        let geometry = ConvGeometry {
+            pad: [pad; 2],
+            stride: [stride; 2],
+            dilation: [1; 2],
+            group: 1,
+        };
+        let mut bufs: Vec<CudaSlice<f32>> = dims
+            .iter()
+            .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
+            .collect();
+        let ptrs: Vec<u64> = bufs
+            .iter_mut()
+            .map(|b| {
+                let (p, _g) = b.device_ptr_mut(s);
+                p
+            })
+            .collect();
+        // The best time of the plans of one call, or why there is none.
+        let best = |dir: Direction, types| -> std::result::Result<f32, String> {
+            let found = plans(dnn, dir, dims, types, geometry, 8).map_err(|e| e.to_string())?;
+            let mut best = f32::INFINITY;
+            for plan in &found {
+                let mut ws = s.alloc_zeros::<u8>(plan.workspace.max(1)).unwrap();
+                let (wsp, _g) = ws.device_ptr_mut(s);
+                let run = || unsafe { execute(dnn, plan, [ptrs[0], ptrs[1], ptrs[2]], wsp) };
+                if run().and_then(|_| run()).is_err() {
+                    continue;
+                }
+                start.record(s).unwrap();
+                for _ in 0..10 {
+                    run().unwrap();
+                }
+                end.record(s).unwrap();
+                end.synchronize().unwrap();
+                best = best.min(start.elapsed_ms(&end).unwrap() / 10.0);
+            }
+            match best.is_finite() {
+                true => Ok(best),
+                false => Err(format!("none of {} plans ran", found.len())),
+            }
+        };
+        let mut line = format!("c{c} {h}x{w} k{k} r{r} s{stride} (x{count}):");
+        for (t, (name, ty)) in [("tf32", F32), ("bf16", BF16)].into_iter().enumerate() {
+            line += &format!(" {name}");
+            for (d, &dir) in dirs.iter().enumerate() {
+                match best(dir, [ty; 3]) {
+                    Ok(ms) => {
+                        totals[t][d] += ms * count as f32;
+                        line += &format!(" {ms:.3}");
+                    }
+                    Err(e) => line += &format!(" [{dir:?}: {e}]"),
+                }
+            }
+        }
+        let say = |r: std::result::Result<f32, String>| match r {
+            Ok(ms) => format!("{ms:.3} ms"),
+            Err(e) => format!("none ({e})"),
+        };
+        line += &format!(
+            " | bf16 x, dy into FP32 dw: {}; bf16 x, w into FP32 y: {}",
+            say(best(Direction::BackwardFilter, [BF16, F32, BF16])),
+            say(best(Direction::Forward, [BF16, BF16, F32]))
+        );
+        println!("{line}");
+    }
+    for (t, name) in ["tf32", "bf16"].iter().enumerate() {
+        let [f, d, w] = totals[t];
+        println!(
+            "TOTAL graph API NHWC {name}: fwd {f:.2} bwd_data {d:.2} bwd_filter {w:.2} ms; sum {:.2}",
+            f + d + w
+        );
+    }
+}
