@@ -2,8 +2,8 @@
 //! MPI ([`NcclId::shared`]), and [`NcclComm`], one replica's communicator over its device, with
 //! the collectives the trainer needs — in-place all-reduce (average or sum) over a sub-range of a
 //! device buffer on a given stream (FP32 and FP64, and bfloat16 held as its 16-bit patterns for
-//! the gradient wire of `cluster.reduce_dtype = "bf16"`), in-place broadcast, and a synchronising sum of host `f64`
-//! (scores, timings).
+//! the gradient wire of `cluster.reduce_dtype = "bf16"`), in-place broadcast, a synchronising sum of host `f64`
+//! (scores, timings), and a synchronising all-gather of host bytes (set-up exchanges).
 //!
 //! Where the host waits for NCCL work ([`NcclComm::synchronize`]: the score sums, and the
 //! engine's display, test, snapshot and end-of-run points), it polls an event together with

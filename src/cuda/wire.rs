@@ -8,10 +8,10 @@
 //! The staging buffer is as long as the gradient and holds each bucket at the bucket's own
 //! offsets, so buckets never wait for one another's staging. The engine packs a bucket on a
 //! rounding stream of its own as the backward that completes it ends, and the communication
-//! stream runs
-//! only the sum's part of the trips; the sum is written back over the bucket on the communication
-//! stream ([`GradientWire::unpack`]), or left in the staging buffer for an update that reads it
-//! there ([`GradientWire::sum`]: the widening and the `1/R` in the same FP32 operations).
+//! stream runs only the sum's part of the trips; the sum is written back over the bucket on the
+//! communication stream ([`GradientWire::unpack`]), or left in the staging buffer for an update
+//! that reads it there ([`GradientWire::sum`]: the widening and the `1/R` in the same FP32
+//! operations).
 //!
 //! The bfloat16 sum crosses between GPUs by NCCL's all-reduce, or, with
 //! `cluster.reduce_transport = "copy_engines"`, by the copy engines' peer copies and one summing
