@@ -15,6 +15,8 @@
 # BN_SYNC=false runs ResNet-50 with every BatchNorm normalising its own GPU's batch
 # (`sync = false`, as PyTorch's).
 # ITERS=N times N iterations (after the warm-up) of every workload instead of its own count.
+# TRANSPORTS="nccl copy_engines" runs each bf16-wire mode over both of `cluster.reduce_transport`'s
+# transports (default nccl only).
 # SETS="key=value ..." adds `--set`s to every p2ptrain run. Before each run the script waits (up
 # to 60 s) until no process holds a GPU, and logs each GPU's clocks, temperature, power and
 # throttle reasons to OUT_DIR/scaling/gpu-state.log.
@@ -75,20 +77,29 @@ for w in "${ALL[@]}"; do
   for np in $COUNTS; do
     for math in ${MATHS:-$own_math}; do
       for wire in ${WIRES:-fp32}; do
+      for transport in ${TRANSPORTS:-nccl}; do
+        # The copy engines carry the bf16 wire only.
+        [ "$transport" = nccl ] || [ "$wire" = bf16 ] || continue
+        mode="$math wire $wire"
         sets=(--set 'cluster.backend="cuda"' --set "cluster.math=\"$math\"" --set "data.batch_size=$batch")
         [ "$wire" = fp32 ] || sets+=(--set "cluster.reduce_dtype=\"$wire\"")
+        if [ "$transport" != nccl ]; then
+          sets+=(--set "cluster.reduce_transport=\"$transport\"")
+          mode="$mode by $transport"
+        fi
         for extra in ${SETS:-}; do sets+=(--set "$extra"); done
-        log="$OUT/scaling/p2ptrain-$name-$math-wire$wire-$np.log"
-        settle "p2ptrain $name $math wire $wire np $np"
+        log="$OUT/scaling/p2ptrain-$name-$math-wire$wire-$transport-$np.log"
+        settle "p2ptrain $name $mode np $np"
         timeout 300 "${MPI[@]}" -np "$np" "$BIN/p2ptrain" bench "$cfg" --warmup "$warmup" --iters "$iters" \
-          "${sets[@]}" >"$log" 2>&1 || { echo "FAILED: p2ptrain $name $math wire $wire np $np" | tee -a "$OUT/summary.txt"; failed=1; }
+          "${sets[@]}" >"$log" 2>&1 || { echo "FAILED: p2ptrain $name $mode np $np" | tee -a "$OUT/summary.txt"; failed=1; }
         line=$(grep '^bench:' "$log")
-        echo "p2ptrain $name $math wire=$wire ${np} GPU(s): $line" | tee -a "$OUT/summary.txt"
+        echo "p2ptrain $name $mode, ${np} GPU(s): $line" | tee -a "$OUT/summary.txt"
         # Where the step went (data wait, passes, exposed all-reduce, update): a one-GPU rate
         # below the others' per GPU shows there.
         grep -A7 '^step split' "$log" | sed 's/^/    /' >>"$OUT/summary.txt"
         rate=$(sed -n 's/.*[^0-9.]\([0-9][0-9.]*\) samples\/s.*/\1/p' <<<"$line" | head -1)
-        record p2ptrain "$name" "$np" "$math wire $wire" "${rate:-null}"
+        record p2ptrain "$name" "$np" "$mode" "${rate:-null}"
+      done
       done
     done
     torch_modes=("--math $own_math" "--math $own_math --amp --channels-last")
