@@ -225,6 +225,32 @@ fn driver(op: &str, rc: CUresult) -> Result<()> {
     rc.result().map_err(|e| gpu_error(op, e))
 }
 
+/// The copy streams towards one peer.
+struct Lanes {
+    /// This replica's slices of each bucket, to the peer's inbox.
+    scatter: Arc<CudaStream>,
+    /// The peer's summed slice, to every replica's staging buffer.
+    gather: Arc<CudaStream>,
+    /// Recorded on `gather` and waited for by the communication stream.
+    join: CudaEvent,
+}
+
+impl Lanes {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Lanes> {
+        let lane = || {
+            ctx.new_stream()
+                .map_err(|e| gpu_error("create a copy-engine lane", e))
+        };
+        Ok(Lanes {
+            scatter: lane()?,
+            gather: lane()?,
+            join: ctx
+                .new_event(None)
+                .map_err(|e| gpu_error("create a copy-engine lane's event", e))?,
+        })
+    }
+}
+
 /// One replica's side of the copy-engine wire.
 pub struct PeerWire {
     plan: SlicePlan,
@@ -237,11 +263,8 @@ pub struct PeerWire {
     bases: Vec<CUdeviceptr>,
     /// Bases mapped from IPC handles, unmapped on drop.
     opened: Vec<CUdeviceptr>,
-    /// Per peer (by replica; `None` for this one), the streams of its scatter and gather copies.
-    scatter_lanes: Vec<Option<Arc<CudaStream>>>,
-    gather_lanes: Vec<Option<Arc<CudaStream>>>,
-    /// Per peer, recorded on its gather lane and waited for by the communication stream.
-    joins: Vec<Option<CudaEvent>>,
+    /// Per replica, the streams of the copies to it (`None` for this one).
+    lanes: Vec<Option<Lanes>>,
     /// Recorded after a bucket's rounding (scatter lanes wait for it) and after its sum (gather
     /// lanes wait for it); each wait captures the record before it.
     fork: CudaEvent,
@@ -282,9 +305,7 @@ impl PeerWire {
             block,
             bases: vec![0; replicas],
             opened: Vec::new(),
-            scatter_lanes: Vec::new(),
-            gather_lanes: Vec::new(),
-            joins: Vec::new(),
+            lanes: Vec::new(),
             fork: ctx
                 .new_event(None)
                 .map_err(|e| gpu_error("create the copy-engine wire's event", e))?,
@@ -323,25 +344,8 @@ impl PeerWire {
         for s in 0..replicas {
             let peer = Record::from_bytes(&all[s * RECORD_BYTES..(s + 1) * RECORD_BYTES]);
             wire.bases[s] = wire.map_peer(s, &mine, &peer)?;
-            let lanes = (s != rank)
-                .then(|| -> Result<_> {
-                    let lane = || {
-                        ctx.new_stream()
-                            .map_err(|e| gpu_error("create a copy-engine lane", e))
-                    };
-                    let join = ctx
-                        .new_event(None)
-                        .map_err(|e| gpu_error("create a copy-engine lane's event", e))?;
-                    Ok((lane()?, lane()?, join))
-                })
-                .transpose()?;
-            let (scatter, gather, join) = match lanes {
-                Some((a, b, e)) => (Some(a), Some(b), Some(e)),
-                None => (None, None, None),
-            };
-            wire.scatter_lanes.push(scatter);
-            wire.gather_lanes.push(gather);
-            wire.joins.push(join);
+            let lanes = (s != rank).then(|| Lanes::new(&ctx)).transpose()?;
+            wire.lanes.push(lanes);
         }
         Ok(wire)
     }
@@ -434,6 +438,11 @@ impl PeerWire {
         Ok(())
     }
 
+    /// The copy streams towards peer `j` (not this replica).
+    fn lanes_to(&self, j: usize) -> &Lanes {
+        self.lanes[j].as_ref().expect("a peer's lanes")
+    }
+
     /// Replicas the wire joins.
     pub fn replicas(&self) -> usize {
         self.plan.replicas()
@@ -480,7 +489,7 @@ impl PeerWire {
         // 1. Scatter: slice j to replica j's inbox, slot r.
         record(&self.fork, packed_on)?;
         for j in (1..n).map(|k| (r + k) % n) {
-            let lane = self.scatter_lanes[j].as_ref().expect("a peer's lane");
+            let lane = &self.lanes_to(j).scatter;
             wait(lane, &self.fork)?;
             let slice = self.plan.slice(b, j);
             let to = self.bases[j]
@@ -516,14 +525,18 @@ impl PeerWire {
         // 3. Gather: the summed slice r to every replica's staging buffer.
         record(&self.fork, stream)?;
         for j in (1..n).map(|k| (r + k) % n) {
-            let lane = self.gather_lanes[j].as_ref().expect("a peer's lane");
-            wait(lane, &self.fork)?;
+            let lanes = self.lanes_to(j);
+            wait(&lanes.gather, &self.fork)?;
             let from = 2 * own.start as u64;
-            self.copy(lane, self.bases[j] + from, self.block + from, 2 * own.len())?;
-            self.signal(lane, j, 1, b, epoch)?;
-            let join = self.joins[j].as_ref().expect("a peer's event");
-            record(join, lane)?;
-            wait(stream, join)?;
+            self.copy(
+                &lanes.gather,
+                self.bases[j] + from,
+                self.block + from,
+                2 * own.len(),
+            )?;
+            self.signal(&lanes.gather, j, 1, b, epoch)?;
+            record(&lanes.join, &lanes.gather)?;
+            wait(stream, &lanes.join)?;
         }
         for s in (0..n).filter(|&s| s != r) {
             self.wait_flag(stream, word(&self.plan, 1, b, s), epoch)?;
@@ -594,13 +607,9 @@ impl PeerWire {
 impl Drop for PeerWire {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        for lane in self
-            .scatter_lanes
-            .iter()
-            .chain(&self.gather_lanes)
-            .flatten()
-        {
-            let _ = lane.synchronize();
+        for lanes in self.lanes.iter().flatten() {
+            let _ = lanes.scatter.synchronize();
+            let _ = lanes.gather.synchronize();
         }
         // The views must not free what the block owns.
         if let Some(s) = self.staging.take() {

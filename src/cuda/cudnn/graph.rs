@@ -51,6 +51,20 @@ impl Descriptor {
         })
     }
 
+    /// Reads at most `requested` elements of type `ty` of attribute `name` into `out` (nothing
+    /// when `requested` is 0); returns how many the attribute holds.
+    ///
+    /// # Safety
+    /// `out` must have room for `requested` elements of the C type that `ty` names.
+    unsafe fn get(&self, name: Attr, ty: Ty, requested: i64, out: *mut c_void) -> Result<i64> {
+        let mut count = 0i64;
+        // SAFETY: the caller's contract; the descriptor is live.
+        check(&format!("cudnnBackendGetAttribute({name:?})"), unsafe {
+            sys::cudnnBackendGetAttribute(self.0, name, ty, requested, &mut count, out)
+        })?;
+        Ok(count)
+    }
+
     fn set_i64s(&self, name: Attr, values: &[i64]) -> Result<()> {
         // SAFETY: `values` holds `len` i64s.
         unsafe {
@@ -255,37 +269,28 @@ pub fn plans(
         )?;
     }
     heur.finalize("engine heuristics")?;
-    let mut count = 0i64;
     // SAFETY: a count query (no elements requested).
-    check(
-        "cudnnBackendGetAttribute(heuristics' result count)",
-        unsafe {
-            sys::cudnnBackendGetAttribute(
-                heur.0,
-                CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                0,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        },
-    )?;
+    let count = unsafe {
+        heur.get(
+            CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            std::ptr::null_mut(),
+        )?
+    };
     let configs = (0..count.max(0))
         .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
         .collect::<Result<Vec<_>>>()?;
     let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|d| d.0).collect();
-    let mut got = 0i64;
     // SAFETY: `raw` holds `count` created engine-configuration descriptors for cuDNN to fill.
-    check("cudnnBackendGetAttribute(heuristics' results)", unsafe {
-        sys::cudnnBackendGetAttribute(
-            heur.0,
+    let got = unsafe {
+        heur.get(
             CUDNN_ATTR_ENGINEHEUR_RESULTS,
             Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
             count,
-            &mut got,
             raw.as_mut_ptr().cast(),
-        )
-    })?;
+        )?
+    };
     let mut plans = Vec::new();
     for config in configs.iter().take(got.max(0) as usize) {
         if plans.len() >= max {
@@ -298,18 +303,15 @@ pub fn plans(
             continue; // an engine that cannot run this graph here
         }
         let mut workspace = 0i64;
-        let mut n = 0i64;
         // SAFETY: one i64 requested into `workspace`.
-        check("cudnnBackendGetAttribute(workspace size)", unsafe {
-            sys::cudnnBackendGetAttribute(
-                plan.0,
+        unsafe {
+            plan.get(
                 CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                 Ty::CUDNN_TYPE_INT64,
                 1,
-                &mut n,
                 (&mut workspace as *mut i64).cast(),
-            )
-        })?;
+            )?;
+        }
         plans.push(Plan {
             plan,
             workspace: workspace.max(0) as usize,

@@ -12,6 +12,19 @@ use crate::cuda::test_util::gpu_or_skip;
 /// `(C, H, W, K, kernel, stride, pad, count)` of one convolution shape.
 type Shape = (usize, usize, usize, usize, usize, usize, usize, usize);
 
+/// A shape's output `(P, Q)` and its convolution geometry (square kernel, stride and padding, no
+/// dilation or groups).
+fn output_and_geometry(&(_, h, w, _, r, stride, pad, _): &Shape) -> ([usize; 2], ConvGeometry) {
+    let out = |x: usize| (x + 2 * pad - r) / stride + 1;
+    let geometry = ConvGeometry {
+        pad: [pad; 2],
+        stride: [stride; 2],
+        dilation: [1; 2],
+        group: 1,
+    };
+    ([out(h), out(w)], geometry)
+}
+
 /// ResNet-50's convolutions at batch 64.
 const SHAPES: &[Shape] = &[
     (3, 224, 224, 64, 7, 2, 3, 1),
@@ -83,18 +96,12 @@ fn survey(dnn: &Cudnn, n: usize, shapes: &[Shape]) {
     for (lname, layout) in layouts {
         for (mname, math) in maths {
             let mut totals = [0f32; 6];
-            for &(c, h, w, k, r, stride, pad, count) in shapes {
-                let oh = (h + 2 * pad - r) / stride + 1;
-                let ow = (w + 2 * pad - r) / stride + 1;
+            for shape in shapes {
+                let &(c, h, w, k, r, stride, _, count) = shape;
+                let ([oh, ow], geometry) = output_and_geometry(shape);
                 let x = TensorDesc::new([n, c, h, w], layout).unwrap();
                 let y = TensorDesc::new([n, k, oh, ow], layout).unwrap();
                 let f = FilterDesc::new([k, c, r, r], layout).unwrap();
-                let geometry = ConvGeometry {
-                    pad: [pad; 2],
-                    stride: [stride; 2],
-                    dilation: [1; 2],
-                    group: 1,
-                };
                 let cd = ConvDesc::with_math_type(geometry, dnn.math, math).unwrap();
                 let mut line = format!("{lname} {mname} c{c} {h}x{w} k{k} r{r} s{stride}:");
                 for dir in 0..3 {
@@ -157,15 +164,9 @@ fn resnet50_half_type_convolutions() {
         Err(e) => format!("refused ({e})"),
     };
     let mut totals = [[0f32; 3]; 3];
-    for &(c, h, w, k, r, stride, pad, count) in SHAPES {
-        let oh = (h + 2 * pad - r) / stride + 1;
-        let ow = (w + 2 * pad - r) / stride + 1;
-        let geometry = ConvGeometry {
-            pad: [pad; 2],
-            stride: [stride; 2],
-            dilation: [1; 2],
-            group: 1,
-        };
+    for shape in SHAPES {
+        let &(c, h, w, k, r, stride, _, count) = shape;
+        let ([oh, ow], geometry) = output_and_geometry(shape);
         let math = cudnnMathType_t::CUDNN_TENSOR_OP_MATH;
         let cd = ConvDesc::with_math_type(geometry, dnn.math, math).unwrap();
         let x_of = |ty| TensorDesc::typed([n, c, h, w], nhwc, ty).unwrap();
@@ -246,16 +247,10 @@ fn resnet50_graph_api_convolutions() {
         Direction::BackwardFilter,
     ];
     let mut totals = [[0f32; 3]; 2];
-    for &(c, h, w, k, r, stride, pad, count) in SHAPES {
-        let oh = (h + 2 * pad - r) / stride + 1;
-        let ow = (w + 2 * pad - r) / stride + 1;
+    for shape in SHAPES {
+        let &(c, h, w, k, r, stride, _, count) = shape;
+        let ([oh, ow], geometry) = output_and_geometry(shape);
         let dims = [[n, c, h, w], [k, c, r, r], [n, k, oh, ow]];
-        let geometry = ConvGeometry {
-            pad: [pad; 2],
-            stride: [stride; 2],
-            dilation: [1; 2],
-            group: 1,
-        };
         let mut bufs: Vec<CudaSlice<f32>> = dims
             .iter()
             .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
