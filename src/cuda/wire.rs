@@ -26,15 +26,21 @@ use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 
-/// A replica's wire: its element type and, for bfloat16, the staging buffer, or the copy-engine
-/// wire that holds it.
+/// A replica's wire: its element type and, for bfloat16, where its staging buffer lives.
 pub struct GradientWire {
     dtype: ReduceDtype,
-    /// `(gradient floats)` bfloat16 bit patterns at the gradient's offsets, for NCCL's sum;
-    /// `None` on the FP32 wire and on the copy engines'.
-    staging: Option<CudaSlice<u16>>,
-    /// The copy engines' wire (bfloat16 with `reduce_transport = "copy_engines"`).
-    peers: Option<PeerWire>,
+    staging: Staging,
+}
+
+/// The bfloat16 wire's staging buffer: `(gradient floats)` bfloat16 bit patterns at the
+/// gradient's offsets.
+enum Staging {
+    /// The FP32 wire: none.
+    None,
+    /// A buffer of its own, for NCCL's sum.
+    Own(CudaSlice<u16>),
+    /// The copy engines' wire (`reduce_transport = "copy_engines"`), whose block holds it.
+    Peers(Box<PeerWire>),
 }
 
 impl GradientWire {
@@ -42,18 +48,14 @@ impl GradientWire {
     /// allocated on `gpu`'s compute stream.
     pub fn new(gpu: &Gpu, dtype: ReduceDtype, len: usize) -> Result<Self> {
         let staging = match dtype {
-            ReduceDtype::Fp32 => None,
-            ReduceDtype::Bf16 => Some(
+            ReduceDtype::Fp32 => Staging::None,
+            ReduceDtype::Bf16 => Staging::Own(
                 gpu.compute
                     .alloc_zeros::<u16>(len.max(1))
                     .map_err(|e| gpu_error("allocate the bfloat16 gradient staging buffer", e))?,
             ),
         };
-        Ok(GradientWire {
-            dtype,
-            staging,
-            peers: None,
-        })
+        Ok(GradientWire { dtype, staging })
     }
 
     /// The wire of `dtype` over `transport` for the buckets `buckets` of a `len`-float gradient,
@@ -75,8 +77,7 @@ impl GradientWire {
         }
         Ok(GradientWire {
             dtype,
-            staging: None,
-            peers: Some(PeerWire::new(gpu, comm, buckets, len)?),
+            staging: Staging::Peers(Box::new(PeerWire::new(gpu, comm, buckets, len)?)),
         })
     }
 
@@ -96,10 +97,10 @@ impl GradientWire {
         range: &Range<usize>,
         len: usize,
     ) -> Result<Option<&mut CudaSlice<u16>>> {
-        let staging = match (&mut self.peers, &mut self.staging) {
-            (Some(peers), _) => peers.staging_mut(),
-            (None, Some(staging)) => staging,
-            (None, None) => return Ok(None),
+        let staging = match &mut self.staging {
+            Staging::None => return Ok(None),
+            Staging::Own(staging) => staging,
+            Staging::Peers(peers) => peers.staging_mut(),
         };
         if range.end > staging.len() || range.end > len || range.start > range.end {
             return Err(Error::Device(format!(
@@ -147,13 +148,14 @@ impl GradientWire {
         range: Range<usize>,
     ) -> Result<()> {
         let s = comm.stream();
-        let by_peers = self.peers.as_ref().map(|p| p.replicas()) == Some(comm.size());
+        if let Staging::Peers(peers) = &mut self.staging {
+            // (It refuses a range that is not one of its buckets.)
+            if peers.replicas() == comm.size() {
+                return peers.all_reduce(kernels, packed_on, s, &range);
+            }
+        }
         match self.staging_for(&range, grad.len())? {
             None => comm.all_reduce_avg(grad, range, s),
-            Some(_) if by_peers => {
-                let peers = self.peers.as_mut().expect("checked above");
-                peers.all_reduce(kernels, packed_on, s, &range)
-            }
             Some(staging) => comm.all_reduce_bf16(staging, range, ReduceOp::Sum, s),
         }
     }
@@ -179,9 +181,10 @@ impl GradientWire {
     /// The bfloat16 sums left in the staging buffer, averaged over `comm`'s replicas as they are
     /// read; `None` on the FP32 wire, whose average is in the gradient buffer.
     pub fn sum(&self, comm: &NcclComm) -> Option<WireSum<'_>> {
-        let staging = match &self.peers {
-            Some(peers) => Some(peers.staging()),
-            None => self.staging.as_ref(),
+        let staging = match &self.staging {
+            Staging::None => None,
+            Staging::Own(staging) => Some(staging),
+            Staging::Peers(peers) => Some(peers.staging()),
         };
         staging.map(|bits| WireSum {
             bits,
