@@ -137,7 +137,6 @@ kernel_set!(
     mul_inplace,
     round_half,
     round_half_copy,
-    round_half_split,
     to_half,
     eltwise_max_step,
     eltwise_max_backward,
@@ -229,7 +228,7 @@ pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
 pub use normalization::StatsSource;
 pub use pooling::PoolGeom;
-pub use solver::{LossScaleArgs, Rule, UpdateArgs, WireSum};
+pub use solver::{LossScaleArgs, Rule, UpdateArgs, WeightCopies, WeightCopy, WireSum};
 
 impl Kernels {
     /// Compiles [`SOURCE`] for the device of `ctx` (once per process and compute capability)

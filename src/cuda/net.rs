@@ -54,6 +54,7 @@
 use super::blob::GpuBlob;
 use super::device::wait_for_event;
 use super::event_clock::EventClock;
+use super::kernels::WeightCopies;
 use super::layers::{
     self as gpu_layers, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs,
     StatePass,
@@ -784,7 +785,7 @@ impl GpuNet {
             collective,
         };
         if let Some(r) = &mut self.rounding {
-            r.round_weights(gpu, &self.params.data)?;
+            r.round_weights(gpu, &self.params)?;
             let data = &mut self.blobs[DATA];
             let n = data.count();
             r.round(gpu, &mut data.data, n)?;
@@ -800,7 +801,7 @@ impl GpuNet {
                 Slot::Head { last, params } => (params.clone(), self.graph.node(*last).tops),
                 Slot::Absorbed { .. } => continue,
             };
-            let params = weights_seen(&self.rounding, &self.params.data, range.clone());
+            let params = weights_seen(&self.rounding, self.params.data(), range.clone());
             let half = self
                 .rounding
                 .as_ref()
@@ -837,7 +838,7 @@ impl GpuNet {
                 Ok(())
             })?;
             if phase == Phase::Train {
-                let params = self.params.data.slice_mut(range);
+                let params = self.params.data_mut().slice_mut(range);
                 layer.update_state(StatePass {
                     gpu,
                     ctx: &ctx,
@@ -861,8 +862,35 @@ impl GpuNet {
             gpu.kernels
                 .fill(&gpu.compute, &mut self.loss_total, 0.0, 1)?;
         }
+        // The pass wrote only stateful layers' tensors, which each pass copies afresh.
+        if let Some(r) = &mut self.rounding {
+            r.mark_copied(&self.params);
+        }
         self.pass = pass;
         Ok(())
+    }
+
+    /// Runs `update` (an update step of the solver) on the master weights with, in mixed
+    /// precision, the copies of the weights the layers see, to be written from the new weights
+    /// in the same pass, and the loss scale. The copies are handed over only where they hold
+    /// the weights before the step; the next forward pass rounds nothing then, and rounds
+    /// every weight again otherwise (or where `update` fails).
+    pub fn update_weights<T>(
+        &mut self,
+        update: impl FnOnce(
+            &mut GpuParams,
+            Option<WeightCopies<'_>>,
+            Option<&mut DeviceLossScale>,
+        ) -> Result<T>,
+    ) -> Result<T> {
+        let params = &mut self.params;
+        let rounding = self.rounding.as_mut();
+        let Some(r) = rounding.filter(|r| r.copies_current(params)) else {
+            return update(params, None, self.loss_scale.as_mut());
+        };
+        let out = update(params, Some(r.copies()), self.loss_scale.as_mut())?;
+        r.mark_copied(params);
+        Ok(out)
     }
 
     /// `(1)`: the sum over the last forward's loss layers of `loss_weight · loss`, on the device.
@@ -1002,13 +1030,14 @@ impl GpuNet {
                 },
             };
             if let Some((at, range)) = run {
-                let params = weights_seen(&self.rounding, &self.params.data, range.clone());
+                let (master, diff) = self.params.data_and_diff();
+                let params = weights_seen(&self.rounding, master, range.clone());
                 let half = self
                     .rounding
                     .as_ref()
                     .and_then(|r| r.operands(at, range.clone()));
                 let (rounding, graph_bottoms) = (&self.rounding, self.graph.node(at).bottoms);
-                let param_diff = self.params.diff.slice_mut(range);
+                let param_diff = diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
                 let (bottoms, storage) = (&self.bottoms[at], &self.storage);
                 self.layer_clock.time(gpu, Name::Backward(at as u32), || {

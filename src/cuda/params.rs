@@ -6,6 +6,10 @@
 //! Host copies go through pageable memory: a host-to-device copy returns once the driver has
 //! staged the host buffer (so the caller may reuse it at once), a device-to-host copy once it
 //! has completed; both are rare (start, snapshots, tests).
+//!
+//! The data is written only through [`GpuParams::data_mut`] and its siblings, which move
+//! [`GpuParams::version`]: mixed precision keeps copies of the weights and tells by the version
+//! whether they still hold what the data holds (`crate::cuda::net`).
 
 use super::{gpu_error, Gpu};
 use crate::error::{Error, Result};
@@ -18,12 +22,14 @@ use std::ops::Range;
 pub struct GpuParams {
     /// `(len)` learnable floats (at least one element is allocated, so `data.len()` may exceed
     /// [`GpuParams::len`] for a net without learnable tensors).
-    pub data: CudaSlice<f32>,
+    data: CudaSlice<f32>,
     /// `(len)` gradient floats, same layout.
     pub diff: CudaSlice<f32>,
     /// Where each tensor lives, as laid out by `Params::new`.
     pub spans: Vec<ParamSpan>,
     len: usize,
+    /// Moved by every writable borrow of `data`.
+    version: u64,
 }
 
 impl GpuParams {
@@ -41,6 +47,7 @@ impl GpuParams {
             diff: alloc("gradient")?,
             spans,
             len,
+            version: 0,
         })
     }
 
@@ -68,6 +75,35 @@ impl GpuParams {
     /// The flat range covered by the tensors of `layer` (empty if it has none).
     pub fn layer_range(&self, layer: usize) -> Range<usize> {
         crate::params::layer_range(&self.spans, layer)
+    }
+
+    /// The `(len)` learnable floats (the buffer may hold more, see the field).
+    pub fn data(&self) -> &CudaSlice<f32> {
+        &self.data
+    }
+
+    /// The learnable floats, writable; moves [`GpuParams::version`].
+    pub fn data_mut(&mut self) -> &mut CudaSlice<f32> {
+        self.version += 1;
+        &mut self.data
+    }
+
+    /// The learnable floats and their gradient, both writable (an update step); moves
+    /// [`GpuParams::version`].
+    pub fn data_and_diff_mut(&mut self) -> (&mut CudaSlice<f32>, &mut CudaSlice<f32>) {
+        self.version += 1;
+        (&mut self.data, &mut self.diff)
+    }
+
+    /// The learnable floats, and their gradient writable (a backward pass).
+    pub fn data_and_diff(&mut self) -> (&CudaSlice<f32>, &mut CudaSlice<f32>) {
+        (&self.data, &mut self.diff)
+    }
+
+    /// A number that changes whenever the data may have been written: equal versions mean
+    /// the same data.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// All `(len)` parameters.
@@ -128,8 +164,9 @@ impl GpuParams {
         if self.len == 0 {
             return Ok(());
         }
+        let len = self.len;
         gpu.compute
-            .memcpy_htod(&params.data[..], &mut self.data.slice_mut(..self.len))
+            .memcpy_htod(&params.data[..], &mut self.data_mut().slice_mut(..len))
             .map_err(|e| gpu_error("copy the parameters to the device", e))?;
         if !params.diff.is_empty() {
             gpu.compute

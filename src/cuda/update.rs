@@ -20,7 +20,7 @@ use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
-use crate::cuda::kernels::{Rule, UpdateArgs, WireSum};
+use crate::cuda::kernels::{Rule, UpdateArgs, WeightCopies, WireSum};
 use crate::error::{Error, Result};
 use crate::params::ParamSpan;
 use crate::solver::loss_scale::{LossScaler, Rule as LossScaleRule};
@@ -176,23 +176,26 @@ impl GpuSolver {
     /// # Panics
     /// If `params` has not the length the solver was built for.
     pub fn apply(&mut self, gpu: &Gpu, iter: u64, params: &mut GpuParams) -> Result<f32> {
-        self.apply_scaled(gpu, iter, params, None)
+        self.apply_scaled(gpu, iter, params, None, None)
     }
 
     /// [`GpuSolver::apply`] of a gradient `loss_scale` times the true one, where the loss is
     /// scaled: the verdict first (`crate::cuda::loss_scale`), then the update of a finite step
-    /// with the gradient unscaled; an overflow under the dynamic rule updates nothing.
+    /// with the gradient unscaled; an overflow under the dynamic rule updates nothing. Mixed
+    /// precision's `copies` of the weights are written from the new weights in the same pass.
     pub fn apply_scaled(
         &mut self,
         gpu: &Gpu,
         iter: u64,
         params: &mut GpuParams,
+        copies: Option<WeightCopies<'_>>,
         loss_scale: Option<&mut DeviceLossScale>,
     ) -> Result<f32> {
         let whole = Part {
             range: 0..self.n,
             later: false,
             sum: None,
+            copies,
         };
         self.apply_part(gpu, iter, params, whole, loss_scale)
     }
@@ -217,7 +220,12 @@ impl GpuSolver {
         part: Part<'_>,
         loss_scale: Option<&mut DeviceLossScale>,
     ) -> Result<f32> {
-        let Part { range, later, sum } = part;
+        let Part {
+            range,
+            later,
+            sum,
+            copies,
+        } = part;
         assert_eq!(
             params.len(),
             self.n,
@@ -260,9 +268,10 @@ impl GpuSolver {
         )?;
 
         // Steps 3 and 4, fused over every tensor.
+        let (w, g) = params.data_and_diff_mut();
         let args = UpdateArgs {
-            w: &mut params.data,
-            g: &mut params.diff,
+            w,
+            g,
             sum,
             n,
             range,
@@ -274,6 +283,7 @@ impl GpuSolver {
             lr,
             weight_decay: cfg.weight_decay,
             l1: cfg.regularization_type == Regularization::L1,
+            copies,
         };
         let (h0, h1) = match self.history.as_mut_slice() {
             [a] => (a, None),
@@ -327,8 +337,9 @@ pub fn updates_by_part(cfg: &SolverConfig, loss_scale: Option<LossScaleRule>) ->
 }
 
 /// One part of an iteration's update ([`GpuSolver::apply_part`]): the elements `range`, whether
-/// it is `later` than the iteration's first part, and where its raw gradient is: in the
-/// gradient buffer, or still in the bfloat16 wire's `sum`, widened and averaged as it is read.
+/// it is `later` than the iteration's first part, where its raw gradient is: in the
+/// gradient buffer, or still in the bfloat16 wire's `sum`, widened and averaged as it is read,
+/// and mixed precision's `copies` of the weights, written from the new weights in the same pass.
 ///
 /// A later part of an iteration already refused adds nothing to the refused-step record; in
 /// `stop` mode the latch refuses the parts after a non-finite one. The parts before it have
@@ -338,6 +349,7 @@ pub struct Part<'a> {
     pub range: Range<usize>,
     pub later: bool,
     pub sum: Option<WireSum<'a>>,
+    pub copies: Option<WeightCopies<'a>>,
 }
 
 /// Adam's bias correction `√(1 − β₂ᵗ) / (1 − β₁ᵗ)` with `t = iter + 1`, computed as the CPU

@@ -255,7 +255,7 @@ impl GpuEngine {
         }
         let n = self.net.params.len();
         let buf = match which {
-            Buffer::Data => &mut self.net.params.data,
+            Buffer::Data => self.net.params.data_mut(),
             Buffer::Diff => &mut self.net.params.diff,
         };
         order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
@@ -286,7 +286,7 @@ impl GpuEngine {
             )?;
         }
         let n = p.len();
-        s.memcpy_dtod(&anchor.slice(..n), &mut p.data.slice_mut(..n))
+        s.memcpy_dtod(&anchor.slice(..n), &mut p.data_mut().slice_mut(..n))
             .map_err(|e| gpu_error("copy the anchor into the parameters", e))
     }
 
@@ -434,14 +434,14 @@ impl Engine for GpuEngine {
 
     fn broadcast_params(&mut self) -> Result<()> {
         order(&self.fence, &self.gpu.compute, &self.comm_stream)?;
-        let n = self.net.params.data.len();
+        let n = self.net.params.data().len();
         self.comm
-            .broadcast(&mut self.net.params.data, 0..n, 0, &self.comm_stream)?;
+            .broadcast(self.net.params.data_mut(), 0..n, 0, &self.comm_stream)?;
         order(&self.fence, &self.comm_stream, &self.gpu.compute)?;
         // The outer rule starts from the parameters every replica starts from.
         if let Some(anchor) = &mut self.anchor {
             let s = &self.gpu.compute;
-            s.memcpy_dtod(&self.net.params.data, anchor)
+            s.memcpy_dtod(self.net.params.data(), anchor)
                 .map_err(|e| gpu_error("copy the parameters into the anchor", e))?;
         }
         Ok(())
@@ -639,7 +639,8 @@ impl Engine for GpuEngine {
         let n = p.len();
         s.memcpy_dtod(&anchor.slice(..n), &mut p.diff.slice_mut(..n))
             .map_err(|e| gpu_error("copy the anchor", e))?;
-        k.axpy(s, -1.0, &p.data.slice(..n), &mut p.diff.slice_mut(..n), n)?;
+        let (data, diff) = p.data_and_diff();
+        k.axpy(s, -1.0, &data.slice(..n), &mut diff.slice_mut(..n), n)?;
         self.average_over_all(Buffer::Diff)?;
         self.nesterov_on_device()
     }
@@ -654,7 +655,7 @@ impl Engine for GpuEngine {
                     .map_err(|e| gpu_error("allocate the replica's own parameters", e))?,
             ),
         };
-        let data = &mut self.net.params.data;
+        let data = self.net.params.data_mut();
         if !on {
             return s
                 .memcpy_dtod(&own.slice(..n), &mut data.slice_mut(..n))
@@ -692,7 +693,7 @@ impl Engine for GpuEngine {
         let s = &self.gpu.compute;
         let htod = |e| gpu_error("copy a replica's resumed state to the device", e);
         if let Some(p) = params {
-            s.memcpy_htod(p, &mut self.net.params.data.slice_mut(..n))
+            s.memcpy_htod(p, &mut self.net.params.data_mut().slice_mut(..n))
                 .map_err(htod)?;
         }
         if let (Some(anchor), Some(momentum)) = (&mut self.anchor, &mut self.outer_momentum) {
@@ -703,7 +704,10 @@ impl Engine for GpuEngine {
                         .map_err(htod)?;
                 }
                 _ => s
-                    .memcpy_dtod(&self.net.params.data.slice(..n), &mut anchor.slice_mut(..n))
+                    .memcpy_dtod(
+                        &self.net.params.data().slice(..n),
+                        &mut anchor.slice_mut(..n),
+                    )
                     .map_err(htod)?,
             }
         }
@@ -732,27 +736,30 @@ impl Engine for GpuEngine {
     fn update(&mut self, iter: u64) -> Result<f32> {
         let by_bucket = std::mem::take(&mut self.update_by_bucket);
         let (gpu, solver, net) = (&self.gpu, &mut self.solver, &mut self.net);
-        let (params, mut loss_scale) = (&mut net.params, net.loss_scale.as_mut());
         let (buckets, arrived) = (&self.buckets, &self.arrived);
         let reduce = reducing(self.scope, &self.comm, self.node_comm.as_ref());
         let sum = reduce.and_then(|c| self.wire.sum(c));
         self.clock.time(gpu, Step::Update, || {
-            if !by_bucket {
-                return solver.apply_scaled(gpu, iter, params, loss_scale);
-            }
-            let mut lr = 0.0;
-            for (b, (bucket, event)) in buckets.iter().zip(arrived).enumerate() {
-                gpu.compute
-                    .wait(event)
-                    .map_err(|e| gpu_error("wait for a bucket's all-reduce", e))?;
-                let part = Part {
-                    range: bucket.range.clone(),
-                    later: b > 0,
-                    sum,
-                };
-                lr = solver.apply_part(gpu, iter, params, part, loss_scale.as_deref_mut())?;
-            }
-            Ok(lr)
+            net.update_weights(|params, mut copies, mut loss_scale| {
+                if !by_bucket {
+                    return solver.apply_scaled(gpu, iter, params, copies, loss_scale);
+                }
+                let mut lr = 0.0;
+                for (b, (bucket, event)) in buckets.iter().zip(arrived).enumerate() {
+                    gpu.compute
+                        .wait(event)
+                        .map_err(|e| gpu_error("wait for a bucket's all-reduce", e))?;
+                    let part = Part {
+                        range: bucket.range.clone(),
+                        later: b > 0,
+                        sum,
+                        copies: copies.as_mut().map(|c| c.reborrow()),
+                    };
+                    let loss_scale = loss_scale.as_deref_mut();
+                    lr = solver.apply_part(gpu, iter, params, part, loss_scale)?;
+                }
+                Ok(lr)
+            })
         })
     }
 

@@ -234,17 +234,6 @@ __device__ __forceinline__ unsigned short half_bits(float v, int fp16) {
     return (unsigned short)(u >> 16);
 }
 
-// y (n) = x rounded, and h (n) its half-type bit patterns: the weights the layers see, as floats
-// and as tensor-core operands, in one pass.
-extern "C" __global__ void round_half_split(const float* x, float* y, unsigned short* h, int fp16,
-                                            long long n) {
-    GRID_STRIDE_LONG(i, n) {
-        const float r = round_to_half(x[i], fp16);
-        y[i] = r;
-        h[i] = half_bits(r, fp16);
-    }
-}
-
 // h (n) = the half-type bit patterns of x rounded (exact where x already holds half values).
 extern "C" __global__ void to_half(const float* x, unsigned short* h, int fp16, long long n) {
     GRID_STRIDE_LONG(i, n) h[i] = half_bits(x[i], fp16);

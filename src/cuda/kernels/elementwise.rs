@@ -84,12 +84,6 @@ launchers! {
     pub fn round_half_copy(x: in f32, y: out f32, fp16: bool as i32, n: elements as i64)
         => launch round_half_copy(in x, out y, &fp16, &n);
 
-    /// `y[..n] = x[..n]` rounded as [`Kernels::round_half`] does, and `h[..n]` the half-type
-    /// bit patterns of the same values.
-    pub fn round_half_split(
-        x: in f32, y: out f32, h: out u16, fp16: bool as i32, n: elements as i64,
-    ) => launch round_half_split(in x, out y, out h, &fp16, &n);
-
     /// `h[..n]` the half-type bit patterns of `x[..n]` rounded as [`Kernels::round_half`]
     /// rounds (a plain conversion where `x` holds half-type values).
     pub fn to_half(x: in f32, h: out u16, fp16: bool as i32, n: elements as i64)
@@ -208,8 +202,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    /// Both half types, in place, into a copy and split into a copy and half-type bit patterns
-    /// (and `to_half`'s bit patterns), on random floats of every magnitude and on the edges
+    /// Both half types, in place, into a copy and as half-type bit patterns (`to_half`), on random floats of every magnitude and on the edges
     /// (ties, the largest finite fp16 and the first value that overflows it, fp16's subnormals
     /// and what flushes to zero, infinities, NaN): the device's values, and the bit patterns
     /// widened, are `Half::round`'s bit for bit.
@@ -246,34 +239,25 @@ mod tests {
                 .unwrap();
             let mut in_place = x.clone();
             k.round_half(s, &mut in_place, fp16, values.len()).unwrap();
-            let mut split = s.alloc_zeros::<f32>(values.len()).unwrap();
-            let mut bits = s.alloc_zeros::<u16>(values.len()).unwrap();
-            k.round_half_split(s, &x, &mut split, &mut bits, fp16, values.len())
-                .unwrap();
             let mut converted = s.alloc_zeros::<u16>(values.len()).unwrap();
             k.to_half(s, &x, &mut converted, fp16, values.len())
                 .unwrap();
-            for got in [
-                s.clone_dtoh(&bits).unwrap(),
-                s.clone_dtoh(&converted).unwrap(),
-            ] {
-                for (&v, g) in values.iter().zip(got) {
-                    let widened = match half {
-                        Half::Bf16 => half::bf16::from_bits(g).to_f32(),
-                        Half::Fp16 => half::f16::from_bits(g).to_f32(),
-                    };
-                    let w = half.round(v);
-                    let same = match w.is_nan() {
-                        true => widened.is_nan(),
-                        false => widened.to_bits() == w.to_bits(),
-                    };
-                    assert!(same, "{half:?}: {v:e} as half bits {g:#x}, want {w:e}");
-                }
+            let converted = s.clone_dtoh(&converted).unwrap();
+            for (&v, g) in values.iter().zip(converted) {
+                let widened = match half {
+                    Half::Bf16 => half::bf16::from_bits(g).to_f32(),
+                    Half::Fp16 => half::f16::from_bits(g).to_f32(),
+                };
+                let w = half.round(v);
+                let same = match w.is_nan() {
+                    true => widened.is_nan(),
+                    false => widened.to_bits() == w.to_bits(),
+                };
+                assert!(same, "{half:?}: {v:e} as half bits {g:#x}, want {w:e}");
             }
             for got in [
                 s.clone_dtoh(&copy).unwrap(),
                 s.clone_dtoh(&in_place).unwrap(),
-                s.clone_dtoh(&split).unwrap(),
             ] {
                 for (&v, g) in values.iter().zip(got) {
                     let w = half.round(v);

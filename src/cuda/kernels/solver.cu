@@ -206,11 +206,20 @@ struct AdamwRule {
 template <typename Rule> struct DecoupledDecay { static constexpr bool value = false; };
 template <> struct DecoupledDecay<AdamwRule> { static constexpr bool value = true; };
 
+// The copies of the weights mixed precision's layers see, written by the update from the new
+// weight where copy_kind (spans) is not null: per tensor, WEIGHT_ROUNDED writes rounded[i] (the
+// weight rounded to the half type, fp16 or bf16), WEIGHT_HALF writes half[i] (its bit pattern),
+// WEIGHT_KEPT neither (a stateful layer's tensors, copied before each forward pass instead).
+#define WEIGHT_KEPT 0
+#define WEIGHT_ROUNDED 1
+#define WEIGHT_HALF 2
+
 template <typename Rule>
 __device__ void update(const Rule& rule, float* w, float* g, const unsigned short* sum,
                        float sum_scale, long long start, long long end, const long long* ends,
                        const float* lr_mult, const float* decay_mult, int spans,
-                       const float* scale, float lr, float weight_decay, int l1) {
+                       const float* scale, float lr, float weight_decay, int l1, float* rounded,
+                       unsigned short* half, const int* copy_kind, int fp16) {
     long long i = start + blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     if (i >= end) return;
@@ -224,14 +233,21 @@ __device__ void update(const Rule& rule, float* w, float* g, const unsigned shor
         const float wi = w[i];
         const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
         const float gi = sum ? __uint_as_float((unsigned int)sum[i] << 16) * sum_scale : g[i];
+        float next;
         if constexpr (DecoupledDecay<Rule>::value) {
             const float grad = sc * gi;
             g[i] = grad;
-            w[i] = rule(i, wi, grad, lr_s, lr_s * decay_s * r);
+            next = rule(i, wi, grad, lr_s, lr_s * decay_s * r);
         } else {
             const float grad = sc * gi + decay_s * r;
             g[i] = grad;
-            w[i] = rule(i, wi, grad, lr_s);
+            next = rule(i, wi, grad, lr_s);
+        }
+        w[i] = next;
+        if (copy_kind) {
+            const int kind = copy_kind[s];
+            if (kind == WEIGHT_ROUNDED) rounded[i] = round_to_half(next, fp16);
+            else if (kind == WEIGHT_HALF) half[i] = half_bits(next, fp16);
         }
     }
 }
@@ -239,9 +255,11 @@ __device__ void update(const Rule& rule, float* w, float* g, const unsigned shor
 #define UPDATE_PARAMS                                                                       \
     float *w, float *g, const unsigned short *sum, float sum_scale, long long start,         \
         long long end, const long long *ends, const float *lr_mult, const float *decay_mult, \
-        int spans, const float *scale, float lr, float weight_decay, int l1
-#define UPDATE_ARGS                                                                           \
-    w, g, sum, sum_scale, start, end, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, l1
+        int spans, const float *scale, float lr, float weight_decay, int l1, float *rounded,    \
+        unsigned short *half, const int *copy_kind, int fp16
+#define UPDATE_ARGS                                                                            \
+    w, g, sum, sum_scale, start, end, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, \
+        l1, rounded, half, copy_kind, fp16
 
 extern "C" __global__ void sgd_update(UPDATE_PARAMS, float* v, float momentum) {
     update(SgdRule{momentum, v}, UPDATE_ARGS);

@@ -26,6 +26,42 @@ pub struct WireSum<'a> {
     pub scale: f32,
 }
 
+/// How the update refreshes a tensor's copy in [`WeightCopies`] (`WEIGHT_*` in `solver.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum WeightCopy {
+    /// Not by the update: a stateful layer's tensors, copied as they are before each forward.
+    Kept = 0,
+    /// Rounded to the half type, as a float.
+    Rounded = 1,
+    /// Rounded to the half type, as its bit pattern only.
+    Half = 2,
+}
+
+/// The copies of the weights that mixed precision's layers see, which an update step writes
+/// from each new weight as it writes the weight: `rounded` `(n)` and `half` `(n)` at the flat
+/// offsets, per tensor as `kinds` `(spans)` says ([`WeightCopy`] values), rounding to fp16 or
+/// bf16.
+pub struct WeightCopies<'a> {
+    pub rounded: &'a mut CudaSlice<f32>,
+    /// Needed where some tensor is [`WeightCopy::Half`].
+    pub half: Option<&'a mut CudaSlice<u16>>,
+    pub kinds: &'a CudaSlice<i32>,
+    pub fp16: bool,
+}
+
+impl WeightCopies<'_> {
+    /// The same copies, borrowed again (one update step of several over parts of the buffers).
+    pub fn reborrow(&mut self) -> WeightCopies<'_> {
+        WeightCopies {
+            rounded: self.rounded,
+            half: self.half.as_deref_mut(),
+            kinds: self.kinds,
+            fp16: self.fp16,
+        }
+    }
+}
+
 /// The flat-buffer description of an update step shared by every rule: `w` and `g` `(n)`, the
 /// raw gradient in `g` or in the wire's `sum`, the elements `range` it updates (all `0..n`, or
 /// one gradient bucket's), the tensors' `ends` `(spans)` (ascending, the last equal to `n`),
@@ -47,6 +83,8 @@ pub struct UpdateArgs<'a> {
     pub weight_decay: f32,
     /// L1 instead of L2 regularisation.
     pub l1: bool,
+    /// Mixed precision's copies of the weights, refreshed in the same pass.
+    pub copies: Option<WeightCopies<'a>>,
 }
 
 /// The rule-specific part of an update step and its history buffers `(n)`.
@@ -216,6 +254,23 @@ impl Kernels {
             }
             None => (0, 1.0f32, None),
         };
+        // The copies, or null pointers: the kernels then write none.
+        let (mut rounded, mut half, mut kinds, mut fp16) = (0, 0, 0, 0i32);
+        let (mut _rounded_guard, mut _half_guard, mut _kinds_guard) = (None, None, None);
+        if let Some(c) = a.copies {
+            check_len(op, "rounded", c.rounded.len(), a.n);
+            check_len(op, "kinds", c.kinds.len(), a.spans);
+            let (ptr, guard) = c.rounded.device_ptr_mut(s);
+            (rounded, _rounded_guard) = (ptr, Some(guard));
+            if let Some(h) = c.half {
+                check_len(op, "half", h.len(), a.n);
+                let (ptr, guard) = h.device_ptr_mut(s);
+                (half, _half_guard) = (ptr, Some(guard));
+            }
+            let (ptr, guard) = c.kinds.device_ptr(s);
+            (kinds, _kinds_guard) = (ptr, Some(guard));
+            fp16 = c.fp16 as i32;
+        }
         let spans = to_i32(op, a.spans);
         let l1 = a.l1 as i32;
         let (lr, wd) = (a.lr, a.weight_decay);
@@ -228,6 +283,7 @@ impl Kernels {
                     [
                         out a.w, out a.g, &sum, &sum_scale, &start, &end, in a.ends,
                         in a.lr_mult, in a.decay_mult, &spans, in a.scale, &lr, &wd, &l1,
+                        &rounded, &half, &kinds, &fp16,
                         $($extra)*
                     ]
                 )

@@ -316,7 +316,9 @@ pub trait GpuLayer: Send {
         false
     }
 
-    /// Whether the layer runs its products on [`HalfOperands`] when its passes carry them.
+    /// Whether the layer runs its products on [`HalfOperands`] when its passes carry them. Such
+    /// a layer then reads its first tensor (the weights) only from the half copy: the floats its
+    /// passes get hold its other tensors, and nothing in that tensor's range.
     fn takes_half_operands(&self) -> bool {
         false
     }
@@ -344,7 +346,7 @@ pub trait GpuLayer: Send {
 pub struct HalfOperands<'a> {
     pub half: Half,
     /// The layer's range of the weights the layers see, as half-type bit patterns
-    /// `(param_len)`.
+    /// `(param_len)`; only the first tensor's part is written.
     pub params: CudaView<'a, u16>,
 }
 

@@ -4,7 +4,11 @@
 //!
 //! - before each forward pass, the input `data` in place, and the weights the layers see: a copy
 //!   of the FP32 master weights rounded to the half type, except the tensors of stateful layers
-//!   (BatchNorm's running statistics), copied as they are;
+//!   (BatchNorm's running statistics), copied as they are. The update step writes the rounded
+//!   copies from each new weight as it writes the weight ([`HalfRounding::copies`]), so a
+//!   forward pass after it rounds nothing; only where the master weights were written otherwise
+//!   (the start's broadcast, a resume, local SGD's averaging: [`GpuParams::version`] tells)
+//!   does it round them all again;
 //! - after each layer's forward, its tops, unless it is a loss or a reported layer (accuracy), or
 //!   only layers that round their bottoms as they read them read those tops
 //!   ([`GpuLayer::rounds_on_load`]: a convolution's top before a fused BatchNorm or a pooling);
@@ -19,8 +23,9 @@
 //! top diffs ([`GpuLayer::backward_keeps_half`]).
 //!
 //! Layers that take [`HalfOperands`] (the inner product) run their GEMMs on half-type operands
-//! with FP32 accumulation: the weights as a half-type copy written beside the rounded FP32 one,
-//! their bottoms and top diffs converted, which is exact because those hold half-type values —
+//! with FP32 accumulation: their first tensor (the weight matrix) as a half-type copy, which they
+//! read in no other form, so it has no rounded FP32 copy ([`WeightCopy::Half`]); their bottoms
+//! and top diffs converted, which is exact because those hold half-type values —
 //! a condition checked per layer here (every bottom is the input or a top rounded by this
 //! module, no top is a loss top). Other GEMMs and convolutions run on tensor cores with TF32
 //! operands, which hold half-type values exactly
@@ -31,7 +36,9 @@
 //! rounding pass.
 
 use super::storage::Conversion;
+use crate::cuda::kernels::{WeightCopies, WeightCopy};
 use crate::cuda::layers::{GpuLayer, HalfOperands};
+use crate::cuda::params::GpuParams;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Result;
 use crate::layers::Layer;
@@ -44,15 +51,61 @@ use std::ops::Range;
 /// The rounding of one GPU net; see the module docs.
 pub struct HalfRounding {
     half: Half,
-    /// `(params)` the weights the layers see in the passes since the last
-    /// [`HalfRounding::round_weights`].
+    /// `(params)` the weights the layers see as floats in the passes since the last
+    /// [`HalfRounding::round_weights`] (a [`WeightCopy::Half`] tensor's range is not written).
     pub weights: CudaSlice<f32>,
-    /// `(params)` the same as half-type bit patterns, where some layer takes half operands.
+    /// `(params)` the [`WeightCopy::Half`] tensors as half-type bit patterns, where some layer
+    /// takes half operands (the other ranges are not written).
     weights_half: Option<CudaSlice<u16>>,
-    /// The flat parameters in contiguous runs, each rounded (`true`) or copied.
-    runs: Vec<(Range<usize>, bool)>,
+    /// `(spans)` how each tensor is copied, as [`WeightCopy`] values for the update kernels.
+    kinds: CudaSlice<i32>,
+    /// The flat parameters in contiguous runs of one [`WeightCopy`].
+    runs: Vec<(Range<usize>, WeightCopy)>,
+    /// The [`GpuParams::version`] of the master weights that the rounded and half copies hold.
+    copied_from: Option<u64>,
     /// Where the passes round.
     pub plan: RoundingPlan,
+}
+
+/// How each tensor of `spans` is copied for the layers: as it is where its layer `stateful`
+/// says so, as half-type bit patterns only where it is the first tensor run by a layer that
+/// `takes_half_operands` (indexed by the running layer; the tensors of layer `j` are run by
+/// layer `runs_at[j]`, the head of its fused chain), rounded as a float elsewhere.
+pub(super) fn weight_copies(
+    spans: &[ParamSpan],
+    stateful: impl Fn(usize) -> bool,
+    takes_half_operands: &[bool],
+    runs_at: &[usize],
+) -> Vec<WeightCopy> {
+    let mut seen = vec![false; takes_half_operands.len()];
+    spans
+        .iter()
+        .map(|s| {
+            let runner = runs_at[s.layer];
+            let first = !std::mem::replace(&mut seen[runner], true);
+            match () {
+                _ if stateful(s.layer) => WeightCopy::Kept,
+                _ if first && takes_half_operands[runner] => WeightCopy::Half,
+                _ => WeightCopy::Rounded,
+            }
+        })
+        .collect()
+}
+
+/// The flat ranges of `spans` (laid out, in order) merged into contiguous runs of one of their
+/// `kinds`.
+pub(super) fn copy_runs(
+    spans: &[ParamSpan],
+    kinds: &[WeightCopy],
+) -> Vec<(Range<usize>, WeightCopy)> {
+    let mut runs: Vec<(Range<usize>, WeightCopy)> = Vec::new();
+    for (s, &kind) in spans.iter().zip(kinds) {
+        match runs.last_mut() {
+            Some((r, was)) if *was == kind && r.end == s.offset => r.end = s.offset + s.len,
+            _ => runs.push((s.range(), kind)),
+        }
+    }
+    runs
 }
 
 /// What a GPU layer tells the rounding about itself (the [`GpuLayer`] methods of those names).
@@ -229,19 +282,13 @@ impl HalfRounding {
         spans: &[ParamSpan],
         len: usize,
     ) -> Result<HalfRounding> {
-        let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
-        for s in spans {
-            let round = !layers[s.layer].has_state();
-            match runs.last_mut() {
-                Some((r, was)) if *was == round && r.end == s.offset => r.end = s.offset + s.len,
-                _ => runs.push((s.range(), round)),
-            }
-        }
         let traits: Vec<LayerTraits> = gpu_layers
             .iter()
             .map(|l| LayerTraits::of(l.as_ref()))
             .collect();
         let plan = RoundingPlan::new(graph, &traits, runs_at, bottoms, conversions);
+        let stateful = |layer: usize| layers[layer].has_state();
+        let kinds = weight_copies(spans, stateful, &plan.takes_half_operands, runs_at);
         let alloc = |what: &str| {
             let what = format!("allocate the half-precision weights{what}");
             move |e| gpu_error(&what, e)
@@ -250,7 +297,7 @@ impl HalfRounding {
             .compute
             .alloc_zeros::<f32>(len.max(1))
             .map_err(alloc(""))?;
-        let weights_half = match plan.takes_half_operands.contains(&true) {
+        let weights_half = match kinds.contains(&WeightCopy::Half) {
             true => Some(
                 gpu.compute
                     .alloc_zeros::<u16>(len.max(1))
@@ -258,11 +305,18 @@ impl HalfRounding {
             ),
             false => None,
         };
+        let table: Vec<i32> = match kinds.is_empty() {
+            true => vec![WeightCopy::Kept as i32],
+            false => kinds.iter().map(|&k| k as i32).collect(),
+        };
+        let kinds_on_device = gpu.compute.clone_htod(&table).map_err(alloc(" (kinds)"))?;
         Ok(HalfRounding {
             half,
             weights,
             weights_half,
-            runs,
+            kinds: kinds_on_device,
+            runs: copy_runs(spans, &kinds),
+            copied_from: None,
             plan,
         })
     }
@@ -277,48 +331,108 @@ impl HalfRounding {
         })
     }
 
-    /// Fills [`HalfRounding::weights`] from the master weights `master`, on the compute stream.
-    pub fn round_weights(&mut self, gpu: &Gpu, master: &CudaSlice<f32>) -> Result<()> {
-        for (range, round) in &self.runs {
-            let (from, mut to) = (
-                master.slice(range.clone()),
-                self.weights.slice_mut(range.clone()),
-            );
-            let fp16 = self.half == Half::Fp16;
-            if *round {
-                match &mut self.weights_half {
-                    Some(bits) => {
-                        let mut bits = bits.slice_mut(range.clone());
-                        let k = &gpu.kernels;
-                        k.round_half_split(
-                            &gpu.compute,
-                            &from,
-                            &mut to,
-                            &mut bits,
-                            fp16,
-                            range.len(),
-                        )?;
-                    }
-                    None => gpu.kernels.round_half_copy(
-                        &gpu.compute,
-                        &from,
-                        &mut to,
-                        fp16,
-                        range.len(),
-                    )?,
-                }
-            } else {
-                gpu.compute
+    /// Fills the copies of the weights the layers see from the master weights `params`, on the
+    /// compute stream: the stateful layers' tensors always, the rounded and half copies unless
+    /// they already hold these weights.
+    pub fn round_weights(&mut self, gpu: &Gpu, params: &GpuParams) -> Result<()> {
+        let current = self.copies_current(params);
+        let fp16 = self.half == Half::Fp16;
+        let (k, s) = (&gpu.kernels, &gpu.compute);
+        for (range, kind) in &self.runs {
+            let (from, n) = (params.data().slice(range.clone()), range.len());
+            let mut to = self.weights.slice_mut(range.clone());
+            match kind {
+                WeightCopy::Kept => s
                     .memcpy_dtod(&from, &mut to)
-                    .map_err(|e| gpu_error("copy a stateful layer's tensors", e))?;
+                    .map_err(|e| gpu_error("copy a stateful layer's tensors", e))?,
+                _ if current => {}
+                WeightCopy::Rounded => k.round_half_copy(s, &from, &mut to, fp16, n)?,
+                WeightCopy::Half => {
+                    let bits = self
+                        .weights_half
+                        .as_mut()
+                        .expect("allocated for half copies");
+                    k.to_half(s, &from, &mut bits.slice_mut(range.clone()), fp16, n)?
+                }
             }
         }
+        self.mark_copied(params);
         Ok(())
+    }
+
+    /// Whether the rounded and half copies hold the master weights `params`.
+    pub fn copies_current(&self, params: &GpuParams) -> bool {
+        self.copied_from == Some(params.version())
+    }
+
+    /// Records that the rounded and half copies hold the master weights `params` (after a pass
+    /// that wrote only stateful layers' tensors, or an update that wrote the copies).
+    pub fn mark_copied(&mut self, params: &GpuParams) {
+        self.copied_from = Some(params.version());
+    }
+
+    /// The copies, for an update step to write from the new weights.
+    pub fn copies(&mut self) -> WeightCopies<'_> {
+        WeightCopies {
+            rounded: &mut self.weights,
+            half: self.weights_half.as_mut(),
+            kinds: &self.kinds,
+            fp16: self.half == Half::Fp16,
+        }
     }
 
     /// Rounds `x[..n]` in place, on the compute stream.
     pub fn round(&self, gpu: &Gpu, x: &mut impl DevicePtrMut<f32>, n: usize) -> Result<()> {
         gpu.kernels
             .round_half(&gpu.compute, x, self.half == Half::Fp16, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{copy_runs, weight_copies};
+    use crate::cuda::kernels::WeightCopy::{Half, Kept, Rounded};
+    use crate::params::Params;
+
+    /// Runs without a GPU. A net of an inner product taking half operands (weights, bias), a
+    /// BatchNorm (three state tensors), a chain whose head (layer 2, no tensors) takes half
+    /// operands and runs layer 3 (two tensors), and an inner product on FP32 operands: only the
+    /// first tensor run by a layer taking half operands is copied as half bits only, the
+    /// stateful layer's tensors are kept, the rest rounded; the runs merge what is contiguous.
+    #[test]
+    fn only_a_half_operand_layers_first_tensor_is_copied_as_half_only() {
+        let tensors = [
+            (6, 0),
+            (3, 0),
+            (4, 1),
+            (4, 1),
+            (1, 1),
+            (5, 3),
+            (2, 3),
+            (7, 4),
+            (1, 4),
+        ];
+        let p = Params::of_tensors(&tensors.map(|(len, _)| (len, 1.0, 1.0)), |i| tensors[i].1);
+        let runs_at = [0, 1, 2, 2, 4];
+        let takes_half = [true, false, true, false, false];
+        let kinds = weight_copies(&p.spans, |layer| layer == 1, &takes_half, &runs_at);
+        let want = [
+            Half, Rounded, Kept, Kept, Kept, Half, Rounded, Rounded, Rounded,
+        ];
+        assert_eq!(kinds, want);
+        let runs = copy_runs(&p.spans, &kinds);
+        let at = |i: usize| p.spans[i].offset;
+        let end = |i: usize| p.spans[i].offset + p.spans[i].len;
+        let mut expected = vec![
+            (at(0)..end(0), Half),
+            (at(1)..end(1), Rounded),
+            (at(2)..end(4), Kept),
+            (at(5)..end(5), Half),
+            (at(6)..end(6), Rounded),
+        ];
+        // Layers start on aligned offsets: layer 4's tensors follow layer 3's after a gap.
+        assert!(at(7) > end(6), "layers are aligned apart");
+        expected.push((at(7)..end(8), Rounded));
+        assert_eq!(runs, expected);
     }
 }

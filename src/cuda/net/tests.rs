@@ -1016,7 +1016,11 @@ fn cnn_steps_match_cpu_in(
             );
         }
         let cpu_lr = cpu_solver.apply(&cpu, iter, &mut params);
-        let gpu_lr = gpu_solver.apply(gpu, iter, &mut net.params).unwrap();
+        // Through the net, which hands mixed precision's copies of the weights to the update:
+        // the next forward pass reads what the update wrote into them.
+        let gpu_lr = net
+            .update_weights(|p, copies, _| gpu_solver.apply_scaled(gpu, iter, p, copies, None))
+            .unwrap();
         assert_eq!(gpu_lr, cpu_lr);
         let got = net.params_to_host(gpu).unwrap();
         assert_close(

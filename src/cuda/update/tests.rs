@@ -473,7 +473,7 @@ fn a_scaled_gradient_is_judged_unscaled_and_applied_as_on_the_cpu() {
             .memcpy_htod(&grad[..], &mut dev.diff.slice_mut(..n))
             .unwrap();
         gpu_solver
-            .apply_scaled(&gpu, iter, &mut dev, Some(&mut device_scale))
+            .apply_scaled(&gpu, iter, &mut dev, None, Some(&mut device_scale))
             .unwrap();
         let got = dev.to_host(&gpu).unwrap();
         let what = format!("iteration {iter} ({verdict:?}): weights");
@@ -500,7 +500,7 @@ fn a_scaled_gradient_is_judged_unscaled_and_applied_as_on_the_cpu() {
         .memcpy_htod(&grad[..], &mut dev.diff.slice_mut(..n))
         .unwrap();
     gpu_solver
-        .apply_scaled(&gpu, 10, &mut dev, Some(&mut fixed_scale))
+        .apply_scaled(&gpu, 10, &mut dev, None, Some(&mut fixed_scale))
         .unwrap();
     assert_eq!(dev.to_host(&gpu).unwrap().data, before);
     assert_eq!(gpu_solver.non_finite_steps(&gpu).unwrap().count, 1);
@@ -522,6 +522,7 @@ fn gradient_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
         range: range.clone(),
         later: i > 0,
         sum: None,
+        copies: None,
     }
 }
 
@@ -712,5 +713,113 @@ fn an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient() {
         );
         assert_eq!((rb.count, rb.first), (1, Some(1)), "{rule:?}");
         assert_eq!((ra.count, ra.first, ra.last), (rb.count, rb.first, rb.last));
+    }
+}
+
+/// An update handed mixed precision's copies of the weights writes, for every rule and both half
+/// types, whole and in parts: the new weights (the same bits as without copies), each
+/// [`WeightCopy::Rounded`] tensor's weights rounded as `Half::round` rounds, each
+/// [`WeightCopy::Half`] tensor's as half-type bit patterns of the same values, and nothing
+/// elsewhere; a refused step (a NaN in the gradient) writes no copy.
+#[test]
+fn an_update_writes_the_rounded_copies_of_the_new_weights() {
+    use crate::cuda::kernels::{WeightCopies, WeightCopy};
+    use crate::precision::Half;
+    let gpu = gpu_or_skip!("an_update_writes_the_rounded_copies_of_the_new_weights");
+    let s = &gpu.compute;
+    let host = params(TENSORS, 51);
+    let n = host.len();
+    let kinds = [
+        WeightCopy::Rounded,
+        WeightCopy::Half,
+        WeightCopy::Kept,
+        WeightCopy::Half,
+        WeightCopy::Rounded,
+    ];
+    let table: Vec<i32> = kinds.iter().map(|&k| k as i32).collect();
+    let kinds_on_device = s.clone_htod(&table).unwrap();
+    let parts = parts_in_launch_order(n, &[600, 1020, 400_000]);
+    const UNWRITTEN: (f32, u16) = (-12345.0, 0xabcd);
+    for rule in RULES {
+        for half in [Half::Bf16, Half::Fp16] {
+            let mut c = rule_cfg(rule);
+            c.weight_decay = 1e-3;
+            let mut plain = GpuParams::from_host(&gpu, &host).unwrap();
+            let mut copying = GpuParams::from_host(&gpu, &host).unwrap();
+            let mut a = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+            let mut b = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+            let mut rounded = s.clone_htod(&vec![UNWRITTEN.0; n]).unwrap();
+            let mut bits = s.clone_htod(&vec![UNWRITTEN.1; n]).unwrap();
+            let mut rng = ChaCha8Rng::seed_from_u64(52);
+            let mut before: Option<(Vec<f32>, Vec<u16>)> = None;
+            for iter in 0..3 {
+                let mut grad = gradient(&mut rng, &host, 0.5);
+                if iter == 2 {
+                    grad[7] = f32::NAN;
+                }
+                for p in [&mut plain, &mut copying] {
+                    s.memcpy_htod(&grad[..], &mut p.diff.slice_mut(..n))
+                        .unwrap();
+                }
+                a.apply(&gpu, iter, &mut plain).unwrap();
+                let mut copies = WeightCopies {
+                    rounded: &mut rounded,
+                    half: Some(&mut bits),
+                    kinds: &kinds_on_device,
+                    fp16: half == Half::Fp16,
+                };
+                match iter {
+                    1 => {
+                        for (i, range) in parts.iter().enumerate() {
+                            let part = Part {
+                                copies: Some(copies.reborrow()),
+                                ..gradient_part(range, i)
+                            };
+                            b.apply_part(&gpu, iter, &mut copying, part, None).unwrap();
+                        }
+                    }
+                    _ => {
+                        b.apply_scaled(&gpu, iter, &mut copying, Some(copies), None)
+                            .unwrap();
+                    }
+                }
+                let what = format!("{rule:?} {half:?} iteration {iter}");
+                let (x, y) = (plain.to_host(&gpu).unwrap(), copying.to_host(&gpu).unwrap());
+                assert_eq!(x.data, y.data, "{what}: weights");
+                let got = (
+                    s.clone_dtoh(&rounded).unwrap(),
+                    s.clone_dtoh(&bits).unwrap(),
+                );
+                if iter == 2 {
+                    assert_eq!(
+                        Some(&got),
+                        before.as_ref(),
+                        "{what}: a refused step's copies"
+                    );
+                    continue;
+                }
+                let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan();
+                for (span, kind) in host.spans.iter().zip(kinds) {
+                    for i in span.range() {
+                        let want = half.round(y.data[i]);
+                        let widened = match half {
+                            Half::Bf16 => half::bf16::from_bits(got.1[i]).to_f32(),
+                            Half::Fp16 => half::f16::from_bits(got.1[i]).to_f32(),
+                        };
+                        let (r, h) = (got.0[i], got.1[i]);
+                        let ok = match kind {
+                            WeightCopy::Rounded => same(r, want) && h == UNWRITTEN.1,
+                            WeightCopy::Half => r == UNWRITTEN.0 && same(widened, want),
+                            WeightCopy::Kept => r == UNWRITTEN.0 && h == UNWRITTEN.1,
+                        };
+                        assert!(
+                            ok,
+                            "{what}: {kind:?} element {i}: {r:e}, {h:#x}, want {want:e}"
+                        );
+                    }
+                }
+                before = Some(got);
+            }
+        }
     }
 }
