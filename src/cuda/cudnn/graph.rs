@@ -10,7 +10,9 @@
 //!
 //! The training layers still use the legacy API (`super`); this module is what
 //! `survey::resnet50_graph_api_convolutions` times, the first step of half-type storage
-//! (docs/design.md, Mixed precision, step 2).
+//! (docs/design.md, Mixed precision, step 2), and what `survey::host_time_of_a_convolution_call`
+//! sets against the legacy API's host time: a plan run on a [`VariantPack`] built once costs the
+//! host a fraction of a legacy call.
 
 use super::{check, ConvGeometry, Cudnn};
 use crate::error::{Error, Result};
@@ -326,36 +328,59 @@ pub fn plans(
     Ok(plans)
 }
 
+/// The device addresses one run of a plan reads and writes: `x`, `w` and `y` (their gradients
+/// by direction, in the order of [`plans`]' dims) and the workspace. Built once, it serves every
+/// run on the same buffers ([`execute_pack`]), which spares each run the pack's set-up.
+pub struct VariantPack(Descriptor);
+
+impl VariantPack {
+    /// The pack of `pointers` and `workspace`.
+    pub fn new(pointers: [u64; 3], workspace: u64) -> Result<VariantPack> {
+        let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+        pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &[1, 2, 3])?;
+        let ptrs: [*mut c_void; 3] = pointers.map(|p| p as *mut c_void);
+        let ws = workspace as *mut c_void;
+        // SAFETY: three device pointers, then one (stored, not dereferenced, by cuDNN here).
+        unsafe {
+            pack.set(
+                Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                Ty::CUDNN_TYPE_VOID_PTR,
+                3,
+                ptrs.as_ptr().cast(),
+            )?;
+            pack.set(
+                Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                Ty::CUDNN_TYPE_VOID_PTR,
+                1,
+                (&ws as *const *mut c_void).cast(),
+            )?;
+        }
+        pack.finalize("variant pack")?;
+        Ok(VariantPack(pack))
+    }
+}
+
+/// Runs `plan` on `dnn`'s stream on the addresses of `pack`.
+///
+/// # Safety
+/// The pack's addresses must hold tensors of the plan's dims and types, and its workspace
+/// enough bytes, all alive until the stream has run the call.
+pub unsafe fn execute_pack(dnn: &Cudnn, plan: &Plan, pack: &VariantPack) -> Result<()> {
+    // SAFETY: live handle, plan and pack; the caller's contract on the addresses.
+    check("cudnnBackendExecute", unsafe {
+        sys::cudnnBackendExecute(dnn.raw, plan.plan.0, pack.0 .0)
+    })
+}
+
 /// Runs `plan` on `dnn`'s stream with the device addresses of `x`, `w` and `y` (their gradients
 /// by direction, in the order of [`plans`]' dims) and `workspace` (at least `plan.workspace`
-/// bytes).
+/// bytes), through a pack built for this run.
 ///
 /// # Safety
 /// The addresses must hold tensors of the plan's dims and types, and `workspace` enough bytes,
 /// all alive until the stream has run the call.
 pub unsafe fn execute(dnn: &Cudnn, plan: &Plan, pointers: [u64; 3], workspace: u64) -> Result<()> {
-    let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &[1, 2, 3])?;
-    let ptrs: [*mut c_void; 3] = pointers.map(|p| p as *mut c_void);
-    let ws = workspace as *mut c_void;
-    // SAFETY: three device pointers, then one.
-    unsafe {
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-            Ty::CUDNN_TYPE_VOID_PTR,
-            3,
-            ptrs.as_ptr().cast(),
-        )?;
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-            Ty::CUDNN_TYPE_VOID_PTR,
-            1,
-            (&ws as *const *mut c_void).cast(),
-        )?;
-    }
-    pack.finalize("variant pack")?;
-    // SAFETY: live handle, plan and pack; the caller's contract on the addresses.
-    check("cudnnBackendExecute", unsafe {
-        sys::cudnnBackendExecute(dnn.raw, plan.plan.0, pack.0)
-    })
+    let pack = VariantPack::new(pointers, workspace)?;
+    // SAFETY: the caller's contract.
+    unsafe { execute_pack(dnn, plan, &pack) }
 }

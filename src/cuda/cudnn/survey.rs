@@ -3,7 +3,8 @@
 //! (`cudnnFind*`) gives each direction in NCHW and NHWC under each math type, any algorithm and
 //! deterministic ones only, with per-net totals — the figures behind the layout and algorithm
 //! choices in docs/benchmarks.md; and what half-type tensors would give ResNet-50's
-//! convolutions. Run on a GPU machine with
+//! convolutions; and what one convolution call costs the host through the legacy API and through
+//! the graph API. Run on a GPU machine with
 //! `p2ptrain-unittests --ignored --nocapture cudnn::survey`.
 
 use super::*;
@@ -316,5 +317,158 @@ fn resnet50_graph_api_convolutions() {
             "TOTAL graph API NHWC {name}: fwd {f:.2} bwd_data {d:.2} bwd_filter {w:.2} ms; sum {:.2}",
             f + d + w
         );
+    }
+}
+
+/// The host's time to enqueue one convolution call, legacy API against graph API (a variant pack
+/// built per call, as [`super::graph::execute`] does, and one built once), for cifar10_quick's
+/// shapes at batch 512 and ResNet-50's first five at batch 64, channels-last, TF32: per shape
+/// and direction, microseconds per call (the least of three rounds of 100 calls, enqueued behind
+/// a hold of the stream so that the queue never makes the host wait), then the device's
+/// milliseconds per call for the legacy call and the graph plan. The legacy calls take
+/// algorithm 1 of each direction (implicit precomputed GEMM forward, ALGO_1 backward), the
+/// graph calls the heuristics' first plan that runs.
+#[test]
+#[ignore]
+fn host_time_of_a_convolution_call() {
+    use super::graph::{execute, execute_pack, plans, Direction, VariantPack};
+    use cudarc::driver::sys::CUevent_flags;
+    use cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
+    use std::time::Instant;
+    let gpu = gpu_or_skip!("host_time_of_a_convolution_call", MathMode::Tf32);
+    let dnn = gpu.cudnn().unwrap();
+    let (s, k) = (&gpu.compute, &gpu.kernels);
+    let event = || {
+        s.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    };
+    let (start, end) = (event(), event());
+    let mut ws = s.alloc_zeros::<u8>(512 << 20).unwrap();
+    let (wsp, _ws_guard) = ws.device_ptr_mut(s);
+    let workspace = Workspace {
+        ptr: wsp,
+        bytes: 512 << 20,
+    };
+    const CALLS: usize = 100;
+    // (host µs per call, device ms per call) of `CALLS` runs of `call`, the least of 3 rounds.
+    let time = |call: &mut dyn FnMut() -> Result<()>| -> std::result::Result<(f32, f32), String> {
+        call().map_err(|e| e.to_string())?;
+        let (mut host, mut device) = (f32::INFINITY, f32::INFINITY);
+        for _ in 0..3 {
+            k.hold_stream(s, 200_000_000).unwrap();
+            start.record(s).unwrap();
+            let t = Instant::now();
+            for _ in 0..CALLS {
+                call().map_err(|e| e.to_string())?;
+            }
+            host = host.min(t.elapsed().as_secs_f32() * 1e6 / CALLS as f32);
+            end.record(s).unwrap();
+            end.synchronize().unwrap();
+            device = device.min(start.elapsed_ms(&end).unwrap() / CALLS as f32);
+        }
+        Ok((host, device))
+    };
+    let shapes = QUICK
+        .iter()
+        .map(|q| (512, q))
+        .chain(SHAPES[..5].iter().map(|r| (64, r)));
+    let dirs = [
+        Direction::Forward,
+        Direction::BackwardData,
+        Direction::BackwardFilter,
+    ];
+    println!("shape direction: legacy µs | graph, pack per call µs | graph, pack once µs | device ms legacy / graph");
+    for (n, shape) in shapes {
+        let &(c, h, w, kk, r, stride, _, _) = shape;
+        let ([oh, ow], geometry) = output_and_geometry(shape);
+        let dims = [[n, c, h, w], [kk, c, r, r], [n, kk, oh, ow]];
+        let mut bufs: Vec<CudaSlice<f32>> = dims
+            .iter()
+            .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
+            .collect();
+        let ptrs: Vec<u64> = bufs
+            .iter_mut()
+            .map(|b| {
+                let (p, _g) = b.device_ptr_mut(s);
+                p
+            })
+            .collect();
+        let x = TensorDesc::new(dims[0], Layout::Nhwc).unwrap();
+        let wd = FilterDesc::new(dims[1], Layout::Nhwc).unwrap();
+        let y = TensorDesc::new(dims[2], Layout::Nhwc).unwrap();
+        let conv = ConvDesc::new(geometry, MathMode::Tf32).unwrap();
+        for dir in dirs {
+            // SAFETY: every pointer addresses a buffer of its descriptor's elements, alive
+            // (with the workspace) until the end of the test, which synchronises after each round.
+            let mut legacy = || unsafe {
+                match dir {
+                    Direction::Forward => conv_forward(
+                        dnn,
+                        (&x, ptrs[0]),
+                        (&wd, ptrs[1]),
+                        (&conv, fwd_algo(1).unwrap()),
+                        workspace,
+                        0.0,
+                        (&y, ptrs[2]),
+                    ),
+                    Direction::BackwardData => conv_backward_data(
+                        dnn,
+                        (&wd, ptrs[1]),
+                        (&y, ptrs[2]),
+                        (&conv, bwd_data_algo(1).unwrap()),
+                        workspace,
+                        0.0,
+                        (&x, ptrs[0]),
+                    ),
+                    Direction::BackwardFilter => conv_backward_filter(
+                        dnn,
+                        (&x, ptrs[0]),
+                        (&y, ptrs[2]),
+                        (&conv, bwd_filter_algo(1).unwrap()),
+                        workspace,
+                        0.0,
+                        (&wd, ptrs[1]),
+                    ),
+                }
+            };
+            let legacy = time(&mut legacy);
+            let found = plans(dnn, dir, dims, [F32; 3], geometry, 8).unwrap_or_default();
+            let pointers = [ptrs[0], ptrs[1], ptrs[2]];
+            // SAFETY: as above; a plan's workspace fits in the 512 MiB.
+            let plan = found.iter().find(|p| {
+                p.workspace <= workspace.bytes && unsafe { execute(dnn, p, pointers, wsp) }.is_ok()
+            });
+            let say = |r: &std::result::Result<(f32, f32), String>| match r {
+                Ok((host, _)) => format!("{host:.1}"),
+                Err(e) => format!("[{e}]"),
+            };
+            let device = |r: &std::result::Result<(f32, f32), String>| match r {
+                Ok((_, d)) => format!("{d:.3}"),
+                Err(_) => "-".into(),
+            };
+            let mut line = format!(
+                "n{n} c{c} {h}x{w} k{kk} r{r} s{stride} {dir:?}: {}",
+                say(&legacy)
+            );
+            match plan {
+                Some(plan) => {
+                    // SAFETY: as above.
+                    let fresh = time(&mut || unsafe { execute(dnn, plan, pointers, wsp) });
+                    let pack = VariantPack::new(pointers, wsp).unwrap();
+                    // SAFETY: as above.
+                    let once = time(&mut || unsafe { execute_pack(dnn, plan, &pack) });
+                    line += &format!(
+                        " | {} | {} | {} / {}",
+                        say(&fresh),
+                        say(&once),
+                        device(&legacy),
+                        device(&once)
+                    );
+                }
+                None => line += &format!(" | no graph plan of {} ran", found.len()),
+            }
+            println!("{line}");
+        }
     }
 }
