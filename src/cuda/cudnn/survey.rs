@@ -26,6 +26,54 @@ fn output_and_geometry(&(_, h, w, _, r, stride, pad, _): &Shape) -> ([usize; 2],
     ([out(h), out(w)], geometry)
 }
 
+/// The zeroed operands of one convolution `shape` at batch `n` on `s`: the dims of `x`
+/// `(N, C, H, W)`, `w` `(K, C, R, S)` and `y` `(N, K, P, Q)`, the geometry, the buffers and
+/// their device addresses, in that order.
+struct Operands {
+    dims: [[usize; 4]; 3],
+    geometry: ConvGeometry,
+    _buffers: Vec<CudaSlice<f32>>,
+    ptrs: [u64; 3],
+}
+
+impl Operands {
+    fn new(s: &Arc<CudaStream>, n: usize, shape: &Shape) -> Operands {
+        let &(c, h, w, k, r, _, _, _) = shape;
+        let ([oh, ow], geometry) = output_and_geometry(shape);
+        let dims = [[n, c, h, w], [k, c, r, r], [n, k, oh, ow]];
+        let mut buffers: Vec<CudaSlice<f32>> = dims
+            .iter()
+            .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
+            .collect();
+        let mut ptrs = [0u64; 3];
+        for (p, b) in ptrs.iter_mut().zip(&mut buffers) {
+            (*p, _) = b.device_ptr_mut(s);
+        }
+        Operands {
+            dims,
+            geometry,
+            _buffers: buffers,
+            ptrs,
+        }
+    }
+}
+
+/// A pair of timing events on `s`'s context.
+fn timing_events(s: &CudaStream) -> [cudarc::driver::CudaEvent; 2] {
+    [(); 2].map(|_| {
+        s.context()
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    })
+}
+
+/// The three convolutions of a layer, in the graph API's terms.
+const DIRECTIONS: [super::graph::Direction; 3] = [
+    super::graph::Direction::Forward,
+    super::graph::Direction::BackwardData,
+    super::graph::Direction::BackwardFilter,
+];
+
 /// ResNet-50's convolutions at batch 64.
 const SHAPES: &[Shape] = &[
     (3, 224, 224, 64, 7, 2, 3, 1),
@@ -230,39 +278,18 @@ fn resnet50_half_type_convolutions() {
 #[ignore]
 fn resnet50_graph_api_convolutions() {
     use super::graph::{execute, plans, Direction};
-    use cudarc::driver::sys::CUevent_flags;
     use cudnnDataType_t::{CUDNN_DATA_BFLOAT16 as BF16, CUDNN_DATA_FLOAT as F32};
     let gpu = gpu_or_skip!("resnet50_graph_api_convolutions", MathMode::Tf32);
     let dnn = gpu.cudnn().unwrap();
     let s = &gpu.compute;
-    let event = || {
-        s.context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap()
-    };
-    let (start, end) = (event(), event());
+    let [start, end] = timing_events(s);
     let n = 64;
-    let dirs = [
-        Direction::Forward,
-        Direction::BackwardData,
-        Direction::BackwardFilter,
-    ];
     let mut totals = [[0f32; 3]; 2];
     for shape in SHAPES {
         let &(c, h, w, k, r, stride, _, count) = shape;
-        let ([oh, ow], geometry) = output_and_geometry(shape);
-        let dims = [[n, c, h, w], [k, c, r, r], [n, k, oh, ow]];
-        let mut bufs: Vec<CudaSlice<f32>> = dims
-            .iter()
-            .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
-            .collect();
-        let ptrs: Vec<u64> = bufs
-            .iter_mut()
-            .map(|b| {
-                let (p, _g) = b.device_ptr_mut(s);
-                p
-            })
-            .collect();
+        // Bound whole: the buffers live as long as `operands`.
+        let operands = Operands::new(s, n, shape);
+        let (dims, geometry, ptrs) = (operands.dims, operands.geometry, operands.ptrs);
         // The best time of the plans of one call, or why there is none.
         let best = |dir: Direction, types| -> std::result::Result<f32, String> {
             let found = plans(dnn, dir, dims, types, geometry, 8).map_err(|e| e.to_string())?;
@@ -270,7 +297,7 @@ fn resnet50_graph_api_convolutions() {
             for plan in &found {
                 let mut ws = s.alloc_zeros::<u8>(plan.workspace.max(1)).unwrap();
                 let (wsp, _g) = ws.device_ptr_mut(s);
-                let run = || unsafe { execute(dnn, plan, [ptrs[0], ptrs[1], ptrs[2]], wsp) };
+                let run = || unsafe { execute(dnn, plan, ptrs, wsp) };
                 if run().and_then(|_| run()).is_err() {
                     continue;
                 }
@@ -290,7 +317,7 @@ fn resnet50_graph_api_convolutions() {
         let mut line = format!("c{c} {h}x{w} k{k} r{r} s{stride} (x{count}):");
         for (t, (name, ty)) in [("tf32", F32), ("bf16", BF16)].into_iter().enumerate() {
             line += &format!(" {name}");
-            for (d, &dir) in dirs.iter().enumerate() {
+            for (d, &dir) in DIRECTIONS.iter().enumerate() {
                 match best(dir, [ty; 3]) {
                     Ok(ms) => {
                         totals[t][d] += ms * count as f32;
@@ -332,18 +359,12 @@ fn resnet50_graph_api_convolutions() {
 #[ignore]
 fn host_time_of_a_convolution_call() {
     use super::graph::{execute, execute_pack, plans, Direction, VariantPack};
-    use cudarc::driver::sys::CUevent_flags;
     use cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
     use std::time::Instant;
     let gpu = gpu_or_skip!("host_time_of_a_convolution_call", MathMode::Tf32);
     let dnn = gpu.cudnn().unwrap();
     let (s, k) = (&gpu.compute, &gpu.kernels);
-    let event = || {
-        s.context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap()
-    };
-    let (start, end) = (event(), event());
+    let [start, end] = timing_events(s);
     let mut ws = s.alloc_zeros::<u8>(512 << 20).unwrap();
     let (wsp, _ws_guard) = ws.device_ptr_mut(s);
     let workspace = Workspace {
@@ -373,32 +394,17 @@ fn host_time_of_a_convolution_call() {
         .iter()
         .map(|q| (512, q))
         .chain(SHAPES[..5].iter().map(|r| (64, r)));
-    let dirs = [
-        Direction::Forward,
-        Direction::BackwardData,
-        Direction::BackwardFilter,
-    ];
     println!("shape direction: legacy µs | graph, pack per call µs | graph, pack once µs | device ms legacy / graph");
     for (n, shape) in shapes {
         let &(c, h, w, kk, r, stride, _, _) = shape;
-        let ([oh, ow], geometry) = output_and_geometry(shape);
-        let dims = [[n, c, h, w], [kk, c, r, r], [n, kk, oh, ow]];
-        let mut bufs: Vec<CudaSlice<f32>> = dims
-            .iter()
-            .map(|d| s.alloc_zeros::<f32>(d.iter().product()).unwrap())
-            .collect();
-        let ptrs: Vec<u64> = bufs
-            .iter_mut()
-            .map(|b| {
-                let (p, _g) = b.device_ptr_mut(s);
-                p
-            })
-            .collect();
+        // Bound whole: the buffers live as long as `operands`.
+        let operands = Operands::new(s, n, shape);
+        let (dims, geometry, ptrs) = (operands.dims, operands.geometry, operands.ptrs);
         let x = TensorDesc::new(dims[0], Layout::Nhwc).unwrap();
         let wd = FilterDesc::new(dims[1], Layout::Nhwc).unwrap();
         let y = TensorDesc::new(dims[2], Layout::Nhwc).unwrap();
         let conv = ConvDesc::new(geometry, MathMode::Tf32).unwrap();
-        for dir in dirs {
+        for dir in DIRECTIONS {
             // SAFETY: every pointer addresses a buffer of its descriptor's elements, alive
             // (with the workspace) until the end of the test, which synchronises after each round.
             let mut legacy = || unsafe {
@@ -434,7 +440,7 @@ fn host_time_of_a_convolution_call() {
             };
             let legacy = time(&mut legacy);
             let found = plans(dnn, dir, dims, [F32; 3], geometry, 8).unwrap_or_default();
-            let pointers = [ptrs[0], ptrs[1], ptrs[2]];
+            let pointers = ptrs;
             // SAFETY: as above; a plan's workspace fits in the 512 MiB.
             let plan = found.iter().find(|p| {
                 p.workspace <= workspace.bytes && unsafe { execute(dnn, p, pointers, wsp) }.is_ok()
