@@ -287,7 +287,7 @@ impl DescKind for Filter {
 
 /// cuDNN's name of FP32, the element type of the layers' descriptors and the compute type of
 /// every convolution.
-const FLOAT: cudnnDataType_t = cudnnDataType_t::CUDNN_DATA_FLOAT;
+pub(crate) const FLOAT: cudnnDataType_t = cudnnDataType_t::CUDNN_DATA_FLOAT;
 
 /// A packed 4-D descriptor of kind `K` (FP32, but for the survey's), owning its cuDNN descriptor.
 #[derive(Debug)]

@@ -5,21 +5,28 @@
 //! graph of the one convolution, the heuristics' engine configurations (mode A), and execution
 //! plans of those that finalise.
 //!
-//! Tensors are channels-last: `x (N, C, H, W)`, `w (K, C, R, S)`, `y (N, K, P, Q)` with NHWC
-//! strides, unique ids 1, 2 and 3; the convolution computes in FP32 (cross-correlation).
+//! Tensors `x (N, C, H, W)`, `w (K, C, R, S)`, `y (N, K, P, Q)` are stored as a [`Layout`] says
+//! (NCHW with a KCRS filter, or channels-last with a KRSC one), unique ids 1, 2 and 3; the
+//! convolution computes in FP32 (cross-correlation), `y = α·conv + β·y` with α = 1 and β fixed
+//! in the graph (0 or 1).
 //!
-//! The training layers still use the legacy API (`super`); this module is what
-//! `survey::resnet50_graph_api_convolutions` times, the first step of half-type storage
-//! (docs/design.md, Mixed precision, step 2), and what `survey::host_time_of_a_convolution_call`
-//! sets against the legacy API's host time: a plan run on a [`VariantPack`] built once costs the
-//! host a fraction of a legacy call.
+//! Each [`Plan`] keeps what names its kernel — the engine's global index and its knob choices —
+//! and its numerical notes ([`Notes`]), so that a caller keeps only the engines its math mode
+//! and `conv_exact` allow, and builds the same engine again for the graph with the other β
+//! ([`Plan::with_beta`]). The training convolutions (`crate::cuda::layers::convolution`) time
+//! plans against the legacy API's algorithms and their own kernels, and run the chosen one on a
+//! [`VariantPack`] built once per set of buffers ([`Packs`]); `survey` times the graph API on
+//! ResNet-50's shapes in the half types, and one call's host time against the legacy API's.
 
-use super::{check, ConvGeometry, Cudnn};
+use super::{check, ConvGeometry, Cudnn, WORKSPACE_LIMIT};
+use crate::config::MathMode;
+use crate::cuda::layout::Layout;
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::{
     self, cudnnBackendAttributeName_t as Attr, cudnnBackendAttributeType_t as Ty,
     cudnnBackendDescriptorType_t as Kind, cudnnDataType_t,
 };
+use std::cell::RefCell;
 use std::ffi::c_void;
 
 /// One backend descriptor, destroyed on drop.
@@ -141,77 +148,139 @@ pub enum Direction {
 /// The element types of `x`, `w` and `y` (or of their gradients, by direction).
 pub type Types = [cudnnDataType_t; 3];
 
+/// One ungrouped convolution as the graph API describes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv {
+    pub direction: Direction,
+    /// `x (N, C, H, W)`, `w (K, C, R, S)` and `y (N, K, P, Q)` (NCHW order whatever the layout).
+    pub dims: [[usize; 4]; 3],
+    pub types: Types,
+    pub layout: Layout,
+    /// Pads, strides and dilations; `group` must be 1.
+    pub geometry: ConvGeometry,
+}
+
+/// What an engine trades for speed, from its numerical notes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Notes {
+    /// Tensor cores on FP32 operands (TF32), inputs converted down, or a reduction in less
+    /// than FP32.
+    pub reduced_precision: bool,
+    /// Results that may differ from run to run (atomics).
+    pub nondeterministic: bool,
+    /// An FFT or a Winograd transform, whose rounding is not a dot product's.
+    pub transform: bool,
+}
+
+impl Notes {
+    /// Whether an engine with these notes may run a convolution in `math`: only where the
+    /// convolutions run on TF32 tensor cores (`tf32`, and `bf16` and `fp16`, whose operands
+    /// TF32 holds exactly), any engine the legacy API's algorithms could be there
+    /// (`super::allowed`), but with `exact` no nondeterministic one. Never in `fp32`: the notes
+    /// do not mark every engine that rounds below FP32 (on an H200 with cuDNN 9, engine 17's
+    /// weight gradient of a 5 × 5 convolution carries no note and was 1.7e-3 of its scale from
+    /// the legacy FMA-math call, where FP32 dot products agree to 1e-6), so `fp32` keeps the
+    /// legacy calls, whose math type rules TF32 out.
+    pub fn allowed(&self, math: MathMode, exact: bool) -> bool {
+        math.tf32_tensor_cores() && !(exact && self.nondeterministic)
+    }
+}
+
 /// An execution plan of one engine configuration, with its workspace.
 pub struct Plan {
     plan: Descriptor,
     /// Bytes of workspace the plan needs.
     pub workspace: usize,
+    /// The engine's global index (for this operation graph).
+    pub engine: i64,
+    /// The configuration's knob choices, `(knob type, value)`.
+    knobs: Vec<(i32, i64)>,
+    pub notes: Notes,
+    /// The engine's numerical notes as cuDNN's enum values (for the logs).
+    note_codes: Vec<i32>,
 }
 
-/// A channels-last tensor descriptor of `dims` (NCHW order) and element type `ty`.
-fn tensor(uid: i64, dims: [usize; 4], ty: cudnnDataType_t) -> Result<Descriptor> {
-    let [n, c, h, w] = dims.map(|d| d as i64);
+// SAFETY: a backend descriptor is host memory owned by this value; it is used by one thread at
+// a time (the replica's), as `Cudnn` is.
+unsafe impl Send for Plan {}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("engine", &self.engine)
+            .field("knobs", &self.knobs)
+            .field("workspace", &self.workspace)
+            .field("notes", &self.notes)
+            .field("note_codes", &self.note_codes)
+            .finish()
+    }
+}
+
+/// A descriptor of `dims` (NCHW order) with element type `ty`, stored as `layout` says: a
+/// tensor `(N, C, H, W)` or a filter `(K, C, R, S)` alike (KCRS beside NCHW, KRSC beside NHWC).
+fn tensor(uid: i64, dims: [usize; 4], ty: cudnnDataType_t, layout: Layout) -> Result<Descriptor> {
+    let [_, c, h, w] = dims.map(|d| d as i64);
+    let strides = match layout {
+        Layout::Nchw => [c * h * w, h * w, w, 1],
+        Layout::Nhwc => [c * h * w, 1, w * c, c],
+    };
     let t = Descriptor::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.set_data_type(Attr::CUDNN_ATTR_TENSOR_DATA_TYPE, ty)?;
-    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &[n, c, h, w])?;
-    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &[c * h * w, 1, w * c, c])?;
+    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims.map(|d| d as i64))?;
+    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
     t.finalize("tensor")?;
     Ok(t)
 }
 
-/// The execution plans, in the heuristics' order, of the convolution `direction` of `x`
-/// (`(N, C, H, W)`), `w` (`(K, C, R, S)`) and `y` (`(N, K, P, Q)`) with `geometry` (no groups) and
-/// element types `types`: at most `max` of them, skipping configurations that do not finalise.
-/// An error when the graph itself is refused (no engine supports it at all).
-pub fn plans(
-    dnn: &Cudnn,
-    direction: Direction,
-    dims: [[usize; 4]; 3],
-    types: Types,
-    geometry: ConvGeometry,
-    max: usize,
-) -> Result<Vec<Plan>> {
-    let x = tensor(1, dims[0], types[0])?;
-    let w = tensor(2, dims[1], types[1])?;
-    let y = tensor(3, dims[2], types[2])?;
-    let conv = Descriptor::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
-    conv.set_data_type(
+/// The operation graph of `conv` with `β = beta`.
+fn operation_graph(dnn: &Cudnn, conv: &Conv, beta: f32) -> Result<Descriptor> {
+    if conv.geometry.group != 1 {
+        return Err(Error::Device(
+            "cuDNN graph API: grouped convolutions are not described here".into(),
+        ));
+    }
+    let x = tensor(1, conv.dims[0], conv.types[0], conv.layout)?;
+    let w = tensor(2, conv.dims[1], conv.types[1], conv.layout)?;
+    let y = tensor(3, conv.dims[2], conv.types[2], conv.layout)?;
+    let desc = Descriptor::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+    desc.set_data_type(
         Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
         cudnnDataType_t::CUDNN_DATA_FLOAT,
     )?;
     let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
     // SAFETY: one cudnnConvolutionMode_t.
     unsafe {
-        conv.set(
+        desc.set(
             Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
             Ty::CUDNN_TYPE_CONVOLUTION_MODE,
             1,
             (&mode as *const sys::cudnnConvolutionMode_t).cast(),
         )?;
     }
+    let geometry = conv.geometry;
     let pair = |v: [usize; 2]| [v[0] as i64, v[1] as i64];
-    conv.set_i64s(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
-    conv.set_i64s(
+    desc.set_i64s(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
+    desc.set_i64s(
         Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS,
         &pair(geometry.dilation),
     )?;
-    conv.set_i64s(
+    desc.set_i64s(
         Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
         &pair(geometry.stride),
     )?;
-    conv.set_i64s(
+    desc.set_i64s(
         Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
         &pair(geometry.pad),
     )?;
-    conv.set_i64s(
+    desc.set_i64s(
         Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
         &pair(geometry.pad),
     )?;
-    conv.finalize("convolution")?;
+    desc.finalize("convolution")?;
     use Attr::*;
-    let (kind, names) = match direction {
+    let (kind, names) = match conv.direction {
         Direction::Forward => (
             Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
             [
@@ -250,14 +319,168 @@ pub fn plans(
     op.set_descriptors(names[0], &[&x])?;
     op.set_descriptors(names[1], &[&w])?;
     op.set_descriptors(names[2], &[&y])?;
-    op.set_descriptors(names[3], &[&conv])?;
+    op.set_descriptors(names[3], &[&desc])?;
     op.set_f32(names[4], 1.0)?;
-    op.set_f32(names[5], 0.0)?;
+    op.set_f32(names[5], beta)?;
     op.finalize("convolution operation")?;
     let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set_descriptors(CUDNN_ATTR_OPERATIONGRAPH_OPS, &[&op])?;
     graph.set_handle(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, dnn)?;
     graph.finalize("operation graph")?;
+    Ok(graph)
+}
+
+/// The descriptors of kind `kind` that the descriptor array attribute `name` of `from` holds:
+/// at most `capacity` of them, or as many as a count query answers where `capacity` is `None`
+/// (the heuristics' results; an engine configuration answers 0 to that query for its knob
+/// choices, so those are read into a fixed capacity).
+fn descriptors_of(
+    from: &Descriptor,
+    name: Attr,
+    kind: Kind,
+    capacity: Option<i64>,
+) -> Result<Vec<Descriptor>> {
+    let count = match capacity {
+        Some(capacity) => capacity,
+        // SAFETY: a count query (no elements requested).
+        None => unsafe {
+            from.get(
+                name,
+                Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                0,
+                std::ptr::null_mut(),
+            )?
+        },
+    };
+    let out = (0..count.max(0))
+        .map(|_| Descriptor::new(kind))
+        .collect::<Result<Vec<_>>>()?;
+    let mut raw: Vec<sys::cudnnBackendDescriptor_t> = out.iter().map(|d| d.0).collect();
+    // SAFETY: `raw` holds `count` created descriptors of the attribute's kind for cuDNN to fill.
+    let got = unsafe {
+        from.get(
+            name,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            count,
+            raw.as_mut_ptr().cast(),
+        )?
+    };
+    Ok(out.into_iter().take(got.max(0) as usize).collect())
+}
+
+/// More knob choices than an engine configuration holds (cuDNN 9 has 44 knob types).
+const KNOB_CAPACITY: i64 = 64;
+
+/// One `i64` attribute of `d`.
+fn get_i64(d: &Descriptor, name: Attr) -> Result<i64> {
+    let mut v = 0i64;
+    // SAFETY: one i64 requested into `v`.
+    unsafe { d.get(name, Ty::CUDNN_TYPE_INT64, 1, (&mut v as *mut i64).cast())? };
+    Ok(v)
+}
+
+/// The plan `plan` (finalised, of `workspace` bytes) of the engine configuration `config`, with
+/// the engine's global index and notes and the configuration's knob choices.
+fn describe(config: &Descriptor, plan: Descriptor, workspace: usize) -> Result<Plan> {
+    let engines = descriptors_of(
+        config,
+        Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
+        Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR,
+        Some(1),
+    )?;
+    let engine = engines
+        .first()
+        .ok_or_else(|| Error::Device("cuDNN graph API: a configuration without engine".into()))?;
+    let index = get_i64(engine, Attr::CUDNN_ATTR_ENGINE_GLOBAL_INDEX)?;
+    // Read as the C enum's integers: an engine may carry a note newer than these bindings.
+    let mut raw = [0i32; 32];
+    // SAFETY: room for 32 enum values.
+    let count = unsafe {
+        engine.get(
+            Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+            Ty::CUDNN_TYPE_NUMERICAL_NOTE,
+            raw.len() as i64,
+            raw.as_mut_ptr().cast(),
+        )?
+    };
+    use sys::cudnnBackendNumericalNote_t as N;
+    let codes = raw[..(count.max(0) as usize).min(raw.len())].to_vec();
+    let has = |note: N| codes.contains(&(note as i32));
+    let notes = Notes {
+        reduced_precision: has(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
+            || has(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            || has(N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION),
+        nondeterministic: has(N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC),
+        transform: has(N::CUDNN_NUMERICAL_NOTE_FFT)
+            || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD)
+            || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4)
+            || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6)
+            || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13),
+    };
+    let choices = descriptors_of(
+        config,
+        Attr::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+        Kind::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR,
+        Some(KNOB_CAPACITY),
+    )?;
+    let knobs = choices
+        .iter()
+        .map(|choice| {
+            let mut knob = 0i32;
+            // SAFETY: one knob type, read as the C enum's integer.
+            unsafe {
+                choice.get(
+                    Attr::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                    Ty::CUDNN_TYPE_KNOB_TYPE,
+                    1,
+                    (&mut knob as *mut i32).cast(),
+                )?;
+            }
+            Ok((
+                knob,
+                get_i64(choice, Attr::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Plan {
+        plan,
+        workspace,
+        engine: index,
+        knobs,
+        notes,
+        note_codes: codes,
+    })
+}
+
+/// The execution plan of the finalised engine configuration `config`, or `None` where the
+/// engine cannot run its graph here or asks for more than [`WORKSPACE_LIMIT`].
+fn plan_of(dnn: &Cudnn, config: &Descriptor) -> Result<Option<Plan>> {
+    let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+    plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, dnn)?;
+    plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
+    if plan.finalize("execution plan").is_err() {
+        return Ok(None); // an engine that cannot run this graph here
+    }
+    let workspace = get_i64(&plan, Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+    if workspace > WORKSPACE_LIMIT {
+        return Ok(None);
+    }
+    describe(config, plan, workspace).map(Some)
+}
+
+/// The execution plans, in the heuristics' order (mode A), of `conv` with `β = beta`: at most
+/// `max` of them, among the engines `accept` takes, skipping configurations that do not
+/// finalise or want more than [`WORKSPACE_LIMIT`] of workspace. An error when the graph itself
+/// is refused or no plan is left.
+pub fn plans(
+    dnn: &Cudnn,
+    conv: &Conv,
+    beta: f32,
+    max: usize,
+    accept: impl Fn(&Notes) -> bool,
+) -> Result<Vec<Plan>> {
+    use Attr::*;
+    let graph = operation_graph(dnn, conv, beta)?;
     let heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_descriptors(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
     let heur_mode = sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
@@ -271,67 +494,91 @@ pub fn plans(
         )?;
     }
     heur.finalize("engine heuristics")?;
-    // SAFETY: a count query (no elements requested).
-    let count = unsafe {
-        heur.get(
-            CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            0,
-            std::ptr::null_mut(),
-        )?
-    };
-    let configs = (0..count.max(0))
-        .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-        .collect::<Result<Vec<_>>>()?;
-    let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|d| d.0).collect();
-    // SAFETY: `raw` holds `count` created engine-configuration descriptors for cuDNN to fill.
-    let got = unsafe {
-        heur.get(
-            CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            count,
-            raw.as_mut_ptr().cast(),
-        )?
-    };
+    let configs = descriptors_of(
+        &heur,
+        CUDNN_ATTR_ENGINEHEUR_RESULTS,
+        Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+        None,
+    )?;
     let mut plans = Vec::new();
-    for config in configs.iter().take(got.max(0) as usize) {
+    for config in &configs {
         if plans.len() >= max {
             break;
         }
-        let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-        plan.set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, dnn)?;
-        plan.set_descriptors(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
-        if plan.finalize("execution plan").is_err() {
-            continue; // an engine that cannot run this graph here
+        if let Some(plan) = plan_of(dnn, config)? {
+            if accept(&plan.notes) {
+                plans.push(plan);
+            }
         }
-        let mut workspace = 0i64;
-        // SAFETY: one i64 requested into `workspace`.
-        unsafe {
-            plan.get(
-                CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                Ty::CUDNN_TYPE_INT64,
-                1,
-                (&mut workspace as *mut i64).cast(),
-            )?;
-        }
-        plans.push(Plan {
-            plan,
-            workspace: workspace.max(0) as usize,
-        });
     }
     if plans.is_empty() {
+        let (direction, types) = (conv.direction, conv.types);
         return Err(Error::Device(format!(
-            "cuDNN graph API: none of {got} engine configurations runs the {direction:?} \
-             convolution of {types:?}"
+            "cuDNN graph API: none of {} engine configurations runs the {direction:?} \
+             convolution of {types:?} as allowed",
+            configs.len()
         )));
     }
     Ok(plans)
+}
+
+impl Plan {
+    /// The configuration's knob choices, `(knob type, value)`.
+    pub fn knobs(&self) -> &[(i32, i64)] {
+        &self.knobs
+    }
+
+    /// The same engine with the same knob choices for `conv` with `β = beta` (a plan timed
+    /// with β = 0, built for a gradient the net accumulates), or `None` where it does not
+    /// finalise for that graph.
+    pub fn with_beta(&self, dnn: &Cudnn, conv: &Conv, beta: f32) -> Result<Option<Plan>> {
+        use Attr::*;
+        let graph = operation_graph(dnn, conv, beta)?;
+        let engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+        engine.set_descriptors(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[&graph])?;
+        engine.set_i64s(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[self.engine])?;
+        if engine.finalize("engine").is_err() {
+            return Ok(None);
+        }
+        let choices = self
+            .knobs
+            .iter()
+            .map(|&(knob, value)| {
+                let choice = Descriptor::new(Kind::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)?;
+                // SAFETY: one knob type, as the C enum's integer cuDNN gave.
+                unsafe {
+                    choice.set(
+                        CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                        Ty::CUDNN_TYPE_KNOB_TYPE,
+                        1,
+                        (&knob as *const i32).cast(),
+                    )?;
+                }
+                choice.set_i64s(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, &[value])?;
+                choice.finalize("knob choice")?;
+                Ok(choice)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let config = Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?;
+        config.set_descriptors(CUDNN_ATTR_ENGINECFG_ENGINE, &[&engine])?;
+        if !choices.is_empty() {
+            let refs: Vec<&Descriptor> = choices.iter().collect();
+            config.set_descriptors(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, &refs)?;
+        }
+        if config.finalize("engine configuration").is_err() {
+            return Ok(None);
+        }
+        plan_of(dnn, &config)
+    }
 }
 
 /// The device addresses one run of a plan reads and writes: `x`, `w` and `y` (their gradients
 /// by direction, in the order of [`plans`]' dims) and the workspace. Built once, it serves every
 /// run on the same buffers ([`execute_pack`]), which spares each run the pack's set-up.
 pub struct VariantPack(Descriptor);
+
+// SAFETY: as for `Plan`.
+unsafe impl Send for VariantPack {}
 
 impl VariantPack {
     /// The pack of `pointers` and `workspace`.
@@ -360,6 +607,52 @@ impl VariantPack {
     }
 }
 
+/// How many variant packs [`Packs`] keeps.
+const PACKS: usize = 8;
+
+/// The variant packs of one plan, by the addresses they hold: built as new sets of buffers come
+/// (a net's input blob alternates between staging buffers), at most [`PACKS`], the oldest
+/// replaced first. A pack holds addresses only, so one whose buffers were freed is harmless,
+/// and serves again where new buffers take the same addresses.
+#[derive(Default)]
+pub struct Packs(RefCell<Vec<([u64; 4], VariantPack)>>);
+
+impl std::fmt::Debug for Packs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packs({})", self.0.borrow().len())
+    }
+}
+
+impl Packs {
+    /// Runs `plan` on `dnn`'s stream with the device addresses `pointers` (as [`execute`]) and
+    /// `workspace`, through the pack of those addresses (built on their first run).
+    ///
+    /// # Safety
+    /// As [`execute`].
+    pub unsafe fn execute(
+        &self,
+        dnn: &Cudnn,
+        plan: &Plan,
+        pointers: [u64; 3],
+        workspace: u64,
+    ) -> Result<()> {
+        let key = [pointers[0], pointers[1], pointers[2], workspace];
+        let mut packs = self.0.borrow_mut();
+        let at = match packs.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                if packs.len() == PACKS {
+                    packs.remove(0);
+                }
+                packs.push((key, VariantPack::new(pointers, workspace)?));
+                packs.len() - 1
+            }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { execute_pack(dnn, plan, &packs[at].1) }
+    }
+}
+
 /// Runs `plan` on `dnn`'s stream on the addresses of `pack`.
 ///
 /// # Safety
@@ -383,4 +676,40 @@ pub unsafe fn execute(dnn: &Cudnn, plan: &Plan, pointers: [u64; 3], workspace: u
     let pack = VariantPack::new(pointers, workspace)?;
     // SAFETY: the caller's contract.
     unsafe { execute_pack(dnn, plan, &pack) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Notes;
+    use crate::config::MathMode;
+
+    /// fp32 takes no engine; the TF32 modes (tf32, and bf16 and fp16, whose convolutions run
+    /// on TF32 tensor cores) take every engine but, with `conv_exact`, nondeterministic ones.
+    #[test]
+    fn notes_allow_what_the_math_mode_and_conv_exact_allow() {
+        let plain = Notes::default();
+        let tf32 = Notes {
+            reduced_precision: true,
+            ..plain
+        };
+        let atomics = Notes {
+            nondeterministic: true,
+            ..plain
+        };
+        let winograd = Notes {
+            transform: true,
+            ..plain
+        };
+        for exact in [true, false] {
+            for notes in [plain, tf32, atomics, winograd] {
+                assert!(!notes.allowed(MathMode::Fp32, exact), "{notes:?}");
+            }
+            for math in [MathMode::Tf32, MathMode::Bf16, MathMode::Fp16] {
+                assert!(plain.allowed(math, exact));
+                assert!(tf32.allowed(math, exact));
+                assert!(winograd.allowed(math, exact));
+                assert_eq!(atomics.allowed(math, exact), !exact, "{math:?}");
+            }
+        }
+    }
 }

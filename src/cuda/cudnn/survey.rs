@@ -277,7 +277,7 @@ fn resnet50_half_type_convolutions() {
 #[test]
 #[ignore]
 fn resnet50_graph_api_convolutions() {
-    use super::graph::{execute, plans, Direction};
+    use super::graph::{execute, plans, Conv, Direction};
     use cudnnDataType_t::{CUDNN_DATA_BFLOAT16 as BF16, CUDNN_DATA_FLOAT as F32};
     let gpu = gpu_or_skip!("resnet50_graph_api_convolutions", MathMode::Tf32);
     let dnn = gpu.cudnn().unwrap();
@@ -292,7 +292,14 @@ fn resnet50_graph_api_convolutions() {
         let (dims, geometry, ptrs) = (operands.dims, operands.geometry, operands.ptrs);
         // The best time of the plans of one call, or why there is none.
         let best = |dir: Direction, types| -> std::result::Result<f32, String> {
-            let found = plans(dnn, dir, dims, types, geometry, 8).map_err(|e| e.to_string())?;
+            let conv = Conv {
+                direction: dir,
+                dims,
+                types,
+                layout: Layout::Nhwc,
+                geometry,
+            };
+            let found = plans(dnn, &conv, 0.0, 8, |_| true).map_err(|e| e.to_string())?;
             let mut best = f32::INFINITY;
             for plan in &found {
                 let mut ws = s.alloc_zeros::<u8>(plan.workspace.max(1)).unwrap();
@@ -358,7 +365,7 @@ fn resnet50_graph_api_convolutions() {
 #[test]
 #[ignore]
 fn host_time_of_a_convolution_call() {
-    use super::graph::{execute, execute_pack, plans, Direction, VariantPack};
+    use super::graph::{execute, execute_pack, plans, Conv, Direction, VariantPack};
     use cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
     use std::time::Instant;
     let gpu = gpu_or_skip!("host_time_of_a_convolution_call", MathMode::Tf32);
@@ -439,7 +446,14 @@ fn host_time_of_a_convolution_call() {
                 }
             };
             let legacy = time(&mut legacy);
-            let found = plans(dnn, dir, dims, [F32; 3], geometry, 8).unwrap_or_default();
+            let conv = Conv {
+                direction: dir,
+                dims,
+                types: [F32; 3],
+                layout: Layout::Nhwc,
+                geometry,
+            };
+            let found = plans(dnn, &conv, 0.0, 8, |_| true).unwrap_or_default();
             let pointers = ptrs;
             // SAFETY: as above; a plan's workspace fits in the 512 MiB.
             let plan = found.iter().find(|p| {

@@ -32,6 +32,13 @@
 //! Parameter and bottom gradients are accumulated (β = 1) or overwritten (β = 0) as the net says.
 //! Groups through `cudnnSetConvolutionGroupCount`.
 //!
+//! In the TF32 modes (`tf32`, `bf16`, `fp16`) each cuDNN direction of an ungrouped convolution
+//! may also run as an execution plan of cuDNN's graph API ([`GraphRun`], `conv_algorithm =
+//! "measured"`), the same kernels as the legacy calls for a fraction of their host time: the
+//! first few plans `conv_exact` allows are timed beside the legacy algorithm and the project's
+//! kernels, the bias added by the channel kernel as after cuDNN's forward. `fp32` keeps the
+//! legacy calls (see [`graph::Notes::allowed`]).
+//!
 //! Descriptors and algorithms are made per bottom shape and cached (train and test batches
 //! differ), with one workspace for the layer sized for the largest choice; see
 //! [`crate::cuda::cudnn`] for how algorithms are chosen (`cluster.conv_algorithm`, measured or
@@ -41,7 +48,7 @@ use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass
 use crate::config::layer_params::ConvolutionParams;
 use crate::config::ConvAlgorithm;
 use crate::cuda::blob::GpuBlob;
-use crate::cuda::cudnn::{self, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
+use crate::cuda::cudnn::{self, graph, ConvAlgos, ConvGeometry, FilterDesc, TensorDesc};
 use crate::cuda::kernels::{ConvGeom, DirectTile, WgradTile, IMPLICIT_WGRAD_TILES};
 use crate::cuda::layout::Layout;
 use crate::cuda::path_timing::{median_times_in_turns, zeroed_floats};
@@ -64,6 +71,8 @@ enum Wgrad {
     /// The project's implicit GEMM, no column matrix (see [`weight_gradient`]), in tiles of
     /// `dW` of this shape (one of [`IMPLICIT_WGRAD_TILES`]).
     Implicit(WgradTile),
+    /// A cuDNN execution plan, the plan's `graph.wgrad[i]` ([`GraphRun`]).
+    Graph(usize),
 }
 
 /// Whether `path` computes a layer's bias gradient (where it has one, `bias_term`) along with
@@ -71,7 +80,7 @@ enum Wgrad {
 fn fuses_bias(bias_term: bool, geom: &ConvGeom, path: Wgrad) -> bool {
     match path {
         Wgrad::Implicit(tile) => bias_term && geom.implicit_wgrad_fuses_bias(tile),
-        Wgrad::Cudnn | Wgrad::Gemm => false,
+        Wgrad::Cudnn | Wgrad::Gemm | Wgrad::Graph(_) => false,
     }
 }
 
@@ -82,6 +91,8 @@ enum Fwd {
     Cudnn,
     /// The project's direct kernel from shared memory, bias included (see [`forward_pass`]).
     Direct,
+    /// A cuDNN execution plan, the plan's `graph.fwd[i]` ([`GraphRun`]), then the bias kernel.
+    Graph(usize),
 }
 
 /// How a plan computes the data gradient.
@@ -96,6 +107,85 @@ enum Dgrad {
     /// the samples in NCHW, one GEMM in NHWC), spread to every stride-th position of `dx` (see
     /// [`data_gradient`]).
     Unstride,
+    /// A cuDNN execution plan, the plan's `graph.dgrad[i]` ([`GraphRun`]).
+    Graph(usize),
+}
+
+/// One direction of a convolution by a cuDNN execution plan (`cudnn::graph`): the plan for a
+/// result that overwrites its buffer (β = 0) and the same engine and knobs for one added to it
+/// (β = 1), each with its variant packs. Against the legacy API's call for the same kernel, a
+/// plan run on a pack built once costs the host a fraction of the time (docs/design.md, Mixed
+/// precision, step 2), which counts where the host is barely ahead of the device.
+#[derive(Debug)]
+struct GraphRun {
+    plans: [graph::Plan; 2],
+    packs: [graph::Packs; 2],
+}
+
+impl GraphRun {
+    /// The candidates for `conv` in `dnn`'s math mode: the first [`GRAPH_CANDIDATES`] plans of
+    /// the heuristics that `exact` and the math mode allow ([`graph::Notes::allowed`]) and whose
+    /// engine also builds with β = 1; none where the graph API offers none.
+    fn candidates(dnn: &cudnn::Cudnn, conv: &graph::Conv, exact: bool) -> Vec<GraphRun> {
+        let math = dnn.math();
+        let accept = |notes: &graph::Notes| notes.allowed(math, exact);
+        let found = graph::plans(dnn, conv, 0.0, GRAPH_CANDIDATES, accept).and_then(|plans| {
+            let mut runs = Vec::new();
+            for plan in plans {
+                if let Some(twin) = plan.with_beta(dnn, conv, 1.0)? {
+                    let packs = Default::default();
+                    runs.push(GraphRun {
+                        plans: [plan, twin],
+                        packs,
+                    });
+                }
+            }
+            let engines: Vec<i64> = runs.iter().map(|run| run.plans[0].engine).collect();
+            tracing::debug!(direction = ?conv.direction, ?engines, "execution plans to time");
+            Ok(runs)
+        });
+        found.unwrap_or_else(|e| {
+            tracing::debug!(direction = ?conv.direction, error = %e, "no execution plan");
+            Vec::new()
+        })
+    }
+
+    /// The larger workspace of its two plans.
+    fn workspace(&self) -> usize {
+        self.plans[0].workspace.max(self.plans[1].workspace)
+    }
+
+    /// Runs the plan of `beta` (0 or 1) on `dnn`'s stream with the device addresses of `x`,
+    /// `w` and `y` (their gradients by direction, as [`graph::Conv::dims`]) and `ws`.
+    ///
+    /// # Safety
+    /// The addresses must hold the plan's tensors on `dnn`'s device and `ws` at least
+    /// [`GraphRun::workspace`] bytes, all alive until the stream has run the call.
+    unsafe fn execute(
+        &self,
+        dnn: &cudnn::Cudnn,
+        pointers: [u64; 3],
+        ws: cudnn::Workspace,
+        beta: f32,
+    ) -> Result<()> {
+        debug_assert!(beta == 0.0 || beta == 1.0);
+        let i = usize::from(beta != 0.0);
+        debug_assert!(self.plans[i].workspace <= ws.bytes);
+        // SAFETY: the caller's contract.
+        unsafe { self.packs[i].execute(dnn, &self.plans[i], pointers, ws.ptr) }
+    }
+}
+
+/// How many of the heuristics' allowed execution plans `measured` times per direction.
+const GRAPH_CANDIDATES: usize = 3;
+
+/// A plan's execution-plan candidates by direction, which [`Fwd::Graph`], [`Dgrad::Graph`] and
+/// [`Wgrad::Graph`] index.
+#[derive(Debug, Default)]
+struct GraphRuns {
+    fwd: Vec<GraphRun>,
+    dgrad: Vec<GraphRun>,
+    wgrad: Vec<GraphRun>,
 }
 
 /// Whether a convolution's data gradient can take [`Dgrad::Unstride`]: ungrouped, a 1 × 1
@@ -132,9 +222,30 @@ struct Plan {
     /// The implicit weight gradient also computes the bias gradient (see
     /// [`ConvGeom::implicit_wgrad_fuses_bias`]).
     wgrad_bias: bool,
+    /// Execution plans by direction (`measured`, ungrouped convolutions only).
+    graph: GraphRuns,
 }
 
 impl Plan {
+    /// Bytes of workspace its chosen paths need.
+    fn workspace(&self) -> usize {
+        let graph = [
+            match self.fwd {
+                Fwd::Graph(i) => self.graph.fwd[i].workspace(),
+                _ => 0,
+            },
+            match self.dgrad {
+                Dgrad::Graph(i) => self.graph.dgrad[i].workspace(),
+                _ => 0,
+            },
+            match self.wgrad {
+                Wgrad::Graph(i) => self.graph.wgrad[i].workspace(),
+                _ => 0,
+            },
+        ];
+        graph.into_iter().fold(self.algos.workspace, usize::max)
+    }
+
     /// The top's shape `(N, K, OH, OW)` for `k` outputs (NCHW order, whatever the layout).
     fn top_shape(&self, k: usize) -> [usize; 4] {
         let (oh, ow) = (self.geom.oh as usize, self.geom.ow as usize);
@@ -217,11 +328,15 @@ fn weight_gradient(
                     .implicit_wgrad(s, x, dy, geom, outputs, tile, partial, beta, dw)
             });
         }
-        Wgrad::Cudnn => {}
+        Wgrad::Cudnn | Wgrad::Graph(_) => {}
     }
     let (xp, _gx) = x.device_ptr(s);
     let (dyp, _gdy) = dy.device_ptr(s);
     let (dwp, _gdw) = dw.device_ptr_mut(s);
+    if let Wgrad::Graph(i) = path {
+        // SAFETY: as below; the workspace was grown to the plan's.
+        return unsafe { plan.graph.wgrad[i].execute(lane.dnn, [xp, dwp, dyp], lane.ws, beta) };
+    }
     let chosen = &plan.algos.bwd_filter;
     // SAFETY: the caller passes buffers of the plan's shapes on this device and the layer's
     // workspace of `ws.bytes`, all alive while the enqueued work runs.
@@ -278,18 +393,22 @@ fn forward_pass(
         let (yp, _gy) = y.device_ptr_mut(s);
         let (wp, _gw) = weight.device_ptr(s);
         // SAFETY: the caller passes x and y holding the elements of the plan's descriptors,
-        // the weight's, and a workspace of `ws.bytes`; all on this device and alive while
-        // enqueued work reads them.
+        // the weight's, and a workspace of `ws.bytes` (grown to every chosen plan's); all on
+        // this device and alive while enqueued work reads them.
         unsafe {
-            cudnn::conv_forward(
-                gpu.cudnn()?,
-                (&plan.x, xp),
-                (&plan.w, wp),
-                (&plan.algos.fwd.conv, plan.algos.fwd.algo),
-                ws,
-                0.0,
-                (&plan.y, yp),
-            )?;
+            if let Fwd::Graph(i) = path {
+                plan.graph.fwd[i].execute(gpu.cudnn()?, [xp, wp, yp], ws, 0.0)?;
+            } else {
+                cudnn::conv_forward(
+                    gpu.cudnn()?,
+                    (&plan.x, xp),
+                    (&plan.w, wp),
+                    (&plan.algos.fwd.conv, plan.algos.fwd.algo),
+                    ws,
+                    0.0,
+                    (&plan.y, yp),
+                )?;
+            }
         }
     }
     if has_bias {
@@ -376,8 +495,12 @@ fn data_gradient(
     let (dyp, _gdy) = dy.device_ptr(s);
     let (dxp, _gdx) = dx.device_ptr_mut(s);
     // SAFETY: the caller passes buffers of the plan's shapes on this device and the layer's
-    // workspace of `ws.bytes`, all alive while the enqueued work runs.
+    // workspace of `ws.bytes` (grown to every chosen plan's), all alive while the enqueued work
+    // runs.
     unsafe {
+        if let Dgrad::Graph(i) = path {
+            return plan.graph.dgrad[i].execute(gpu.cudnn()?, [dxp, wp, dyp], ws, beta);
+        }
         cudnn::conv_backward_data(
             gpu.cudnn()?,
             (&plan.w, wp),
@@ -534,9 +657,10 @@ impl GpuConvolution {
         })
     }
 
-    /// Times cuDNN's chosen forward (with the bias kernel) and the direct kernel on scratch
-    /// buffers of `plan`'s shapes and answers the faster, cuDNN's of equals. Synchronises.
-    fn fastest_forward(&mut self, gpu: &Gpu, plan: &Plan) -> Result<Fwd> {
+    /// Times each of `paths` (cuDNN's chosen forward, the execution plans, each with the bias
+    /// kernel, and the direct kernel) on scratch buffers of `plan`'s shapes and answers the
+    /// fastest, the first of equals. Synchronises.
+    fn fastest_forward(&mut self, gpu: &Gpu, plan: &Plan, paths: &[Fwd]) -> Result<Fwd> {
         let k = self.num_output;
         let wlen = plan.w.count();
         let (x, params, mut y) = (
@@ -547,9 +671,8 @@ impl GpuConvolution {
         let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
-        let paths = [Fwd::Cudnn, Fwd::Direct];
         let direct = &mut self.direct_scratch;
-        fastest(gpu, (&self.name, plan), "forward", &paths, |path| {
+        fastest(gpu, (&self.name, plan), "forward", paths, |path| {
             let weights = (&w, &mut *direct);
             forward_pass(gpu, plan, path, how, ws, &x, &p, weights, &mut y)
         })
@@ -673,35 +796,67 @@ impl GpuLayer for GpuConvolution {
             dgrad: Dgrad::Cudnn,
             wgrad: Wgrad::Cudnn,
             wgrad_bias: false,
+            graph: GraphRuns::default(),
         };
-        // The project's own weight gradients take ungrouped NCHW convolutions within their
-        // index ranges; measured mode times them against cuDNN's choice, the implicit one in
-        // each of its tiles.
-        let mut paths = vec![Wgrad::Cudnn];
-        if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
-            paths.push(Wgrad::Gemm);
-        }
-        paths.extend(
-            IMPLICIT_WGRAD_TILES
-                .into_iter()
-                .filter(|&tile| {
-                    let scratch = |bias| gpu.kernels.implicit_wgrad_scratch(&geom, (k, bias), tile);
-                    scratch(false).is_some() && scratch(self.bias_term).is_some()
-                })
-                .map(Wgrad::Implicit),
-        );
         let measured = n > 0 && gpu.conv_algorithm == ConvAlgorithm::Measured;
         let own_kernels = measured && layout == Layout::Nchw && g.group == 1;
         let unstride = measured && unstrides(&geom, g.group);
-        if own_kernels && paths.len() > 1 {
+        // cuDNN's execution plans, for ungrouped convolutions in either layout, where the
+        // convolutions run on TF32 tensor cores (`graph::Notes::allowed`).
+        if measured && g.group == 1 && gpu.math.tf32_tensor_cores() {
+            let dims = [
+                bottom,
+                [k, c, self.kernel[0], self.kernel[1]],
+                plan.top_shape(k),
+            ];
+            let conv = |direction| graph::Conv {
+                direction,
+                dims,
+                types: [cudnn::FLOAT; 3],
+                layout,
+                geometry: self.geometry,
+            };
+            let exact = gpu.conv_exact;
+            plan.graph = GraphRuns {
+                fwd: GraphRun::candidates(dnn, &conv(graph::Direction::Forward), exact),
+                dgrad: GraphRun::candidates(dnn, &conv(graph::Direction::BackwardData), exact),
+                wgrad: GraphRun::candidates(dnn, &conv(graph::Direction::BackwardFilter), exact),
+            };
+            let runs = [&plan.graph.fwd, &plan.graph.dgrad, &plan.graph.wgrad];
+            let most = runs.iter().flat_map(|r| r.iter()).map(GraphRun::workspace);
+            let most = most.max().unwrap_or(0);
+            grow(gpu, &mut self.workspace, most)?;
+            grow(gpu, &mut self.wgrad_workspace, most)?;
+        }
+        // The project's own weight gradients take ungrouped NCHW convolutions within their
+        // index ranges; measured mode times them and the execution plans against cuDNN's
+        // choice, the implicit one in each of its tiles.
+        let mut paths = vec![Wgrad::Cudnn];
+        if own_kernels {
+            if geom.col_len().is_some_and(|len| len <= GEMM_WGRAD_LIMIT) {
+                paths.push(Wgrad::Gemm);
+            }
+            paths.extend(
+                IMPLICIT_WGRAD_TILES
+                    .into_iter()
+                    .filter(|&tile| {
+                        let scratch =
+                            |bias| gpu.kernels.implicit_wgrad_scratch(&geom, (k, bias), tile);
+                        scratch(false).is_some() && scratch(self.bias_term).is_some()
+                    })
+                    .map(Wgrad::Implicit),
+            );
+        }
+        paths.extend((0..plan.graph.wgrad.len()).map(Wgrad::Graph));
+        if paths.len() > 1 {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
             plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
         // The direct kernel, forward and as the data gradient, where its tiles fit; the
         // unstriding GEMM as the data gradient of a strided 1 × 1 convolution.
-        let direct_forward = plan.direct_fwd.is_some();
-        let direct_dgrad = plan.direct_dgrad.is_some();
-        if own_kernels && (direct_forward || direct_dgrad) {
+        let direct_forward = own_kernels && plan.direct_fwd.is_some();
+        let direct_dgrad = own_kernels && plan.direct_dgrad.is_some();
+        if direct_forward || direct_dgrad {
             let partial_len = [plan.direct_fwd, plan.direct_dgrad.map(|(_, tile)| tile)]
                 .iter()
                 .flatten()
@@ -714,18 +869,33 @@ impl GpuLayer for GpuConvolution {
         if unstride {
             grow(gpu, &mut self.direct_scratch, n * c * oh * ow)?;
         }
-        if own_kernels && direct_forward {
-            plan.fwd = self.fastest_forward(gpu, &plan)?;
+        let mut fwd_paths = vec![Fwd::Cudnn];
+        if direct_forward {
+            fwd_paths.push(Fwd::Direct);
+        }
+        fwd_paths.extend((0..plan.graph.fwd.len()).map(Fwd::Graph));
+        if fwd_paths.len() > 1 {
+            plan.fwd = self.fastest_forward(gpu, &plan, &fwd_paths)?;
         }
         let mut dgrad_paths = vec![Dgrad::Cudnn];
-        if own_kernels && direct_dgrad {
+        if direct_dgrad {
             dgrad_paths.push(Dgrad::Direct);
         }
         if unstride {
             dgrad_paths.push(Dgrad::Unstride);
         }
+        dgrad_paths.extend((0..plan.graph.dgrad.len()).map(Dgrad::Graph));
         if dgrad_paths.len() > 1 {
             plan.dgrad = self.fastest_dgrad(gpu, &plan, &dgrad_paths)?;
+        }
+        // The workspaces were grown for every candidate: keep what the chosen paths of every
+        // cached shape need.
+        let need = self.plans.iter().chain([&plan]).map(Plan::workspace).max();
+        let need = need.unwrap_or(0).max(1);
+        for buf in [&mut self.workspace, &mut self.wgrad_workspace] {
+            if buf.len() != need {
+                *buf = scratch(gpu, need)?;
+            }
         }
         self.plans.push(plan);
         self.current = self.plans.len() - 1;
@@ -1058,6 +1228,156 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Every execution plan the graph API offers a layer in `measured` mode (the candidates it
+    /// times) agrees with cuDNN's legacy call on the same plan in tf32, within TF32's precision
+    /// (5e-3 of the scale, as against the CPU), in both layouts: the forward (with the bias
+    /// kernel), the data gradient and the weight gradient, overwriting and accumulating (β 0
+    /// and the engine built again for β 1), bit for bit the same when run again; every shape
+    /// here is offered plans in all three directions, none of them nondeterministic.
+    #[test]
+    fn execution_plans_match_cudnn() {
+        use super::{
+            cudnn, data_gradient, forward_pass, weight_gradient, Dgrad, Fwd, GraphRun, Lane, Wgrad,
+        };
+        use crate::config::MathMode;
+        use crate::cuda::test_util::assert_close;
+        use rand::SeedableRng;
+        let gpu = gpu_or_skip!("execution_plans_match_cudnn", MathMode::Tf32);
+        const RTOL: f32 = 5e-3;
+        let cases = [
+            ("num_output = 8\nkernel_size = 3\npad = 1", [2, 16, 9, 9]),
+            ("num_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 0]\ndilation = [1, 2]\nbias_term = false", [3, 4, 11, 9]),
+            ("num_output = 32\nkernel_size = 5\npad = 2", [4, 32, 16, 16]),
+            ("num_output = 64\nkernel_size = 1\nstride = 2", [2, 32, 14, 14]),
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(315);
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            for (extra, shape) in cases {
+                let what = format!("{extra} ({layout:?})");
+                let mut layer = planned_in(&gpu, extra, shape, layout);
+                let plan = &layer.plans[layer.current];
+                let graph = &plan.graph;
+                let directions = [&graph.fwd, &graph.dgrad, &graph.wgrad];
+                assert!(
+                    directions.iter().all(|runs| !runs.is_empty()),
+                    "{what}: no execution plan in some direction: {graph:?}"
+                );
+                eprintln!("{what}: {graph:?}");
+                let runs = directions.iter().flat_map(|runs| runs.iter());
+                for run in runs.clone() {
+                    for p in &run.plans {
+                        assert!(p.notes.allowed(MathMode::Tf32, true), "{what}: {p:?}");
+                    }
+                    let [first, twin] = &run.plans;
+                    assert!(
+                        (first.engine, first.knobs()) == (twin.engine, twin.knobs()),
+                        "{what}: the β = 1 plan is another engine or knobs: {run:?}"
+                    );
+                }
+                let most = runs
+                    .map(GraphRun::workspace)
+                    .fold(plan.algos.workspace, usize::max);
+                let mut workspace = gpu.compute.alloc_zeros::<u8>(most.max(1)).unwrap();
+                let (ws, _gws) = cudnn::Workspace::of(&mut workspace, &gpu.compute);
+                let k = layer.num_output;
+                let mut random = |n: usize| random_on_device(&gpu, &mut rng, n);
+                let (x, params, dy) = (
+                    random(plan.x.count()),
+                    random(plan.w.count() + k),
+                    random(plan.y.count()),
+                );
+                let (dx0, dw0) = (random(plan.x.count()), random(plan.w.count()));
+                let (p, w) = (params.slice(..), params.slice(..plan.w.count()));
+                let host = |buf: &cudarc::driver::CudaSlice<f32>| {
+                    let v = gpu.compute.clone_dtoh(buf).unwrap();
+                    gpu.synchronize().unwrap();
+                    v
+                };
+                let scratch = &mut layer.direct_scratch;
+                let how = (k, layer.bias_term, layout);
+                let mut forward = |path| {
+                    let mut y = gpu.compute.alloc_zeros::<f32>(plan.y.count()).unwrap();
+                    let weights = (&w, &mut *scratch);
+                    forward_pass(&gpu, plan, path, how, ws, &x, &p, weights, &mut y).unwrap();
+                    host(&y)
+                };
+                let want = forward(Fwd::Cudnn);
+                for i in 0..graph.fwd.len() {
+                    let got = forward(Fwd::Graph(i));
+                    let run = &graph.fwd[i].plans;
+                    assert_close(
+                        &format!("{what}: forward plan {i} {run:?}"),
+                        &got,
+                        &want,
+                        RTOL,
+                    );
+                    assert!(
+                        got == forward(Fwd::Graph(i)),
+                        "{what}: forward plan {i} repeats"
+                    );
+                }
+                let scratch = &mut layer.direct_scratch;
+                let mut dgrad = |path, beta| {
+                    let mut dx = gpu.compute.clone_dtod(&dx0).unwrap();
+                    let weights = (&w, &mut *scratch);
+                    let how = (k, layout, ws);
+                    data_gradient(&gpu, plan, path, how, weights, &dy, beta, &mut dx).unwrap();
+                    host(&dx)
+                };
+                let lane = Lane {
+                    dnn: gpu.cudnn().unwrap(),
+                    blas: &gpu.blas,
+                    ws,
+                };
+                let wgrad = |path, beta| {
+                    let mut dw = gpu.compute.clone_dtod(&dw0).unwrap();
+                    let outputs = (k, false);
+                    weight_gradient(&gpu, lane, plan, path, outputs, &x, &dy, beta, &mut dw)
+                        .unwrap();
+                    host(&dw)
+                };
+                for beta in [0.0, 1.0] {
+                    let want = dgrad(Dgrad::Cudnn, beta);
+                    for i in 0..graph.dgrad.len() {
+                        let got = dgrad(Dgrad::Graph(i), beta);
+                        let run = &graph.dgrad[i].plans;
+                        let name = format!("{what}: data gradient plan {i} {run:?}, beta {beta}");
+                        assert_close(&name, &got, &want, RTOL);
+                        assert!(got == dgrad(Dgrad::Graph(i), beta), "{name} repeats");
+                    }
+                    let want = wgrad(Wgrad::Cudnn, beta);
+                    for i in 0..graph.wgrad.len() {
+                        let got = wgrad(Wgrad::Graph(i), beta);
+                        let run = &graph.wgrad[i].plans;
+                        let name = format!("{what}: weight gradient plan {i} {run:?}, beta {beta}");
+                        assert_close(&name, &got, &want, RTOL);
+                        assert!(got == wgrad(Wgrad::Graph(i), beta), "{name} repeats");
+                    }
+                }
+            }
+        }
+    }
+
+    /// In fp32 a layer is offered no execution plan: it keeps the legacy calls, whose FMA math
+    /// rules TF32 out (`graph::Notes::allowed`).
+    #[test]
+    fn no_execution_plans_in_fp32() {
+        let gpu = gpu_or_skip!("no_execution_plans_in_fp32");
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let layer = planned_in(
+                &gpu,
+                "num_output = 8\nkernel_size = 3\npad = 1",
+                [2, 16, 9, 9],
+                layout,
+            );
+            let graph = &layer.plans[layer.current].graph;
+            assert!(
+                graph.fwd.is_empty() && graph.dgrad.is_empty() && graph.wgrad.is_empty(),
+                "{layout:?}: {graph:?}"
+            );
         }
     }
 
