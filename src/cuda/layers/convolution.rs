@@ -1246,7 +1246,21 @@ mod tests {
         use crate::cuda::test_util::assert_close;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("execution_plans_match_cudnn", MathMode::Tf32);
-        const RTOL: f32 = 5e-3;
+        /// Each of `runs` by `run(i)` agrees with `want` within TF32's precision, and gives the
+        /// same bits when run again.
+        fn plans_agree(
+            what: &str,
+            runs: &[GraphRun],
+            want: &[f32],
+            mut run: impl FnMut(usize) -> Vec<f32>,
+        ) {
+            for (i, graph_run) in runs.iter().enumerate() {
+                let got = run(i);
+                let name = format!("{what}, plan {i} {:?}", graph_run.plans);
+                assert_close(&name, &got, want, 5e-3);
+                assert!(got == run(i), "{name}: other bits when run again");
+            }
+        }
         let cases = [
             ("num_output = 8\nkernel_size = 3\npad = 1", [2, 16, 9, 9]),
             ("num_output = 5\nkernel_size = [3, 2]\nstride = [2, 1]\npad = [1, 0]\ndilation = [1, 2]\nbias_term = false", [3, 4, 11, 9]),
@@ -1305,20 +1319,9 @@ mod tests {
                     host(&y)
                 };
                 let want = forward(Fwd::Cudnn);
-                for i in 0..graph.fwd.len() {
-                    let got = forward(Fwd::Graph(i));
-                    let run = &graph.fwd[i].plans;
-                    assert_close(
-                        &format!("{what}: forward plan {i} {run:?}"),
-                        &got,
-                        &want,
-                        RTOL,
-                    );
-                    assert!(
-                        got == forward(Fwd::Graph(i)),
-                        "{what}: forward plan {i} repeats"
-                    );
-                }
+                plans_agree(&format!("{what}: forward"), &graph.fwd, &want, |i| {
+                    forward(Fwd::Graph(i))
+                });
                 let scratch = &mut layer.direct_scratch;
                 let mut dgrad = |path, beta| {
                     let mut dx = gpu.compute.clone_dtod(&dx0).unwrap();
@@ -1341,21 +1344,11 @@ mod tests {
                 };
                 for beta in [0.0, 1.0] {
                     let want = dgrad(Dgrad::Cudnn, beta);
-                    for i in 0..graph.dgrad.len() {
-                        let got = dgrad(Dgrad::Graph(i), beta);
-                        let run = &graph.dgrad[i].plans;
-                        let name = format!("{what}: data gradient plan {i} {run:?}, beta {beta}");
-                        assert_close(&name, &got, &want, RTOL);
-                        assert!(got == dgrad(Dgrad::Graph(i), beta), "{name} repeats");
-                    }
+                    let name = format!("{what}: data gradient, beta {beta}");
+                    plans_agree(&name, &graph.dgrad, &want, |i| dgrad(Dgrad::Graph(i), beta));
                     let want = wgrad(Wgrad::Cudnn, beta);
-                    for i in 0..graph.wgrad.len() {
-                        let got = wgrad(Wgrad::Graph(i), beta);
-                        let run = &graph.wgrad[i].plans;
-                        let name = format!("{what}: weight gradient plan {i} {run:?}, beta {beta}");
-                        assert_close(&name, &got, &want, RTOL);
-                        assert!(got == wgrad(Wgrad::Graph(i), beta), "{name} repeats");
-                    }
+                    let name = format!("{what}: weight gradient, beta {beta}");
+                    plans_agree(&name, &graph.wgrad, &want, |i| wgrad(Wgrad::Graph(i), beta));
                 }
             }
         }
