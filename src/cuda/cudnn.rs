@@ -118,17 +118,19 @@ pub fn load_check() -> Result<()> {
                 .into(),
         ));
     }
-    // SAFETY: the library is present (checked above); looking a symbol up has no side effect.
-    let lib = unsafe { sys::culib() };
-    for name in SYMBOLS {
-        // SAFETY: only the lookup; the pointer is never called through this type.
-        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-            return Err(Error::Device(format!(
-                "CUDA: the loaded cuDNN library lacks `{name}`; cuDNN 8 or 9 is needed"
-            )));
-        }
+    if let Some(name) = SYMBOLS.iter().find(|name| !exports(name)) {
+        return Err(Error::Device(format!(
+            "CUDA: the loaded cuDNN library lacks `{name}`; cuDNN 8 or 9 is needed"
+        )));
     }
     Ok(())
+}
+
+/// Whether the cuDNN library (present: [`load_check`]) exports the function `name`.
+fn exports(name: &str) -> bool {
+    // SAFETY: the caller has found the library present; looking a symbol up has no side effect,
+    // and the pointer is never called through this type.
+    unsafe { sys::culib().get::<*const c_void>(name.as_bytes()) }.is_ok()
 }
 
 /// A cuDNN handle bound to one replica's compute stream.

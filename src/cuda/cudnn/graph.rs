@@ -28,6 +28,29 @@ use cudarc::cudnn::sys::{
 };
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// The backend API's functions this module calls.
+const SYMBOLS: &[&str] = &[
+    "cudnnBackendCreateDescriptor",
+    "cudnnBackendDestroyDescriptor",
+    "cudnnBackendSetAttribute",
+    "cudnnBackendGetAttribute",
+    "cudnnBackendFinalize",
+    "cudnnBackendExecute",
+];
+
+/// Whether the loaded cuDNN offers the graph API as this module describes it: version 9 or
+/// later (the attributes and enums of its bindings) and every backend function called here.
+/// Checked once; where it is not, the training convolutions keep the legacy calls.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        super::load_check().is_ok()
+            && Cudnn::version() >= 90000
+            && SYMBOLS.iter().all(|name| super::exports(name))
+    })
+}
 
 /// One backend descriptor, destroyed on drop.
 struct Descriptor(sys::cudnnBackendDescriptor_t);

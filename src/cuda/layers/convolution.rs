@@ -802,8 +802,9 @@ impl GpuLayer for GpuConvolution {
         let own_kernels = measured && layout == Layout::Nchw && g.group == 1;
         let unstride = measured && unstrides(&geom, g.group);
         // cuDNN's execution plans, for ungrouped convolutions in either layout, where the
-        // convolutions run on TF32 tensor cores (`graph::Notes::allowed`).
-        if measured && g.group == 1 && gpu.math.tf32_tensor_cores() {
+        // convolutions run on TF32 tensor cores (`graph::Notes::allowed`) and the library
+        // offers the graph API.
+        if measured && g.group == 1 && gpu.math.tf32_tensor_cores() && graph::available() {
             let dims = [
                 bottom,
                 [k, c, self.kernel[0], self.kernel[1]],
@@ -1246,6 +1247,11 @@ mod tests {
         use crate::cuda::test_util::assert_close;
         use rand::SeedableRng;
         let gpu = gpu_or_skip!("execution_plans_match_cudnn", MathMode::Tf32);
+        assert!(
+            super::graph::available(),
+            "the loaded cuDNN does not offer the graph API (version {})",
+            super::cudnn::Cudnn::version()
+        );
         /// Each of `runs` by `run(i)` agrees with `want` within TF32's precision, and gives the
         /// same bits when run again.
         fn plans_agree(
