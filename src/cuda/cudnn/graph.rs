@@ -242,14 +242,15 @@ impl std::fmt::Debug for Plan {
 /// A descriptor of `dims` (NCHW order) with element type `ty`, stored as `layout` says: a
 /// tensor `(N, C, H, W)` or a filter `(K, C, R, S)` alike (KCRS beside NCHW, KRSC beside NHWC).
 fn tensor(uid: i64, dims: [usize; 4], ty: cudnnDataType_t, layout: Layout) -> Result<Descriptor> {
-    let [_, c, h, w] = dims.map(|d| d as i64);
+    let dims = dims.map(|d| d as i64);
+    let [_, c, h, w] = dims;
     let strides = match layout {
         Layout::Nchw => [c * h * w, h * w, w, 1],
         Layout::Nhwc => [c * h * w, 1, w * c, c],
     };
     let t = Descriptor::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.set_data_type(Attr::CUDNN_ATTR_TENSOR_DATA_TYPE, ty)?;
-    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims.map(|d| d as i64))?;
+    t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
@@ -402,9 +403,20 @@ fn get_i64(d: &Descriptor, name: Attr) -> Result<i64> {
     Ok(v)
 }
 
-/// The plan `plan` (finalised, of `workspace` bytes) of the engine configuration `config`, with
-/// the engine's global index and notes and the configuration's knob choices.
-fn describe(config: &Descriptor, plan: Descriptor, workspace: usize) -> Result<Plan> {
+/// What names the kernel of an engine configuration, and what it trades for speed.
+struct Engine {
+    /// The engine's global index.
+    index: i64,
+    /// The configuration's knob choices, `(knob type, value)`.
+    knobs: Vec<(i32, i64)>,
+    notes: Notes,
+    /// The engine's numerical notes as cuDNN's enum values.
+    note_codes: Vec<i32>,
+}
+
+/// The engine of the engine configuration `config`: its global index and notes, and the
+/// configuration's knob choices.
+fn describe(config: &Descriptor) -> Result<Engine> {
     let engines = descriptors_of(
         config,
         Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -465,19 +477,26 @@ fn describe(config: &Descriptor, plan: Descriptor, workspace: usize) -> Result<P
             ))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Plan {
-        plan,
-        workspace,
-        engine: index,
+    Ok(Engine {
+        index,
         knobs,
         notes,
         note_codes: codes,
     })
 }
 
-/// The execution plan of the finalised engine configuration `config`, or `None` where the
-/// engine cannot run its graph here or asks for more than [`WORKSPACE_LIMIT`].
-fn plan_of(dnn: &Cudnn, config: &Descriptor) -> Result<Option<Plan>> {
+/// The execution plan of the finalised engine configuration `config`, or `None` where `accept`
+/// refuses the engine's notes (judged before the plan is built), or the engine cannot run its
+/// graph here or asks for more than [`WORKSPACE_LIMIT`].
+fn plan_of(
+    dnn: &Cudnn,
+    config: &Descriptor,
+    accept: impl Fn(&Notes) -> bool,
+) -> Result<Option<Plan>> {
+    let engine = describe(config)?;
+    if !accept(&engine.notes) {
+        return Ok(None);
+    }
     let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, dnn)?;
     plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
@@ -488,7 +507,14 @@ fn plan_of(dnn: &Cudnn, config: &Descriptor) -> Result<Option<Plan>> {
     if workspace > WORKSPACE_LIMIT {
         return Ok(None);
     }
-    describe(config, plan, workspace).map(Some)
+    Ok(Some(Plan {
+        plan,
+        workspace,
+        engine: engine.index,
+        knobs: engine.knobs,
+        notes: engine.notes,
+        note_codes: engine.note_codes,
+    }))
 }
 
 /// The execution plans, in the heuristics' order (mode A), of `conv` with `β = beta`: at most
@@ -528,10 +554,8 @@ pub fn plans(
         if plans.len() >= max {
             break;
         }
-        if let Some(plan) = plan_of(dnn, config)? {
-            if accept(&plan.notes) {
-                plans.push(plan);
-            }
+        if let Some(plan) = plan_of(dnn, config, &accept)? {
+            plans.push(plan);
         }
     }
     if plans.is_empty() {
@@ -591,7 +615,7 @@ impl Plan {
         if config.finalize("engine configuration").is_err() {
             return Ok(None);
         }
-        plan_of(dnn, &config)
+        plan_of(dnn, &config, |_| true)
     }
 }
 
