@@ -65,6 +65,24 @@ impl Half {
         }
     }
 
+    /// The value of the bit pattern `bits` of this type, widened to FP32 (exactly).
+    #[inline]
+    pub fn widen(self, bits: u16) -> f32 {
+        match self {
+            Half::Bf16 => bf16::from_bits(bits).to_f32(),
+            Half::Fp16 => f16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// The bit pattern of `x` rounded to this type.
+    #[inline]
+    pub fn bits(self, x: f32) -> u16 {
+        match self {
+            Half::Bf16 => bf16::from_f32(x).to_bits(),
+            Half::Fp16 => f16::from_f32(x).to_bits(),
+        }
+    }
+
     /// Whether `x` is a value of this type (rounding leaves it unchanged; NaN counts).
     pub fn holds(self, x: f32) -> bool {
         x.is_nan() || self.round(x) == x

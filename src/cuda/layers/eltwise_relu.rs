@@ -51,6 +51,13 @@ pub struct GpuEltwiseRelu {
 }
 
 impl GpuEltwiseRelu {
+    /// The same layer on half-type blobs (its bottoms and top stored as
+    /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs a half type.
+    pub fn on_half_blobs(self, yes: bool) -> Self {
+        assert!(!yes, "on half-type blobs: not yet");
+        self
+    }
+
     /// The pair `chain` (checked by [`fusable`]), rounding to `half` in mixed precision (where
     /// the ReLU has slope 0).
     pub fn new(chain: &[NodeView], half: Option<Half>) -> Self {

@@ -386,7 +386,10 @@ crate::config::layer_params::for_each_layer_kind!(gpu_builder);
 /// Builds the GPU layer `name` from its resolved parameters (see [`BuildGpu`]), for the given
 /// bottom shapes, running in `layout` (its 4-D bottoms and tops stored so; `Nhwc` only where
 /// [`runs_channels_last`](crate::cuda::layout::runs_channels_last) allows). In mixed precision
-/// (`half`), a layer that rounds in its own kernels (a pooling) is built to round to that type.
+/// (`half`), a layer that rounds in its own kernels (a pooling, a convolution's weight gradient)
+/// is built to round to that type, and with `half_blobs` its bottoms and tops are stored in that
+/// type ([`crate::cuda::blob::Elem::Half`]; only for the layers the storage plan allows it,
+/// `crate::cuda::net::storage::runs_on_half_blobs`).
 pub fn build(
     gpu: &Gpu,
     name: &str,
@@ -394,12 +397,22 @@ pub fn build(
     bottoms: &[&[usize]],
     layout: Layout,
     half: Option<Half>,
+    half_blobs: bool,
 ) -> Result<Box<dyn GpuLayer>> {
+    assert!(half.is_some() || !half_blobs, "half-type blobs without a half type");
     let mut layer: Box<dyn GpuLayer> = match (params, half) {
-        (LayerParams::Pooling(p), Some(_)) => {
-            Box::new(pooling::GpuPooling::new(gpu, name, p, layout)?.rounding_to(half))
+        (LayerParams::Pooling(p), Some(_)) => Box::new(
+            pooling::GpuPooling::new(gpu, name, p, layout)?
+                .rounding_to(half)
+                .on_half_blobs(half_blobs),
+        ),
+        (LayerParams::Convolution(p), Some(h)) => Box::new(
+            convolution::GpuConvolution::new(gpu, name, p, layout)?.in_mixed_precision(h, half_blobs),
+        ),
+        _ => {
+            assert!(!half_blobs, "layer `{name}` cannot run on half-type blobs");
+            build_unshaped(gpu, name, params, layout)?
         }
-        _ => build_unshaped(gpu, name, params, layout)?,
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)

@@ -141,6 +141,14 @@ impl GpuPooling {
         self
     }
 
+    /// The same layer on half-type blobs (its bottom and top stored as
+    /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs [`Self::rounding_to`]
+    /// a half type first.
+    pub fn on_half_blobs(self, yes: bool) -> Self {
+        assert!(!yes, "pooling on half-type blobs: not yet");
+        self
+    }
+
     /// The pair `chain` (checked by [`fused_relu`]) as one layer: its pooling with its ReLU.
     pub fn with_relu(gpu: &Gpu, chain: &[NodeView], layout: Layout) -> Result<Self> {
         let relu = fused_relu(chain).expect("a fusable Pooling and ReLU pair");

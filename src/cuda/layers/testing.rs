@@ -212,6 +212,7 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         &shapes,
         layout,
         None,
+        false,
     )
     .unwrap();
 

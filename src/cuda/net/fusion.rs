@@ -156,23 +156,26 @@ pub fn build(
     bottoms: &[&[usize]],
     layout: Layout,
     half: Option<Half>,
+    half_blobs: bool,
 ) -> Result<Box<dyn GpuLayer>> {
+    assert!(half.is_some() || !half_blobs, "half-type blobs without a half type");
     let chain: Vec<NodeView> = (head..=last).map(|j| graph.node(j)).collect();
     let kind = chain[0].params.kind();
     let mut layer: Box<dyn GpuLayer> = if kind == LayerKind::Eltwise {
-        Box::new(GpuEltwiseRelu::new(&chain, half))
+        Box::new(GpuEltwiseRelu::new(&chain, half).on_half_blobs(half_blobs))
     } else if matches!(kind, LayerKind::Pooling | LayerKind::Relu) {
-        Box::new(GpuPooling::with_relu(gpu, &chain, layout)?.rounding_to(half))
+        Box::new(
+            GpuPooling::with_relu(gpu, &chain, layout)?
+                .rounding_to(half)
+                .on_half_blobs(half_blobs),
+        )
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
         let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
-        Box::new(GpuBnScaleRelu::new(
-            gpu,
-            &chain,
-            scale.start - bn.start,
-            layout,
-            half,
-        )?)
+        Box::new(
+            GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start, layout, half)?
+                .on_half_blobs(half_blobs),
+        )
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
