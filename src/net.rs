@@ -16,6 +16,7 @@ use crate::tensor::Blob;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Where in training a forward/backward pass happens (topology-invariant randomness keys).
@@ -123,6 +124,9 @@ pub struct Net {
     /// With `half`: the weights rounded to it, laid out as `Params::data`, made at each
     /// forward pass (stateful layers' tensors copied unrounded).
     half_params: Vec<f32>,
+    /// With `half`: what a convolution's weight gradient held before its backward, set aside
+    /// while the backward writes its own contribution (`set_aside`).
+    grad_aside: Vec<f32>,
     /// The factor loss tops' gradients are seeded with besides their loss weight (loss
     /// scaling; 1 without).
     loss_scale: f32,
@@ -143,6 +147,7 @@ impl Net {
             scratch_tops: Vec::new(),
             half: Half::of(cfg.cluster.math),
             half_params: Vec::new(),
+            grad_aside: Vec::new(),
             loss_scale: 1.0,
         };
         let mut latest: HashMap<String, usize> =
@@ -382,7 +387,8 @@ impl Net {
     /// Runs backward through the layers of `phase` in reverse order, accumulating into
     /// `params.diff`. Activation diffs are zeroed first; loss tops get their loss weight (times
     /// the loss scale, see [`Net::set_loss_scale`]). In mixed precision each bottom gradient is
-    /// rounded to the half type after its layer's backward added to it.
+    /// rounded to the half type after its layer's backward added to it, and a convolution's
+    /// weight gradient of this pass is rounded before it is added (`rounded_weight_grad`).
     /// `on_layer_done(i)` is called after layer `i`'s parameter gradients are complete.
     pub fn backward(
         &mut self,
@@ -419,6 +425,12 @@ impl Net {
                 continue;
             }
             let start = on_layer.is_some().then(Instant::now);
+            let rounded_grad = self.half.and_then(|half| {
+                rounded_weight_grad(node.layer.as_ref(), i, params).map(|r| (half, r))
+            });
+            if let Some((_, range)) = &rounded_grad {
+                set_aside(&mut params.diff[range.clone()], &mut self.grad_aside);
+            }
             let (data, mut diffs) = match self.half {
                 None => params.layer_views(i),
                 Some(_) => params.layer_views_in(i, &self.half_params),
@@ -434,6 +446,9 @@ impl Net {
                 params: &data,
                 param_diffs: &mut diffs,
             });
+            if let Some((half, range)) = rounded_grad {
+                round_and_add_back(half, &mut params.diff[range], &self.grad_aside);
+            }
             if let Some(half) = self.half {
                 for (b, _) in bottoms
                     .iter_mut()
@@ -536,6 +551,33 @@ impl Net {
     }
 }
 
+/// Mixed precision: the flat range of the parameter gradient of layer `layer` (built as `kind`)
+/// whose every backward contribution is rounded to the half type before it is added: a
+/// convolution's `weight` (its first tensor), since cuDNN's weight gradient of half-type tensors
+/// comes out in the half type. `None` for every other layer and for biases.
+fn rounded_weight_grad(kind: &dyn Layer, layer: usize, params: &Params) -> Option<Range<usize>> {
+    if kind.type_name() != "convolution" {
+        return None;
+    }
+    let weight = params.spans.get(params.layer_spans(layer).start)?;
+    (weight.layer == layer).then(|| weight.range())
+}
+
+/// Before a backward whose contribution to `grad` is rounded: moves what `grad` holds into
+/// `aside` and zeroes it, so that the backward writes its contribution alone.
+fn set_aside(grad: &mut [f32], aside: &mut Vec<f32>) {
+    aside.clear();
+    aside.extend_from_slice(grad);
+    grad.fill(0.0);
+}
+
+/// After it: rounds the contribution in `grad` to `half` (it was accumulated in FP32) and adds
+/// what [`set_aside`] kept, in FP32.
+fn round_and_add_back(half: Half, grad: &mut [f32], aside: &[f32]) {
+    half.round_slice(grad);
+    grad.iter_mut().zip(aside).for_each(|(g, a)| *g += a);
+}
+
 /// Moves the blobs `idx` out of `blobs` into `into` (kept allocated between layers), so that a
 /// layer can read its bottoms while writing its tops. A layer never names a blob twice (`build`
 /// rejects it), so every taken blob is a real one.
@@ -591,7 +633,8 @@ mod tests {
 
     /// Mixed precision's rounding points: after a forward pass every blob but the loss holds
     /// values of the half type, after backward every activation gradient does, while the
-    /// parameter gradients (FP32 sums of half products) and the master weights do not.
+    /// parameter gradients of layers other than convolutions (here an inner product: FP32 sums
+    /// of half products) and the master weights do not.
     #[test]
     fn half_math_rounds_activations_and_their_gradients_but_not_parameter_gradients() {
         use crate::layers::test_util::layer_table;
@@ -630,8 +673,77 @@ mod tests {
             assert!(!holds(&params.data), "{half:?}: the filler's weights");
             assert!(
                 !holds(&params.diff),
-                "{half:?}: parameter gradients in FP32"
+                "{half:?}: the inner product's parameter gradients in FP32"
             );
+        }
+    }
+
+    /// In mixed precision a convolution's weight gradient is rounded to the half type once per
+    /// backward, before it is added in FP32 to what the gradient held; its bias gradient and
+    /// the other layers' parameter gradients are not rounded.
+    #[test]
+    fn half_math_rounds_each_backwards_convolution_weight_gradient_before_adding_it() {
+        use crate::layers::test_util::layer_table;
+        let conv = layer_table(
+            "conv",
+            "convolution",
+            &["data"],
+            &["conv"],
+            "num_output = 4\nkernel_size = 3\nweight_filler = { type = \"msra\" }",
+        );
+        let ip = layer_table("ip", "inner_product", &["conv"], &["ip"], "num_output = 10");
+        let loss = layer_table("loss", "softmax_with_loss", &["ip", "label"], &["loss"], "");
+        let toml = format!(
+            "data = {{ format = \"digits\", batch_size = 4 }}\n\
+             solver = {{ base_lr = 0.1, max_iter = 1 }}\n{conv}{ip}{loss}"
+        );
+        let (mut cfg, _) = load_str("t.toml", &toml, Path::new("."), &[]).unwrap();
+        for (math, half) in [
+            (crate::config::MathMode::Bf16, Half::Bf16),
+            (crate::config::MathMode::Fp16, Half::Fp16),
+        ] {
+            cfg.cluster.math = math;
+            let (mut net, mut params) = Net::build(&cfg, [1, 8, 8], 4).unwrap();
+            Net::init_params(&mut params, 3);
+            let range = |name: &str| params.find(name).unwrap().range();
+            let (weight, bias, ip) = (range("conv.weight"), range("conv.bias"), range("ip.weight"));
+            let cpu = crate::backend::Cpu::new(1);
+            let ctx = train_ctx(&cpu);
+            // One backward on `offset`'s inputs, accumulating onto what the gradient holds.
+            let pass = |net: &mut Net, params: &mut Params, offset: f32| {
+                fill_inputs(net, offset);
+                net.forward(&ctx, params);
+                net.backward(&ctx, params, &mut |_| {});
+            };
+            let holds = |v: &[f32]| v.iter().all(|&x| half.holds(x));
+            let mut contributions = Vec::new();
+            for offset in [0.1, 0.3] {
+                params.diff.fill(0.0);
+                pass(&mut net, &mut params, offset);
+                let g = &params.diff;
+                assert!(g[weight.clone()].iter().any(|&x| x != 0.0), "{half:?}");
+                assert!(holds(&g[weight.clone()]), "{half:?}: the weight gradient");
+                assert!(
+                    !holds(&g[bias.clone()]),
+                    "{half:?}: the bias gradient in FP32"
+                );
+                assert!(
+                    !holds(&g[ip.clone()]),
+                    "{half:?}: the inner product's in FP32"
+                );
+                contributions.push(g[weight.clone()].to_vec());
+            }
+            // Two backwards without a zero between: the FP32 sum of the rounded contributions.
+            params.diff.fill(0.0);
+            pass(&mut net, &mut params, 0.1);
+            pass(&mut net, &mut params, 0.3);
+            let sum: Vec<f32> = contributions[0]
+                .iter()
+                .zip(&contributions[1])
+                .map(|(a, b)| a + b)
+                .collect();
+            assert_eq!(params.diff[weight.clone()], sum[..], "{half:?}");
+            assert!(!holds(&sum), "{half:?}: the sum is not rounded again");
         }
     }
 

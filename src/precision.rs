@@ -8,12 +8,15 @@
 //!   (accuracy), which stay FP32;
 //! - every bottom gradient a layer's backward leaves (after it accumulated into it in FP32);
 //! - the learnable tensors, as a half copy of the FP32 master weights made at each forward
-//!   pass; a stateful layer's tensors (BatchNorm's running statistics) are not rounded.
+//!   pass; a stateful layer's tensors (BatchNorm's running statistics) are not rounded;
+//! - a convolution's weight gradient (not its bias's): each backward's contribution,
+//!   accumulated in FP32, is rounded once before it is added in FP32 to the parameter gradient,
+//!   as cuDNN's weight gradient of half-type tensors comes out in the half type.
 //!
-//! Parameter gradients, the loss, the update, the solver state and snapshots stay FP32. Rounding
-//! is to nearest, ties to even; a NaN stays a NaN; in fp16 a value beyond ±65504 (more exactly,
-//! from 65520 on) becomes ±∞ and one below 2⁻²⁴ in magnitude flushes to a signed zero or a
-//! subnormal, as a GPU's conversion does.
+//! The other parameter gradients, the loss, the update, the solver state and snapshots stay
+//! FP32. Rounding is to nearest, ties to even; a NaN stays a NaN; in fp16 a value beyond ±65504
+//! (more exactly, from 65520 on) becomes ±∞ and one below 2⁻²⁴ in magnitude flushes to a signed
+//! zero or a subnormal, as a GPU's conversion does.
 //!
 //! ```
 //! use p2ptrain::precision::Half;
@@ -63,6 +66,11 @@ impl Half {
                 .iter_mut()
                 .for_each(|v| *v = f16::from_f32(*v).to_f32()),
         }
+    }
+
+    /// Whether this is fp16 (the kernels' `fp16` flag).
+    pub fn is_fp16(self) -> bool {
+        self == Half::Fp16
     }
 
     /// The value of the bit pattern `bits` of this type, widened to FP32 (exactly).

@@ -226,12 +226,17 @@ fn fp16_overflows_skip_the_same_steps_on_every_rank_and_the_scale_survives_a_res
 }
 
 /// The final test accuracy of the digits CNN (`config/digits_cnn.toml`, 2000 iterations) in
-/// `math`, and the run's directory.
-fn digits_accuracy(math: &str) -> (f64, PathBuf) {
-    let dir = out_dir(&format!("mixed_digits_{math}"));
+/// `math` from `solver.random_seed = seed`, and the run's directory.
+fn digits_accuracy(math: &str, seed: u64) -> (f64, PathBuf) {
+    let dir = out_dir(&format!("mixed_digits_{math}_{seed}"));
     let config = repo("config/digits_cnn.toml");
     let set = format!("cluster.math=\"{math}\"");
-    let args = train_args(&config, &dir, &[&set, "cluster.threads_per_replica=1"]);
+    let seed_set = format!("solver.random_seed={seed}");
+    let args = train_args(
+        &config,
+        &dir,
+        &[&set, &seed_set, "cluster.threads_per_replica=1"],
+    );
     let out = std::process::Command::new(bin())
         .args(&args)
         .env_remove("RUST_LOG")
@@ -246,26 +251,43 @@ fn digits_accuracy(math: &str) -> (f64, PathBuf) {
     (test["accuracy"].as_f64().unwrap(), dir)
 }
 
-/// bf16 and fp16 reach the FP32 test accuracy of the digits CNN within half a point (297 test
-/// images: at most one image apart).
+/// bf16 and fp16 reach the FP32 test accuracy of the digits CNN within half a point, averaged
+/// over three seeds (297 test images). One seed's gap is mostly seed noise: over
+/// `solver.random_seed` 1 to 8 (x86-64, 2 cores) the correct images were
+///
+/// - fp32: 288 288 288 291 283 282 287 289;
+/// - bf16: 286 286 290 291 288 277 289 284 (gaps −5 to +5, mean −0.21 points);
+/// - fp16: 288 290 289 288 288 279 289 286 (gaps −3 to +5, mean +0.04 points);
+///
+/// and with the convolutions' weight gradients kept in FP32 (not rounded to the half type)
+/// bf16 289 289 291 286 286 285 290 289, fp16 287 290 287 291 288 282 290 287: gaps of −5 to
+/// +5 as well. Seeds 1 to 3 give mean gaps of −0.22 (bf16) and +0.34 points (fp16).
 #[test]
 fn digits_cnn_reaches_the_fp32_accuracy_in_bf16_and_fp16() {
-    let runs: Vec<_> = ["fp32", "bf16", "fp16"]
-        .map(|m| std::thread::spawn(move || digits_accuracy(m)))
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .collect();
-    let fp32 = runs[0].0;
+    const SEEDS: [u64; 3] = [1, 2, 3];
+    let mean = |math: &'static str| {
+        let runs: Vec<_> = SEEDS
+            .map(|seed| std::thread::spawn(move || digits_accuracy(math, seed)))
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let mean = runs.iter().map(|r| r.0).sum::<f64>() / runs.len() as f64;
+        (mean, runs)
+    };
+    let (fp32, reference) = mean("fp32");
     assert!(fp32 > 0.9, "FP32 accuracy {fp32}");
-    for ((acc, dir), math) in runs[1..].iter().zip(["bf16", "fp16"]) {
+    for math in ["bf16", "fp16"] {
+        let (acc, runs) = mean(math);
         assert!(
             (acc - fp32).abs() <= 0.005,
-            "{math}: test accuracy {acc}, FP32 {fp32}"
+            "{math}: mean test accuracy {acc} over seeds {SEEDS:?}, FP32 {fp32}"
         );
-        let snapshot = dir.join("snapshots/digits_cnn_iter_2000.safetensors");
-        let reference = runs[0].1.join("snapshots/digits_cnn_iter_2000.safetensors");
+        let snapshot = runs[0].1.join("snapshots/digits_cnn_iter_2000.safetensors");
+        let fp32_snapshot = reference[0]
+            .1
+            .join("snapshots/digits_cnn_iter_2000.safetensors");
         assert!(
-            !bitwise_equal(&snapshot, &reference),
+            !bitwise_equal(&snapshot, &fp32_snapshot),
             "{math} trained as FP32"
         );
     }

@@ -170,12 +170,26 @@ impl GpuBlob {
         Ok(b)
     }
 
-    /// A host copy (data and diff of the logical shape). Synchronises with the compute stream.
+    /// A host copy (data and diff of the logical shape; half-type values widened).
+    /// Synchronises with the compute stream.
     pub fn to_host(&self, gpu: &Gpu) -> Result<Blob> {
         let n = self.count();
         let mut b = Blob::new(&self.shape);
         // Waited for first: a copy into pageable memory blocks without a deadline.
         gpu.synchronize()?;
+        if let Some(h) = &self.half {
+            let widened = |bits: &CudaSlice<u16>, what: &str| -> Result<Vec<f32>> {
+                let bits = gpu
+                    .compute
+                    .clone_dtoh(&bits.slice(..n))
+                    .map_err(|e| gpu_error(what, e))?;
+                Ok(bits.into_iter().map(|v| h.ty.widen(v)).collect())
+            };
+            b.data = widened(&h.data, "copy a blob to the host")?;
+            b.diff = widened(&h.diff, "copy a blob's diff to the host")?;
+            gpu.synchronize()?;
+            return Ok(b);
+        }
         gpu.compute
             .memcpy_dtoh(&self.data.slice(..n), &mut b.data[..])
             .map_err(|e| gpu_error("copy a blob to the host", e))?;

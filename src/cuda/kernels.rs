@@ -4,7 +4,9 @@
 //! compiled by NVRTC as one program once per process and compute capability, loaded once per
 //! context into [`Kernels`], and launched through typed methods that check buffer lengths (all
 //! of them through the `launch!` macro of `kernels/common.rs`, most of them declared by its
-//! `launchers!`).
+//! `launchers!`). The kernels of the layers that run on half-type blobs (the fused chains, the
+//! poolings) have a twin `NAME_h` over half-type bit patterns, which their launchers pick by the
+//! element type of the buffers they are given ([`StoredElem`]).
 //!
 //! The source is compiled to PTX for the virtual architecture `compute_XY` of the device (the
 //! driver turns it into machine code for the exact chip when the module is loaded) with
@@ -132,6 +134,11 @@ kernel_set!(
     copy_strided,
     unstride_planes,
     transpose_batched,
+    transpose_to_half,
+    transpose_widen,
+    widen_half,
+    narrow_half,
+    add_rounded,
     scaled_copy,
     mul_into,
     mul_inplace,
@@ -141,22 +148,33 @@ kernel_set!(
     eltwise_max_step,
     eltwise_max_backward,
     max_pool_forward,
+    max_pool_forward_h,
     ave_pool_forward,
+    ave_pool_forward_h,
     max_pool_backward,
+    max_pool_backward_h,
     ave_pool_backward,
+    ave_pool_backward_h,
     pool_backward_planes,
+    pool_backward_planes_h,
     max_pool_backward_scatter,
+    max_pool_backward_scatter_h,
     dropout_forward,
     dropout_backward,
     channel_reduce,
     channel_reduce_finish,
     pair_reduce_finish,
     bn_scale_relu_forward,
+    bn_scale_relu_forward_h,
     bn_scale_relu_sums,
+    bn_scale_relu_sums_h,
     bn_scale_relu_finish,
     bn_scale_relu_backward,
+    bn_scale_relu_backward_h,
     sum2_relu_forward,
+    sum2_relu_forward_h,
     sum2_relu_backward,
+    sum2_relu_backward_h,
     im2col_batch,
     wgrad_partial_4x8_w2,
     wgrad_partial_4x8_w3,
@@ -172,6 +190,7 @@ kernel_set!(
     channel_affine,
     channel_scale_backward,
     bn_sums,
+    bn_sums_h,
     bn_sums_finish,
     bn_batch_stats,
     bn_global_stats,
@@ -217,7 +236,8 @@ mod pooling;
 mod softmax;
 mod solver;
 mod wire;
-use common::{check_len, check_lens, half_arg, int_count, to_i32, BLOCK};
+pub use common::StoredElem;
+use common::{check_len, check_lens, half_arg, int_count, stored_half_arg, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
@@ -328,8 +348,8 @@ mod tests {
         );
     }
 
-    /// The kernels a launcher file names: `launch!(self, s, NAME, ..)`,
-    /// `launch_rule!(NAME, ..)`, `=> launch NAME(..)` (in `launchers!`) and `&self.NAME` where
+    /// The kernels a launcher file names: `launch!(self, s, NAME, ..)` (both of
+    /// `launch!(self, s, NAME | NAME_H for T, ..)`), `launch_rule!(NAME, ..)`, `=> launch NAME(..)` (in `launchers!`) and `&self.NAME` where
     /// `NAME` is a loaded kernel.
     fn launched_kernels(launcher: &str) -> Vec<String> {
         let ident = |rest: &str| -> String {
@@ -342,7 +362,8 @@ mod tests {
         for (at, _) in launcher.match_indices("launch!(") {
             let args: Vec<&str> = launcher[at + 8..].splitn(4, ',').collect();
             if args.len() == 4 && args[0].trim() == "self" && args[1].trim() == "s" {
-                names.push(ident(args[2]));
+                // `F | F_H for T`: a kernel and its half-type twin.
+                names.extend(args[2].split('|').map(ident));
             }
         }
         for marker in ["launch_rule!(", "=> launch ", "&self."] {
@@ -487,7 +508,8 @@ mod tests {
 
     /// Runs without a GPU: every launch in the launcher files passes each kernel as many
     /// arguments as the kernel's source declares parameters (a launch with one too few reads
-    /// past its arguments on the GPU): `launch!(self, STREAM, NAME, GRID, [ARGS])`, the dynamic
+    /// past its arguments on the GPU): `launch!(self, STREAM, NAME, GRID, [ARGS])` (both kernels
+    /// of `NAME | NAME_H for T`, which take the same arguments), the dynamic
     /// `launch!(function F, ..)` for each kernel `F` may be, `=> launch NAME(ARGS)` in
     /// `launchers!`, and `launch_rule!(NAME, [EXTRA])` (its template's arguments and `EXTRA`).
     #[test]
@@ -531,7 +553,11 @@ mod tests {
                     // launch_rule!'s template: `$($extra)*` stands for the rule's own arguments.
                     rule_base = Some(args - 1);
                 } else if call[0] == "self" {
-                    check(file, call[2], args);
+                    // `F | F_H for T` launches either kernel with the same arguments.
+                    for kernel in call[2].split('|') {
+                        let kernel = kernel.split_whitespace().next().unwrap_or_default();
+                        check(file, kernel, args);
+                    }
                 }
             }
             for (at, _) in launcher.match_indices("=> launch ") {

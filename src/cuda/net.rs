@@ -51,7 +51,8 @@
 //! # Ok(()) }
 //! ```
 
-use super::blob::GpuBlob;
+use super::blob::{Elem, GpuBlob};
+use super::cudnn;
 use super::device::wait_for_event;
 use super::event_clock::EventClock;
 use super::kernels::WeightCopies;
@@ -59,10 +60,11 @@ use super::layers::{
     self as gpu_layers, BackwardPass, Collective, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs,
     StatePass,
 };
-use super::layout::Layout;
+use super::layout::{runs_channels_last, Layout};
 use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
+use crate::config::layer_params::LayerParams;
 use crate::config::{Config, Phase};
 use crate::error::{Error, Result};
 use crate::layers::{self, Layer};
@@ -400,31 +402,74 @@ impl GpuNet {
         let layer_slots = fusion::plan(&graph, &layout.spans, half.is_some());
         let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
         let channels_last = gpu.layout.channels_last(gpu.math, wide);
-        let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &layer_slots, channels_last);
+        // Half-type convolutions run on cuDNN's graph API only, where it has plans for them.
+        let half_convolutions = half.is_some() && cudnn::graph::available();
+        let half_capable: Vec<bool> = (0..graph.len())
+            .map(|i| {
+                let node = graph.node(i);
+                let capable =
+                    storage::runs_on_half_blobs(&graph, &layer_slots, i, half_convolutions);
+                match (node.params, half) {
+                    (LayerParams::Convolution(p), Some(h)) if capable => {
+                        let dims = |b: usize| <[usize; 4]>::try_from(&shapes[b][..]).ok();
+                        let (bottom, top) = (dims(node.bottoms[0]), dims(node.tops[0]));
+                        let runs_nhwc = channels_last && runs_channels_last(&cfg.layers[i]);
+                        let layout = if runs_nhwc {
+                            Layout::Nhwc
+                        } else {
+                            Layout::Nchw
+                        };
+                        let convolution = |dims| {
+                            gpu_layers::convolution::runs_on_half_blobs(gpu, p, dims, layout, h)
+                        };
+                        bottom.zip(top).is_some_and(convolution)
+                    }
+                    _ => capable,
+                }
+            })
+            .collect();
+        let storage = StoragePlan::new(
+            &cfg.layers,
+            &graph,
+            &shapes,
+            &layer_slots,
+            channels_last,
+            half.map(|h| (h, &half_capable[..])),
+        );
         tracing::debug!(
             channels_last,
             wide_convolutions = wide,
             conversions = storage.conversions.len(),
-            "GPU activation layout"
+            layers_on_half_blobs = storage.on_half.iter().filter(|&&h| h).count(),
+            "GPU activation storage"
         );
         let mut idle_blobs = fusion::idle_blobs(&graph, &layer_slots);
         idle_blobs.resize(storage.stored.len(), false);
         let shapes = with_copies(shapes, &storage);
-        let blobs = shapes
-            .iter()
-            .zip(&idle_blobs)
-            .map(|(s, &idle)| GpuBlob::new(gpu, if idle { &[0] } else { s }, 0))
+        let blobs = (shapes.iter().zip(&idle_blobs).zip(&storage.elem))
+            .map(|((s, &idle), &elem)| GpuBlob::new_as(gpu, if idle { &[0] } else { s }, 0, elem))
             .collect::<Result<Vec<_>>>()?;
         let layers = (0..graph.len())
             .map(|i| {
                 let node = graph.node(i);
                 let bottoms: Vec<&[usize]> = node.bottoms.iter().map(|&b| &shapes[b][..]).collect();
-                let runs = storage.runs[i];
+                let (runs, on_half) = (storage.runs[i], storage.on_half[i]);
                 match layer_slots[i] {
-                    Slot::Head { last, .. } => {
-                        fusion::build(gpu, &graph, &layout.spans, i, last, &bottoms, runs, half, false)
+                    Slot::Head { last, .. } => fusion::build(
+                        gpu,
+                        &graph,
+                        &layout.spans,
+                        i,
+                        last,
+                        &bottoms,
+                        runs,
+                        half,
+                        on_half,
+                    ),
+                    _ => {
+                        let (name, params) = (node.name, node.params);
+                        gpu_layers::build(gpu, name, params, &bottoms, runs, half, on_half)
                     }
-                    _ => gpu_layers::build(gpu, node.name, node.params, &bottoms, runs, half, false),
                 }
             })
             .collect::<Result<Vec<_>>>()?;
@@ -810,17 +855,7 @@ impl GpuNet {
             let rounding = self.rounding.as_ref().filter(|r| r.plan.rounds_tops[i]);
             self.layer_clock.time(gpu, Name::Forward(i as u32), || {
                 for c in storage.of_layer(i) {
-                    let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
-                    let batch = from.shape[0];
-                    let matrix = storage.stored[c.from].sample_matrix(&from.shape);
-                    gpu.kernels.transpose(
-                        &gpu.compute,
-                        &from.data,
-                        &mut copy.data,
-                        batch,
-                        matrix,
-                        false,
-                    )?;
+                    convert_forward(gpu, storage, c, blobs)?;
                 }
                 layer.forward(ForwardPass {
                     gpu,
@@ -987,10 +1022,11 @@ impl GpuNet {
         let plan = &self.plans[phase_index(phase)];
         for &b in &plan.zero {
             let blob = &mut self.blobs[b];
-            let n = blob.count();
-            gpu.compute
-                .memset_zeros(&mut blob.diff.slice_mut(..n))
-                .map_err(|e| gpu_error("zero an activation gradient", e))?;
+            let zeroed = match blob.half {
+                Some(_) => gpu.compute.memset_zeros(&mut blob.half_diff_mut()),
+                None => gpu.compute.memset_zeros(&mut blob.diff_mut()),
+            };
+            zeroed.map_err(|e| gpu_error("zero an activation gradient", e))?;
         }
         for &(t, w) in &plan.loss_tops {
             let blob = &mut self.blobs[t];
@@ -1053,29 +1089,20 @@ impl GpuNet {
                     })?;
                     let converted = storage.conversions.iter().zip(&plan.converted);
                     for (c, grad) in converted.filter(|(c, g)| c.layer == at && g.wanted()) {
-                        let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
-                        let batch = copy.shape[0];
-                        let matrix = storage.stored[c.copy].sample_matrix(&copy.shape);
-                        let accumulate = grad.accumulate();
-                        gpu.kernels.transpose(
-                            &gpu.compute,
-                            &copy.diff,
-                            &mut from.diff,
-                            batch,
-                            matrix,
-                            accumulate,
-                        )?;
+                        convert_backward(gpu, storage, c, grad.accumulate(), blobs)?;
                     }
                     if let Some(r) = rounding {
                         let read = bottoms.iter().zip(graph_bottoms).zip(&plan.grads[at]);
                         for ((&stored, &b), g) in read {
                             // Overwritten in place from half-type top diffs by a layer that
-                            // keeps them: already half-type values.
+                            // keeps them: already half-type values. A half-type blob's
+                            // gradient is rounded where it is written.
                             let p = &r.plan;
                             let kept = stored == b
                                 && (p.rounds_itself[at]
                                     || p.backward_keeps_half[at] && *g == Grad::Overwrite)
-                                || p.diff_left_by[b] == Some(at);
+                                || p.diff_left_by[b] == Some(at)
+                                || blobs[b].half.is_some();
                             if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;
@@ -1193,6 +1220,80 @@ fn weights_seen<'a>(
     match rounding {
         Some(r) => r.weights.slice(range),
         None => master.slice(range),
+    }
+}
+
+/// Fills the copy of conversion `c` from the blob it converts, for its layer's forward: a
+/// transpose between layouts, or a conversion between FP32 and the half type (rounding into the
+/// half type, widening out of it).
+fn convert_forward(
+    gpu: &Gpu,
+    storage: &StoragePlan,
+    c: &Conversion,
+    blobs: &mut [GpuBlob],
+) -> Result<()> {
+    let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
+    let (s, k, n) = (&gpu.compute, &gpu.kernels, from.count());
+    match (from.elem(), copy.elem()) {
+        (Elem::F32, Elem::F32) => {
+            let matrix = storage.stored[c.from].sample_matrix(&from.shape);
+            k.transpose(s, &from.data, &mut copy.data, from.shape[0], matrix, false)
+        }
+        (Elem::F32, Elem::Half(h)) => k.narrow_half(
+            s,
+            &from.data,
+            &mut copy.half_data_mut(),
+            h.is_fp16(),
+            false,
+            n,
+        ),
+        (Elem::Half(h), Elem::F32) => {
+            k.widen_half(s, &from.half_data(), &mut copy.data, h.is_fp16(), false, n)
+        }
+        (Elem::Half(_), Elem::Half(_)) => unreachable!("the storage plan converts no half blob"),
+    }
+}
+
+/// Adds (`accumulate`) or writes the gradient its layer's backward left in the copy of
+/// conversion `c` into the gradient of the blob it converts: transposed back, or widened into
+/// an FP32 gradient, or added to a half-type one and rounded once.
+fn convert_backward(
+    gpu: &Gpu,
+    storage: &StoragePlan,
+    c: &Conversion,
+    accumulate: bool,
+    blobs: &mut [GpuBlob],
+) -> Result<()> {
+    let [from, copy] = gpu_layers::pick(blobs, [c.from, c.copy]);
+    let (s, k, n) = (&gpu.compute, &gpu.kernels, from.count());
+    match (from.elem(), copy.elem()) {
+        (Elem::F32, Elem::F32) => {
+            let matrix = storage.stored[c.copy].sample_matrix(&copy.shape);
+            k.transpose(
+                s,
+                &copy.diff,
+                &mut from.diff,
+                copy.shape[0],
+                matrix,
+                accumulate,
+            )
+        }
+        (Elem::F32, Elem::Half(h)) => {
+            let fp16 = h.is_fp16();
+            k.widen_half(s, &copy.half_diff(), &mut from.diff, fp16, accumulate, n)
+        }
+        (Elem::Half(h), Elem::F32) => {
+            let fp16 = h.is_fp16();
+            k.narrow_half(
+                s,
+                &copy.diff,
+                &mut from.half_diff_mut(),
+                fp16,
+                accumulate,
+                n,
+            )
+        }
+        (Elem::Half(_), Elem::Half(_)) => unreachable!("the storage plan converts no half blob"),
     }
 }
 

@@ -3,7 +3,8 @@
 //! declares the launchers of one kernel each from compact signatures, the launch geometries of the
 //! grid-stride, one-warp-per-row and single-block kernels, the length checks (one buffer at a
 //! time, or every buffer of a kernel over `(n)` elements at once), and the
-//! stream-holding kernel of the path timings.
+//! stream-holding kernel of the path timings; and [`StoredElem`], the element type by which the
+//! launchers of kernels with a half-type twin (`NAME_h`, on half-type blobs) pick the kernel.
 //!
 //! Every launcher enqueues on the stream it is given and returns at once; nothing synchronises.
 //! Lengths are in elements; a launcher panics when a buffer is shorter than the elements it is
@@ -12,7 +13,7 @@
 use super::Kernels;
 use crate::error::Result;
 use crate::precision::Half;
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// The one way every launcher starts a kernel: launches `$func` of `$k` on `$stream` with
 /// `$cfg` and the arguments in the kernel's parameter order, mapping an error to one naming the
@@ -21,11 +22,21 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 /// device pointers of `in` and `out` buffers are taken on `$stream` and held until the launch
 /// has been enqueued. The form `launch!(function F, NAME, stream, cfg, [args])` launches the
 /// `CudaFunction` reference `F` instead, for a kernel picked at run time among several of the
-/// same parameter list.
+/// same parameter list. The form `launch!(self, s, F | F_H for T, cfg, [args])` launches
+/// `F`, or its half-type twin `F_H` where `T` ([`StoredElem`]) is the half type's bit patterns:
+/// the kernel of a launcher generic over how its activations are stored.
 macro_rules! launch {
     ($k:expr, $stream:expr, $func:ident, $cfg:expr, [$($args:tt)*]) => {
         launch!(@bind &$k.$func, stringify!($func), $stream, $cfg, [] [$($args)*])
     };
+    ($k:expr, $stream:expr, $func:ident | $func_h:ident for $t:ty, $cfg:expr, [$($args:tt)*]) => {{
+        let (function, name) = if <$t as $crate::cuda::kernels::StoredElem>::HALF {
+            (&$k.$func_h, stringify!($func_h))
+        } else {
+            (&$k.$func, stringify!($func))
+        };
+        launch!(@bind function, name, $stream, $cfg, [] [$($args)*])
+    }};
     (function $f:expr, $name:expr, $stream:expr, $cfg:expr, [$($args:tt)*]) => {
         launch!(@bind $f, $name, $stream, $cfg, [] [$($args)*])
     };
@@ -301,4 +312,31 @@ pub(super) fn half_arg(half: Option<Half>) -> i32 {
         Some(Half::Bf16) => 1,
         Some(Half::Fp16) => 2,
     }
+}
+
+/// How the activations of a kernel with a half-type twin are stored, as its launcher's type
+/// parameter: `f32`, or `u16` for bit patterns of mixed precision's half type, which the twin
+/// (named with `_h`) widens as it loads them and writes rounded (`load_value`, `store_value` in
+/// `elementwise.cu`), computing the FP32 kernel's numbers.
+pub trait StoredElem: DeviceRepr + Sized {
+    /// Whether the elements are half-type bit patterns.
+    const HALF: bool;
+}
+
+impl StoredElem for f32 {
+    const HALF: bool = false;
+}
+
+impl StoredElem for u16 {
+    const HALF: bool = true;
+}
+
+/// [`half_arg`] for a kernel whose activations are stored as `T`: half-type elements need their
+/// type (panics without one, a bug of the caller).
+pub(super) fn stored_half_arg<T: StoredElem>(op: &str, half: Option<Half>) -> i32 {
+    assert!(
+        !T::HALF || half.is_some(),
+        "{op}: half-type tensors without their half type"
+    );
+    half_arg(half)
 }

@@ -39,23 +39,91 @@ extern "C" __global__ void unstride_planes(const float* t, float* dx, int planes
 // y[b][j][i] (+)= x[b][i][j] for a batch of (rows, cols) matrices: NCHW <-> NHWC (rows = C,
 // cols = H * W, or the reverse) and KCRS <-> KRSC filters. A block of 32 x 8 threads moves one
 // 32 x 32 tile (blockIdx.x along cols, blockIdx.y along rows, blockIdx.z the matrix) through
-// shared memory, so that reads and writes are both whole 128-byte runs.
-extern "C" __global__ void transpose_batched(const float* x, float* y, int rows, int cols,
-                                             int accumulate) {
+// shared memory, so that reads and writes are both whole runs. load(x, i) reads element i of x
+// as a float, store(y, i, v) writes (or adds) v at element i of y: the element types may differ
+// (half-type bit patterns on either side).
+template <class In, class Out, class Load, class Store>
+__device__ __forceinline__ void transpose_tiles(const In* x, Out* y, int rows, int cols, Load load,
+                                                Store store) {
     __shared__ float tile[32][33];
     const long long base = (long long)blockIdx.z * rows * cols;
     const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
     for (int dr = threadIdx.y; dr < 32; dr += 8) {
         const int r = r0 + dr, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[dr][threadIdx.x] = x[base + (long long)r * cols + c];
+        if (r < rows && c < cols) tile[dr][threadIdx.x] = load(x, base + (long long)r * cols + c);
     }
     __syncthreads();
     for (int dc = threadIdx.y; dc < 32; dc += 8) {
         const int c = c0 + dc, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) {
-            float* out = y + base + (long long)c * rows + r;
-            const float v = tile[threadIdx.x][dc];
-            *out = accumulate ? *out + v : v;
-        }
+        if (r < rows && c < cols) store(y, base + (long long)c * rows + r, tile[threadIdx.x][dc]);
     }
+}
+
+extern "C" __global__ void transpose_batched(const float* x, float* y, int rows, int cols,
+                                             int accumulate) {
+    transpose_tiles(
+        x, y, rows, cols, [](const float* x, long long i) { return x[i]; },
+        [=](float* y, long long i, float v) { y[i] = accumulate ? y[i] + v : v; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Half-type storage (mixed precision's half-type blobs, bf16 or fp16 when fp16): conversions
+// between an FP32 blob and a half-type one, and the weights and weight gradients of the layers
+// that run on half-type tensors.
+
+// The value of the half-type bit pattern h, widened to FP32 (exactly): half_bits' inverse.
+__device__ __forceinline__ float value_of_half_bits(unsigned short h, int fp16) {
+    if (fp16) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+    return __uint_as_float((unsigned)h << 16);
+}
+
+// y (n) (+)= x widened: the FP32 copy of a half-type blob; a half-type copy's gradient added to
+// (or written into) an FP32 blob's.
+extern "C" __global__ void widen_half(const unsigned short* x, float* y, int fp16, int accumulate,
+                                      long long n) {
+    GRID_STRIDE_LONG(i, n) {
+        const float v = value_of_half_bits(x[i], fp16);
+        y[i] = accumulate ? y[i] + v : v;
+    }
+}
+
+// y (n) = the half-type bits of (accumulate ? y widened + x : x), rounded once: the half-type copy
+// of an FP32 blob; an FP32 copy's gradient added to (or written into) a half-type blob's.
+extern "C" __global__ void narrow_half(const float* x, unsigned short* y, int fp16, int accumulate,
+                                       long long n) {
+    GRID_STRIDE_LONG(i, n) {
+        const float v = accumulate ? value_of_half_bits(y[i], fp16) + x[i] : x[i];
+        y[i] = half_bits(v, fp16);
+    }
+}
+
+// y (n) (+)= x rounded to the half type: a weight gradient computed in FP32, rounded once, added
+// in FP32.
+extern "C" __global__ void add_rounded(const float* x, float* y, int fp16, int accumulate,
+                                       long long n) {
+    GRID_STRIDE_LONG(i, n) {
+        const float v = round_to_half(x[i], fp16);
+        y[i] = accumulate ? y[i] + v : v;
+    }
+}
+
+// transpose_batched from FP32 into half-type bits (rounded): a KCRS weight into a KRSC one.
+extern "C" __global__ void transpose_to_half(const float* x, unsigned short* y, int rows, int cols,
+                                             int fp16) {
+    transpose_tiles(
+        x, y, rows, cols, [](const float* x, long long i) { return x[i]; },
+        [=](unsigned short* y, long long i, float v) { y[i] = half_bits(v, fp16); });
+}
+
+// transpose_batched from half-type bits into FP32 (+)=: a KRSC weight gradient into a KCRS one.
+extern "C" __global__ void transpose_widen(const unsigned short* x, float* y, int rows, int cols,
+                                           int accumulate, int fp16) {
+    transpose_tiles(
+        x, y, rows, cols,
+        [=](const unsigned short* x, long long i) { return value_of_half_bits(x[i], fp16); },
+        [=](float* y, long long i, float v) { y[i] = accumulate ? y[i] + v : v; });
 }

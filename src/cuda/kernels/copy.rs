@@ -14,6 +14,43 @@ launchers! {
     ) over [batch * rows * cols]
         => launch transpose_batched(in x, out y, &rows, &cols, &accumulate)
         on transpose_tiles(OP, batch, (rows, cols));
+
+    /// [`Kernels::transpose`] from FP32 into half-type bit patterns (`fp16`, else bf16),
+    /// rounded: a KCRS weight into the KRSC one a half-type convolution reads.
+    pub fn transpose_to_half(
+        x: in f32, y: out u16, batch: usize, (rows, cols): (usize, usize) as i32,
+        fp16: bool as i32,
+    ) over [batch * rows * cols]
+        => launch transpose_to_half(in x, out y, &rows, &cols, &fp16)
+        on transpose_tiles(OP, batch, (rows, cols));
+
+    /// [`Kernels::transpose`] from half-type bit patterns into FP32 (`y (+)=` the widened
+    /// values): a KRSC weight gradient into the KCRS one.
+    pub fn transpose_widen(
+        x: in u16, y: out f32, batch: usize, (rows, cols): (usize, usize) as i32,
+        accumulate: bool as i32, fp16: bool as i32,
+    ) over [batch * rows * cols]
+        => launch transpose_widen(in x, out y, &rows, &cols, &accumulate, &fp16)
+        on transpose_tiles(OP, batch, (rows, cols));
+
+    /// `y[..n] (+)= x[..n]` widened from half-type bit patterns: the FP32 copy of a half-type
+    /// blob, or a half-type copy's gradient into an FP32 blob's.
+    pub fn widen_half(x: in u16, y: out f32, fp16: bool as i32, accumulate: bool as i32,
+        n: elements as i64)
+        => launch widen_half(in x, out y, &fp16, &accumulate, &n);
+
+    /// `y[..n] =` the half-type bit patterns of `x[..n]` (plus `y` widened, where
+    /// `accumulate`), rounded once: the half-type copy of an FP32 blob, or an FP32 copy's
+    /// gradient into a half-type blob's.
+    pub fn narrow_half(x: in f32, y: out u16, fp16: bool as i32, accumulate: bool as i32,
+        n: elements as i64)
+        => launch narrow_half(in x, out y, &fp16, &accumulate, &n);
+
+    /// `y[..n] (+)= x[..n]` rounded to the half type: a weight gradient computed in FP32,
+    /// rounded once, added in FP32.
+    pub fn add_rounded(x: in f32, y: out f32, fp16: bool as i32, accumulate: bool as i32,
+        n: elements as i64)
+        => launch add_rounded(in x, out y, &fp16, &accumulate, &n);
 }
 
 /// The launch of `transpose_batched` over `batch` `(rows, cols)` matrices: blocks of 32 × 8

@@ -238,3 +238,32 @@ __device__ __forceinline__ unsigned short half_bits(float v, int fp16) {
 extern "C" __global__ void to_half(const float* x, unsigned short* h, int fp16, long long n) {
     GRID_STRIDE_LONG(i, n) h[i] = half_bits(x[i], fp16);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensors stored in the half type. The kernels of the layers that run on such blobs (the fused
+// chains, the poolings) are template bodies over the element type T of their activations: float,
+// or unsigned short holding bit patterns of the half type `half` (1 bf16, 2 fp16), each behind
+// two extern "C" kernels, the FP32 one and its `_h` twin. Their loads and stores go through
+// load_value and store_value: on floats the plain access, so the FP32 kernels compute what they
+// did; on bit patterns a load widens to FP32 exactly (a half-type value, which round_if_half then
+// leaves as it is) and a store writes the bit pattern of v rounded (half_bits), where the kernel
+// stores a value it has rounded already, or one of the half-type values it read.
+
+__device__ __forceinline__ float load_value(const float* p, int i, int) { return p[i]; }
+
+// The FP32 value of the bit pattern p[i] of the half type `half` (1 bf16, 2 fp16), exactly.
+__device__ __forceinline__ float load_value(const unsigned short* p, int i, int half) {
+    const unsigned short h = p[i];
+    if (half == 2) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+    return __uint_as_float((unsigned)h << 16);
+}
+
+__device__ __forceinline__ void store_value(float* p, int i, float v, int) { p[i] = v; }
+
+__device__ __forceinline__ void store_value(unsigned short* p, int i, float v, int half) {
+    p[i] = half_bits(v, half == 2);
+}

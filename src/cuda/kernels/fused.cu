@@ -6,6 +6,8 @@
 // Mixed precision (half = 1 bf16, 2 fp16; 0 none): every value the CPU's three layers would
 // round is rounded where they round it, x as it is read, y and v, the leaky part of z, the
 // gradient the ReLU and the Scale pass down, and dx, so that the chain computes what they compute.
+// The activations x, z, dz and dx may be stored in the half type: each kernel's `_h` twin takes
+// them so (load_value and store_value, elementwise.cu) and computes the same numbers.
 
 // The BatchNorm's top y, from its bottom x. In mixed precision x is rounded as it is read: the net
 // leaves a top that only such chains read unrounded (rounding a rounded value changes nothing).
@@ -21,20 +23,38 @@ __device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, f
     return round_if_half(v, half);
 }
 
+// Forward, over x and z stored as T (float, or half-type bit patterns: load_value, store_value).
+template <class T>
+__device__ __forceinline__ void bsr_forward(const T* x, const float* mean, const float* inv_std,
+                                            const float* gamma, const float* beta, int has_beta,
+                                            int relu, float slope, T* z, int n, int c, int s,
+                                            int half) {
+    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
+    grid_stride_by_four(
+        n, [=](int i) { return load_value(x, i, half); },
+        [=](int i, float xi) {
+            const int ch = channel_of(i, by_s, by_c);
+            const float v =
+                bsr_value(xi, mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
+            store_value(z, i, (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v, half);
+        });
+}
+
 extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* mean,
                                                  const float* inv_std, const float* gamma,
                                                  const float* beta, int has_beta, int relu,
                                                  float slope, float* z, int n, int c, int s,
                                                  int half) {
-    const FastDiv by_s = fast_div(s), by_c = fast_div(c);
-    grid_stride_by_four(
-        n, [=](int i) { return x[i]; },
-        [=](int i, float xi) {
-            const int ch = channel_of(i, by_s, by_c);
-            const float v =
-                bsr_value(xi, mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
-            z[i] = (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
-        });
+    bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half);
+}
+
+// bn_scale_relu_forward on half-type x and z.
+extern "C" __global__ void bn_scale_relu_forward_h(const unsigned short* x, const float* mean,
+                                                   const float* inv_std, const float* gamma,
+                                                   const float* beta, int has_beta, int relu,
+                                                   float slope, unsigned short* z, int n, int c,
+                                                   int s, int half) {
+    bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half);
 }
 
 // The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
@@ -49,29 +69,50 @@ __device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slo
 // partial[(ch * splits + k) * 4 + {0, 1, 2, 3}]: those two, then sum t and sum t * y of the
 // gradient the Scale passes to the BatchNorm, t = gamma * g rounded (whose rounding keeps the
 // BatchNorm's sums from being gamma times the Scale's).
-extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
-                                              const float* mean, const float* inv_std,
-                                              const float* gamma, int relu, float slope,
-                                              double* partial, int n, int c, int s, int splits,
-                                              int half, int quad) {
+template <class T>
+__device__ __forceinline__ void bsr_sums(const T* dz, const T* z, const T* x, const float* mean,
+                                         const float* inv_std, const float* gamma, int relu,
+                                         float slope, double* partial, int n, int c, int s,
+                                         int splits, int half, int quad) {
     if (quad) {
         view_sums_n<4>(
             [=](int idx, int ch) {
-                const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
+                const float g = bsr_grad(load_value(dz, idx, half), load_value(z, idx, half),
+                                         relu, slope, half);
                 const float t = round_if_half(gamma[ch] * g, half);
-                const double y = (double)bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
+                const double y =
+                    (double)bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
                 return Sums<4>{{(double)g, (double)g * y, (double)t, (double)t * y}};
             },
             partial, n, c, s, splits);
     } else {
         view_sums(
             [=](int idx, int ch) {
-                const float g = bsr_grad(dz[idx], z[idx], relu, slope, half);
-                const float y = bsr_normalized(x[idx], mean[ch], inv_std[ch], half);
+                const float g = bsr_grad(load_value(dz, idx, half), load_value(z, idx, half),
+                                         relu, slope, half);
+                const float y =
+                    bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
                 return make_double2((double)g, (double)g * (double)y);
             },
             partial, 1, n, c, s, splits);
     }
+}
+
+extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
+                                              const float* mean, const float* inv_std,
+                                              const float* gamma, int relu, float slope,
+                                              double* partial, int n, int c, int s, int splits,
+                                              int half, int quad) {
+    bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s, splits, half, quad);
+}
+
+// bn_scale_relu_sums on half-type dz, z and x.
+extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz, const unsigned short* z,
+                                                const unsigned short* x, const float* mean,
+                                                const float* inv_std, const float* gamma,
+                                                int relu, float slope, double* partial, int n,
+                                                int c, int s, int splits, int half, int quad) {
+    bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s, splits, half, quad);
 }
 
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
@@ -107,12 +148,12 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
 // (dy - mean(dy) - mean(dy * y) * y) * inv_std over m = sums[2C] values, with global ones
 // dy * inv_std. The means are gamma * sums[c] / m and gamma * sums[C + c] / m from sums of g,
 // or in mixed precision sums[c] / m and sums[C + c] / m from sums of the rounded dy (bn_terms).
-extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* z, const float* x,
-                                                  const float* mean, const float* inv_std,
-                                                  const float* gamma, const double* sums,
-                                                  int batch_stats, int relu, float slope,
-                                                  float* dx, int n, int c, int s, int accumulate,
-                                                  int half) {
+template <class T>
+__device__ __forceinline__ void bsr_backward(const T* dz, const T* z, const T* x,
+                                             const float* mean, const float* inv_std,
+                                             const float* gamma, const double* sums,
+                                             int batch_stats, int relu, float slope, T* dx,
+                                             int n, int c, int s, int accumulate, int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
     // The streamed inputs of an element: dz, z, x and (accumulate) the dx it adds to.
@@ -122,7 +163,9 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
     grid_stride_by_four(
         n,
         [=](int i) {
-            return In{dz[i], z[i], batch_stats ? x[i] : 0.0f, accumulate ? dx[i] : 0.0f};
+            return In{load_value(dz, i, half), load_value(z, i, half),
+                      batch_stats ? load_value(x, i, half) : 0.0f,
+                      accumulate ? load_value(dx, i, half) : 0.0f};
         },
         [=](int i, In in) {
             const int ch = channel_of(i, by_s, by_c);
@@ -141,8 +184,30 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
             } else {
                 d = dy * inv_std[ch];
             }
-            dx[i] = round_if_half(accumulate ? in.dx + d : d, half);
+            store_value(dx, i, round_if_half(accumulate ? in.dx + d : d, half), half);
         });
+}
+
+extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* z, const float* x,
+                                                  const float* mean, const float* inv_std,
+                                                  const float* gamma, const double* sums,
+                                                  int batch_stats, int relu, float slope,
+                                                  float* dx, int n, int c, int s, int accumulate,
+                                                  int half) {
+    bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope, dx, n, c, s,
+                 accumulate, half);
+}
+
+// bn_scale_relu_backward on half-type dz, z, x and dx.
+extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
+                                                    const unsigned short* z,
+                                                    const unsigned short* x, const float* mean,
+                                                    const float* inv_std, const float* gamma,
+                                                    const double* sums, int batch_stats, int relu,
+                                                    float slope, unsigned short* dx, int n, int c,
+                                                    int s, int accumulate, int half) {
+    bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope, dx, n, c, s,
+                 accumulate, half);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,23 +216,38 @@ extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* 
 // Mixed precision (half as above; the net fuses only a ReLU of slope 0 then, which commutes with
 // the rounding): y and each dx rounded as the CPU rounds the ReLU's top and the sum's gradients,
 // and x0, x1 and dy as they are read (the net may leave them unrounded for this pair to round).
+// The `_h` twins take every tensor stored in the half type, as the chain's above.
 
-extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
-                                             float slope, float* y, int n, int half) {
+template <class T>
+__device__ __forceinline__ void sum2_forward(const T* x0, const T* x1, float c0, float c1,
+                                             float slope, T* y, int n, int half) {
     grid_stride_by_four(
-        n, [=](int i) { return make_float2(x0[i], x1[i]); },
+        n, [=](int i) { return make_float2(load_value(x0, i, half), load_value(x1, i, half)); },
         [=](int i, float2 in) {
             const float v =
                 fmaf(c1, round_if_half(in.y, half), c0 * round_if_half(in.x, half));
-            y[i] = round_if_half(v > 0.0f ? v : slope * v, half);
+            store_value(y, i, round_if_half(v > 0.0f ? v : slope * v, half), half);
         });
+}
+
+extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, float c0, float c1,
+                                             float slope, float* y, int n, int half) {
+    sum2_forward(x0, x1, c0, c1, slope, y, n, half);
+}
+
+// sum2_relu_forward on half-type x0, x1 and y.
+extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const unsigned short* x1,
+                                               float c0, float c1, float slope,
+                                               unsigned short* y, int n, int half) {
+    sum2_forward(x0, x1, c0, c1, slope, y, n, half);
 }
 
 // g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
 // bottom k that wants its gradient (want_k).
-extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
-                                              float slope, float* dx0, float* dx1, int want0,
-                                              int want1, int acc0, int acc1, int n, int half) {
+template <class T>
+__device__ __forceinline__ void sum2_backward(const T* y, const T* dy, float c0, float c1,
+                                              float slope, T* dx0, T* dx1, int want0, int want1,
+                                              int acc0, int acc1, int n, int half) {
     // The streamed inputs of an element: y, dy and the bottom diffs it adds to (two distinct
     // buffers: the launcher borrows both mutably).
     struct In {
@@ -176,18 +256,35 @@ extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, f
     grid_stride_by_four(
         n,
         [=](int i) {
-            return In{y[i], dy[i], want0 && acc0 ? dx0[i] : 0.0f, want1 && acc1 ? dx1[i] : 0.0f};
+            return In{load_value(y, i, half), load_value(dy, i, half),
+                      want0 && acc0 ? load_value(dx0, i, half) : 0.0f,
+                      want1 && acc1 ? load_value(dx1, i, half) : 0.0f};
         },
         [=](int i, In in) {
             const float d = round_if_half(in.dy, half);
             const float g = in.y > 0.0f ? d : slope * d;
             if (want0) {
                 const float v = c0 * g;
-                dx0[i] = round_if_half(acc0 ? in.dx0 + v : v, half);
+                store_value(dx0, i, round_if_half(acc0 ? in.dx0 + v : v, half), half);
             }
             if (want1) {
                 const float v = c1 * g;
-                dx1[i] = round_if_half(acc1 ? in.dx1 + v : v, half);
+                store_value(dx1, i, round_if_half(acc1 ? in.dx1 + v : v, half), half);
             }
         });
+}
+
+extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, float c0, float c1,
+                                              float slope, float* dx0, float* dx1, int want0,
+                                              int want1, int acc0, int acc1, int n, int half) {
+    sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
+}
+
+// sum2_relu_backward on half-type y, dy, dx0 and dx1.
+extern "C" __global__ void sum2_relu_backward_h(const unsigned short* y, const unsigned short* dy,
+                                                float c0, float c1, float slope,
+                                                unsigned short* dx0, unsigned short* dx1,
+                                                int want0, int want1, int acc0, int acc1, int n,
+                                                int half) {
+    sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
 }

@@ -9,8 +9,13 @@
 //!
 //! In mixed precision ([`BnScaleRelu::half`]) the BatchNorm → Scale → ReLU kernels round every
 //! value the three layers' CPU versions round, where they round it (`crate::precision`).
+//!
+//! The activations (`x`, `z` and their gradients; `x0`, `x1`, `y` and theirs) are stored as the
+//! launchers' type parameter `T` says ([`StoredElem`]): FP32, or bit patterns of the half type
+//! (the kernels' `_h` twins, which compute the same numbers and need [`BnScaleRelu::half`] or
+//! `half` set).
 
-use super::{check_len, half_arg, to_i32, Kernels};
+use super::{check_len, stored_half_arg, to_i32, Kernels, StoredElem};
 use crate::error::Result;
 use crate::precision::Half;
 use cudarc::driver::{
@@ -68,13 +73,13 @@ impl BnScaleRelu<'_> {
 }
 
 impl Kernels {
-    /// `z = relu(gamma · (x − mean) · inv_std + beta)` per channel.
-    pub fn bn_scale_relu_forward(
+    /// `z = relu(gamma · (x − mean) · inv_std + beta)` per channel, `x` and `z` stored as `T`.
+    pub fn bn_scale_relu_forward<T: StoredElem>(
         &self,
         s: &CudaStream,
         op: &BnScaleRelu<'_>,
-        x: &impl DevicePtr<f32>,
-        z: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<T>,
+        z: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
         let name = "bn_scale_relu_forward";
         let (count, (_, c, sp)) = op.check(name);
@@ -85,14 +90,15 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let (has_beta, half) = (op.beta.is_some() as i32, half_arg(op.half));
+        let has_beta = op.beta.is_some() as i32;
+        let half = stored_half_arg::<T>(name, op.half);
         // An absent beta passes gamma's address, never read (has_beta is 0).
         let (bp, _b) = match &op.beta {
             Some(b) => b.device_ptr(s),
             None => op.gamma.device_ptr(s),
         };
         launch!(
-            self, s, bn_scale_relu_forward, self.grid(count),
+            self, s, bn_scale_relu_forward | bn_scale_relu_forward_h for T, self.grid(count),
             [
                 in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, out z,
                 &ni, &c, &sp, &half,
@@ -100,18 +106,18 @@ impl Kernels {
         )
     }
 
-    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x`, stored as
-    /// `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
+    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x` (all three
+    /// stored as `T`), stored as `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
     /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
     /// (the chunked two-stage sums of the BatchNorm layer).
     #[allow(clippy::too_many_arguments)]
-    pub fn bn_scale_relu_sums(
+    pub fn bn_scale_relu_sums<T: StoredElem>(
         &self,
         s: &Arc<CudaStream>,
         op: &BnScaleRelu<'_>,
-        dz: &impl DevicePtr<f32>,
-        z: &impl DevicePtr<f32>,
-        x: &impl DevicePtr<f32>,
+        dz: &impl DevicePtr<T>,
+        z: &impl DevicePtr<T>,
+        x: &impl DevicePtr<T>,
         sums: &mut CudaSlice<f64>,
         dparams: &mut impl DevicePtrMut<f32>,
         accumulate: bool,
@@ -130,7 +136,7 @@ impl Kernels {
             return Ok(());
         }
         let (relu, slope) = op.relu_args();
-        let half = half_arg(op.half);
+        let half = stored_half_arg::<T>(name, op.half);
         let quad = which == ChainSums::Separate;
         let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
@@ -141,7 +147,7 @@ impl Kernels {
         {
             let (pp, _p) = partial.device_ptr_mut(s);
             launch!(
-                self, s, bn_scale_relu_sums, grid,
+                self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
                 [
                     in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope, &pp,
                     &ni, &ci, &si, &spl, &half, &quad_arg,
@@ -160,18 +166,19 @@ impl Kernels {
 
     /// `dx (+)=` the BatchNorm backward of `gamma · g`: with batch statistics from `sums`
     /// (after any all-reduce: [`ChainSums::Both`]'s, or in mixed precision
-    /// [`ChainSums::Separate`]'s), else `gamma · g · inv_std`.
+    /// [`ChainSums::Separate`]'s), else `gamma · g · inv_std`; `dz`, `z`, `x` and `dx` stored as
+    /// `T`.
     #[allow(clippy::too_many_arguments)]
-    pub fn bn_scale_relu_backward(
+    pub fn bn_scale_relu_backward<T: StoredElem>(
         &self,
         s: &CudaStream,
         op: &BnScaleRelu<'_>,
-        dz: &impl DevicePtr<f32>,
-        z: &impl DevicePtr<f32>,
-        x: &impl DevicePtr<f32>,
+        dz: &impl DevicePtr<T>,
+        z: &impl DevicePtr<T>,
+        x: &impl DevicePtr<T>,
         sums: &CudaSlice<f64>,
         batch_stats: bool,
-        dx: &mut impl DevicePtrMut<f32>,
+        dx: &mut impl DevicePtrMut<T>,
         accumulate: bool,
     ) -> Result<()> {
         let name = "bn_scale_relu_backward";
@@ -190,9 +197,10 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let (bs, acc, half) = (batch_stats as i32, accumulate as i32, half_arg(op.half));
+        let (bs, acc) = (batch_stats as i32, accumulate as i32);
+        let half = stored_half_arg::<T>(name, op.half);
         launch!(
-            self, s, bn_scale_relu_backward, self.grid(count),
+            self, s, bn_scale_relu_backward | bn_scale_relu_backward_h for T, self.grid(count),
             [
                 in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
                 &slope, out dx, &ni, &ci, &si, &acc, &half,
@@ -202,16 +210,16 @@ impl Kernels {
 
     /// From the top's data `y (n)` and gradient `dy (n)`: `dx_k (+)= c_k · dy · relu'(y)` for each
     /// bottom `k` whose entry of `dx` is `Some((gradient, accumulate))`, rounded to `half` in
-    /// mixed precision.
+    /// mixed precision; every tensor stored as `T`.
     #[allow(clippy::too_many_arguments)]
-    pub fn sum2_relu_backward(
+    pub fn sum2_relu_backward<T: StoredElem>(
         &self,
         s: &CudaStream,
         [c0, c1]: [f32; 2],
         slope: f32,
-        y: &impl DevicePtr<f32>,
-        dy: &impl DevicePtr<f32>,
-        dx: [Option<(&mut CudaViewMut<'_, f32>, bool)>; 2],
+        y: &impl DevicePtr<T>,
+        dy: &impl DevicePtr<T>,
+        dx: [Option<(&mut CudaViewMut<'_, T>, bool)>; 2],
         n: usize,
         half: Option<Half>,
     ) -> Result<()> {
@@ -226,7 +234,7 @@ impl Kernels {
         if n == 0 || dx.iter().all(Option::is_none) {
             return Ok(());
         }
-        let (ni, half) = (to_i32(name, n), half_arg(half));
+        let (ni, half) = (to_i32(name, n), stored_half_arg::<T>(name, half));
         let want = dx.each_ref().map(|d| d.is_some() as i32);
         let acc = dx
             .each_ref()
@@ -242,21 +250,39 @@ impl Kernels {
             None => dy.device_ptr(s),
         };
         launch!(
-            self, s, sum2_relu_backward, self.grid(n),
+            self, s, sum2_relu_backward | sum2_relu_backward_h for T, self.grid(n),
             [
                 in y, in dy, &c0, &c1, &slope, &dx0p, &dx1p, &want[0], &want[1], &acc[0], &acc[1],
                 &ni, &half,
             ]
         )
     }
-}
 
-launchers! {
     /// `y (n) = relu(c0 · x0 + c1 · x1)` with the ReLU's negative slope `slope` (≥ 0), rounded to
-    /// `half` in mixed precision.
-    pub fn sum2_relu_forward(
-        [c0, c1]: [f32; 2], slope: f32, x0: in f32, x1: in f32, y: out f32, n: elements as i32,
+    /// `half` in mixed precision; every tensor stored as `T`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sum2_relu_forward<T: StoredElem>(
+        &self,
+        s: &CudaStream,
+        [c0, c1]: [f32; 2],
+        slope: f32,
+        x0: &impl DevicePtr<T>,
+        x1: &impl DevicePtr<T>,
+        y: &mut impl DevicePtrMut<T>,
+        n: usize,
         half: Option<Half>,
-    ) { let half = half_arg(half); }
-        => launch sum2_relu_forward(in x0, in x1, &c0, &c1, &slope, out y, &n, &half);
+    ) -> Result<()> {
+        let name = "sum2_relu_forward";
+        for (what, len) in [("x0", x0.len()), ("x1", x1.len()), ("y", y.len())] {
+            check_len(name, what, len, n);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, half) = (to_i32(name, n), stored_half_arg::<T>(name, half));
+        launch!(
+            self, s, sum2_relu_forward | sum2_relu_forward_h for T, self.grid(n),
+            [in x0, in x1, &c0, &c1, &slope, out y, &ni, &half]
+        )
+    }
 }

@@ -5,15 +5,28 @@
 // Stage 1 of the sums (see the per-channel reductions above) over the view (n, c, s): over
 // chunk k of channel ch, partial[(ch * splits + k) * 2] = sum a,
 // partial[... + 1] = sum a * (has_b ? b : a), with a rounded to the half type `half` as it is
-// read (round_if_half).
-extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
-                                   int n, int c, int s, int splits, int half) {
+// read (round_if_half). a and b stored as T (float, or half-type bit patterns for bn_sums_h:
+// load_value).
+template <class T>
+__device__ __forceinline__ void bn_sums_of(const T* a, const T* b, int has_b, double* partial,
+                                           int n, int c, int s, int splits, int half) {
     view_sums(
         [=](int idx, int) {
-            const double v = (double)round_if_half(a[idx], half);
-            return make_double2(v, v * (has_b ? (double)b[idx] : v));
+            const double v = (double)round_if_half(load_value(a, idx, half), half);
+            return make_double2(v, v * (has_b ? (double)load_value(b, idx, half) : v));
         },
         partial, 1, n, c, s, splits);
+}
+
+extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, double* partial,
+                                   int n, int c, int s, int splits, int half) {
+    bn_sums_of(a, b, has_b, partial, n, c, s, splits, half);
+}
+
+// bn_sums of half-type a and b (the statistics of a BatchNorm chain's half-type bottom).
+extern "C" __global__ void bn_sums_h(const unsigned short* a, const unsigned short* b, int has_b,
+                                     double* partial, int n, int c, int s, int splits, int half) {
+    bn_sums_of(a, b, has_b, partial, n, c, s, splits, half);
 }
 
 // Channel ch's warp sums its pairs of partials into s1, s2 (every lane); lane 0 stores

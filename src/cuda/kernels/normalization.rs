@@ -1,8 +1,10 @@
 //! Launchers of the BatchNorm kernels (`normalization.cu`) over `(N, C, S)` (`S` the product
 //! of the spatial axes): the statistics, in double, normalisation, the running averages and the
-//! backward pass; and of the LRN kernels over `(N, C, H, W)` ([`LrnWindow`]).
+//! backward pass; and of the LRN kernels over `(N, C, H, W)` ([`LrnWindow`]). The batch sums
+//! also read half-type bit patterns ([`StoredElem`]: the statistics of a BatchNorm chain on
+//! half-type blobs).
 
-use super::{check_len, half_arg, int_count, to_i32, Kernels};
+use super::{check_len, int_count, stored_half_arg, to_i32, Kernels, StoredElem};
 use crate::error::Result;
 use crate::precision::Half;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
@@ -21,13 +23,13 @@ pub enum StatsSource<'a> {
 impl Kernels {
     /// BatchNorm sums over `a (N, C, S)`: `sums (2C + 1)` = `[Σ a (C), Σ a·b (C), N·S]`, with
     /// `b = a` when `b` is `None`; per channel in double. In mixed precision, `a` is rounded to
-    /// `half` as it is read.
+    /// `half` as it is read. `a` and `b` stored as `T` (half-type bit patterns need `half`).
     #[allow(clippy::too_many_arguments)]
-    pub fn bn_sums(
+    pub fn bn_sums<T: StoredElem>(
         &self,
         s: &Arc<CudaStream>,
-        a: &impl DevicePtr<f32>,
-        b: Option<&CudaView<'_, f32>>,
+        a: &impl DevicePtr<T>,
+        b: Option<&CudaView<'_, T>>,
         sums: &mut CudaSlice<f64>,
         (n, c, sp): (usize, usize, usize),
         half: Option<Half>,
@@ -48,14 +50,17 @@ impl Kernels {
             Some(v) => v.device_ptr(s),
             None => a.device_ptr(s),
         };
-        let (hb, half) = (b.is_some() as i32, half_arg(half));
+        let (hb, half) = (b.is_some() as i32, stored_half_arg::<T>(op, half));
         let per = to_i32(op, n * sp);
         self.two_stage_sums(
             s,
             (op, 2),
             (n, c, sp),
             |grid, pp, spl| {
-                launch!(self, s, bn_sums, grid, [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl, &half])
+                launch!(
+                    self, s, bn_sums | bn_sums_h for T, grid,
+                    [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl, &half]
+                )
             },
             |pp, spl| {
                 let rows = self.grid_rows(c);

@@ -6,6 +6,11 @@
 // the bottom's diff after its sum (and after the addition to what the diff held) — where the
 // CPU's layers round: a pooling's own results, and a fused ReLU's before it (a ReLU of slope 0
 // keeps half-type values, so it needs none of its own).
+//
+// The bottom's and the top's values and gradients may be stored in the half type: each kernel
+// is a template body over their element type T (float, or half-type bit patterns: load_value,
+// store_value in elementwise.cu) behind the FP32 kernel and its `_h` twin, which compute the same
+// numbers.
 
 struct PoolGeom {
     int channels, height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
@@ -56,8 +61,9 @@ __device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int 
 // ReLU after the pooling, fused): a maximum that is not positive becomes 0 with index -1, so
 // that the backward, which gives each bottom element the top diffs whose index it is, passes no
 // gradient through it — the ReLU's derivative.
-extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
-                                            PoolGeom g, int relu) {
+template <class T>
+__device__ __forceinline__ void max_pool_forward_of(const T* x, T* y, int* mask, int top_count,
+                                                    PoolGeom g, int relu) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     const FastDiv by_c = fast_div(g.channels);
     const int step = g.nhwc ? g.channels : 1;
@@ -72,10 +78,11 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
         wstart = max(wstart, 0);
         float maxval = -3.402823466e+38f;
         int maxidx = -1;
-        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
+        const T* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
-                const float v = round_if_half(slice[(h * g.width + w) * step], g.half);
+                const float v =
+                    round_if_half(load_value(slice, (h * g.width + w) * step, g.half), g.half);
                 if (v > maxval) {
                     maxidx = h * g.width + w;
                     maxval = v;
@@ -86,16 +93,28 @@ extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask,
             maxval = 0.0f;
             maxidx = -1;
         }
-        y[index] = maxval;
+        store_value(y, index, maxval, g.half);
         mask[index] = maxidx;
     }
+}
+
+extern "C" __global__ void max_pool_forward(const float* x, float* y, int* mask, int top_count,
+                                            PoolGeom g, int relu) {
+    max_pool_forward_of(x, y, mask, top_count, g, relu);
+}
+
+// max_pool_forward on half-type x and y.
+extern "C" __global__ void max_pool_forward_h(const unsigned short* x, unsigned short* y,
+                                              int* mask, int top_count, PoolGeom g, int relu) {
+    max_pool_forward_of(x, y, mask, top_count, g, relu);
 }
 
 // One thread per top element: the window's sum divided by its size clipped to
 // [-pad, size + pad) (padding counts, the part beyond the padded image does not). With `relu` (a
 // ReLU before the pooling, fused): each value read goes through the ReLU of slope `slope` first.
-extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g,
-                                            int relu, float slope) {
+template <class T>
+__device__ __forceinline__ void ave_pool_forward_of(const T* x, T* y, int top_count, PoolGeom g,
+                                                    int relu, float slope) {
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     const FastDiv by_c = fast_div(g.channels);
     const int step = g.nhwc ? g.channels : 1;
@@ -112,20 +131,34 @@ extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_co
         hend = min(hend, g.height);
         wend = min(wend, g.width);
         float aveval = 0.0f;
-        const float* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
+        const T* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
         for (int h = hstart; h < hend; ++h) {
             for (int w = wstart; w < wend; ++w) {
-                const float v = round_if_half(slice[(h * g.width + w) * step], g.half);
+                const float v =
+                    round_if_half(load_value(slice, (h * g.width + w) * step, g.half), g.half);
                 aveval += (relu && !(v > 0.0f)) ? slope * v : v;
             }
         }
-        y[index] = round_if_half(aveval / pool_size, g.half);
+        store_value(y, index, round_if_half(aveval / pool_size, g.half), g.half);
     }
 }
 
+extern "C" __global__ void ave_pool_forward(const float* x, float* y, int top_count, PoolGeom g,
+                                            int relu, float slope) {
+    ave_pool_forward_of(x, y, top_count, g, relu, slope);
+}
+
+// ave_pool_forward on half-type x and y.
+extern "C" __global__ void ave_pool_forward_h(const unsigned short* x, unsigned short* y,
+                                              int top_count, PoolGeom g, int relu, float slope) {
+    ave_pool_forward_of(x, y, top_count, g, relu, slope);
+}
+
 // One thread per bottom element: the sum of the top diffs whose argmax it is (no atomics).
-extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, float* dx,
-                                             int bottom_count, PoolGeom g, int accumulate) {
+template <class T>
+__device__ __forceinline__ void max_pool_backward_of(const T* dy, const int* mask, T* dx,
+                                                     int bottom_count, PoolGeom g,
+                                                     int accumulate) {
     const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     const FastDiv by_c = fast_div(g.channels);
@@ -138,7 +171,7 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
         covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
         const int offset = plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
-        const float* dy_slice = dy + offset;
+        const T* dy_slice = dy + offset;
         const int* mask_slice = mask + offset;
         const int self = h * g.width + w;
         if (phend - phstart <= 2 && pwend - pwstart <= 2) {
@@ -153,7 +186,7 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
                 const bool inside = ph < phend && pw < pwend;
                 const int p = (ph * g.pooled_w + pw) * step;
                 m[k] = inside ? mask_slice[p] : -1;
-                d[k] = inside ? dy_slice[p] : 0.0f;
+                d[k] = inside ? load_value(dy_slice, p, g.half) : 0.0f;
             }
 #pragma unroll
             for (int k = 0; k < 4; ++k)
@@ -162,19 +195,34 @@ extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, f
             for (int ph = phstart; ph < phend; ++ph) {
                 for (int pw = pwstart; pw < pwend; ++pw) {
                     const int p = (ph * g.pooled_w + pw) * step;
-                    if (mask_slice[p] == self) gradient += round_if_half(dy_slice[p], g.half);
+                    if (mask_slice[p] == self)
+                        gradient += round_if_half(load_value(dy_slice, p, g.half), g.half);
                 }
             }
         }
-        dx[index] = round_if_half(accumulate ? dx[index] + gradient : gradient, g.half);
+        const float sum = accumulate ? load_value(dx, index, g.half) + gradient : gradient;
+        store_value(dx, index, round_if_half(sum, g.half), g.half);
     }
+}
+
+extern "C" __global__ void max_pool_backward(const float* dy, const int* mask, float* dx,
+                                             int bottom_count, PoolGeom g, int accumulate) {
+    max_pool_backward_of(dy, mask, dx, bottom_count, g, accumulate);
+}
+
+// max_pool_backward on half-type dy and dx.
+extern "C" __global__ void max_pool_backward_h(const unsigned short* dy, const int* mask,
+                                               unsigned short* dx, int bottom_count, PoolGeom g,
+                                               int accumulate) {
+    max_pool_backward_of(dy, mask, dx, bottom_count, g, accumulate);
 }
 
 // One thread per bottom element: the sum over the windows covering it of top diff / pool size;
 // with `relu` (fused before the pooling), times the ReLU's derivative at the bottom's value x.
-extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
-                                             PoolGeom g, int accumulate, const float* x, int relu,
-                                             float slope) {
+template <class T>
+__device__ __forceinline__ void ave_pool_backward_of(const T* dy, T* dx, int bottom_count,
+                                                     PoolGeom g, int accumulate, const T* x,
+                                                     int relu, float slope) {
     const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     const FastDiv by_c = fast_div(g.channels);
@@ -188,8 +236,7 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
         covering(h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
         covering(w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
         float gradient = 0.0f;
-        const float* dy_slice =
-            dy + plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
+        const T* dy_slice = dy + plane_base(n, ch, g.channels, g.pooled_h * g.pooled_w, g.nhwc);
         for (int ph = phstart; ph < phend; ++ph) {
             const int hstart = ph * g.stride_h - g.pad_h;
             const int hend = min(hstart + g.kernel_h, g.height + g.pad_h);
@@ -197,17 +244,32 @@ extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bot
                 const int wstart = pw * g.stride_w - g.pad_w;
                 const int wend = min(wstart + g.kernel_w, g.width + g.pad_w);
                 const int pool_size = (hend - hstart) * (wend - wstart);
-                gradient +=
-                    round_if_half(dy_slice[(ph * g.pooled_w + pw) * step], g.half) / pool_size;
+                const float d = load_value(dy_slice, (ph * g.pooled_w + pw) * step, g.half);
+                gradient += round_if_half(d, g.half) / pool_size;
             }
         }
         if (relu) {
             // The pooling's bottom diff, rounded, is the ReLU's top diff.
             gradient = round_if_half(gradient, g.half);
-            if (!(round_if_half(x[index], g.half) > 0.0f)) gradient = slope * gradient;
+            if (!(round_if_half(load_value(x, index, g.half), g.half) > 0.0f))
+                gradient = slope * gradient;
         }
-        dx[index] = round_if_half(accumulate ? dx[index] + gradient : gradient, g.half);
+        const float sum = accumulate ? load_value(dx, index, g.half) + gradient : gradient;
+        store_value(dx, index, round_if_half(sum, g.half), g.half);
     }
+}
+
+extern "C" __global__ void ave_pool_backward(const float* dy, float* dx, int bottom_count,
+                                             PoolGeom g, int accumulate, const float* x, int relu,
+                                             float slope) {
+    ave_pool_backward_of(dy, dx, bottom_count, g, accumulate, x, relu, slope);
+}
+
+// ave_pool_backward on half-type dy, dx and x.
+extern "C" __global__ void ave_pool_backward_h(const unsigned short* dy, unsigned short* dx,
+                                               int bottom_count, PoolGeom g, int accumulate,
+                                               const unsigned short* x, int relu, float slope) {
+    ave_pool_backward_of(dy, dx, bottom_count, g, accumulate, x, relu, slope);
 }
 
 // Both backward kernels for NCHW planes that fit in shared memory ("plane" kernel): a block takes
@@ -244,11 +306,12 @@ __device__ __forceinline__ void cover_table(int size, int kernel, int stride, in
 // gradient is divided by its divisor as it is staged, the same quotient the sum used to compute
 // per covering window. `x`, `relu` and `slope` as in ave_pool_backward (averages only).
 #define PLANE_RUN 4
-extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask, float* dx,
-                                                int planes, PoolGeom g, int average,
-                                                int accumulate, const float* x, int relu,
-                                                float slope, int per_pass) {
-    extern __shared__ int smem[];
+// The body of both twins, `smem` the kernel's dynamic shared memory.
+template <class T>
+__device__ __forceinline__ void pool_backward_planes_of(int* smem, const T* dy, const int* mask,
+                                                        T* dx, int planes, PoolGeom g,
+                                                        int average, int accumulate, const T* x,
+                                                        int relu, float slope, int per_pass) {
     int* h_first = smem;
     int* h_last = h_first + g.height;
     int* w_first = h_last + g.height;
@@ -274,23 +337,25 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
             if (average) {
                 const int p = t - div_by(t, by_pooled) * pooled;
                 const int ph = div_by(p, by_pw), pw = p - ph * g.pooled_w;
-                pass_dy[t] = round_if_half(dy[top + t], g.half) / (h_div[ph] * w_div[pw]);
+                const float d = round_if_half(load_value(dy + top, t, g.half), g.half);
+                pass_dy[t] = d / (h_div[ph] * w_div[pw]);
             } else {
-                pass_dy[t] = round_if_half(dy[top + t], g.half);
+                pass_dy[t] = round_if_half(load_value(dy + top, t, g.half), g.half);
                 pass_mask[t] = mask[top + t];
             }
         }
         __syncthreads();
-        float* pdx = dx + (long long)first * area;
-        const float* px = x + (long long)first * area;
+        T* pdx = dx + (long long)first * area;
+        const T* px = x + (long long)first * area;
         const int n = count * area;
         for (int t0 = threadIdx.x; t0 < n; t0 += PLANE_RUN * blockDim.x) {
             float below[PLANE_RUN], old[PLANE_RUN];
 #pragma unroll
             for (int e = 0; e < PLANE_RUN; ++e) {
                 const int t = t0 + e * blockDim.x;
-                below[e] = (relu && t < n) ? round_if_half(px[t], g.half) : 0.0f;
-                old[e] = (accumulate && t < n) ? pdx[t] : 0.0f;
+                below[e] =
+                    (relu && t < n) ? round_if_half(load_value(px, t, g.half), g.half) : 0.0f;
+                old[e] = (accumulate && t < n) ? load_value(pdx, t, g.half) : 0.0f;
             }
 #pragma unroll
             for (int e = 0; e < PLANE_RUN; ++e) {
@@ -311,11 +376,32 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
                         gradient = round_if_half(gradient, g.half);
                         if (!(below[e] > 0.0f)) gradient = slope * gradient;
                     }
-                    pdx[t] = round_if_half(accumulate ? old[e] + gradient : gradient, g.half);
+                    const float sum = accumulate ? old[e] + gradient : gradient;
+                    store_value(pdx, t, round_if_half(sum, g.half), g.half);
                 }
             }
         }
     }
+}
+
+extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask, float* dx,
+                                                int planes, PoolGeom g, int average,
+                                                int accumulate, const float* x, int relu,
+                                                float slope, int per_pass) {
+    extern __shared__ int smem[];
+    pool_backward_planes_of(smem, dy, mask, dx, planes, g, average, accumulate, x, relu, slope,
+                            per_pass);
+}
+
+// pool_backward_planes on half-type dy, dx and x.
+extern "C" __global__ void pool_backward_planes_h(const unsigned short* dy, const int* mask,
+                                                  unsigned short* dx, int planes, PoolGeom g,
+                                                  int average, int accumulate,
+                                                  const unsigned short* x, int relu, float slope,
+                                                  int per_pass) {
+    extern __shared__ int smem[];
+    pool_backward_planes_of(smem, dy, mask, dx, planes, g, average, accumulate, x, relu, slope,
+                            per_pass);
 }
 
 // Max pooling backward for NCHW planes that fit in shared memory, by top element ("scatter"
@@ -328,10 +414,11 @@ extern "C" __global__ void pool_backward_planes(const float* dy, const int* mask
 // above — bitwise the same result — with a few instructions per top instead of a covering-window
 // loop per bottom element. rounds_h × rounds_w bounds the windows covering one pixel
 // (ceil(kernel / stride) per axis). A top without an argmax (-1) adds nothing.
-extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int* mask, float* dx,
-                                                     int planes, PoolGeom g, int rounds_h,
-                                                     int rounds_w, int accumulate) {
-    extern __shared__ int smem[];
+template <class T>
+__device__ __forceinline__ void max_pool_backward_scatter_of(int* smem, const T* dy,
+                                                             const int* mask, T* dx, int planes,
+                                                             PoolGeom g, int rounds_h,
+                                                             int rounds_w, int accumulate) {
     const int area = g.height * g.width, pooled = g.pooled_h * g.pooled_w;
     int* h_first = smem;
     int* h_last = h_first + g.height;
@@ -350,7 +437,7 @@ extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int*
         for (int p = threadIdx.x; p < pooled; p += blockDim.x) {
             const int m = mask[top + p];
             plane_mask[p] = m;
-            plane_dy[p] = round_if_half(dy[top + p], g.half);
+            plane_dy[p] = round_if_half(load_value(dy + top, p, g.half), g.half);
             int round = -1;
             if (m >= 0) {
                 const int ah = div_by(m, by_w), aw = m - ah * g.width;
@@ -367,8 +454,27 @@ extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int*
             }
             __syncthreads();
         }
-        float* pdx = dx + (long long)plane * area;
-        for (int i = threadIdx.x; i < area; i += blockDim.x)
-            pdx[i] = round_if_half(accumulate ? pdx[i] + plane_dx[i] : plane_dx[i], g.half);
+        T* pdx = dx + (long long)plane * area;
+        for (int i = threadIdx.x; i < area; i += blockDim.x) {
+            const float sum =
+                accumulate ? load_value(pdx, i, g.half) + plane_dx[i] : plane_dx[i];
+            store_value(pdx, i, round_if_half(sum, g.half), g.half);
+        }
     }
+}
+
+extern "C" __global__ void max_pool_backward_scatter(const float* dy, const int* mask, float* dx,
+                                                     int planes, PoolGeom g, int rounds_h,
+                                                     int rounds_w, int accumulate) {
+    extern __shared__ int smem[];
+    max_pool_backward_scatter_of(smem, dy, mask, dx, planes, g, rounds_h, rounds_w, accumulate);
+}
+
+// max_pool_backward_scatter on half-type dy and dx.
+extern "C" __global__ void max_pool_backward_scatter_h(const unsigned short* dy, const int* mask,
+                                                       unsigned short* dx, int planes,
+                                                       PoolGeom g, int rounds_h, int rounds_w,
+                                                       int accumulate) {
+    extern __shared__ int smem[];
+    max_pool_backward_scatter_of(smem, dy, mask, dx, planes, g, rounds_h, rounds_w, accumulate);
 }

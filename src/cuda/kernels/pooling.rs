@@ -1,8 +1,12 @@
 //! Launchers of the pooling kernels (`pooling.cu`), Caffe's max and average pooling: the
 //! generic kernels over any layout, and the NCHW plane kernels that take a whole `(n, c)` plane
 //! into shared memory where it fits.
+//!
+//! The bottom's and the top's values and gradients are stored as the launchers' type parameter
+//! `T` says ([`StoredElem`]): FP32, or bit patterns of the half type of [`PoolGeom::half`]
+//! (the kernels' `_h` twins, which compute the same numbers).
 
-use super::{check_len, half_arg, to_i32, Kernels, BLOCK};
+use super::{check_len, half_arg, to_i32, Kernels, StoredElem, BLOCK};
 use crate::error::Result;
 use crate::precision::Half;
 use cudarc::driver::{
@@ -55,6 +59,15 @@ impl PoolGeom {
             half: half_arg(half),
             ..self
         }
+    }
+
+    /// Panics where tensors stored as `T` are half-type bit patterns but the kernels have no
+    /// half type to widen them by (a bug of the caller).
+    fn check_stored<T: StoredElem>(&self, op: &str) {
+        assert!(
+            !T::HALF || self.half != 0,
+            "{op}: half-type tensors without their half type"
+        );
     }
 
     /// Elements of `batch` samples of the bottom.
@@ -163,19 +176,20 @@ impl Kernels {
     /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
     /// that fit in shared memory take `max_pool_backward_scatter` (or, where windows overlap
     /// more than `SCATTER_ROUNDS_MAX` times, `pool_backward_planes`), others the generic
-    /// kernel; all three sum in the same order.
+    /// kernel; all three sum in the same order. `dy` and `dx` stored as `T`.
     #[allow(clippy::too_many_arguments)]
-    pub fn max_pool_backward(
+    pub fn max_pool_backward<T: StoredElem>(
         &self,
         s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
+        dy: &impl DevicePtr<T>,
         mask: &CudaSlice<i32>,
-        dx: &mut impl DevicePtrMut<f32>,
+        dx: &mut impl DevicePtrMut<T>,
         batch: usize,
         g: PoolGeom,
         accumulate: bool,
     ) -> Result<()> {
         let op = "max_pool_backward";
+        g.check_stored::<T>(op);
         let bottom = g.bottom_len(batch);
         check_len(op, "dy", dy.len(), g.top_len(batch));
         check_len(op, "mask", mask.len(), g.top_len(batch));
@@ -193,7 +207,7 @@ impl Kernels {
         if let Some(cfg) = scatter {
             let (pi, rh, rw) = (planes as i32, rounds_h as i32, rounds_w as i32);
             return launch!(
-                self, s, max_pool_backward_scatter, cfg,
+                self, s, max_pool_backward_scatter | max_pool_backward_scatter_h for T, cfg,
                 [in dy, in mask, out dx, &pi, &g, &rh, &rw, &acc]
             );
         }
@@ -201,31 +215,32 @@ impl Kernels {
             // No ReLU: the bottom's values are never read.
             let (pi, average, no_x, relu, slope) = (planes as i32, 0i32, 0u64, 0i32, 0f32);
             return launch!(
-                self, s, pool_backward_planes, cfg,
+                self, s, pool_backward_planes | pool_backward_planes_h for T, cfg,
                 [in dy, in mask, out dx, &pi, &g, &average, &acc, &no_x, &relu, &slope, &per_pass]
             );
         }
         launch!(
-            self, s, max_pool_backward, self.grid(bottom),
+            self, s, max_pool_backward | max_pool_backward_h for T, self.grid(bottom),
             [in dy, in mask, out dx, &bi, &g, &acc]
         )
     }
 
     /// Average pooling backward: `dx (+)= Σ over covering windows of dy / pool_size`; with
     /// `relu = Some((x, slope))` (a ReLU before the pooling, `x` its input), times the ReLU's
-    /// derivative at `x`.
+    /// derivative at `x`. `dy`, `dx` and `x` stored as `T`.
     #[allow(clippy::too_many_arguments)]
-    pub fn ave_pool_backward<X: DevicePtr<f32>>(
+    pub fn ave_pool_backward<T: StoredElem, X: DevicePtr<T>>(
         &self,
         s: &CudaStream,
-        dy: &impl DevicePtr<f32>,
-        dx: &mut impl DevicePtrMut<f32>,
+        dy: &impl DevicePtr<T>,
+        dx: &mut impl DevicePtrMut<T>,
         batch: usize,
         g: PoolGeom,
         accumulate: bool,
         relu: Option<(&X, f32)>,
     ) -> Result<()> {
         let op = "ave_pool_backward";
+        g.check_stored::<T>(op);
         let bottom = g.bottom_len(batch);
         check_len(op, "dy", dy.len(), g.top_len(batch));
         check_len(op, "dx", dx.len(), bottom);
@@ -251,39 +266,94 @@ impl Kernels {
             // No argmax plane when averaging: the mask argument is never read.
             let (pi, average, no_mask) = (planes as i32, 1i32, 0u64);
             return launch!(
-                self, s, pool_backward_planes, cfg,
+                self, s, pool_backward_planes | pool_backward_planes_h for T, cfg,
                 [in dy, &no_mask, out dx, &pi, &g, &average, &acc, &xp, &relu_i, &slope, &per_pass]
             );
         }
         launch!(
-            self, s, ave_pool_backward, self.grid(bottom),
+            self, s, ave_pool_backward | ave_pool_backward_h for T, self.grid(bottom),
             [in dy, out dx, &bi, &g, &acc, &xp, &relu_i, &slope]
+        )
+    }
+
+    /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
+    /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
+    /// that is not positive becomes 0 with no argmax, -1). `x` and `y` stored as `T`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn max_pool_forward<T: StoredElem>(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<T>,
+        y: &mut impl DevicePtrMut<T>,
+        mask: &mut impl DevicePtrMut<i32>,
+        batch: usize,
+        g: PoolGeom,
+        relu: bool,
+    ) -> Result<()> {
+        let op = "max_pool_forward";
+        g.check_stored::<T>(op);
+        let Some(top) = forward_count(
+            op,
+            &g,
+            batch,
+            x.len(),
+            &[("y", y.len()), ("mask", mask.len())],
+        ) else {
+            return Ok(());
+        };
+        let relu = i32::from(relu);
+        launch!(
+            self, s, max_pool_forward | max_pool_forward_h for T, self.grid(top as usize),
+            [in x, out y, out mask, &top, &g, &relu]
+        )
+    }
+
+    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
+    /// `relu_slope`, of the ReLU of `x` with that negative slope (a ReLU before the pooling).
+    /// `x` and `y` stored as `T`.
+    pub fn ave_pool_forward<T: StoredElem>(
+        &self,
+        s: &CudaStream,
+        x: &impl DevicePtr<T>,
+        y: &mut impl DevicePtrMut<T>,
+        batch: usize,
+        g: PoolGeom,
+        relu_slope: Option<f32>,
+    ) -> Result<()> {
+        let op = "ave_pool_forward";
+        g.check_stored::<T>(op);
+        let Some(top) = forward_count(op, &g, batch, x.len(), &[("y", y.len())]) else {
+            return Ok(());
+        };
+        let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
+        launch!(
+            self, s, ave_pool_forward | ave_pool_forward_h for T, self.grid(top as usize),
+            [in x, out y, &top, &g, &relu, &slope]
         )
     }
 }
 
-launchers! {
-    /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
-    /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
-    /// that is not positive becomes 0 with no argmax, -1).
-    pub fn max_pool_forward(
-        x: in f32 [g.bottom_len(batch)], y: out f32, mask: out i32,
-        batch: usize, g: PoolGeom, relu: bool as i32,
-    ) over [g.top_len(batch)] {
-        let top = to_i32(OP, g.top_len(batch));
-        to_i32(OP, g.bottom_len(batch));
-    } => launch max_pool_forward(in x, out y, out mask, &top, &g, &relu);
-
-    /// Average pooling forward over `batch` samples (Caffe's divisor; see the kernel); with
-    /// `relu_slope`, of the ReLU of `x` with that negative slope (a ReLU before the pooling).
-    pub fn ave_pool_forward(
-        x: in f32 [g.bottom_len(batch)], y: out f32, batch: usize, g: PoolGeom,
-        relu_slope: Option<f32>,
-    ) over [g.top_len(batch)] {
-        let top = to_i32(OP, g.top_len(batch));
-        to_i32(OP, g.bottom_len(batch));
-        let (relu, slope) = (i32::from(relu_slope.is_some()), relu_slope.unwrap_or(0.0));
-    } => launch ave_pool_forward(in x, out y, &top, &g, &relu, &slope);
+/// The checks of a forward kernel over `batch` samples of `g`: the bottom holds `x_len ≥`
+/// its elements, every top buffer of `tops` `(name, elements)` the top's (panics otherwise), and
+/// both counts are within `int`'s range. The top's count as the kernel's `int`, or `None` when
+/// there is nothing to launch.
+fn forward_count(
+    op: &str,
+    g: &PoolGeom,
+    batch: usize,
+    x_len: usize,
+    tops: &[(&str, usize)],
+) -> Option<i32> {
+    let top = g.top_len(batch);
+    check_len(op, "x", x_len, g.bottom_len(batch));
+    for &(what, len) in tops {
+        check_len(op, what, len, top);
+    }
+    if top == 0 {
+        return None;
+    }
+    to_i32(op, g.bottom_len(batch));
+    Some(to_i32(op, top))
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@
 //! this layer to overwrite the parameter gradient).
 
 use super::{
-    one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad, StatePass,
+    one_bottom, scratch, BackwardPass, BlobElem, BuildGpu, ForwardPass, GpuCtx, GpuLayer, Grad,
+    StatePass,
 };
 use crate::config::layer_params::BatchNormParams;
 use crate::config::Phase;
@@ -99,8 +100,9 @@ impl GpuBatchNorm {
     /// The statistics half of forward: `mean`, `var` and `inv_std` of the bottom `x` (batch
     /// statistics, all-reduced when `sync`) or of the running statistics in `state`, as the
     /// phase and `use_global_stats` say; in mixed precision (`round_x`) of `x` rounded to the
-    /// half type as it is read.
-    pub(super) fn statistics(
+    /// half type as it is read. `x` is read as stored as `T` (half-type bit patterns, a
+    /// BatchNorm chain's bottom on half-type blobs, need `round_x`).
+    pub(super) fn statistics<T: BlobElem>(
         &mut self,
         gpu: &Gpu,
         ctx: &GpuCtx<'_>,
@@ -113,7 +115,7 @@ impl GpuBatchNorm {
         self.batch_stats = !self.global(ctx.phase);
         if self.batch_stats {
             gpu.kernels
-                .bn_sums(s, &x.data(), None, &mut self.sums, self.dims, round_x)?;
+                .bn_sums(s, &T::data(x), None, &mut self.sums, self.dims, round_x)?;
             self.reduce(gpu, ctx)?;
         }
         let source = if self.batch_stats {
@@ -198,7 +200,7 @@ impl GpuLayer for GpuBatchNorm {
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let gpu = pass.gpu;
         let [x, y] = pass.blobs.bottom_top();
-        self.statistics(gpu, pass.ctx, x, &pass.params, None)?;
+        self.statistics::<f32>(gpu, pass.ctx, x, &pass.params, None)?;
         let stats = (&self.mean, &self.inv_std);
         let s = &gpu.compute;
         gpu.kernels

@@ -24,9 +24,17 @@
 //! ([`GpuLayer::rounds_itself`]). The BatchNorm's sums are then those of the
 //! rounded `gamma · g`, which are not `gamma` times the Scale's: two more sums in the same pass,
 //! taken only where the BatchNorm's backward needs them (batch statistics, a wanted `dx`).
+//!
+//! On half-type blobs ([`GpuBnScaleRelu::on_half_blobs`]: `x` and `z` stored as
+//! [`Elem::Half`](crate::cuda::blob::Elem::Half), values and gradients) the same kernels' half-type
+//! twins read `x`, `z` and `dz` as bit patterns, widened (values of the half type, which their
+//! rounding leaves as they are), and write `z` and `dx` as the bit patterns of what they round —
+//! `dx` after the addition to what it held, in FP32 — so that the layer computes the numbers of
+//! the same layer on FP32 blobs, with half the activation traffic. The statistics, the sums and
+//! the Scale's parameter gradient stay FP32 (doubles for the sums), as there.
 
 use super::batch_norm::GpuBatchNorm;
-use super::{BackwardPass, ForwardPass, GpuLayer, Grad, StatePass};
+use super::{BackwardPass, BlobElem, ForwardPass, GpuLayer, Grad, StatePass};
 use crate::config::layer_params::LayerParams;
 use crate::cuda::kernels::{BnScaleRelu, ChainSums};
 use crate::cuda::layout::Layout;
@@ -91,13 +99,19 @@ pub struct GpuBnScaleRelu {
     scale_offset: usize,
     /// The half type of mixed precision, whose rounding the kernels apply.
     half: Option<Half>,
+    /// Whether `x` and `z` are stored in the half type.
+    half_blobs: bool,
 }
 
 impl GpuBnScaleRelu {
-    /// The same layer on half-type blobs (its bottoms and top stored as
+    /// The same layer on half-type blobs (its bottom and top stored as
     /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs a half type.
-    pub fn on_half_blobs(self, yes: bool) -> Self {
-        assert!(!yes, "on half-type blobs: not yet");
+    pub fn on_half_blobs(mut self, yes: bool) -> Self {
+        assert!(
+            !yes || self.half.is_some(),
+            "a BatchNorm chain on half-type blobs needs the half type"
+        );
+        self.half_blobs = yes;
         self
     }
 
@@ -129,6 +143,7 @@ impl GpuBnScaleRelu {
             }),
             scale_offset,
             half,
+            half_blobs: false,
         })
     }
 
@@ -158,40 +173,21 @@ impl GpuBnScaleRelu {
     }
 }
 
-impl GpuLayer for GpuBnScaleRelu {
-    fn type_name(&self) -> &'static str {
-        "batch_norm+scale+relu"
-    }
-
-    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        self.bn.reshape(gpu, bottoms)
-    }
-
-    fn rounds_itself(&self) -> bool {
-        self.half.is_some()
-    }
-
-    fn rounds_on_load(&self) -> bool {
-        self.half.is_some()
-    }
-
-    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+impl GpuBnScaleRelu {
+    /// Forward on blobs stored as `T`.
+    fn forward_as<T: BlobElem>(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (gpu, params) = (pass.gpu, &pass.params);
         let [x, z] = pass.blobs.bottom_top();
         let state = params.slice(..self.state_len());
-        self.bn.statistics(gpu, pass.ctx, x, &state, self.half)?;
+        self.bn
+            .statistics::<T>(gpu, pass.ctx, x, &state, self.half)?;
         let op = self.operands(self.bn.mean_and_inv_std(), params);
         gpu.kernels
-            .bn_scale_relu_forward(&gpu.compute, &op, &x.data(), &mut z.data_mut())
+            .bn_scale_relu_forward(&gpu.compute, &op, &T::data(x), &mut T::data_mut(z))
     }
 
-    fn update_state(&mut self, mut pass: StatePass<'_>) -> Result<()> {
-        let params = pass.params.slice_mut(..self.state_len());
-        let (gpu, ctx) = (pass.gpu, pass.ctx);
-        self.bn.update_state(StatePass { gpu, ctx, params })
-    }
-
-    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+    /// Backward on blobs stored as `T`.
+    fn backward_as<T: BlobElem>(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
         let (gpu, grad, params) = (pass.gpu, pass.grads[0], &pass.params);
         let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
         let s = &gpu.compute;
@@ -213,15 +209,16 @@ impl GpuLayer for GpuBnScaleRelu {
             (Some(_), false) => ChainSums::Scale,
             (Some(_), true) => ChainSums::Separate,
         };
+        let (dz, zd) = (T::diff(z), T::data(z));
         {
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
             gpu.kernels.bn_scale_relu_sums(
                 s,
                 &op,
-                &z.diff(),
-                &z.data(),
-                &x.data(),
+                &dz,
+                &zd,
+                &T::data(x),
                 sums,
                 &mut param_diff.slice_mut(at..at + scale_len),
                 param_grad.accumulate(),
@@ -235,16 +232,201 @@ impl GpuLayer for GpuBnScaleRelu {
             self.bn.reduce(gpu, pass.ctx)?;
         }
         let op = self.operands(self.bn.mean_and_inv_std(), params);
+        let (xd, mut dx) = T::data_and_diff_mut(x);
         gpu.kernels.bn_scale_relu_backward(
             s,
             &op,
-            &z.diff(),
-            &z.data(),
-            &x.data,
+            &dz,
+            &zd,
+            &xd,
             self.bn.sums(),
             batch_stats,
-            &mut x.diff,
+            &mut dx,
             grad.accumulate(),
         )
+    }
+}
+
+impl GpuLayer for GpuBnScaleRelu {
+    fn type_name(&self) -> &'static str {
+        "batch_norm+scale+relu"
+    }
+
+    fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
+        self.bn.reshape(gpu, bottoms)
+    }
+
+    fn rounds_itself(&self) -> bool {
+        self.half.is_some()
+    }
+
+    fn rounds_on_load(&self) -> bool {
+        self.half.is_some()
+    }
+
+    fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.forward_as::<u16>(pass)
+        } else {
+            self.forward_as::<f32>(pass)
+        }
+    }
+
+    fn update_state(&mut self, mut pass: StatePass<'_>) -> Result<()> {
+        let params = pass.params.slice_mut(..self.state_len());
+        let (gpu, ctx) = (pass.gpu, pass.ctx);
+        self.bn.update_state(StatePass { gpu, ctx, params })
+    }
+
+    fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.backward_as::<u16>(pass)
+        } else {
+            self.backward_as::<f32>(pass)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuBnScaleRelu;
+    use crate::config::Phase;
+    use crate::cuda::layers::testing::{half_blobs_match_fp32_blobs, net_of, HalfBlobsCase};
+    use crate::cuda::layers::{GpuLayer, Grad};
+    use crate::cuda::layout::Layout;
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::Gpu;
+    use crate::layers::gradient_check::uniform_blob;
+    use crate::precision::Half;
+
+    /// A BatchNorm → Scale (→ ReLU of `relu`'s slope) chain on records of `record`, its Scale
+    /// with a bias where `beta`: the graph's nodes, the Scale's offset in the chain's view of the
+    /// parameters and random parameters for that view (a positive variance and factor, the
+    /// Scale's rounded to `half`, zero in any gap between the two layers' tensors).
+    fn chain(
+        record: [usize; 3],
+        relu: Option<f32>,
+        beta: bool,
+        half: Half,
+        seed: u64,
+    ) -> (crate::net::Net, usize, Vec<f32>) {
+        let relu = relu.map_or(String::new(), |slope| {
+            format!(
+                "[[layer]]\nname = \"relu\"\ntype = \"relu\"\nbottom = [\"bn\"]\ntop = [\"bn\"]\n\
+                 negative_slope = {slope:?}\n\n"
+            )
+        });
+        let layers = format!(
+            "[[layer]]\nname = \"bn\"\ntype = \"batch_norm\"\nbottom = [\"data\"]\ntop = [\"bn\"]\n\n\
+             [[layer]]\nname = \"scale\"\ntype = \"scale\"\nbottom = [\"bn\"]\ntop = [\"bn\"]\n\
+             bias_term = {beta}\n\n{relu}\
+             [[layer]]\nname = \"ip\"\ntype = \"inner_product\"\nbottom = [\"bn\"]\ntop = [\"ip\"]\n\
+             num_output = 10\n\n\
+             [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\nbottom = [\"ip\", \"label\"]\n\
+             top = [\"loss\"]\n"
+        );
+        let (graph, spans) = net_of(&layers, record);
+        let of = |layer: usize| spans.iter().filter(move |s| s.layer == layer);
+        let start = of(0).next().unwrap().offset;
+        let end = of(1).next_back().unwrap().range().end;
+        let mut params = vec![0.0; end - start];
+        let c = record[0];
+        let mut fill = |span: &crate::params::ParamSpan, lo: f32, hi: f32, round: bool| {
+            let mut v = uniform_blob(&[span.len], lo, hi, seed + span.offset as u64).data;
+            if round {
+                half.round_slice(&mut v);
+            }
+            params[span.offset - start..][..span.len].copy_from_slice(&v);
+        };
+        for (i, span) in of(0).enumerate() {
+            // [mean (C), variance (C), factor (1)]
+            let (lo, hi) = if i == 0 { (-0.5, 0.5) } else { (0.5, 2.0) };
+            assert_eq!(span.len, if i < 2 { c } else { 1 }, "{}", span.full_name);
+            fill(span, lo, hi, false);
+        }
+        for span in of(1) {
+            fill(span, -1.5, 1.5, true);
+        }
+        let scale_offset = of(1).next().unwrap().offset - start;
+        (graph, scale_offset, params)
+    }
+
+    /// One chain on FP32 blobs and on half-type blobs: the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        gpu: &Gpu,
+        shape: [usize; 4],
+        relu: Option<f32>,
+        beta: bool,
+        phase: Phase,
+        layout: Layout,
+        half: Half,
+        seed: u64,
+    ) {
+        let [_, c, h, w] = shape;
+        let (graph, scale_offset, params) = chain([c, h, w], relu, beta, half, seed);
+        let last = if relu.is_some() { 2 } else { 1 };
+        let nodes: Vec<_> = (0..=last).map(|i| graph.node(i)).collect();
+        let case = HalfBlobsCase {
+            what: format!("{shape:?}, relu {relu:?}, beta {beta}, {phase:?}, {layout:?}, {half:?}"),
+            half,
+            phase,
+            bottoms: vec![shape.to_vec()],
+            tops: vec![shape.to_vec()],
+            params,
+            backward: vec![
+                (vec![Grad::Accumulate], Grad::Accumulate),
+                (vec![Grad::Overwrite], Grad::Overwrite),
+                (vec![Grad::Skip], Grad::Accumulate),
+            ],
+            seed,
+        };
+        half_blobs_match_fp32_blobs(gpu, &case, |half_blobs| {
+            let layer = GpuBnScaleRelu::new(gpu, &nodes, scale_offset, layout, Some(half))
+                .unwrap()
+                .on_half_blobs(half_blobs);
+            let mut layer: Box<dyn GpuLayer> = Box::new(layer);
+            layer.reshape(gpu, &[&shape]).unwrap();
+            layer
+        });
+    }
+
+    /// On half-type blobs the chain computes, bit for bit, what it computes on FP32 blobs in
+    /// mixed precision from the same half-type values: forward, the bottom gradient
+    /// (accumulated and overwritten) and the Scale's gradient; with batch statistics (train) and
+    /// global ones (test), with and without a ReLU (leaky too) and the Scale's bias, in both
+    /// layouts (channels-last takes the sums' tiled grid) and both half types; and on a tensor
+    /// beyond four waves of threads, where the elementwise kernels take their loads four at a time.
+    #[test]
+    fn half_blobs_match_rounded_fp32_blobs() {
+        let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
+        let mut seed = 2100;
+        for half in [Half::Bf16, Half::Fp16] {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                for phase in [Phase::Train, Phase::Test] {
+                    for relu in [None, Some(0.0), Some(0.1)] {
+                        for beta in [true, false] {
+                            seed += 10;
+                            let shape = [3, 5, 6, 7];
+                            check(&gpu, shape, relu, beta, phase, layout, half, seed);
+                        }
+                    }
+                }
+            }
+        }
+        let n = 4 * gpu.kernels.wave_threads() / (8 * 16 * 16) + 1;
+        for half in [Half::Bf16, Half::Fp16] {
+            let shape = [n, 8, 16, 16];
+            check(
+                &gpu,
+                shape,
+                Some(0.0),
+                true,
+                Phase::Train,
+                Layout::Nchw,
+                half,
+                2900,
+            );
+        }
     }
 }

@@ -156,7 +156,16 @@ mod tests {
         });
 
         let params = cfg.params().unwrap();
-        let mut layer = build(&gpu, &cfg.name, &params, &[&shape], Layout::Nchw, None, false).unwrap();
+        let mut layer = build(
+            &gpu,
+            &cfg.name,
+            &params,
+            &[&shape],
+            Layout::Nchw,
+            None,
+            false,
+        )
+        .unwrap();
         let blobs = vec![
             GpuBlob::from_host(&gpu, &x).unwrap(),
             GpuBlob::new(&gpu, &tops[0], 0).unwrap(),

@@ -11,8 +11,14 @@
 //! sum's bottom gradients (the net fuses the pair then only where the ReLU has slope 0), so the
 //! net rounds nothing after it ([`GpuLayer::rounds_itself`]), and they round `x_k` and `dy` as
 //! they read them ([`GpuLayer::rounds_on_load`]).
+//!
+//! On half-type blobs ([`GpuEltwiseRelu::on_half_blobs`]: both bottoms and the top stored as
+//! [`Elem::Half`](crate::cuda::blob::Elem::Half), values and gradients) the kernels' half-type
+//! twins read `x_k`, `y` and `dy` as bit patterns, widened, and write `y` and each `dx_k` as the
+//! bit patterns of what they round (`dx_k` after the addition to what it held, in FP32): the
+//! numbers of the same pair on FP32 blobs.
 
-use super::{BackwardPass, ForwardPass, GpuLayer};
+use super::{BackwardPass, BlobElem, ForwardPass, GpuLayer};
 use crate::config::layer_params::LayerParams;
 use crate::config::EltwiseOp;
 use crate::cuda::Gpu;
@@ -48,13 +54,19 @@ pub struct GpuEltwiseRelu {
     slope: f32,
     /// The half type of mixed precision, whose rounding the kernels apply.
     half: Option<Half>,
+    /// Whether the bottoms and the top are stored in the half type.
+    half_blobs: bool,
 }
 
 impl GpuEltwiseRelu {
     /// The same layer on half-type blobs (its bottoms and top stored as
     /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs a half type.
-    pub fn on_half_blobs(self, yes: bool) -> Self {
-        assert!(!yes, "on half-type blobs: not yet");
+    pub fn on_half_blobs(mut self, yes: bool) -> Self {
+        assert!(
+            !yes || self.half.is_some(),
+            "a sum and ReLU on half-type blobs needs the half type"
+        );
+        self.half_blobs = yes;
         self
     }
 
@@ -73,6 +85,7 @@ impl GpuEltwiseRelu {
             coeff: [coeff[0], coeff[1]],
             slope: relu.negative_slope,
             half,
+            half_blobs: false,
         }
     }
 }
@@ -101,7 +114,26 @@ impl GpuLayer for GpuEltwiseRelu {
         }
     }
 
-    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+    fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.forward_as::<u16>(pass)
+        } else {
+            self.forward_as::<f32>(pass)
+        }
+    }
+
+    fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.backward_as::<u16>(pass)
+        } else {
+            self.backward_as::<f32>(pass)
+        }
+    }
+}
+
+impl GpuEltwiseRelu {
+    /// Forward on blobs stored as `T`.
+    fn forward_as<T: BlobElem>(&self, mut pass: ForwardPass<'_>) -> Result<()> {
         let gpu = pass.gpu;
         let [x0, x1, y] = pass.blobs.two_bottoms_top();
         let n = y.count();
@@ -109,19 +141,20 @@ impl GpuLayer for GpuEltwiseRelu {
             &gpu.compute,
             self.coeff,
             self.slope,
-            &x0.data(),
-            &x1.data(),
-            &mut y.data_mut(),
+            &T::data(x0),
+            &T::data(x1),
+            &mut T::data_mut(y),
             n,
             self.half,
         )
     }
 
-    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+    /// Backward on blobs stored as `T`.
+    fn backward_as<T: BlobElem>(&self, mut pass: BackwardPass<'_>) -> Result<()> {
         let (gpu, grads) = (pass.gpu, pass.grads);
         let [x0, x1, y] = pass.blobs.two_bottoms_top();
         let n = y.count();
-        let (mut dx0, mut dx1) = (x0.diff_mut(), x1.diff_mut());
+        let (mut dx0, mut dx1) = (T::diff_mut(x0), T::diff_mut(x1));
         let dx = [
             grads[0].wanted().then(|| (&mut dx0, grads[0].accumulate())),
             grads[1].wanted().then(|| (&mut dx1, grads[1].accumulate())),
@@ -130,11 +163,76 @@ impl GpuLayer for GpuEltwiseRelu {
             &gpu.compute,
             self.coeff,
             self.slope,
-            &y.data(),
-            &y.diff(),
+            &T::data(y),
+            &T::diff(y),
             dx,
             n,
             self.half,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuEltwiseRelu;
+    use crate::config::Phase;
+    use crate::cuda::layers::testing::{half_blobs_match_fp32_blobs, net_of, HalfBlobsCase};
+    use crate::cuda::layers::Grad;
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::Gpu;
+    use crate::precision::Half;
+
+    /// The pair `relu(c0 · data + c1 · twin)` (`coeff` the Eltwise's `coeff` key, or none) on
+    /// FP32 blobs and on half-type blobs: the same bits.
+    fn check(gpu: &Gpu, shape: [usize; 4], coeff: &str, half: Half, seed: u64) {
+        let [_, c, h, w] = shape;
+        let layers = format!(
+            "[[layer]]\nname = \"twin\"\ntype = \"power\"\nbottom = [\"data\"]\ntop = [\"twin\"]\n\n\
+             [[layer]]\nname = \"sum\"\ntype = \"eltwise\"\nbottom = [\"data\", \"twin\"]\n\
+             top = [\"sum\"]\n{coeff}\n\n\
+             [[layer]]\nname = \"relu\"\ntype = \"relu\"\nbottom = [\"sum\"]\ntop = [\"sum\"]\n\n\
+             [[layer]]\nname = \"ip\"\ntype = \"inner_product\"\nbottom = [\"sum\"]\ntop = [\"ip\"]\n\
+             num_output = 10\n\n\
+             [[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\nbottom = [\"ip\", \"label\"]\n\
+             top = [\"loss\"]\n"
+        );
+        let (graph, _) = net_of(&layers, [c, h, w]);
+        let nodes = [graph.node(1), graph.node(2)];
+        let (acc, over, skip) = (Grad::Accumulate, Grad::Overwrite, Grad::Skip);
+        let case = HalfBlobsCase {
+            what: format!("{shape:?}, `{coeff}`, {half:?}"),
+            half,
+            phase: Phase::Train,
+            bottoms: vec![shape.to_vec(), shape.to_vec()],
+            tops: vec![shape.to_vec()],
+            params: Vec::new(),
+            backward: vec![
+                (vec![acc, acc], acc),
+                (vec![over, over], over),
+                (vec![skip, over], acc),
+                (vec![acc, skip], acc),
+            ],
+            seed,
+        };
+        half_blobs_match_fp32_blobs(gpu, &case, |half_blobs| {
+            Box::new(GpuEltwiseRelu::new(&nodes, Some(half)).on_half_blobs(half_blobs))
+        });
+    }
+
+    /// On half-type blobs the residual sum and its ReLU compute, bit for bit, what they compute
+    /// on FP32 blobs in mixed precision from the same half-type values: the top and both bottom
+    /// gradients (accumulated, overwritten, one of them skipped), with and without
+    /// coefficients, in both half types, and on a tensor beyond four waves of threads, where the
+    /// kernels take their loads four at a time.
+    #[test]
+    fn half_blobs_match_rounded_fp32_blobs() {
+        let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
+        let n = 4 * gpu.kernels.wave_threads() / (8 * 16 * 16) + 1;
+        for half in [Half::Bf16, Half::Fp16] {
+            for coeff in ["", "coeff = [1.0, 0.5]", "coeff = [-0.75, 1.5]"] {
+                check(&gpu, [3, 4, 5, 7], coeff, half, 2200);
+            }
+            check(&gpu, [n, 8, 16, 16], "coeff = [1.0, 0.5]", half, 2300);
+        }
     }
 }

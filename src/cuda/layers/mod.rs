@@ -24,6 +24,10 @@
 //!   [`Collective`] that BatchNorm's `sync` reduces its statistics with.
 //! - Layers with state in the flat parameters (BatchNorm's running statistics) write it in
 //!   [`GpuLayer::update_state`], which the net calls after a training forward.
+//! - The layers that can run on half-type blobs (the fused chains and the poolings, built with
+//!   [`build`]'s `half_blobs`) write each pass once, generic over how the blobs are stored
+//!   (`BlobElem`: `f32` or the half type's bit patterns), and compute the same numbers on
+//!   either.
 
 /// `layer_builder!(Params, |p| layer)`: the [`BuildGpu`] of `Params` whatever the device, the
 /// name and the layout: the GPU layer `layer`, an expression of the parameters `p`.
@@ -91,6 +95,7 @@ pub mod tanh;
 pub mod view;
 
 use super::blob::GpuBlob;
+use super::kernels::StoredElem;
 use super::layout::Layout;
 use super::nccl::{NcclComm, ReduceOp};
 use super::{gpu_error, Gpu};
@@ -399,7 +404,10 @@ pub fn build(
     half: Option<Half>,
     half_blobs: bool,
 ) -> Result<Box<dyn GpuLayer>> {
-    assert!(half.is_some() || !half_blobs, "half-type blobs without a half type");
+    assert!(
+        half.is_some() || !half_blobs,
+        "half-type blobs without a half type"
+    );
     let mut layer: Box<dyn GpuLayer> = match (params, half) {
         (LayerParams::Pooling(p), Some(_)) => Box::new(
             pooling::GpuPooling::new(gpu, name, p, layout)?
@@ -407,7 +415,8 @@ pub fn build(
                 .on_half_blobs(half_blobs),
         ),
         (LayerParams::Convolution(p), Some(h)) => Box::new(
-            convolution::GpuConvolution::new(gpu, name, p, layout)?.in_mixed_precision(h, half_blobs),
+            convolution::GpuConvolution::new(gpu, name, p, layout)?
+                .in_mixed_precision(gpu, h, half_blobs)?,
         ),
         _ => {
             assert!(!half_blobs, "layer `{name}` cannot run on half-type blobs");
@@ -531,6 +540,71 @@ pub(crate) fn copy_data(gpu: &Gpu, x: &GpuBlob, y: &mut GpuBlob) -> Result<()> {
     gpu.compute
         .memcpy_dtod(&x.data.slice(..n), &mut y.data.slice_mut(..n))
         .map_err(|e| gpu_error("copy a blob", e))
+}
+
+/// A blob's values and gradient of the logical shape, `(count)` elements each, as stored: `f32`
+/// ([`GpuBlob::data`], [`GpuBlob::diff`]) or half-type bit patterns (`u16`,
+/// [`GpuBlob::half_data`], [`GpuBlob::half_diff`]), so that a layer that runs on either storage
+/// writes its passes once, generic over the element type, and launches the kernels of that
+/// storage ([`StoredElem`]). The half-type views panic on a blob stored in FP32.
+pub(crate) trait BlobElem: StoredElem {
+    fn data(b: &GpuBlob) -> CudaView<'_, Self>;
+    fn data_mut(b: &mut GpuBlob) -> CudaViewMut<'_, Self>;
+    fn diff(b: &GpuBlob) -> CudaView<'_, Self>;
+    fn diff_mut(b: &mut GpuBlob) -> CudaViewMut<'_, Self>;
+    /// The values and, writable, the gradient at once (a backward that reads a bottom's values
+    /// as it writes its gradient).
+    fn data_and_diff_mut(b: &mut GpuBlob) -> (CudaView<'_, Self>, CudaViewMut<'_, Self>);
+}
+
+impl BlobElem for f32 {
+    fn data(b: &GpuBlob) -> CudaView<'_, f32> {
+        b.data()
+    }
+
+    fn data_mut(b: &mut GpuBlob) -> CudaViewMut<'_, f32> {
+        b.data_mut()
+    }
+
+    fn diff(b: &GpuBlob) -> CudaView<'_, f32> {
+        b.diff()
+    }
+
+    fn diff_mut(b: &mut GpuBlob) -> CudaViewMut<'_, f32> {
+        b.diff_mut()
+    }
+
+    fn data_and_diff_mut(b: &mut GpuBlob) -> (CudaView<'_, f32>, CudaViewMut<'_, f32>) {
+        let n = b.count();
+        (b.data.slice(..n), b.diff.slice_mut(..n))
+    }
+}
+
+impl BlobElem for u16 {
+    fn data(b: &GpuBlob) -> CudaView<'_, u16> {
+        b.half_data()
+    }
+
+    fn data_mut(b: &mut GpuBlob) -> CudaViewMut<'_, u16> {
+        b.half_data_mut()
+    }
+
+    fn diff(b: &GpuBlob) -> CudaView<'_, u16> {
+        b.half_diff()
+    }
+
+    fn diff_mut(b: &mut GpuBlob) -> CudaViewMut<'_, u16> {
+        b.half_diff_mut()
+    }
+
+    fn data_and_diff_mut(b: &mut GpuBlob) -> (CudaView<'_, u16>, CudaViewMut<'_, u16>) {
+        let n = b.count();
+        let h = b
+            .half
+            .as_mut()
+            .expect("a half-type view of a blob stored in FP32");
+        (h.data.slice(..n), h.diff.slice_mut(..n))
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,12 @@
 //! diff it writes, nor the convolution's top it reads or the gradient on its way back to it.
 //! A fused ReLU has slope 0 there (`cuda::net::fusion`), which keeps half-type values.
 //!
+//! On half-type blobs ([`GpuPooling::on_half_blobs`]: bottom and top stored as
+//! [`Elem::Half`](crate::cuda::blob::Elem::Half), values and gradients) the kernels' half-type
+//! twins read the bottom's values and the top's diffs as bit patterns, widened, and write the top
+//! and the bottom's diff as the bit patterns of what they round (the diff after the addition to
+//! what it held, in FP32): the numbers of the same layer on FP32 blobs. The argmax stays `int`.
+//!
 //! Bottom and top are both NCHW or both channels-last (the layer's layout); the kernels index
 //! either, and the argmax is a pixel of its `(n, c)` plane in both. Backward, NCHW planes that
 //! fit in shared memory run a "plane" kernel (a block per `(n, c)` plane at a time, the top
@@ -39,7 +45,9 @@
 //! elements' loads in flight. Both compute the same sums in the same order as the generic
 //! kernels: the choice changes speed only.
 
-use super::{grow, nchw, one_bottom, scratch, BackwardPass, BuildGpu, ForwardPass, GpuLayer};
+use super::{
+    grow, nchw, one_bottom, scratch, BackwardPass, BlobElem, BuildGpu, ForwardPass, GpuLayer,
+};
 use crate::config::layer_params::{LayerParams, PoolingParams};
 use crate::config::PoolMethod;
 use crate::cuda::kernels::PoolGeom;
@@ -69,6 +77,8 @@ pub struct GpuPooling {
     relu: Option<FusedRelu>,
     /// The half type of mixed precision whose rounding the kernels apply.
     half: Option<Half>,
+    /// Whether the bottom and the top are stored in the half type.
+    half_blobs: bool,
 }
 
 /// A ReLU fused with a pooling; see the module docs.
@@ -132,6 +142,7 @@ impl GpuPooling {
             layout,
             relu: None,
             half: None,
+            half_blobs: false,
         })
     }
 
@@ -144,8 +155,12 @@ impl GpuPooling {
     /// The same layer on half-type blobs (its bottom and top stored as
     /// [`Elem::Half`](crate::cuda::blob::Elem::Half)) where `yes`; needs [`Self::rounding_to`]
     /// a half type first.
-    pub fn on_half_blobs(self, yes: bool) -> Self {
-        assert!(!yes, "pooling on half-type blobs: not yet");
+    pub fn on_half_blobs(mut self, yes: bool) -> Self {
+        assert!(
+            !yes || self.half.is_some(),
+            "pooling on half-type blobs needs the half type"
+        );
+        self.half_blobs = yes;
         self
     }
 
@@ -235,15 +250,34 @@ impl GpuLayer for GpuPooling {
         Ok(())
     }
 
-    fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
+    fn forward(&mut self, pass: ForwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.forward_as::<u16>(pass)
+        } else {
+            self.forward_as::<f32>(pass)
+        }
+    }
+
+    fn backward(&mut self, pass: BackwardPass<'_>) -> Result<()> {
+        if self.half_blobs {
+            self.backward_as::<u16>(pass)
+        } else {
+            self.backward_as::<f32>(pass)
+        }
+    }
+}
+
+impl GpuPooling {
+    /// Forward on blobs stored as `T`.
+    fn forward_as<T: BlobElem>(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let gpu = pass.gpu;
         let [x, y] = pass.blobs.bottom_top();
         let s = &gpu.compute;
         match self.method {
             PoolMethod::Max => gpu.kernels.max_pool_forward(
                 s,
-                &x.data(),
-                &mut y.data_mut(),
+                &T::data(x),
+                &mut T::data_mut(y),
                 &mut self.mask,
                 self.batch,
                 self.geom,
@@ -251,8 +285,8 @@ impl GpuLayer for GpuPooling {
             ),
             PoolMethod::Ave => gpu.kernels.ave_pool_forward(
                 s,
-                &x.data(),
-                &mut y.data_mut(),
+                &T::data(x),
+                &mut T::data_mut(y),
                 self.batch,
                 self.geom,
                 self.relu_before(),
@@ -260,7 +294,8 @@ impl GpuLayer for GpuPooling {
         }
     }
 
-    fn backward(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
+    /// Backward on blobs stored as `T`.
+    fn backward_as<T: BlobElem>(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
         let (gpu, grad) = (pass.gpu, pass.grads[0]);
         if !grad.wanted() {
             return Ok(());
@@ -271,20 +306,19 @@ impl GpuLayer for GpuPooling {
         match self.method {
             PoolMethod::Max => gpu.kernels.max_pool_backward(
                 s,
-                &y.diff(),
+                &T::diff(y),
                 &self.mask,
-                &mut x.diff_mut(),
+                &mut T::diff_mut(x),
                 self.batch,
                 self.geom,
                 acc,
             ),
             PoolMethod::Ave => {
-                let n = x.count();
-                let (data, mut dx) = (x.data.slice(..n), x.diff.slice_mut(..n));
+                let (data, mut dx) = T::data_and_diff_mut(x);
                 let relu = self.relu_before().map(|slope| (&data, slope));
                 let (batch, geom) = (self.batch, self.geom);
                 gpu.kernels
-                    .ave_pool_backward(s, &y.diff(), &mut dx, batch, geom, acc, relu)
+                    .ave_pool_backward(s, &T::diff(y), &mut dx, batch, geom, acc, relu)
             }
         }
     }
@@ -292,9 +326,18 @@ impl GpuLayer for GpuPooling {
 
 #[cfg(test)]
 mod tests {
-    use super::pooled_size;
-    use crate::cuda::layers::testing::{check_against_cpu, layer_matches_cpu, LayerCase};
+    use super::{pooled_size, GpuPooling};
+    use crate::config::layer_params::LayerParams;
+    use crate::config::Phase;
+    use crate::cuda::layers::testing::{
+        check_against_cpu, half_blobs_match_fp32_blobs, layer_matches_cpu, net_of, HalfBlobsCase,
+        LayerCase,
+    };
+    use crate::cuda::layers::{build, GpuLayer, Grad};
+    use crate::cuda::layout::Layout;
     use crate::cuda::test_util::gpu_or_skip;
+    use crate::cuda::Gpu;
+    use crate::precision::Half;
 
     fn case(extra: &str, bottom: &[usize]) -> LayerCase {
         LayerCase::new(
@@ -356,5 +399,139 @@ mod tests {
             405,
         );
         check_against_cpu(&gpu, &case("global_pooling = true", &[4, 5, 3, 7]), 406);
+    }
+
+    /// Where a ReLU runs with the pooling in [`half_blobs_match_fp32_blobs_in`]'s nets.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Relu {
+        None,
+        /// After a max pooling, or before an average pooling.
+        Fused,
+    }
+
+    /// The pooling `keys` (max, or average where `ave`), alone or fused with its ReLU, on
+    /// bottoms of `shape` stored in `layout`: on FP32 blobs and on half-type blobs, the same
+    /// bits.
+    #[allow(clippy::too_many_arguments)]
+    fn half_blobs_match_fp32_blobs_in(
+        gpu: &Gpu,
+        shape: [usize; 4],
+        keys: &str,
+        ave: bool,
+        relu: Relu,
+        layout: Layout,
+        half: Half,
+        seed: u64,
+    ) {
+        let [n, c, h, w] = shape;
+        let method = if ave { "ave" } else { "max" };
+        let table = |name: &str, kind: &str, bottom: &str, top: &str, keys: &str| {
+            format!(
+                "[[layer]]\nname = \"{name}\"\ntype = \"{kind}\"\nbottom = [\"{bottom}\"]\n\
+                 top = [\"{top}\"]\n{keys}\n\n"
+            )
+        };
+        let pool_keys = format!("pool = \"{method}\"\n{keys}");
+        // The chain's last top is `pool`; a classifier and its loss read it.
+        let chain = match (relu, ave) {
+            (Relu::None, _) => table("pool", "pooling", "data", "pool", &pool_keys),
+            (Relu::Fused, false) => {
+                table("pool", "pooling", "data", "pool", &pool_keys)
+                    + &table("relu", "relu", "pool", "pool", "")
+            }
+            (Relu::Fused, true) => {
+                table("relu", "relu", "data", "rectified", "")
+                    + &table("pool", "pooling", "rectified", "pool", &pool_keys)
+            }
+        };
+        let classifier = table("ip", "inner_product", "pool", "ip", "num_output = 10")
+            + "[[layer]]\nname = \"loss\"\ntype = \"softmax_with_loss\"\n\
+               bottom = [\"ip\", \"label\"]\ntop = [\"loss\"]\n";
+        let (graph, _) = net_of(&(chain + &classifier), [c, h, w]);
+        let pool_node = (0..graph.len())
+            .map(|i| graph.node(i))
+            .find(|node| node.name == "pool")
+            .unwrap();
+        let LayerParams::Pooling(p) = pool_node.params else {
+            unreachable!("the pooling layer");
+        };
+        let (kernel, stride, pad) = if p.global {
+            ([h, w], [1, 1], [0, 0])
+        } else {
+            (p.kernel, p.stride, p.pad)
+        };
+        let top = [
+            n,
+            c,
+            pooled_size(h, kernel[0], stride[0], pad[0]),
+            pooled_size(w, kernel[1], stride[1], pad[1]),
+        ];
+        let case = HalfBlobsCase {
+            what: format!("{shape:?} `{pool_keys}`, ReLU {relu:?}, {layout:?}, {half:?}"),
+            half,
+            phase: Phase::Train,
+            bottoms: vec![shape.to_vec()],
+            tops: vec![top.to_vec()],
+            params: Vec::new(),
+            backward: vec![
+                (vec![Grad::Accumulate], Grad::Accumulate),
+                (vec![Grad::Overwrite], Grad::Overwrite),
+            ],
+            seed,
+        };
+        half_blobs_match_fp32_blobs(gpu, &case, |half_blobs| match relu {
+            Relu::None => build(
+                gpu,
+                "pool",
+                pool_node.params,
+                &[&shape],
+                layout,
+                Some(half),
+                half_blobs,
+            )
+            .unwrap(),
+            Relu::Fused => {
+                let nodes = [graph.node(0), graph.node(1)];
+                let layer = GpuPooling::with_relu(gpu, &nodes, layout)
+                    .unwrap()
+                    .rounding_to(Some(half))
+                    .on_half_blobs(half_blobs);
+                let mut layer: Box<dyn GpuLayer> = Box::new(layer);
+                layer.reshape(gpu, &[&shape]).unwrap();
+                layer
+            }
+        });
+    }
+
+    /// On half-type blobs max and average pooling, alone and fused with their ReLU, compute,
+    /// bit for bit, what they compute on FP32 blobs in mixed precision from the same half-type
+    /// values: the top and the bottom gradient, accumulated and overwritten, in both half types.
+    /// Channels-last takes the generic kernels; NCHW the plane kernels — the scatter kernel for
+    /// max pooling of 3 × 3 windows by 2, the covering-window one for averages and for max
+    /// pooling whose windows overlap 16 times — and, on 160 × 160 planes, beyond shared memory,
+    /// the generic ones.
+    #[test]
+    fn half_blobs_match_rounded_fp32_blobs() {
+        let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
+        let cases = [
+            ([2, 3, 9, 7], "kernel_size = 3\nstride = 2\npad = 1"),
+            ([2, 3, 8, 8], "kernel_size = 4\nstride = 1"),
+            ([1, 2, 160, 160], "kernel_size = 3\nstride = 2"),
+        ];
+        let mut seed = 2400;
+        for half in [Half::Bf16, Half::Fp16] {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                for (shape, keys) in cases {
+                    for ave in [false, true] {
+                        for relu in [Relu::None, Relu::Fused] {
+                            seed += 10;
+                            half_blobs_match_fp32_blobs_in(
+                                &gpu, shape, keys, ave, relu, layout, half, seed,
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

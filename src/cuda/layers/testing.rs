@@ -3,16 +3,23 @@
 //! gradients, and compare the tops, the bottom diffs (accumulated and overwritten) and the
 //! parameter diffs (accumulated and overwritten). A layer that can run channels-last is checked
 //! twice: on NCHW blobs and on NHWC ones (converted on the host on the way in and out).
+//!
+//! For the layers that run on half-type blobs, [`half_blobs_match_fp32_blobs`] compares the layer
+//! on half-type blobs with the same layer on FP32 blobs in mixed precision, bit for bit; and
+//! [`net_of`] gives the graph whose nodes build a fused chain.
 
 use super::{build, BackwardPass, ForwardPass, GpuCtx, GpuLayer, Grad, LayerBlobs, StatePass};
 use crate::backend::Cpu;
 use crate::config::{LayerConfig, Phase};
-use crate::cuda::blob::GpuBlob;
+use crate::cuda::blob::{Elem, GpuBlob};
 use crate::cuda::layout::{convert, runs_channels_last, Layout};
 use crate::cuda::test_util::assert_close;
 use crate::cuda::Gpu;
 use crate::layers::gradient_check::{label_blob, layer_config, uniform_blob};
 use crate::layers::{self, Ctx};
+use crate::net::Net;
+use crate::params::ParamSpan;
+use crate::precision::Half;
 use crate::tensor::Blob;
 use cudarc::driver::CudaSlice;
 
@@ -430,3 +437,203 @@ macro_rules! layer_matches_cpu {
     };
 }
 pub(crate) use layer_matches_cpu;
+
+/// The graph and parameter layout of a net around `layers` (`[[layer]]` tables reading the blob
+/// `data` of synthetic records of `record = [C, H, W]`), for tests that build a fused chain from
+/// its nodes. The tables should end in a loss, as a trainable net does.
+pub(crate) fn net_of(layers: &str, record: [usize; 3]) -> (Net, Vec<ParamSpan>) {
+    let [c, h, w] = record;
+    let text = format!(
+        "data = {{ format = \"synthetic\", shape = [{c}, {h}, {w}], classes = 10, batch_size = 2 }}\n\
+         solver = {{ base_lr = 0.1, max_iter = 1 }}\n{layers}"
+    );
+    let (cfg, _) = crate::validate::load_str("t.toml", &text, std::path::Path::new("."), &[])
+        .unwrap_or_else(|e| panic!("bad test net: {e}"));
+    let (graph, params) = Net::build(&cfg, record, 1).unwrap();
+    (graph, params.spans)
+}
+
+/// A layer on half-type blobs against the same layer on FP32 blobs, both in mixed precision:
+/// see [`half_blobs_match_fp32_blobs`].
+pub(crate) struct HalfBlobsCase {
+    /// Names the case in failures.
+    pub what: String,
+    pub half: Half,
+    pub phase: Phase,
+    pub bottoms: Vec<Vec<usize>>,
+    pub tops: Vec<Vec<usize>>,
+    /// The layer's view of the flat parameters.
+    pub params: Vec<f32>,
+    /// The backward passes, in turn: what happens to each bottom's diff and to the parameters'
+    /// gradient. Before each, the bottoms' diffs and the parameter gradient hold the same random
+    /// values (accumulated into) or NaN (to be overwritten).
+    pub backward: Vec<(Vec<Grad>, Grad)>,
+    pub seed: u64,
+}
+
+/// Writes `values` into `b`'s values (or, `diff`, its gradient) as `b` stores them: FP32, or the
+/// half type's bit patterns (rounded).
+fn write_stored(gpu: &Gpu, b: &mut GpuBlob, diff: bool, values: &[f32]) {
+    let s = &gpu.compute;
+    match b.elem() {
+        Elem::F32 => {
+            let mut dst = if diff { b.diff_mut() } else { b.data_mut() };
+            s.memcpy_htod(values, &mut dst).unwrap();
+        }
+        Elem::Half(h) => {
+            let bits: Vec<u16> = values.iter().map(|&v| h.bits(v)).collect();
+            let mut dst = if diff {
+                b.half_diff_mut()
+            } else {
+                b.half_data_mut()
+            };
+            s.memcpy_htod(&bits, &mut dst).unwrap();
+        }
+    }
+}
+
+/// `b`'s values (or, `diff`, its gradient) on the host, half-type ones widened.
+fn read_stored(gpu: &Gpu, b: &GpuBlob, diff: bool) -> Vec<f32> {
+    let s = &gpu.compute;
+    gpu.synchronize().unwrap();
+    let values = match b.elem() {
+        Elem::F32 => s
+            .clone_dtoh(&if diff { b.diff() } else { b.data() })
+            .unwrap(),
+        Elem::Half(h) => {
+            let bits = if diff { b.half_diff() } else { b.half_data() };
+            let bits = s.clone_dtoh(&bits).unwrap();
+            gpu.synchronize().unwrap();
+            bits.into_iter().map(|x| h.widen(x)).collect()
+        }
+    };
+    gpu.synchronize().unwrap();
+    values
+}
+
+/// The random state both runs of [`half_blobs_match_fp32_blobs`] start from.
+struct HalfBlobsInputs {
+    bottoms: Vec<Vec<f32>>,
+    bottom_diffs: Vec<Vec<f32>>,
+    top_diffs: Vec<Vec<f32>>,
+    param_diff: Vec<f32>,
+}
+
+/// One run of `layer` on blobs stored as `elem`: every top and, after each backward pass, every
+/// bottom's diff and the parameter gradient, named.
+fn half_blobs_run(
+    gpu: &Gpu,
+    case: &HalfBlobsCase,
+    layer: &mut dyn GpuLayer,
+    elem: Elem,
+    inputs: &HalfBlobsInputs,
+) -> Vec<(String, Vec<f32>)> {
+    let ctx = GpuCtx::local(case.phase, 0, 1, 0);
+    let shapes = case.bottoms.iter().chain(&case.tops);
+    let mut blobs: Vec<GpuBlob> = shapes
+        .map(|s| GpuBlob::new_as(gpu, s, 0, elem).unwrap())
+        .collect();
+    for (b, x) in blobs.iter_mut().zip(&inputs.bottoms) {
+        write_stored(gpu, b, false, x);
+    }
+    // Tops start as NaN, so that an element the layer leaves unwritten shows.
+    for b in &mut blobs[case.bottoms.len()..] {
+        let nan = vec![f32::NAN; b.count()];
+        write_stored(gpu, b, false, &nan);
+    }
+    let mut run = Fixture::new(
+        gpu,
+        blobs,
+        case.tops.len(),
+        &case.params,
+        &inputs.param_diff,
+    );
+    run.forward(gpu, &ctx, layer);
+    let mut out = Vec::new();
+    for (j, &t) in run.tops.iter().enumerate() {
+        out.push((format!("top {j}"), read_stored(gpu, &run.blobs[t], false)));
+        write_stored(gpu, &mut run.blobs[t], true, &inputs.top_diffs[j]);
+    }
+    for (k, (grads, param_grad)) in case.backward.iter().enumerate() {
+        for (i, g) in grads.iter().enumerate() {
+            let diff = match g {
+                Grad::Overwrite => vec![f32::NAN; inputs.bottom_diffs[i].len()],
+                _ => inputs.bottom_diffs[i].clone(),
+            };
+            write_stored(gpu, &mut run.blobs[i], true, &diff);
+        }
+        let param_diff = match param_grad {
+            Grad::Overwrite => vec![f32::NAN; case.params.len()],
+            _ => inputs.param_diff.clone(),
+        };
+        if !param_diff.is_empty() {
+            let mut dst = run.param_diff.slice_mut(..param_diff.len());
+            gpu.compute.memcpy_htod(&param_diff, &mut dst).unwrap();
+        }
+        run.backward((gpu, &ctx), layer, grads, *param_grad);
+        let pass = format!("backward {k} ({grads:?}, parameters {param_grad:?})");
+        for i in 0..grads.len() {
+            let diff = read_stored(gpu, &run.blobs[i], true);
+            out.push((format!("{pass}: bottom {i} diff"), diff));
+        }
+        out.push((format!("{pass}: parameter diff"), run.param_diff(gpu)));
+    }
+    out
+}
+
+/// Runs the layer `build(half_blobs)` makes (rounding to `case.half`, as the net builds it in
+/// mixed precision) on FP32 blobs and on half-type blobs, from the same half-type bottoms, top
+/// diffs and pre-existing bottom diffs and the same parameters, and asserts that the tops, the
+/// bottom diffs of every backward pass (widened) and the parameter gradients are the same bits;
+/// and that the tops and bottom diffs on FP32 blobs are half-type values without NaN (the layer
+/// rounds itself and writes every element).
+pub(crate) fn half_blobs_match_fp32_blobs(
+    gpu: &Gpu,
+    case: &HalfBlobsCase,
+    build: impl Fn(bool) -> Box<dyn GpuLayer>,
+) {
+    let h = case.half;
+    let mut seed = case.seed;
+    let mut rounded = |shape: &[usize], lo: f32, hi: f32| {
+        seed += 1;
+        let mut v = uniform_blob(shape, lo, hi, seed).data;
+        h.round_slice(&mut v);
+        v
+    };
+    let inputs = HalfBlobsInputs {
+        bottoms: case.bottoms.iter().map(|s| rounded(s, -2.0, 2.0)).collect(),
+        bottom_diffs: case.bottoms.iter().map(|s| rounded(s, -1.0, 1.0)).collect(),
+        top_diffs: case.tops.iter().map(|s| rounded(s, -1.0, 1.0)).collect(),
+        param_diff: uniform_blob(&[case.params.len()], -1.0, 1.0, case.seed + 100).data,
+    };
+    let fp32 = half_blobs_run(gpu, case, build(false).as_mut(), Elem::F32, &inputs);
+    let half = half_blobs_run(gpu, case, build(true).as_mut(), Elem::Half(h), &inputs);
+    let what = &case.what;
+    for ((name, want), (_, got)) in fp32.iter().zip(&half) {
+        assert_eq!(got.len(), want.len(), "{what}: {name}: lengths differ");
+        if !name.ends_with("parameter diff") {
+            let bad = want.iter().position(|&v| v.is_nan() || !h.holds(v));
+            if let Some(i) = bad {
+                panic!(
+                    "{what}: {name} on FP32 blobs: element {i}, {}, not a half-type value",
+                    want[i]
+                );
+            }
+        }
+        let differ: Vec<usize> = (0..want.len())
+            .filter(|&i| want[i].to_bits() != got[i].to_bits())
+            .collect();
+        if let Some(&i) = differ.first() {
+            panic!(
+                "{what}: {name}: {} of {} elements differ; at {i}: FP32 blobs {} ({:#010x}), \
+                 half-type blobs {} ({:#010x})",
+                differ.len(),
+                want.len(),
+                want[i],
+                want[i].to_bits(),
+                got[i],
+                got[i].to_bits()
+            );
+        }
+    }
+}

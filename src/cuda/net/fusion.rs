@@ -158,7 +158,10 @@ pub fn build(
     half: Option<Half>,
     half_blobs: bool,
 ) -> Result<Box<dyn GpuLayer>> {
-    assert!(half.is_some() || !half_blobs, "half-type blobs without a half type");
+    assert!(
+        half.is_some() || !half_blobs,
+        "half-type blobs without a half type"
+    );
     let chain: Vec<NodeView> = (head..=last).map(|j| graph.node(j)).collect();
     let kind = chain[0].params.kind();
     let mut layer: Box<dyn GpuLayer> = if kind == LayerKind::Eltwise {

@@ -13,12 +13,28 @@
 //!
 //! Every blob has one writer (the graph gives a top that reuses a name a blob of its own), so a
 //! blob's layout is never in question.
+//!
+//! In mixed precision the plan also decides which layers run on half-type blobs
+//! ([`runs_on_half_blobs`]: the convolutions without bias, the fused BatchNorm and residual
+//! chains, the poolings) and so which blobs are stored in the half type ([`Elem`]): a blob is
+//! stored as its writer runs, the input `data` and `label` in FP32. A layer reading a blob stored
+//! in the other type reads a converted copy, as for a layout; the conversion rounds (FP32 → half,
+//! exact where the blob holds half-type values) or widens (exact), and in backward adds the
+//! copy's gradient into the blob's, a half-type one rounded after the addition, as the CPU
+//! rounds a bottom gradient after each layer's contribution. Two exceptions keep the rounding
+//! the CPU's (docs/design.md, Mixed precision): a half-type layer never reads an FP32 blob with
+//! other readers (its half-type gradient, widened and added to the others' FP32 sum, would be
+//! rounded twice), and no copy converts both layout and type; a layer that would need either
+//! runs in FP32 instead, and the plan is made again until no layer does.
 
 use super::fusion::Slot;
+use crate::config::layer_params::LayerParams;
 use crate::config::LayerConfig;
+use crate::cuda::blob::Elem;
 use crate::cuda::layout::{layout_matters, runs_channels_last, Layout};
 use crate::layers::Layer;
-use crate::net::{Net, DATA};
+use crate::net::{Net, DATA, LABEL};
+use crate::precision::Half;
 
 /// One bottom of one layer read through a converted copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,43 +47,37 @@ pub struct Conversion {
     pub copy: usize,
 }
 
-/// The layouts of a net's layers and blobs; see the module docs.
+/// The layouts and element types of a net's layers and blobs; see the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoragePlan {
     /// Per layer, the layout it runs in.
     pub runs: Vec<Layout>,
+    /// Per layer, whether it runs on half-type blobs (a fused chain's head for the chain).
+    pub on_half: Vec<bool>,
     /// Per blob — the graph's, then one copy per conversion — how it is stored.
     pub stored: Vec<Layout>,
+    /// Per blob, as `stored`, its element type.
+    pub elem: Vec<Elem>,
     /// In layer order.
     pub conversions: Vec<Conversion>,
 }
 
 impl StoragePlan {
-    /// Everything NCHW, no conversion.
-    fn nchw(layers: usize, blobs: usize) -> StoragePlan {
-        StoragePlan {
-            runs: vec![Layout::Nchw; layers],
-            stored: vec![Layout::Nchw; blobs],
-            conversions: Vec::new(),
-        }
-    }
-
     /// The plan for the net `graph` built from `cfg`, with blob `shapes` and fusion `slots`;
-    /// all NCHW unless `channels_last`.
+    /// all NCHW unless `channels_last`. In mixed precision (`half`), the layers where
+    /// `half_capable` says so run on half-type blobs unless the module docs' exceptions apply.
     pub fn new(
         cfg: &[LayerConfig],
         graph: &Net,
         shapes: &[Vec<usize>],
         slots: &[Slot],
         channels_last: bool,
+        half: Option<(Half, &[bool])>,
     ) -> StoragePlan {
         let blobs = graph.blob_count();
-        if !channels_last {
-            return StoragePlan::nchw(cfg.len(), blobs);
-        }
         let mut runs: Vec<Layout> = cfg
             .iter()
-            .map(|lc| match runs_channels_last(lc) {
+            .map(|lc| match channels_last && runs_channels_last(lc) {
                 true => Layout::Nhwc,
                 false => Layout::Nchw,
             })
@@ -82,6 +92,10 @@ impl StoragePlan {
         }
         let matters = |b: usize| layout_matters(&shapes[b]);
         let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
+        let runner = |i: usize| match slots[i] {
+            Slot::Absorbed { head } => head,
+            _ => i,
+        };
         let mut stored = vec![Layout::Nchw; blobs];
         let data_read_nhwc = (0..cfg.len())
             .any(|i| reads(i) && runs[i] == Layout::Nhwc && graph.node(i).bottoms.contains(&DATA));
@@ -95,26 +109,79 @@ impl StoragePlan {
                 }
             }
         }
+        let mut readers = vec![0usize; blobs];
+        for i in (0..cfg.len()).filter(|&i| reads(i)) {
+            for &b in graph.node(i).bottoms {
+                readers[b] += 1;
+            }
+        }
+        let mut on_half: Vec<bool> = match half {
+            Some((_, capable)) => (0..cfg.len()).map(|i| reads(i) && capable[i]).collect(),
+            None => vec![false; cfg.len()],
+        };
+        // Each round runs in FP32 a layer that an exception rules out (or the writer of the
+        // blob it reads), until none is left: every round turns one layer off, so it ends.
+        let elem = loop {
+            let mut is_half = vec![false; blobs];
+            for i in 0..cfg.len() {
+                for &t in graph.node(i).tops {
+                    is_half[t] = on_half[runner(i)];
+                }
+            }
+            (is_half[DATA], is_half[LABEL]) = (false, false);
+            let mut demote = None;
+            'layers: for i in (0..cfg.len()).filter(|&i| reads(i)) {
+                for &b in graph.node(i).bottoms {
+                    let relaid = matters(b) && stored[b] != runs[i];
+                    let retyped = is_half[b] != on_half[i];
+                    let shared_fp32 = on_half[i] && !is_half[b] && b != DATA && readers[b] > 1;
+                    if on_half[i] && (relaid || shared_fp32) {
+                        demote = Some(i);
+                    } else if relaid && retyped {
+                        // An FP32 layer reading a half-type blob in the other layout.
+                        let writer = (0..cfg.len()).find(|&w| graph.node(w).tops.contains(&b));
+                        demote = writer.map(runner);
+                    }
+                    if demote.is_some() {
+                        break 'layers;
+                    }
+                }
+            }
+            match demote {
+                Some(i) => on_half[i] = false,
+                None => break is_half,
+            }
+        };
+        let elem_of = |h: bool| match (h, half) {
+            (true, Some((ty, _))) => Elem::Half(ty),
+            _ => Elem::F32,
+        };
+        let mut elem: Vec<Elem> = elem.into_iter().map(elem_of).collect();
         let mut conversions = Vec::new();
         for (i, &run) in runs.iter().enumerate() {
             if !reads(i) {
                 continue;
             }
+            let wanted = elem_of(on_half[i]);
             for (slot, &b) in graph.node(i).bottoms.iter().enumerate() {
-                if matters(b) && stored[b] != run {
+                let relaid = matters(b) && stored[b] != run;
+                if relaid || elem[b] != wanted {
                     conversions.push(Conversion {
                         layer: i,
                         slot,
                         from: b,
                         copy: stored.len(),
                     });
-                    stored.push(run);
+                    stored.push(if relaid { run } else { stored[b] });
+                    elem.push(wanted);
                 }
             }
         }
         StoragePlan {
             runs,
+            on_half,
             stored,
+            elem,
             conversions,
         }
     }
@@ -139,6 +206,24 @@ impl StoragePlan {
     /// The conversions of layer `i`'s bottoms.
     pub fn of_layer(&self, i: usize) -> impl Iterator<Item = &Conversion> {
         self.conversions.iter().filter(move |c| c.layer == i)
+    }
+}
+
+/// Whether layer `i` of `graph` (run as `slots` say) can run on half-type blobs: a convolution
+/// without bias, ungrouped, where `convolutions` (cuDNN's graph API, which takes half-type
+/// tensors); the head of a fused BatchNorm → Scale (→ ReLU) or residual sum → ReLU chain; a
+/// pooling, alone or fused with a ReLU. Never a layer with a loss weight or reported tops.
+pub fn runs_on_half_blobs(graph: &Net, slots: &[Slot], i: usize, convolutions: bool) -> bool {
+    let node = graph.node(i);
+    if node.loss_weight != 0.0 || node.reports_output || node.is_loss {
+        return false;
+    }
+    match (&slots[i], node.params) {
+        (Slot::Absorbed { .. }, _) => false,
+        (Slot::Head { .. }, _) => true,
+        (Slot::Own, LayerParams::Convolution(p)) => convolutions && p.group == 1 && !p.bias_term,
+        (Slot::Own, LayerParams::Pooling(_)) => true,
+        (Slot::Own, _) => false,
     }
 }
 
@@ -179,6 +264,7 @@ mod tests {
     use crate::cuda::net::fusion;
     use crate::cuda::net::infer_shapes;
     use crate::layers;
+    use crate::precision::Half;
     use crate::validate::load_str;
     use std::path::Path;
 
@@ -216,7 +302,14 @@ mod tests {
     fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
         let b = build(text, record);
         let slots = fusion::plan(&b.graph, &b.spans, false);
-        let plan = StoragePlan::new(&b.cfg.layers, &b.graph, &b.shapes, &slots, channels_last);
+        let plan = StoragePlan::new(
+            &b.cfg.layers,
+            &b.graph,
+            &b.shapes,
+            &slots,
+            channels_last,
+            None,
+        );
         (plan, b.graph)
     }
 
@@ -246,6 +339,90 @@ mod tests {
         assert!(!wide(cifar10_quick, [3, 32, 32]));
         assert!(!wide(lenet, [1, 28, 28]));
         assert!(!wide(quickstart, [1, 28, 28]));
+    }
+
+    /// The storage plan of the config `text` in bf16, every layer [`runs_on_half_blobs`]
+    /// allows taken as capable (a GPU may turn convolutions down where cuDNN has no plan).
+    fn half_plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+        let b = build(text, record);
+        let slots = fusion::plan(&b.graph, &b.spans, true);
+        let capable: Vec<bool> = (0..b.graph.len())
+            .map(|i| runs_on_half_blobs(&b.graph, &slots, i, true))
+            .collect();
+        let half = Some((Half::Bf16, &capable[..]));
+        let plan = StoragePlan::new(
+            &b.cfg.layers,
+            &b.graph,
+            &b.shapes,
+            &slots,
+            channels_last,
+            half,
+        );
+        (plan, b.graph)
+    }
+
+    /// ResNet-50 in bf16, channels-last: every convolution, fused chain and pooling runs on
+    /// half-type blobs; the only conversions are the input's into the half type for conv1 and
+    /// pool5's output into FP32 for the inner product, whose top the loss and the accuracy read
+    /// in FP32.
+    #[test]
+    fn resnet50_runs_on_half_blobs_from_conv1_to_pool5() {
+        let text = include_str!("../../../config/resnet50.toml");
+        let (plan, graph) = half_plan_of(text, [3, 224, 224], true);
+        let on_fp32: Vec<&str> = (0..graph.len())
+            .filter(|&i| !plan.on_half[i])
+            .map(|i| graph.layer_name(i))
+            .collect();
+        // The fused chains' later layers run at their heads (not on their own).
+        let own_fp32: Vec<&str> = on_fp32
+            .iter()
+            .copied()
+            .filter(|name| !name.starts_with("scale") && !name.contains("relu"))
+            .filter(|name| !name.starts_with("res") || name.contains("branch"))
+            .collect();
+        assert_eq!(own_fp32, ["fc1000", "loss", "accuracy"]);
+        assert!(plan.on_half[layer(&graph, "conv1")]);
+        assert!(plan.on_half[layer(&graph, "bn_conv1")]);
+        assert!(plan.on_half[layer(&graph, "pool1")]);
+        assert!(plan.on_half[layer(&graph, "pool5")]);
+        let conversions: Vec<(&str, Elem)> = plan
+            .conversions
+            .iter()
+            .map(|c| (graph.layer_name(c.layer), plan.elem[c.copy]))
+            .collect();
+        assert_eq!(
+            conversions,
+            [("conv1", Elem::Half(Half::Bf16)), ("fc1000", Elem::F32)]
+        );
+        assert_eq!(plan.elem[DATA], Elem::F32);
+        let fc_top = graph.node(layer(&graph, "fc1000")).tops[0];
+        assert_eq!(plan.elem[fc_top], Elem::F32);
+    }
+
+    /// A half-type layer never reads an FP32 blob that other layers read too, nor a blob in
+    /// the other layout: with the test CNN's convolutions taken as capable (as without bias),
+    /// the plan is made again until neither happens, and every copy converts one thing only.
+    #[test]
+    fn half_blobs_keep_to_the_exceptions() {
+        for channels_last in [false, true] {
+            let (plan, graph) = half_plan_of(CNN, [1, 8, 8], channels_last);
+            let mut readers = vec![0; graph.blob_count()];
+            for i in 0..graph.len() {
+                for &b in graph.node(i).bottoms {
+                    readers[b] += 1;
+                }
+            }
+            for c in &plan.conversions {
+                let relaid = plan.stored[c.copy] != plan.stored[c.from];
+                let retyped = plan.elem[c.copy] != plan.elem[c.from];
+                assert!(relaid != retyped, "one conversion at a time: {c:?}");
+                if plan.elem[c.copy] != Elem::F32 && c.from != DATA {
+                    assert_eq!(readers[c.from], 1, "a shared FP32 blob read in half: {c:?}");
+                }
+            }
+            let half_layers = plan.on_half.iter().filter(|&&h| h).count();
+            assert!(half_layers > 0, "some layer runs on half-type blobs");
+        }
     }
 
     fn layer(graph: &Net, name: &str) -> usize {

@@ -517,6 +517,60 @@ fn half_fused_chains_match_the_cpu_rounding() {
     }
 }
 
+/// A residual block whose convolutions have no bias runs on half-type blobs in bf16 and fp16:
+/// every convolution, chain and pooling (the convolutions through cuDNN's graph API on half-type
+/// tensors, their weight gradients rounded to the half type as the CPU's), the inner product
+/// and the loss in FP32 behind one conversion; over a few training steps it trains the CPU's
+/// numbers at the half-type tolerance, in either layout.
+#[test]
+fn half_type_blobs_train_as_the_cpu_rounding() {
+    let name = concat!(
+        module_path!(),
+        "::half_type_blobs_train_as_the_cpu_rounding"
+    );
+    let text = include_str!("testdata/half_residual.toml");
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        let mut cfg = config_of("half_residual.toml", text);
+        cfg.cluster.math = math;
+        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+        let chains = [
+            (at("bn1"), at("relu1")),
+            (at("bn2"), at("scale2")),
+            (at("bn3"), at("scale3")),
+            (at("sum"), at("sum_relu")),
+        ];
+        for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+            gpu.layout = layout;
+            let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
+            let on_half: Vec<&str> = (0..cfg.layers.len())
+                .filter(|&i| net.storage.on_half[i])
+                .map(|i| cfg.layers[i].name.as_str())
+                .collect();
+            assert_eq!(
+                on_half,
+                [
+                    "conv1",
+                    "bn1",
+                    "pool1",
+                    "branch",
+                    "bn2",
+                    "projection",
+                    "bn3",
+                    "sum",
+                    "pool2"
+                ],
+                "{math:?}, {layout:?}"
+            );
+            drop(net);
+            cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
+        }
+    }
+}
+
 fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     let name = format!(
         "{}::{math:?}_cnn_training_steps_match_the_cpu_rounding",

@@ -62,6 +62,10 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
+mod half;
+
+use half::{ConvShape, HalfConvolution};
+
 /// How a plan computes the weight gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wgrad {
@@ -124,13 +128,18 @@ struct GraphRun {
 }
 
 impl GraphRun {
-    /// The candidates for `conv` in `dnn`'s math mode: the first [`GRAPH_CANDIDATES`] plans of
+    /// The candidates for `conv` in `dnn`'s math mode: the first `max` plans of
     /// the heuristics that `exact` and the math mode allow ([`graph::Notes::allowed`]) and whose
     /// engine also builds with β = 1; none where the graph API offers none.
-    fn candidates(dnn: &cudnn::Cudnn, conv: &graph::Conv, exact: bool) -> Vec<GraphRun> {
+    fn candidates(
+        dnn: &cudnn::Cudnn,
+        conv: &graph::Conv,
+        exact: bool,
+        max: usize,
+    ) -> Vec<GraphRun> {
         let math = dnn.math();
         let accept = |notes: &graph::Notes| notes.allowed(math, exact);
-        let found = graph::plans(dnn, conv, 0.0, GRAPH_CANDIDATES, accept).and_then(|plans| {
+        let found = graph::plans(dnn, conv, 0.0, max, accept).and_then(|plans| {
             let mut runs = Vec::new();
             for plan in plans {
                 if let Some(twin) = plan.with_beta(dnn, conv, 1.0)? {
@@ -515,12 +524,12 @@ fn data_gradient(
 }
 
 /// The cheapest of `paths` (not empty; the first of equals) for the `what` of layer `name`'s
-/// `plan`: each path's cost (the larger of its median device and host times over runs of
+/// plan for `bottom`: each path's cost (the larger of its median device and host times over runs of
 /// `run(path)` on the compute stream: [`crate::cuda::path_timing::PathTime::cost_ms`]), the
 /// paths timed in turns ([`median_times_in_turns`]), each logged at debug level. Synchronises.
 fn fastest<P: Copy + std::fmt::Debug>(
     gpu: &Gpu,
-    (name, plan): (&str, &Plan),
+    (name, bottom): (&str, [usize; 4]),
     what: &str,
     paths: &[P],
     mut run: impl FnMut(P) -> Result<()>,
@@ -530,7 +539,7 @@ fn fastest<P: Copy + std::fmt::Debug>(
     for (&path, time) in paths.iter().zip(times) {
         tracing::debug!(
             layer = %name,
-            bottom = ?plan.bottom,
+            ?bottom,
             what,
             ?path,
             device_ms = time.device_ms,
@@ -542,6 +551,30 @@ fn fastest<P: Copy + std::fmt::Debug>(
         }
     }
     Ok(best.0)
+}
+
+/// Whether the convolution `p` of `bottom` into `top` (`(N, C, H, W)`, `(N, K, OH, OW)`),
+/// running in `layout`, can run on `half`-type blobs on this device: ungrouped, without bias,
+/// and cuDNN's graph API offers an allowed execution plan for each direction.
+pub fn runs_on_half_blobs(
+    gpu: &Gpu,
+    p: &ConvolutionParams,
+    (bottom, top): ([usize; 4], [usize; 4]),
+    layout: Layout,
+    half: Half,
+) -> bool {
+    let shape = ConvShape {
+        num_output: p.num_output,
+        kernel: p.kernel,
+        geometry: ConvGeometry {
+            pad: p.pad,
+            stride: p.stride,
+            dilation: p.dilation,
+            group: p.group,
+        },
+        layout,
+    };
+    p.group == 1 && !p.bias_term && half::plans_exist(gpu, &shape, bottom, top, half)
 }
 
 /// 2-D convolution on cuDNN; see the module docs.
@@ -578,6 +611,11 @@ pub struct GpuConvolution {
     /// the output positions (`N·C·OH·OW` floats, in the layer's layout) of an unstriding data
     /// gradient ([`Dgrad::Unstride`]). Used on the compute stream only.
     direct_scratch: CudaSlice<f32>,
+    /// Mixed precision's half type, to which the weight gradient is rounded (the FP32 path
+    /// rounds its FP32 result; see [`GpuConvolution::in_mixed_precision`]).
+    half: Option<Half>,
+    /// The half-type path, where the layer's blobs are stored in the half type.
+    half_path: Option<HalfConvolution>,
 }
 
 impl GpuConvolution {
@@ -611,15 +649,36 @@ impl GpuConvolution {
             weight_krsc: scratch(gpu, 1)?,
             grad_krsc: scratch(gpu, 1)?,
             direct_scratch: scratch(gpu, 1)?,
+            half: None,
+            half_path: None,
         })
     }
 
     /// The same layer in mixed precision (`half`): its weight gradient rounded to the half
-    /// type, and with `half_blobs` its bottom and top stored in that type.
-    pub fn in_mixed_precision(self, half: Half, half_blobs: bool) -> Self {
-        let _ = half;
-        assert!(!half_blobs, "convolution on half-type blobs: not yet");
-        self
+    /// type (each backward's contribution, before it is added to the FP32 gradient), and with
+    /// `half_blobs` its bottom and top stored in that type, every direction on the half-type
+    /// path ([`HalfConvolution`]; ungrouped, without bias).
+    pub fn in_mixed_precision(mut self, gpu: &Gpu, half: Half, half_blobs: bool) -> Result<Self> {
+        assert!(
+            !half_blobs || (self.geometry.group == 1 && !self.bias_term),
+            "layer `{}`: only an ungrouped convolution without bias runs on half-type blobs",
+            self.name
+        );
+        self.half = Some(half);
+        if half_blobs {
+            self.half_path = Some(HalfConvolution::new(gpu, half)?);
+        }
+        Ok(self)
+    }
+
+    /// The fixed parameters the half-type path describes its convolutions with.
+    fn conv_shape(&self) -> ConvShape {
+        ConvShape {
+            num_output: self.num_output,
+            kernel: self.kernel,
+            geometry: self.geometry,
+            layout: self.layout,
+        }
     }
 
     fn weight_len(&self) -> usize {
@@ -654,16 +713,22 @@ impl GpuConvolution {
         // A path that leaves the bias gradient apart is timed with the channel sum that then
         // computes it (`backward`), so that every path is timed for the same work.
         let top = self.layout.channel_view(&plan.top_shape(k));
-        fastest(gpu, (&self.name, plan), "weight gradient", paths, |path| {
-            let with_bias = fuses_bias(bias_term, &plan.geom, path);
-            weight_gradient(gpu, lane, plan, path, (k, with_bias), &x, &dy, 0.0, &mut dw)?;
-            if bias_term && !with_bias {
-                let bias = &mut dw.slice_mut(wlen..wlen + k);
-                gpu.kernels
-                    .channel_reduce(lane.stream(), &dy, &dy, false, bias, top, false)?;
-            }
-            Ok(())
-        })
+        fastest(
+            gpu,
+            (&self.name, plan.bottom),
+            "weight gradient",
+            paths,
+            |path| {
+                let with_bias = fuses_bias(bias_term, &plan.geom, path);
+                weight_gradient(gpu, lane, plan, path, (k, with_bias), &x, &dy, 0.0, &mut dw)?;
+                if bias_term && !with_bias {
+                    let bias = &mut dw.slice_mut(wlen..wlen + k);
+                    gpu.kernels
+                        .channel_reduce(lane.stream(), &dy, &dy, false, bias, top, false)?;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Times each of `paths` (cuDNN's chosen forward, the execution plans, each with the bias
@@ -681,7 +746,7 @@ impl GpuConvolution {
         let (p, w) = (params.slice(..), params.slice(..wlen));
         let how = (k, self.bias_term, self.layout);
         let direct = &mut self.direct_scratch;
-        fastest(gpu, (&self.name, plan), "forward", paths, |path| {
+        fastest(gpu, (&self.name, plan.bottom), "forward", paths, |path| {
             let weights = (&w, &mut *direct);
             forward_pass(gpu, plan, path, how, ws, &x, &p, weights, &mut y)
         })
@@ -700,10 +765,16 @@ impl GpuConvolution {
         let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, &gpu.compute);
         let w = weight.slice(..);
         let (layout, direct) = (self.layout, &mut self.direct_scratch);
-        fastest(gpu, (&self.name, plan), "data gradient", paths, |path| {
-            let weights = (&w, &mut *direct);
-            data_gradient(gpu, plan, path, (k, layout, ws), weights, &dy, 0.0, &mut dx)
-        })
+        fastest(
+            gpu,
+            (&self.name, plan.bottom),
+            "data gradient",
+            paths,
+            |path| {
+                let weights = (&w, &mut *direct);
+                data_gradient(gpu, plan, path, (k, layout, ws), weights, &dy, 0.0, &mut dx)
+            },
+        )
     }
 
     /// The output size of one spatial axis, or an error when the kernel does not fit.
@@ -732,17 +803,34 @@ impl GpuLayer for GpuConvolution {
         "convolution"
     }
 
+    /// On half-type blobs, its results are half-type values and it reads nothing else.
+    fn rounds_itself(&self) -> bool {
+        self.half_path.is_some()
+    }
+
+    fn rounds_on_load(&self) -> bool {
+        self.half_path.is_some()
+    }
+
     /// One `(N, C, H, W)` bottom with the `C` of the first call (a multiple of `group`).
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
         let shape = one_bottom(&self.name, bottoms)?;
         let bottom = nchw(&self.name, shape)?;
         let [n, c, h, w] = bottom;
         fix_channels(&self.name, &mut self.channels, shape, self.geometry.group)?;
+        let (conv, oh, ow) = (
+            self.conv_shape(),
+            self.out_size(0, h)?,
+            self.out_size(1, w)?,
+        );
+        if let Some(path) = &mut self.half_path {
+            let top = [n, self.num_output, oh, ow];
+            return path.reshape(gpu, &self.name, &conv, bottom, top);
+        }
         if let Some(i) = self.plans.iter().position(|p| p.bottom == bottom) {
             self.current = i;
             return Ok(());
         }
-        let (oh, ow) = (self.out_size(0, h)?, self.out_size(1, w)?);
         let k = self.num_output;
         let dnn = gpu.cudnn()?;
         // cuDNN rejects empty tensors: an empty batch is described as one sample and skipped.
@@ -766,7 +854,8 @@ impl GpuLayer for GpuConvolution {
         .map_err(|e| Error::Device(format!("layer `{}` (convolution): {e}", self.name)))?;
         grow(gpu, &mut self.workspace, algos.workspace)?;
         grow(gpu, &mut self.wgrad_workspace, algos.workspace)?;
-        if layout == Layout::Nhwc {
+        if layout == Layout::Nhwc || self.half.is_some() {
+            // (In mixed precision NCHW, `grad_krsc` holds a weight gradient to be rounded.)
             let wlen = self.weight_len();
             grow(gpu, &mut self.weight_krsc, wlen)?;
             grow(gpu, &mut self.grad_krsc, wlen)?;
@@ -828,9 +917,24 @@ impl GpuLayer for GpuConvolution {
             };
             let exact = gpu.conv_exact;
             plan.graph = GraphRuns {
-                fwd: GraphRun::candidates(dnn, &conv(graph::Direction::Forward), exact),
-                dgrad: GraphRun::candidates(dnn, &conv(graph::Direction::BackwardData), exact),
-                wgrad: GraphRun::candidates(dnn, &conv(graph::Direction::BackwardFilter), exact),
+                fwd: GraphRun::candidates(
+                    dnn,
+                    &conv(graph::Direction::Forward),
+                    exact,
+                    GRAPH_CANDIDATES,
+                ),
+                dgrad: GraphRun::candidates(
+                    dnn,
+                    &conv(graph::Direction::BackwardData),
+                    exact,
+                    GRAPH_CANDIDATES,
+                ),
+                wgrad: GraphRun::candidates(
+                    dnn,
+                    &conv(graph::Direction::BackwardFilter),
+                    exact,
+                    GRAPH_CANDIDATES,
+                ),
             };
             let runs = [&plan.graph.fwd, &plan.graph.dgrad, &plan.graph.wgrad];
             let most = runs.iter().flat_map(|r| r.iter()).map(GraphRun::workspace);
@@ -860,7 +964,9 @@ impl GpuLayer for GpuConvolution {
         paths.extend((0..plan.graph.wgrad.len()).map(Wgrad::Graph));
         if paths.len() > 1 {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
-            plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
+            // In mixed precision only the weight's gradient is rounded: the bias gradient is
+            // computed apart.
+            plan.wgrad_bias = self.half.is_none() && fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
         // The direct kernel, forward and as the data gradient, where its tiles fit; the
         // unstriding GEMM as the data gradient of a strided 1 × 1 convolution.
@@ -915,6 +1021,11 @@ impl GpuLayer for GpuConvolution {
     fn forward(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (gpu, params) = (pass.gpu, &pass.params);
         let wlen = self.weight_len();
+        let conv = self.conv_shape();
+        if let Some(path) = &mut self.half_path {
+            let [x, y] = pass.blobs.bottom_top();
+            return path.forward(gpu, &conv, &params.slice(..wlen), x, y);
+        }
         let k = self.num_output;
         let filter = self.filter_matrix();
         let plan = &self.plans[self.current];
@@ -949,6 +1060,12 @@ impl GpuLayer for GpuConvolution {
         let k = self.num_output;
         let beta = param_grad.beta();
         let (rows, cols) = self.filter_matrix();
+        let conv = self.conv_shape();
+        if let Some(path) = &mut self.half_path {
+            let [x, y] = pass.blobs.bottom_top();
+            let mut dw = param_diff.slice_mut(..wlen);
+            return path.backward(gpu, &conv, (grad, param_grad), x, y, &mut dw);
+        }
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
         if plan.bottom[0] == 0 {
@@ -997,12 +1114,26 @@ impl GpuLayer for GpuConvolution {
                 let outputs = (k, plan.wgrad_bias);
                 let mut dw = param_diff.slice_mut(..wlen + if plan.wgrad_bias { k } else { 0 });
                 let path = plan.wgrad;
+                let accumulate = param_grad.accumulate();
+                let (kernels, dw_len) = (&gpu.kernels, dw.len());
                 if self.layout == Layout::Nhwc {
                     let krsc = &mut self.grad_krsc;
                     weight_gradient(gpu, lane, plan, path, outputs, &x.data, &y.diff, 0.0, krsc)?;
-                    let accumulate = param_grad.accumulate();
-                    gpu.kernels
-                        .transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
+                    if let Some(h) = self.half {
+                        kernels.round_half(ws_stream, krsc, h.is_fp16(), wlen)?;
+                    }
+                    kernels.transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
+                } else if let Some(h) = self.half {
+                    // Mixed precision: this backward's contribution rounded, then added.
+                    let (x, dy, fp16) = (&x.data, &y.diff, h.is_fp16());
+                    if accumulate {
+                        let g = &mut self.grad_krsc;
+                        weight_gradient(gpu, lane, plan, path, outputs, x, dy, 0.0, g)?;
+                        kernels.add_rounded(ws_stream, g, &mut dw, fp16, true, dw_len)?;
+                    } else {
+                        weight_gradient(gpu, lane, plan, path, outputs, x, dy, 0.0, &mut dw)?;
+                        kernels.round_half(ws_stream, &mut dw, fp16, dw_len)?;
+                    }
                 } else {
                     let (x, dy) = (&x.data, &y.diff);
                     weight_gradient(gpu, lane, plan, path, outputs, x, dy, beta, &mut dw)?;
