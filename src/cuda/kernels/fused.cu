@@ -23,6 +23,15 @@ __device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, f
     return round_if_half(v, half);
 }
 
+// The chain's z of one element x of channel ch.
+__device__ __forceinline__ float bsr_forward_element(float xi, int ch, const float* mean,
+                                                     const float* inv_std, const float* gamma,
+                                                     const float* beta, int has_beta, int relu,
+                                                     float slope, int half) {
+    const float v = bsr_value(xi, mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
+    return (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
+}
+
 // Forward, over x and z stored as T (float, or half-type bit patterns: load_value, store_value).
 template <class T>
 __device__ __forceinline__ void bsr_forward(const T* x, const float* mean, const float* inv_std,
@@ -34,9 +43,9 @@ __device__ __forceinline__ void bsr_forward(const T* x, const float* mean, const
         n, [=](int i) { return load_value(x, i, half); },
         [=](int i, float xi) {
             const int ch = channel_of(i, by_s, by_c);
-            const float v =
-                bsr_value(xi, mean[ch], inv_std[ch], gamma[ch], beta, has_beta, ch, half);
-            store_value(z, i, (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v, half);
+            const float zi = bsr_forward_element(xi, ch, mean, inv_std, gamma, beta, has_beta,
+                                                 relu, slope, half);
+            store_value(z, i, zi, half);
         });
 }
 
@@ -148,6 +157,31 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
 // (dy - mean(dy) - mean(dy * y) * y) * inv_std over m = sums[2C] values, with global ones
 // dy * inv_std. The means are gamma * sums[c] / m and gamma * sums[C + c] / m from sums of g,
 // or in mixed precision sums[c] / m and sums[C + c] / m from sums of the rounded dy (bn_terms).
+// The chain's dx of one element of channel ch from its dz, z, x and (accumulate) old dx.
+__device__ __forceinline__ float bsr_backward_element(float dz, float z, float x, float old,
+                                                      int ch, const float* mean,
+                                                      const float* inv_std, const float* gamma,
+                                                      const double* sums, double inv_m,
+                                                      int batch_stats, int relu, float slope,
+                                                      int c, int accumulate, int half) {
+    const float gm = gamma[ch];
+    const float dy = round_if_half(gm * bsr_grad(dz, z, relu, slope, half), half);
+    float d;
+    if (batch_stats) {
+        float mean_dy = (float)(sums[ch] * inv_m);
+        float mean_dyy = (float)(sums[c + ch] * inv_m);
+        if (!half) {
+            mean_dy = gm * mean_dy;
+            mean_dyy = gm * mean_dyy;
+        }
+        const float y = bsr_normalized(x, mean[ch], inv_std[ch], half);
+        d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
+    } else {
+        d = dy * inv_std[ch];
+    }
+    return round_if_half(accumulate ? old + d : d, half);
+}
+
 template <class T>
 __device__ __forceinline__ void bsr_backward(const T* dz, const T* z, const T* x,
                                              const float* mean, const float* inv_std,
@@ -169,22 +203,10 @@ __device__ __forceinline__ void bsr_backward(const T* dz, const T* z, const T* x
         },
         [=](int i, In in) {
             const int ch = channel_of(i, by_s, by_c);
-            const float gm = gamma[ch];
-            const float dy = round_if_half(gm * bsr_grad(in.dz, in.z, relu, slope, half), half);
-            float d;
-            if (batch_stats) {
-                float mean_dy = (float)(sums[ch] * inv_m);
-                float mean_dyy = (float)(sums[c + ch] * inv_m);
-                if (!half) {
-                    mean_dy = gm * mean_dy;
-                    mean_dyy = gm * mean_dyy;
-                }
-                const float y = bsr_normalized(in.x, mean[ch], inv_std[ch], half);
-                d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
-            } else {
-                d = dy * inv_std[ch];
-            }
-            store_value(dx, i, round_if_half(accumulate ? in.dx + d : d, half), half);
+            const float d =
+                bsr_backward_element(in.dz, in.z, in.x, in.dx, ch, mean, inv_std, gamma, sums,
+                                     inv_m, batch_stats, relu, slope, c, accumulate, half);
+            store_value(dx, i, d, half);
         });
 }
 
@@ -218,15 +240,20 @@ extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
 // and x0, x1 and dy as they are read (the net may leave them unrounded for this pair to round).
 // The `_h` twins take every tensor stored in the half type, as the chain's above.
 
+// y of one element from x0 and x1.
+__device__ __forceinline__ float sum2_forward_element(float x0, float x1, float c0, float c1,
+                                                      float slope, int half) {
+    const float v = fmaf(c1, round_if_half(x1, half), c0 * round_if_half(x0, half));
+    return round_if_half(v > 0.0f ? v : slope * v, half);
+}
+
 template <class T>
 __device__ __forceinline__ void sum2_forward(const T* x0, const T* x1, float c0, float c1,
                                              float slope, T* y, int n, int half) {
     grid_stride_by_four(
         n, [=](int i) { return make_float2(load_value(x0, i, half), load_value(x1, i, half)); },
         [=](int i, float2 in) {
-            const float v =
-                fmaf(c1, round_if_half(in.y, half), c0 * round_if_half(in.x, half));
-            store_value(y, i, round_if_half(v > 0.0f ? v : slope * v, half), half);
+            store_value(y, i, sum2_forward_element(in.x, in.y, c0, c1, slope, half), half);
         });
 }
 
@@ -239,11 +266,35 @@ extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, f
 extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const unsigned short* x1,
                                                float c0, float c1, float slope,
                                                unsigned short* y, int n, int half) {
-    sum2_forward(x0, x1, c0, c1, slope, y, n, half);
+    if (n % 8 != 0) {
+        sum2_forward(x0, x1, c0, c1, slope, y, n, half);
+        return;
+    }
+    GRID_STRIDE_INT(g, n >> 3) {
+        const int i0 = g << 3;
+        const Eight a = load_eight(x0, i0, half);
+        Eight b = load_eight(x1, i0, half);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b.v[j] = sum2_forward_element(a.v[j], b.v[j], c0, c1, slope, half);
+        store_eight(y, i0, b, half);
+    }
 }
 
 // g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
 // bottom k that wants its gradient (want_k).
+// The gradient g reaching the sum of one element from y and dy.
+__device__ __forceinline__ float sum2_gradient(float y, float dy, float slope, int half) {
+    const float d = round_if_half(dy, half);
+    return y > 0.0f ? d : slope * d;
+}
+
+// A bottom's dx of one element: c * g, added to the old one where acc, rounded.
+__device__ __forceinline__ float sum2_bottom_gradient(float g, float c, float old, int acc,
+                                                      int half) {
+    const float v = c * g;
+    return round_if_half(acc ? old + v : v, half);
+}
+
 template <class T>
 __device__ __forceinline__ void sum2_backward(const T* y, const T* dy, float c0, float c1,
                                               float slope, T* dx0, T* dx1, int want0, int want1,
@@ -261,16 +312,9 @@ __device__ __forceinline__ void sum2_backward(const T* y, const T* dy, float c0,
                       want1 && acc1 ? load_value(dx1, i, half) : 0.0f};
         },
         [=](int i, In in) {
-            const float d = round_if_half(in.dy, half);
-            const float g = in.y > 0.0f ? d : slope * d;
-            if (want0) {
-                const float v = c0 * g;
-                store_value(dx0, i, round_if_half(acc0 ? in.dx0 + v : v, half), half);
-            }
-            if (want1) {
-                const float v = c1 * g;
-                store_value(dx1, i, round_if_half(acc1 ? in.dx1 + v : v, half), half);
-            }
+            const float g = sum2_gradient(in.y, in.dy, slope, half);
+            if (want0) store_value(dx0, i, sum2_bottom_gradient(g, c0, in.dx0, acc0, half), half);
+            if (want1) store_value(dx1, i, sum2_bottom_gradient(g, c1, in.dx1, acc1, half), half);
         });
 }
 
@@ -286,5 +330,23 @@ extern "C" __global__ void sum2_relu_backward_h(const unsigned short* y, const u
                                                 unsigned short* dx0, unsigned short* dx1,
                                                 int want0, int want1, int acc0, int acc1, int n,
                                                 int half) {
-    sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
+    if (n % 8 != 0) {
+        sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
+        return;
+    }
+    const Eight zero = {};
+    GRID_STRIDE_INT(g8, n >> 3) {
+        const int i0 = g8 << 3;
+        const Eight vy = load_eight(y, i0, half), vdy = load_eight(dy, i0, half);
+        Eight a = want0 && acc0 ? load_eight(dx0, i0, half) : zero;
+        Eight b = want1 && acc1 ? load_eight(dx1, i0, half) : zero;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float g = sum2_gradient(vy.v[j], vdy.v[j], slope, half);
+            a.v[j] = sum2_bottom_gradient(g, c0, a.v[j], acc0, half);
+            b.v[j] = sum2_bottom_gradient(g, c1, b.v[j], acc1, half);
+        }
+        if (want0) store_eight(dx0, i0, a, half);
+        if (want1) store_eight(dx1, i0, b, half);
+    }
 }
