@@ -63,7 +63,8 @@ extern "C" __global__ void bn_scale_relu_forward_h(const unsigned short* x, cons
                                                    const float* beta, int has_beta, int relu,
                                                    float slope, unsigned short* z, int n, int c,
                                                    int s, int half) {
-    bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half);
+    WITH_HALF_CONSTANT(
+        bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half));
 }
 
 // The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
@@ -121,7 +122,8 @@ extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz, const 
                                                 const float* inv_std, const float* gamma,
                                                 int relu, float slope, double* partial, int n,
                                                 int c, int s, int splits, int half, int quad) {
-    bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s, splits, half, quad);
+    WITH_HALF_CONSTANT(bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s,
+                                splits, half, quad));
 }
 
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
@@ -228,8 +230,8 @@ extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
                                                     const double* sums, int batch_stats, int relu,
                                                     float slope, unsigned short* dx, int n, int c,
                                                     int s, int accumulate, int half) {
-    bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope, dx, n, c, s,
-                 accumulate, half);
+    WITH_HALF_CONSTANT(bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu,
+                                    slope, dx, n, c, s, accumulate, half));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -262,10 +264,11 @@ extern "C" __global__ void sum2_relu_forward(const float* x0, const float* x1, f
     sum2_forward(x0, x1, c0, c1, slope, y, n, half);
 }
 
-// sum2_relu_forward on half-type x0, x1 and y.
-extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const unsigned short* x1,
-                                               float c0, float c1, float slope,
-                                               unsigned short* y, int n, int half) {
+// The body of sum2_relu_forward_h, inlined with `half` a constant (WITH_HALF_CONSTANT).
+__device__ __forceinline__ void sum2_forward_by_eight(const unsigned short* x0,
+                                                      const unsigned short* x1, float c0, float c1,
+                                                      float slope, unsigned short* y, int n,
+                                                      int half) {
     if (n % 8 != 0) {
         sum2_forward(x0, x1, c0, c1, slope, y, n, half);
         return;
@@ -275,13 +278,20 @@ extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const u
         const Eight a = load_eight(x0, i0, half);
         Eight b = load_eight(x1, i0, half);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) b.v[j] = sum2_forward_element(a.v[j], b.v[j], c0, c1, slope, half);
+        for (int j = 0; j < 8; ++j) {
+            b.v[j] = sum2_forward_element(a.v[j], b.v[j], c0, c1, slope, half);
+        }
         store_eight(y, i0, b, half);
     }
 }
 
-// g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
-// bottom k that wants its gradient (want_k).
+// sum2_relu_forward on half-type x0, x1 and y.
+extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const unsigned short* x1,
+                                               float c0, float c1, float slope,
+                                               unsigned short* y, int n, int half) {
+    WITH_HALF_CONSTANT(sum2_forward_by_eight(x0, x1, c0, c1, slope, y, n, half));
+}
+
 // The gradient g reaching the sum of one element from y and dy.
 __device__ __forceinline__ float sum2_gradient(float y, float dy, float slope, int half) {
     const float d = round_if_half(dy, half);
@@ -295,6 +305,8 @@ __device__ __forceinline__ float sum2_bottom_gradient(float g, float c, float ol
     return round_if_half(acc ? old + v : v, half);
 }
 
+// g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each
+// bottom k that wants its gradient (want_k).
 template <class T>
 __device__ __forceinline__ void sum2_backward(const T* y, const T* dy, float c0, float c1,
                                               float slope, T* dx0, T* dx1, int want0, int want1,
@@ -324,12 +336,13 @@ extern "C" __global__ void sum2_relu_backward(const float* y, const float* dy, f
     sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
 }
 
-// sum2_relu_backward on half-type y, dy, dx0 and dx1.
-extern "C" __global__ void sum2_relu_backward_h(const unsigned short* y, const unsigned short* dy,
-                                                float c0, float c1, float slope,
-                                                unsigned short* dx0, unsigned short* dx1,
-                                                int want0, int want1, int acc0, int acc1, int n,
-                                                int half) {
+// The body of sum2_relu_backward_h, inlined with `half` a constant (WITH_HALF_CONSTANT).
+__device__ __forceinline__ void sum2_backward_by_eight(const unsigned short* y,
+                                                       const unsigned short* dy, float c0, float c1,
+                                                       float slope,
+                                                       unsigned short* dx0, unsigned short* dx1,
+                                                       int want0, int want1, int acc0, int acc1,
+                                                       int n, int half) {
     if (n % 8 != 0) {
         sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
         return;
@@ -349,4 +362,14 @@ extern "C" __global__ void sum2_relu_backward_h(const unsigned short* y, const u
         if (want0) store_eight(dx0, i0, a, half);
         if (want1) store_eight(dx1, i0, b, half);
     }
+}
+
+// sum2_relu_backward on half-type y, dy, dx0 and dx1.
+extern "C" __global__ void sum2_relu_backward_h(const unsigned short* y, const unsigned short* dy,
+                                                float c0, float c1, float slope,
+                                                unsigned short* dx0, unsigned short* dx1,
+                                                int want0, int want1, int acc0, int acc1, int n,
+                                                int half) {
+    WITH_HALF_CONSTANT(sum2_backward_by_eight(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0,
+                                              acc1, n, half));
 }

@@ -26,7 +26,7 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, int has_b, do
 // bn_sums of half-type a and b (the statistics of a BatchNorm chain's half-type bottom).
 extern "C" __global__ void bn_sums_h(const unsigned short* a, const unsigned short* b, int has_b,
                                      double* partial, int n, int c, int s, int splits, int half) {
-    bn_sums_of(a, b, has_b, partial, n, c, s, splits, half);
+    WITH_HALF_CONSTANT(bn_sums_of(a, b, has_b, partial, n, c, s, splits, half));
 }
 
 // Channel ch's warp sums its pairs of partials into s1, s2 (every lane); lane 0 stores
