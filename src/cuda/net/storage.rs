@@ -25,7 +25,9 @@
 //! the CPU's (docs/design.md, Mixed precision): a half-type layer never reads an FP32 blob with
 //! other readers (its half-type gradient, widened and added to the others' FP32 sum, would be
 //! rounded twice), and no copy converts both layout and type; a layer that would need either
-//! runs in FP32 instead, and the plan is made again until no layer does.
+//! runs in FP32 instead, and the plan is made again until no layer does. So does a half-type
+//! layer whose bottoms are all FP32 and whose tops only FP32 layers read: it would add two
+//! conversions and save nothing (cifar10_quick's poolings between its convolutions with bias).
 
 use super::fusion::Slot;
 use crate::config::layer_params::LayerParams;
@@ -130,7 +132,28 @@ impl StoragePlan {
             }
             (is_half[DATA], is_half[LABEL]) = (false, false);
             let mut demote = None;
-            'layers: for i in (0..cfg.len()).filter(|&i| reads(i)) {
+            // A half-type layer between FP32 ones would only add two conversions.
+            for i in (0..cfg.len()).filter(|&i| on_half[i]) {
+                let outputs = match slots[i] {
+                    Slot::Head { last, .. } => graph.node(last).tops,
+                    _ => graph.node(i).tops,
+                };
+                let read_by = |t: usize| {
+                    let node_reads = |j: &usize| reads(*j) && graph.node(*j).bottoms.contains(&t);
+                    (0..cfg.len()).filter(node_reads).collect::<Vec<_>>()
+                };
+                let fp32_in = graph.node(i).bottoms.iter().all(|&b| !is_half[b]);
+                let fp32_out = outputs.iter().all(|&t| {
+                    let readers = read_by(t);
+                    !readers.is_empty() && readers.iter().all(|&j| !on_half[j])
+                });
+                if fp32_in && fp32_out {
+                    demote = Some(i);
+                    break;
+                }
+            }
+            let none_yet = demote.is_none();
+            'layers: for i in (0..cfg.len()).filter(|&i| none_yet && reads(i)) {
                 for &b in graph.node(i).bottoms {
                     let relaid = matters(b) && stored[b] != runs[i];
                     let retyped = is_half[b] != on_half[i];
@@ -397,6 +420,22 @@ mod tests {
         assert_eq!(plan.elem[DATA], Elem::F32);
         let fc_top = graph.node(layer(&graph, "fc1000")).tops[0];
         assert_eq!(plan.elem[fc_top], Elem::F32);
+    }
+
+    /// cifar10_quick in bf16: its convolutions have a bias (FP32), so its poolings, between
+    /// them, would only add conversions: nothing runs on half-type blobs, nothing is converted.
+    #[test]
+    fn cifar10_quick_keeps_fp32_blobs_between_its_convolutions_with_bias() {
+        let text = include_str!("../../../config/cifar10_quick.toml");
+        let start = text.find("\n[data]").unwrap();
+        let end = start + 1 + text[start + 1..].find("\n[").unwrap();
+        let data = "\n[data]\nformat = \"synthetic\"\nshape = [3, 32, 32]\nbatch_size = 1\n";
+        let text = format!("{}{data}{}", &text[..start], &text[end..]);
+        for channels_last in [false, true] {
+            let (plan, _) = half_plan_of(&text, [3, 32, 32], channels_last);
+            assert!(plan.on_half.iter().all(|&h| !h), "{:?}", plan.on_half);
+            assert!(plan.elem.iter().all(|&e| e == Elem::F32));
+        }
     }
 
     /// A half-type layer never reads an FP32 blob that other layers read too, nor a blob in

@@ -855,10 +855,11 @@ impl GpuLayer for GpuConvolution {
         grow(gpu, &mut self.workspace, algos.workspace)?;
         grow(gpu, &mut self.wgrad_workspace, algos.workspace)?;
         if layout == Layout::Nhwc || self.half.is_some() {
-            // (In mixed precision NCHW, `grad_krsc` holds a weight gradient to be rounded.)
+            // (In mixed precision NCHW, `grad_krsc` holds a weight gradient to be rounded,
+            // followed by the bias gradient where the implicit weight gradient computes it.)
             let wlen = self.weight_len();
             grow(gpu, &mut self.weight_krsc, wlen)?;
-            grow(gpu, &mut self.grad_krsc, wlen)?;
+            grow(gpu, &mut self.grad_krsc, wlen + k)?;
         }
         let g = &self.geometry;
         // Every value fits an int: cuDNN's descriptors above were made from them.
@@ -964,9 +965,7 @@ impl GpuLayer for GpuConvolution {
         paths.extend((0..plan.graph.wgrad.len()).map(Wgrad::Graph));
         if paths.len() > 1 {
             plan.wgrad = self.fastest_wgrad(gpu, &plan, &paths)?;
-            // In mixed precision only the weight's gradient is rounded: the bias gradient is
-            // computed apart.
-            plan.wgrad_bias = self.half.is_none() && fuses_bias(self.bias_term, &geom, plan.wgrad);
+            plan.wgrad_bias = fuses_bias(self.bias_term, &geom, plan.wgrad);
         }
         // The direct kernel, forward and as the data gradient, where its tiles fit; the
         // unstriding GEMM as the data gradient of a strided 1 × 1 convolution.
@@ -1124,15 +1123,20 @@ impl GpuLayer for GpuConvolution {
                     }
                     kernels.transpose(ws_stream, krsc, &mut dw, k, (cols, rows), accumulate)?;
                 } else if let Some(h) = self.half {
-                    // Mixed precision: this backward's contribution rounded, then added.
+                    // Mixed precision: this backward's contribution to the weight's gradient
+                    // rounded, then added; a bias gradient computed with it is not rounded.
                     let (x, dy, fp16) = (&x.data, &y.diff, h.is_fp16());
                     if accumulate {
                         let g = &mut self.grad_krsc;
                         weight_gradient(gpu, lane, plan, path, outputs, x, dy, 0.0, g)?;
-                        kernels.add_rounded(ws_stream, g, &mut dw, fp16, true, dw_len)?;
+                        kernels.add_rounded(ws_stream, g, &mut dw, fp16, true, wlen)?;
+                        if plan.wgrad_bias {
+                            let (gb, mut db) = (g.slice(wlen..dw_len), dw.slice_mut(wlen..dw_len));
+                            kernels.axpy(ws_stream, 1.0, &gb, &mut db, k)?;
+                        }
                     } else {
                         weight_gradient(gpu, lane, plan, path, outputs, x, dy, 0.0, &mut dw)?;
-                        kernels.round_half(ws_stream, &mut dw, fp16, dw_len)?;
+                        kernels.round_half(ws_stream, &mut dw, fp16, wlen)?;
                     }
                 } else {
                     let (x, dy) = (&x.data, &y.diff);
