@@ -571,6 +571,69 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
     }
 }
 
+/// One batch's backward twice into one gradient in bf16 (`backward_first`, then `backward`,
+/// which accumulates): the CNN's convolutions (with bias, on FP32 blobs) round each backward's
+/// weight gradient to the half type before adding it, so that the weight gradient is twice a
+/// bf16 value — itself one — while the bias gradient is not rounded; and the whole gradient is
+/// the CPU net's at the half-type tolerance, in both layouts.
+#[test]
+fn accumulated_convolution_gradients_round_as_the_cpu_in_bf16() {
+    let name = concat!(
+        module_path!(),
+        "::accumulated_convolution_gradients_round_as_the_cpu_in_bf16"
+    );
+    let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, MathMode::Bf16) else {
+        return;
+    };
+    let mut cfg = cnn_config();
+    cfg.cluster.math = MathMode::Bf16;
+    let (record, n) = ([1, 8, 8], 16);
+    let half = crate::precision::Half::Bf16;
+    for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+        gpu.layout = layout;
+        let cpu = Cpu::new(1);
+        let (mut cpu_net, mut params) = Net::build(&cfg, record, n).unwrap();
+        Net::init_params(&mut params, cfg.solver.random_seed);
+        let mut net = GpuNet::new(&cfg, record, n, &gpu).unwrap();
+        net.params_from_host(&gpu, &params).unwrap();
+        crate::solver::zero_grad(&mut params);
+        let (data, labels) = batch_of(n, record, 900);
+        let (d, l) = cpu_net.inputs_mut();
+        d.copy_from_slice(&data);
+        l.copy_from_slice(&labels);
+        // The GPU net keys dropout's masks by the run's seed, as the CPU net by the context's.
+        let ctx = Ctx {
+            seed: cfg.solver.random_seed,
+            ..ctx(&cpu, Phase::Train)
+        };
+        net.load_batch(&gpu, &data, &labels).unwrap();
+        for first in [true, false] {
+            cpu_net.forward(&ctx, &mut params);
+            cpu_net.backward(&ctx, &mut params, &mut |_| {});
+            net.forward(&gpu, pass(Phase::Train), None).unwrap();
+            match first {
+                true => net.backward_first(&gpu, None, &mut |_, _| {}).unwrap(),
+                false => net.backward(&gpu, None, &mut |_, _| {}).unwrap(),
+            }
+        }
+        let got = net.params_to_host(&gpu).unwrap();
+        let what = format!("{layout:?}: the gradient of two backwards");
+        assert_close(&what, &got.diff, &params.diff, BF16.tensors);
+        let (weight, bias) = (
+            params.find("conv1.weight").unwrap().range(),
+            params.find("conv1.bias").unwrap().range(),
+        );
+        assert!(
+            got.diff[weight].iter().all(|&g| half.holds(g)),
+            "{layout:?}: conv1's weight gradient, twice a rounded one"
+        );
+        assert!(
+            !got.diff[bias].iter().all(|&g| half.holds(g)),
+            "{layout:?}: conv1's bias gradient is not rounded"
+        );
+    }
+}
+
 fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     let name = format!(
         "{}::{math:?}_cnn_training_steps_match_the_cpu_rounding",
