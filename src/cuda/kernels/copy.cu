@@ -71,22 +71,12 @@ extern "C" __global__ void transpose_batched(const float* x, float* y, int rows,
 // between an FP32 blob and a half-type one, and the weights and weight gradients of the layers
 // that run on half-type tensors.
 
-// The value of the half-type bit pattern h, widened to FP32 (exactly): half_bits' inverse.
-__device__ __forceinline__ float value_of_half_bits(unsigned short h, int fp16) {
-    if (fp16) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-        return f;
-    }
-    return __uint_as_float((unsigned)h << 16);
-}
-
 // y (n) (+)= x widened: the FP32 copy of a half-type blob; a half-type copy's gradient added to
 // (or written into) an FP32 blob's.
 extern "C" __global__ void widen_half(const unsigned short* x, float* y, int fp16, int accumulate,
                                       long long n) {
     GRID_STRIDE_LONG(i, n) {
-        const float v = value_of_half_bits(x[i], fp16);
+        const float v = load_value(x + i, 0, fp16 ? 2 : 1);
         y[i] = accumulate ? y[i] + v : v;
     }
 }
@@ -96,7 +86,7 @@ extern "C" __global__ void widen_half(const unsigned short* x, float* y, int fp1
 extern "C" __global__ void narrow_half(const float* x, unsigned short* y, int fp16, int accumulate,
                                        long long n) {
     GRID_STRIDE_LONG(i, n) {
-        const float v = accumulate ? value_of_half_bits(y[i], fp16) + x[i] : x[i];
+        const float v = accumulate ? load_value(y + i, 0, fp16 ? 2 : 1) + x[i] : x[i];
         y[i] = half_bits(v, fp16);
     }
 }
@@ -124,6 +114,6 @@ extern "C" __global__ void transpose_widen(const unsigned short* x, float* y, in
                                            int accumulate, int fp16) {
     transpose_tiles(
         x, y, rows, cols,
-        [=](const unsigned short* x, long long i) { return value_of_half_bits(x[i], fp16); },
+        [=](const unsigned short* x, long long i) { return load_value(x + i, 0, fp16 ? 2 : 1); },
         [=](float* y, long long i, float v) { y[i] = accumulate ? y[i] + v : v; });
 }

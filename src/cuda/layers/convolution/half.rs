@@ -22,16 +22,16 @@
 //! bottom shape (the larger of device and host time, as every path choice) and the cheapest
 //! kept; workspaces are cut back to the chosen plans' need.
 
-use super::{event, fastest, GraphRun};
+use super::{fastest, GraphRun, SideFork};
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, graph, ConvGeometry};
 use crate::cuda::layers::{grow, scratch, Grad};
 use crate::cuda::layout::Layout;
-use crate::cuda::{gpu_error, Gpu};
+use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::precision::Half;
 use cudarc::cudnn::sys::cudnnDataType_t;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
 /// How many of the heuristics' allowed execution plans are timed per direction.
 const HALF_CANDIDATES: usize = 4;
@@ -146,10 +146,6 @@ pub struct HalfConvolution {
     workspace: CudaSlice<u8>,
     /// The weight gradient's, on the side stream.
     wgrad_workspace: CudaSlice<u8>,
-    /// Recorded on the compute stream when `dy` is complete, and on the side stream after the
-    /// weight gradient.
-    dy_ready: CudaEvent,
-    wgrad_done: CudaEvent,
 }
 
 impl HalfConvolution {
@@ -162,8 +158,6 @@ impl HalfConvolution {
             grad: scratch(gpu, 1)?,
             workspace: scratch(gpu, 1)?,
             wgrad_workspace: scratch(gpu, 1)?,
-            dy_ready: event(gpu)?,
-            wgrad_done: event(gpu)?,
         })
     }
 
@@ -312,14 +306,16 @@ impl HalfConvolution {
     }
 
     /// `dx (+)=` the data gradient as `grad` says, and the weight gradient, rounded to the half
-    /// type, written or added (`param_grad`) into `dw` (the FP32 weight gradient, KCRS).
+    /// type, written or added (`param_grad`) into `dw` (the FP32 weight gradient, KCRS); the
+    /// weight gradient on the side stream where `dx` is wanted, through the layer's `fork`.
+    /// `[x, y]`: the bottom and the top.
     pub fn backward(
         &mut self,
         gpu: &Gpu,
         shape: &ConvShape,
         (grad, param_grad): (Grad, Grad),
-        x: &mut GpuBlob,
-        y: &GpuBlob,
+        fork: &SideFork,
+        [x, y]: [&mut GpuBlob; 2],
         dw: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let plan = &self.plans[self.current];
@@ -330,12 +326,7 @@ impl HalfConvolution {
         let wants_dx = grad.wanted();
         let side = wants_dx.then(|| gpu.side()).transpose()?;
         if let Some(side) = side {
-            self.dy_ready
-                .record(s)
-                .map_err(|e| gpu_error("record an event", e))?;
-            side.stream()
-                .wait(&self.dy_ready)
-                .map_err(|e| gpu_error("wait for an event", e))?;
+            fork.fork(s, side.stream())?;
         }
         {
             let (dnn, buf) = match side {
@@ -378,11 +369,7 @@ impl HalfConvolution {
             };
         }
         if let Some(side) = side {
-            self.wgrad_done
-                .record(side.stream())
-                .map_err(|e| gpu_error("record an event", e))?;
-            s.wait(&self.wgrad_done)
-                .map_err(|e| gpu_error("wait for an event", e))?;
+            fork.join(side.stream(), s)?;
         }
         Ok(())
     }

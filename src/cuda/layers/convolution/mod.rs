@@ -595,11 +595,8 @@ pub struct GpuConvolution {
     /// The same for cuDNN's weight gradient when it runs on the side stream beside the data
     /// gradient (see `backward`).
     wgrad_workspace: CudaSlice<u8>,
-    /// Recorded on the compute stream when the top's gradient is complete (the side stream's
-    /// weight gradient waits for it), and on the side stream after the weight gradient (the
-    /// compute stream waits for that before the layer's backward returns).
-    dy_ready: CudaEvent,
-    wgrad_done: CudaEvent,
+    /// Forks the weight gradient onto the side stream and joins it back.
+    side_fork: SideFork,
     layout: Layout,
     /// Channels-last only: the weight as KRSC `(K, kh, kw, C/group)`, written by forward.
     weight_krsc: CudaSlice<f32>,
@@ -643,8 +640,7 @@ impl GpuConvolution {
             current: 0,
             workspace: scratch(gpu, 1)?,
             wgrad_workspace: scratch(gpu, 1)?,
-            dy_ready: event(gpu)?,
-            wgrad_done: event(gpu)?,
+            side_fork: SideFork::new(gpu)?,
             layout,
             weight_krsc: scratch(gpu, 1)?,
             grad_krsc: scratch(gpu, 1)?,
@@ -1061,9 +1057,10 @@ impl GpuLayer for GpuConvolution {
         let (rows, cols) = self.filter_matrix();
         let conv = self.conv_shape();
         if let Some(path) = &mut self.half_path {
-            let [x, y] = pass.blobs.bottom_top();
+            let blobs = pass.blobs.bottom_top();
             let mut dw = param_diff.slice_mut(..wlen);
-            return path.backward(gpu, &conv, (grad, param_grad), x, y, &mut dw);
+            let fork = &self.side_fork;
+            return path.backward(gpu, &conv, (grad, param_grad), fork, blobs, &mut dw);
         }
         let plan = &self.plans[self.current];
         let s = &gpu.compute;
@@ -1084,12 +1081,7 @@ impl GpuLayer for GpuConvolution {
         let bias_apart = self.bias_term && !plan.wgrad_bias;
         let side = (wants_dx || bias_apart).then(|| gpu.side()).transpose()?;
         if let Some(side) = side {
-            self.dy_ready
-                .record(s)
-                .map_err(|e| gpu_error("record an event", e))?;
-            side.stream()
-                .wait(&self.dy_ready)
-                .map_err(|e| gpu_error("wait for an event", e))?;
+            self.side_fork.fork(s, side.stream())?;
         }
         let bias_stream = side.map_or(s, |side| side.stream());
         {
@@ -1158,11 +1150,7 @@ impl GpuLayer for GpuConvolution {
             data_gradient(gpu, plan, plan.dgrad, how, weights, dy, beta, dx)?;
         }
         if let Some(side) = side {
-            self.wgrad_done
-                .record(side.stream())
-                .map_err(|e| gpu_error("record an event", e))?;
-            s.wait(&self.wgrad_done)
-                .map_err(|e| gpu_error("wait for an event", e))?;
+            self.side_fork.join(side.stream(), s)?;
         }
         Ok(())
     }
@@ -1222,6 +1210,44 @@ pub(super) fn bias_gradient(
     let view = layout.channel_view(&y.shape);
     gpu.kernels
         .channel_reduce(s, &dy, &dy, false, db, view, accumulate)
+}
+
+/// The two events of a backward that runs its weight gradient on the device's side stream
+/// ([`Gpu::side`]) beside the data gradient: `ready`, recorded on the compute stream once the
+/// top's gradient is complete, which the side stream waits for; `done`, recorded on the side
+/// stream after its work, which the compute stream waits for before the backward returns.
+#[derive(Debug)]
+struct SideFork {
+    ready: CudaEvent,
+    done: CudaEvent,
+}
+
+impl SideFork {
+    fn new(gpu: &Gpu) -> Result<SideFork> {
+        Ok(SideFork {
+            ready: event(gpu)?,
+            done: event(gpu)?,
+        })
+    }
+
+    /// The `side` stream waits for what the `compute` stream has enqueued so far.
+    fn fork(&self, compute: &CudaStream, side: &CudaStream) -> Result<()> {
+        self.ready
+            .record(compute)
+            .map_err(|e| gpu_error("record an event", e))?;
+        side.wait(&self.ready)
+            .map_err(|e| gpu_error("wait for an event", e))
+    }
+
+    /// The `compute` stream waits for what the `side` stream has enqueued so far.
+    fn join(&self, side: &CudaStream, compute: &CudaStream) -> Result<()> {
+        self.done
+            .record(side)
+            .map_err(|e| gpu_error("record an event", e))?;
+        compute
+            .wait(&self.done)
+            .map_err(|e| gpu_error("wait for an event", e))
+    }
 }
 
 /// An event for ordering two streams (no timing).
