@@ -384,6 +384,16 @@ const ABORT_GRACE_S: u64 = 10;
 /// Ends the whole MPI job with `code`. A rank that fails while others may be inside a collective
 /// must call this, or they would wait forever.
 pub fn abort_job(code: i32) -> ! {
+    // Several threads may fail at once (every replica of a process sees the same bad state).
+    // MPI_Abort is not safe to enter twice at once (Open MPI frees its help-message parser's
+    // buffers concurrently and corrupts the heap), so only the first caller aborts; the others
+    // wait for it to end the process.
+    static ABORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if ABORTING.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
     // MPI_Abort asks the launcher to end every process; a launcher that cannot reach a silent
     // host may never answer. The process then ends itself after a grace period, so that no
     // rank is left waiting (the launcher sees it exit with `code`).
