@@ -25,9 +25,13 @@
 //! the CPU's (docs/design.md, Mixed precision): a half-type layer never reads an FP32 blob with
 //! other readers (its half-type gradient, widened and added to the others' FP32 sum, would be
 //! rounded twice), and no copy converts both layout and type; a layer that would need either
-//! runs in FP32 instead, and the plan is made again until no layer does. So does a half-type
+//! runs in FP32 instead, and the plan is made again until no layer does. The same holds the
+//! other way round: an FP32 layer that rounds its own bottom gradients (a fused chain, a
+//! pooling) never reads a half-type blob with other readers, or the gradient it rounded would be
+//! rounded again after the addition; the blob's writer runs in FP32 then. So does a half-type
 //! layer whose bottoms are all FP32 and whose tops only FP32 layers read: it would add two
 //! conversions and save nothing (cifar10_quick's poolings between its convolutions with bias).
+//! `testdata/half_exceptions.toml` meets each exception.
 
 use super::fusion::Slot;
 use crate::config::layer_params::LayerParams;
@@ -158,10 +162,18 @@ impl StoragePlan {
                     let relaid = matters(b) && stored[b] != runs[i];
                     let retyped = is_half[b] != on_half[i];
                     let shared_fp32 = on_half[i] && !is_half[b] && b != DATA && readers[b] > 1;
+                    // An FP32 layer that rounds its own bottom gradient, reading a shared
+                    // half-type blob: the rounded gradient, added to the others' and rounded
+                    // again, would be rounded twice.
+                    let shared_half = !on_half[i]
+                        && is_half[b]
+                        && readers[b] > 1
+                        && rounds_itself_on_fp32_blobs(graph, slots, i);
                     if on_half[i] && (relaid || shared_fp32) {
                         demote = Some(i);
-                    } else if relaid && retyped {
-                        // An FP32 layer reading a half-type blob in the other layout.
+                    } else if relaid && retyped || shared_half {
+                        // An FP32 layer reading a half-type blob in the other layout, or one
+                        // that would round its gradient twice: the blob's writer runs in FP32.
                         let writer = (0..cfg.len()).find(|&w| graph.node(w).tops.contains(&b));
                         demote = writer.map(runner);
                     }
@@ -247,6 +259,16 @@ pub fn runs_on_half_blobs(graph: &Net, slots: &[Slot], i: usize, convolutions: b
         (Slot::Own, LayerParams::Convolution(p)) => convolutions && p.group == 1 && !p.bias_term,
         (Slot::Own, LayerParams::Pooling(_)) => true,
         (Slot::Own, _) => false,
+    }
+}
+
+/// Whether layer `i` of `graph` (run as `slots` say), built for mixed precision on FP32 blobs,
+/// rounds the bottom gradients it writes itself ([`crate::cuda::layers::GpuLayer::rounds_itself`]):
+/// a fused chain's head, a pooling.
+fn rounds_itself_on_fp32_blobs(graph: &Net, slots: &[Slot], i: usize) -> bool {
+    match (&slots[i], graph.node(i).params) {
+        (Slot::Head { .. }, _) | (Slot::Own, LayerParams::Pooling(_)) => true,
+        (Slot::Absorbed { .. } | Slot::Own, _) => false,
     }
 }
 
@@ -367,6 +389,16 @@ mod tests {
     /// The storage plan of the config `text` in bf16, every layer [`runs_on_half_blobs`]
     /// allows taken as capable (a GPU may turn convolutions down where cuDNN has no plan).
     fn half_plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+        let (plan, graph, ..) = half_plan_and_slots(text, record, channels_last);
+        (plan, graph)
+    }
+
+    /// [`half_plan_of`], with the fusion slots and the blob shapes.
+    fn half_plan_and_slots(
+        text: &str,
+        record: [usize; 3],
+        channels_last: bool,
+    ) -> (StoragePlan, Net, Vec<Slot>, Vec<Vec<usize>>) {
         let b = build(text, record);
         let slots = fusion::plan(&b.graph, &b.spans, true);
         let capable: Vec<bool> = (0..b.graph.len())
@@ -381,7 +413,7 @@ mod tests {
             channels_last,
             half,
         );
-        (plan, b.graph)
+        (plan, b.graph, slots, b.shapes)
     }
 
     /// ResNet-50 in bf16, channels-last: every convolution, fused chain and pooling runs on
@@ -438,29 +470,96 @@ mod tests {
         }
     }
 
-    /// A half-type layer never reads an FP32 blob that other layers read too, nor a blob in
-    /// the other layout: with the test CNN's convolutions taken as capable (as without bias),
-    /// the plan is made again until neither happens, and every copy converts one thing only.
+    /// Asserts that the bf16 plan of the config `text` keeps to the module docs' exceptions: no
+    /// copy converts both layout and type; no half-type layer reads a blob in the other layout or
+    /// an FP32 blob (but the input) that other layers read; no FP32 layer that rounds its own
+    /// bottom gradients reads a half-type blob that other layers read; no half-type layer has
+    /// only FP32 blobs on both sides. Returns the names of the layers on half-type blobs.
+    fn keeps_to_the_exceptions(text: &str, record: [usize; 3], channels_last: bool) -> Vec<String> {
+        let (plan, graph, slots, shapes) = half_plan_and_slots(text, record, channels_last);
+        let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
+        let readers_of = |b: usize| {
+            let reading = |&i: &usize| reads(i) && graph.node(i).bottoms.contains(&b);
+            (0..graph.len()).filter(reading).collect::<Vec<_>>()
+        };
+        let is_half = |b: usize| plan.elem[b] != Elem::F32;
+        for c in &plan.conversions {
+            let relaid = plan.stored[c.copy] != plan.stored[c.from];
+            let retyped = plan.elem[c.copy] != plan.elem[c.from];
+            assert!(relaid != retyped, "one conversion at a time: {c:?}");
+        }
+        for i in (0..graph.len()).filter(|&i| reads(i)) {
+            let name = graph.layer_name(i);
+            for &b in graph.node(i).bottoms {
+                let shared = readers_of(b).len() > 1;
+                if plan.on_half[i] {
+                    let relaid = layout_matters(&shapes[b]) && plan.stored[b] != plan.runs[i];
+                    assert!(!relaid, "{name} reads a blob in the other layout");
+                    assert!(
+                        is_half(b) || b == DATA || !shared,
+                        "{name} reads a shared FP32 blob"
+                    );
+                } else if rounds_itself_on_fp32_blobs(&graph, &slots, i) {
+                    assert!(
+                        !(is_half(b) && shared),
+                        "{name} rounds a shared half-type blob's gradient twice"
+                    );
+                }
+            }
+            if plan.on_half[i] {
+                let outputs = match slots[i] {
+                    Slot::Head { last, .. } => graph.node(last).tops,
+                    _ => graph.node(i).tops,
+                };
+                let half_in = graph.node(i).bottoms.iter().any(|&b| is_half(b));
+                let half_out = outputs.iter().any(|&t| {
+                    let readers = readers_of(t);
+                    readers.is_empty() || readers.iter().any(|&j| plan.on_half[j])
+                });
+                assert!(half_in || half_out, "{name} sits between FP32 layers");
+            }
+        }
+        (0..graph.len())
+            .filter(|&i| plan.on_half[i])
+            .map(|i| graph.layer_name(i).to_string())
+            .collect()
+    }
+
+    /// The exceptions in a net made to meet each of them, in both layouts. The pooling `pc2`
+    /// between FP32 layers runs in FP32; the residual sum, whose bottom `c2` another layer
+    /// reads, runs in FP32; so then does `c3`, whose output that sum (rounding its own
+    /// gradients) reads with `pc3`; and so `pc3`, then between FP32 layers. What is left on
+    /// half-type blobs is `c1` and its BatchNorm chain, read by two FP32 convolutions through
+    /// widened copies. With the (NCHW-only) concat reading the chain's output too, channels-last
+    /// runs the chain in FP32 (no copy converts layout and type), then `c1` between FP32 layers.
     #[test]
     fn half_blobs_keep_to_the_exceptions() {
+        let text = include_str!("testdata/half_exceptions.toml");
         for channels_last in [false, true] {
-            let (plan, graph) = half_plan_of(CNN, [1, 8, 8], channels_last);
-            let mut readers = vec![0; graph.blob_count()];
-            for i in 0..graph.len() {
-                for &b in graph.node(i).bottoms {
-                    readers[b] += 1;
-                }
+            let on_half = keeps_to_the_exceptions(text, [3, 8, 8], channels_last);
+            assert_eq!(on_half, ["c1", "bn1"], "channels-last {channels_last}");
+        }
+        let cat_reads_c1 =
+            text.replace(r#"["pc2", "pc3", "sum"]"#, r#"["pc2", "pc3", "sum", "c1"]"#);
+        assert_ne!(cat_reads_c1, text);
+        let on_half = keeps_to_the_exceptions(&cat_reads_c1, [3, 8, 8], false);
+        assert_eq!(on_half, ["c1", "bn1"]);
+        let on_half = keeps_to_the_exceptions(&cat_reads_c1, [3, 8, 8], true);
+        assert!(on_half.is_empty(), "{on_half:?}");
+    }
+
+    /// The nets the project ships and tests keep to the exceptions too, in both layouts.
+    #[test]
+    fn every_configs_half_blobs_keep_to_the_exceptions() {
+        let nets = [
+            (include_str!("../../../config/resnet50.toml"), [3, 224, 224]),
+            (include_str!("testdata/half_residual.toml"), [3, 8, 8]),
+            (CNN, [1, 8, 8]),
+        ];
+        for (text, record) in nets {
+            for channels_last in [false, true] {
+                keeps_to_the_exceptions(text, record, channels_last);
             }
-            for c in &plan.conversions {
-                let relaid = plan.stored[c.copy] != plan.stored[c.from];
-                let retyped = plan.elem[c.copy] != plan.elem[c.from];
-                assert!(relaid != retyped, "one conversion at a time: {c:?}");
-                if plan.elem[c.copy] != Elem::F32 && c.from != DATA {
-                    assert_eq!(readers[c.from], 1, "a shared FP32 blob read in half: {c:?}");
-                }
-            }
-            let half_layers = plan.on_half.iter().filter(|&&h| h).count();
-            assert!(half_layers > 0, "some layer runs on half-type blobs");
         }
     }
 
