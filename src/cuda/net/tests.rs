@@ -571,11 +571,12 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
     }
 }
 
-/// One batch's backward twice into one gradient in bf16 (`backward_first`, then `backward`,
-/// which accumulates): the CNN's convolutions (with bias, on FP32 blobs) round each backward's
-/// weight gradient to the half type before adding it, so that the weight gradient is twice a
-/// bf16 value — itself one — while the bias gradient is not rounded; and the whole gradient is
-/// the CPU net's at the half-type tolerance, in both layouts.
+/// Two batches' backwards into one gradient in bf16 (`backward_first` on batch A, then
+/// `backward` on batch B, which accumulates): the CNN's convolutions (with bias, on FP32 blobs)
+/// round each backward's weight gradient to the half type before adding it. Batch A alone gives
+/// a weight gradient of half-type values and a bias gradient that is not rounded; A then B gives
+/// exactly the sum of A's and B's own gradients — not a half-type value everywhere, as a rounded
+/// sum would be — and the CPU net's gradient at the half-type tolerance, in both layouts.
 #[test]
 fn accumulated_convolution_gradients_round_as_the_cpu_in_bf16() {
     let name = concat!(
@@ -589,6 +590,7 @@ fn accumulated_convolution_gradients_round_as_the_cpu_in_bf16() {
     cfg.cluster.math = MathMode::Bf16;
     let (record, n) = ([1, 8, 8], 16);
     let half = crate::precision::Half::Bf16;
+    let batches = [batch_of(n, record, 900), batch_of(n, record, 901)];
     for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
         gpu.layout = layout;
         let cpu = Cpu::new(1);
@@ -597,39 +599,59 @@ fn accumulated_convolution_gradients_round_as_the_cpu_in_bf16() {
         let mut net = GpuNet::new(&cfg, record, n, &gpu).unwrap();
         net.params_from_host(&gpu, &params).unwrap();
         crate::solver::zero_grad(&mut params);
-        let (data, labels) = batch_of(n, record, 900);
-        let (d, l) = cpu_net.inputs_mut();
-        d.copy_from_slice(&data);
-        l.copy_from_slice(&labels);
         // The GPU net keys dropout's masks by the run's seed, as the CPU net by the context's.
         let ctx = Ctx {
             seed: cfg.solver.random_seed,
             ..ctx(&cpu, Phase::Train)
         };
-        net.load_batch(&gpu, &data, &labels).unwrap();
-        for first in [true, false] {
+        // The GPU gradient of the batches `which`, in order, accumulated.
+        let mut gpu_gradient = |which: &[usize]| {
+            for (k, &b) in which.iter().enumerate() {
+                let (data, labels) = &batches[b];
+                net.load_batch(&gpu, data, labels).unwrap();
+                net.forward(&gpu, pass(Phase::Train), None).unwrap();
+                match k {
+                    0 => net.backward_first(&gpu, None, &mut |_, _| {}).unwrap(),
+                    _ => net.backward(&gpu, None, &mut |_, _| {}).unwrap(),
+                }
+            }
+            net.params_to_host(&gpu).unwrap().diff
+        };
+        let (a, b, both) = (
+            gpu_gradient(&[0]),
+            gpu_gradient(&[1]),
+            gpu_gradient(&[0, 1]),
+        );
+        for (data, labels) in &batches {
+            let (d, l) = cpu_net.inputs_mut();
+            d.copy_from_slice(data);
+            l.copy_from_slice(labels);
             cpu_net.forward(&ctx, &mut params);
             cpu_net.backward(&ctx, &mut params, &mut |_| {});
-            net.forward(&gpu, pass(Phase::Train), None).unwrap();
-            match first {
-                true => net.backward_first(&gpu, None, &mut |_, _| {}).unwrap(),
-                false => net.backward(&gpu, None, &mut |_, _| {}).unwrap(),
-            }
         }
-        let got = net.params_to_host(&gpu).unwrap();
         let what = format!("{layout:?}: the gradient of two backwards");
-        assert_close(&what, &got.diff, &params.diff, BF16.tensors);
+        assert_close(&what, &both, &params.diff, BF16.tensors);
         let (weight, bias) = (
             params.find("conv1.weight").unwrap().range(),
             params.find("conv1.bias").unwrap().range(),
         );
         assert!(
-            got.diff[weight].iter().all(|&g| half.holds(g)),
-            "{layout:?}: conv1's weight gradient, twice a rounded one"
+            a[weight.clone()].iter().all(|&g| half.holds(g)),
+            "{layout:?}: conv1's weight gradient of one backward is rounded"
         );
         assert!(
-            !got.diff[bias].iter().all(|&g| half.holds(g)),
+            !a[bias].iter().all(|&g| half.holds(g)),
             "{layout:?}: conv1's bias gradient is not rounded"
+        );
+        let sums: Vec<f32> = weight.clone().map(|i| a[i] + b[i]).collect();
+        assert_eq!(
+            both[weight.clone()],
+            sums[..],
+            "{layout:?}: conv1's weight gradient of two backwards, the sum of each one's"
+        );
+        assert!(
+            !both[weight].iter().all(|&g| half.holds(g)),
+            "{layout:?}: conv1's weight gradient of two backwards is not rounded after the sum"
         );
     }
 }
