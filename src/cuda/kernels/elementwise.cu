@@ -287,11 +287,20 @@ __device__ __forceinline__ void store_value(unsigned short* p, int i, float v, i
 // Half-type tensors eight elements at a time: one 16-byte access per tensor instead of eight
 // 2-byte ones, which leave most of each memory transaction unused (the residual sum on
 // half-type blobs ran at FP32's time per element). `i0` is a multiple of 8 and the buffer 16-byte
-// aligned (every device allocation is). Values widened and stored as load_value and store_value
-// do, so the results are theirs.
+// aligned (every device allocation is; a kernel given a view into one checks with `by_eight`).
+// Values widened and stored as load_value and store_value do, so the results are theirs.
 struct Eight {
     float v[8];
 };
+
+// Whether `n` elements of the buffers `p` can go eight at a time: whole groups of eight, each
+// buffer 16-byte aligned (a null one, never accessed, is).
+template <class... P>
+__device__ __forceinline__ bool by_eight(int n, const P*... p) {
+    unsigned long long bits = 0;
+    ((bits |= reinterpret_cast<unsigned long long>(p)), ...);
+    return n % 8 == 0 && (bits & 15) == 0;
+}
 
 __device__ __forceinline__ Eight load_eight(const unsigned short* p, int i0, int half) {
     const uint4 raw = *reinterpret_cast<const uint4*>(p + i0);

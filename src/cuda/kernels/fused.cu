@@ -269,7 +269,7 @@ __device__ __forceinline__ void sum2_forward_by_eight(const unsigned short* x0,
                                                       const unsigned short* x1, float c0, float c1,
                                                       float slope, unsigned short* y, int n,
                                                       int half) {
-    if (n % 8 != 0) {
+    if (!by_eight(n, x0, x1, y)) {
         sum2_forward(x0, x1, c0, c1, slope, y, n, half);
         return;
     }
@@ -343,7 +343,7 @@ __device__ __forceinline__ void sum2_backward_by_eight(const unsigned short* y,
                                                        unsigned short* dx0, unsigned short* dx1,
                                                        int want0, int want1, int acc0, int acc1,
                                                        int n, int half) {
-    if (n % 8 != 0) {
+    if (!by_eight(n, y, dy, dx0, dx1)) {
         sum2_backward(y, dy, c0, c1, slope, dx0, dx1, want0, want1, acc0, acc1, n, half);
         return;
     }
