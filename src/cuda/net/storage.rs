@@ -343,30 +343,52 @@ mod tests {
         }
     }
 
-    /// The storage plan of the config `text`, and its graph.
-    fn plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
+    /// A net's storage plan, with what it was made from.
+    struct Planned {
+        plan: StoragePlan,
+        graph: Net,
+        slots: Vec<Slot>,
+        shapes: Vec<Vec<usize>>,
+    }
+
+    /// The storage plan of the config `text`: in FP32, or in mixed precision (`half`) with its
+    /// chains fused as then and every layer [`runs_on_half_blobs`] allows taken as capable (a
+    /// GPU may turn convolutions down where cuDNN has no plan).
+    fn plan_of(text: &str, record: [usize; 3], channels_last: bool, half: Option<Half>) -> Planned {
         let b = build(text, record);
-        let slots = fusion::plan(&b.graph, &b.spans, false);
+        let slots = fusion::plan(&b.graph, &b.spans, half.is_some());
+        let capable: Vec<bool> = (0..b.graph.len())
+            .map(|i| runs_on_half_blobs(&b.graph, &slots, i, true))
+            .collect();
         let plan = StoragePlan::new(
             &b.cfg.layers,
             &b.graph,
             &b.shapes,
             &slots,
             channels_last,
-            None,
+            half.map(|h| (h, &capable[..])),
         );
-        (plan, b.graph)
+        Planned {
+            plan,
+            graph: b.graph,
+            slots,
+            shapes: b.shapes,
+        }
     }
 
-    /// Whether the wide convolutions of the config `text` (records of `record`) dominate. Its
-    /// `[data]` table is replaced by synthetic records (the data files need not exist).
-    fn wide(text: &str, record: [usize; 3]) -> bool {
+    /// The config `text` with its `[data]` table replaced by synthetic records of `record` (the
+    /// data files need not exist).
+    fn with_synthetic_data(text: &str, [c, h, w]: [usize; 3]) -> String {
         let start = text.find("\n[data]").unwrap();
         let end = start + 1 + text[start + 1..].find("\n[").unwrap();
-        let [c, h, w] = record;
         let data =
             format!("\n[data]\nformat = \"synthetic\"\nshape = [{c}, {h}, {w}]\nbatch_size = 1\n");
-        let b = build(&format!("{}{data}{}", &text[..start], &text[end..]), record);
+        format!("{}{data}{}", &text[..start], &text[end..])
+    }
+
+    /// Whether the wide convolutions of the config `text` (records of `record`) dominate.
+    fn wide(text: &str, record: [usize; 3]) -> bool {
+        let b = build(&with_synthetic_data(text, record), record);
         wide_convolutions_dominate(&b.graph, &b.shapers, &b.shapes)
     }
 
@@ -386,36 +408,6 @@ mod tests {
         assert!(!wide(quickstart, [1, 28, 28]));
     }
 
-    /// The storage plan of the config `text` in bf16, every layer [`runs_on_half_blobs`]
-    /// allows taken as capable (a GPU may turn convolutions down where cuDNN has no plan).
-    fn half_plan_of(text: &str, record: [usize; 3], channels_last: bool) -> (StoragePlan, Net) {
-        let (plan, graph, ..) = half_plan_and_slots(text, record, channels_last);
-        (plan, graph)
-    }
-
-    /// [`half_plan_of`], with the fusion slots and the blob shapes.
-    fn half_plan_and_slots(
-        text: &str,
-        record: [usize; 3],
-        channels_last: bool,
-    ) -> (StoragePlan, Net, Vec<Slot>, Vec<Vec<usize>>) {
-        let b = build(text, record);
-        let slots = fusion::plan(&b.graph, &b.spans, true);
-        let capable: Vec<bool> = (0..b.graph.len())
-            .map(|i| runs_on_half_blobs(&b.graph, &slots, i, true))
-            .collect();
-        let half = Some((Half::Bf16, &capable[..]));
-        let plan = StoragePlan::new(
-            &b.cfg.layers,
-            &b.graph,
-            &b.shapes,
-            &slots,
-            channels_last,
-            half,
-        );
-        (plan, b.graph, slots, b.shapes)
-    }
-
     /// ResNet-50 in bf16, channels-last: every convolution, fused chain and pooling runs on
     /// half-type blobs; the only conversions are the input's into the half type for conv1 and
     /// pool5's output into FP32 for the inner product, whose top the loss and the accuracy read
@@ -423,7 +415,7 @@ mod tests {
     #[test]
     fn resnet50_runs_on_half_blobs_from_conv1_to_pool5() {
         let text = include_str!("../../../config/resnet50.toml");
-        let (plan, graph) = half_plan_of(text, [3, 224, 224], true);
+        let Planned { plan, graph, .. } = plan_of(text, [3, 224, 224], true, Some(Half::Bf16));
         let on_fp32: Vec<&str> = (0..graph.len())
             .filter(|&i| !plan.on_half[i])
             .map(|i| graph.layer_name(i))
@@ -459,12 +451,9 @@ mod tests {
     #[test]
     fn cifar10_quick_keeps_fp32_blobs_between_its_convolutions_with_bias() {
         let text = include_str!("../../../config/cifar10_quick.toml");
-        let start = text.find("\n[data]").unwrap();
-        let end = start + 1 + text[start + 1..].find("\n[").unwrap();
-        let data = "\n[data]\nformat = \"synthetic\"\nshape = [3, 32, 32]\nbatch_size = 1\n";
-        let text = format!("{}{data}{}", &text[..start], &text[end..]);
+        let text = with_synthetic_data(text, [3, 32, 32]);
         for channels_last in [false, true] {
-            let (plan, _) = half_plan_of(&text, [3, 32, 32], channels_last);
+            let plan = plan_of(&text, [3, 32, 32], channels_last, Some(Half::Bf16)).plan;
             assert!(plan.on_half.iter().all(|&h| !h), "{:?}", plan.on_half);
             assert!(plan.elem.iter().all(|&e| e == Elem::F32));
         }
@@ -476,7 +465,12 @@ mod tests {
     /// bottom gradients reads a half-type blob that other layers read; no half-type layer has
     /// only FP32 blobs on both sides. Returns the names of the layers on half-type blobs.
     fn keeps_to_the_exceptions(text: &str, record: [usize; 3], channels_last: bool) -> Vec<String> {
-        let (plan, graph, slots, shapes) = half_plan_and_slots(text, record, channels_last);
+        let Planned {
+            plan,
+            graph,
+            slots,
+            shapes,
+        } = plan_of(text, record, channels_last, Some(Half::Bf16));
         let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
         let readers_of = |b: usize| {
             let reading = |&i: &usize| reads(i) && graph.node(i).bottoms.contains(&b);
@@ -571,7 +565,7 @@ mod tests {
 
     #[test]
     fn without_channels_last_everything_is_nchw() {
-        let (plan, graph) = plan_of(CNN, [1, 8, 8], false);
+        let Planned { plan, graph, .. } = plan_of(CNN, [1, 8, 8], false, None);
         assert!(plan.runs.iter().all(|&l| l == Layout::Nchw));
         assert_eq!(plan.stored, vec![Layout::Nchw; graph.blob_count()]);
         assert!(plan.conversions.is_empty());
@@ -582,7 +576,7 @@ mod tests {
     /// channels-last; the inner product reads the last 4-D blob through one NCHW copy.
     #[test]
     fn a_cnn_runs_channels_last_up_to_its_inner_product() {
-        let (plan, graph) = plan_of(CNN, [1, 8, 8], true);
+        let Planned { plan, graph, .. } = plan_of(CNN, [1, 8, 8], true, None);
         let conv1 = layer(&graph, "conv1");
         assert_eq!(plan.runs[conv1], Layout::Nhwc);
         assert_eq!(plan.stored[DATA], Layout::Nhwc);
@@ -611,7 +605,7 @@ mod tests {
     #[test]
     fn layers_of_either_layout_read_copies_of_the_other() {
         let text = include_str!("testdata/concat_between_convolutions.toml");
-        let (plan, graph) = plan_of(text, [3, 6, 6], true);
+        let Planned { plan, graph, .. } = plan_of(text, [3, 6, 6], true, None);
         let by_name = |name: &str| layer(&graph, name);
         let conversions: Vec<(usize, usize, Layout)> = plan
             .conversions
