@@ -84,6 +84,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark = True: cuDNN's algorithms timed per shape "
                          "in the first steps instead of chosen by its heuristics")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (default mode; the compilation runs in the "
+                         "untimed warm-up steps, so give it a few)")
     args = ap.parse_args()
     if args.batch < 1 or args.iters < 1 or args.warmup < 0:
         ap.error("--batch and --iters must be positive, --warmup not negative")
@@ -207,6 +210,8 @@ def main() -> int:
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.compile:
+        model = torch.compile(model)
 
     shape, classes = WORKLOADS[args.workload]
     gen = torch.Generator(device=device)
@@ -262,6 +267,7 @@ def main() -> int:
             "amp": "bf16" if args.amp else None,
             "memory_format": "channels_last" if args.channels_last else "contiguous",
             "cudnn_benchmark": args.cudnn_benchmark,
+            "compiled": args.compile,
             "warmup": args.warmup,
             "iters": args.iters,
             "seconds": round(seconds, 6),

@@ -100,6 +100,62 @@ __device__ __forceinline__ void view_sums(Term term, double* partial, int pair, 
     }
 }
 
+// view_sums_n over a channels-last view (outer rows of dim channels, dim % 8 == 0) of half-type
+// tensors, V (4 or 8) adjacent channels a thread: one 8- or 16-byte load a tensor a row instead
+// of V 2-byte ones, and each thread's per-channel operands read once. Launched on the splits of
+// Kernels::grid_channel_sums with blocks of (min(32, dim / V), SUM_ROWS) threads and
+// ceil(dim / (V * blockDim.x)) tiles in y (Kernels::grid_channel_sums_by): thread (x, y) covers
+// channels d0 .. d0 + V, d0 = V * (blockIdx.y * blockDim.x + x), over the rows of chunk
+// blockIdx.x that view_sums_n's thread y covers, so that every channel's terms are added in
+// view_sums_n's order and the partials are the same bits. load(idx0) reads a row's V elements
+// idx0 .. idx0 + V of every tensor (one value), add(in, acc) adds their terms to acc[e], channel
+// d0 + e, in order. `rows` is the kernel's shared CHANNELS_LAST_ROWS doubles (one array however
+// many instances the kernel inlines). V = 4 keeps the four-sum kernels' accumulators to 32
+// registers, so that more than one block of 256 threads fits a multiprocessor.
+#define CHANNELS_LAST_ROWS (SUM_ROWS * 8 * SUM_TILE)
+template <int N, int V, int ROWS_IN_FLIGHT, class Load, class Add>
+__device__ __forceinline__ void channels_last_sums(Load load, Add add, double* rows,
+                                                   double* partial, int outer, int dim,
+                                                   int splits) {
+    static_assert(V == 4 || V == 8, "four or eight channels a thread");
+    const int k = blockIdx.x;
+    const int d0 = V * (blockIdx.y * blockDim.x + threadIdx.x);
+    Sums<N> acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[e].v[j] = 0.0;
+    const int chunk = (outer + splits - 1) / splits;
+    const int begin = k * chunk;
+    const int end = min(outer, begin + chunk);
+    if (d0 < dim) {
+        int r = begin + threadIdx.y;
+        for (; r + (ROWS_IN_FLIGHT - 1) * SUM_ROWS < end; r += ROWS_IN_FLIGHT * SUM_ROWS) {
+            decltype(load(0)) in[ROWS_IN_FLIGHT];
+#pragma unroll
+            for (int u = 0; u < ROWS_IN_FLIGHT; ++u) in[u] = load((r + u * SUM_ROWS) * dim + d0);
+#pragma unroll
+            for (int u = 0; u < ROWS_IN_FLIGHT; ++u) add(in[u], acc);
+        }
+        for (; r < end; r += SUM_ROWS) add(load(r * dim + d0), acc);
+    }
+    // The rows' sums of channel d0 + e at [(y * V + e) * SUM_TILE + x], one sum index at a time.
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < V; ++e) rows[(threadIdx.y * V + e) * SUM_TILE + threadIdx.x] = acc[e].v[j];
+        __syncthreads();
+        if (threadIdx.y != 0 || d0 >= dim) continue;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            double sum = 0.0;
+            for (int y = 0; y < SUM_ROWS; ++y) sum += rows[(y * V + e) * SUM_TILE + threadIdx.x];
+            partial[((d0 + e) * splits + k) * N + j] = sum;
+        }
+    }
+}
+
 // partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1);
 // a is rounded to the half type `half` as it is read (round_if_half), as bn_sums rounds it, whose
 // parameter list this kernel shares.

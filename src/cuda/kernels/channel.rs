@@ -3,7 +3,7 @@
 //! `(outer, dim, inner)` of a blob has the channel index `(i / inner) % dim`: `(N, C, H·W)` for
 //! NCHW, `(N·H·W, C, 1)` for NHWC.
 
-use super::{check_len, int_count, to_i32, Kernels, BLOCK};
+use super::{check_len, int_count, to_i32, Kernels, StoredElem, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
 use cudarc::driver::sys::CUdeviceptr;
@@ -25,7 +25,35 @@ pub(super) fn partial_sums_scratch(
     unsafe { s.alloc::<f64>(len) }.map_err(|e| gpu_error(&format!("{op} scratch"), e))
 }
 
+/// Whether tensors stored as `T` over the view `(outer, dim, inner)`, at the device addresses
+/// `ptrs`, take the `_h8` kernels, which read channels-last tensors four or eight channels a
+/// thread (`channels_last_sums` in `channel.cu`, and the fused chain's): half-type bit patterns,
+/// channels-last (`inner == 1`), `dim` a multiple of 8 and every buffer 16-byte aligned.
+pub(super) fn channels_last_by_eight<T: StoredElem>(
+    (_, dim, inner): (usize, usize, usize),
+    ptrs: &[CUdeviceptr],
+) -> bool {
+    T::HALF && inner == 1 && dim % 8 == 0 && ptrs.iter().all(|p| p % 16 == 0)
+}
+
 impl Kernels {
+    /// The grid of a stage 1 over a channels-last view `(outer, dim, 1)` that reads `per_thread`
+    /// adjacent channels a thread (`channels_last_sums` in `channel.cu`, `V`):
+    /// [`Kernels::grid_channel_sums`]'s splits, so that each channel's partials are those of its
+    /// one-channel-a-thread grid, and blocks of `(min(32, dim / per_thread), 8)` threads.
+    pub(super) fn grid_channel_sums_by(
+        &self,
+        dims: (usize, usize, usize),
+        per_thread: usize,
+    ) -> (LaunchConfig, usize) {
+        let (mut cfg, splits) = self.grid_channel_sums(dims);
+        let groups = dims.1.div_ceil(per_thread);
+        let width = groups.clamp(1, 32);
+        cfg.grid_dim.1 = groups.div_ceil(width) as u32;
+        cfg.block_dim = (width as u32, 8, 1);
+        (cfg, splits)
+    }
+
     /// Stage 1 of a two-stage channel reduction over the view `(outer, dim, inner)`: its grid
     /// and the number of chunks each channel's values are split into (see `view_sums` in
     /// `channel.cu`). For `inner > 1` a block of `BLOCK` threads per channel and chunk; for
@@ -55,18 +83,22 @@ impl Kernels {
     }
 
     /// A two-stage channel reduction over the view `dims` = `(outer, dim, inner)` (see
-    /// [`Kernels::grid_channel_sums`]): `stage1(grid, partial, splits)` writes `per_channel · dim ·
-    /// splits` partial sums in double into the scratch `partial`, then `finish(partial, splits)`
-    /// reduces them in a fixed order.
+    /// [`Kernels::grid_channel_sums`], or with `Some(per_thread)` channels a thread
+    /// [`Kernels::grid_channel_sums_by`]):
+    /// `stage1(grid, partial, splits)` writes `per_channel · dim · splits` partial sums in double
+    /// into the scratch `partial`, then `finish(partial, splits)` reduces them in a fixed order.
     pub(super) fn two_stage_sums(
         &self,
         s: &Arc<CudaStream>,
         (op, per_channel): (&str, usize),
-        dims: (usize, usize, usize),
+        (dims, per_thread): ((usize, usize, usize), Option<usize>),
         stage1: impl FnOnce(LaunchConfig, CUdeviceptr, i32) -> Result<()>,
         finish: impl FnOnce(CUdeviceptr, i32) -> Result<()>,
     ) -> Result<()> {
-        let (grid, splits) = self.grid_channel_sums(dims);
+        let (grid, splits) = match per_thread {
+            Some(v) => self.grid_channel_sums_by(dims, v),
+            None => self.grid_channel_sums(dims),
+        };
         let sp = to_i32(op, splits);
         let mut partial = partial_sums_scratch(s, op, per_channel * dims.1 * splits)?;
         {
@@ -167,7 +199,7 @@ impl Kernels {
         self.two_stage_sums(
             s,
             (op, per_channel),
-            (outer, dim, inner),
+            ((outer, dim, inner), None),
             |grid, pp, sp| {
                 launch!(
                     function stage1.0, stage1.1, s, grid,

@@ -28,26 +28,32 @@
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n);                 \
          i += (long long)gridDim.x * blockDim.x)
 
-// The grid-stride loop of the memory-bound elementwise kernels, four of a thread's elements at a
+// The grid-stride loop of the memory-bound elementwise kernels, K of a thread's elements at a
 // time: load(i) reads element i's inputs (the values it streams, returned as one value), apply(i,
-// v) computes and writes element i from them. The four loads are issued before any element is
-// applied, so that four times as many reads are in flight; each element is computed as it would
+// v) computes and writes element i from them. The K loads are issued before any element is
+// applied, so that K times as many reads are in flight; each element is computed as it would
 // be alone, so the results are those of the plain loop, and an in-place kernel (an output that is
 // one of its inputs) reads every element before writing it.
-template <class Load, class Apply>
-__device__ __forceinline__ void grid_stride_by_four(int n, Load load, Apply apply) {
+template <int K, class Load, class Apply>
+__device__ __forceinline__ void grid_stride_by(int n, Load load, Apply apply) {
     const int stride = gridDim.x * blockDim.x;
     // 64 bits for the position, which may pass 2^31 on its last step; each index fits an int.
     long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    for (; j + 3LL * stride < n; j += 4LL * stride) {
+    for (; j + (K - 1LL) * stride < n; j += (long long)K * stride) {
         const int i = (int)j;
-        decltype(load(0)) v[4];
+        decltype(load(0)) v[K];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = load(i + u * stride);
+        for (int u = 0; u < K; ++u) v[u] = load(i + u * stride);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) apply(i + u * stride, v[u]);
+        for (int u = 0; u < K; ++u) apply(i + u * stride, v[u]);
     }
     for (; j < n; j += stride) apply((int)j, load((int)j));
+}
+
+// grid_stride_by with four elements at a time.
+template <class Load, class Apply>
+__device__ __forceinline__ void grid_stride_by_four(int n, Load load, Apply apply) {
+    grid_stride_by<4>(n, load, apply);
 }
 
 __device__ __forceinline__ float neg_infinity() { return __int_as_float(0xff800000); }

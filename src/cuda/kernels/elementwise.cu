@@ -318,3 +318,82 @@ __device__ __forceinline__ void store_eight(unsigned short* p, int i0, const Eig
     for (int j = 0; j < 8; ++j) store_value(e, j, x.v[j], half);
     *reinterpret_cast<uint4*>(p + i0) = raw;
 }
+
+// Pairs of half-type values in one 32-bit word, the first in the low half: the kernels that read
+// four or eight channels-last channels a thread (the BatchNorm chain's `_h8`) round and store two
+// values with one conversion instruction (compute capability 8.0 and later). Compile-time `HALF`
+// (1 bf16, 2 fp16). A value that is not a NaN is rounded as round_to_half rounds it and stored
+// as half_bits stores it; a NaN stays a NaN, the conversion's canonical one (the pattern that
+// half_bits makes of the canonical NaN float arithmetic yields).
+
+// The bit patterns of lo and hi rounded to the half type.
+template <int HALF>
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned r;
+    if (HALF == 2) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+#else
+    return (unsigned)half_bits(lo, HALF == 2) | ((unsigned)half_bits(hi, HALF == 2) << 16);
+#endif
+}
+
+// The FP32 values of the two half-type bit patterns of w, exactly (as load_value widens).
+template <int HALF>
+__device__ __forceinline__ float2 unpack_pair(unsigned w) {
+    if (HALF == 2) {
+        const unsigned short lo = (unsigned short)(w & 0xffffu), hi = (unsigned short)(w >> 16);
+        float2 r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r.x) : "h"(lo));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r.y) : "h"(hi));
+        return r;
+    }
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// a and b rounded to the half type (round_if_half of each).
+template <int HALF>
+__device__ __forceinline__ void round_pair(float& a, float& b) {
+    const float2 r = unpack_pair<HALF>(pack_pair<HALF>(a, b));
+    a = r.x;
+    b = r.y;
+}
+
+// The 16 bytes of the eight half-type values p[8 * g .. 8 * g + 8) (p 16-byte aligned).
+__device__ __forceinline__ uint4 raw_eight(const unsigned short* p, int g) {
+    return reinterpret_cast<const uint4*>(p)[g];
+}
+
+// The 8 bytes of the four half-type values p[4 * g .. 4 * g + 4) (p 8-byte aligned).
+__device__ __forceinline__ uint2 raw_four(const unsigned short* p, int g) {
+    return reinterpret_cast<const uint2*>(p)[g];
+}
+
+// The eight values of raw_eight's 16 bytes widened (exactly, as load_value widens).
+template <int HALF>
+__device__ __forceinline__ Eight widen_eight(const uint4& raw) {
+    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+    Eight out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 v = unpack_pair<HALF>(w[j]);
+        out.v[2 * j] = v.x;
+        out.v[2 * j + 1] = v.y;
+    }
+    return out;
+}
+
+// p[i0 .. i0 + 8) = the eight values rounded to the half type, as bit patterns.
+template <int HALF>
+__device__ __forceinline__ void store_eight_pairs(unsigned short* p, int i0, const Eight& x) {
+    uint4 raw;
+    raw.x = pack_pair<HALF>(x.v[0], x.v[1]);
+    raw.y = pack_pair<HALF>(x.v[2], x.v[3]);
+    raw.z = pack_pair<HALF>(x.v[4], x.v[5]);
+    raw.w = pack_pair<HALF>(x.v[6], x.v[7]);
+    *reinterpret_cast<uint4*>(p + i0) = raw;
+}

@@ -234,6 +234,291 @@ extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
                                     slope, dx, n, c, s, accumulate, half));
 }
 
+// The chain's `_h8` kernels: the `_h` kernels over a channels-last view (s == 1, c % 8 == 0,
+// every tensor 16-byte aligned), several adjacent channels a thread (eight in the elementwise
+// kernels, four in the sums). One 8- or 16-byte access a tensor for four or eight values, a
+// thread's per-channel operands read once for as long as its channels stay the same, values
+// rounded and stored two at a time (pack_pair), and no per-element channel index: the same
+// results, for the same operations on the same values (a value the `_h` kernels round again is a
+// half-type value already). The elementwise ones take `half` and the grid of their `_h` twins;
+// the sums take channels_last_sums' (Kernels::grid_channel_sums_by).
+
+// The per-channel operands of channels ch0 .. ch0 + 8.
+struct ChainEight {
+    float mean[8], inv_std[8], gamma[8], beta[8], mean_dy[8], mean_dyy[8];
+};
+
+// The first of the eight channels of each group g (elements 8g .. 8g + 8) of a channels-last
+// view of c channels that this thread meets in grid_stride_by over the groups: the same
+// channel for every group of the thread when c divides the grid's stride in elements (always, for
+// c a power of two up to 2^16 and the grids of Kernels::grid), computed once; else group by group.
+struct GroupChannels {
+    int first, c;
+    bool fixed;
+};
+
+__device__ __forceinline__ GroupChannels group_channels(int c) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+    return GroupChannels{(int)((8LL * tid) % c), c, (8LL * stride) % c == 0};
+}
+
+__device__ __forceinline__ int group_channel(const GroupChannels& gc, int g) {
+    return gc.fixed ? gc.first : (int)((8LL * g) % gc.c);
+}
+
+// p[ch0 .. ch0 + V) into out (V a multiple of 4): 16-byte loads where p + ch0 is 16-byte
+// aligned, else V 4-byte ones.
+template <int V = 8>
+__device__ __forceinline__ void load_channels(const float* p, int ch0, float* out) {
+    const float* q = p + ch0;
+    if ((reinterpret_cast<unsigned long long>(q) & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < V / 4; ++j) {
+            const float4 a = reinterpret_cast<const float4*>(q)[j];
+            out[4 * j] = a.x;
+            out[4 * j + 1] = a.y;
+            out[4 * j + 2] = a.z;
+            out[4 * j + 3] = a.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) out[e] = q[e];
+    }
+}
+
+// The elementwise `_h8` kernels run grid_stride_by over the n / 8 groups of eight: the forward
+// with four groups' loads in flight a thread, the backward (four tensors read, five sets of
+// per-channel operands held) with one, so that three blocks fit a multiprocessor
+// (__launch_bounds__). Each thread reloads its channels' operands only when its group's channels
+// change (never, when c divides the grid's stride in elements).
+template <int HALF>
+__device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, const float* mean,
+                                                     const float* inv_std, const float* gamma,
+                                                     const float* beta, int has_beta, int relu,
+                                                     float slope, unsigned short* z, int n,
+                                                     int c) {
+    const GroupChannels gc = group_channels(c);
+    ChainEight p;
+    int cached = -1;
+    grid_stride_by_four(
+        n >> 3, [=](int g) { return raw_eight(x, g); },
+        [&](int g, const uint4& raw) {
+            const int ch0 = group_channel(gc, g);
+            if (ch0 != cached) {
+                cached = ch0;
+                load_channels(mean, ch0, p.mean);
+                load_channels(inv_std, ch0, p.inv_std);
+                load_channels(gamma, ch0, p.gamma);
+                if (has_beta) load_channels(beta, ch0, p.beta);
+            }
+            Eight v = widen_eight<HALF>(raw);
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float y0 = (v.v[e] - p.mean[e]) * p.inv_std[e];
+                float y1 = (v.v[e + 1] - p.mean[e + 1]) * p.inv_std[e + 1];
+                round_pair<HALF>(y0, y1);
+                float v0 = y0 * p.gamma[e], v1 = y1 * p.gamma[e + 1];
+                if (has_beta) {
+                    v0 = v0 + p.beta[e];
+                    v1 = v1 + p.beta[e + 1];
+                }
+                round_pair<HALF>(v0, v1);
+                // The leaky part is rounded by the store.
+                if (relu && !(v0 > 0.0f)) v0 = slope * v0;
+                if (relu && !(v1 > 0.0f)) v1 = slope * v1;
+                v.v[e] = v0;
+                v.v[e + 1] = v1;
+            }
+            store_eight_pairs<HALF>(z, g << 3, v);
+        });
+}
+
+extern "C" __global__ void bn_scale_relu_forward_h8(const unsigned short* x, const float* mean,
+                                                    const float* inv_std, const float* gamma,
+                                                    const float* beta, int has_beta, int relu,
+                                                    float slope, unsigned short* z, int n, int c,
+                                                    int half) {
+    if (half == 2) {
+        bsr_forward_by_eight<2>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c);
+    } else {
+        bsr_forward_by_eight<1>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c);
+    }
+}
+
+// g of two elements (bsr_grad), from their dz and z.
+template <int HALF>
+__device__ __forceinline__ void bsr_grad_pair(float dz0, float dz1, float z0, float z1, int relu,
+                                              float slope, float& g0, float& g1) {
+    g0 = (relu && !(z0 > 0.0f)) ? dz0 * slope : dz0;
+    g1 = (relu && !(z1 > 0.0f)) ? dz1 * slope : dz1;
+    round_pair<HALF>(g0, g1);
+}
+
+// The normalised y of two elements of channels e, e + 1 (bsr_normalized).
+template <int HALF>
+__device__ __forceinline__ void bsr_normalized_pair(const ChainEight& p, int e, float x0,
+                                                    float x1, float& y0, float& y1) {
+    y0 = (x0 - p.mean[e]) * p.inv_std[e];
+    y1 = (x1 - p.mean[e + 1]) * p.inv_std[e + 1];
+    round_pair<HALF>(y0, y1);
+}
+
+// Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
+// (channels_last_sums, V = 4: eight would hold 64 registers of accumulators and leave one block a
+// multiprocessor).
+template <int HALF, int N>
+__device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
+                                                 const unsigned short* z,
+                                                 const unsigned short* x, const float* mean,
+                                                 const float* inv_std, const float* gamma,
+                                                 int relu, float slope, double* rows,
+                                                 double* partial, int n, int c, int splits) {
+    const int d0 = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
+    ChainEight p;
+    if (d0 < c) {
+        load_channels<4>(mean, d0, p.mean);
+        load_channels<4>(inv_std, d0, p.inv_std);
+        load_channels<4>(gamma, d0, p.gamma);
+    }
+    // A row's four elements of each tensor.
+    struct In {
+        uint2 dz, z, x;
+    };
+    channels_last_sums<N, 4, 2>(
+        [=](int idx0) {
+            return In{raw_four(dz, idx0 >> 2), raw_four(z, idx0 >> 2), raw_four(x, idx0 >> 2)};
+        },
+        [=](const In& in, Sums<N>* acc) {
+            const unsigned wdz[2] = {in.dz.x, in.dz.y}, wz[2] = {in.z.x, in.z.y};
+            const unsigned wx[2] = {in.x.x, in.x.y};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int e = 2 * j;
+                const float2 vdz = unpack_pair<HALF>(wdz[j]), vz = unpack_pair<HALF>(wz[j]);
+                const float2 vx = unpack_pair<HALF>(wx[j]);
+                float g0, g1, y0, y1;
+                bsr_grad_pair<HALF>(vdz.x, vdz.y, vz.x, vz.y, relu, slope, g0, g1);
+                bsr_normalized_pair<HALF>(p, e, vx.x, vx.y, y0, y1);
+                const double yd0 = (double)y0, yd1 = (double)y1;
+                acc[e].v[0] += (double)g0;
+                acc[e].v[1] += (double)g0 * yd0;
+                acc[e + 1].v[0] += (double)g1;
+                acc[e + 1].v[1] += (double)g1 * yd1;
+                if constexpr (N == 4) {
+                    float t0 = p.gamma[e] * g0, t1 = p.gamma[e + 1] * g1;
+                    round_pair<HALF>(t0, t1);
+                    acc[e].v[2] += (double)t0;
+                    acc[e].v[3] += (double)t0 * yd0;
+                    acc[e + 1].v[2] += (double)t1;
+                    acc[e + 1].v[3] += (double)t1 * yd1;
+                }
+            }
+        },
+        rows, partial, n, c, splits);
+}
+
+// bn_scale_relu_sums_h over a channels-last view, launched as channels_last_sums says (V = 4).
+extern "C" __global__ void bn_scale_relu_sums_h8(const unsigned short* dz,
+                                                 const unsigned short* z,
+                                                 const unsigned short* x, const float* mean,
+                                                 const float* inv_std, const float* gamma,
+                                                 int relu, float slope, double* partial, int n,
+                                                 int c, int splits, int half, int quad) {
+    __shared__ double rows[CHANNELS_LAST_ROWS];
+#define BSR_SUMS_BY_FOUR(H, N)                                                                    \
+    bsr_sums_by_four<H, N>(dz, z, x, mean, inv_std, gamma, relu, slope, rows, partial, n, c,      \
+                           splits)
+    if (half == 2) {
+        if (quad) {
+            BSR_SUMS_BY_FOUR(2, 4);
+        } else {
+            BSR_SUMS_BY_FOUR(2, 2);
+        }
+    } else if (quad) {
+        BSR_SUMS_BY_FOUR(1, 4);
+    } else {
+        BSR_SUMS_BY_FOUR(1, 2);
+    }
+#undef BSR_SUMS_BY_FOUR
+}
+
+template <int HALF>
+__device__ __forceinline__ void bsr_backward_by_eight(
+    const unsigned short* dz, const unsigned short* z, const unsigned short* x, const float* mean,
+    const float* inv_std, const float* gamma, const double* sums, int batch_stats, int relu,
+    float slope, unsigned short* dx, int n, int c, int accumulate) {
+    const GroupChannels gc = group_channels(c);
+    const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
+    const uint4 none = make_uint4(0u, 0u, 0u, 0u);
+    // The streamed inputs of a group: dz, z, x (batch statistics) and the dx it adds to.
+    struct In {
+        uint4 dz, z, x, dx;
+    };
+    ChainEight p;
+    int cached = -1;
+    grid_stride_by<1>(
+        n >> 3,
+        [=](int g) {
+            return In{raw_eight(dz, g), raw_eight(z, g), batch_stats ? raw_eight(x, g) : none,
+                      accumulate ? raw_eight(dx, g) : none};
+        },
+        [&](int g, const In& in) {
+            const int ch0 = group_channel(gc, g);
+            if (ch0 != cached) {
+                cached = ch0;
+                load_channels(inv_std, ch0, p.inv_std);
+                load_channels(gamma, ch0, p.gamma);
+                if (batch_stats) {
+                    load_channels(mean, ch0, p.mean);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        p.mean_dy[e] = (float)(sums[ch0 + e] * inv_m);
+                        p.mean_dyy[e] = (float)(sums[c + ch0 + e] * inv_m);
+                    }
+                }
+            }
+            const Eight vdz = widen_eight<HALF>(in.dz), vz = widen_eight<HALF>(in.z);
+            const Eight vx = widen_eight<HALF>(in.x);
+            Eight out = widen_eight<HALF>(in.dx);
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float g0, g1;
+                bsr_grad_pair<HALF>(vdz.v[e], vdz.v[e + 1], vz.v[e], vz.v[e + 1], relu, slope,
+                                    g0, g1);
+                float dy0 = p.gamma[e] * g0, dy1 = p.gamma[e + 1] * g1;
+                round_pair<HALF>(dy0, dy1);
+                float d0, d1;
+                if (batch_stats) {
+                    float y0, y1;
+                    bsr_normalized_pair<HALF>(p, e, vx.v[e], vx.v[e + 1], y0, y1);
+                    d0 = (dy0 - p.mean_dy[e] - p.mean_dyy[e] * y0) * p.inv_std[e];
+                    d1 = (dy1 - p.mean_dy[e + 1] - p.mean_dyy[e + 1] * y1) * p.inv_std[e + 1];
+                } else {
+                    d0 = dy0 * p.inv_std[e];
+                    d1 = dy1 * p.inv_std[e + 1];
+                }
+                // Rounded by the store.
+                out.v[e] = accumulate ? out.v[e] + d0 : d0;
+                out.v[e + 1] = accumulate ? out.v[e + 1] + d1 : d1;
+            }
+            store_eight_pairs<HALF>(dx, g << 3, out);
+        });
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) bn_scale_relu_backward_h8(
+    const unsigned short* dz, const unsigned short* z, const unsigned short* x, const float* mean,
+    const float* inv_std, const float* gamma, const double* sums, int batch_stats, int relu,
+    float slope, unsigned short* dx, int n, int c, int accumulate, int half) {
+    if (half == 2) {
+        bsr_backward_by_eight<2>(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope,
+                                 dx, n, c, accumulate);
+    } else {
+        bsr_backward_by_eight<1>(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope,
+                                 dx, n, c, accumulate);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Eltwise SUM of two bottoms fused with the ReLU after it (a residual block's join):
 // y = relu(c0 * x0 + c1 * x1), the sum rounded as the unfused layers do (c0 * x0, then + c1 * x1).

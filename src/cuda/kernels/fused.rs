@@ -13,8 +13,11 @@
 //! The activations (`x`, `z` and their gradients; `x0`, `x1`, `y` and theirs) are stored as the
 //! launchers' type parameter `T` says ([`StoredElem`]): FP32, or bit patterns of the half type
 //! (the kernels' `_h` twins, which compute the same numbers and need [`BnScaleRelu::half`] or
-//! `half` set).
+//! `half` set). Channels-last half-type tensors of a multiple of 8 channels, 16-byte aligned,
+//! take the chain's `_h8` kernels instead, which read several adjacent channels a thread and
+//! compute the same bits (`fused.cu`).
 
+use super::channel::channels_last_by_eight;
 use super::{check_len, stored_half_arg, to_i32, Kernels, StoredElem};
 use crate::error::Result;
 use crate::precision::Half;
@@ -97,6 +100,15 @@ impl Kernels {
             Some(b) => b.device_ptr(s),
             None => op.gamma.device_ptr(s),
         };
+        if channels_last_by_eight::<T>(op.dims, &[x.device_ptr(s).0, z.device_ptr_mut(s).0]) {
+            return launch!(
+                self, s, bn_scale_relu_forward_h8, self.grid(count / 8),
+                [
+                    in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope,
+                    out z, &ni, &c, &half,
+                ]
+            );
+        }
         launch!(
             self, s, bn_scale_relu_forward | bn_scale_relu_forward_h for T, self.grid(count),
             [
@@ -140,19 +152,35 @@ impl Kernels {
         let quad = which == ChainSums::Separate;
         let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
-        let (grid, splits) = self.grid_channel_sums((n, c, sp));
+        let ptrs = [dz.device_ptr(s).0, z.device_ptr(s).0, x.device_ptr(s).0];
+        let by_eight = channels_last_by_eight::<T>(op.dims, &ptrs);
+        let (grid, splits) = if by_eight {
+            self.grid_channel_sums_by(op.dims, 4)
+        } else {
+            self.grid_channel_sums(op.dims)
+        };
         let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
         let mut partial = super::channel::partial_sums_scratch(s, name, per_element * c * splits)?;
         {
             let (pp, _p) = partial.device_ptr_mut(s);
-            launch!(
-                self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
-                [
-                    in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope, &pp,
-                    &ni, &ci, &si, &spl, &half, &quad_arg,
-                ]
-            )?;
+            if by_eight {
+                launch!(
+                    self, s, bn_scale_relu_sums_h8, grid,
+                    [
+                        in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope,
+                        &pp, &ni, &ci, &spl, &half, &quad_arg,
+                    ]
+                )?;
+            } else {
+                launch!(
+                    self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
+                    [
+                        in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope,
+                        &pp, &ni, &ci, &si, &spl, &half, &quad_arg,
+                    ]
+                )?;
+            }
         }
         let (pp, _p) = partial.device_ptr(s);
         let (hb, acc) = (has_beta as i32, accumulate as i32);
@@ -199,6 +227,21 @@ impl Kernels {
         let (relu, slope) = op.relu_args();
         let (bs, acc) = (batch_stats as i32, accumulate as i32);
         let half = stored_half_arg::<T>(name, op.half);
+        let ptrs = [
+            dz.device_ptr(s).0,
+            z.device_ptr(s).0,
+            x.device_ptr(s).0,
+            dx.device_ptr_mut(s).0,
+        ];
+        if channels_last_by_eight::<T>(op.dims, &ptrs) {
+            return launch!(
+                self, s, bn_scale_relu_backward_h8, self.grid(count / 8),
+                [
+                    in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
+                    &slope, out dx, &ni, &ci, &acc, &half,
+                ]
+            );
+        }
         launch!(
             self, s, bn_scale_relu_backward | bn_scale_relu_backward_h for T, self.grid(count),
             [

@@ -29,6 +29,39 @@ extern "C" __global__ void bn_sums_h(const unsigned short* a, const unsigned sho
     WITH_HALF_CONSTANT(bn_sums_of(a, b, has_b, partial, n, c, s, splits, half));
 }
 
+// bn_sums_h of a alone (no b) over a channels-last view (s == 1, c % 8 == 0, a 16-byte
+// aligned), eight channels a thread (channels_last_sums): the same partials.
+template <int HALF>
+__device__ __forceinline__ void bn_sums_by_eight(const unsigned short* a, double* rows,
+                                                 double* partial, int n, int c, int splits) {
+    channels_last_sums<2, 8, 8>(
+        [=](int idx0) { return raw_eight(a, idx0 >> 3); },
+        [=](const uint4& in, Sums<2>* acc) {
+            const unsigned w[4] = {in.x, in.y, in.z, in.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 v = unpack_pair<HALF>(w[j]);
+                const double v0 = (double)v.x, v1 = (double)v.y;
+                acc[2 * j].v[0] += v0;
+                acc[2 * j].v[1] += v0 * v0;
+                acc[2 * j + 1].v[0] += v1;
+                acc[2 * j + 1].v[1] += v1 * v1;
+            }
+        },
+        rows, partial, n, c, splits);
+}
+
+// bn_sums_h of a alone over a channels-last view, launched as channels_last_sums says (V = 8).
+extern "C" __global__ void bn_sums_h8(const unsigned short* a, double* partial, int n, int c,
+                                      int splits, int half) {
+    __shared__ double rows[CHANNELS_LAST_ROWS];
+    if (half == 2) {
+        bn_sums_by_eight<2>(a, rows, partial, n, c, splits);
+    } else {
+        bn_sums_by_eight<1>(a, rows, partial, n, c, splits);
+    }
+}
+
 // Channel ch's warp sums its pairs of partials into s1, s2 (every lane); lane 0 stores
 // sums[ch] = s1, sums[C + ch] = s2 and, for channel 0, sums[2C] = per, and answers true (the
 // other lanes false).

@@ -4,6 +4,7 @@
 //! also read half-type bit patterns ([`StoredElem`]: the statistics of a BatchNorm chain on
 //! half-type blobs).
 
+use super::channel::channels_last_by_eight;
 use super::{check_len, int_count, stored_half_arg, to_i32, Kernels, StoredElem};
 use crate::error::Result;
 use crate::precision::Half;
@@ -52,11 +53,15 @@ impl Kernels {
         };
         let (hb, half) = (b.is_some() as i32, stored_half_arg::<T>(op, half));
         let per = to_i32(op, n * sp);
+        let by_eight = b.is_none() && channels_last_by_eight::<T>((n, c, sp), &[a.device_ptr(s).0]);
         self.two_stage_sums(
             s,
             (op, 2),
-            (n, c, sp),
+            ((n, c, sp), by_eight.then_some(8)),
             |grid, pp, spl| {
+                if by_eight {
+                    return launch!(self, s, bn_sums_h8, grid, [in a, &pp, &ni, &ci, &spl, &half]);
+                }
                 launch!(
                     self, s, bn_sums | bn_sums_h for T, grid,
                     [in a, &bp, &hb, &pp, &ni, &ci, &si, &spl, &half]

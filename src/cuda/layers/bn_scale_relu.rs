@@ -395,8 +395,10 @@ mod tests {
     /// mixed precision from the same half-type values: forward, the bottom gradient
     /// (accumulated and overwritten) and the Scale's gradient; with batch statistics (train) and
     /// global ones (test), with and without a ReLU (leaky too) and the Scale's bias, in both
-    /// layouts (channels-last takes the sums' tiled grid) and both half types; and on a tensor
-    /// beyond four waves of threads, where the elementwise kernels take their loads four at a time.
+    /// layouts (channels-last takes the sums' tiled grid, and with a multiple of 8 channels the
+    /// `_h8` kernels, eight channels a thread) and both half types; and on tensors beyond four
+    /// waves of threads, where the elementwise kernels take their loads four at a time and the
+    /// `_h8` sums several rows at a time.
     #[test]
     fn half_blobs_match_rounded_fp32_blobs() {
         let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
@@ -406,27 +408,35 @@ mod tests {
                 for phase in [Phase::Train, Phase::Test] {
                     for relu in [None, Some(0.0), Some(0.1)] {
                         for beta in [true, false] {
-                            seed += 10;
-                            let shape = [3, 5, 6, 7];
-                            check(&gpu, shape, relu, beta, phase, layout, half, seed);
+                            // Channels-last with a multiple of 8 channels takes the `_h8`
+                            // kernels: 3 groups of eight; 33, over two tiles of 32 groups.
+                            for shape in [[3, 5, 6, 7], [3, 24, 5, 3], [2, 264, 3, 2]] {
+                                seed += 10;
+                                check(&gpu, shape, relu, beta, phase, layout, half, seed);
+                            }
                         }
                     }
                 }
             }
         }
         let n = 4 * gpu.kernels.wave_threads() / (8 * 16 * 16) + 1;
+        let wide = 4 * gpu.kernels.wave_threads() / (64 * 8 * 8) + 1;
         for half in [Half::Bf16, Half::Fp16] {
-            let shape = [n, 8, 16, 16];
-            check(
-                &gpu,
-                shape,
-                Some(0.0),
-                true,
-                Phase::Train,
-                Layout::Nchw,
-                half,
-                2900,
-            );
+            for (shape, layout) in [
+                ([n, 8, 16, 16], Layout::Nchw),
+                ([wide, 64, 8, 8], Layout::Nhwc),
+            ] {
+                check(
+                    &gpu,
+                    shape,
+                    Some(0.0),
+                    true,
+                    Phase::Train,
+                    layout,
+                    half,
+                    2900,
+                );
+            }
         }
     }
 }
