@@ -250,8 +250,9 @@ struct ChainEight {
 
 // The first of the eight channels of each group g (elements 8g .. 8g + 8) of a channels-last
 // view of c channels that this thread meets in grid_stride_by over the groups: the same
-// channel for every group of the thread when c divides the grid's stride in elements (always, for
-// c a power of two up to 2^16 and the grids of Kernels::grid), computed once; else group by group.
+// channel for every group of the thread when c divides the grid's stride in elements (2,048 times
+// the blocks of Kernels::grid: every power of two up to 2,048, ResNet-50's widest), computed
+// once; else group by group.
 struct GroupChannels {
     int first, c;
     bool fixed;
