@@ -331,8 +331,6 @@ pub fn compile(arch: &str) -> Result<String> {
 mod tests {
     use super::*;
 
-    /// Runs without a GPU: every kernel the host loads is defined in the source, so a typo
-    /// fails here rather than at load time on a GPU machine.
     /// `source` with each kernel's `__launch_bounds__(..)` taken out of its declaration, so that
     /// every kernel reads `extern "C" __global__ void NAME(`.
     fn without_launch_bounds(source: &str) -> String {
@@ -348,6 +346,8 @@ mod tests {
         out
     }
 
+    /// Runs without a GPU: every kernel the host loads is defined in the source, so a typo
+    /// fails here rather than at load time on a GPU machine.
     #[test]
     fn source_defines_every_loaded_kernel() {
         assert!(!SOURCE.trim().is_empty());

@@ -240,8 +240,8 @@ extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
 // thread's per-channel operands read once for as long as its channels stay the same, values
 // rounded and stored two at a time (pack_pair), and no per-element channel index: the same
 // results, for the same operations on the same values (a value the `_h` kernels round again is a
-// half-type value already). The elementwise ones take `half` and the grid of their `_h` twins;
-// the sums take channels_last_sums' (Kernels::grid_channel_sums_by).
+// half-type value already). The elementwise ones take `half` and Kernels::grid over their n / 8
+// groups of eight; the sums take channels_last_sums' grid (Kernels::grid_channel_sums_by).
 
 // The per-channel operands of channels ch0 .. ch0 + 8.
 struct ChainEight {
@@ -366,8 +366,8 @@ __device__ __forceinline__ void bsr_normalized_pair(const ChainEight& p, int e, 
 }
 
 // Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
-// (channels_last_sums, V = 4: eight would hold 64 registers of accumulators and leave one block a
-// multiprocessor).
+// (channels_last_sums, V = 4): eight held 64 registers of the four sums' accumulators, over 128
+// in all, and left one block of 256 threads a multiprocessor.
 template <int HALF, int N>
 __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
                                                  const unsigned short* z,

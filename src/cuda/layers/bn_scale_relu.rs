@@ -396,9 +396,10 @@ mod tests {
     /// (accumulated and overwritten) and the Scale's gradient; with batch statistics (train) and
     /// global ones (test), with and without a ReLU (leaky too) and the Scale's bias, in both
     /// layouts (channels-last takes the sums' tiled grid, and with a multiple of 8 channels the
-    /// `_h8` kernels, eight channels a thread) and both half types; and on tensors beyond four
+    /// `_h8` kernels, several channels a thread) and both half types; and on tensors beyond four
     /// waves of threads, where the elementwise kernels take their loads four at a time and the
-    /// `_h8` sums several rows at a time.
+    /// `_h8` sums several rows at a time, or beyond 32, where each thread of the `_h8`
+    /// elementwise kernels meets several groups of eight, of the same channels or not.
     #[test]
     fn half_blobs_match_rounded_fp32_blobs() {
         let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
@@ -409,7 +410,9 @@ mod tests {
                     for relu in [None, Some(0.0), Some(0.1)] {
                         for beta in [true, false] {
                             // Channels-last with a multiple of 8 channels takes the `_h8`
-                            // kernels: 3 groups of eight; 33, over two tiles of 32 groups.
+                            // kernels: 24 channels, one tile of their sums' grids; 264, two
+                            // tiles of the statistics' (eight channels a thread) and three of
+                            // the backward sums' (four).
                             for shape in [[3, 5, 6, 7], [3, 24, 5, 3], [2, 264, 3, 2]] {
                                 seed += 10;
                                 check(&gpu, shape, relu, beta, phase, layout, half, seed);
@@ -419,12 +422,19 @@ mod tests {
                 }
             }
         }
-        let n = 4 * gpu.kernels.wave_threads() / (8 * 16 * 16) + 1;
-        let wide = 4 * gpu.kernels.wave_threads() / (64 * 8 * 8) + 1;
+        let wave = gpu.kernels.wave_threads();
+        let n = 4 * wave / (8 * 16 * 16) + 1;
+        // The `_h8` elementwise kernels take eight elements a thread, the forward four groups of
+        // them at a time: beyond 32 waves a thread meets several groups, of the same channels
+        // where C divides a wave's 8 · wave_threads elements, and of changing channels (its
+        // per-channel operands reloaded) where it does not.
+        let uneven = (16..).step_by(8).find(|c| (8 * wave) % c != 0).unwrap();
+        let groups = |c: usize| 32 * wave / (c * 8 * 8) + 1;
         for half in [Half::Bf16, Half::Fp16] {
             for (shape, layout) in [
                 ([n, 8, 16, 16], Layout::Nchw),
-                ([wide, 64, 8, 8], Layout::Nhwc),
+                ([groups(64), 64, 8, 8], Layout::Nhwc),
+                ([groups(uneven), uneven, 8, 8], Layout::Nhwc),
             ] {
                 check(
                     &gpu,
