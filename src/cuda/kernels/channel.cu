@@ -144,7 +144,9 @@ __device__ __forceinline__ void channels_last_sums(Load load, Add add, double* r
     for (int j = 0; j < N; ++j) {
         __syncthreads();
 #pragma unroll
-        for (int e = 0; e < V; ++e) rows[(threadIdx.y * V + e) * SUM_TILE + threadIdx.x] = acc[e].v[j];
+        for (int e = 0; e < V; ++e) {
+            rows[(threadIdx.y * V + e) * SUM_TILE + threadIdx.x] = acc[e].v[j];
+        }
         __syncthreads();
         if (threadIdx.y != 0 || d0 >= dim) continue;
 #pragma unroll

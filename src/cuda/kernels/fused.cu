@@ -268,6 +268,19 @@ __device__ __forceinline__ int group_channel(const GroupChannels& gc, int g) {
     return gc.fixed ? gc.first : (int)((8LL * g) % gc.c);
 }
 
+// The first channel of group g, after load(ch0) has read the operands of its eight channels
+// where they are not those of the last group this thread loaded (`cached`, -1 before any).
+template <class Load>
+__device__ __forceinline__ int group_channel_loaded(const GroupChannels& gc, int g, int& cached,
+                                                    Load load) {
+    const int ch0 = group_channel(gc, g);
+    if (ch0 != cached) {
+        cached = ch0;
+        load(ch0);
+    }
+    return ch0;
+}
+
 // p[ch0 .. ch0 + V) into out (V a multiple of 4): 16-byte loads where p + ch0 is 16-byte
 // aligned, else V 4-byte ones.
 template <int V = 8>
@@ -305,14 +318,12 @@ __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, co
     grid_stride_by_four(
         n >> 3, [=](int g) { return raw_eight(x, g); },
         [&](int g, const uint4& raw) {
-            const int ch0 = group_channel(gc, g);
-            if (ch0 != cached) {
-                cached = ch0;
+            group_channel_loaded(gc, g, cached, [&](int ch0) {
                 load_channels(mean, ch0, p.mean);
                 load_channels(inv_std, ch0, p.inv_std);
                 load_channels(gamma, ch0, p.gamma);
                 if (has_beta) load_channels(beta, ch0, p.beta);
-            }
+            });
             Eight v = widen_eight<HALF>(raw);
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
@@ -465,9 +476,7 @@ __device__ __forceinline__ void bsr_backward_by_eight(
                       accumulate ? raw_eight(dx, g) : none};
         },
         [&](int g, const In& in) {
-            const int ch0 = group_channel(gc, g);
-            if (ch0 != cached) {
-                cached = ch0;
+            group_channel_loaded(gc, g, cached, [&](int ch0) {
                 load_channels(inv_std, ch0, p.inv_std);
                 load_channels(gamma, ch0, p.gamma);
                 if (batch_stats) {
@@ -478,7 +487,7 @@ __device__ __forceinline__ void bsr_backward_by_eight(
                         p.mean_dyy[e] = (float)(sums[c + ch0 + e] * inv_m);
                     }
                 }
-            }
+            });
             const Eight vdz = widen_eight<HALF>(in.dz), vz = widen_eight<HALF>(in.z);
             const Eight vx = widen_eight<HALF>(in.x);
             Eight out = widen_eight<HALF>(in.dx);

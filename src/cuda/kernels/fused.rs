@@ -154,41 +154,39 @@ impl Kernels {
         let store_sums = (which != ChainSums::Scale) as i32;
         let ptrs = [dz.device_ptr(s).0, z.device_ptr(s).0, x.device_ptr(s).0];
         let by_eight = channels_last_by_eight::<T>(op.dims, &ptrs);
-        let (grid, splits) = if by_eight {
-            self.grid_channel_sums_by(op.dims, 4)
-        } else {
-            self.grid_channel_sums(op.dims)
-        };
-        let spl = to_i32(name, splits);
         let per = to_i32(name, n * sp);
-        let mut partial = super::channel::partial_sums_scratch(s, name, per_element * c * splits)?;
-        {
-            let (pp, _p) = partial.device_ptr_mut(s);
-            if by_eight {
-                launch!(
-                    self, s, bn_scale_relu_sums_h8, grid,
-                    [
-                        in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope,
-                        &pp, &ni, &ci, &spl, &half, &quad_arg,
-                    ]
-                )?;
-            } else {
+        let (hb, acc) = (has_beta as i32, accumulate as i32);
+        self.two_stage_sums(
+            s,
+            (name, per_element),
+            (op.dims, by_eight.then_some(4)),
+            |grid, pp, spl| {
+                if by_eight {
+                    return launch!(
+                        self, s, bn_scale_relu_sums_h8, grid,
+                        [
+                            in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu,
+                            &slope, &pp, &ni, &ci, &spl, &half, &quad_arg,
+                        ]
+                    );
+                }
                 launch!(
                     self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
                     [
                         in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope,
                         &pp, &ni, &ci, &si, &spl, &half, &quad_arg,
                     ]
-                )?;
-            }
-        }
-        let (pp, _p) = partial.device_ptr(s);
-        let (hb, acc) = (has_beta as i32, accumulate as i32);
-        launch!(
-            self, s, bn_scale_relu_finish, self.grid_rows(c),
-            [
-                &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums, &quad_arg,
-            ]
+                )
+            },
+            |pp, spl| {
+                launch!(
+                    self, s, bn_scale_relu_finish, self.grid_rows(c),
+                    [
+                        &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums,
+                        &quad_arg,
+                    ]
+                )
+            },
         )
     }
 
