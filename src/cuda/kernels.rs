@@ -149,10 +149,12 @@ kernel_set!(
     eltwise_max_backward,
     max_pool_forward,
     max_pool_forward_h,
+    max_pool_forward_h8,
     ave_pool_forward,
     ave_pool_forward_h,
     max_pool_backward,
     max_pool_backward_h,
+    max_pool_backward_h8,
     ave_pool_backward,
     ave_pool_backward_h,
     pool_backward_planes,
@@ -196,6 +198,7 @@ kernel_set!(
     bn_sums_h,
     bn_sums_h8,
     bn_sums_finish,
+    bn_sums_finish_stats,
     bn_batch_stats,
     bn_global_stats,
     bn_normalize,
@@ -250,7 +253,7 @@ pub use fused::{BnScaleRelu, ChainSums};
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
-pub use normalization::StatsSource;
+pub use normalization::{BatchStats, StatsSource};
 pub use pooling::PoolGeom;
 pub use solver::{LossScaleArgs, Rule, UpdateArgs, WeightCopies, WeightCopy, WireSum};
 

@@ -1,7 +1,9 @@
 // ---------------------------------------------------------------------------------------------
 // BatchNorm -> Scale -> ReLU fused over (N, C, S): y = (x - mean[c]) * inv_std[c] (BatchNorm),
 // v = y * gamma[c] (+ beta[c]) (Scale), z = v > 0 ? v : slope * v (ReLU when relu != 0,
-// slope >= 0, so that z > 0 exactly where v > 0). Only z is stored; backward recomputes y from x.
+// slope >= 0, so that z > 0 exactly where v > 0). Only z is stored; backward recomputes y and v
+// from x (the same operations on the same values: the same bits) and never reads z: the ReLU
+// passes its gradient where v > 0, which is where z > 0.
 //
 // Mixed precision (half = 1 bf16, 2 fp16; 0 none): every value the CPU's three layers would
 // round is rounded where they round it, x as it is read, y and v, the leaky part of z, the
@@ -15,12 +17,18 @@ __device__ __forceinline__ float bsr_normalized(float x, float mean, float inv_s
     return round_if_half((round_if_half(x, half) - mean) * inv_std, half);
 }
 
-// The Scale's top v.
-__device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, float gamma,
-                                          const float* beta, int has_beta, int c, int half) {
-    float v = bsr_normalized(x, mean, inv_std, half) * gamma;
+// The Scale's top v of channel c, from the BatchNorm's top y.
+__device__ __forceinline__ float bsr_scaled(float y, float gamma, const float* beta, int has_beta,
+                                           int c, int half) {
+    float v = y * gamma;
     if (has_beta) v = v + beta[c];
     return round_if_half(v, half);
+}
+
+// The Scale's top v, from the chain's bottom x.
+__device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, float gamma,
+                                          const float* beta, int has_beta, int c, int half) {
+    return bsr_scaled(bsr_normalized(x, mean, inv_std, half), gamma, beta, has_beta, c, half);
 }
 
 // The chain's z of one element x of channel ch.
@@ -67,11 +75,22 @@ extern "C" __global__ void bn_scale_relu_forward_h(const unsigned short* x, cons
         bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half));
 }
 
-// The gradient reaching the Scale's output: g = dz * (relu && !(z > 0) ? slope : 1).
+// The gradient reaching the Scale's output v: g = dz * (relu && !(v > 0) ? slope : 1).
 // In mixed precision dz is rounded as it is read, as x is.
-__device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slope, int half) {
+__device__ __forceinline__ float bsr_grad(float dz, float v, int relu, float slope, int half) {
     dz = round_if_half(dz, half);
-    return (relu && !(z > 0.0f)) ? round_if_half(dz * slope, half) : dz;
+    return (relu && !(v > 0.0f)) ? round_if_half(dz * slope, half) : dz;
+}
+
+// The normalised y and the gradient g of element idx of channel ch (bsr_normalized, bsr_grad).
+template <class T>
+__device__ __forceinline__ float2 bsr_y_and_g(const T* dz, const T* x, int idx, int ch,
+                                              const float* mean, const float* inv_std,
+                                              const float* gamma, const float* beta, int has_beta,
+                                              int relu, float slope, int half) {
+    const float y = bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
+    const float v = relu ? bsr_scaled(y, gamma[ch], beta, has_beta, ch, half) : 0.0f;
+    return make_float2(y, bsr_grad(load_value(dz, idx, half), v, relu, slope, half));
 }
 
 // Stage 1 of the backward sums, chunked as bn_sums: per channel sum g and sum g * y at
@@ -80,50 +99,51 @@ __device__ __forceinline__ float bsr_grad(float dz, float z, int relu, float slo
 // gradient the Scale passes to the BatchNorm, t = gamma * g rounded (whose rounding keeps the
 // BatchNorm's sums from being gamma times the Scale's).
 template <class T>
-__device__ __forceinline__ void bsr_sums(const T* dz, const T* z, const T* x, const float* mean,
-                                         const float* inv_std, const float* gamma, int relu,
-                                         float slope, double* partial, int n, int c, int s,
-                                         int splits, int half, int quad) {
+__device__ __forceinline__ void bsr_sums(const T* dz, const T* x, const float* mean,
+                                         const float* inv_std, const float* gamma,
+                                         const float* beta, int has_beta, int relu, float slope,
+                                         double* partial, int n, int c, int s, int splits,
+                                         int half, int quad) {
     if (quad) {
         view_sums_n<4>(
             [=](int idx, int ch) {
-                const float g = bsr_grad(load_value(dz, idx, half), load_value(z, idx, half),
-                                         relu, slope, half);
+                const float2 yg = bsr_y_and_g(dz, x, idx, ch, mean, inv_std, gamma, beta,
+                                              has_beta, relu, slope, half);
+                const float g = yg.y;
                 const float t = round_if_half(gamma[ch] * g, half);
-                const double y =
-                    (double)bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
+                const double y = (double)yg.x;
                 return Sums<4>{{(double)g, (double)g * y, (double)t, (double)t * y}};
             },
             partial, n, c, s, splits);
     } else {
         view_sums(
             [=](int idx, int ch) {
-                const float g = bsr_grad(load_value(dz, idx, half), load_value(z, idx, half),
-                                         relu, slope, half);
-                const float y =
-                    bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
-                return make_double2((double)g, (double)g * (double)y);
+                const float2 yg = bsr_y_and_g(dz, x, idx, ch, mean, inv_std, gamma, beta,
+                                              has_beta, relu, slope, half);
+                return make_double2((double)yg.y, (double)yg.y * (double)yg.x);
             },
             partial, 1, n, c, s, splits);
     }
 }
 
-extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* z, const float* x,
-                                              const float* mean, const float* inv_std,
-                                              const float* gamma, int relu, float slope,
-                                              double* partial, int n, int c, int s, int splits,
-                                              int half, int quad) {
-    bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s, splits, half, quad);
+extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* x, const float* mean,
+                                              const float* inv_std, const float* gamma,
+                                              const float* beta, int has_beta, int relu,
+                                              float slope, double* partial, int n, int c, int s,
+                                              int splits, int half, int quad) {
+    bsr_sums(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope, partial, n, c, s, splits,
+             half, quad);
 }
 
-// bn_scale_relu_sums on half-type dz, z and x.
-extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz, const unsigned short* z,
-                                                const unsigned short* x, const float* mean,
-                                                const float* inv_std, const float* gamma,
-                                                int relu, float slope, double* partial, int n,
-                                                int c, int s, int splits, int half, int quad) {
-    WITH_HALF_CONSTANT(bsr_sums(dz, z, x, mean, inv_std, gamma, relu, slope, partial, n, c, s,
-                                splits, half, quad));
+// bn_scale_relu_sums on half-type dz and x.
+extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz, const unsigned short* x,
+                                                const float* mean, const float* inv_std,
+                                                const float* gamma, const float* beta,
+                                                int has_beta, int relu, float slope,
+                                                double* partial, int n, int c, int s, int splits,
+                                                int half, int quad) {
+    WITH_HALF_CONSTANT(bsr_sums(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope,
+                                partial, n, c, s, splits, half, quad));
 }
 
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
@@ -159,15 +179,20 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
 // (dy - mean(dy) - mean(dy * y) * y) * inv_std over m = sums[2C] values, with global ones
 // dy * inv_std. The means are gamma * sums[c] / m and gamma * sums[C + c] / m from sums of g,
 // or in mixed precision sums[c] / m and sums[C + c] / m from sums of the rounded dy (bn_terms).
-// The chain's dx of one element of channel ch from its dz, z, x and (accumulate) old dx.
-__device__ __forceinline__ float bsr_backward_element(float dz, float z, float x, float old,
-                                                      int ch, const float* mean,
-                                                      const float* inv_std, const float* gamma,
-                                                      const double* sums, double inv_m,
-                                                      int batch_stats, int relu, float slope,
-                                                      int c, int accumulate, int half) {
+// The chain's dx of one element of channel ch from its dz, x (read where batch_stats or relu)
+// and (accumulate) old dx.
+__device__ __forceinline__ float bsr_backward_element(float dz, float x, float old, int ch,
+                                                      const float* mean, const float* inv_std,
+                                                      const float* gamma, const float* beta,
+                                                      int has_beta, const double* sums,
+                                                      double inv_m, int batch_stats, int relu,
+                                                      float slope, int c, int accumulate,
+                                                      int half) {
     const float gm = gamma[ch];
-    const float dy = round_if_half(gm * bsr_grad(dz, z, relu, slope, half), half);
+    const float y =
+        (batch_stats || relu) ? bsr_normalized(x, mean[ch], inv_std[ch], half) : 0.0f;
+    const float v = relu ? bsr_scaled(y, gm, beta, has_beta, ch, half) : 0.0f;
+    const float dy = round_if_half(gm * bsr_grad(dz, v, relu, slope, half), half);
     float d;
     if (batch_stats) {
         float mean_dy = (float)(sums[ch] * inv_m);
@@ -176,7 +201,6 @@ __device__ __forceinline__ float bsr_backward_element(float dz, float z, float x
             mean_dy = gm * mean_dy;
             mean_dyy = gm * mean_dyy;
         }
-        const float y = bsr_normalized(x, mean[ch], inv_std[ch], half);
         d = (dy - mean_dy - mean_dyy * y) * inv_std[ch];
     } else {
         d = dy * inv_std[ch];
@@ -185,53 +209,54 @@ __device__ __forceinline__ float bsr_backward_element(float dz, float z, float x
 }
 
 template <class T>
-__device__ __forceinline__ void bsr_backward(const T* dz, const T* z, const T* x,
-                                             const float* mean, const float* inv_std,
-                                             const float* gamma, const double* sums,
+__device__ __forceinline__ void bsr_backward(const T* dz, const T* x, const float* mean,
+                                             const float* inv_std, const float* gamma,
+                                             const float* beta, int has_beta, const double* sums,
                                              int batch_stats, int relu, float slope, T* dx,
                                              int n, int c, int s, int accumulate, int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
-    // The streamed inputs of an element: dz, z, x and (accumulate) the dx it adds to.
+    const bool read_x = batch_stats || relu;
+    // The streamed inputs of an element: dz, x and (accumulate) the dx it adds to.
     struct In {
-        float dz, z, x, dx;
+        float dz, x, dx;
     };
     grid_stride_by_four(
         n,
         [=](int i) {
-            return In{load_value(dz, i, half), load_value(z, i, half),
-                      batch_stats ? load_value(x, i, half) : 0.0f,
+            return In{load_value(dz, i, half), read_x ? load_value(x, i, half) : 0.0f,
                       accumulate ? load_value(dx, i, half) : 0.0f};
         },
         [=](int i, In in) {
             const int ch = channel_of(i, by_s, by_c);
-            const float d =
-                bsr_backward_element(in.dz, in.z, in.x, in.dx, ch, mean, inv_std, gamma, sums,
-                                     inv_m, batch_stats, relu, slope, c, accumulate, half);
+            const float d = bsr_backward_element(in.dz, in.x, in.dx, ch, mean, inv_std, gamma,
+                                                 beta, has_beta, sums, inv_m, batch_stats, relu,
+                                                 slope, c, accumulate, half);
             store_value(dx, i, d, half);
         });
 }
 
-extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* z, const float* x,
+extern "C" __global__ void bn_scale_relu_backward(const float* dz, const float* x,
                                                   const float* mean, const float* inv_std,
-                                                  const float* gamma, const double* sums,
+                                                  const float* gamma, const float* beta,
+                                                  int has_beta, const double* sums,
                                                   int batch_stats, int relu, float slope,
                                                   float* dx, int n, int c, int s, int accumulate,
                                                   int half) {
-    bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope, dx, n, c, s,
-                 accumulate, half);
+    bsr_backward(dz, x, mean, inv_std, gamma, beta, has_beta, sums, batch_stats, relu, slope, dx,
+                 n, c, s, accumulate, half);
 }
 
-// bn_scale_relu_backward on half-type dz, z, x and dx.
+// bn_scale_relu_backward on half-type dz, x and dx.
 extern "C" __global__ void bn_scale_relu_backward_h(const unsigned short* dz,
-                                                    const unsigned short* z,
                                                     const unsigned short* x, const float* mean,
                                                     const float* inv_std, const float* gamma,
+                                                    const float* beta, int has_beta,
                                                     const double* sums, int batch_stats, int relu,
                                                     float slope, unsigned short* dx, int n, int c,
                                                     int s, int accumulate, int half) {
-    WITH_HALF_CONSTANT(bsr_backward(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu,
-                                    slope, dx, n, c, s, accumulate, half));
+    WITH_HALF_CONSTANT(bsr_backward(dz, x, mean, inv_std, gamma, beta, has_beta, sums,
+                                    batch_stats, relu, slope, dx, n, c, s, accumulate, half));
 }
 
 // The chain's `_h8` kernels: the `_h` kernels over a channels-last view (s == 1, c % 8 == 0,
@@ -301,11 +326,43 @@ __device__ __forceinline__ void load_channels(const float* p, int ch0, float* ou
     }
 }
 
+// g of two elements (bsr_grad), from their dz and Scale's output v.
+template <int HALF>
+__device__ __forceinline__ void bsr_grad_pair(float dz0, float dz1, float v0, float v1, int relu,
+                                              float slope, float& g0, float& g1) {
+    g0 = (relu && !(v0 > 0.0f)) ? dz0 * slope : dz0;
+    g1 = (relu && !(v1 > 0.0f)) ? dz1 * slope : dz1;
+    round_pair<HALF>(g0, g1);
+}
+
+// The normalised y of two elements of channels e, e + 1 (bsr_normalized).
+template <int HALF>
+__device__ __forceinline__ void bsr_normalized_pair(const ChainEight& p, int e, float x0,
+                                                    float x1, float& y0, float& y1) {
+    y0 = (x0 - p.mean[e]) * p.inv_std[e];
+    y1 = (x1 - p.mean[e + 1]) * p.inv_std[e + 1];
+    round_pair<HALF>(y0, y1);
+}
+
+// The Scale's output v of two elements of channels e, e + 1 from their y (bsr_scaled).
+template <int HALF>
+__device__ __forceinline__ void bsr_scaled_pair(const ChainEight& p, int e, float y0, float y1,
+                                                int has_beta, float& v0, float& v1) {
+    v0 = y0 * p.gamma[e];
+    v1 = y1 * p.gamma[e + 1];
+    if (has_beta) {
+        v0 = v0 + p.beta[e];
+        v1 = v1 + p.beta[e + 1];
+    }
+    round_pair<HALF>(v0, v1);
+}
+
 // The elementwise `_h8` kernels run grid_stride_by over the n / 8 groups of eight: the forward
-// with four groups' loads in flight a thread, the backward (four tensors read, five sets of
+// with four groups' loads in flight a thread, the backward (three tensors read, up to six sets of
 // per-channel operands held) with one, so that three blocks fit a multiprocessor
-// (__launch_bounds__). Each thread reloads its channels' operands only when its group's channels
-// change (never, when c divides the grid's stride in elements).
+// (__launch_bounds__, under which ptxas keeps a few of those operands in local memory). Each
+// thread reloads its channels' operands only when its group's channels change (never, when c
+// divides the grid's stride in elements).
 template <int HALF>
 __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, const float* mean,
                                                      const float* inv_std, const float* gamma,
@@ -327,15 +384,9 @@ __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, co
             Eight v = widen_eight<HALF>(raw);
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
-                float y0 = (v.v[e] - p.mean[e]) * p.inv_std[e];
-                float y1 = (v.v[e + 1] - p.mean[e + 1]) * p.inv_std[e + 1];
-                round_pair<HALF>(y0, y1);
-                float v0 = y0 * p.gamma[e], v1 = y1 * p.gamma[e + 1];
-                if (has_beta) {
-                    v0 = v0 + p.beta[e];
-                    v1 = v1 + p.beta[e + 1];
-                }
-                round_pair<HALF>(v0, v1);
+                float y0, y1, v0, v1;
+                bsr_normalized_pair<HALF>(p, e, v.v[e], v.v[e + 1], y0, y1);
+                bsr_scaled_pair<HALF>(p, e, y0, y1, has_beta, v0, v1);
                 // The leaky part is rounded by the store.
                 if (relu && !(v0 > 0.0f)) v0 = slope * v0;
                 if (relu && !(v1 > 0.0f)) v1 = slope * v1;
@@ -358,60 +409,40 @@ extern "C" __global__ void bn_scale_relu_forward_h8(const unsigned short* x, con
     }
 }
 
-// g of two elements (bsr_grad), from their dz and z.
-template <int HALF>
-__device__ __forceinline__ void bsr_grad_pair(float dz0, float dz1, float z0, float z1, int relu,
-                                              float slope, float& g0, float& g1) {
-    g0 = (relu && !(z0 > 0.0f)) ? dz0 * slope : dz0;
-    g1 = (relu && !(z1 > 0.0f)) ? dz1 * slope : dz1;
-    round_pair<HALF>(g0, g1);
-}
-
-// The normalised y of two elements of channels e, e + 1 (bsr_normalized).
-template <int HALF>
-__device__ __forceinline__ void bsr_normalized_pair(const ChainEight& p, int e, float x0,
-                                                    float x1, float& y0, float& y1) {
-    y0 = (x0 - p.mean[e]) * p.inv_std[e];
-    y1 = (x1 - p.mean[e + 1]) * p.inv_std[e + 1];
-    round_pair<HALF>(y0, y1);
-}
-
 // Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
 // (channels_last_sums, V = 4): eight held 64 registers of the four sums' accumulators, over 128
 // in all, and left one block of 256 threads a multiprocessor.
 template <int HALF, int N>
 __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
-                                                 const unsigned short* z,
                                                  const unsigned short* x, const float* mean,
                                                  const float* inv_std, const float* gamma,
-                                                 int relu, float slope, double* rows,
-                                                 double* partial, int n, int c, int splits) {
+                                                 const float* beta, int has_beta, int relu,
+                                                 float slope, double* rows, double* partial,
+                                                 int n, int c, int splits) {
     const int d0 = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
     ChainEight p;
     if (d0 < c) {
         load_channels<4>(mean, d0, p.mean);
         load_channels<4>(inv_std, d0, p.inv_std);
         load_channels<4>(gamma, d0, p.gamma);
+        if (relu && has_beta) load_channels<4>(beta, d0, p.beta);
     }
     // A row's four elements of each tensor.
     struct In {
-        uint2 dz, z, x;
+        uint2 dz, x;
     };
     channels_last_sums<N, 4, 2>(
-        [=](int idx0) {
-            return In{raw_four(dz, idx0 >> 2), raw_four(z, idx0 >> 2), raw_four(x, idx0 >> 2)};
-        },
+        [=](int idx0) { return In{raw_four(dz, idx0 >> 2), raw_four(x, idx0 >> 2)}; },
         [=](const In& in, Sums<N>* acc) {
-            const unsigned wdz[2] = {in.dz.x, in.dz.y}, wz[2] = {in.z.x, in.z.y};
-            const unsigned wx[2] = {in.x.x, in.x.y};
+            const unsigned wdz[2] = {in.dz.x, in.dz.y}, wx[2] = {in.x.x, in.x.y};
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int e = 2 * j;
-                const float2 vdz = unpack_pair<HALF>(wdz[j]), vz = unpack_pair<HALF>(wz[j]);
-                const float2 vx = unpack_pair<HALF>(wx[j]);
-                float g0, g1, y0, y1;
-                bsr_grad_pair<HALF>(vdz.x, vdz.y, vz.x, vz.y, relu, slope, g0, g1);
+                const float2 vdz = unpack_pair<HALF>(wdz[j]), vx = unpack_pair<HALF>(wx[j]);
+                float g0, g1, y0, y1, v0 = 0.0f, v1 = 0.0f;
                 bsr_normalized_pair<HALF>(p, e, vx.x, vx.y, y0, y1);
+                if (relu) bsr_scaled_pair<HALF>(p, e, y0, y1, has_beta, v0, v1);
+                bsr_grad_pair<HALF>(vdz.x, vdz.y, v0, v1, relu, slope, g0, g1);
                 const double yd0 = (double)y0, yd1 = (double)y1;
                 acc[e].v[0] += (double)g0;
                 acc[e].v[1] += (double)g0 * yd0;
@@ -432,15 +463,15 @@ __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
 
 // bn_scale_relu_sums_h over a channels-last view, launched as channels_last_sums says (V = 4).
 extern "C" __global__ void bn_scale_relu_sums_h8(const unsigned short* dz,
-                                                 const unsigned short* z,
                                                  const unsigned short* x, const float* mean,
                                                  const float* inv_std, const float* gamma,
-                                                 int relu, float slope, double* partial, int n,
-                                                 int c, int splits, int half, int quad) {
+                                                 const float* beta, int has_beta, int relu,
+                                                 float slope, double* partial, int n, int c,
+                                                 int splits, int half, int quad) {
     __shared__ double rows[CHANNELS_LAST_ROWS];
 #define BSR_SUMS_BY_FOUR(H, N)                                                                    \
-    bsr_sums_by_four<H, N>(dz, z, x, mean, inv_std, gamma, relu, slope, rows, partial, n, c,      \
-                           splits)
+    bsr_sums_by_four<H, N>(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope, rows,        \
+                           partial, n, c, splits)
     if (half == 2) {
         if (quad) {
             BSR_SUMS_BY_FOUR(2, 4);
@@ -457,30 +488,32 @@ extern "C" __global__ void bn_scale_relu_sums_h8(const unsigned short* dz,
 
 template <int HALF>
 __device__ __forceinline__ void bsr_backward_by_eight(
-    const unsigned short* dz, const unsigned short* z, const unsigned short* x, const float* mean,
-    const float* inv_std, const float* gamma, const double* sums, int batch_stats, int relu,
-    float slope, unsigned short* dx, int n, int c, int accumulate) {
+    const unsigned short* dz, const unsigned short* x, const float* mean, const float* inv_std,
+    const float* gamma, const float* beta, int has_beta, const double* sums, int batch_stats,
+    int relu, float slope, unsigned short* dx, int n, int c, int accumulate) {
     const GroupChannels gc = group_channels(c);
     const double inv_m = batch_stats ? 1.0 / sums[2 * c] : 0.0;
+    const bool read_x = batch_stats || relu;
     const uint4 none = make_uint4(0u, 0u, 0u, 0u);
-    // The streamed inputs of a group: dz, z, x (batch statistics) and the dx it adds to.
+    // The streamed inputs of a group: dz, x (batch statistics or a ReLU) and the dx it adds to.
     struct In {
-        uint4 dz, z, x, dx;
+        uint4 dz, x, dx;
     };
     ChainEight p;
     int cached = -1;
     grid_stride_by<1>(
         n >> 3,
         [=](int g) {
-            return In{raw_eight(dz, g), raw_eight(z, g), batch_stats ? raw_eight(x, g) : none,
+            return In{raw_eight(dz, g), read_x ? raw_eight(x, g) : none,
                       accumulate ? raw_eight(dx, g) : none};
         },
         [&](int g, const In& in) {
             group_channel_loaded(gc, g, cached, [&](int ch0) {
                 load_channels(inv_std, ch0, p.inv_std);
                 load_channels(gamma, ch0, p.gamma);
+                if (read_x) load_channels(mean, ch0, p.mean);
+                if (relu && has_beta) load_channels(beta, ch0, p.beta);
                 if (batch_stats) {
-                    load_channels(mean, ch0, p.mean);
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
                         p.mean_dy[e] = (float)(sums[ch0 + e] * inv_m);
@@ -488,20 +521,18 @@ __device__ __forceinline__ void bsr_backward_by_eight(
                     }
                 }
             });
-            const Eight vdz = widen_eight<HALF>(in.dz), vz = widen_eight<HALF>(in.z);
-            const Eight vx = widen_eight<HALF>(in.x);
+            const Eight vdz = widen_eight<HALF>(in.dz), vx = widen_eight<HALF>(in.x);
             Eight out = widen_eight<HALF>(in.dx);
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
-                float g0, g1;
-                bsr_grad_pair<HALF>(vdz.v[e], vdz.v[e + 1], vz.v[e], vz.v[e + 1], relu, slope,
-                                    g0, g1);
+                float y0 = 0.0f, y1 = 0.0f, v0 = 0.0f, v1 = 0.0f, g0, g1;
+                if (read_x) bsr_normalized_pair<HALF>(p, e, vx.v[e], vx.v[e + 1], y0, y1);
+                if (relu) bsr_scaled_pair<HALF>(p, e, y0, y1, has_beta, v0, v1);
+                bsr_grad_pair<HALF>(vdz.v[e], vdz.v[e + 1], v0, v1, relu, slope, g0, g1);
                 float dy0 = p.gamma[e] * g0, dy1 = p.gamma[e + 1] * g1;
                 round_pair<HALF>(dy0, dy1);
                 float d0, d1;
                 if (batch_stats) {
-                    float y0, y1;
-                    bsr_normalized_pair<HALF>(p, e, vx.v[e], vx.v[e + 1], y0, y1);
                     d0 = (dy0 - p.mean_dy[e] - p.mean_dyy[e] * y0) * p.inv_std[e];
                     d1 = (dy1 - p.mean_dy[e + 1] - p.mean_dyy[e + 1] * y1) * p.inv_std[e + 1];
                 } else {
@@ -517,15 +548,15 @@ __device__ __forceinline__ void bsr_backward_by_eight(
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3) bn_scale_relu_backward_h8(
-    const unsigned short* dz, const unsigned short* z, const unsigned short* x, const float* mean,
-    const float* inv_std, const float* gamma, const double* sums, int batch_stats, int relu,
-    float slope, unsigned short* dx, int n, int c, int accumulate, int half) {
+    const unsigned short* dz, const unsigned short* x, const float* mean, const float* inv_std,
+    const float* gamma, const float* beta, int has_beta, const double* sums, int batch_stats,
+    int relu, float slope, unsigned short* dx, int n, int c, int accumulate, int half) {
     if (half == 2) {
-        bsr_backward_by_eight<2>(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope,
-                                 dx, n, c, accumulate);
+        bsr_backward_by_eight<2>(dz, x, mean, inv_std, gamma, beta, has_beta, sums, batch_stats,
+                                 relu, slope, dx, n, c, accumulate);
     } else {
-        bsr_backward_by_eight<1>(dz, z, x, mean, inv_std, gamma, sums, batch_stats, relu, slope,
-                                 dx, n, c, accumulate);
+        bsr_backward_by_eight<1>(dz, x, mean, inv_std, gamma, beta, has_beta, sums, batch_stats,
+                                 relu, slope, dx, n, c, accumulate);
     }
 }
 

@@ -21,8 +21,10 @@ use super::channel::channels_last_by_eight;
 use super::{check_len, stored_half_arg, to_i32, Kernels, StoredElem};
 use crate::error::Result;
 use crate::precision::Half;
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
+    SyncOnDrop,
 };
 use std::sync::Arc;
 
@@ -73,6 +75,15 @@ impl BnScaleRelu<'_> {
     fn relu_args(&self) -> (i32, f32) {
         (self.relu.is_some() as i32, self.relu.unwrap_or(0.0))
     }
+
+    /// The Scale's bias as the kernels take it, `(beta, has_beta)`: an absent bias passes
+    /// gamma's address, never read (`has_beta` is 0).
+    fn beta_args<'s>(&'s self, s: &'s CudaStream) -> ((CUdeviceptr, SyncOnDrop<'s>), i32) {
+        match &self.beta {
+            Some(b) => (b.device_ptr(s), 1),
+            None => (self.gamma.device_ptr(s), 0),
+        }
+    }
 }
 
 impl Kernels {
@@ -93,13 +104,8 @@ impl Kernels {
         }
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
-        let has_beta = op.beta.is_some() as i32;
+        let ((bp, _b), has_beta) = op.beta_args(s);
         let half = stored_half_arg::<T>(name, op.half);
-        // An absent beta passes gamma's address, never read (has_beta is 0).
-        let (bp, _b) = match &op.beta {
-            Some(b) => b.device_ptr(s),
-            None => op.gamma.device_ptr(s),
-        };
         if channels_last_by_eight::<T>(op.dims, &[x.device_ptr(s).0, z.device_ptr_mut(s).0]) {
             return launch!(
                 self, s, bn_scale_relu_forward_h8, self.grid(count / 8),
@@ -118,8 +124,9 @@ impl Kernels {
         )
     }
 
-    /// The backward sums from the top's gradient `dz` and data `z` and the bottom `x` (all three
-    /// stored as `T`), stored as `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
+    /// The backward sums from the top's gradient `dz` and the bottom `x` (both stored as `T`;
+    /// the normalised `y` and the Scale's output, whose sign is the ReLU's, recomputed from `x`),
+    /// stored as `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
     /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
     /// (the chunked two-stage sums of the BatchNorm layer).
     #[allow(clippy::too_many_arguments)]
@@ -128,7 +135,6 @@ impl Kernels {
         s: &Arc<CudaStream>,
         op: &BnScaleRelu<'_>,
         dz: &impl DevicePtr<T>,
-        z: &impl DevicePtr<T>,
         x: &impl DevicePtr<T>,
         sums: &mut CudaSlice<f64>,
         dparams: &mut impl DevicePtrMut<f32>,
@@ -138,11 +144,11 @@ impl Kernels {
         let name = "bn_scale_relu_sums";
         let (count, (ni, ci, si)) = op.check(name);
         let (n, c, sp) = op.dims;
-        for (what, len) in [("dz", dz.len()), ("z", z.len()), ("x", x.len())] {
+        for (what, len) in [("dz", dz.len()), ("x", x.len())] {
             check_len(name, what, len, count);
         }
         check_len(name, "sums", sums.len(), 2 * c + 1);
-        let has_beta = op.beta.is_some();
+        let ((bp, _b), has_beta) = op.beta_args(s);
         check_len(name, "dparams", dparams.len(), c * (1 + has_beta as usize));
         if c == 0 {
             return Ok(());
@@ -152,10 +158,10 @@ impl Kernels {
         let quad = which == ChainSums::Separate;
         let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
-        let ptrs = [dz.device_ptr(s).0, z.device_ptr(s).0, x.device_ptr(s).0];
+        let ptrs = [dz.device_ptr(s).0, x.device_ptr(s).0];
         let by_eight = channels_last_by_eight::<T>(op.dims, &ptrs);
         let per = to_i32(name, n * sp);
-        let (hb, acc) = (has_beta as i32, accumulate as i32);
+        let acc = accumulate as i32;
         self.two_stage_sums(
             s,
             (name, per_element),
@@ -165,16 +171,16 @@ impl Kernels {
                     return launch!(
                         self, s, bn_scale_relu_sums_h8, grid,
                         [
-                            in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu,
-                            &slope, &pp, &ni, &ci, &spl, &half, &quad_arg,
+                            in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta,
+                            &relu, &slope, &pp, &ni, &ci, &spl, &half, &quad_arg,
                         ]
                     );
                 }
                 launch!(
                     self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
                     [
-                        in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, &relu, &slope,
-                        &pp, &ni, &ci, &si, &spl, &half, &quad_arg,
+                        in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta,
+                        &relu, &slope, &pp, &ni, &ci, &si, &spl, &half, &quad_arg,
                     ]
                 )
             },
@@ -182,7 +188,7 @@ impl Kernels {
                 launch!(
                     self, s, bn_scale_relu_finish, self.grid_rows(c),
                     [
-                        &pp, out sums, out dparams, &hb, &ci, &spl, &per, &acc, &store_sums,
+                        &pp, out sums, out dparams, &has_beta, &ci, &spl, &per, &acc, &store_sums,
                         &quad_arg,
                     ]
                 )
@@ -192,15 +198,14 @@ impl Kernels {
 
     /// `dx (+)=` the BatchNorm backward of `gamma · g`: with batch statistics from `sums`
     /// (after any all-reduce: [`ChainSums::Both`]'s, or in mixed precision
-    /// [`ChainSums::Separate`]'s), else `gamma · g · inv_std`; `dz`, `z`, `x` and `dx` stored as
-    /// `T`.
+    /// [`ChainSums::Separate`]'s), else `gamma · g · inv_std`; `dz`, `x` (read with batch
+    /// statistics or a ReLU, whose sign it recomputes) and `dx` stored as `T`.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_scale_relu_backward<T: StoredElem>(
         &self,
         s: &CudaStream,
         op: &BnScaleRelu<'_>,
         dz: &impl DevicePtr<T>,
-        z: &impl DevicePtr<T>,
         x: &impl DevicePtr<T>,
         sums: &CudaSlice<f64>,
         batch_stats: bool,
@@ -209,12 +214,7 @@ impl Kernels {
     ) -> Result<()> {
         let name = "bn_scale_relu_backward";
         let (count, (_, ci, si)) = op.check(name);
-        for (what, len) in [
-            ("dz", dz.len()),
-            ("z", z.len()),
-            ("x", x.len()),
-            ("dx", dx.len()),
-        ] {
+        for (what, len) in [("dz", dz.len()), ("x", x.len()), ("dx", dx.len())] {
             check_len(name, what, len, count);
         }
         check_len(name, "sums", sums.len(), 2 * op.dims.1 + 1);
@@ -224,10 +224,10 @@ impl Kernels {
         let ni = count as i32;
         let (relu, slope) = op.relu_args();
         let (bs, acc) = (batch_stats as i32, accumulate as i32);
+        let ((bp, _b), has_beta) = op.beta_args(s);
         let half = stored_half_arg::<T>(name, op.half);
         let ptrs = [
             dz.device_ptr(s).0,
-            z.device_ptr(s).0,
             x.device_ptr(s).0,
             dx.device_ptr_mut(s).0,
         ];
@@ -235,16 +235,16 @@ impl Kernels {
             return launch!(
                 self, s, bn_scale_relu_backward_h8, self.grid(count / 8),
                 [
-                    in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
-                    &slope, out dx, &ni, &ci, &acc, &half,
+                    in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, in sums,
+                    &bs, &relu, &slope, out dx, &ni, &ci, &acc, &half,
                 ]
             );
         }
         launch!(
             self, s, bn_scale_relu_backward | bn_scale_relu_backward_h for T, self.grid(count),
             [
-                in dz, in z, in x, in op.mean, in op.inv_std, in op.gamma, in sums, &bs, &relu,
-                &slope, out dx, &ni, &ci, &si, &acc, &half,
+                in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, in sums, &bs,
+                &relu, &slope, out dx, &ni, &ci, &si, &acc, &half,
             ]
         )
     }

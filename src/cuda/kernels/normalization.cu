@@ -85,18 +85,36 @@ extern "C" __global__ void bn_sums_finish(const double* partial, double* sums, i
     }
 }
 
-// Batch statistics from the sums of x and x^2 over m = sums[2C] values: mean, biased variance,
-// inv_std = 1 / sqrt(var + eps).
+// Batch statistics of channel ch from s1 = sum x and s2 = sum x^2 over m values: mean, biased
+// variance, inv_std = 1 / sqrt(var + eps).
+__device__ __forceinline__ void bn_channel_stats(double s1, double s2, double m, float eps, int ch,
+                                                 float* mean, float* var, float* inv_std) {
+    const double mu = s1 / m;
+    double v = s2 / m - mu * mu;
+    if (v < 0.0) v = 0.0;
+    mean[ch] = (float)mu;
+    var[ch] = (float)v;
+    inv_std[ch] = 1.0f / sqrtf((float)v + eps);
+}
+
+// Batch statistics from the sums of x and x^2 over m = sums[2C] values (bn_channel_stats).
 extern "C" __global__ void bn_batch_stats(const double* sums, int c, float eps, float* mean,
                                           float* var, float* inv_std) {
     GRID_STRIDE_INT(ch, c) {
-        const double m = sums[2 * c];
-        const double mu = sums[ch] / m;
-        double v = sums[c + ch] / m - mu * mu;
-        if (v < 0.0) v = 0.0;
-        mean[ch] = (float)mu;
-        var[ch] = (float)v;
-        inv_std[ch] = 1.0f / sqrtf((float)v + eps);
+        bn_channel_stats(sums[ch], sums[c + ch], sums[2 * c], eps, ch, mean, var, inv_std);
+    }
+}
+
+// bn_sums_finish, then bn_batch_stats of the sums it stores (in one launch, where nothing
+// all-reduces the sums between): the same values, from the same doubles.
+extern "C" __global__ void bn_sums_finish_stats(const double* partial, double* sums, int c,
+                                                int splits, int per, float eps, float* mean,
+                                                float* var, float* inv_std) {
+    WARP_PER_CHANNEL(ch, c) {
+        double s1, s2;
+        if (bn_store_sums(partial, sums, ch, c, splits, per, &s1, &s2)) {
+            bn_channel_stats(s1, s2, (double)per, eps, ch, mean, var, inv_std);
+        }
     }
 }
 

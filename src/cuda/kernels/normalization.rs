@@ -21,19 +21,56 @@ pub enum StatsSource<'a> {
     Global(&'a CudaView<'a, f32>),
 }
 
+/// The statistics BatchNorm normalises with, each `(C)`: `(mean, var, inv_std)`, `inv_std =
+/// 1 / √(var + eps)`.
+pub type BatchStats<'a> = (
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaSlice<f32>,
+);
+
 impl Kernels {
     /// BatchNorm sums over `a (N, C, S)`: `sums (2C + 1)` = `[Σ a (C), Σ a·b (C), N·S]`, with
     /// `b = a` when `b` is `None`; per channel in double. In mixed precision, `a` is rounded to
     /// `half` as it is read. `a` and `b` stored as `T` (half-type bit patterns need `half`).
-    #[allow(clippy::too_many_arguments)]
     pub fn bn_sums<T: StoredElem>(
         &self,
         s: &Arc<CudaStream>,
         a: &impl DevicePtr<T>,
         b: Option<&CudaView<'_, T>>,
         sums: &mut CudaSlice<f64>,
+        dims: (usize, usize, usize),
+        half: Option<Half>,
+    ) -> Result<()> {
+        self.bn_sums_then(s, (a, b), sums, dims, half, None)
+    }
+
+    /// The batch statistics of `x (N, C, S)` where nothing all-reduces its sums: [`Self::bn_sums`]
+    /// of `x` and `x²` into `sums (2C + 1)`, and from them, in the same launch as their last
+    /// stage, what [`Self::bn_stats`] computes from [`StatsSource::Batch`] (the same values).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_sums_and_stats<T: StoredElem>(
+        &self,
+        s: &Arc<CudaStream>,
+        x: &impl DevicePtr<T>,
+        sums: &mut CudaSlice<f64>,
+        dims: (usize, usize, usize),
+        half: Option<Half>,
+        eps: f32,
+        stats: BatchStats<'_>,
+    ) -> Result<()> {
+        self.bn_sums_then(s, (x, None), sums, dims, half, Some((eps, stats)))
+    }
+
+    /// [`Self::bn_sums`], and with `stats` the statistics from the sums in its last stage.
+    fn bn_sums_then<T: StoredElem>(
+        &self,
+        s: &Arc<CudaStream>,
+        (a, b): (&impl DevicePtr<T>, Option<&CudaView<'_, T>>),
+        sums: &mut CudaSlice<f64>,
         (n, c, sp): (usize, usize, usize),
         half: Option<Half>,
+        stats: Option<(f32, BatchStats<'_>)>,
     ) -> Result<()> {
         let op = "bn_sums";
         let count = n * c * sp;
@@ -42,6 +79,15 @@ impl Kernels {
             check_len(op, "b", b.len(), count);
         }
         check_len(op, "sums", sums.len(), 2 * c + 1);
+        if let Some((_, (mean, var, inv_std))) = &stats {
+            for (what, len) in [
+                ("mean", mean.len()),
+                ("var", var.len()),
+                ("inv_std", inv_std.len()),
+            ] {
+                check_len(op, what, len, c);
+            }
+        }
         if c == 0 {
             return Ok(());
         }
@@ -69,7 +115,13 @@ impl Kernels {
             },
             |pp, spl| {
                 let rows = self.grid_rows(c);
-                launch!(self, s, bn_sums_finish, rows, [&pp, out sums, &ci, &spl, &per])
+                let Some((eps, (mean, var, inv_std))) = stats else {
+                    return launch!(self, s, bn_sums_finish, rows, [&pp, out sums, &ci, &spl, &per]);
+                };
+                launch!(
+                    self, s, bn_sums_finish_stats, rows,
+                    [&pp, out sums, &ci, &spl, &per, &eps, out mean, out var, out inv_std]
+                )
             },
         )
     }
@@ -81,11 +133,7 @@ impl Kernels {
         s: &CudaStream,
         source: StatsSource<'_>,
         (c, eps): (usize, f32),
-        (mean, var, inv_std): (
-            &mut CudaSlice<f32>,
-            &mut CudaSlice<f32>,
-            &mut CudaSlice<f32>,
-        ),
+        (mean, var, inv_std): BatchStats<'_>,
     ) -> Result<()> {
         let op = "bn_stats";
         match &source {

@@ -109,6 +109,80 @@ extern "C" __global__ void max_pool_forward_h(const unsigned short* x, unsigned 
     max_pool_forward_of(x, y, mask, top_count, g, relu);
 }
 
+// The max pooling kernels' `_h8` twins over channels-last half-type tensors of a multiple of 8
+// channels, every buffer 16-byte aligned: a thread takes eight adjacent channels of one pixel
+// (one 16-byte access a tensor, the mask's eight indices in two), so that the pixel's
+// coordinates and windows are found once for eight elements. Each channel compares and adds
+// what the `_h` kernels compare and add, in their order: the same results. Compile-time HALF
+// (1 bf16, 2 fp16); a value loaded from a half-type tensor needs no rounding.
+
+// max_pool_forward_of over groups of eight channels: group q is channels 8 (q mod C/8) .. + 8 of
+// top pixel q div (C/8).
+template <int HALF>
+__device__ __forceinline__ void max_pool_forward_by_eight(const unsigned short* x,
+                                                          unsigned short* y, int* mask,
+                                                          int groups, PoolGeom g, int relu) {
+    const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
+    const FastDiv by_c8 = fast_div(g.channels >> 3);
+    GRID_STRIDE_INT(q, groups) {
+        const int pixel = div_by(q, by_c8);
+        const int ch0 = (q - pixel * (int)by_c8.d) << 3;
+        int n, ph, pw;
+        plane_pos(pixel, by_pw, by_ph, &n, &ph, &pw);
+        int hstart = ph * g.stride_h - g.pad_h;
+        int wstart = pw * g.stride_w - g.pad_w;
+        const int hend = min(hstart + g.kernel_h, g.height);
+        const int wend = min(wstart + g.kernel_w, g.width);
+        hstart = max(hstart, 0);
+        wstart = max(wstart, 0);
+        Eight best;
+        int idx[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            best.v[e] = -3.402823466e+38f;
+            idx[e] = -1;
+        }
+        const unsigned short* image = x + (long long)n * g.height * g.width * g.channels + ch0;
+        for (int h = hstart; h < hend; ++h) {
+            for (int w = wstart; w < wend; ++w) {
+                const int at = h * g.width + w;
+                const Eight v = widen_eight<HALF>(raw_eight(image + at * g.channels, 0));
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (v.v[e] > best.v[e]) {
+                        idx[e] = at;
+                        best.v[e] = v.v[e];
+                    }
+                }
+            }
+        }
+        if (relu) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                if (!(best.v[e] > 0.0f)) {
+                    best.v[e] = 0.0f;
+                    idx[e] = -1;
+                }
+            }
+        }
+        store_eight_pairs<HALF>(y, q << 3, best);
+        int4* m = reinterpret_cast<int4*>(mask + (q << 3));
+        m[0] = make_int4(idx[0], idx[1], idx[2], idx[3]);
+        m[1] = make_int4(idx[4], idx[5], idx[6], idx[7]);
+    }
+}
+
+// max_pool_forward_h over channels-last tensors, eight channels a thread (see above); `groups`
+// is the top's count / 8.
+extern "C" __global__ void max_pool_forward_h8(const unsigned short* x, unsigned short* y,
+                                               int* mask, int groups, PoolGeom g, int relu) {
+    if (g.half == 2) {
+        max_pool_forward_by_eight<2>(x, y, mask, groups, g, relu);
+    } else {
+        max_pool_forward_by_eight<1>(x, y, mask, groups, g, relu);
+    }
+}
+
 // One thread per top element: the window's sum divided by its size clipped to
 // [-pad, size + pad) (padding counts, the part beyond the padded image does not). With `relu` (a
 // ReLU before the pooling, fused): each value read goes through the ReLU of slope `slope` first.
@@ -215,6 +289,64 @@ extern "C" __global__ void max_pool_backward_h(const unsigned short* dy, const i
                                                unsigned short* dx, int bottom_count, PoolGeom g,
                                                int accumulate) {
     max_pool_backward_of(dy, mask, dx, bottom_count, g, accumulate);
+}
+
+// max_pool_backward_of over groups of eight channels: group q is channels 8 (q mod C/8) .. + 8
+// of bottom pixel q div (C/8); each channel adds the diffs of the covering windows whose argmax
+// it is, in ascending (ph, pw).
+template <int HALF>
+__device__ __forceinline__ void max_pool_backward_by_eight(const unsigned short* dy,
+                                                           const int* mask, unsigned short* dx,
+                                                           int groups, PoolGeom g,
+                                                           int accumulate) {
+    const FastDiv by_w = fast_div(g.width), by_h = fast_div(g.height);
+    const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
+    const FastDiv by_c8 = fast_div(g.channels >> 3);
+    GRID_STRIDE_INT(q, groups) {
+        const int pixel = div_by(q, by_c8);
+        const int ch0 = (q - pixel * (int)by_c8.d) << 3;
+        int n, h, w;
+        plane_pos(pixel, by_w, by_h, &n, &h, &w);
+        int phstart, phend, pwstart, pwend;
+        covering(h + g.pad_h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
+        covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
+        const long long top = (long long)n * g.pooled_h * g.pooled_w * g.channels + ch0;
+        const int self = h * g.width + w;
+        Eight grad;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) grad.v[e] = 0.0f;
+        for (int ph = phstart; ph < phend; ++ph) {
+            for (int pw = pwstart; pw < pwend; ++pw) {
+                const long long p = top + (long long)(ph * g.pooled_w + pw) * g.channels;
+                const int4* mp = reinterpret_cast<const int4*>(mask + p);
+                const int4 m0 = mp[0], m1 = mp[1];
+                const int m[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+                const Eight d = widen_eight<HALF>(raw_eight(dy + p, 0));
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (m[e] == self) grad.v[e] += d.v[e];
+                }
+            }
+        }
+        if (accumulate) {
+            const Eight old = widen_eight<HALF>(raw_eight(dx, q));
+#pragma unroll
+            for (int e = 0; e < 8; ++e) grad.v[e] = old.v[e] + grad.v[e];
+        }
+        store_eight_pairs<HALF>(dx, q << 3, grad);
+    }
+}
+
+// max_pool_backward_h over channels-last tensors, eight channels a thread (see
+// max_pool_forward_h8); `groups` is the bottom's count / 8.
+extern "C" __global__ void max_pool_backward_h8(const unsigned short* dy, const int* mask,
+                                                unsigned short* dx, int groups, PoolGeom g,
+                                                int accumulate) {
+    if (g.half == 2) {
+        max_pool_backward_by_eight<2>(dy, mask, dx, groups, g, accumulate);
+    } else {
+        max_pool_backward_by_eight<1>(dy, mask, dx, groups, g, accumulate);
+    }
 }
 
 // One thread per bottom element: the sum over the windows covering it of top diff / pool size;

@@ -9,6 +9,7 @@
 use super::{check_len, half_arg, to_i32, Kernels, StoredElem, BLOCK};
 use crate::error::Result;
 use crate::precision::Half;
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -68,6 +69,13 @@ impl PoolGeom {
             !T::HALF || self.half != 0,
             "{op}: half-type tensors without their half type"
         );
+    }
+
+    /// Whether max pooling over tensors stored as `T` at the device addresses `ptrs` takes the
+    /// `_h8` kernels, eight channels a thread: half-type bit patterns stored channels-last, a
+    /// multiple of 8 channels, every buffer 16-byte aligned.
+    fn by_eight<T: StoredElem>(&self, ptrs: &[CUdeviceptr]) -> bool {
+        T::HALF && self.nhwc != 0 && self.channels % 8 == 0 && ptrs.iter().all(|p| p % 16 == 0)
     }
 
     /// Elements of `batch` samples of the bottom.
@@ -175,8 +183,9 @@ impl Kernels {
 
     /// Max pooling backward: `dx (N, C, H, W) (+)=` the top diffs routed by `mask`. NCHW planes
     /// that fit in shared memory take `max_pool_backward_scatter` (or, where windows overlap
-    /// more than `SCATTER_ROUNDS_MAX` times, `pool_backward_planes`), others the generic
-    /// kernel; all three sum in the same order. `dy` and `dx` stored as `T`.
+    /// more than `SCATTER_ROUNDS_MAX` times, `pool_backward_planes`), channels-last half-type
+    /// tensors of a multiple of 8 channels `max_pool_backward_h8` ([`PoolGeom::by_eight`]),
+    /// others the generic kernel; all four sum in the same order. `dy` and `dx` stored as `T`.
     #[allow(clippy::too_many_arguments)]
     pub fn max_pool_backward<T: StoredElem>(
         &self,
@@ -199,6 +208,18 @@ impl Kernels {
         }
         let bi = to_i32(op, bottom);
         let acc = accumulate as i32;
+        let ptrs = [
+            dy.device_ptr(s).0,
+            mask.device_ptr(s).0,
+            dx.device_ptr_mut(s).0,
+        ];
+        if g.by_eight::<T>(&ptrs) {
+            let groups = bi / 8;
+            return launch!(
+                self, s, max_pool_backward_h8, self.grid(bottom / 8),
+                [in dy, in mask, out dx, &groups, &g, &acc]
+            );
+        }
         let planes = batch * g.channels as usize;
         let (rounds_h, rounds_w) = g.scatter_rounds();
         let scatter = (rounds_h * rounds_w <= SCATTER_ROUNDS_MAX)
@@ -278,7 +299,9 @@ impl Kernels {
 
     /// Max pooling forward over `batch` samples: `y (N, C, PH, PW)` and the argmax plane index
     /// `mask` (same shape) from `x (N, C, H, W)`; with `relu`, followed by a ReLU (a maximum
-    /// that is not positive becomes 0 with no argmax, -1). `x` and `y` stored as `T`.
+    /// that is not positive becomes 0 with no argmax, -1). `x` and `y` stored as `T`; channels-last
+    /// half-type tensors of a multiple of 8 channels take `max_pool_forward_h8`
+    /// ([`PoolGeom::by_eight`]), the same results.
     #[allow(clippy::too_many_arguments)]
     pub fn max_pool_forward<T: StoredElem>(
         &self,
@@ -302,6 +325,18 @@ impl Kernels {
             return Ok(());
         };
         let relu = i32::from(relu);
+        let ptrs = [
+            x.device_ptr(s).0,
+            y.device_ptr_mut(s).0,
+            mask.device_ptr_mut(s).0,
+        ];
+        if g.by_eight::<T>(&ptrs) {
+            let groups = top / 8;
+            return launch!(
+                self, s, max_pool_forward_h8, self.grid(top as usize / 8),
+                [in x, out y, out mask, &groups, &g, &relu]
+            );
+        }
         launch!(
             self, s, max_pool_forward | max_pool_forward_h for T, self.grid(top as usize),
             [in x, out y, out mask, &top, &g, &relu]

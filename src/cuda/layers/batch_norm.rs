@@ -84,17 +84,21 @@ impl GpuBatchNorm {
         self.use_global_stats.unwrap_or(phase == Phase::Test)
     }
 
-    /// Sums over every replica when `sync` in the train phase (never in test passes, whose
-    /// batch counts may differ between replicas).
+    /// Whether [`Self::reduce`] all-reduces in `ctx`: with `sync`, in the train phase (never in
+    /// test passes, whose batch counts may differ between replicas), in a job of several.
+    fn reduces(&self, ctx: &GpuCtx<'_>) -> bool {
+        self.sync && ctx.phase == Phase::Train && ctx.collective.is_some()
+    }
+
+    /// Sums over every replica where [`Self::reduces`].
     pub(super) fn reduce(&mut self, gpu: &Gpu, ctx: &GpuCtx<'_>) -> Result<()> {
-        if !(self.sync && ctx.phase == Phase::Train) {
-            return Ok(());
+        match ctx.collective {
+            Some(coll) if self.reduces(ctx) => {
+                let n = 2 * self.dims.1 + 1;
+                coll.sum_f64(gpu, &mut self.sums, n)
+            }
+            _ => Ok(()),
         }
-        if let Some(coll) = ctx.collective {
-            let n = 2 * self.dims.1 + 1;
-            coll.sum_f64(gpu, &mut self.sums, n)?;
-        }
-        Ok(())
     }
 
     /// The statistics half of forward: `mean`, `var` and `inv_std` of the bottom `x` (batch
@@ -113,6 +117,13 @@ impl GpuBatchNorm {
         let (_, c, _) = self.dims;
         let s = &gpu.compute;
         self.batch_stats = !self.global(ctx.phase);
+        if self.batch_stats && !self.reduces(ctx) {
+            let stats = (&mut self.mean, &mut self.var, &mut self.inv_std);
+            let (x, sums) = (&T::data(x), &mut self.sums);
+            return gpu
+                .kernels
+                .bn_sums_and_stats(s, x, sums, self.dims, round_x, self.eps, stats);
+        }
         if self.batch_stats {
             gpu.kernels
                 .bn_sums(s, &T::data(x), None, &mut self.sums, self.dims, round_x)?;
@@ -387,6 +398,74 @@ mod tests {
             let got = gpu_run(&gpu, None, extra, phase, &x, &dy, &state);
             compare(&format!("global `{extra}`"), &got, &want);
             assert_eq!(got.2, state, "global statistics leave the state alone");
+        }
+    }
+
+    /// The statistics in the sums' last launch (where nothing all-reduces the sums) are the
+    /// bits of the sums' launches followed by the statistics' own: on FP32 `(N, C, S)` and on a
+    /// channels-last bf16 view whose channels take the eight-channel kernels.
+    #[test]
+    fn statistics_in_the_sums_last_launch_are_the_same_bits() {
+        let gpu = gpu_or_skip!("statistics_in_the_sums_last_launch_are_the_same_bits");
+        let (s, k) = (&gpu.compute, &gpu.kernels);
+        let bf16 = Half::Bf16;
+        let raw = uniform_blob(&[96 * 64], -2.0, 3.0, 1331).data;
+        let bits: Vec<u16> = raw.iter().map(|&v| bf16.bits(v)).collect();
+        let fp32 = s.clone_htod(&raw).unwrap();
+        let half = s.clone_htod(&bits).unwrap();
+        for (dims, on_half) in [
+            ((3, 37, 11), false),
+            ((96, 64, 1), true),
+            ((4, 24, 13), true),
+        ] {
+            let (n, c, sp) = dims;
+            let count = n * c * sp;
+            let buffers = || -> [CudaSlice<f32>; 3] { [0; 3].map(|_| s.alloc_zeros(c).unwrap()) };
+            let (mut sums_a, mut sums_b) = (
+                scratch(&gpu, 2 * c + 1).unwrap(),
+                scratch(&gpu, 2 * c + 1).unwrap(),
+            );
+            let [mut m_a, mut v_a, mut i_a] = buffers();
+            let [mut m_b, mut v_b, mut i_b] = buffers();
+            if on_half {
+                let x = half.slice(..count);
+                k.bn_sums(s, &x, None, &mut sums_a, dims, Some(bf16))
+                    .unwrap();
+                let stats = (&mut m_b, &mut v_b, &mut i_b);
+                k.bn_sums_and_stats(s, &x, &mut sums_b, dims, Some(bf16), 1e-5, stats)
+                    .unwrap();
+            } else {
+                let x = fp32.slice(..count);
+                k.bn_sums(s, &x, None, &mut sums_a, dims, None).unwrap();
+                let stats = (&mut m_b, &mut v_b, &mut i_b);
+                k.bn_sums_and_stats(s, &x, &mut sums_b, dims, None, 1e-5, stats)
+                    .unwrap();
+            }
+            let source = StatsSource::Batch(&sums_a);
+            k.bn_stats(s, source, (c, 1e-5), (&mut m_a, &mut v_a, &mut i_a))
+                .unwrap();
+            let host64 = |b: &CudaSlice<f64>| -> Vec<u64> {
+                s.clone_dtoh(b)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let host32 = |b: &CudaSlice<f32>| -> Vec<u32> {
+                s.clone_dtoh(b)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(host64(&sums_a), host64(&sums_b), "{dims:?}: sums");
+            for (what, a, b) in [
+                ("mean", &m_a, &m_b),
+                ("var", &v_a, &v_b),
+                ("inv_std", &i_a, &i_b),
+            ] {
+                assert_eq!(host32(a), host32(b), "{dims:?}: {what}");
+            }
         }
     }
 

@@ -11,7 +11,9 @@
 //! [`GpuBatchNorm`]), then one kernel `z = relu(gamma · (x − mean) · inv_std + beta)`; the
 //! normalised `y` and the Scale's output are never stored.
 //!
-//! Backward, from `dz`, `z` and `x` (y recomputed): `g = dz · relu'(z)`; one pass of sums gives
+//! Backward, from `dz` and `x` (`y` and the Scale's output `v` recomputed, the same bits as the
+//! forward's; `z` is not read): `g = dz · relu'(v)`, the ReLU passing `g` where `v > 0`, which is
+//! where `z > 0` (slope ≥ 0); one pass of sums gives
 //! the Scale's gradient `dgamma = Σ g·y`, `dbeta = Σ g` and the BatchNorm's sums of
 //! `dy = gamma · g` (`Σ dy = gamma · Σ g`, `Σ dy·y = gamma · Σ g·y`), all-reduced when `sync`;
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
@@ -27,7 +29,7 @@
 //!
 //! On half-type blobs ([`GpuBnScaleRelu::on_half_blobs`]: `x` and `z` stored as
 //! [`Elem::Half`](crate::cuda::blob::Elem::Half), values and gradients) the same kernels' half-type
-//! twins read `x`, `z` and `dz` as bit patterns, widened (values of the half type, which their
+//! twins read `x` and `dz` as bit patterns, widened (values of the half type, which their
 //! rounding leaves as they are), and write `z` and `dx` as the bit patterns of what they round —
 //! `dx` after the addition to what it held, in FP32 — so that the layer computes the numbers of
 //! the same layer on FP32 blobs, with half the activation traffic. The statistics, the sums and
@@ -209,7 +211,7 @@ impl GpuBnScaleRelu {
             (Some(_), false) => ChainSums::Scale,
             (Some(_), true) => ChainSums::Separate,
         };
-        let (dz, zd) = (T::diff(z), T::data(z));
+        let dz = T::diff(z);
         {
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
@@ -217,7 +219,6 @@ impl GpuBnScaleRelu {
                 s,
                 &op,
                 &dz,
-                &zd,
                 &T::data(x),
                 sums,
                 &mut param_diff.slice_mut(at..at + scale_len),
@@ -237,7 +238,6 @@ impl GpuBnScaleRelu {
             s,
             &op,
             &dz,
-            &zd,
             &xd,
             self.bn.sums(),
             batch_stats,

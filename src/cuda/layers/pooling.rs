@@ -506,10 +506,11 @@ mod tests {
     /// On half-type blobs max and average pooling, alone and fused with their ReLU, compute,
     /// bit for bit, what they compute on FP32 blobs in mixed precision from the same half-type
     /// values: the top and the bottom gradient, accumulated and overwritten, in both half types.
-    /// Channels-last takes the generic kernels; NCHW the plane kernels — the scatter kernel for
-    /// max pooling of 3 × 3 windows by 2, the covering-window one for averages and for max
-    /// pooling whose windows overlap 16 times — and, on 160 × 160 planes, beyond shared memory,
-    /// the generic ones.
+    /// Channels-last takes the generic kernels, and for max pooling over a multiple of 8
+    /// channels (16 and 24 here) on half-type blobs the `_h8` ones; NCHW the plane kernels — the
+    /// scatter kernel for max pooling of 3 × 3 windows by 2, the covering-window one for averages
+    /// and for max pooling whose windows overlap 16 times — and, on 160 × 160 planes, beyond
+    /// shared memory, the generic ones.
     #[test]
     fn half_blobs_match_rounded_fp32_blobs() {
         let gpu = gpu_or_skip!("half_blobs_match_rounded_fp32_blobs");
@@ -517,6 +518,8 @@ mod tests {
             ([2, 3, 9, 7], "kernel_size = 3\nstride = 2\npad = 1"),
             ([2, 3, 8, 8], "kernel_size = 4\nstride = 1"),
             ([1, 2, 160, 160], "kernel_size = 3\nstride = 2"),
+            ([2, 16, 9, 7], "kernel_size = 3\nstride = 2\npad = 1"),
+            ([1, 24, 8, 8], "kernel_size = 4\nstride = 1"),
         ];
         let mut seed = 2400;
         for half in [Half::Bf16, Half::Fp16] {
