@@ -56,6 +56,17 @@ __device__ __forceinline__ void covering(int p, int kernel, FastDiv stride, int 
     *end = min(div_by(p, stride) + 1, pooled);
 }
 
+// The window of top pixel (ph, pw) clipped to the image: rows [hstart, hend), columns
+// [wstart, wend).
+__device__ __forceinline__ void image_window(int ph, int pw, const PoolGeom& g, int* hstart,
+                                             int* hend, int* wstart, int* wend) {
+    const int h0 = ph * g.stride_h - g.pad_h, w0 = pw * g.stride_w - g.pad_w;
+    *hend = min(h0 + g.kernel_h, g.height);
+    *wend = min(w0 + g.kernel_w, g.width);
+    *hstart = max(h0, 0);
+    *wstart = max(w0, 0);
+}
+
 // One thread per top element: the maximum of the window clipped to the image, and its index
 // h * width + w in the (n, c) plane (the first maximum in row-major order wins). With `relu` (a
 // ReLU after the pooling, fused): a maximum that is not positive becomes 0 with index -1, so
@@ -70,12 +81,8 @@ __device__ __forceinline__ void max_pool_forward_of(const T* x, T* y, int* mask,
     GRID_STRIDE_INT(index, top_count) {
         int ph, pw, n, ch;
         plane_of(index, by_pw, by_ph, by_c, g.nhwc, &ph, &pw, &n, &ch);
-        int hstart = ph * g.stride_h - g.pad_h;
-        int wstart = pw * g.stride_w - g.pad_w;
-        const int hend = min(hstart + g.kernel_h, g.height);
-        const int wend = min(wstart + g.kernel_w, g.width);
-        hstart = max(hstart, 0);
-        wstart = max(wstart, 0);
+        int hstart, hend, wstart, wend;
+        image_window(ph, pw, g, &hstart, &hend, &wstart, &wend);
         float maxval = -3.402823466e+38f;
         int maxidx = -1;
         const T* slice = x + plane_base(n, ch, g.channels, g.height * g.width, g.nhwc);
@@ -116,8 +123,17 @@ extern "C" __global__ void max_pool_forward_h(const unsigned short* x, unsigned 
 // what the `_h` kernels compare and add, in their order: the same results. Compile-time HALF
 // (1 bf16, 2 fp16); a value loaded from a half-type tensor needs no rounding.
 
-// max_pool_forward_of over groups of eight channels: group q is channels 8 (q mod C/8) .. + 8 of
-// top pixel q div (C/8).
+// The first channel of group q of eight channels of a channels-last (N, rows, cols, C) tensor
+// (channels 8 (q mod C/8) .. + 8 of pixel q div (C/8), `c8` C/8), and its pixel's n, row and
+// column.
+__device__ __forceinline__ int group_pixel(int q, FastDiv c8, FastDiv cols, FastDiv rows, int* n,
+                                           int* r, int* c) {
+    const int pixel = div_by(q, c8);
+    plane_pos(pixel, cols, rows, n, r, c);
+    return (q - pixel * (int)c8.d) << 3;
+}
+
+// max_pool_forward_of over groups of eight channels (group_pixel) of the top.
 template <int HALF>
 __device__ __forceinline__ void max_pool_forward_by_eight(const unsigned short* x,
                                                           unsigned short* y, int* mask,
@@ -125,16 +141,10 @@ __device__ __forceinline__ void max_pool_forward_by_eight(const unsigned short* 
     const FastDiv by_pw = fast_div(g.pooled_w), by_ph = fast_div(g.pooled_h);
     const FastDiv by_c8 = fast_div(g.channels >> 3);
     GRID_STRIDE_INT(q, groups) {
-        const int pixel = div_by(q, by_c8);
-        const int ch0 = (q - pixel * (int)by_c8.d) << 3;
         int n, ph, pw;
-        plane_pos(pixel, by_pw, by_ph, &n, &ph, &pw);
-        int hstart = ph * g.stride_h - g.pad_h;
-        int wstart = pw * g.stride_w - g.pad_w;
-        const int hend = min(hstart + g.kernel_h, g.height);
-        const int wend = min(wstart + g.kernel_w, g.width);
-        hstart = max(hstart, 0);
-        wstart = max(wstart, 0);
+        const int ch0 = group_pixel(q, by_c8, by_pw, by_ph, &n, &ph, &pw);
+        int hstart, hend, wstart, wend;
+        image_window(ph, pw, g, &hstart, &hend, &wstart, &wend);
         Eight best;
         int idx[8];
 #pragma unroll
@@ -291,9 +301,8 @@ extern "C" __global__ void max_pool_backward_h(const unsigned short* dy, const i
     max_pool_backward_of(dy, mask, dx, bottom_count, g, accumulate);
 }
 
-// max_pool_backward_of over groups of eight channels: group q is channels 8 (q mod C/8) .. + 8
-// of bottom pixel q div (C/8); each channel adds the diffs of the covering windows whose argmax
-// it is, in ascending (ph, pw).
+// max_pool_backward_of over groups of eight channels (group_pixel) of the bottom: each channel
+// adds the diffs of the covering windows whose argmax it is, in ascending (ph, pw).
 template <int HALF>
 __device__ __forceinline__ void max_pool_backward_by_eight(const unsigned short* dy,
                                                            const int* mask, unsigned short* dx,
@@ -303,10 +312,8 @@ __device__ __forceinline__ void max_pool_backward_by_eight(const unsigned short*
     const FastDiv by_sh = fast_div(g.stride_h), by_sw = fast_div(g.stride_w);
     const FastDiv by_c8 = fast_div(g.channels >> 3);
     GRID_STRIDE_INT(q, groups) {
-        const int pixel = div_by(q, by_c8);
-        const int ch0 = (q - pixel * (int)by_c8.d) << 3;
         int n, h, w;
-        plane_pos(pixel, by_w, by_h, &n, &h, &w);
+        const int ch0 = group_pixel(q, by_c8, by_w, by_h, &n, &h, &w);
         int phstart, phend, pwstart, pwend;
         covering(h + g.pad_h, g.kernel_h, by_sh, g.pooled_h, &phstart, &phend);
         covering(w + g.pad_w, g.kernel_w, by_sw, g.pooled_w, &pwstart, &pwend);
