@@ -402,8 +402,9 @@ mod tests {
     }
 
     /// The statistics in the sums' last launch (where nothing all-reduces the sums) are the
-    /// bits of the sums' launches followed by the statistics' own: on FP32 `(N, C, S)` and on a
-    /// channels-last bf16 view whose channels take the eight-channel kernels.
+    /// bits of the sums' launches followed by the statistics' own: on FP32 `(N, C, S)`, on a
+    /// channels-last bf16 view whose channels take the eight-channel kernels `(96, 64, 1)`, and
+    /// on a bf16 `(N, C, S)` that takes the `_h` ones.
     #[test]
     fn statistics_in_the_sums_last_launch_are_the_same_bits() {
         let gpu = gpu_or_skip!("statistics_in_the_sums_last_launch_are_the_same_bits");
