@@ -164,6 +164,7 @@ kernel_set!(
     dropout_forward,
     dropout_backward,
     channel_reduce,
+    channel_reduce_h,
     channel_reduce_finish,
     pair_reduce_finish,
     bn_scale_relu_forward,
@@ -519,7 +520,7 @@ mod tests {
     /// `F`: the channel sums' two stages, and the implicit GEMM's weight-gradient tiles.
     fn dynamic_kernels(function: &str) -> Vec<&'static str> {
         let named: &[&'static str] = match function {
-            "stage1.0" => &["bn_sums", "channel_reduce"],
+            "stage1.0" => &["bn_sums", "channel_reduce", "channel_reduce_h"],
             "finish.0" => &["pair_reduce_finish", "channel_reduce_finish"],
             _ => &[],
         };

@@ -24,7 +24,7 @@
 //! the chain are skipped and the blobs only they write are left empty.
 //!
 //! With `cluster.math = "bf16"` or `"fp16"` the layers that can run on blobs stored in the half
-//! type (convolutions without bias, the fused chains, the poolings) do, as the `storage` module
+//! type (ungrouped convolutions, the fused chains, the poolings) do, as the `storage` module
 //! plans, reading converted copies where a neighbour runs on FP32 blobs; the net rounds its FP32
 //! blobs and weights where the CPU net does (the `rounding` module) and runs its inner products
 //! on half-type operands; its fused chains round each member's result as the CPU does (or are

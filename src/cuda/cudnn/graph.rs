@@ -8,7 +8,12 @@
 //! Tensors `x (N, C, H, W)`, `w (K, C, R, S)`, `y (N, K, P, Q)` are stored as a [`Layout`] says
 //! (NCHW with a KCRS filter, or channels-last with a KRSC one), unique ids 1, 2 and 3; the
 //! convolution computes in FP32 (cross-correlation), `y = α·conv + β·y` with α = 1 and β fixed
-//! in the graph (0 or 1).
+//! in the graph (0 or 1). A forward may add a bias `b (1, K, 1, 1)` of `y`'s type (unique id 4):
+//! the convolution then writes a virtual FP32 tensor, and a pointwise addition in FP32 of `b`
+//! writes `y` (β = 0), so that `y` is rounded once to its type from the FP32 sum, as a CPU layer
+//! adds its bias before the one rounding of its top. (cuDNN 9 on an H200 offers no plan for an
+//! NCHW bfloat16 forward with an FP32 bias, and plans for every layout with a bfloat16 one:
+//! `survey::biased_half_type_forward_plans`.)
 //!
 //! Each [`Plan`] keeps what names its kernel — the engine's global index and its knob choices —
 //! and its numerical notes ([`Notes`]), so that a caller keeps only the engines its math mode
@@ -181,6 +186,9 @@ pub struct Conv {
     pub layout: Layout,
     /// Pads, strides and dilations; `group` must be 1.
     pub geometry: ConvGeometry,
+    /// Forward only: `y = conv(x, w) + b`, with a bias `b (1, K, 1, 1)` of `y`'s type added in
+    /// FP32 to the convolution's FP32 result before it is written in `y`'s type (β = 0).
+    pub bias: bool,
 }
 
 /// What an engine trades for speed, from its numerical notes.
@@ -242,6 +250,18 @@ impl std::fmt::Debug for Plan {
 /// A descriptor of `dims` (NCHW order) with element type `ty`, stored as `layout` says: a
 /// tensor `(N, C, H, W)` or a filter `(K, C, R, S)` alike (KCRS beside NCHW, KRSC beside NHWC).
 fn tensor(uid: i64, dims: [usize; 4], ty: cudnnDataType_t, layout: Layout) -> Result<Descriptor> {
+    tensor_in(uid, dims, ty, layout, false)
+}
+
+/// [`tensor`], or with `virtual_` a tensor that lives only inside the graph (an operation's
+/// result that the next one reads, never in memory).
+fn tensor_in(
+    uid: i64,
+    dims: [usize; 4],
+    ty: cudnnDataType_t,
+    layout: Layout,
+    virtual_: bool,
+) -> Result<Descriptor> {
     let dims = dims.map(|d| d as i64);
     let [_, c, h, w] = dims;
     let strides = match layout {
@@ -254,20 +274,95 @@ fn tensor(uid: i64, dims: [usize; 4], ty: cudnnDataType_t, layout: Layout) -> Re
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
+    if virtual_ {
+        let yes = true;
+        // SAFETY: one C `bool`.
+        unsafe {
+            t.set(
+                Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
+                Ty::CUDNN_TYPE_BOOLEAN,
+                1,
+                (&yes as *const bool).cast(),
+            )?;
+        }
+    }
     t.finalize("tensor")?;
     Ok(t)
 }
 
+/// The unique ids of a plan's tensors in memory, in the order of its pointers: `x`, `w`, `y`
+/// (their gradients by direction) and, for a forward with a bias, `b`.
+const UNIQUE_IDS: [i64; 4] = [1, 2, 3, 4];
+
+/// The unique id of the virtual FP32 result of a convolution whose bias is added after it.
+const SUM_ID: i64 = 5;
+
+/// The pointwise operation `y = sum + b` in FP32, `b (1, K, 1, 1)` broadcast over `sum`'s
+/// samples and positions.
+fn bias_addition(sum: &Descriptor, bias: &Descriptor, y: &Descriptor) -> Result<Descriptor> {
+    use Attr::*;
+    let add = Descriptor::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+    let mode = sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD;
+    // SAFETY: one cudnnPointwiseMode_t.
+    unsafe {
+        add.set(
+            CUDNN_ATTR_POINTWISE_MODE,
+            Ty::CUDNN_TYPE_POINTWISE_MODE,
+            1,
+            (&mode as *const sys::cudnnPointwiseMode_t).cast(),
+        )?;
+    }
+    add.set_data_type(
+        CUDNN_ATTR_POINTWISE_MATH_PREC,
+        cudnnDataType_t::CUDNN_DATA_FLOAT,
+    )?;
+    add.finalize("pointwise addition")?;
+    let op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
+    op.set_descriptors(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&add])?;
+    op.set_descriptors(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[sum])?;
+    op.set_descriptors(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, &[bias])?;
+    op.set_descriptors(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[y])?;
+    op.finalize("bias addition")?;
+    Ok(op)
+}
+
 /// The operation graph of `conv` with `β = beta`.
 fn operation_graph(dnn: &Cudnn, conv: &Conv, beta: f32) -> Result<Descriptor> {
+    operation_graph_biased_in(dnn, conv, beta, conv.types[2])
+}
+
+/// [`operation_graph`] with a bias (where `conv` adds one) of element type `bias_type`.
+fn operation_graph_biased_in(
+    dnn: &Cudnn,
+    conv: &Conv,
+    beta: f32,
+    bias_type: cudnnDataType_t,
+) -> Result<Descriptor> {
     if conv.geometry.group != 1 {
         return Err(Error::Device(
             "cuDNN graph API: grouped convolutions are not described here".into(),
         ));
     }
+    if conv.bias && (conv.direction != Direction::Forward || beta != 0.0) {
+        return Err(Error::Device(
+            "cuDNN graph API: a bias is added only to a forward convolution with β = 0".into(),
+        ));
+    }
     let x = tensor(1, conv.dims[0], conv.types[0], conv.layout)?;
     let w = tensor(2, conv.dims[1], conv.types[1], conv.layout)?;
     let y = tensor(3, conv.dims[2], conv.types[2], conv.layout)?;
+    let float = cudnnDataType_t::CUDNN_DATA_FLOAT;
+    // With a bias: the convolution's FP32 result, the bias, and their sum's operation into y.
+    let biased = match conv.bias {
+        true => {
+            let sum = tensor_in(SUM_ID, conv.dims[2], float, conv.layout, true)?;
+            let k = conv.dims[2][1];
+            let bias = tensor(UNIQUE_IDS[3], [1, k, 1, 1], bias_type, conv.layout)?;
+            let add = bias_addition(&sum, &bias, &y)?;
+            Some((sum, add))
+        }
+        false => None,
+    };
     let desc = Descriptor::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
     desc.set_data_type(
         Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
@@ -342,13 +437,15 @@ fn operation_graph(dnn: &Cudnn, conv: &Conv, beta: f32) -> Result<Descriptor> {
     let op = Descriptor::new(kind)?;
     op.set_descriptors(names[0], &[&x])?;
     op.set_descriptors(names[1], &[&w])?;
-    op.set_descriptors(names[2], &[&y])?;
+    op.set_descriptors(names[2], &[biased.as_ref().map_or(&y, |(sum, _)| sum)])?;
     op.set_descriptors(names[3], &[&desc])?;
     op.set_f32(names[4], 1.0)?;
     op.set_f32(names[5], beta)?;
     op.finalize("convolution operation")?;
+    let mut ops = vec![&op];
+    ops.extend(biased.as_ref().map(|(_, add)| add));
     let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-    graph.set_descriptors(CUDNN_ATTR_OPERATIONGRAPH_OPS, &[&op])?;
+    graph.set_descriptors(CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?;
     graph.set_handle(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, dnn)?;
     graph.finalize("operation graph")?;
     Ok(graph)
@@ -528,27 +625,8 @@ pub fn plans(
     max: usize,
     accept: impl Fn(&Notes) -> bool,
 ) -> Result<Vec<Plan>> {
-    use Attr::*;
     let graph = operation_graph(dnn, conv, beta)?;
-    let heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-    heur.set_descriptors(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
-    let heur_mode = sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
-    // SAFETY: one cudnnBackendHeurMode_t.
-    unsafe {
-        heur.set(
-            CUDNN_ATTR_ENGINEHEUR_MODE,
-            Ty::CUDNN_TYPE_HEUR_MODE,
-            1,
-            (&heur_mode as *const sys::cudnnBackendHeurMode_t).cast(),
-        )?;
-    }
-    heur.finalize("engine heuristics")?;
-    let configs = descriptors_of(
-        &heur,
-        CUDNN_ATTR_ENGINEHEUR_RESULTS,
-        Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
-        None,
-    )?;
+    let configs = configurations(&graph, sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A)?;
     let mut plans = Vec::new();
     for config in &configs {
         if plans.len() >= max {
@@ -560,13 +638,80 @@ pub fn plans(
     }
     if plans.is_empty() {
         let (direction, types) = (conv.direction, conv.types);
+        let with = if conv.bias { " with its bias" } else { "" };
         return Err(Error::Device(format!(
             "cuDNN graph API: none of {} engine configurations runs the {direction:?} \
-             convolution of {types:?} as allowed",
+             convolution of {types:?}{with} as allowed",
             configs.len()
         )));
     }
     Ok(plans)
+}
+
+/// The engine configurations the heuristics of `mode` offer for `graph`, best first.
+fn configurations(
+    graph: &Descriptor,
+    mode: sys::cudnnBackendHeurMode_t,
+) -> Result<Vec<Descriptor>> {
+    use Attr::*;
+    let heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heur.set_descriptors(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
+    // SAFETY: one cudnnBackendHeurMode_t.
+    unsafe {
+        heur.set(
+            CUDNN_ATTR_ENGINEHEUR_MODE,
+            Ty::CUDNN_TYPE_HEUR_MODE,
+            1,
+            (&mode as *const sys::cudnnBackendHeurMode_t).cast(),
+        )?;
+    }
+    heur.finalize("engine heuristics")?;
+    descriptors_of(
+        &heur,
+        CUDNN_ATTR_ENGINEHEUR_RESULTS,
+        Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+        None,
+    )
+}
+
+/// What cuDNN offers for the forward `conv` with its bias (`survey`): per bias element type
+/// (FP32, and `y`'s, which [`operation_graph`] takes) and heuristics mode (A, B, fallback), whether the graph finalises, how many
+/// configurations the heuristics give, and the engines whose plans finalise here.
+#[cfg(test)]
+pub(super) fn biased_forward_offers(dnn: &Cudnn, conv: &Conv) -> Vec<String> {
+    use sys::cudnnBackendHeurMode_t as Mode;
+    let mut lines = Vec::new();
+    for bias_type in [cudnnDataType_t::CUDNN_DATA_FLOAT, conv.types[2]] {
+        let graph = match operation_graph_biased_in(dnn, conv, 0.0, bias_type) {
+            Ok(graph) => graph,
+            Err(e) => {
+                lines.push(format!("bias {bias_type:?}: graph refused: {e}"));
+                continue;
+            }
+        };
+        for mode in [
+            Mode::CUDNN_HEUR_MODE_A,
+            Mode::CUDNN_HEUR_MODE_B,
+            Mode::CUDNN_HEUR_MODE_FALLBACK,
+        ] {
+            let line = match configurations(&graph, mode) {
+                Err(e) => format!("heuristics refused: {e}"),
+                Ok(configs) => {
+                    let engines: Vec<String> = configs
+                        .iter()
+                        .map(|c| match plan_of(dnn, c, |_| true) {
+                            Ok(Some(p)) => format!("{} ({:?})", p.engine, p.notes),
+                            Ok(None) => "-".into(),
+                            Err(e) => format!("error {e}"),
+                        })
+                        .collect();
+                    format!("{} configurations, plans {engines:?}", configs.len())
+                }
+            };
+            lines.push(format!("bias {bias_type:?}, {mode:?}: {line}"));
+        }
+    }
+    lines
 }
 
 impl Plan {
@@ -620,26 +765,34 @@ impl Plan {
 }
 
 /// The device addresses one run of a plan reads and writes: `x`, `w` and `y` (their gradients
-/// by direction, in the order of [`plans`]' dims) and the workspace. Built once, it serves every
-/// run on the same buffers ([`execute_pack`]), which spares each run the pack's set-up.
+/// by direction, in the order of [`plans`]' dims), the bias `b` of a forward that adds one, and
+/// the workspace. Built once, it serves every run on the same buffers ([`execute_pack`]), which
+/// spares each run the pack's set-up.
 pub struct VariantPack(Descriptor);
 
 // SAFETY: as for `Plan`.
 unsafe impl Send for VariantPack {}
 
 impl VariantPack {
-    /// The pack of `pointers` and `workspace`.
-    pub fn new(pointers: [u64; 3], workspace: u64) -> Result<VariantPack> {
+    /// The pack of `pointers` (`x`, `w`, `y`, and `b` where the plan adds a bias) and
+    /// `workspace`.
+    pub fn new(pointers: &[u64], workspace: u64) -> Result<VariantPack> {
+        assert!(
+            (3..=UNIQUE_IDS.len()).contains(&pointers.len()),
+            "a variant pack of 3 or 4 tensors"
+        );
         let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &[1, 2, 3])?;
-        let ptrs: [*mut c_void; 3] = pointers.map(|p| p as *mut c_void);
+        let ids = &UNIQUE_IDS[..pointers.len()];
+        pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, ids)?;
+        let ptrs: Vec<*mut c_void> = pointers.iter().map(|&p| p as *mut c_void).collect();
         let ws = workspace as *mut c_void;
-        // SAFETY: three device pointers, then one (stored, not dereferenced, by cuDNN here).
+        // SAFETY: one device pointer per unique id, then one (stored, not dereferenced, by cuDNN
+        // here).
         unsafe {
             pack.set(
                 Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
                 Ty::CUDNN_TYPE_VOID_PTR,
-                3,
+                ptrs.len(),
                 ptrs.as_ptr().cast(),
             )?;
             pack.set(
@@ -662,7 +815,10 @@ const PACKS: usize = 8;
 /// replaced first. A pack holds addresses only, so one whose buffers were freed is harmless,
 /// and serves again where new buffers take the same addresses.
 #[derive(Default)]
-pub struct Packs(RefCell<Vec<([u64; 4], VariantPack)>>);
+pub struct Packs(RefCell<Vec<(PackKey, VariantPack)>>);
+
+/// A pack's tensor addresses (absent ones 0) and workspace.
+type PackKey = [u64; 5];
 
 impl std::fmt::Debug for Packs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -680,10 +836,12 @@ impl Packs {
         &self,
         dnn: &Cudnn,
         plan: &Plan,
-        pointers: [u64; 3],
+        pointers: &[u64],
         workspace: u64,
     ) -> Result<()> {
-        let key = [pointers[0], pointers[1], pointers[2], workspace];
+        let mut key: PackKey = [0; 5];
+        key[..pointers.len()].copy_from_slice(pointers);
+        key[4] = workspace;
         let mut packs = self.0.borrow_mut();
         let at = match packs.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
@@ -713,13 +871,13 @@ pub unsafe fn execute_pack(dnn: &Cudnn, plan: &Plan, pack: &VariantPack) -> Resu
 }
 
 /// Runs `plan` on `dnn`'s stream with the device addresses of `x`, `w` and `y` (their gradients
-/// by direction, in the order of [`plans`]' dims) and `workspace` (at least `plan.workspace`
-/// bytes), through a pack built for this run.
+/// by direction, in the order of [`plans`]' dims; then `b` where the plan adds a bias) and
+/// `workspace` (at least `plan.workspace` bytes), through a pack built for this run.
 ///
 /// # Safety
 /// The addresses must hold tensors of the plan's dims and types, and `workspace` enough bytes,
 /// all alive until the stream has run the call.
-pub unsafe fn execute(dnn: &Cudnn, plan: &Plan, pointers: [u64; 3], workspace: u64) -> Result<()> {
+pub unsafe fn execute(dnn: &Cudnn, plan: &Plan, pointers: &[u64], workspace: u64) -> Result<()> {
     let pack = VariantPack::new(pointers, workspace)?;
     // SAFETY: the caller's contract.
     unsafe { execute_pack(dnn, plan, &pack) }

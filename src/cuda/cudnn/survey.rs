@@ -298,13 +298,14 @@ fn resnet50_graph_api_convolutions() {
                 types,
                 layout: Layout::Nhwc,
                 geometry,
+                bias: false,
             };
             let found = plans(dnn, &conv, 0.0, 8, |_| true).map_err(|e| e.to_string())?;
             let mut best = f32::INFINITY;
             for plan in &found {
                 let mut ws = s.alloc_zeros::<u8>(plan.workspace.max(1)).unwrap();
                 let (wsp, _g) = ws.device_ptr_mut(s);
-                let run = || unsafe { execute(dnn, plan, ptrs, wsp) };
+                let run = || unsafe { execute(dnn, plan, &ptrs, wsp) };
                 if run().and_then(|_| run()).is_err() {
                     continue;
                 }
@@ -452,12 +453,13 @@ fn host_time_of_a_convolution_call() {
                 types: [F32; 3],
                 layout: Layout::Nhwc,
                 geometry,
+                bias: false,
             };
             let found = plans(dnn, &conv, 0.0, 8, |_| true).unwrap_or_default();
             let pointers = ptrs;
             // SAFETY: as above; a plan's workspace fits in the 512 MiB.
             let plan = found.iter().find(|p| {
-                p.workspace <= workspace.bytes && unsafe { execute(dnn, p, pointers, wsp) }.is_ok()
+                p.workspace <= workspace.bytes && unsafe { execute(dnn, p, &pointers, wsp) }.is_ok()
             });
             let say = |r: &std::result::Result<(f32, f32), String>| match r {
                 Ok((host, _)) => format!("{host:.1}"),
@@ -474,8 +476,8 @@ fn host_time_of_a_convolution_call() {
             match plan {
                 Some(plan) => {
                     // SAFETY: as above.
-                    let fresh = time(&mut || unsafe { execute(dnn, plan, pointers, wsp) });
-                    let pack = VariantPack::new(pointers, wsp).unwrap();
+                    let fresh = time(&mut || unsafe { execute(dnn, plan, &pointers, wsp) });
+                    let pack = VariantPack::new(&pointers, wsp).unwrap();
                     // SAFETY: as above.
                     let once = time(&mut || unsafe { execute_pack(dnn, plan, &pack) });
                     line += &format!(
@@ -489,6 +491,38 @@ fn host_time_of_a_convolution_call() {
                 None => line += &format!(" | no graph plan of {} ran", found.len()),
             }
             println!("{line}");
+        }
+    }
+}
+
+/// What cuDNN's graph API offers for a forward convolution that adds its bias before the one
+/// rounding of its half-type output (`graph::Conv::bias`), for cifar10_quick's three shapes at
+/// batch 512 in bf16, in both layouts (`graph::biased_forward_offers`): the answer behind
+/// which convolutions with a bias run on half-type blobs. Run with `CUDNN_LOGLEVEL_DBG=2
+/// CUDNN_LOGDEST_DBG=stderr` for cuDNN's reasons.
+#[test]
+#[ignore]
+fn biased_half_type_forward_plans() {
+    use super::graph::{biased_forward_offers, Conv, Direction};
+    use cudnnDataType_t::CUDNN_DATA_BFLOAT16 as BF16;
+    let gpu = gpu_or_skip!("biased_half_type_forward_plans", MathMode::Bf16);
+    let dnn = gpu.cudnn().unwrap();
+    let n = 512;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for shape in QUICK {
+            let &(c, h, w, k, r, ..) = shape;
+            let ([p, q], geometry) = output_and_geometry(shape);
+            let conv = Conv {
+                direction: Direction::Forward,
+                dims: [[n, c, h, w], [k, c, r, r], [n, k, p, q]],
+                types: [BF16; 3],
+                layout,
+                geometry,
+                bias: true,
+            };
+            for line in biased_forward_offers(dnn, &conv) {
+                eprintln!("{layout:?} {shape:?}: {line}");
+            }
         }
     }
 }

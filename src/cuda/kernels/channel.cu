@@ -160,16 +160,32 @@ __device__ __forceinline__ void channels_last_sums(Load load, Add add, double* r
 
 // partial[d * splits + k] = sum over chunk k of channel d of a * (has_b ? b : 1);
 // a is rounded to the half type `half` as it is read (round_if_half), as bn_sums rounds it, whose
-// parameter list this kernel shares.
+// parameter list this kernel shares. a and b stored as T (float, or half-type bit patterns for
+// channel_reduce_h: load_value).
+template <class T>
+__device__ __forceinline__ void channel_reduce_of(const T* a, const T* b, int has_b,
+                                                  double* partial, int outer, int dim, int inner,
+                                                  int splits, int half) {
+    view_sums(
+        [=](int idx, int) {
+            const double v = (double)round_if_half(load_value(a, idx, half), half);
+            return make_double2(has_b ? v * (double)load_value(b, idx, half) : v, 0.0);
+        },
+        partial, 0, outer, dim, inner, splits);
+}
+
 extern "C" __global__ void channel_reduce(const float* a, const float* b, int has_b,
                                           double* partial, int outer, int dim, int inner,
                                           int splits, int half) {
-    view_sums(
-        [=](int idx, int) {
-            const double v = (double)round_if_half(a[idx], half);
-            return make_double2(has_b ? v * (double)b[idx] : v, 0.0);
-        },
-        partial, 0, outer, dim, inner, splits);
+    channel_reduce_of(a, b, has_b, partial, outer, dim, inner, splits, half);
+}
+
+// channel_reduce of half-type a and b (a convolution's bias gradient from its half-type top
+// gradient): every value exact, so the same partials as channel_reduce of their FP32 values.
+extern "C" __global__ void channel_reduce_h(const unsigned short* a, const unsigned short* b,
+                                            int has_b, double* partial, int outer, int dim,
+                                            int inner, int splits, int half) {
+    WITH_HALF_CONSTANT(channel_reduce_of(a, b, has_b, partial, outer, dim, inner, splits, half));
 }
 
 // out[d] (+)= sum over k of partial[d * splits + k] (chunk_sums' order).

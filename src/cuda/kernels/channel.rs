@@ -3,9 +3,10 @@
 //! `(outer, dim, inner)` of a blob has the channel index `(i / inner) % dim`: `(N, C, H·W)` for
 //! NCHW, `(N·H·W, C, 1)` for NHWC.
 
-use super::{check_len, int_count, to_i32, Kernels, StoredElem, BLOCK};
+use super::{check_len, half_arg, int_count, to_i32, Kernels, StoredElem, BLOCK};
 use crate::cuda::gpu_error;
 use crate::error::Result;
+use crate::precision::Half;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -122,7 +123,7 @@ impl Kernels {
         dims: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        let operands = (a, use_b.then_some(b));
+        let operands = (a, use_b.then_some(b), 0);
         self.channel_sums(
             s,
             ("channel_reduce", false),
@@ -131,6 +132,23 @@ impl Kernels {
             dims,
             accumulate,
         )
+    }
+
+    /// [`Kernels::channel_reduce`] of `a` alone stored as half-type bit patterns of `half`:
+    /// `out[d] (+)= Σ a` (a convolution's bias gradient from its half-type top gradient), the
+    /// same chunks and so the same values as `channel_reduce` of `a`'s FP32 values.
+    pub fn channel_reduce_half(
+        &self,
+        s: &Arc<CudaStream>,
+        a: &impl DevicePtr<u16>,
+        half: Half,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let op = ("channel_reduce_h", false);
+        let operands = (a, None::<&CudaView<'_, u16>>, half_arg(Some(half)));
+        self.channel_sums(s, op, operands, out, dims, accumulate)
     }
 
     /// Both sums of a Scale layer's gradient in one pass over a channel view
@@ -147,37 +165,43 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         let op = ("channel_reduce_pair", true);
-        self.channel_sums(s, op, (a, Some(b)), out, dims, accumulate)
+        self.channel_sums(s, op, (a, Some(b), 0), out, dims, accumulate)
     }
 
     /// The sums per channel `out (+)=` of the two-stage reduction [`Kernels::two_stage_sums`]
-    /// over the view `(outer, dim, inner)` of `a` and `b` (`None`: not read): one per channel
-    /// (`out (dim)`, [`Kernels::channel_reduce`]), or with `pair` two
+    /// over the view `(outer, dim, inner)` of `a` and `b` (`None`: not read), stored as `T` (of
+    /// the half type `half`, the kernels' argument: 0 for FP32, nothing rounded): one per
+    /// channel (`out (dim)`, [`Kernels::channel_reduce`]), or with `pair` two
     /// ([`Kernels::channel_reduce_pair`], `out (2·dim)`).
-    fn channel_sums(
+    fn channel_sums<T: StoredElem>(
         &self,
         s: &Arc<CudaStream>,
         (op, pair): (&str, bool),
-        (a, b): (&impl DevicePtr<f32>, Option<&impl DevicePtr<f32>>),
+        (a, b, half): (&impl DevicePtr<T>, Option<&impl DevicePtr<T>>, i32),
         out: &mut impl DevicePtrMut<f32>,
         (outer, dim, inner): (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        // Both stage-1 kernels take `(a, b, has_b, partial, outer, dim, inner, splits, half)`
-        // (`half` 0: nothing rounded), both finishing ones `(partial, out, dim, splits,
-        // accumulate)`.
-        let (per_channel, [stage1, finish]) = if pair {
-            let kernels = [
-                (&self.bn_sums, "bn_sums"),
-                (&self.pair_reduce_finish, "pair_reduce_finish"),
-            ];
-            (2, kernels)
-        } else {
-            let kernels = [
-                (&self.channel_reduce, "channel_reduce"),
-                (&self.channel_reduce_finish, "channel_reduce_finish"),
-            ];
-            (1, kernels)
+        // Every stage-1 kernel takes `(a, b, has_b, partial, outer, dim, inner, splits, half)`,
+        // both finishing ones `(partial, out, dim, splits, accumulate)`.
+        // The pair's sums are taken of FP32 tensors only (the Scale layer's gradient).
+        assert!(!(pair && T::HALF), "{op}: pair sums of half-type tensors");
+        let (per_channel, [stage1, finish]) = match pair {
+            true => {
+                let stage1 = (&self.bn_sums, "bn_sums");
+                (
+                    2,
+                    [stage1, (&self.pair_reduce_finish, "pair_reduce_finish")],
+                )
+            }
+            false => {
+                let stage1 = match T::HALF {
+                    false => (&self.channel_reduce, "channel_reduce"),
+                    true => (&self.channel_reduce_h, "channel_reduce_h"),
+                };
+                let finish = (&self.channel_reduce_finish, "channel_reduce_finish");
+                (1, [stage1, finish])
+            }
         };
         let n = outer * dim * inner;
         check_len(op, "a", a.len(), n);
@@ -190,7 +214,7 @@ impl Kernels {
         }
         to_i32(op, n);
         let (o, d, i) = (to_i32(op, outer), to_i32(op, dim), to_i32(op, inner));
-        let (hb, acc, half) = (b.is_some() as i32, accumulate as i32, 0i32);
+        let (hb, acc) = (b.is_some() as i32, accumulate as i32);
         // An absent `b` passes a's address, never read (has_b is 0).
         let (bp, _b) = match b {
             Some(b) => b.device_ptr(s),
@@ -303,4 +327,54 @@ launchers! {
     /// `m = x ≤ 0 ? x : 0` over `(n)`: the factor of `dy` in PReLU's slope gradient.
     pub fn prelu_negative_part(x: in f32, m: out f32, n: elements as i32)
         => launch prelu_negative_part(in x, out m, &n);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::precision::Half;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// `channel_reduce_half` of half-type bit patterns gives `channel_reduce`'s bits on their
+    /// FP32 values, written and added, over an NCHW view and channels-last ones (one a multiple
+    /// of 32 channels, one not), in both half types.
+    #[test]
+    fn half_type_channel_sums_are_the_fp32_sums_of_their_values() {
+        let gpu = gpu_or_skip!("half_type_channel_sums_are_the_fp32_sums_of_their_values");
+        let (s, k) = (&gpu.compute, &gpu.kernels);
+        let mut rng = ChaCha8Rng::seed_from_u64(23);
+        for half in [Half::Bf16, Half::Fp16] {
+            for dims in [(6, 5, 37), (700, 64, 1), (333, 24, 1)] {
+                let n = dims.0 * dims.1 * dims.2;
+                let values: Vec<f32> = (0..n)
+                    .map(|_| half.round(rng.gen_range(-3.0f32..3.0)))
+                    .collect();
+                let bits: Vec<u16> = values
+                    .iter()
+                    .map(|&v| match half {
+                        Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+                        Half::Fp16 => half::f16::from_f32(v).to_bits(),
+                    })
+                    .collect();
+                let (x, h) = (s.clone_htod(&values).unwrap(), s.clone_htod(&bits).unwrap());
+                let start: Vec<f32> = (0..dims.1).map(|d| d as f32 * 0.25 - 1.0).collect();
+                for accumulate in [false, true] {
+                    let mut want = s.clone_htod(&start).unwrap();
+                    let mut got = s.clone_htod(&start).unwrap();
+                    k.channel_reduce(s, &x, &x, false, &mut want, dims, accumulate)
+                        .unwrap();
+                    k.channel_reduce_half(s, &h, half, &mut got, dims, accumulate)
+                        .unwrap();
+                    let (want, got) = (s.clone_dtoh(&want).unwrap(), s.clone_dtoh(&got).unwrap());
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{half:?} {dims:?} accumulate {accumulate}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -571,9 +571,51 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
     }
 }
 
+/// cifar10_quick's pattern at a small size in bf16 and fp16: channels-last, convolutions with a
+/// bias run on half-type blobs (the bias added in cuDNN's plan to the FP32 products before the
+/// top's one rounding, its gradient summed from the half-type top gradient), with the pooling
+/// fused with its ReLU between them; in NCHW on FP32 blobs. Over a few training steps it trains
+/// the CPU's numbers at the half-type tolerance, in either layout.
+#[test]
+fn convolutions_with_bias_train_on_half_blobs_as_the_cpu_rounding() {
+    let name = concat!(
+        module_path!(),
+        "::convolutions_with_bias_train_on_half_blobs_as_the_cpu_rounding"
+    );
+    let text = include_str!("testdata/half_biased.toml");
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        let mut cfg = config_of("half_biased.toml", text);
+        cfg.cluster.math = math;
+        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+        let chains = [(at("pool1"), at("relu1")), (at("relu2"), at("pool2"))];
+        // In NCHW the convolutions with a bias stay on FP32 blobs, and so the poolings between
+        // them (`convolution::runs_on_half_blobs`). Channels-last, pool2's output would need
+        // both conversions for the NCHW-only inner product, so relu2 → pool2 runs on FP32 blobs.
+        let cases = [
+            (GpuLayout::Nchw, &[][..]),
+            (GpuLayout::Nhwc, &["conv1", "pool1", "conv2"][..]),
+        ];
+        for (layout, want) in cases {
+            gpu.layout = layout;
+            let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
+            let on_half: Vec<&str> = (0..cfg.layers.len())
+                .filter(|&i| net.storage.on_half[i])
+                .map(|i| cfg.layers[i].name.as_str())
+                .collect();
+            assert_eq!(on_half, want, "{math:?}, {layout:?}");
+            drop(net);
+            cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
+        }
+    }
+}
+
 /// Two batches' backwards into one gradient in bf16 (`backward_first` on batch A, then
-/// `backward` on batch B, which accumulates): the CNN's convolutions (with bias, on FP32 blobs)
-/// round each backward's weight gradient to the half type before adding it. Batch A alone gives
+/// `backward` on batch B, which accumulates): the CNN's convolutions (with bias) round each
+/// backward's weight gradient to the half type before adding it. Batch A alone gives
 /// a weight gradient of half-type values and a bias gradient that is not rounded; A then B gives
 /// exactly the sum of A's and B's own gradients — not a half-type value everywhere, as a rounded
 /// sum would be — and the CPU net's gradient at the half-type tolerance, in both layouts.

@@ -1,14 +1,17 @@
 //! [`HalfConvolution`]: the path of a [`GpuConvolution`](super::GpuConvolution) whose bottom and
 //! top are stored in the half type (mixed precision's half-type blobs, chosen by the net's
-//! storage plan for ungrouped convolutions without bias): every direction an execution plan of
-//! cuDNN's graph API on half-type tensors with FP32 accumulation — at half the bytes of the
-//! FP32 tensors and twice the tensor-core rate of TF32.
+//! storage plan for ungrouped convolutions): every direction an execution plan of cuDNN's graph
+//! API on half-type tensors with FP32 accumulation — at half the bytes of the FP32 tensors and
+//! twice the tensor-core rate of TF32.
 //!
 //! Shapes as the layer's: `x (N, C, H, W)`, `w (K, C, kh, kw)`, `y (N, K, OH, OW)`, stored NCHW
 //! or channels-last as the layer runs (the filter KCRS or KRSC beside them).
 //!
 //! - Forward: the weights the layers see (rounded FP32, KCRS) are written as half-type bits
-//!   into the layer's `weight` (transposed to KRSC when channels-last), then `y = conv(x, w)`.
+//!   into the layer's `weight` (transposed to KRSC when channels-last), then `y = conv(x, w)`,
+//!   or with a bias `y = conv(x, w) + b`: the bias the layers see (rounded FP32) written as
+//!   half-type bits too, and one plan that adds it in FP32 to the FP32 products before their
+//!   one rounding to the half type, as the CPU rounds the top it wrote with its bias.
 //! - Data gradient: `dx (+)= conv_t(dy, w)`, the plan for β = 1 where the net accumulates; the
 //!   result is rounded once to the half type after the addition, as the CPU rounds a bottom
 //!   gradient after each layer's contribution.
@@ -17,6 +20,9 @@
 //!   back to KCRS when channels-last): the contract's rounding of a convolution's weight
 //!   gradient in mixed precision (docs/design.md, Mixed precision). Where the bottom wants a
 //!   gradient it runs on the device's side stream beside the data gradient, as the FP32 path's.
+//! - Bias gradient: `db (+)= Σ dy` over the samples and positions, in double from the exact
+//!   half-type values (`Kernels::channel_reduce_half`), never rounded (the contract's FP32
+//!   parameter gradients); beside the weight gradient, on its stream.
 //!
 //! Each direction's first [`HALF_CANDIDATES`] plans that `conv_exact` allows are timed once per
 //! bottom shape (the larger of device and host time, as every path choice) and the cheapest
@@ -51,6 +57,8 @@ pub struct ConvShape {
     pub kernel: [usize; 2],
     pub geometry: ConvGeometry,
     pub layout: Layout,
+    /// Whether the layer adds a bias, which its forward's plan adds ([`graph::Conv::bias`]).
+    pub bias: bool,
 }
 
 impl ConvShape {
@@ -74,6 +82,7 @@ impl ConvShape {
             types: [cudnn_type(half); 3],
             layout: self.layout,
             geometry: self.geometry,
+            bias: self.bias && direction == graph::Direction::Forward,
         }
     }
 }
@@ -101,7 +110,11 @@ pub fn plans_exist(
     .into_iter()
     .all(|direction| {
         let conv = shape.conv(direction, described(bottom), described(top), half);
-        graph::plans(dnn, &conv, 0.0, 1, accept).is_ok()
+        let found = graph::plans(dnn, &conv, 0.0, 1, accept);
+        if let Err(e) = &found {
+            tracing::debug!(?direction, ?bottom, bias = conv.bias, error = %e, "no half-type plan");
+        }
+        found.is_ok()
     })
 }
 
@@ -143,6 +156,8 @@ pub struct HalfConvolution {
     /// `(K·C·kh·kw)` the weight gradient as half-type bits, before it is widened into the FP32
     /// gradient.
     grad: CudaSlice<u16>,
+    /// `(K)` the bias as half-type bits (a layer with a bias), written by forward.
+    bias: CudaSlice<u16>,
     workspace: CudaSlice<u8>,
     /// The weight gradient's, on the side stream.
     wgrad_workspace: CudaSlice<u8>,
@@ -156,6 +171,7 @@ impl HalfConvolution {
             current: 0,
             weight: scratch(gpu, 1)?,
             grad: scratch(gpu, 1)?,
+            bias: scratch(gpu, 1)?,
             workspace: scratch(gpu, 1)?,
             wgrad_workspace: scratch(gpu, 1)?,
         })
@@ -179,6 +195,7 @@ impl HalfConvolution {
         let wlen = shape.num_output * bottom[1] * shape.kernel[0] * shape.kernel[1];
         grow(gpu, &mut self.weight, wlen)?;
         grow(gpu, &mut self.grad, wlen)?;
+        grow(gpu, &mut self.bias, shape.num_output)?;
         let dnn = gpu.cudnn()?;
         let described = (described(bottom), described(top));
         let candidates = |direction| -> Result<Vec<GraphRun>> {
@@ -212,7 +229,8 @@ impl HalfConvolution {
                 wgrad: first(wgrad),
             }
         } else {
-            self.choose(gpu, name, bottom, top, wlen, [fwd, dgrad, wgrad])?
+            let tensors = (bottom, top, shape.bias);
+            self.choose(gpu, name, tensors, wlen, [fwd, dgrad, wgrad])?
         };
         // The workspaces were grown for every candidate: keep what the chosen plans of every
         // cached shape need.
@@ -228,13 +246,13 @@ impl HalfConvolution {
         Ok(())
     }
 
-    /// The cheapest candidate of each direction (see [`fastest`]), timed on zeroed tensors.
+    /// The cheapest candidate of each direction (see [`fastest`]) for the bottom `(N, C, H, W)`
+    /// into `top` (the forward with a bias where `bias`), timed on zeroed tensors.
     fn choose(
         &mut self,
         gpu: &Gpu,
         name: &str,
-        bottom: [usize; 4],
-        top: [usize; 4],
+        (bottom, top, bias): ([usize; 4], [usize; 4], bool),
         wlen: usize,
         [fwd, dgrad, wgrad]: [Vec<GraphRun>; 3],
     ) -> Result<HalfPlan> {
@@ -244,12 +262,14 @@ impl HalfConvolution {
         let x = scratch::<u16>(gpu, count(bottom))?;
         let y = scratch::<u16>(gpu, count(top))?;
         let w = scratch::<u16>(gpu, wlen)?;
+        let b = scratch::<u16>(gpu, top[1])?;
         let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
         let (xp, _gx) = x.device_ptr(s);
         let (yp, _gy) = y.device_ptr(s);
         let (wp, _gw) = w.device_ptr(s);
+        let (bp, _gb) = b.device_ptr(s);
         let indices = |runs: &[GraphRun]| (0..runs.len()).collect::<Vec<_>>();
-        let pick = |what: &str, runs: Vec<GraphRun>, pointers: [u64; 3]| -> Result<GraphRun> {
+        let pick = |what: &str, runs: Vec<GraphRun>, pointers: &[u64]| -> Result<GraphRun> {
             let best = fastest(gpu, (name, bottom), what, &indices(&runs), |i| {
                 // SAFETY: the scratch tensors hold the plan's shapes on this device and the
                 // workspace was grown to every candidate's; all outlive the synchronising
@@ -258,9 +278,13 @@ impl HalfConvolution {
             })?;
             Ok(runs.into_iter().nth(best).expect("a timed candidate"))
         };
-        let fwd = pick("half-type forward", fwd, [xp, wp, yp])?;
-        let dgrad = pick("half-type data gradient", dgrad, [xp, wp, yp])?;
-        let wgrad = pick("half-type weight gradient", wgrad, [xp, wp, yp])?;
+        let forward: &[u64] = match bias {
+            true => &[xp, wp, yp, bp],
+            false => &[xp, wp, yp],
+        };
+        let fwd = pick("half-type forward", fwd, forward)?;
+        let dgrad = pick("half-type data gradient", dgrad, &[xp, wp, yp])?;
+        let wgrad = pick("half-type weight gradient", wgrad, &[xp, wp, yp])?;
         Ok(HalfPlan {
             bottom,
             fwd,
@@ -269,16 +293,21 @@ impl HalfConvolution {
         })
     }
 
-    /// `y = conv(x, w)` from the weights the layers see, `weight` (rounded FP32, KCRS; only
-    /// the weight, no bias).
+    /// `y = conv(x, w) (+ b)` from the weights the layers see, `weight` (rounded FP32, KCRS)
+    /// and, where the layer has one, `bias (K)` (rounded FP32).
     pub fn forward(
         &mut self,
         gpu: &Gpu,
         shape: &ConvShape,
-        weight: &CudaView<'_, f32>,
+        (weight, bias): (&CudaView<'_, f32>, Option<&CudaView<'_, f32>>),
         x: &GpuBlob,
         y: &mut GpuBlob,
     ) -> Result<()> {
+        assert_eq!(
+            bias.is_some(),
+            shape.bias,
+            "a bias exactly where the layer has one"
+        );
         let plan = &self.plans[self.current];
         if plan.bottom[0] == 0 {
             return Ok(());
@@ -298,16 +327,27 @@ impl HalfConvolution {
         let (xv, mut yv) = (x.half_data(), y.half_data_mut());
         let (xp, _gx) = xv.device_ptr(s);
         let (yp, _gy) = yv.device_ptr_mut(s);
+        if let Some(b) = bias {
+            let n = b.len();
+            k.narrow_half(s, b, &mut self.bias.slice_mut(..n), fp16, false, n)?;
+        }
         let (wp, _gw) = self.weight.device_ptr(s);
+        let (bp, _gb) = self.bias.device_ptr(s);
         let (ws, _gws) = cudnn::Workspace::of(&mut self.workspace, s);
-        // SAFETY: x, y and the weight hold the plan's tensors (the net shaped the blobs for
-        // this plan's bottom), the workspace every chosen plan's; all outlive the enqueued call.
-        unsafe { plan.fwd.execute(gpu.cudnn()?, [xp, wp, yp], ws, 0.0) }
+        let pointers: &[u64] = match bias {
+            Some(_) => &[xp, wp, yp, bp],
+            None => &[xp, wp, yp],
+        };
+        // SAFETY: x, y, the weight and the bias hold the plan's tensors (the net shaped the
+        // blobs for this plan's bottom; the bias has the layer's K), the workspace every chosen
+        // plan's; all outlive the enqueued call.
+        unsafe { plan.fwd.execute(gpu.cudnn()?, pointers, ws, 0.0) }
     }
 
     /// `dx (+)=` the data gradient as `grad` says, and the weight gradient, rounded to the half
-    /// type, written or added (`param_grad`) into `dw` (the FP32 weight gradient, KCRS); the
-    /// weight gradient on the side stream where `dx` is wanted, through the layer's `fork`.
+    /// type, and the bias gradient, written or added (`param_grad`) into `dw` (the FP32 weight
+    /// gradient, KCRS, followed by the bias's `(K)` where the layer has one); the parameter
+    /// gradients on the side stream where `dx` is wanted, through the layer's `fork`.
     /// `[x, y]`: the bottom and the top.
     pub fn backward(
         &mut self,
@@ -323,6 +363,9 @@ impl HalfConvolution {
         if plan.bottom[0] == 0 {
             return super::empty_batch_param_gradient(gpu, param_grad, dw);
         }
+        let k = shape.num_output;
+        let wlen = dw.len() - if shape.bias { k } else { 0 };
+        let (mut dw, mut db) = dw.split_at_mut(wlen);
         let wants_dx = grad.wanted();
         let side = wants_dx.then(|| gpu.side()).transpose()?;
         if let Some(side) = side {
@@ -342,18 +385,23 @@ impl HalfConvolution {
                 let (gp, _gg) = self.grad.device_ptr_mut(ws_stream);
                 // SAFETY: as in forward; the side stream waited for dy above, and the compute
                 // stream waits for the side stream before this backward returns.
-                unsafe { plan.wgrad.execute(dnn, [xp, gp, dyp], ws, 0.0)? };
+                unsafe { plan.wgrad.execute(dnn, &[xp, gp, dyp], ws, 0.0)? };
             }
-            let (k, fp16, acc) = (&gpu.kernels, self.half.is_fp16(), param_grad.accumulate());
-            let wlen = dw.len();
+            let (kernels, acc) = (&gpu.kernels, param_grad.accumulate());
+            let fp16 = self.half.is_fp16();
             let g = self.grad.slice(..wlen);
             match shape.layout {
-                Layout::Nchw => k.widen_half(ws_stream, &g, dw, fp16, acc, wlen)?,
+                Layout::Nchw => kernels.widen_half(ws_stream, &g, &mut dw, fp16, acc, wlen)?,
                 Layout::Nhwc => {
                     let (c, taps) = (plan.bottom[1], shape.kernel[0] * shape.kernel[1]);
                     let matrix = (taps, c);
-                    k.transpose_widen(ws_stream, &g, dw, shape.num_output, matrix, acc, fp16)?
+                    kernels.transpose_widen(ws_stream, &g, &mut dw, k, matrix, acc, fp16)?
                 }
+            }
+            if shape.bias {
+                let view = shape.layout.channel_view(&y.shape);
+                let dy = y.half_diff();
+                kernels.channel_reduce_half(ws_stream, &dy, self.half, &mut db, view, acc)?;
             }
         }
         if wants_dx {
@@ -365,7 +413,7 @@ impl HalfConvolution {
             // SAFETY: as in forward.
             unsafe {
                 plan.dgrad
-                    .execute(gpu.cudnn()?, [dxp, wp, dyp], ws, grad.beta())?
+                    .execute(gpu.cudnn()?, &[dxp, wp, dyp], ws, grad.beta())?
             };
         }
         if let Some(side) = side {

@@ -117,20 +117,23 @@ enum Dgrad {
 }
 
 /// One direction of a convolution by a cuDNN execution plan (`cudnn::graph`): the plan for a
-/// result that overwrites its buffer (β = 0) and the same engine and knobs for one added to it
-/// (β = 1), each with its variant packs. Against the legacy API's call for the same kernel, a
-/// plan run on a pack built once costs the host a fraction of the time (docs/design.md, Mixed
-/// precision, step 2), which counts where the host is barely ahead of the device.
+/// result that overwrites its buffer (β = 0) and, but for a forward that adds a bias (whose
+/// graph has β = 0 only), the same engine and knobs for one added to it (β = 1), each with its
+/// variant packs. Against the legacy API's call for the same kernel, a plan run on a pack built
+/// once costs the host a fraction of the time (docs/design.md, Mixed precision, step 2), which
+/// counts where the host is barely ahead of the device.
 #[derive(Debug)]
 struct GraphRun {
-    plans: [graph::Plan; 2],
+    overwrite: graph::Plan,
+    accumulate: Option<graph::Plan>,
     packs: [graph::Packs; 2],
 }
 
 impl GraphRun {
     /// The candidates for `conv` in `dnn`'s math mode: the first `max` plans of
     /// the heuristics that `exact` and the math mode allow ([`graph::Notes::allowed`]) and whose
-    /// engine also builds with β = 1; none where the graph API offers none.
+    /// engine also builds with β = 1 (but for a forward with a bias); none where the graph API
+    /// offers none.
     fn candidates(
         dnn: &cudnn::Cudnn,
         conv: &graph::Conv,
@@ -142,16 +145,21 @@ impl GraphRun {
         let found = graph::plans(dnn, conv, 0.0, max, accept).and_then(|plans| {
             let mut runs = Vec::new();
             for plan in plans {
-                if let Some(twin) = plan.with_beta(dnn, conv, 1.0)? {
-                    let packs = Default::default();
-                    runs.push(GraphRun {
-                        plans: [plan, twin],
-                        packs,
-                    });
-                }
+                let accumulate = match conv.bias {
+                    true => None,
+                    false => match plan.with_beta(dnn, conv, 1.0)? {
+                        Some(twin) => Some(twin),
+                        None => continue,
+                    },
+                };
+                runs.push(GraphRun {
+                    overwrite: plan,
+                    accumulate,
+                    packs: Default::default(),
+                });
             }
-            let engines: Vec<i64> = runs.iter().map(|run| run.plans[0].engine).collect();
-            tracing::debug!(direction = ?conv.direction, ?engines, "execution plans to time");
+            let engines: Vec<i64> = runs.iter().map(|run| run.overwrite.engine).collect();
+            tracing::debug!(direction = ?conv.direction, bias = conv.bias, ?engines, "execution plans to time");
             Ok(runs)
         });
         found.unwrap_or_else(|e| {
@@ -160,13 +168,15 @@ impl GraphRun {
         })
     }
 
-    /// The larger workspace of its two plans.
+    /// The larger workspace of its plans.
     fn workspace(&self) -> usize {
-        self.plans[0].workspace.max(self.plans[1].workspace)
+        let accumulate = self.accumulate.as_ref().map_or(0, |p| p.workspace);
+        self.overwrite.workspace.max(accumulate)
     }
 
     /// Runs the plan of `beta` (0 or 1) on `dnn`'s stream with the device addresses of `x`,
-    /// `w` and `y` (their gradients by direction, as [`graph::Conv::dims`]) and `ws`.
+    /// `w` and `y` (their gradients by direction, as [`graph::Conv::dims`]; then the bias of a
+    /// forward that adds one) and `ws`.
     ///
     /// # Safety
     /// The addresses must hold the plan's tensors on `dnn`'s device and `ws` at least
@@ -174,15 +184,23 @@ impl GraphRun {
     unsafe fn execute(
         &self,
         dnn: &cudnn::Cudnn,
-        pointers: [u64; 3],
+        pointers: &[u64],
         ws: cudnn::Workspace,
         beta: f32,
     ) -> Result<()> {
         debug_assert!(beta == 0.0 || beta == 1.0);
-        let i = usize::from(beta != 0.0);
-        debug_assert!(self.plans[i].workspace <= ws.bytes);
+        let (i, plan) = match (beta != 0.0, &self.accumulate) {
+            (false, _) => (0, &self.overwrite),
+            (true, Some(plan)) => (1, plan),
+            (true, None) => {
+                return Err(Error::Device(
+                    "cuDNN graph API: a forward with a bias has no plan that accumulates".into(),
+                ))
+            }
+        };
+        debug_assert!(plan.workspace <= ws.bytes);
         // SAFETY: the caller's contract.
-        unsafe { self.packs[i].execute(dnn, &self.plans[i], pointers, ws.ptr) }
+        unsafe { self.packs[i].execute(dnn, plan, pointers, ws.ptr) }
     }
 }
 
@@ -345,7 +363,7 @@ fn weight_gradient(
     let (dwp, _gdw) = dw.device_ptr_mut(s);
     if let Wgrad::Graph(i) = path {
         // SAFETY: as below; the workspace was grown to the plan's.
-        return unsafe { plan.graph.wgrad[i].execute(lane.dnn, [xp, dwp, dyp], lane.ws, beta) };
+        return unsafe { plan.graph.wgrad[i].execute(lane.dnn, &[xp, dwp, dyp], lane.ws, beta) };
     }
     let chosen = &plan.algos.bwd_filter;
     // SAFETY: the caller passes buffers of the plan's shapes on this device and the layer's
@@ -407,7 +425,7 @@ fn forward_pass(
         // this device and alive while enqueued work reads them.
         unsafe {
             if let Fwd::Graph(i) = path {
-                plan.graph.fwd[i].execute(gpu.cudnn()?, [xp, wp, yp], ws, 0.0)?;
+                plan.graph.fwd[i].execute(gpu.cudnn()?, &[xp, wp, yp], ws, 0.0)?;
             } else {
                 cudnn::conv_forward(
                     gpu.cudnn()?,
@@ -509,7 +527,7 @@ fn data_gradient(
     // runs.
     unsafe {
         if let Dgrad::Graph(i) = path {
-            return plan.graph.dgrad[i].execute(gpu.cudnn()?, [dxp, wp, dyp], ws, beta);
+            return plan.graph.dgrad[i].execute(gpu.cudnn()?, &[dxp, wp, dyp], ws, beta);
         }
         cudnn::conv_backward_data(
             gpu.cudnn()?,
@@ -554,8 +572,13 @@ fn fastest<P: Copy + std::fmt::Debug>(
 }
 
 /// Whether the convolution `p` of `bottom` into `top` (`(N, C, H, W)`, `(N, K, OH, OW)`),
-/// running in `layout`, can run on `half`-type blobs on this device: ungrouped, without bias,
-/// and cuDNN's graph API offers an allowed execution plan for each direction.
+/// running in `layout`, can run on `half`-type blobs on this device: ungrouped, channels-last
+/// where it has a bias, and cuDNN's graph API offers an allowed execution plan for each
+/// direction (a forward that adds the layer's bias, where it has one). An NCHW net's
+/// convolutions with a bias stay on FP32 blobs: cifar10_quick (NCHW, as `gpu_layout = "auto"`
+/// runs its narrow convolutions) ran 0.91–0.94× as fast with them on half-type blobs, on an H200:
+/// its first convolution's three channels take cuDNN's slow half-type kernels, or on FP32 blobs
+/// the conversions around it cost more than the two others gain (docs/benchmarks.md).
 pub fn runs_on_half_blobs(
     gpu: &Gpu,
     p: &ConvolutionParams,
@@ -573,8 +596,10 @@ pub fn runs_on_half_blobs(
             group: p.group,
         },
         layout,
+        bias: p.bias_term,
     };
-    p.group == 1 && !p.bias_term && half::plans_exist(gpu, &shape, bottom, top, half)
+    let layout_pays = !p.bias_term || layout == Layout::Nhwc;
+    p.group == 1 && layout_pays && half::plans_exist(gpu, &shape, bottom, top, half)
 }
 
 /// 2-D convolution on cuDNN; see the module docs.
@@ -653,11 +678,11 @@ impl GpuConvolution {
     /// The same layer in mixed precision (`half`): its weight gradient rounded to the half
     /// type (each backward's contribution, before it is added to the FP32 gradient), and with
     /// `half_blobs` its bottom and top stored in that type, every direction on the half-type
-    /// path ([`HalfConvolution`]; ungrouped, without bias).
+    /// path ([`HalfConvolution`]; ungrouped).
     pub fn in_mixed_precision(mut self, gpu: &Gpu, half: Half, half_blobs: bool) -> Result<Self> {
         assert!(
-            !half_blobs || (self.geometry.group == 1 && !self.bias_term),
-            "layer `{}`: only an ungrouped convolution without bias runs on half-type blobs",
+            !half_blobs || self.geometry.group == 1,
+            "layer `{}`: only an ungrouped convolution runs on half-type blobs",
             self.name
         );
         self.half = Some(half);
@@ -674,6 +699,7 @@ impl GpuConvolution {
             kernel: self.kernel,
             geometry: self.geometry,
             layout: self.layout,
+            bias: self.bias_term,
         }
     }
 
@@ -911,6 +937,7 @@ impl GpuLayer for GpuConvolution {
                 types: [cudnn::FLOAT; 3],
                 layout,
                 geometry: self.geometry,
+                bias: false,
             };
             let exact = gpu.conv_exact;
             plan.graph = GraphRuns {
@@ -1019,7 +1046,10 @@ impl GpuLayer for GpuConvolution {
         let conv = self.conv_shape();
         if let Some(path) = &mut self.half_path {
             let [x, y] = pass.blobs.bottom_top();
-            return path.forward(gpu, &conv, &params.slice(..wlen), x, y);
+            let k = self.num_output;
+            let bias = self.bias_term.then(|| params.slice(wlen..wlen + k));
+            let parameters = (&params.slice(..wlen), bias.as_ref());
+            return path.forward(gpu, &conv, parameters, x, y);
         }
         let k = self.num_output;
         let filter = self.filter_matrix();
@@ -1058,7 +1088,7 @@ impl GpuLayer for GpuConvolution {
         let conv = self.conv_shape();
         if let Some(path) = &mut self.half_path {
             let blobs = pass.blobs.bottom_top();
-            let mut dw = param_diff.slice_mut(..wlen);
+            let mut dw = param_diff.slice_mut(..wlen + if self.bias_term { k } else { 0 });
             let fork = &self.side_fork;
             return path.backward(gpu, &conv, (grad, param_grad), fork, blobs, &mut dw);
         }
@@ -1432,7 +1462,7 @@ mod tests {
         ) {
             for (i, graph_run) in runs.iter().enumerate() {
                 let got = run(i);
-                let name = format!("{what}, plan {i} {:?}", graph_run.plans);
+                let name = format!("{what}, plan {i} {:?}", graph_run.overwrite);
                 assert_close(&name, &got, want, 5e-3);
                 assert!(got == run(i), "{name}: other bits when run again");
             }
@@ -1458,10 +1488,11 @@ mod tests {
                 eprintln!("{what}: {graph:?}");
                 let runs = directions.iter().flat_map(|runs| runs.iter());
                 for run in runs.clone() {
-                    for p in &run.plans {
+                    let (first, twin) = (&run.overwrite, run.accumulate.as_ref());
+                    let twin = twin.unwrap_or_else(|| panic!("{what}: no β = 1 plan: {run:?}"));
+                    for p in [first, twin] {
                         assert!(p.notes.allowed(MathMode::Tf32, true), "{what}: {p:?}");
                     }
-                    let [first, twin] = &run.plans;
                     assert!(
                         (first.engine, first.knobs()) == (twin.engine, twin.knobs()),
                         "{what}: the β = 1 plan is another engine or knobs: {run:?}"
