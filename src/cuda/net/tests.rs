@@ -517,6 +517,39 @@ fn half_fused_chains_match_the_cpu_rounding() {
     }
 }
 
+/// The net of the config `text` (named `file`) in bf16 and fp16 at a loss scale of 1, in each
+/// layout of `expected`: it runs on half-type blobs exactly the layers listed for that layout
+/// (by name) and over a few training steps trains the CPU's numbers at the half-type tolerance;
+/// `chains` are the (first, last) layers of the chains the GPU net fuses.
+fn trains_on_half_blobs_as_the_cpu(
+    name: &str,
+    (file, text): (&str, &str),
+    chains: &[(&str, &str)],
+    expected: &[(GpuLayout, &[&str])],
+) {
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        let mut cfg = config_of(file, text);
+        cfg.cluster.math = math;
+        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+        let chains: Vec<(usize, usize)> = chains.iter().map(|&(a, b)| (at(a), at(b))).collect();
+        for &(layout, want) in expected {
+            gpu.layout = layout;
+            let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
+            let on_half: Vec<&str> = (0..cfg.layers.len())
+                .filter(|&i| net.storage.on_half[i])
+                .map(|i| cfg.layers[i].name.as_str())
+                .collect();
+            assert_eq!(on_half, want, "{math:?}, {layout:?}");
+            drop(net);
+            cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
+        }
+    }
+}
+
 /// A residual block whose convolutions have no bias runs on half-type blobs in bf16 and fp16:
 /// every convolution, chain and pooling (the convolutions through cuDNN's graph API on half-type
 /// tensors, their weight gradients rounded to the half type as the CPU's), the inner product
@@ -529,46 +562,28 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
         "::half_type_blobs_train_as_the_cpu_rounding"
     );
     let text = include_str!("testdata/half_residual.toml");
-    for math in [MathMode::Bf16, MathMode::Fp16] {
-        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
-            return;
-        };
-        let mut cfg = config_of("half_residual.toml", text);
-        cfg.cluster.math = math;
-        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
-        let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
-        let chains = [
-            (at("bn1"), at("relu1")),
-            (at("bn2"), at("scale2")),
-            (at("bn3"), at("scale3")),
-            (at("sum"), at("sum_relu")),
-        ];
-        for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
-            gpu.layout = layout;
-            let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
-            let on_half: Vec<&str> = (0..cfg.layers.len())
-                .filter(|&i| net.storage.on_half[i])
-                .map(|i| cfg.layers[i].name.as_str())
-                .collect();
-            assert_eq!(
-                on_half,
-                [
-                    "conv1",
-                    "bn1",
-                    "pool1",
-                    "branch",
-                    "bn2",
-                    "projection",
-                    "bn3",
-                    "sum",
-                    "pool2"
-                ],
-                "{math:?}, {layout:?}"
-            );
-            drop(net);
-            cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
-        }
-    }
+    let chains = [
+        ("bn1", "relu1"),
+        ("bn2", "scale2"),
+        ("bn3", "scale3"),
+        ("sum", "sum_relu"),
+    ];
+    let on_half = [
+        "conv1",
+        "bn1",
+        "pool1",
+        "branch",
+        "bn2",
+        "projection",
+        "bn3",
+        "sum",
+        "pool2",
+    ];
+    let expected = [
+        (GpuLayout::Nchw, &on_half[..]),
+        (GpuLayout::Nhwc, &on_half[..]),
+    ];
+    trains_on_half_blobs_as_the_cpu(name, ("half_residual.toml", text), &chains, &expected);
 }
 
 /// cifar10_quick's pattern at a small size in bf16 and fp16: channels-last, convolutions with a
@@ -583,34 +598,15 @@ fn convolutions_with_bias_train_on_half_blobs_as_the_cpu_rounding() {
         "::convolutions_with_bias_train_on_half_blobs_as_the_cpu_rounding"
     );
     let text = include_str!("testdata/half_biased.toml");
-    for math in [MathMode::Bf16, MathMode::Fp16] {
-        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
-            return;
-        };
-        let mut cfg = config_of("half_biased.toml", text);
-        cfg.cluster.math = math;
-        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
-        let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
-        let chains = [(at("pool1"), at("relu1")), (at("relu2"), at("pool2"))];
-        // In NCHW the convolutions with a bias stay on FP32 blobs, and so the poolings between
-        // them (`convolution::runs_on_half_blobs`). Channels-last, pool2's output would need
-        // both conversions for the NCHW-only inner product, so relu2 → pool2 runs on FP32 blobs.
-        let cases = [
-            (GpuLayout::Nchw, &[][..]),
-            (GpuLayout::Nhwc, &["conv1", "pool1", "conv2"][..]),
-        ];
-        for (layout, want) in cases {
-            gpu.layout = layout;
-            let net = GpuNet::new(&cfg, [3, 8, 8], 16, &gpu).unwrap();
-            let on_half: Vec<&str> = (0..cfg.layers.len())
-                .filter(|&i| net.storage.on_half[i])
-                .map(|i| cfg.layers[i].name.as_str())
-                .collect();
-            assert_eq!(on_half, want, "{math:?}, {layout:?}");
-            drop(net);
-            cnn_steps_match_cpu_in(&gpu, &cfg, [3, 8, 8], &chains, BF16);
-        }
-    }
+    let chains = [("pool1", "relu1"), ("relu2", "pool2")];
+    // In NCHW the convolutions with a bias stay on FP32 blobs, and so the poolings between them
+    // (`convolution::runs_on_half_blobs`). Channels-last, pool2's output would need both
+    // conversions for the NCHW-only inner product, so relu2 → pool2 runs on FP32 blobs.
+    let expected = [
+        (GpuLayout::Nchw, &[][..]),
+        (GpuLayout::Nhwc, &["conv1", "pool1", "conv2"][..]),
+    ];
+    trains_on_half_blobs_as_the_cpu(name, ("half_biased.toml", text), &chains, &expected);
 }
 
 /// Two batches' backwards into one gradient in bf16 (`backward_first` on batch A, then
