@@ -6,6 +6,7 @@ the GPU as bytes, as the real data's do. FLOAT=1 keeps them floats (four times t
 
     python3 scripts/gpu/synthetic_config.py lenet OUT.toml          # config/lenet.toml, 1x28x28 IDX
     python3 scripts/gpu/synthetic_config.py cifar10_quick OUT.toml  # config/cifar10_quick.toml, CIFAR-10
+    python3 scripts/gpu/synthetic_config.py resnet20 OUT.toml       # config/resnet20.toml, CIFAR-10
 """
 
 import os
@@ -21,6 +22,7 @@ DATA = {
                       'format = "synthetic"\nshape = [3, 32, 32]\nclasses = 10\ntrain_size = 50000\n'
                       'test_size = 10000\n'),
 }
+DATA["resnet20"] = DATA["cifar10_quick"]
 
 
 def main() -> int:

@@ -328,10 +328,13 @@ impl serde::de::Visitor<'_> for LossScaleVisitor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuLayout {
-    /// Channels-last where tensor cores compute (`math = "tf32"`) and most of the convolutions'
-    /// multiply-adds have at least 64 input channels, NCHW otherwise: cuDNN's tensor-core
-    /// convolutions run fastest on channels-last tensors once they are that wide, its FP32 ones
-    /// and narrow ones (cifar10_quick's) on NCHW.
+    /// Channels-last where tensor cores compute (not `math = "fp32"`) and most of the
+    /// convolutions' multiply-adds have at least 64 input channels; in bf16 and fp16 also where
+    /// the convolutions do at least [`HALF_CHANNELS_LAST_MACS`] multiply-adds a step; NCHW
+    /// otherwise. cuDNN's tensor-core convolutions run fastest on channels-last tensors once
+    /// they are that wide, its FP32 ones and narrow ones (cifar10_quick's in tf32) on NCHW. In
+    /// the half types, narrow convolutions run on half-type blobs channels-last, which pays once
+    /// a step holds enough work to hide its heavier host side (cuDNN's graph API).
     #[default]
     Auto,
     /// Caffe's `(N, C, H, W)` everywhere.
@@ -340,12 +343,23 @@ pub enum GpuLayout {
     Nhwc,
 }
 
+/// The convolutions' multiply-adds a step (one replica's batch, forward) from which
+/// `gpu_layout = "auto"` stores a net of narrow convolutions channels-last in bf16 and fp16.
+/// Measured on one H200 (docs/benchmarks.md, "The layout `auto` picks in the half types"),
+/// channels-last against NCHW: 1.12–1.31× for ResNet-20 at batch 128 (5.2 G multiply-adds) and
+/// 1.00–1.20× for cifar10_quick at 512 (6.3 G); 0.69–1.13× (median 0.96) for cifar10_quick at
+/// 100 (1.2 G), 0.51–0.82× for LeNet at 64 (0.12 G) and 0.71–0.95× for the digits net.
+pub const HALF_CHANNELS_LAST_MACS: f64 = 2.5e9;
+
 impl GpuLayout {
     /// Whether GPUs store activations channels-last under `math`, for a net whose
-    /// convolutions are `wide` (see [`GpuLayout::Auto`]).
-    pub fn channels_last(self, math: MathMode, wide: bool) -> bool {
+    /// convolutions are `wide` and do `macs` multiply-adds a step (see [`GpuLayout::Auto`]).
+    pub fn channels_last(self, math: MathMode, wide: bool, macs: f64) -> bool {
         match self {
-            GpuLayout::Auto => math.tf32_tensor_cores() && wide,
+            GpuLayout::Auto => {
+                let large = math.is_half() && macs >= HALF_CHANNELS_LAST_MACS;
+                math.tf32_tensor_cores() && (wide || large)
+            }
             GpuLayout::Nchw => false,
             GpuLayout::Nhwc => true,
         }

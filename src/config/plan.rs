@@ -284,7 +284,10 @@ impl Plan {
                 (super::GpuLayout::Auto, super::MathMode::Tf32) => {
                     "channels-last (if wide) or NCHW"
                 }
-                (layout, math) if layout.channels_last(math, true) => "channels-last",
+                (super::GpuLayout::Auto, super::MathMode::Bf16 | super::MathMode::Fp16) => {
+                    "channels-last (if wide or large) or NCHW"
+                }
+                (layout, math) if layout.channels_last(math, true, 0.0) => "channels-last",
                 _ => "NCHW",
             };
             row(
@@ -604,5 +607,10 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(nchw.contains("math tf32, NCHW activations"), "{nchw}");
+        let bf16 = plan(&[sets[0], "cluster.math=\"bf16\""], 1)
+            .unwrap()
+            .to_string();
+        let want = "math bf16, channels-last (if wide or large) or NCHW activations";
+        assert!(bf16.contains(want), "{bf16}\nlacks {want:?}");
     }
 }

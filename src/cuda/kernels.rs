@@ -244,6 +244,8 @@ mod pooling;
 mod softmax;
 mod solver;
 mod wire;
+#[cfg(test)]
+pub use common::launched;
 pub use common::StoredElem;
 use common::{check_len, check_lens, half_arg, int_count, stored_half_arg, to_i32, BLOCK};
 pub use convolution_direct::DirectTile;

@@ -402,8 +402,8 @@ impl GpuNet {
         check_layout(&layout.spans, &shapers)?;
         let half = Half::of(cfg.cluster.math);
         let layer_slots = fusion::plan(&graph, &layout.spans, half.is_some());
-        let wide = storage::wide_convolutions_dominate(&graph, &shapers, &shapes);
-        let channels_last = gpu.layout.channels_last(gpu.math, wide);
+        let work = storage::ConvolutionWork::of(&graph, &shapers, &shapes);
+        let channels_last = gpu.layout.channels_last(gpu.math, work.wide, work.macs);
         // Half-type convolutions run on cuDNN's graph API only, where it has plans for them.
         let half_convolutions = half.is_some() && cudnn::graph::available();
         let half_capable: Vec<bool> = (0..graph.len())
@@ -440,7 +440,8 @@ impl GpuNet {
         );
         tracing::debug!(
             channels_last,
-            wide_convolutions = wide,
+            wide_convolutions = work.wide,
+            convolution_macs = work.macs,
             conversions = storage.conversions.len(),
             layers_on_half_blobs = storage.on_half.iter().filter(|&&h| h).count(),
             "GPU activation storage"

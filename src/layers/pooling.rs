@@ -7,7 +7,9 @@
 //!
 //! Window of output `(oy, ox)`: rows `[oy·sh − ph, oy·sh − ph + kh)`.
 //! - `max`: the largest input of the window clipped to the image; the first maximum (row-major)
-//!   wins ties and is the one that receives the gradient (its index is kept, Caffe's mask).
+//!   wins ties and is the one that receives the gradient (its index is kept, Caffe's mask). As
+//!   in Caffe (and the GPU kernels) the search starts from `−f32::MAX` with no index: a window
+//!   with nothing above it (all `−inf` or NaN) gives `−f32::MAX` and passes no gradient.
 //! - `ave`: the sum of the clipped window divided by the size of the window clipped to
 //!   `[−pad, H + pad)` (padding counts, the part beyond `H + pad` does not), exactly as Caffe.
 
@@ -31,9 +33,13 @@ pub struct Windows {
     planes: usize,
     input: Pair,
     output: Pair,
-    /// Max: for each top element, the index within its input plane of the winning input.
+    /// Max: for each top element, the index within its input plane of the winning input, or
+    /// [`NO_MAXIMUM`].
     argmax: Vec<u32>,
 }
+
+/// The argmax of a max-pooling window with no input above `−f32::MAX` (Caffe's mask −1).
+const NO_MAXIMUM: u32 = u32::MAX;
 
 /// Caffe's pooled size of one axis; `None` when the window does not fit.
 pub fn pooled_size(input: usize, kernel: usize, stride: usize, pad: usize) -> Option<usize> {
@@ -114,8 +120,7 @@ impl Layer for Pooling {
                     let t = (p * oh + oy) * ow + ox;
                     match method {
                         PoolMethod::Max => {
-                            let mut best = f32::NEG_INFINITY;
-                            let mut at = y0 * w + x0;
+                            let (mut best, mut at) = (-f32::MAX, NO_MAXIMUM as usize);
                             for iy in y0..y1 {
                                 for ix in x0..x1 {
                                     let v = plane[iy * w + ix];
@@ -155,7 +160,12 @@ impl Layer for Pooling {
                 for ox in 0..ow {
                     let t = (p * oh + oy) * ow + ox;
                     match self.settings.method {
-                        PoolMethod::Max => plane[self.state.argmax[t] as usize] += dy[t],
+                        PoolMethod::Max => {
+                            let at = self.state.argmax[t];
+                            if at != NO_MAXIMUM {
+                                plane[at as usize] += dy[t];
+                            }
+                        }
                         PoolMethod::Ave => {
                             let (x0, x1, ex) = self.window(1, ox);
                             let g = dy[t] / (ey * ex) as f32;
@@ -285,6 +295,30 @@ mod tests {
         t.diff = vec![1.0];
         test_util::backward(&mut layer, &[t], &[true], &mut bottoms, &[], &mut []);
         assert_eq!(bottoms[0].diff, vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    /// A window with nothing above `−f32::MAX` (−inf, NaN, `−f32::MAX` itself) gives
+    /// `−f32::MAX` and passes no gradient, as Caffe's mask −1; a NaN beside a number loses to it.
+    #[test]
+    fn max_of_a_window_without_numbers_is_minus_float_max() {
+        let mut layer = pool("kernel_size = 2");
+        let mut x = Blob::new(&[1, 3, 2, 2]);
+        let inf = f32::INFINITY;
+        x.data = [
+            [-inf, -inf, -inf, -inf],
+            [f32::NAN, -inf, -f32::MAX, f32::NAN],
+            [f32::NAN, -inf, -2.0, f32::NAN],
+        ]
+        .concat();
+        let top = forward(&mut layer, x.clone());
+        assert_eq!(top.data, vec![-f32::MAX, -f32::MAX, -2.0]);
+        let mut bottoms = vec![x];
+        let mut t = top;
+        t.diff = vec![1.0, 2.0, 3.0];
+        test_util::backward(&mut layer, &[t], &[true], &mut bottoms, &[], &mut []);
+        let mut want = vec![0.0; 12];
+        want[10] = 3.0;
+        assert_eq!(bottoms[0].diff, want);
     }
 
     /// Max and average pooling, padded, strided, rectangular and global, each at a shape of

@@ -41,6 +41,8 @@ macro_rules! launch {
         launch!(@bind $f, $name, $stream, $cfg, [] [$($args)*])
     };
     (@bind $f:expr, $name:expr, $s:expr, $cfg:expr, [$($done:expr),*] []) => {{
+        #[cfg(test)]
+        $crate::cuda::kernels::launched::record(&$name);
         let mut builder = $s.launch_builder($f);
         $(builder.arg($done);)*
         // SAFETY: the arguments match the kernel's parameter list in SOURCE, in order and type
@@ -339,4 +341,32 @@ pub(super) fn stored_half_arg<T: StoredElem>(op: &str, half: Option<Half>) -> i3
         "{op}: half-type tensors without their half type"
     );
     half_arg(half)
+}
+
+/// Under test, the kernels launched on each thread: which of several kernels a launcher picks
+/// is decided at run time (by element type, channel count, layout and the buffers' alignment),
+/// so a test of one path asserts it was taken.
+#[cfg(test)]
+pub mod launched {
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static NAMES: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+    }
+
+    /// Notes that this thread launched the kernel `name`.
+    pub fn record(name: &str) {
+        NAMES.with(|names| {
+            let mut names = names.borrow_mut();
+            if !names.contains(name) {
+                names.insert(name.to_owned());
+            }
+        });
+    }
+
+    /// The names of the kernels this thread launched since the last call, and forgets them.
+    pub fn take() -> BTreeSet<String> {
+        NAMES.with(|names| std::mem::take(&mut *names.borrow_mut()))
+    }
 }

@@ -291,6 +291,7 @@ impl GpuLayer for GpuBnScaleRelu {
 mod tests {
     use super::GpuBnScaleRelu;
     use crate::config::Phase;
+    use crate::cuda::kernels::launched;
     use crate::cuda::layers::testing::{half_blobs_match_fp32_blobs, net_of, HalfBlobsCase};
     use crate::cuda::layers::{GpuLayer, Grad};
     use crate::cuda::layout::Layout;
@@ -381,6 +382,7 @@ mod tests {
             ],
             seed,
         };
+        launched::take();
         half_blobs_match_fp32_blobs(gpu, &case, |half_blobs| {
             let layer = GpuBnScaleRelu::new(gpu, &nodes, scale_offset, layout, Some(half))
                 .unwrap()
@@ -389,6 +391,27 @@ mod tests {
             layer.reshape(gpu, &[&shape]).unwrap();
             layer
         });
+        // The half-type blobs take the `_h8` kernels exactly where they can (the FP32 blobs
+        // never): the statistics' sums only with batch statistics.
+        let launched = launched::take();
+        let by_eight = layout == Layout::Nhwc && c % 8 == 0;
+        let statistics = (phase == Phase::Train).then_some("bn_sums_h8");
+        let chain = [
+            "bn_scale_relu_forward_h8",
+            "bn_scale_relu_sums_h8",
+            "bn_scale_relu_backward_h8",
+        ];
+        for kernel in chain.into_iter().chain(statistics) {
+            assert_eq!(
+                launched.contains(kernel),
+                by_eight,
+                "{kernel} launched for {}",
+                case.what
+            );
+        }
+        if !by_eight {
+            assert!(!launched.contains("bn_sums_h8"), "{}", case.what);
+        }
     }
 
     /// On half-type blobs the chain computes, bit for bit, what it computes on FP32 blobs in

@@ -329,6 +329,7 @@ mod tests {
     use super::{pooled_size, GpuPooling};
     use crate::config::layer_params::LayerParams;
     use crate::config::Phase;
+    use crate::cuda::kernels::launched;
     use crate::cuda::layers::testing::{
         check_against_cpu, half_blobs_match_fp32_blobs, layer_matches_cpu, net_of, HalfBlobsCase,
         LayerCase,
@@ -389,6 +390,35 @@ mod tests {
         vec![vec![3, 37, 8, 8]],
         409
     );
+
+    /// Max-pooling windows with nothing above −FLT_MAX (all −inf, NaN beside −inf) give −FLT_MAX
+    /// and pass no gradient, on the GPU as on the CPU (Caffe's mask −1); a NaN beside a number
+    /// loses to it. The backward's scatter and covering-window kernels both meet such windows.
+    #[test]
+    fn max_of_windows_without_numbers_matches_cpu() {
+        let gpu = gpu_or_skip!("max_of_windows_without_numbers_matches_cpu");
+        let shape = [2, 3, 4, 4];
+        let mut x = crate::layers::gradient_check::uniform_blob(&shape, -2.0, 2.0, 411).data;
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        // Top-left 2 × 2 windows of planes 0, 1 and 2 (then every plane of sample 1 likewise).
+        for (plane, values) in [
+            (0, [-inf, -inf, -inf, -inf]),
+            (1, [nan, -inf, -inf, nan]),
+            (2, [nan, -inf, 1.5, nan]),
+        ] {
+            for sample in 0..2 {
+                let base = (sample * 3 + plane) * 16;
+                for (i, v) in values.into_iter().enumerate() {
+                    x[base + (i / 2) * 4 + i % 2] = v;
+                }
+            }
+        }
+        for keys in ["kernel_size = 2\nstride = 2", "kernel_size = 2\nstride = 1"] {
+            let mut c = case(keys, &shape);
+            c.fixed = Some((x.clone(), Vec::new()));
+            check_against_cpu(&gpu, &c, 412);
+        }
+    }
 
     #[test]
     fn global_ave_and_max_match_cpu() {
@@ -479,6 +509,7 @@ mod tests {
             ],
             seed,
         };
+        launched::take();
         half_blobs_match_fp32_blobs(gpu, &case, |half_blobs| match relu {
             Relu::None => build(
                 gpu,
@@ -501,6 +532,18 @@ mod tests {
                 layer
             }
         });
+        // Max pooling's half-type blobs take the `_h8` kernels exactly where they can (the FP32
+        // blobs never).
+        let launched = launched::take();
+        let by_eight = !ave && layout == Layout::Nhwc && c % 8 == 0;
+        for kernel in ["max_pool_forward_h8", "max_pool_backward_h8"] {
+            assert_eq!(
+                launched.contains(kernel),
+                by_eight,
+                "{kernel} launched for {}",
+                case.what
+            );
+        }
     }
 
     /// On half-type blobs max and average pooling, alone and fused with their ReLU, compute,

@@ -36,7 +36,8 @@ pub(crate) struct LayerCase {
     pub ignored: Option<(f32, Vec<usize>)>,
     /// The loss weight a loss layer's top diff holds.
     pub loss_weight: f32,
-    /// Fixed data of bottoms 0 and 1 instead of random values (hand-made cases).
+    /// Fixed data of bottoms 0 and 1 instead of random values (hand-made cases; the second is
+    /// ignored for a layer of one bottom).
     pub fixed: Option<(Vec<f32>, Vec<f32>)>,
 }
 
@@ -243,7 +244,9 @@ fn check_in_layout(gpu: &Gpu, case: &LayerCase, seed: u64, rtol: f32, layout: La
         .collect();
     if let Some((b0, b1)) = &case.fixed {
         bottoms[0].data.clone_from(b0);
-        bottoms[1].data.clone_from(b1);
+        if let Some(b) = bottoms.get_mut(1) {
+            b.data.clone_from(b1);
+        }
     }
     if let Some((value, rows)) = &case.ignored {
         for &r in rows {

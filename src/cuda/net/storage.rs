@@ -276,35 +276,46 @@ fn rounds_itself_on_fp32_blobs(graph: &Net, slots: &[Slot], i: usize) -> bool {
 /// 32), as measured on an H200.
 const WIDE_CHANNELS: usize = 64;
 
-/// Whether convolutions with at least [`WIDE_CHANNELS`] input channels do most of the
-/// convolution multiply-adds of `graph` (`(OH·OW) · K·C/group·kh·kw` each, from the blob
-/// `shapes` and the `shapers`' weight shapes): what `cluster.gpu_layout = "auto"` goes by.
-pub fn wide_convolutions_dominate(
-    graph: &Net,
-    shapers: &[Box<dyn Layer>],
-    shapes: &[Vec<usize>],
-) -> bool {
-    let (mut wide, mut all) = (0f64, 0f64);
-    for (i, shaper) in shapers.iter().enumerate() {
-        if shaper.type_name() != "convolution" {
-            continue;
+/// What `cluster.gpu_layout = "auto"` goes by: the convolutions' forward multiply-adds over
+/// the batch (`N·OH·OW · K·C/group·kh·kw` each, from the blob `shapes` and the `shapers`'
+/// weight shapes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConvolutionWork {
+    /// Whether convolutions with at least [`WIDE_CHANNELS`] input channels do most of them.
+    pub wide: bool,
+    /// All of them: one replica's step, forward.
+    pub macs: f64,
+}
+
+impl ConvolutionWork {
+    /// The convolutions of `graph`.
+    pub fn of(graph: &Net, shapers: &[Box<dyn Layer>], shapes: &[Vec<usize>]) -> Self {
+        let (mut wide, mut all) = (0f64, 0f64);
+        for (i, shaper) in shapers.iter().enumerate() {
+            if shaper.type_name() != "convolution" {
+                continue;
+            }
+            let node = graph.node(i);
+            let (bottom, top) = (&shapes[node.bottoms[0]], &shapes[node.tops[0]]);
+            let weights: usize = shaper.param_specs()[0].shape.iter().product();
+            let outputs = top[0] * top[2..].iter().product::<usize>();
+            let macs = outputs as f64 * weights as f64;
+            all += macs;
+            if bottom[1] >= WIDE_CHANNELS {
+                wide += macs;
+            }
         }
-        let node = graph.node(i);
-        let (bottom, top) = (&shapes[node.bottoms[0]], &shapes[node.tops[0]]);
-        let weights: usize = shaper.param_specs()[0].shape.iter().product();
-        let macs = (top[2..].iter().product::<usize>() * weights) as f64;
-        all += macs;
-        if bottom[1] >= WIDE_CHANNELS {
-            wide += macs;
+        ConvolutionWork {
+            wide: all > 0.0 && 2.0 * wide >= all,
+            macs: all,
         }
     }
-    all > 0.0 && 2.0 * wide >= all
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, GpuLayout, MathMode};
     use crate::cuda::net::fusion;
     use crate::cuda::net::infer_shapes;
     use crate::layers;
@@ -315,7 +326,7 @@ mod tests {
     const CNN: &str = include_str!("../../../tests/configs/cnn_bn_dropout.toml");
 
     /// The net of the config `text` for records of `record` (C, H, W), its CPU layers and its
-    /// blob shapes at batch 4.
+    /// blob shapes at batch 4 ([`build`]) or another ([`build_at`]).
     struct Built {
         cfg: Config,
         graph: Net,
@@ -325,6 +336,10 @@ mod tests {
     }
 
     fn build(text: &str, record: [usize; 3]) -> Built {
+        build_at(text, record, 4)
+    }
+
+    fn build_at(text: &str, record: [usize; 3], batch: usize) -> Built {
         let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
         let (graph, params) = Net::build(&cfg, record, 1).unwrap();
         let mut shapers: Vec<_> = cfg
@@ -332,7 +347,7 @@ mod tests {
             .iter()
             .map(|l| layers::build_from_config(l).unwrap())
             .collect();
-        let shapes = infer_shapes(&graph, &mut shapers, record, 4).unwrap();
+        let shapes = infer_shapes(&graph, &mut shapers, record, batch).unwrap();
         Built {
             cfg,
             graph,
@@ -385,26 +400,63 @@ mod tests {
         format!("{}{data}{}", &text[..start], &text[end..])
     }
 
-    /// Whether the wide convolutions of the config `text` (records of `record`) dominate.
-    fn wide(text: &str, record: [usize; 3]) -> bool {
-        let b = build(&with_synthetic_data(text, record), record);
-        wide_convolutions_dominate(&b.graph, &b.shapers, &b.shapes)
+    /// The convolutions' work of the config `text` on records of `record` in batches of
+    /// `batch`.
+    fn work(text: &str, record: [usize; 3], batch: usize) -> ConvolutionWork {
+        let b = build_at(&with_synthetic_data(text, record), record, batch);
+        ConvolutionWork::of(&b.graph, &b.shapers, &b.shapes)
     }
 
     /// `gpu_layout = "auto"` with tf32 takes channels-last for ResNet-50 (all but its first
-    /// convolution read 64 or more channels), NCHW for cifar10_quick (3 and 32) and LeNet (1 and
-    /// 20); a net without convolutions is not wide.
+    /// convolution read 64 or more channels), NCHW for cifar10_quick (3 and 32), ResNet-20 (16
+    /// to 64) and LeNet (1 and 20); a net without convolutions is not wide. In bf16 and fp16
+    /// it also takes channels-last for the narrow nets' large steps, as measured:
+    /// cifar10_quick at batch 512 and ResNet-20 at 128, not cifar10_quick at 100 nor LeNet at
+    /// 64 (nor at 512).
     #[test]
-    fn auto_layout_goes_channels_last_for_resnet50_only() {
+    fn auto_layout_goes_channels_last_for_wide_or_large_steps() {
         // Embedded, so that the packaged test binary runs from any directory.
         let resnet50 = include_str!("../../../config/resnet50.toml");
+        let resnet20 = include_str!("../../../config/resnet20.toml");
         let cifar10_quick = include_str!("../../../config/cifar10_quick.toml");
         let lenet = include_str!("../../../config/lenet.toml");
         let quickstart = include_str!("../../../config/quickstart.toml");
-        assert!(wide(resnet50, [3, 224, 224]));
-        assert!(!wide(cifar10_quick, [3, 32, 32]));
-        assert!(!wide(lenet, [1, 28, 28]));
-        assert!(!wide(quickstart, [1, 28, 28]));
+        let cases = [
+            ("resnet50", resnet50, [3, 224, 224], 64, true, true),
+            ("resnet20", resnet20, [3, 32, 32], 128, false, true),
+            (
+                "cifar10_quick",
+                cifar10_quick,
+                [3, 32, 32],
+                512,
+                false,
+                true,
+            ),
+            (
+                "cifar10_quick",
+                cifar10_quick,
+                [3, 32, 32],
+                100,
+                false,
+                false,
+            ),
+            ("lenet", lenet, [1, 28, 28], 64, false, false),
+            ("lenet", lenet, [1, 28, 28], 512, false, false),
+            ("quickstart", quickstart, [1, 28, 28], 64, false, false),
+        ];
+        for (name, text, record, batch, tf32, half) in cases {
+            let w = work(text, record, batch);
+            let at = format!("{name} at batch {batch}: {w:?}");
+            let auto = |math| GpuLayout::Auto.channels_last(math, w.wide, w.macs);
+            assert_eq!(auto(MathMode::Tf32), tf32, "tf32, {at}");
+            assert_eq!(auto(MathMode::Bf16), half, "bf16, {at}");
+            assert_eq!(auto(MathMode::Fp16), half, "fp16, {at}");
+            assert!(!auto(MathMode::Fp32), "fp32, {at}");
+        }
+        // cifar10_quick's convolutions: 32·32·32·75 + 16·16·32·800 + 8·8·64·800 a sample.
+        let quick = work(cifar10_quick, [3, 32, 32], 100).macs;
+        assert_eq!(quick, 100.0 * (2_457_600.0 + 6_553_600.0 + 3_276_800.0));
+        assert_eq!(work(quickstart, [1, 28, 28], 64).macs, 0.0);
     }
 
     /// ResNet-50 in bf16, channels-last: every convolution, fused chain and pooling runs on

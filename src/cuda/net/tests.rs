@@ -7,6 +7,7 @@ use crate::backend::Cpu;
 use crate::config::{GpuLayout, MathMode};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::cuda::update::GpuSolver;
+use crate::layers::gradient_check::uniform_blob;
 use crate::layers::Ctx;
 use crate::solver::Solver;
 use crate::validate::load_str;
@@ -513,6 +514,40 @@ fn half_fused_chains_match_the_cpu_rounding() {
                 gpu.layout = layout;
                 cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, chains, BF16);
             }
+        }
+    }
+}
+
+/// A frozen BatchNorm (`use_global_stats = true` in training, as a fine-tune freezes one) in the
+/// fused bn1 → scale1 → relu1 chain, against the CPU over a few training steps: in FP32, and in
+/// bf16 and fp16 against the CPU's rounding, in both layouts. Its backward finds the ReLU's mask
+/// from the bottom and the running statistics (the top is not read), and the statistics do not
+/// move ([`freeze_statistics`] starts them away from zero).
+#[test]
+fn frozen_batch_norm_chain_trains_as_the_cpu() {
+    let name = concat!(
+        module_path!(),
+        "::frozen_batch_norm_chain_trains_as_the_cpu"
+    );
+    let bn1 = "name = \"bn1\"\ntype = \"batch_norm\"\n";
+    assert!(CNN_TOML.contains(bn1) && CNN_TOML.contains(CNN_RELU1));
+    let frozen = config_of(
+        "frozen_bn1.toml",
+        &CNN_TOML.replace(bn1, &format!("{bn1}use_global_stats = true\n")),
+    );
+    let chains = [(1, 3), relu_and_pool(&frozen, "relu2")];
+    let mut gpu = gpu_or_skip!("frozen_batch_norm_chain_trains_as_the_cpu");
+    cnn_steps_match_cpu(&mut gpu, &frozen, RECORD, &chains);
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        let mut cfg = frozen.clone();
+        cfg.cluster.math = math;
+        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+            gpu.layout = layout;
+            cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, &chains, BF16);
         }
     }
 }
@@ -1126,6 +1161,27 @@ fn cnn_steps_match_cpu(gpu: &mut Gpu, cfg: &Config, record: [usize; 3], fused: &
     }
 }
 
+/// Gives each BatchNorm of `cfg` that trains on its running statistics (`use_global_stats =
+/// true`) the statistics a fine-tune starts from: means in [−0.5, 0.5], variances in [0.5, 2]
+/// and the factor 1, where the zeros it is initialised with would normalise by √eps alone.
+fn freeze_statistics(cfg: &Config, params: &mut Params) {
+    for (layer, l) in cfg.layers.iter().enumerate() {
+        if l.use_global_stats != Some(true) {
+            continue;
+        }
+        for (i, span) in params.spans.iter().filter(|s| s.layer == layer).enumerate() {
+            // [mean (C), variance (C), factor (1)]
+            let seed = 870 + (layer * 3 + i) as u64;
+            let values = match i {
+                0 => uniform_blob(&[span.len], -0.5, 0.5, seed).data,
+                1 => uniform_blob(&[span.len], 0.5, 2.0, seed).data,
+                _ => vec![1.0; span.len],
+            };
+            params.data[span.range()].copy_from_slice(&values);
+        }
+    }
+}
+
 /// [`cnn_steps_match_cpu`] in the layout `gpu` is set to, compared at `tol`.
 fn cnn_steps_match_cpu_in(
     gpu: &Gpu,
@@ -1138,6 +1194,7 @@ fn cnn_steps_match_cpu_in(
     let cpu = Cpu::new(1);
     let (mut cpu_net, mut params) = Net::build(cfg, record, n).unwrap();
     Net::init_params(&mut params, cfg.solver.random_seed);
+    freeze_statistics(cfg, &mut params);
     let mut cpu_solver = Solver::new(&cfg.solver, params.len());
     let mut net = GpuNet::new(cfg, record, n, gpu).unwrap();
     assert_eq!(net.fused_chains(), fused);

@@ -88,8 +88,12 @@ impl ConvShape {
 }
 
 /// Whether cuDNN's graph API has an allowed execution plan for each direction of the
-/// convolution `shape` of `bottom` into `top` on half-type tensors: what the storage plan asks
-/// before it stores the convolution's blobs in the half type.
+/// convolution `shape` of `bottom` into `top` on half-type tensors, as
+/// [`HalfConvolution`]'s reshape will find them (among the first [`HALF_CANDIDATES`] allowed
+/// plans, one with its β = 1 twin, but for a forward that adds a bias): what the storage plan
+/// asks before it stores the convolution's blobs in the half type. The first allowed plan and
+/// its twin answer for most shapes; only where that twin does not build are the candidates
+/// built.
 pub fn plans_exist(
     gpu: &Gpu,
     shape: &ConvShape,
@@ -110,11 +114,19 @@ pub fn plans_exist(
     .into_iter()
     .all(|direction| {
         let conv = shape.conv(direction, described(bottom), described(top), half);
-        let found = graph::plans(dnn, &conv, 0.0, 1, accept);
-        if let Err(e) = &found {
-            tracing::debug!(?direction, ?bottom, bias = conv.bias, error = %e, "no half-type plan");
+        let first = graph::plans(dnn, &conv, 0.0, 1, accept).and_then(|plans| match conv.bias {
+            true => Ok(true),
+            false => Ok(plans[0].with_beta(dnn, &conv, 1.0)?.is_some()),
+        });
+        match first {
+            Ok(true) => true,
+            Ok(false) => !GraphRun::candidates(dnn, &conv, exact, HALF_CANDIDATES).is_empty(),
+            Err(e) => {
+                let bias = conv.bias;
+                tracing::debug!(?direction, ?bottom, bias, error = %e, "no half-type plan");
+                false
+            }
         }
-        found.is_ok()
     })
 }
 
