@@ -112,11 +112,20 @@ __device__ __forceinline__ int span_of(long long i, const long long* ends, int s
     return lo;
 }
 
+// Each rule reads its history of element i in load(i) (what it does not keep is left 0) and,
+// given it, moves the history and returns the new weight in operator(), so that the update can
+// issue several elements' reads before it computes any of them.
+struct History {
+    float a;
+    float b;
+};
+
 struct SgdRule {
     float momentum;
     float* v;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float next = momentum * v[i] + lr * grad;
+    __device__ History load(long long i) const { return {v[i], 0.0f}; }
+    __device__ float operator()(long long i, History h, float w, float grad, float lr) const {
+        const float next = momentum * h.a + lr * grad;
         v[i] = next;
         return w - next;
     }
@@ -125,8 +134,9 @@ struct SgdRule {
 struct NesterovRule {
     float momentum;
     float* v;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float prev = v[i];
+    __device__ History load(long long i) const { return {v[i], 0.0f}; }
+    __device__ float operator()(long long i, History h, float w, float grad, float lr) const {
+        const float prev = h.a;
         const float next = momentum * prev + lr * grad;
         v[i] = next;
         return w - ((1.0f + momentum) * next - momentum * prev);
@@ -136,8 +146,9 @@ struct NesterovRule {
 struct AdagradRule {
     float delta;
     float* h;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float hi = h[i] + grad * grad;
+    __device__ History load(long long i) const { return {h[i], 0.0f}; }
+    __device__ float operator()(long long i, History old, float w, float grad, float lr) const {
+        const float hi = old.a + grad * grad;
         h[i] = hi;
         return w - lr * grad / (sqrtf(hi) + delta);
     }
@@ -147,8 +158,9 @@ struct RmspropRule {
     float rho;
     float delta;
     float* h;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float hi = rho * h[i] + (1.0f - rho) * grad * grad;
+    __device__ History load(long long i) const { return {h[i], 0.0f}; }
+    __device__ float operator()(long long i, History old, float w, float grad, float lr) const {
+        const float hi = rho * old.a + (1.0f - rho) * grad * grad;
         h[i] = hi;
         return w - lr * grad / (sqrtf(hi) + delta);
     }
@@ -162,17 +174,19 @@ struct AdamRule {
     float correction;
     float* m;
     float* v;
-    // Moves the moments m[i], v[i] by grad and returns the step lr*correction*m/(sqrt(v) + eps).
-    __device__ float step(long long i, float grad, float lr) const {
+    __device__ History load(long long i) const { return {m[i], v[i]}; }
+    // Moves the moments m[i], v[i] (old: their values) by grad and returns the step
+    // lr*correction*m/(sqrt(v) + eps).
+    __device__ float step(long long i, History old, float grad, float lr) const {
         const float scaled = lr * correction;
-        const float mi = beta1 * m[i] + (1.0f - beta1) * grad;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+        const float mi = beta1 * old.a + (1.0f - beta1) * grad;
+        const float vi = beta2 * old.b + (1.0f - beta2) * grad * grad;
         m[i] = mi;
         v[i] = vi;
         return scaled * mi / (sqrtf(vi) + eps);
     }
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        return w - step(i, grad, lr);
+    __device__ float operator()(long long i, History old, float w, float grad, float lr) const {
+        return w - step(i, old, grad, lr);
     }
 };
 
@@ -183,11 +197,12 @@ struct AdadeltaRule {
     float delta;
     float* h;
     float* u;
-    __device__ float operator()(long long i, float w, float grad, float lr) const {
-        const float hi = rho * h[i] + (1.0f - rho) * grad * grad;
+    __device__ History load(long long i) const { return {h[i], u[i]}; }
+    __device__ float operator()(long long i, History old, float w, float grad, float lr) const {
+        const float hi = rho * old.a + (1.0f - rho) * grad * grad;
         h[i] = hi;
-        const float step = grad * sqrtf(u[i] + delta) / sqrtf(hi + delta);
-        u[i] = rho * u[i] + (1.0f - rho) * step * step;
+        const float step = grad * sqrtf(old.b + delta) / sqrtf(hi + delta);
+        u[i] = rho * old.b + (1.0f - rho) * step * step;
         return w - lr * step;
     }
 };
@@ -196,8 +211,10 @@ struct AdadeltaRule {
 // shrink = lr * weight_decay * decay_mult * r(w) with w taken before the step.
 struct AdamwRule {
     AdamRule adam;
-    __device__ float operator()(long long i, float w, float grad, float lr, float shrink) const {
-        return w - (shrink + adam.step(i, grad, lr));
+    __device__ History load(long long i) const { return adam.load(i); }
+    __device__ float operator()(long long i, History old, float w, float grad, float lr,
+                                float shrink) const {
+        return w - (shrink + adam.step(i, old, grad, lr));
     }
 };
 
@@ -214,6 +231,10 @@ template <> struct DecoupledDecay<AdamwRule> { static constexpr bool value = tru
 #define WEIGHT_ROUNDED 1
 #define WEIGHT_HALF 2
 
+// How many of a thread's elements the update reads before it computes them: the loads of all
+// of them are in flight together (the update streams three to five arrays).
+#define UPDATE_ELEMENTS_IN_FLIGHT 4
+
 template <typename Rule>
 __device__ void update(const Rule& rule, float* w, float* g, const unsigned short* sum,
                        float sum_scale, long long start, long long end, const long long* ends,
@@ -226,30 +247,49 @@ __device__ void update(const Rule& rule, float* w, float* g, const unsigned shor
     const float sc = scale[0];
     if (isnan(sc)) return;  // a step refused for a non-finite gradient
     int s = span_of(i, ends, spans);
-    for (; i < end; i += stride) {
-        while (i >= ends[s]) ++s;
+    // What element k streams in: its weight, its raw gradient and its history.
+    struct In {
+        float w;
+        float g;
+        History h;
+    };
+    const auto load = [&](long long k) {
+        const float gk = sum ? __uint_as_float((unsigned int)sum[k] << 16) * sum_scale : g[k];
+        return In{w[k], gk, rule.load(k)};
+    };
+    // Element k from its inputs, k ascending from call to call.
+    const auto apply = [&](long long k, In in) {
+        while (k >= ends[s]) ++s;
         const float lr_s = lr * lr_mult[s];
         const float decay_s = weight_decay * decay_mult[s];
-        const float wi = w[i];
+        const float wi = in.w;
         const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
-        const float gi = sum ? __uint_as_float((unsigned int)sum[i] << 16) * sum_scale : g[i];
         float next;
         if constexpr (DecoupledDecay<Rule>::value) {
-            const float grad = sc * gi;
-            g[i] = grad;
-            next = rule(i, wi, grad, lr_s, lr_s * decay_s * r);
+            const float grad = sc * in.g;
+            g[k] = grad;
+            next = rule(k, in.h, wi, grad, lr_s, lr_s * decay_s * r);
         } else {
-            const float grad = sc * gi + decay_s * r;
-            g[i] = grad;
-            next = rule(i, wi, grad, lr_s);
+            const float grad = sc * in.g + decay_s * r;
+            g[k] = grad;
+            next = rule(k, in.h, wi, grad, lr_s);
         }
-        w[i] = next;
+        w[k] = next;
         if (copy_kind) {
             const int kind = copy_kind[s];
-            if (kind == WEIGHT_ROUNDED) rounded[i] = round_to_half(next, fp16);
-            else if (kind == WEIGHT_HALF) half[i] = half_bits(next, fp16);
+            if (kind == WEIGHT_ROUNDED) rounded[k] = round_to_half(next, fp16);
+            else if (kind == WEIGHT_HALF) half[k] = half_bits(next, fp16);
         }
+    };
+    constexpr int K = UPDATE_ELEMENTS_IN_FLIGHT;
+    for (; i + (K - 1) * stride < end; i += K * stride) {
+        In in[K];
+#pragma unroll
+        for (int u = 0; u < K; ++u) in[u] = load(i + u * stride);
+#pragma unroll
+        for (int u = 0; u < K; ++u) apply(i + u * stride, in[u]);
     }
+    for (; i < end; i += stride) apply(i, load(i));
 }
 
 #define UPDATE_PARAMS                                                                       \

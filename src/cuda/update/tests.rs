@@ -75,8 +75,20 @@ fn gradient(rng: &mut ChaCha8Rng, p: &Params, scale: f32) -> Vec<f32> {
 /// to the same random gradient (times `grad_scale`) before each, and compares the learning
 /// rates, the weights, the effective gradients and the history after every step.
 fn compare(gpu: &Gpu, cfg: &SolverConfig, steps: u64, grad_scale: f32, seed: u64) {
+    compare_on(gpu, TENSORS, cfg, steps, grad_scale, seed);
+}
+
+/// [`compare`] on parameters of the tensors `tensors` (`(len, lr_mult, decay_mult)`).
+fn compare_on(
+    gpu: &Gpu,
+    tensors: &[(usize, f32, f32)],
+    cfg: &SolverConfig,
+    steps: u64,
+    grad_scale: f32,
+    seed: u64,
+) {
     let cpu = Cpu::default();
-    let mut host = params(TENSORS, seed);
+    let mut host = params(tensors, seed);
     let n = host.len();
     let mut cpu_solver = Solver::new(cfg, n);
     let mut dev = GpuParams::from_host(gpu, &host).unwrap();
@@ -182,6 +194,30 @@ fn every_rule_matches_cpu_under_cosine_with_warmup() {
         c.warmup_iter = 3;
         c.max_iter = 5;
         compare(&gpu, &c, 6, 1.0, 760 + i as u64);
+    }
+}
+
+/// Beyond four waves of threads the update reads four of a thread's elements before it
+/// computes them (`UPDATE_ELEMENTS_IN_FLIGHT` in `solver.cu`), then takes the rest one at a
+/// time: every rule still matches the CPU, over tensors whose boundaries fall inside a group of
+/// four and in the tail, with both decays.
+#[test]
+fn every_rule_matches_cpu_beyond_four_waves() {
+    let gpu = gpu_or_skip!("every_rule_matches_cpu_beyond_four_waves");
+    let wave = gpu.kernels.wave_threads();
+    let tensors = [
+        (4 * wave + 1001, 1.0, 1.0),
+        (37, 2.0, 0.0),
+        (wave / 2 + 3, 0.5, 1.0),
+        (3 * wave + 7, 1.0, 2.5),
+    ];
+    for (i, rule) in RULES.into_iter().enumerate() {
+        let mut c = rule_cfg(rule);
+        c.weight_decay = 5e-3;
+        if i % 2 == 1 {
+            c.regularization_type = Regularization::L1;
+        }
+        compare_on(&gpu, &tensors, &c, 3, 1.0, 780 + i as u64);
     }
 }
 
