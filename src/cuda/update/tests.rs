@@ -53,12 +53,15 @@ fn zero_gaps(spans: &[ParamSpan], buf: &mut [f32]) {
 }
 
 /// Several tensors with distinct multipliers, one large enough that every thread of the
-/// update kernel walks several elements and crosses tensor boundaries.
+/// update kernel walks several elements and crosses tensor boundaries, and that a whole update
+/// takes four of a thread's elements at a time before its tail (beyond four waves of threads on
+/// a GPU of up to 160 SMs; [`every_rule_matches_cpu_beyond_four_waves`] sizes its tensors by
+/// the device).
 const TENSORS: &[(usize, f32, f32)] = &[
     (1000, 1.0, 1.0),
     (37, 2.0, 0.0),
     (0, 3.0, 3.0),
-    (700_001, 0.5, 1.0),
+    (1_400_001, 0.5, 1.0),
     (5, 1.0, 2.5),
 ];
 
