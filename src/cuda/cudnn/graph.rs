@@ -114,21 +114,23 @@ impl Descriptor {
         }
     }
 
+    /// Sets attribute `name` to the one value `value` of type `ty`.
+    ///
+    /// # Safety
+    /// `T` must be the C type that `ty` names.
+    unsafe fn set_one<T>(&self, name: Attr, ty: Ty, value: T) -> Result<()> {
+        // SAFETY: the caller's contract: one element of ty's C type.
+        unsafe { self.set(name, ty, 1, (&value as *const T).cast()) }
+    }
+
     fn set_data_type(&self, name: Attr, value: cudnnDataType_t) -> Result<()> {
-        // SAFETY: one cudnnDataType_t.
-        unsafe {
-            self.set(
-                name,
-                Ty::CUDNN_TYPE_DATA_TYPE,
-                1,
-                (&value as *const cudnnDataType_t).cast(),
-            )
-        }
+        // SAFETY: a cudnnDataType_t.
+        unsafe { self.set_one(name, Ty::CUDNN_TYPE_DATA_TYPE, value) }
     }
 
     fn set_f32(&self, name: Attr, value: f32) -> Result<()> {
-        // SAFETY: one float.
-        unsafe { self.set(name, Ty::CUDNN_TYPE_FLOAT, 1, (&value as *const f32).cast()) }
+        // SAFETY: a float.
+        unsafe { self.set_one(name, Ty::CUDNN_TYPE_FLOAT, value) }
     }
 
     fn set_descriptors(&self, name: Attr, values: &[&Descriptor]) -> Result<()> {
@@ -145,16 +147,8 @@ impl Descriptor {
     }
 
     fn set_handle(&self, name: Attr, dnn: &Cudnn) -> Result<()> {
-        let handle = dnn.raw;
-        // SAFETY: one live cudnnHandle_t.
-        unsafe {
-            self.set(
-                name,
-                Ty::CUDNN_TYPE_HANDLE,
-                1,
-                (&handle as *const sys::cudnnHandle_t).cast(),
-            )
-        }
+        // SAFETY: a live cudnnHandle_t.
+        unsafe { self.set_one(name, Ty::CUDNN_TYPE_HANDLE, dnn.raw) }
     }
 
     fn finalize(&self, what: &str) -> Result<()> {
@@ -275,16 +269,14 @@ fn tensor_in(
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
     if virtual_ {
-        let yes = true;
-        // SAFETY: one C `bool`.
+        // SAFETY: a C `bool`.
         unsafe {
-            t.set(
+            t.set_one(
                 Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
                 Ty::CUDNN_TYPE_BOOLEAN,
-                1,
-                (&yes as *const bool).cast(),
-            )?;
-        }
+                true,
+            )?
+        };
     }
     t.finalize("tensor")?;
     Ok(t)
@@ -303,15 +295,14 @@ fn bias_addition(sum: &Descriptor, bias: &Descriptor, y: &Descriptor) -> Result<
     use Attr::*;
     let add = Descriptor::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
     let mode = sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD;
-    // SAFETY: one cudnnPointwiseMode_t.
+    // SAFETY: a cudnnPointwiseMode_t.
     unsafe {
-        add.set(
+        add.set_one(
             CUDNN_ATTR_POINTWISE_MODE,
             Ty::CUDNN_TYPE_POINTWISE_MODE,
-            1,
-            (&mode as *const sys::cudnnPointwiseMode_t).cast(),
-        )?;
-    }
+            mode,
+        )?
+    };
     add.set_data_type(
         CUDNN_ATTR_POINTWISE_MATH_PREC,
         cudnnDataType_t::CUDNN_DATA_FLOAT,
@@ -369,15 +360,12 @@ fn operation_graph_biased_in(
         cudnnDataType_t::CUDNN_DATA_FLOAT,
     )?;
     let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
-    // SAFETY: one cudnnConvolutionMode_t.
-    unsafe {
-        desc.set(
-            Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
-            Ty::CUDNN_TYPE_CONVOLUTION_MODE,
-            1,
-            (&mode as *const sys::cudnnConvolutionMode_t).cast(),
-        )?;
-    }
+    let (attr, ty) = (
+        Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+        Ty::CUDNN_TYPE_CONVOLUTION_MODE,
+    );
+    // SAFETY: a cudnnConvolutionMode_t.
+    unsafe { desc.set_one(attr, ty, mode)? };
     let geometry = conv.geometry;
     let pair = |v: [usize; 2]| [v[0] as i64, v[1] as i64];
     desc.set_i64s(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
@@ -656,15 +644,8 @@ fn configurations(
     use Attr::*;
     let heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_descriptors(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
-    // SAFETY: one cudnnBackendHeurMode_t.
-    unsafe {
-        heur.set(
-            CUDNN_ATTR_ENGINEHEUR_MODE,
-            Ty::CUDNN_TYPE_HEUR_MODE,
-            1,
-            (&mode as *const sys::cudnnBackendHeurMode_t).cast(),
-        )?;
-    }
+    // SAFETY: a cudnnBackendHeurMode_t.
+    unsafe { heur.set_one(CUDNN_ATTR_ENGINEHEUR_MODE, Ty::CUDNN_TYPE_HEUR_MODE, mode)? };
     heur.finalize("engine heuristics")?;
     descriptors_of(
         &heur,
@@ -675,8 +656,9 @@ fn configurations(
 }
 
 /// What cuDNN offers for the forward `conv` with its bias (`survey`): per bias element type
-/// (FP32, and `y`'s, which [`operation_graph`] takes) and heuristics mode (A, B, fallback), whether the graph finalises, how many
-/// configurations the heuristics give, and the engines whose plans finalise here.
+/// (FP32, and `y`'s, which [`operation_graph`] takes) and heuristics mode (A, B, fallback),
+/// whether the graph finalises, how many configurations the heuristics give, and the engines
+/// whose plans finalise here.
 #[cfg(test)]
 pub(super) fn biased_forward_offers(dnn: &Cudnn, conv: &Conv) -> Vec<String> {
     use sys::cudnnBackendHeurMode_t as Mode;
@@ -737,15 +719,9 @@ impl Plan {
             .iter()
             .map(|&(knob, value)| {
                 let choice = Descriptor::new(Kind::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)?;
-                // SAFETY: one knob type, as the C enum's integer cuDNN gave.
-                unsafe {
-                    choice.set(
-                        CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
-                        Ty::CUDNN_TYPE_KNOB_TYPE,
-                        1,
-                        (&knob as *const i32).cast(),
-                    )?;
-                }
+                let (attr, ty) = (CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, Ty::CUDNN_TYPE_KNOB_TYPE);
+                // SAFETY: a knob type, as the C enum's integer cuDNN gave.
+                unsafe { choice.set_one(attr, ty, knob)? };
                 choice.set_i64s(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, &[value])?;
                 choice.finalize("knob choice")?;
                 Ok(choice)
@@ -795,11 +771,10 @@ impl VariantPack {
                 ptrs.len(),
                 ptrs.as_ptr().cast(),
             )?;
-            pack.set(
+            pack.set_one(
                 Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
                 Ty::CUDNN_TYPE_VOID_PTR,
-                1,
-                (&ws as *const *mut c_void).cast(),
+                ws,
             )?;
         }
         pack.finalize("variant pack")?;

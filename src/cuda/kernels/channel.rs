@@ -350,13 +350,7 @@ mod tests {
                 let values: Vec<f32> = (0..n)
                     .map(|_| half.round(rng.gen_range(-3.0f32..3.0)))
                     .collect();
-                let bits: Vec<u16> = values
-                    .iter()
-                    .map(|&v| match half {
-                        Half::Bf16 => half::bf16::from_f32(v).to_bits(),
-                        Half::Fp16 => half::f16::from_f32(v).to_bits(),
-                    })
-                    .collect();
+                let bits: Vec<u16> = values.iter().map(|&v| half.bits(v)).collect();
                 let (x, h) = (s.clone_htod(&values).unwrap(), s.clone_htod(&bits).unwrap());
                 let start: Vec<f32> = (0..dims.1).map(|d| d as f32 * 0.25 - 1.0).collect();
                 for accumulate in [false, true] {

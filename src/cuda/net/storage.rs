@@ -245,8 +245,9 @@ impl StoragePlan {
 }
 
 /// Whether layer `i` of `graph` (run as `slots` say) can run on half-type blobs: an ungrouped
-/// convolution, where `convolutions` (cuDNN's graph API, which takes half-type tensors); the head of a fused BatchNorm → Scale (→ ReLU) or residual sum → ReLU chain; a
-/// pooling, alone or fused with a ReLU. Never a layer with a loss weight or reported tops.
+/// convolution, where `convolutions` (cuDNN's graph API, which takes half-type tensors); the
+/// head of a fused BatchNorm → Scale (→ ReLU) or residual sum → ReLU chain; a pooling, alone or
+/// fused with a ReLU. Never a layer with a loss weight or reported tops.
 pub fn runs_on_half_blobs(graph: &Net, slots: &[Slot], i: usize, convolutions: bool) -> bool {
     let node = graph.node(i);
     if node.loss_weight != 0.0 || node.reports_output || node.is_loss {

@@ -507,9 +507,7 @@ fn half_fused_chains_match_the_cpu_rounding() {
             return;
         };
         for (cfg, chains) in &cases {
-            let mut cfg = (*cfg).clone();
-            cfg.cluster.math = math;
-            cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+            let cfg = in_half_type(cfg, math);
             for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
                 gpu.layout = layout;
                 cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, chains, BF16);
@@ -538,16 +536,31 @@ fn frozen_batch_norm_chain_trains_as_the_cpu() {
     let chains = [(1, 3), relu_and_pool(&frozen, "relu2")];
     let mut gpu = gpu_or_skip!("frozen_batch_norm_chain_trains_as_the_cpu");
     cnn_steps_match_cpu(&mut gpu, &frozen, RECORD, &chains);
+    half_steps_match_the_cpu_rounding(name, &frozen, &chains);
+}
+
+/// `cfg` in the half-type `math` at a loss scale of 1: fp16 scales the loss by default, and the
+/// CPU net is driven here without its engine, which scales, so both sides run unscaled
+/// (crate::cuda::update's tests check the scaling).
+fn in_half_type(cfg: &Config, math: MathMode) -> Config {
+    let mut cfg = cfg.clone();
+    cfg.cluster.math = math;
+    cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+    cfg
+}
+
+/// `cfg` in bf16 and fp16 ([`in_half_type`]) against the CPU's rounding over a few training
+/// steps, in both layouts, with the chains `fused` ([`cnn_steps_match_cpu_in`]); the test
+/// `name` skips (loudly) without a GPU.
+fn half_steps_match_the_cpu_rounding(name: &str, cfg: &Config, fused: &[(usize, usize)]) {
     for math in [MathMode::Bf16, MathMode::Fp16] {
         let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
             return;
         };
-        let mut cfg = frozen.clone();
-        cfg.cluster.math = math;
-        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        let cfg = in_half_type(cfg, math);
         for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
             gpu.layout = layout;
-            cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, &chains, BF16);
+            cnn_steps_match_cpu_in(&gpu, &cfg, RECORD, fused, BF16);
         }
     }
 }
@@ -566,9 +579,7 @@ fn trains_on_half_blobs_as_the_cpu(
         let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
             return;
         };
-        let mut cfg = config_of(file, text);
-        cfg.cluster.math = math;
-        cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+        let cfg = in_half_type(&config_of(file, text), math);
         let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
         let chains: Vec<(usize, usize)> = chains.iter().map(|&(a, b)| (at(a), at(b))).collect();
         for &(layout, want) in expected {
@@ -737,11 +748,7 @@ fn half_cnn_training_steps_match_the_cpu_rounding(math: MathMode) {
     let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(&name, math) else {
         return;
     };
-    let mut cfg = cnn_config();
-    cfg.cluster.math = math;
-    // fp16 scales the loss by default; the CPU net here is driven without its engine, which
-    // scales, so both run at a scale of 1 (crate::cuda::update's tests check the scaling).
-    cfg.cluster.loss_scale = Some(crate::config::LossScale::Fixed(1.0));
+    let cfg = in_half_type(&cnn_config(), math);
     let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
     let ip = at("ip1");
     // ip1 (144 → 10) is too narrow for half-type operands to pay

@@ -159,7 +159,8 @@ impl GraphRun {
                 });
             }
             let engines: Vec<i64> = runs.iter().map(|run| run.overwrite.engine).collect();
-            tracing::debug!(direction = ?conv.direction, bias = conv.bias, ?engines, "execution plans to time");
+            let (direction, bias) = (conv.direction, conv.bias);
+            tracing::debug!(?direction, bias, ?engines, "execution plans to time");
             Ok(runs)
         });
         found.unwrap_or_else(|e| {
