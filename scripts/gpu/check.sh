@@ -8,7 +8,8 @@
 # scripts/gpu/package.sh. Correctness first — the CUDA unit tests (every GPU layer and update rule
 # against the CPU one; none may skip here), the topology equivalence on GPUs (np 2 × 1 GPU,
 # np 1 × 2 GPUs, np 1 × 1 GPU with twice the batch; on 4 GPUs also np 4 × 1, 2 × 2 and 1 × 4 against
-# np 1 × 1 with four times the batch), all reduce modes, the bf16 gradient wire against the CPU's
+# np 1 × 1 with four times the batch), all reduce modes, the update behind the backward against
+# the whole gradient's after it (np 1 in FP32 and bf16, np 2, bit for bit), the bf16 gradient wire against the CPU's
 # and across layouts (NCCL's and the copy engines'), CPU–GPU agreement of a whole training run (FP32, and bf16 and fp16 math
 # against the CPU's rounding, fp16's overflow steps skipped as on the CPU), a GPU timeline's layer and bucket
 # spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
@@ -67,19 +68,32 @@ must_differ() {
 mkdir -p "$OUT/runs"
 train gpu_1x1_b32 1 1 32 cuda
 train cpu_1x1_b32 1 1 32 cpu
+# The update behind the backward, bucket by bucket on a stream of its own, is the update of the
+# whole gradient after the backward (which `non_finite = "skip"` keeps): the same bits, alone and
+# in bf16 math (whose copies of the weights the parts write).
+train gpu_1x1_b32_whole 1 1 32 cuda 'solver.non_finite="skip"'
+train gpu_1x1_b32_bf16 1 1 32 cuda 'cluster.math="bf16"'
+train gpu_1x1_b32_bf16_whole 1 1 32 cuda 'cluster.math="bf16"' 'solver.non_finite="skip"'
+for pair in "gpu_1x1_b32 gpu_1x1_b32_whole" "gpu_1x1_b32_bf16 gpu_1x1_b32_bf16_whole"; do
+  read -r behind whole <<<"$pair"
+  $CMP "$(snap "$behind")" "$(snap "$whole")" --tol 0 \
+    --label "$behind (update behind the backward) vs $whole, bit for bit" \
+    | tee -a "$OUT/summary.txt" || fail "$behind differs from the whole update"
+done
 if two_gpus "topology equivalence and reduce modes"; then
   train gpu_2x1_b16 2 1 16 cuda
   train gpu_1x2_b16 1 2 16 cuda
   train gpu_2x1_b16_flat 2 1 16 cuda 'cluster.reduce="flat"'
   train gpu_2x1_b16_layerwise 2 1 16 cuda 'cluster.reduce="layerwise"'
   train gpu_2x1_b16_tiny_buckets 2 1 16 cuda 'cluster.bucket_mb=0.001'
+  train gpu_2x1_b16_whole 2 1 16 cuda 'solver.non_finite="skip"'
   for other in gpu_2x1_b16 gpu_1x2_b16 gpu_2x1_b16_flat gpu_2x1_b16_layerwise gpu_2x1_b16_tiny_buckets; do
     $CMP "$(snap gpu_1x1_b32)" "$(snap $other)" --tol 2e-4 --label "$other vs gpu_1x1_b32" | tee -a "$OUT/summary.txt" \
       || fail "$other differs"
   done
   # Two replicas add in one order whatever the buckets, and the update bucket by bucket (several
   # buckets) is the update of the whole gradient (one bucket): the same bits.
-  for other in gpu_2x1_b16_layerwise gpu_2x1_b16_tiny_buckets; do
+  for other in gpu_2x1_b16_layerwise gpu_2x1_b16_tiny_buckets gpu_2x1_b16_whole; do
     $CMP "$(snap gpu_2x1_b16)" "$(snap $other)" --tol 0 --label "$other vs gpu_2x1_b16, bit for bit" \
       | tee -a "$OUT/summary.txt" || fail "$other differs from one bucket"
   done

@@ -258,7 +258,7 @@ pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
 pub use normalization::{BatchStats, StatsSource};
 pub use pooling::PoolGeom;
-pub use solver::{LossScaleArgs, Rule, UpdateArgs, WeightCopies, WeightCopy, WireSum};
+pub use solver::{LeanCheck, LossScaleArgs, Rule, UpdateArgs, WeightCopies, WeightCopy, WireSum};
 
 impl Kernels {
     /// Compiles [`SOURCE`] for the device of `ctx` (once per process and compute capability)

@@ -48,7 +48,7 @@
 //! let pass = PassCtx { phase: Phase::Train, iter: 0, first_sample: 0 };
 //! net.forward(&gpu, pass, None)?;
 //! net.add_loss_to_slot(&gpu, 0, true)?;
-//! net.backward(&gpu, None, &mut |_layer, _diff| {})?;
+//! net.backward(&gpu, None, &mut |_layer, _params| {})?;
 //! let window = net.loss_window(&gpu)?; // synchronises
 //! # Ok(()) }
 //! ```
@@ -312,6 +312,32 @@ impl Drop for Staging {
     /// Pinned memory must outlive the copy reading it.
     fn drop(&mut self) {
         let _ = self.copied.synchronize();
+    }
+}
+
+/// The parameters with what an update step of them needs besides: mixed precision's copies of
+/// the weights and the loss scale ([`GpuNet::backward`]'s callback, [`GpuNet::update_weights`]).
+pub struct Updatable<'a> {
+    pub params: &'a mut GpuParams,
+    rounding: Option<&'a mut HalfRounding>,
+    loss_scale: Option<&'a mut DeviceLossScale>,
+}
+
+impl Updatable<'_> {
+    /// The parameters, the copies of the weights for the update to write (in mixed precision,
+    /// where `with_copies`: [`GpuNet::copies_current`] held before the update's first part), and
+    /// the loss scale.
+    pub fn parts(
+        &mut self,
+        with_copies: bool,
+    ) -> (
+        &mut GpuParams,
+        Option<WeightCopies<'_>>,
+        Option<&mut DeviceLossScale>,
+    ) {
+        let rounding = self.rounding.as_deref_mut().filter(|_| with_copies);
+        let copies = rounding.map(|r| r.copies());
+        (self.params, copies, self.loss_scale.as_deref_mut())
     }
 }
 
@@ -921,14 +947,39 @@ impl GpuNet {
             Option<&mut DeviceLossScale>,
         ) -> Result<T>,
     ) -> Result<T> {
-        let params = &mut self.params;
-        let rounding = self.rounding.as_mut();
-        let Some(r) = rounding.filter(|r| r.copies_current(params)) else {
-            return update(params, None, self.loss_scale.as_mut());
-        };
-        let out = update(params, Some(r.copies()), self.loss_scale.as_mut())?;
-        r.mark_copied(params);
+        let current = self.copies_current();
+        let mut updatable = self.updatable();
+        let (params, copies, loss_scale) = updatable.parts(current);
+        let out = update(params, copies, loss_scale)?;
+        if current {
+            self.mark_copied();
+        }
         Ok(out)
+    }
+
+    /// Whether mixed precision's copies of the weights hold the master weights as they are (an
+    /// update that starts from here may write them from the new weights: [`Updatable::parts`]).
+    /// False in FP32 and TF32, which keep no copies.
+    pub fn copies_current(&self) -> bool {
+        let rounding = self.rounding.as_ref();
+        rounding.is_some_and(|r| r.copies_current(&self.params))
+    }
+
+    /// Records that the copies of the weights hold the master weights: after an update that
+    /// started where [`GpuNet::copies_current`] held and wrote them with the new weights.
+    pub fn mark_copied(&mut self) {
+        if let Some(r) = &mut self.rounding {
+            r.mark_copied(&self.params);
+        }
+    }
+
+    /// The parameters with what an update of them needs.
+    pub fn updatable(&mut self) -> Updatable<'_> {
+        Updatable {
+            params: &mut self.params,
+            rounding: self.rounding.as_mut(),
+            loss_scale: self.loss_scale.as_mut(),
+        }
     }
 
     /// `(1)`: the sum over the last forward's loss layers of `loss_weight · loss`, on the device.
@@ -979,14 +1030,15 @@ impl GpuNet {
     }
 
     /// Runs backward through the layers of the last forward's phase in reverse order,
-    /// accumulating into `params.diff`. `on_layer_done(i)` is called right after layer `i`'s
-    /// backward is enqueued (an event recorded on the compute stream there marks its parameter
-    /// gradients complete). `collective` as in [`GpuNet::forward`].
+    /// accumulating into `params.diff`. `on_layer_done(i, params)` is called right after layer
+    /// `i`'s backward is enqueued (an event recorded on the compute stream there marks its
+    /// parameter gradients complete, and no later layer of the backward reads its weights), with
+    /// the parameters and what an update of them needs. `collective` as in [`GpuNet::forward`].
     pub fn backward(
         &mut self,
         gpu: &Gpu,
         collective: Option<Collective<'_>>,
-        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
+        on_layer_done: &mut dyn FnMut(usize, &mut Updatable<'_>),
     ) -> Result<()> {
         self.run_backward(gpu, Grad::Accumulate, collective, on_layer_done)
     }
@@ -1000,7 +1052,7 @@ impl GpuNet {
         &mut self,
         gpu: &Gpu,
         collective: Option<Collective<'_>>,
-        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
+        on_layer_done: &mut dyn FnMut(usize, &mut Updatable<'_>),
     ) -> Result<()> {
         self.run_backward(gpu, Grad::Overwrite, collective, on_layer_done)
     }
@@ -1010,7 +1062,7 @@ impl GpuNet {
         gpu: &Gpu,
         param_grad: Grad,
         collective: Option<Collective<'_>>,
-        on_layer_done: &mut dyn FnMut(usize, &mut CudaSlice<f32>),
+        on_layer_done: &mut dyn FnMut(usize, &mut Updatable<'_>),
     ) -> Result<()> {
         self.check_gpu(gpu);
         gpu.bind()?;
@@ -1116,7 +1168,12 @@ impl GpuNet {
                 })?;
             }
             if node.needs_backward {
-                on_layer_done(i, &mut self.params.diff);
+                let mut updatable = Updatable {
+                    params: &mut self.params,
+                    rounding: self.rounding.as_mut(),
+                    loss_scale: self.loss_scale.as_mut(),
+                };
+                on_layer_done(i, &mut updatable);
             }
         }
         Ok(())

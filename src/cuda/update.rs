@@ -13,20 +13,22 @@
 //! `decay_mult` sit in small device tables built once, so one launch updates every tensor.
 //!
 //! Where the result cannot differ ([`GpuSolver::updates_by_part`]), the engine updates the
-//! gradient bucket by bucket ([`GpuSolver::apply_part`]): each bucket's three kernels run as soon
-//! as its all-reduce is done, while the next bucket is still on the wire.
+//! gradient bucket by bucket ([`GpuSolver::apply_part`]): each bucket as soon as its all-reduce
+//! is done, while the next buckets are still on the wire, or, for a replica alone, on a stream of
+//! its own beside the backward of the layers below it. Those parts are lean ([`Part`]): the update kernel reads each gradient
+//! element once and judges it itself, and the effective gradient is not stored back.
 
 use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
 use super::{gpu_error, Gpu};
 use crate::config::{NonFiniteMode, Regularization, SolverConfig, SolverType};
-use crate::cuda::kernels::{Rule, UpdateArgs, WeightCopies, WireSum};
+use crate::cuda::kernels::{LeanCheck, Rule, UpdateArgs, WeightCopies, WireSum};
 use crate::error::{Error, Result};
 use crate::params::ParamSpan;
 use crate::solver::loss_scale::{LossScaler, Rule as LossScaleRule};
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::solver::{learning_rate, Solver};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 
 /// The update rule of one replica with its history on the device; see the module docs.
@@ -196,8 +198,9 @@ impl GpuSolver {
             later: false,
             sum: None,
             copies,
+            lean: false,
         };
-        self.apply_part(gpu, iter, params, whole, loss_scale)
+        self.apply_part(gpu, &gpu.compute, iter, params, whole, loss_scale)
     }
 
     /// Whether the update may run bucket by bucket ([`GpuSolver::apply_part`]), each part as
@@ -209,12 +212,14 @@ impl GpuSolver {
         updates_by_part(&self.cfg, loss_scale.map(|ls| ls.rule))
     }
 
-    /// The update of iteration `iter` over the elements `part.range` of the flat buffers: judged
-    /// and applied as [`GpuSolver::apply_scaled`] does the whole gradient, where
-    /// [`GpuSolver::updates_by_part`] allows it (see [`Part`]).
+    /// The update of iteration `iter` over the elements `part.range` of the flat buffers, on
+    /// stream `s`: judged and applied as [`GpuSolver::apply_scaled`] does the whole gradient,
+    /// where [`GpuSolver::updates_by_part`] allows it (see [`Part`]). The parts of one solver
+    /// share its scratch: they must run in order on one stream.
     pub fn apply_part(
         &mut self,
         gpu: &Gpu,
+        s: &CudaStream,
         iter: u64,
         params: &mut GpuParams,
         part: Part<'_>,
@@ -225,7 +230,12 @@ impl GpuSolver {
             later,
             sum,
             copies,
+            lean,
         } = part;
+        assert!(
+            !lean || self.updates_by_part(loss_scale.as_deref()),
+            "GpuSolver: a lean part under a rule that does not update by parts"
+        );
         assert_eq!(
             params.len(),
             self.n,
@@ -239,19 +249,36 @@ impl GpuSolver {
             return Ok(lr);
         }
         gpu.bind()?;
-        let (k, s) = (&gpu.kernels, &gpu.compute);
+        let k = &gpu.kernels;
         let n = self.n;
 
-        // Steps 1 and 2: the factor on the raw diff, on the device (NaN for a refused step).
+        // Steps 1 and 2: the factor on the raw diff, on the device (NaN for a refused step). A
+        // lean part sums the squares of its first element only, where a non-finite loss puts its
+        // NaN in the first part (`Part`), and none in a later part: the update judges each
+        // element itself.
         let normalise = 1.0 / cfg.iter_size.max(1) as f64;
-        let parts = k.sumsq_parts(range.len());
+        let judged = match (lean, later) {
+            (false, _) => range.clone(),
+            (true, false) => range.start..range.start + 1,
+            (true, true) => range.start..range.start,
+        };
+        let parts = match judged.is_empty() {
+            true => 0,
+            false => k.sumsq_parts(judged.len()),
+        };
         let partials = &mut self.partials.slice_mut(..parts);
         match sum {
+            _ if parts == 0 => {}
             Some(w) => {
-                let bits = &w.bits.slice(range.clone());
-                k.sumsq_partial_bf16(s, bits, w.scale, range.len(), partials)?
+                let bits = &w.bits.slice(judged.clone());
+                k.sumsq_partial_bf16(s, bits, w.scale, judged.len(), partials)?
             }
-            None => k.sumsq_partial(s, &params.diff.slice(range.clone()), range.len(), partials)?,
+            None => k.sumsq_partial(
+                s,
+                &params.diff.slice(judged.clone()),
+                judged.len(),
+                partials,
+            )?,
         }
         k.clip_scale(
             s,
@@ -284,6 +311,10 @@ impl GpuSolver {
             weight_decay: cfg.weight_decay,
             l1: cfg.regularization_type == Regularization::L1,
             copies,
+            lean: lean.then_some(LeanCheck {
+                steps: &mut self.steps,
+                iter,
+            }),
         };
         let (h0, h1) = match self.history.as_mut_slice() {
             [a] => (a, None),
@@ -339,17 +370,26 @@ pub fn updates_by_part(cfg: &SolverConfig, loss_scale: Option<LossScaleRule>) ->
 /// One part of an iteration's update ([`GpuSolver::apply_part`]): the elements `range`, whether
 /// it is `later` than the iteration's first part, where its raw gradient is: in the
 /// gradient buffer, or still in the bfloat16 wire's `sum`, widened and averaged as it is read,
-/// and mixed precision's `copies` of the weights, written from the new weights in the same pass.
+/// mixed precision's `copies` of the weights, written from the new weights in the same pass,
+/// and whether it is `lean`.
 ///
 /// A later part of an iteration already refused adds nothing to the refused-step record; in
 /// `stop` mode the latch refuses the parts after a non-finite one. The parts before it have
 /// been applied: the run stops at its next look at the record and writes nothing after it (a
-/// non-finite loss poisons the first part launched, so that then nothing is applied).
+/// non-finite loss poisons the first element of the first part launched, so that then nothing
+/// is applied).
+///
+/// A lean part reads its gradient once: no sum of squares over it before the update (only of its
+/// first element, in the first part), each raw element judged by the update itself — a
+/// non-finite one refuses the step and is left as it was, the elements beside it applied — and
+/// the effective gradient not stored back, so that the gradient buffer keeps the raw one. The
+/// weights it leaves are those of a part that is not lean wherever the gradient is finite.
 pub struct Part<'a> {
     pub range: Range<usize>,
     pub later: bool,
     pub sum: Option<WireSum<'a>>,
     pub copies: Option<WeightCopies<'a>>,
+    pub lean: bool,
 }
 
 /// Adam's bias correction `√(1 − β₂ᵗ) / (1 − β₁ᵗ)` with `t = iter + 1`, computed as the CPU

@@ -3,10 +3,23 @@
 //! own. Gradients are all-reduced (NCCL `Avg`) in the buckets of `[cluster] reduce`: during the
 //! last backward of an iteration, each bucket is launched on the communication stream as soon as
 //! the compute stream has passed the backward of the bucket's last layer (ordered by CUDA events,
-//! never by host synchronisation); before the update the compute stream waits for the last
-//! bucket, or, where the update rule allows it (`GpuSolver::updates_by_part`), waits for each
-//! bucket in turn and updates its part of the parameters at once, so that the update of the
-//! first buckets runs while the last ones are still on the wire. Where the host waits for the
+//! never by host synchronisation).
+//!
+//! Where the update rule allows it (`GpuSolver::updates_by_part`: no clipping, `non_finite =
+//! "stop"`, no dynamic loss scale) the update runs bucket by bucket, each bucket's part of the
+//! parameters a lean part (`crate::cuda::update::Part`) — [`UpdatePlan`]:
+//!
+//! - a replica alone updates behind the backward: each bucket on an update stream of its own as
+//!   soon as the backward of its last layer is done, while the compute stream goes on with the
+//!   backward of the layers below; the compute stream waits for the update stream before the
+//!   next forward;
+//! - replicas that all-reduce update after the backward, on the compute stream, each bucket as
+//!   soon as its all-reduce has arrived, while the next buckets are still on the wire (an update
+//!   beside the backward slowed NCCL's kernels and the GEMMs more than it saved: on 2 × H200,
+//!   mlp4096 0.95× in bf16 and 0.97× in tf32).
+//!
+//! Elsewhere the compute stream waits for the last bucket and updates the whole gradient after
+//! the backward. Where the host waits for the
 //! device (display, test, snapshot, the end of a run), it waits through
 //! [`NcclComm::synchronize`], which polls NCCL's asynchronous error and the collective deadline.
 //!
@@ -29,8 +42,8 @@
 //! becomes ready (beside the backward that goes on), NCCL's bfloat16 sum (or the copy engines',
 //! `cluster.reduce_transport`) on the communication stream, and the sum back to FP32 with the
 //! `1/R` of the average: a kernel after the sum on the communication stream, or, where the
-//! update runs bucket by bucket, inside the update's kernels, which read the sum where NCCL left
-//! it. The communication stream thus runs NCCL alone where it can.
+//! update runs behind the backward, inside the update's kernels, which read the sum where NCCL
+//! left it. The communication stream thus runs NCCL alone where it can.
 //!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
 //! backward on the compute stream, and each gradient bucket's all-reduce on the communication
@@ -43,12 +56,12 @@
 use super::bucket::{plan_buckets, Bucket};
 use super::engine::Engine;
 use super::local_sgd::{self, GradientScope, Outer, OuterRun};
-use crate::config::{Config, Phase, ReduceDtype, ReduceMode};
+use crate::config::{Config, Phase, ReduceDtype};
 use crate::cuda::event_clock::{EventClock, PhaseClock};
 use crate::cuda::kernels::Kernels;
 use crate::cuda::layers::Collective;
 use crate::cuda::nccl::{NcclComm, NcclId};
-use crate::cuda::net::GpuNet;
+use crate::cuda::net::{GpuNet, Updatable};
 use crate::cuda::update::{GpuSolver, Part};
 use crate::cuda::wire::GradientWire;
 use crate::cuda::{gpu_error, Gpu};
@@ -57,6 +70,7 @@ use crate::error::{Error, Result};
 use crate::net::Output;
 use crate::net::PassCtx;
 use crate::params::Params;
+use crate::solver::learning_rate;
 use crate::solver::loss_scale::LossScaleState;
 use crate::solver::non_finite::NonFiniteSteps;
 use crate::spans::{Name, SpanLog, Step, Track};
@@ -87,14 +101,14 @@ pub struct GpuEngine {
     wire: GradientWire,
     /// Device time of each bucket's all-reduce on the communication stream (timeline only).
     bucket_clock: EventClock<Name>,
-    /// Per layer, the buckets its backward completes.
-    ready_after: Vec<Vec<usize>>,
     /// Per bucket, the event recorded on the communication stream after its all-reduce.
     arrived: Vec<CudaEvent>,
     /// Buckets launched during the current iteration's last backward.
     launched: bool,
-    /// The current step's update waits for the buckets one by one and updates each at once.
-    update_by_bucket: bool,
+    /// Where a replica alone updates behind the backward, bucket by bucket.
+    update_stream: Arc<CudaStream>,
+    /// How the current iteration's update runs, decided by its last backward.
+    update_plan: UpdatePlan,
     iter_size: u64,
     /// Index of the current sub-batch within its iteration.
     sub: u64,
@@ -165,16 +179,18 @@ impl GpuEngine {
             .ctx
             .new_event(None)
             .map_err(|e| gpu_error("create the rounding stream's event", e))?;
+        let update_stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| gpu_error("create the update stream", e))?;
         let iter_loss = gpu
             .compute
             .alloc_zeros::<f64>(1)
             .map_err(|e| gpu_error("allocate the iteration's loss", e))?;
         let comm = NcclComm::from_id(comm_stream.clone(), rank, size, id)?;
-        let mode = match cfg.cluster.reduce {
-            _ if size == 1 => ReduceMode::Flat,
-            m => m,
-        };
-        let buckets = plan_buckets(&net.params.spans, mode, cfg.cluster.bucket_mb);
+        // A replica alone puts nothing on a wire, but its buckets are the parts of an update
+        // behind the backward all the same.
+        let buckets = plan_buckets(&net.params.spans, cfg.cluster.reduce, cfg.cluster.bucket_mb);
         let dtype = match size {
             1 => ReduceDtype::Fp32, // nothing goes on a wire
             _ => cfg.cluster.reduce_dtype,
@@ -182,10 +198,6 @@ impl GpuEngine {
         let ranges: Vec<_> = buckets.iter().map(|b| b.range.clone()).collect();
         let transport = cfg.cluster.reduce_transport;
         let wire = GradientWire::over(&gpu, dtype, transport, &comm, &ranges, net.params.len())?;
-        let mut ready_after = vec![Vec::new(); net.graph().len()];
-        for (b, bucket) in buckets.iter().enumerate() {
-            ready_after[bucket.ready_after_layer].push(b);
-        }
         let arrived = buckets
             .iter()
             .map(|_| gpu.ctx.new_event(None))
@@ -216,10 +228,10 @@ impl GpuEngine {
             buckets,
             wire,
             bucket_clock: EventClock::default(),
-            ready_after,
             arrived,
             launched: false,
-            update_by_bucket: false,
+            update_stream,
+            update_plan: UpdatePlan::Whole,
             iter_size: cfg.solver.iter_size,
             sub: 0,
             clock: PhaseClock::default(),
@@ -300,6 +312,18 @@ impl GpuEngine {
     pub fn device_name(&self) -> String {
         self.gpu.name()
     }
+}
+
+/// How an iteration's update runs (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpdatePlan {
+    /// At once on the compute stream, after the backward and the all-reduce.
+    Whole,
+    /// Bucket by bucket on the update stream during the backward (a replica alone, or a local
+    /// step): the update joins the update stream.
+    Behind,
+    /// Bucket by bucket on the compute stream after the backward, each after its all-reduce.
+    AsReduced,
 }
 
 /// Which flat buffer of the parameters.
@@ -419,6 +443,47 @@ impl Launcher<'_> {
     }
 }
 
+/// What follows bucket `b`'s last backward (`bucket`: its index and plan): the all-reduce on
+/// `reduce`, where given (launched by `launcher`), or, where `behind` gives the solver, the
+/// update stream and whether the weights' copies are written, the bucket's update on the update
+/// stream after the compute stream's backward so far — a lean part
+/// (`crate::cuda::update::Part`) of a replica that reduces nothing. The first bucket is poisoned
+/// first where the iteration's loss (`loss.0`, of iteration `loss.1`) is not finite.
+fn bucket_done(
+    gpu: &Gpu,
+    launcher: &mut Launcher<'_>,
+    reduce: Option<&NcclComm>,
+    behind: Option<(&mut GpuSolver, &CudaStream, bool)>,
+    updatable: &mut Updatable<'_>,
+    (b, bucket): (usize, &Bucket),
+    (loss, iter): (&CudaSlice<f64>, u64),
+) -> Result<()> {
+    if b == 0 {
+        poison(gpu, loss, &mut updatable.params.diff, bucket.range.start)?;
+    }
+    if let Some(comm) = reduce {
+        launcher.launch(comm, &mut updatable.params.diff, b, bucket)?;
+    }
+    let Some((solver, update_stream, with_copies)) = behind else {
+        return Ok(());
+    };
+    debug_assert!(
+        reduce.is_none(),
+        "an update behind the backward of a reduced bucket"
+    );
+    order(launcher.fence, &gpu.compute, update_stream)?;
+    let (params, copies, loss_scale) = updatable.parts(with_copies);
+    let part = Part {
+        range: bucket.range.clone(),
+        later: b > 0,
+        sum: None,
+        copies,
+        lean: true,
+    };
+    solver.apply_part(gpu, update_stream, iter, params, part, loss_scale)?;
+    Ok(())
+}
+
 impl Engine for GpuEngine {
     fn rank(&self) -> usize {
         self.comm.rank()
@@ -488,7 +553,12 @@ impl Engine for GpuEngine {
             .loss_slot(&self.gpu.compute, loss, &mut self.iter_loss, 0, first)
     }
 
-    fn backward(&mut self, _ctx: PassCtx) -> Result<()> {
+    /// The last backward of an iteration launches each bucket's all-reduce as the bucket
+    /// becomes ready (where there are several, or the update runs bucket by bucket), and decides
+    /// the [`UpdatePlan`]; under `Behind` it updates each bucket on the update stream as the
+    /// backward completes it: the update of the last layers runs beside the backward of the
+    /// first.
+    fn backward(&mut self, ctx: PassCtx) -> Result<()> {
         let last = self.sub + 1 == self.iter_size;
         let first = self.sub == 0;
         let GpuEngine {
@@ -504,20 +574,22 @@ impl Engine for GpuEngine {
             buckets,
             wire,
             bucket_clock,
-            ready_after,
             arrived,
             launched,
-            update_by_bucket,
+            update_stream,
+            update_plan,
             clock,
             fence,
             iter_loss,
             ..
         } = self;
         let reduce = reducing(*scope, comm, node_comm.as_ref());
-        let overlap = last && buckets.len() > 1 && reduce.is_some();
-        // Buckets launched during backward are updated one by one as they arrive, where the rule
-        // allows it (`update` waits for each), reading the wire's sum where it is kept.
-        let by_bucket = overlap && solver.updates_by_part(net.loss_scale.as_ref());
+        let by_part = last && solver.updates_by_part(net.loss_scale.as_ref());
+        let behind = by_part && reduce.is_none();
+        let launching = last && reduce.is_some() && (buckets.len() > 1 || by_part);
+        // The copies of the weights are written by the parts' updates where they hold the
+        // weights as the first part starts; nothing else writes the weights before.
+        let with_copies = net.copies_current();
         let mut launcher = Launcher {
             wire,
             kernels: &gpu.kernels,
@@ -527,24 +599,31 @@ impl Engine for GpuEngine {
             packed,
             clock: bucket_clock,
             arrived,
-            keep_sum: by_bucket,
+            keep_sum: by_part,
         };
         let coll = collective(comm, fence, comm_stream);
         let mut failure: Option<Error> = None;
-        let mut on_layer_done = |layer: usize, diff: &mut CudaSlice<f32>| {
-            let Some(reduce) = reduce.filter(|_| overlap && failure.is_none()) else {
-                return;
-            };
-            for &b in &ready_after[layer] {
-                let poisoned = match b {
-                    0 => poison(gpu, iter_loss, diff, buckets[0].range.start),
-                    _ => Ok(()),
-                };
-                let r = poisoned.and_then(|_| launcher.launch(reduce, diff, b, &buckets[b]));
-                if let Err(e) = r {
-                    failure = Some(e);
-                    return;
-                }
+        // The next bucket in launch order; every bucket is done once (those whose last layer
+        // has no backward in this pass after the backward).
+        let mut next = 0;
+        let mut done_down_to = |layer: usize, updatable: &mut Updatable<'_>| -> Result<()> {
+            while next < buckets.len() && buckets[next].ready_after_layer >= layer {
+                bucket_done(
+                    gpu,
+                    &mut launcher,
+                    reduce.filter(|_| launching),
+                    behind.then_some((&mut *solver, &**update_stream, with_copies)),
+                    updatable,
+                    (next, &buckets[next]),
+                    (iter_loss, ctx.iter),
+                )?;
+                next += 1;
+            }
+            Ok(())
+        };
+        let mut on_layer_done = |layer: usize, updatable: &mut Updatable<'_>| {
+            if failure.is_none() && (launching || behind) {
+                failure = done_down_to(layer, updatable).err();
             }
         };
         clock.time(gpu, Step::Backward, || {
@@ -557,8 +636,18 @@ impl Engine for GpuEngine {
         if let Some(e) = failure {
             return Err(e);
         }
-        *launched = overlap;
-        *update_by_bucket = by_bucket;
+        if launching || behind {
+            done_down_to(0, &mut net.updatable())?;
+        }
+        if behind && with_copies {
+            net.mark_copied();
+        }
+        *launched = launching;
+        *update_plan = match (by_part, behind) {
+            (false, _) => UpdatePlan::Whole,
+            (true, true) => UpdatePlan::Behind,
+            (true, false) => UpdatePlan::AsReduced,
+        };
         Ok(())
     }
 
@@ -591,11 +680,16 @@ impl Engine for GpuEngine {
     }
 
     fn all_reduce_gradients(&mut self) -> Result<()> {
+        let launched = std::mem::take(&mut self.launched);
+        if self.update_plan != UpdatePlan::Whole {
+            // Updated during the backward, or launched then and awaited bucket by bucket.
+            return Ok(());
+        }
         let Some(reduce) = reducing(self.scope, &self.comm, self.node_comm.as_ref()) else {
             // The replica steps on its own gradient (alone, or a local step).
             return poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0);
         };
-        if !self.launched {
+        if !launched {
             poison(&self.gpu, &self.iter_loss, &mut self.net.params.diff, 0)?;
             let mut launcher = Launcher {
                 wire: &mut self.wire,
@@ -611,10 +705,6 @@ impl Engine for GpuEngine {
             for (b, bucket) in self.buckets.iter().enumerate() {
                 launcher.launch(reduce, &mut self.net.params.diff, b, bucket)?;
             }
-        }
-        self.launched = false;
-        if self.update_by_bucket {
-            return Ok(());
         }
         // On the compute stream, the time of this wait is the communication left exposed.
         let (gpu, comm_stream, fence) = (&self.gpu, &self.comm_stream, &self.fence);
@@ -729,22 +819,28 @@ impl Engine for GpuEngine {
             .map_err(|e| gpu_error("copy a broadcast buffer to the host", e))
     }
 
-    /// The update of the averaged gradient: at once, or bucket by bucket in launch order, each
-    /// after the compute stream has waited for its all-reduce and reading the bfloat16 wire's
-    /// sum where it was kept (the update phase then holds the communication left exposed as
-    /// well).
+    /// The update of the averaged gradient as the [`UpdatePlan`] says: at once; or bucket by
+    /// bucket in launch order, each after the compute stream has waited for its all-reduce,
+    /// reading the bfloat16 wire's sum where it was kept (the update phase then holds the
+    /// communication left exposed as well); or, where it ran behind the backward, the compute
+    /// stream's wait for the update stream.
     fn update(&mut self, iter: u64) -> Result<f32> {
-        let by_bucket = std::mem::take(&mut self.update_by_bucket);
+        let plan = std::mem::replace(&mut self.update_plan, UpdatePlan::Whole);
         let (gpu, solver, net) = (&self.gpu, &mut self.solver, &mut self.net);
         let (buckets, arrived) = (&self.buckets, &self.arrived);
         let reduce = reducing(self.scope, &self.comm, self.node_comm.as_ref());
         let sum = reduce.and_then(|c| self.wire.sum(c));
-        self.clock.time(gpu, Step::Update, || {
-            net.update_weights(|params, mut copies, mut loss_scale| {
-                if !by_bucket {
-                    return solver.apply_scaled(gpu, iter, params, copies, loss_scale);
-                }
-                let mut lr = 0.0;
+        let (update_stream, fence) = (&self.update_stream, &self.fence);
+        self.clock.time(gpu, Step::Update, || match plan {
+            UpdatePlan::Behind => {
+                order(fence, update_stream, &gpu.compute)?;
+                Ok(learning_rate(solver.config(), iter))
+            }
+            UpdatePlan::Whole => net.update_weights(|params, copies, loss_scale| {
+                solver.apply_scaled(gpu, iter, params, copies, loss_scale)
+            }),
+            UpdatePlan::AsReduced => net.update_weights(|params, mut copies, mut loss_scale| {
+                let mut lr = learning_rate(solver.config(), iter);
                 for (b, (bucket, event)) in buckets.iter().zip(arrived).enumerate() {
                     gpu.compute
                         .wait(event)
@@ -754,12 +850,13 @@ impl Engine for GpuEngine {
                         later: b > 0,
                         sum,
                         copies: copies.as_mut().map(|c| c.reborrow()),
+                        lean: true,
                     };
                     let loss_scale = loss_scale.as_deref_mut();
-                    lr = solver.apply_part(gpu, iter, params, part, loss_scale)?;
+                    lr = solver.apply_part(gpu, &gpu.compute, iter, params, part, loss_scale)?;
                 }
                 Ok(lr)
-            })
+            }),
         })
     }
 

@@ -13,11 +13,12 @@
 //! - `"skip"`: training goes on; universal rank 0 logs each skipped step and counts it in
 //!   `metrics.jsonl` (`{"iter", "phase": "skip", "steps", "skipped_total"}`).
 //!
-//! GPU replicas that update bucket by bucket as the all-reduces arrive (`crate::cuda::update::Part`,
-//! `stop` mode only) judge each bucket as it comes: a non-finite loss poisons the first bucket,
-//! so nothing of that step is applied, but a gradient that is not finite only in a later bucket
-//! leaves the buckets before it updated in device memory. The run stops at its next look at the
-//! record, and nothing after the step is written.
+//! GPU replicas that update bucket by bucket behind the backward (`crate::cuda::update::Part`,
+//! `stop` mode only) judge each gradient element as its bucket's update reads it: a non-finite
+//! loss poisons the first element of the first bucket, so nothing of that step is applied, but
+//! a gradient that is not finite elsewhere leaves the elements beside it in its bucket, and the
+//! buckets before it, updated in device memory (never a non-finite element). The run stops at
+//! its next look at the record, and nothing after the step is written.
 //!
 //! Snapshots are checked as well: every replica checks its weights (identical on all of them)
 //! before one is written, so an update that overflowed to an infinity never reaches a file.

@@ -97,8 +97,9 @@ extern "C" __global__ void clip_scale(const double* partials, int parts, double 
 // wire's sum float(sum[i]) * sum_scale (from_bf16_scaled's value, which is then never written
 // out). Per element, as the CPU solver: the effective gradient
 // grad = scale * g + weight_decay * decay_mult * r(w), r(w) = w (L2) or sign(w) (L1), is stored
-// back into g, then the rule updates the history and w with lr * lr_mult. A rule with decoupled
-// decay (AdamW) gets grad = scale * g and the decay as its own term instead.
+// back into g (not by a lean update, below), then the rule updates the history and w with
+// lr * lr_mult. A rule with decoupled decay (AdamW) gets grad = scale * g and the decay as its
+// own term instead.
 
 // The first s with i < ends[s].
 __device__ __forceinline__ int span_of(long long i, const long long* ends, int spans) {
@@ -235,12 +236,27 @@ template <> struct DecoupledDecay<AdamwRule> { static constexpr bool value = tru
 // of them are in flight together (the update streams three to five arrays).
 #define UPDATE_ELEMENTS_IN_FLIGHT 4
 
+// Records iteration iter as refused in steps = [count, first, last] (as clip_scale does) from
+// any number of threads at once: the thread that moves last to iter counts it.
+__device__ void refuse_step(long long* steps, long long iter) {
+    unsigned long long* record = (unsigned long long*)steps;
+    if ((long long)atomicExch(record + 2, (unsigned long long)iter) == iter) return;
+    atomicAdd(record, 1ull);
+    atomicCAS(record + 1, (unsigned long long)-1LL, (unsigned long long)iter);
+}
+
+// A lean update (steps not null: a part of an update that runs bucket by bucket, under the
+// stop rule, with neither clipping nor a dynamic loss scale) judges each raw gradient element
+// itself instead of a sum of squares before it: a non-finite one records iteration iter in
+// steps and leaves its element as it was (the latch then refuses every later part and step);
+// and it does not store the effective gradient back into g.
 template <typename Rule>
 __device__ void update(const Rule& rule, float* w, float* g, const unsigned short* sum,
                        float sum_scale, long long start, long long end, const long long* ends,
                        const float* lr_mult, const float* decay_mult, int spans,
                        const float* scale, float lr, float weight_decay, int l1, float* rounded,
-                       unsigned short* half, const int* copy_kind, int fp16) {
+                       unsigned short* half, const int* copy_kind, int fp16, long long* steps,
+                       long long iter) {
     long long i = start + blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     if (i >= end) return;
@@ -264,14 +280,18 @@ __device__ void update(const Rule& rule, float* w, float* g, const unsigned shor
         const float decay_s = weight_decay * decay_mult[s];
         const float wi = in.w;
         const float r = l1 ? (float)((wi > 0.0f) - (wi < 0.0f)) : wi;
+        if (steps && !isfinite(in.g)) {
+            refuse_step(steps, iter);
+            return;
+        }
         float next;
         if constexpr (DecoupledDecay<Rule>::value) {
             const float grad = sc * in.g;
-            g[k] = grad;
+            if (!steps) g[k] = grad;
             next = rule(k, in.h, wi, grad, lr_s, lr_s * decay_s * r);
         } else {
             const float grad = sc * in.g + decay_s * r;
-            g[k] = grad;
+            if (!steps) g[k] = grad;
             next = rule(k, in.h, wi, grad, lr_s);
         }
         w[k] = next;
@@ -296,10 +316,10 @@ __device__ void update(const Rule& rule, float* w, float* g, const unsigned shor
     float *w, float *g, const unsigned short *sum, float sum_scale, long long start,         \
         long long end, const long long *ends, const float *lr_mult, const float *decay_mult, \
         int spans, const float *scale, float lr, float weight_decay, int l1, float *rounded,    \
-        unsigned short *half, const int *copy_kind, int fp16
+        unsigned short *half, const int *copy_kind, int fp16, long long *steps, long long iter
 #define UPDATE_ARGS                                                                            \
     w, g, sum, sum_scale, start, end, ends, lr_mult, decay_mult, spans, scale, lr, weight_decay, \
-        l1, rounded, half, copy_kind, fp16
+        l1, rounded, half, copy_kind, fp16, steps, iter
 
 extern "C" __global__ void sgd_update(UPDATE_PARAMS, float* v, float momentum) {
     update(SgdRule{momentum, v}, UPDATE_ARGS);

@@ -85,6 +85,17 @@ pub struct UpdateArgs<'a> {
     pub l1: bool,
     /// Mixed precision's copies of the weights, refreshed in the same pass.
     pub copies: Option<WeightCopies<'a>>,
+    /// A lean update (one part of an update by parts under the `stop` rule): the record
+    /// `[count, first, last]` `(3)` where each non-finite raw gradient element refuses iteration
+    /// `iter` (that element left as it was), with no sum of squares before it; the effective
+    /// gradient is then not stored back into `g`.
+    pub lean: Option<LeanCheck<'a>>,
+}
+
+/// What a lean update ([`UpdateArgs::lean`]) records a non-finite gradient element in.
+pub struct LeanCheck<'a> {
+    pub steps: &'a mut CudaSlice<i64>,
+    pub iter: u64,
 }
 
 /// The rule-specific part of an update step and its history buffers `(n)`.
@@ -271,6 +282,15 @@ impl Kernels {
             (kinds, _kinds_guard) = (ptr, Some(guard));
             fp16 = c.fp16 as i32;
         }
+        // The lean check's record, or a null pointer: the effective gradient is then stored.
+        let (steps, iter, _steps_guard) = match a.lean {
+            Some(l) => {
+                check_len(op, "steps", l.steps.len(), 3);
+                let (ptr, guard) = l.steps.device_ptr_mut(s);
+                (ptr, l.iter.min(i64::MAX as u64) as i64, Some(guard))
+            }
+            None => (0, 0i64, None),
+        };
         let spans = to_i32(op, a.spans);
         let l1 = a.l1 as i32;
         let (lr, wd) = (a.lr, a.weight_decay);
@@ -283,7 +303,7 @@ impl Kernels {
                     [
                         out a.w, out a.g, &sum, &sum_scale, &start, &end, in a.ends,
                         in a.lr_mult, in a.decay_mult, &spans, in a.scale, &lr, &wd, &l1,
-                        &rounded, &half, &kinds, &fp16,
+                        &rounded, &half, &kinds, &fp16, &steps, &iter,
                         $($extra)*
                     ]
                 )

@@ -9,8 +9,10 @@ use crate::backend::Cpu;
 use crate::config::{LrPolicy, Plan};
 use crate::cuda::test_util::{assert_close, gpu_or_skip};
 use crate::params::Params;
+use cudarc::driver::{CudaEvent, CudaStream};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
 
 /// Both sides run the same f32 operations; only the clipping norm is summed in another order.
 const RTOL: f32 = 1e-6;
@@ -562,54 +564,104 @@ fn gradient_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
         later: i > 0,
         sum: None,
         copies: None,
+        lean: false,
     }
+}
+
+/// [`gradient_part`], lean (as the engine's update behind the backward).
+fn lean_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
+    Part {
+        lean: true,
+        ..gradient_part(range, i)
+    }
+}
+
+/// A stream of its own for the parts of an update, ordered after the compute stream's work so
+/// far (as the engine's update stream is), and the event that orders the compute stream after
+/// it again ([`join`]).
+fn update_stream(gpu: &Gpu) -> (Arc<CudaStream>, CudaEvent) {
+    let stream = gpu.ctx.new_stream().unwrap();
+    let event = gpu.ctx.new_event(None).unwrap();
+    (stream, event)
+}
+
+/// Makes `waiter` wait for the work enqueued on `on` so far, through `event`.
+fn join(event: &CudaEvent, on: &CudaStream, waiter: &CudaStream) {
+    event.record(on).unwrap();
+    waiter.wait(event).unwrap();
 }
 
 /// The update bucket by bucket is the update of the whole gradient, bit for bit, for every rule
 /// (with L2 decay and `iter_size` normalisation), with parts cut inside tensors and between
-/// them.
+/// them; so are lean parts on a stream of their own, which leave the raw gradient in the
+/// gradient buffer.
 #[test]
 fn an_update_in_parts_is_the_update_of_the_whole() {
     let gpu = gpu_or_skip!("an_update_in_parts_is_the_update_of_the_whole");
     let host = params(TENSORS, 31);
     let n = host.len();
     let parts = parts_in_launch_order(n, &[500, 1040, 300_000, 700_000]);
+    let (stream, event) = update_stream(&gpu);
     for rule in RULES {
         let mut c = rule_cfg(rule);
         c.weight_decay = 1e-3;
         c.iter_size = 2;
         let mut whole = GpuParams::from_host(&gpu, &host).unwrap();
         let mut split = GpuParams::from_host(&gpu, &host).unwrap();
+        let mut lean = GpuParams::from_host(&gpu, &host).unwrap();
         let mut whole_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
         let mut split_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+        let mut lean_solver = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
         assert!(split_solver.updates_by_part(None), "{rule:?}");
         let mut rng = ChaCha8Rng::seed_from_u64(32);
         for iter in 0..3 {
             let grad = gradient(&mut rng, &host, 0.5);
-            for p in [&mut whole, &mut split] {
+            for p in [&mut whole, &mut split, &mut lean] {
                 gpu.compute
                     .memcpy_htod(&grad[..], &mut p.diff.slice_mut(..n))
                     .unwrap();
             }
             let lr = whole_solver.apply(&gpu, iter, &mut whole).unwrap();
+            join(&event, &gpu.compute, &stream);
             for (i, part) in parts.iter().enumerate() {
                 let got = split_solver
-                    .apply_part(&gpu, iter, &mut split, gradient_part(part, i), None)
+                    .apply_part(
+                        &gpu,
+                        &gpu.compute,
+                        iter,
+                        &mut split,
+                        gradient_part(part, i),
+                        None,
+                    )
+                    .unwrap();
+                assert_eq!(got, lr);
+                let got = lean_solver
+                    .apply_part(&gpu, &stream, iter, &mut lean, lean_part(part, i), None)
                     .unwrap();
                 assert_eq!(got, lr);
             }
+            join(&event, &stream, &gpu.compute);
             let (a, b) = (whole.to_host(&gpu).unwrap(), split.to_host(&gpu).unwrap());
+            let l = lean.to_host(&gpu).unwrap();
             assert_eq!(a.data, b.data, "{rule:?} iteration {iter}: weights");
+            assert_eq!(a.data, l.data, "{rule:?} iteration {iter}: weights, lean");
             assert_eq!(
                 a.diff, b.diff,
                 "{rule:?} iteration {iter}: effective gradient"
             );
-            let (ha, hb) = (
+            assert_eq!(
+                l.diff, grad,
+                "{rule:?} iteration {iter}: lean, raw gradient"
+            );
+            let (ha, hb, hl) = (
                 whole_solver.history_to_host(&gpu).unwrap(),
                 split_solver.history_to_host(&gpu).unwrap(),
+                lean_solver.history_to_host(&gpu).unwrap(),
             );
             assert_eq!(ha, hb, "{rule:?} iteration {iter}: history");
+            assert_eq!(ha, hl, "{rule:?} iteration {iter}: history, lean");
         }
+        assert_eq!(lean_solver.non_finite_steps(&gpu).unwrap().count, 0);
     }
 }
 
@@ -635,9 +687,10 @@ fn an_update_runs_in_parts_only_where_the_result_cannot_differ() {
     assert!(updates_by_part(&plain, Some(LossScaleRule::Off)));
 }
 
-/// Judged in parts under `stop`: a non-finite part records its iteration once, however many
-/// parts of it follow; where it is the first part launched (the part a non-finite loss
-/// poisons), nothing of the step is applied; every later step is refused.
+/// Judged in parts under `stop`, lean or not: a non-finite part records its iteration once,
+/// however many parts of it follow; where its first element is not finite in the first part
+/// launched (where a non-finite loss puts its NaN), nothing of the step is applied; every later
+/// step is refused.
 #[test]
 fn a_non_finite_part_records_its_step_once_and_stops_the_rest() {
     let gpu = gpu_or_skip!("a_non_finite_part_records_its_step_once_and_stops_the_rest");
@@ -645,7 +698,7 @@ fn a_non_finite_part_records_its_step_once_and_stops_the_rest() {
     let n = host.len();
     let parts = parts_in_launch_order(n, &[150, 400]);
     let c = rule_cfg(SolverType::Sgd);
-    for bad_part in 0..parts.len() {
+    for (bad_part, lean) in (0..parts.len()).flat_map(|b| [(b, false), (b, true)]) {
         let mut dev = GpuParams::from_host(&gpu, &host).unwrap();
         let mut s = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
         let mut step = |grad: &[f32], iter: u64| {
@@ -653,11 +706,16 @@ fn a_non_finite_part_records_its_step_once_and_stops_the_rest() {
                 .memcpy_htod(grad, &mut dev.diff.slice_mut(..n))
                 .unwrap();
             for (i, part) in parts.iter().enumerate() {
-                s.apply_part(&gpu, iter, &mut dev, gradient_part(part, i), None)
+                let part = Part {
+                    lean,
+                    ..gradient_part(part, i)
+                };
+                s.apply_part(&gpu, &gpu.compute, iter, &mut dev, part, None)
                     .unwrap();
             }
             dev.to_host(&gpu).unwrap().data
         };
+        let what = format!("bad part {bad_part}, lean {lean}");
         let good = vec![0.25f32; n];
         let before = step(&good, 0);
         let mut bad = good.clone();
@@ -665,27 +723,105 @@ fn a_non_finite_part_records_its_step_once_and_stops_the_rest() {
         bad[parts[parts.len() - 1].start] = f32::INFINITY;
         let after = step(&bad, 1);
         if bad_part == 0 {
-            assert_eq!(after, before, "a non-finite first part applies nothing");
+            assert_eq!(
+                after, before,
+                "{what}: a non-finite first part applies nothing"
+            );
         }
         for (i, part) in parts.iter().enumerate().filter(|&(i, _)| i > bad_part) {
             assert_eq!(
                 after[part.clone()],
                 before[part.clone()],
-                "part {i} after the bad one"
+                "{what}: part {i} after the bad one"
             );
         }
-        assert_eq!(step(&good, 2), after, "stop refuses every later step");
+        let start = parts[bad_part].start;
+        assert_eq!(
+            after[start], before[start],
+            "{what}: the non-finite element"
+        );
+        assert!(after.iter().all(|w| w.is_finite()), "{what}");
+        assert_eq!(
+            step(&good, 2),
+            after,
+            "{what}: stop refuses every later step"
+        );
         let steps = s.non_finite_steps(&gpu).unwrap();
         assert_eq!(
             (steps.count, steps.first, steps.last),
-            (1, Some(1), Some(1))
+            (1, Some(1), Some(1)),
+            "{what}"
         );
     }
 }
 
+/// A lean part judges each element: non-finite elements inside the first part (not its first)
+/// and inside a later one are left as they were and record their iteration once; the elements
+/// beside them in their part are applied as a part that is not lean applies them, and the parts
+/// after the first non-finite one are refused.
+#[test]
+fn a_lean_part_leaves_its_non_finite_elements_and_applies_the_rest() {
+    let gpu = gpu_or_skip!("a_lean_part_leaves_its_non_finite_elements_and_applies_the_rest");
+    let host = params(&[(300, 1.0, 1.0), (7, 1.0, 1.0), (500, 1.0, 1.0)], 753);
+    let n = host.len();
+    let parts = parts_in_launch_order(n, &[150, 400]);
+    let c = rule_cfg(SolverType::Adam);
+    let good: Vec<f32> = (0..n).map(|i| 0.01 * (i % 17) as f32 - 0.08).collect();
+    let mut bad = good.clone();
+    let holes = [parts[0].start + 5, parts[0].start + 9, parts[1].start + 20];
+    bad[holes[0]] = f32::NAN;
+    bad[holes[1]] = f32::NEG_INFINITY;
+    bad[holes[2]] = f32::INFINITY;
+    let (mut reference, mut dev) = (
+        GpuParams::from_host(&gpu, &host).unwrap(),
+        GpuParams::from_host(&gpu, &host).unwrap(),
+    );
+    let mut a = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+    let mut b = GpuSolver::new(&gpu, &c, &host.spans).unwrap();
+    for (p, grad) in [(&mut reference, &good), (&mut dev, &bad)] {
+        gpu.compute
+            .memcpy_htod(&grad[..], &mut p.diff.slice_mut(..n))
+            .unwrap();
+    }
+    for (i, part) in parts.iter().enumerate() {
+        a.apply_part(
+            &gpu,
+            &gpu.compute,
+            4,
+            &mut reference,
+            lean_part(part, i),
+            None,
+        )
+        .unwrap();
+        b.apply_part(&gpu, &gpu.compute, 4, &mut dev, lean_part(part, i), None)
+            .unwrap();
+    }
+    let (want, got) = (
+        reference.to_host(&gpu).unwrap().data,
+        dev.to_host(&gpu).unwrap().data,
+    );
+    for i in 0..n {
+        let expected = match i {
+            _ if holes.contains(&i) => host.data[i],
+            _ if parts[0].contains(&i) => want[i],
+            _ => host.data[i], // refused after the first part's non-finite elements
+        };
+        assert_eq!(got[i].to_bits(), expected.to_bits(), "element {i}");
+    }
+    assert_ne!(
+        want[parts[0].start], host.data[parts[0].start],
+        "the reference moved"
+    );
+    let steps = b.non_finite_steps(&gpu).unwrap();
+    assert_eq!(
+        (steps.count, steps.first, steps.last),
+        (1, Some(4), Some(4))
+    );
+}
+
 /// An update reading the bfloat16 wire's sum (widened and averaged as it is read) is the update
-/// of the gradient `from_bf16_scaled` writes, bit for bit, for every rule, and a NaN in the sum
-/// is refused as one in the gradient.
+/// of the gradient `from_bf16_scaled` writes, bit for bit, for every rule, lean or not, and a
+/// NaN in the sum is refused as one in the gradient.
 #[test]
 fn an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient() {
     use crate::cuda::kernels::WireSum;
@@ -695,7 +831,7 @@ fn an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient() {
     let n = host.len();
     let parts = parts_in_launch_order(n, &[1000, 400_000]);
     let scale = 1.0 / 3.0;
-    for rule in RULES {
+    for (rule, lean) in RULES.iter().flat_map(|&r| [(r, false), (r, true)]) {
         let mut c = rule_cfg(rule);
         c.weight_decay = 1e-3;
         let mut unpacked = GpuParams::from_host(&gpu, &host).unwrap();
@@ -719,44 +855,53 @@ fn an_update_reading_the_wire_sum_is_the_update_of_the_unpacked_gradient() {
             s.memcpy_htod(&grad[..], &mut reading.diff.slice_mut(..n))
                 .unwrap();
             for (i, range) in parts.iter().enumerate() {
-                a.apply_part(&gpu, iter, &mut unpacked, gradient_part(range, i), None)
+                let part = Part {
+                    lean,
+                    ..gradient_part(range, i)
+                };
+                a.apply_part(&gpu, s, iter, &mut unpacked, part, None)
                     .unwrap();
                 let reads_sum = Part {
                     sum: Some(WireSum { bits: &bits, scale }),
+                    lean,
                     ..gradient_part(range, i)
                 };
-                b.apply_part(&gpu, iter, &mut reading, reads_sum, None)
+                b.apply_part(&gpu, s, iter, &mut reading, reads_sum, None)
                     .unwrap();
             }
             let (x, y) = (
                 unpacked.to_host(&gpu).unwrap(),
                 reading.to_host(&gpu).unwrap(),
             );
-            assert_eq!(x.data, y.data, "{rule:?} iteration {iter}: weights");
-            // A refused part leaves the gradient buffer as it was: only iteration 0 writes all.
-            if iter == 0 {
+            assert_eq!(
+                x.data, y.data,
+                "{rule:?} lean {lean} iteration {iter}: weights"
+            );
+            // A refused part leaves the gradient buffer as it was: only iteration 0 writes all;
+            // a lean update writes none.
+            if iter == 0 && !lean {
                 assert_eq!(
                     x.diff, y.diff,
-                    "{rule:?} iteration {iter}: effective gradient"
+                    "{rule:?} lean {lean} iteration {iter}: effective gradient"
                 );
             }
             assert_eq!(
                 a.history_to_host(&gpu).unwrap(),
                 b.history_to_host(&gpu).unwrap(),
-                "{rule:?} iteration {iter}: history"
+                "{rule:?} lean {lean} iteration {iter}: history"
             );
         }
         let (ra, rb) = (
             a.non_finite_steps(&gpu).unwrap(),
             b.non_finite_steps(&gpu).unwrap(),
         );
-        assert_eq!((rb.count, rb.first), (1, Some(1)), "{rule:?}");
+        assert_eq!((rb.count, rb.first), (1, Some(1)), "{rule:?} lean {lean}");
         assert_eq!((ra.count, ra.first, ra.last), (rb.count, rb.first, rb.last));
     }
 }
 
 /// An update handed mixed precision's copies of the weights writes, for every rule and both half
-/// types, whole and in parts: the new weights (the same bits as without copies), each
+/// types, whole and in parts (lean or not): the new weights (the same bits as without copies), each
 /// [`WeightCopy::Rounded`] tensor's weights rounded as `Half::round` rounds, each
 /// [`WeightCopy::Half`] tensor's as half-type bit patterns of the same values, and nothing
 /// elsewhere; a refused step (a NaN in the gradient) writes no copy.
@@ -791,9 +936,9 @@ fn an_update_writes_the_rounded_copies_of_the_new_weights() {
             let mut bits = s.clone_htod(&vec![UNWRITTEN.1; n]).unwrap();
             let mut rng = ChaCha8Rng::seed_from_u64(52);
             let mut before: Option<(Vec<f32>, Vec<u16>)> = None;
-            for iter in 0..3 {
+            for iter in 0..4 {
                 let mut grad = gradient(&mut rng, &host, 0.5);
-                if iter == 2 {
+                if iter == 3 {
                     grad[7] = f32::NAN;
                 }
                 for p in [&mut plain, &mut copying] {
@@ -808,13 +953,15 @@ fn an_update_writes_the_rounded_copies_of_the_new_weights() {
                     fp16: half == Half::Fp16,
                 };
                 match iter {
-                    1 => {
+                    1 | 2 => {
                         for (i, range) in parts.iter().enumerate() {
                             let part = Part {
                                 copies: Some(copies.reborrow()),
+                                lean: iter == 2,
                                 ..gradient_part(range, i)
                             };
-                            b.apply_part(&gpu, iter, &mut copying, part, None).unwrap();
+                            b.apply_part(&gpu, s, iter, &mut copying, part, None)
+                                .unwrap();
                         }
                     }
                     _ => {
@@ -829,7 +976,7 @@ fn an_update_writes_the_rounded_copies_of_the_new_weights() {
                     s.clone_dtoh(&rounded).unwrap(),
                     s.clone_dtoh(&bits).unwrap(),
                 );
-                if iter == 2 {
+                if iter == 3 {
                     assert_eq!(
                         Some(&got),
                         before.as_ref(),
