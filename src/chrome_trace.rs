@@ -5,12 +5,13 @@
 //!
 //! Layout: pid = MPI rank (named `rank R (host)`), tid = universal rank of the replica (named
 //! `replica U`); a GPU replica's compute-stream spans go to tid `DEVICE_TID + U`
-//! (`replica U (GPU)`), its communication stream's to `COMM_TID + U` (`replica U (GPU comm)`).
+//! (`replica U (GPU)`), its communication stream's to `COMM_TID + U` (`replica U (GPU comm)`),
+//! its update stream's to `UPDATE_TID + U` (`replica U (GPU update)`).
 //! Every span is a complete event (`"ph": "X"`) with `ts` and `dur` in microseconds since the
 //! start barrier, and `args.iter` where known. Names: `data wait`, `forward`, `backward`,
 //! `all-reduce`, `update`, `test`, `parameter averaging`, `forward LAYER`, `backward LAYER`,
 //! `all-reduce bucket B` (with `args.bucket` and `args.bytes`, the gradient bytes it put on the
-//! wire).
+//! wire), `update bucket B` (with `args.bucket`: the update behind the backward).
 
 use crate::dist::Bootstrap;
 use crate::error::{Error, Result};
@@ -23,12 +24,15 @@ use std::path::Path;
 pub const DEVICE_TID: usize = 1_000_000;
 /// Offset of the device communication streams' thread ids.
 pub const COMM_TID: usize = 2_000_000;
+/// Offset of the device update streams' thread ids.
+pub const UPDATE_TID: usize = 3_000_000;
 
 fn tid(replica: usize, track: Track) -> usize {
     match track {
         Track::Host => replica,
         Track::Device => DEVICE_TID + replica,
         Track::Comm => COMM_TID + replica,
+        Track::Update => UPDATE_TID + replica,
     }
 }
 
@@ -41,6 +45,7 @@ fn name(span: &Span, layers: &[String]) -> String {
         Name::Forward(i) => format!("forward {}", layer(i)),
         Name::Backward(i) => format!("backward {}", layer(i)),
         Name::Bucket { index, .. } => format!("all-reduce bucket {index}"),
+        Name::UpdatePart { index } => format!("update bucket {index}"),
     }
 }
 
@@ -50,6 +55,7 @@ fn category(span: &Span) -> &'static str {
         Name::Step(_) => "step",
         Name::Test => "test",
         Name::Forward(_) | Name::Backward(_) => "layer",
+        Name::UpdatePart { .. } => "update",
     }
 }
 
@@ -72,6 +78,7 @@ pub fn events(rank: usize, host: &str, traces: &[ReplicaTrace]) -> Vec<Value> {
                 Track::Host => format!("replica {}", t.replica),
                 Track::Device => format!("replica {} (GPU)", t.replica),
                 Track::Comm => format!("replica {} (GPU comm)", t.replica),
+                Track::Update => format!("replica {} (GPU update)", t.replica),
             };
             let tid = tid(t.replica, track);
             out.push(
@@ -96,9 +103,13 @@ pub fn events(rank: usize, host: &str, traces: &[ReplicaTrace]) -> Vec<Value> {
             if let Some(iter) = s.iter {
                 e["args"] = json!({ "iter": iter });
             }
-            if let Name::Bucket { index, bytes } = s.name {
-                e["args"]["bucket"] = json!(index);
-                e["args"]["bytes"] = json!(bytes);
+            match s.name {
+                Name::Bucket { index, bytes } => {
+                    e["args"]["bucket"] = json!(index);
+                    e["args"]["bytes"] = json!(bytes);
+                }
+                Name::UpdatePart { index } => e["args"]["bucket"] = json!(index),
+                _ => {}
             }
             out.push(e);
         }
@@ -197,5 +208,29 @@ mod tests {
         assert!(ev
             .iter()
             .any(|e| e["ph"] == "M" && e["args"]["name"] == "replica 2 (GPU comm)"));
+    }
+
+    /// A bucket's update behind the backward is an `update` event with its index, on the
+    /// replica's update-stream track.
+    #[test]
+    fn update_parts_carry_their_bucket_on_the_update_track() {
+        let mut log = SpanLog::with_capacity(Instant::now(), 1);
+        log.push_ns(
+            Name::UpdatePart { index: 3 },
+            Track::Update,
+            2_000,
+            1_500,
+            None,
+        );
+        let ev = events(1, "h", &[ReplicaTrace { replica: 5, log }]);
+        let x: Vec<&Value> = ev.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(x.len(), 1);
+        assert_eq!(x[0]["name"], "update bucket 3");
+        assert_eq!(x[0]["cat"], "update");
+        assert_eq!(x[0]["tid"], json!(UPDATE_TID + 5));
+        assert_eq!(x[0]["args"], json!({"bucket": 3}));
+        assert!(ev
+            .iter()
+            .any(|e| e["ph"] == "M" && e["args"]["name"] == "replica 5 (GPU update)"));
     }
 }

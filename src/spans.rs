@@ -51,15 +51,20 @@ pub enum Name {
     /// The all-reduce of gradient bucket `index` (in launch order, `parallel::bucket`), which
     /// put `bytes` of gradient on the wire (its floats × the bytes of `cluster.reduce_dtype`).
     Bucket { index: u32, bytes: u64 },
+    /// The update of gradient bucket `index`'s part of the parameters behind the backward (a GPU
+    /// replica that reduces nothing updates each bucket on a stream of its own).
+    UpdatePart { index: u32 },
 }
 
-/// Where a span ran: the replica's host thread, its device's compute stream, or its device's
-/// communication stream (the gradient buckets' all-reduces).
+/// Where a span ran: the replica's host thread, its device's compute stream, its device's
+/// communication stream (the gradient buckets' all-reduces), or its device's update stream (the
+/// update behind the backward).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Track {
     Host,
     Device,
     Comm,
+    Update,
 }
 
 /// One recorded span.

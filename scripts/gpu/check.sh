@@ -11,7 +11,7 @@
 # np 1 × 1 with four times the batch), all reduce modes, the update behind the backward against
 # the whole gradient's after it (np 1 in FP32 and bf16, np 2, bit for bit), the bf16 gradient wire against the CPU's
 # and across layouts (NCCL's and the copy engines'), CPU–GPU agreement of a whole training run (FP32, and bf16 and fp16 math
-# against the CPU's rounding, fp16's overflow steps skipped as on the CPU), a GPU timeline's layer and bucket
+# against the CPU's rounding, fp16's overflow steps skipped as on the CPU), a GPU timeline's layer, bucket and update
 # spans, and the same for a small CNN with synced BatchNorm and Dropout (np 2 × 1 GPU vs np 1 × 1
 # GPU with twice the batch, GPU vs CPU; FP32, and bf16 and fp16 with their fused chains), AdamW and AdaDelta against the CPU with snapshots resumed
 # across backends, a stopped and a killed rank ending the job (scripts/gpu/faults.sh), a
@@ -172,6 +172,16 @@ if two_gpus "bf16 gradient wire"; then
     echo "SKIPPED (needs 4 GPUs, this machine has $NGPU): the copy engines' wire on 4 GPUs" | tee -a "$OUT/summary.txt"
   fi
 fi
+
+echo "== a GPU timeline of one replica: the update of each bucket behind the backward, on the update stream" \
+  | tee -a "$OUT/summary.txt"
+"${MPI[@]}" -np 1 "$BIN/p2ptrain" train $EQ --no-progress --output "$OUT/runs/timeline_gpu_alone" \
+  --set 'cluster.backend="cuda"' --set 'cluster.reduce="layerwise"' \
+  --timeline "$OUT/timeline_gpu_alone.json" --timeline-iters 5 >"$OUT/runs-timeline_gpu_alone.log" 2>&1 \
+  || fail "training with a one-GPU timeline"
+python3 scripts/gpu/check_timeline.py "$OUT/timeline_gpu_alone.json" --replicas 1 --iters 5 \
+  --layers ip1,ip2,ip3 --buckets 0 --bytes-per-float 4 --update-parts 3 | tee -a "$OUT/summary.txt" \
+  || fail "one-GPU timeline lacks layer or update spans"
 
 echo "== mixed precision (cluster.math = \"bf16\" and \"fp16\") against the CPU's rounding" | tee -a "$OUT/summary.txt"
 for half in bf16 fp16; do

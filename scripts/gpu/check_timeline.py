@@ -2,10 +2,15 @@
 """Checks a GPU run's `--timeline` file: every replica's compute stream holds each layer's forward
 and backward, its communication stream every gradient bucket's all-reduce with its bytes, and
 the first bucket of each iteration starts before that iteration's backward has ended (the
-all-reduce overlaps backward). Exit 0 when it holds, 1 otherwise (with what is missing).
+all-reduce overlaps backward). With --update-parts N (a replica that reduces nothing), its update
+stream holds each of the N buckets' updates once an iteration, the first of them starting before
+the iteration's backward has ended (the update overlaps backward). Exit 0 when it holds, 1
+otherwise (with what is missing).
 
     check_timeline.py TIMELINE.json --replicas 2 --iters 5 --layers ip1,ip2,ip3 \
         --buckets 3 --bytes-per-float 2
+    check_timeline.py TIMELINE.json --replicas 1 --iters 5 --layers ip1,ip2,ip3 \
+        --buckets 0 --bytes-per-float 4 --update-parts 3
 """
 import argparse
 import json
@@ -14,6 +19,17 @@ from collections import defaultdict
 
 DEVICE_TID = 1_000_000  # chrome_trace::DEVICE_TID
 COMM_TID = 2_000_000  # chrome_trace::COMM_TID
+UPDATE_TID = 3_000_000  # chrome_trace::UPDATE_TID
+
+
+def overlaps(backward, firsts, what):
+    """Problems where the i-th of `firsts` does not start before the i-th backward ends."""
+    out = []
+    for i, (bw, first) in enumerate(zip(backward, firsts)):
+        if not first["ts"] < bw["ts"] + bw["dur"]:
+            out.append(f"iteration {i}: {what} starts at {first['ts']} us, after the backward that "
+                       f"ends at {bw['ts'] + bw['dur']} us (no overlap)")
+    return out
 
 
 def main() -> int:
@@ -24,6 +40,8 @@ def main() -> int:
     ap.add_argument("--layers", required=True, help="layers with parameters, comma-separated")
     ap.add_argument("--buckets", type=int, required=True, help="buckets per iteration")
     ap.add_argument("--bytes-per-float", type=int, choices=[2, 4], required=True)
+    ap.add_argument("--update-parts", type=int, default=0,
+                    help="buckets updated behind the backward per iteration (a replica alone)")
     args = ap.parse_args()
     events = json.load(open(args.timeline))["traceEvents"]
     spans = defaultdict(list)  # tid -> [event]
@@ -58,13 +76,24 @@ def main() -> int:
                 problems.append(f"replica {u}: bucket {b} bytes {sorted(sizes)}")
         backward = sorted((e for e in device if e["name"] == "backward"), key=lambda e: e["ts"])
         first = sorted(per_bucket[0], key=lambda e: e["ts"])
-        for i, (bw, bk) in enumerate(zip(backward, first)):
-            if not bk["ts"] < bw["ts"] + bw["dur"]:
-                problems.append(f"replica {u}, iteration {i}: bucket 0 starts at {bk['ts']} us, after "
-                                f"the backward that ends at {bw['ts'] + bw['dur']} us (no overlap)")
+        problems += [f"replica {u}, {p}" for p in overlaps(backward, first, "bucket 0")]
         total = sum(es[0]["args"]["bytes"] for es in per_bucket.values())
         print(f"replica {u}: {len(device)} compute-stream spans, {len(comm)} bucket spans, "
               f"{total} bytes on the wire per iteration")
+        updates = defaultdict(list)
+        for e in spans[UPDATE_TID + u]:
+            updates[e.get("args", {}).get("bucket")].append(e)
+        if sorted(updates, key=str) != list(range(args.update_parts)):
+            problems.append(f"replica {u}: updates of buckets {sorted(updates, key=str)} on the update "
+                            f"stream, want 0..{args.update_parts}")
+            continue
+        for b, es in updates.items():
+            if len(es) != args.iters or any(e["name"] != f"update bucket {b}" for e in es):
+                problems.append(f"replica {u}: bucket {b} updated {len(es)} times, want {args.iters}")
+        if args.update_parts:
+            first = sorted(updates[0], key=lambda e: e["ts"])
+            problems += [f"replica {u}, {p}" for p in overlaps(backward, first, "the update of bucket 0")]
+            print(f"replica {u}: {sum(map(len, updates.values()))} update spans behind the backward")
     for p in problems:
         print(f"FAIL {p}")
     print("OK   GPU timeline: layer and bucket spans" if not problems else "FAIL GPU timeline")

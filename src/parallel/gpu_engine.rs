@@ -46,9 +46,10 @@
 //! left it. The communication stream thus runs NCCL alone where it can.
 //!
 //! Timeline (and `bench --layers`): the device's step phases and each layer's forward and
-//! backward on the compute stream, and each gradient bucket's all-reduce on the communication
+//! backward on the compute stream, each gradient bucket's all-reduce on the communication
 //! stream (from the first event of its trip there to the last, with the bytes it put on the
-//! wire), from the `EventClock`s of the step phases, of the net's layers and of the buckets,
+//! wire), and each bucket's update behind the backward on the update stream, from the
+//! `EventClock`s of the step phases, of the net's layers, of the buckets and of their updates,
 //! mapped onto the host clock through one event recorded when the timeline starts. The events
 //! are read once, after the timeline's window of iterations: the steps themselves never wait for
 //! them.
@@ -107,6 +108,8 @@ pub struct GpuEngine {
     launched: bool,
     /// Where a replica alone updates behind the backward, bucket by bucket.
     update_stream: Arc<CudaStream>,
+    /// Device time of each bucket's update on the update stream (timeline only).
+    update_clock: EventClock<Name>,
     /// How the current iteration's update runs, decided by its last backward.
     update_plan: UpdatePlan,
     iter_size: u64,
@@ -232,6 +235,7 @@ impl GpuEngine {
             launched: false,
             update_stream,
             update_plan: UpdatePlan::Whole,
+            update_clock: EventClock::default(),
             iter_size: cfg.solver.iter_size,
             sub: 0,
             clock: PhaseClock::default(),
@@ -443,17 +447,25 @@ impl Launcher<'_> {
     }
 }
 
+/// What the update of a bucket behind the backward needs: the solver, the update stream, its
+/// clock, and whether the update writes the weights' copies.
+struct Behind<'a> {
+    solver: &'a mut GpuSolver,
+    stream: &'a CudaStream,
+    clock: &'a mut EventClock<Name>,
+    with_copies: bool,
+}
+
 /// What follows bucket `b`'s last backward (`bucket`: its index and plan): the all-reduce on
-/// `reduce`, where given (launched by `launcher`), or, where `behind` gives the solver, the
-/// update stream and whether the weights' copies are written, the bucket's update on the update
-/// stream after the compute stream's backward so far — a lean part
+/// `reduce`, where given (launched by `launcher`), or, where `behind` is given, the bucket's
+/// update on the update stream after the compute stream's backward so far — a lean part
 /// (`crate::cuda::update::Part`) of a replica that reduces nothing. The first bucket is poisoned
 /// first where the iteration's loss (`loss.0`, of iteration `loss.1`) is not finite.
 fn bucket_done(
     gpu: &Gpu,
     launcher: &mut Launcher<'_>,
     reduce: Option<&NcclComm>,
-    behind: Option<(&mut GpuSolver, &CudaStream, bool)>,
+    behind: Option<Behind<'_>>,
     updatable: &mut Updatable<'_>,
     (b, bucket): (usize, &Bucket),
     (loss, iter): (&CudaSlice<f64>, u64),
@@ -464,14 +476,20 @@ fn bucket_done(
     if let Some(comm) = reduce {
         launcher.launch(comm, &mut updatable.params.diff, b, bucket)?;
     }
-    let Some((solver, update_stream, with_copies)) = behind else {
+    let Some(Behind {
+        solver,
+        stream,
+        clock,
+        with_copies,
+    }) = behind
+    else {
         return Ok(());
     };
     debug_assert!(
         reduce.is_none(),
         "an update behind the backward of a reduced bucket"
     );
-    order(launcher.fence, &gpu.compute, update_stream)?;
+    order(launcher.fence, &gpu.compute, stream)?;
     let (params, copies, loss_scale) = updatable.parts(with_copies);
     let part = Part {
         range: bucket.range.clone(),
@@ -480,7 +498,10 @@ fn bucket_done(
         copies,
         lean: true,
     };
-    solver.apply_part(gpu, update_stream, iter, params, part, loss_scale)?;
+    let name = Name::UpdatePart { index: b as u32 };
+    clock.time_on(stream, name, || {
+        solver.apply_part(gpu, stream, iter, params, part, loss_scale)
+    })?;
     Ok(())
 }
 
@@ -578,6 +599,7 @@ impl Engine for GpuEngine {
             launched,
             update_stream,
             update_plan,
+            update_clock,
             clock,
             fence,
             iter_loss,
@@ -612,7 +634,12 @@ impl Engine for GpuEngine {
                     gpu,
                     &mut launcher,
                     reduce.filter(|_| launching),
-                    behind.then_some((&mut *solver, &**update_stream, with_copies)),
+                    behind.then_some(Behind {
+                        solver: &mut *solver,
+                        stream: update_stream,
+                        clock: &mut *update_clock,
+                        with_copies,
+                    }),
                     updatable,
                     (next, &buckets[next]),
                     (iter_loss, ctx.iter),
@@ -917,6 +944,7 @@ impl Engine for GpuEngine {
         self.clock.set(true);
         self.net.layer_clock.set(true);
         self.bucket_clock.set(true);
+        self.update_clock.set(true);
         Ok(())
     }
 
@@ -927,16 +955,19 @@ impl Engine for GpuEngine {
         let steps = self.clock.spans(&t.zero)?;
         let layers = self.net.layer_clock.spans(&t.zero)?;
         let buckets = self.bucket_clock.spans(&t.zero)?;
+        let updates = self.update_clock.spans(&t.zero)?;
         self.clock.set(false);
         self.net.layer_clock.set(false);
         self.bucket_clock.set(false);
-        let capacity = steps.len() + layers.len() + buckets.len();
+        self.update_clock.set(false);
+        let capacity = steps.len() + layers.len() + buckets.len() + updates.len();
         let mut log = SpanLog::with_capacity(t.origin, capacity);
         log.layer_names = self.net.span_names();
         let steps = steps.into_iter().map(|(p, s, d)| (Name::Step(p), s, d));
         let compute = steps.chain(layers).map(|s| (Track::Device, s));
         let comm = buckets.into_iter().map(|s| (Track::Comm, s));
-        for (track, (name, start_ms, dur_ms)) in compute.chain(comm) {
+        let update = updates.into_iter().map(|s| (Track::Update, s));
+        for (track, (name, start_ms, dur_ms)) in compute.chain(comm).chain(update) {
             let start_ns = t.at_ns + (start_ms.max(0.0) * 1e6) as u64;
             let dur_ns = (dur_ms.max(0.0) * 1e6) as u64;
             log.push_ns(name, track, start_ns, dur_ns, None);
