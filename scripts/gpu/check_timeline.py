@@ -75,7 +75,7 @@ def main() -> int:
             if len(sizes) != 1 or min(sizes) <= 0 or min(sizes) % args.bytes_per_float:
                 problems.append(f"replica {u}: bucket {b} bytes {sorted(sizes)}")
         backward = sorted((e for e in device if e["name"] == "backward"), key=lambda e: e["ts"])
-        first = sorted(per_bucket[0], key=lambda e: e["ts"])
+        first = sorted(per_bucket.get(0, []), key=lambda e: e["ts"])
         problems += [f"replica {u}, {p}" for p in overlaps(backward, first, "bucket 0")]
         total = sum(es[0]["args"]["bytes"] for es in per_bucket.values())
         print(f"replica {u}: {len(device)} compute-stream spans, {len(comm)} bucket spans, "
@@ -96,7 +96,7 @@ def main() -> int:
             print(f"replica {u}: {sum(map(len, updates.values()))} update spans behind the backward")
     for p in problems:
         print(f"FAIL {p}")
-    print("OK   GPU timeline: layer and bucket spans" if not problems else "FAIL GPU timeline")
+    print("OK   GPU timeline: layer, bucket and update spans" if not problems else "FAIL GPU timeline")
     return 0 if not problems else 1
 
 
