@@ -15,8 +15,9 @@
 //! Where the result cannot differ ([`GpuSolver::updates_by_part`]), the engine updates the
 //! gradient bucket by bucket ([`GpuSolver::apply_part`]): each bucket as soon as its all-reduce
 //! is done, while the next buckets are still on the wire, or, for a replica alone, on a stream of
-//! its own beside the backward of the layers below it. Those parts are lean ([`Part`]): the update kernel reads each gradient
-//! element once and judges it itself, and the effective gradient is not stored back.
+//! its own beside the backward of the layers below it. Those parts are lean ([`Part`]): the
+//! update kernel reads each gradient element once and judges it itself, and the effective
+//! gradient is not stored back.
 
 use super::loss_scale::DeviceLossScale;
 use super::params::GpuParams;
