@@ -2,7 +2,8 @@
 //! same weights and gradients, with per-tensor multipliers, L1 and L2 decay, `iter_size`
 //! normalisation, clipping both engaged and not, and the cosine policy with warmup; a snapshot
 //! of either solver resumed by the other; a non-finite gradient, which applies nothing; and the
-//! update bucket by bucket, which is the update of the whole gradient.
+//! update bucket by bucket, lean or not, which is the update of the whole gradient (a lean part
+//! leaves a non-finite element and applies the elements beside it).
 
 use super::*;
 use crate::backend::Cpu;
@@ -576,9 +577,8 @@ fn lean_part(range: &std::ops::Range<usize>, i: usize) -> Part<'static> {
     }
 }
 
-/// A stream of its own for the parts of an update, ordered after the compute stream's work so
-/// far (as the engine's update stream is), and the event that orders the compute stream after
-/// it again ([`join`]).
+/// A stream of its own for the parts of an update (as the engine's update stream), and an event
+/// to order it with the compute stream both ways ([`join`]).
 fn update_stream(gpu: &Gpu) -> (Arc<CudaStream>, CudaEvent) {
     let stream = gpu.ctx.new_stream().unwrap();
     let event = gpu.ctx.new_event(None).unwrap();
