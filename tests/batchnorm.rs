@@ -115,7 +115,7 @@ fn resnet_configs_check_and_resnet20_trains_on_the_cpu() {
         ),
         ("config/resnet50.toml", vec![]),
     ] {
-        let mut check = std::process::Command::new(bin());
+        let mut check = alone();
         check.arg("check").arg(repo(config));
         for s in sets {
             check.args(["--set", s]);

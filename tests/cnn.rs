@@ -7,11 +7,10 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// `p2ptrain args...` in one process.
 fn p2ptrain(args: &[&str]) -> std::process::Output {
-    run(Command::new(bin()).args(args).env_remove("RUST_LOG"))
+    run(alone().args(args))
 }
 
 /// The last test-phase line of a run's metrics.

@@ -394,7 +394,7 @@ fn an_image_folder_of_jpegs_and_pngs_trains_on_its_class_folders() {
     let acc = test["accuracy"].as_f64().unwrap();
     assert!([0.0, 0.5, 1.0].contains(&acc), "{test}");
     // config/resnet50_imagenet.toml validates on this folder: 3×224×224 crops into ResNet-50.
-    let o = run(std::process::Command::new(bin()).args([
+    let o = run(alone().args([
         "check",
         repo("config/resnet50_imagenet.toml").to_str().unwrap(),
         "--set",
@@ -421,7 +421,7 @@ fn bench_data_prints_the_rate_of_a_pipeline() {
         caffe("png/test.txt")
     );
     let (_, cfg) = config_dir("img_bench_data", &net(&data, 1));
-    let o = run(std::process::Command::new(bin()).args([
+    let o = run(alone().args([
         "bench-data",
         cfg.to_str().unwrap(),
         "--workers",

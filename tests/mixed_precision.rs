@@ -237,11 +237,8 @@ fn digits_accuracy(math: &str, seed: u64) -> (f64, PathBuf) {
         &dir,
         &[&set, &seed_set, "cluster.threads_per_replica=1"],
     );
-    let out = std::process::Command::new(bin())
-        .args(&args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
+    // Three of these run at once: each needs an OpenMPI session directory of its own.
+    let out = alone().args(&args).output().unwrap();
     assert!(out.status.success(), "{math}: {}", text(&out));
     let test = metrics(&dir.join("metrics.jsonl"))
         .into_iter()
@@ -301,7 +298,7 @@ fn the_gpu_backend_takes_every_precision_and_loss_scaling() {
     let digits = repo("config/digits_cnn.toml");
     let digits = digits.to_str().unwrap();
     let check = |sets: &[&str]| {
-        let mut cmd = std::process::Command::new(bin());
+        let mut cmd = alone();
         cmd.arg("check").arg(digits);
         for s in sets {
             cmd.args(["--set", s]);

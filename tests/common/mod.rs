@@ -43,6 +43,14 @@ pub fn mpirun(np: usize) -> Command {
     c
 }
 
+/// `p2ptrain` alone (no launcher: an MPI singleton) with [`mpi_env`]'s environment, so that
+/// tests that start several at once do not share a session directory.
+pub fn alone() -> Command {
+    let mut c = Command::new(bin());
+    mpi_env(&mut c);
+    c
+}
+
 /// Environment for OpenMPI processes run as root inside containers, each launch with a session
 /// directory of its own.
 pub fn mpi_env(c: &mut Command) {
