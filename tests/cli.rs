@@ -34,8 +34,7 @@ fn quickstart_without_arguments_reaches_93_percent_and_says_where_its_outputs_we
 #[test]
 fn singleton_without_a_launcher_trains() {
     let dir = out_dir("singleton");
-    let mut c = Command::new(bin());
-    mpi_env(&mut c);
+    let mut c = alone();
     c.args(equivalence_args(&dir, &["solver.max_iter=5"]));
     ok(&run(&mut c));
     assert!(dir.join("snapshots/equiv_iter_5.safetensors").is_file());

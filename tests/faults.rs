@@ -417,8 +417,7 @@ fn bad_config_fails_cleanly(file: &Path, out: &Path) {
     let dir = file.parent().unwrap();
     let expect = std::fs::read_to_string(file.with_extension("expect"))
         .unwrap_or_else(|e| panic!("{}: no .expect file: {e}", file.display()));
-    let mut c = Command::new(bin());
-    mpi_env(&mut c);
+    let mut c = alone();
     c.current_dir(dir)
         .env("RUST_BACKTRACE", "1")
         .args(["train", file.file_name().unwrap().to_str().unwrap()])

@@ -9,11 +9,11 @@
 mod common;
 
 use common::{
-    bin, config_dir, digits_mlp, kill, mpi_env, mpirun, ranks_of, tensors, text, wait_for_file,
+    alone, bin, config_dir, digits_mlp, kill, mpirun, ranks_of, tensors, text, wait_for_file,
     wait_for_training, wait_within,
 };
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// An MLP on the bundled digits, quick to train and to snapshot.
@@ -258,8 +258,7 @@ const DELAY_VAR: &str = "P2PTRAIN_INJECT_SNAPSHOT_DELAY_MS";
 fn a_second_sigint_during_a_snapshot_leaves_no_temporary_and_the_earlier_snapshot_intact() {
     let (dir, cfg) = setup("second_sigint");
     let out = dir.join("o");
-    let mut c = Command::new(bin());
-    mpi_env(&mut c);
+    let mut c = alone();
     c.env(DELAY_VAR, "1000")
         .arg(&cfg)
         .arg("--output")
@@ -347,8 +346,7 @@ fn catches(pid: u32, sig: libc::c_int) -> bool {
 fn sigusr1_to_a_process_still_before_its_config_snapshots_at_the_first_iteration() {
     let (dir, cfg) = setup("early_usr1_single");
     let (gate, out) = (dir.join("gate"), dir.join("o"));
-    let mut c = Command::new(bin());
-    mpi_env(&mut c);
+    let mut c = alone();
     c.arg(&cfg)
         .arg("--output")
         .arg(&out)

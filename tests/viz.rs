@@ -8,12 +8,10 @@ use common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
 /// `p2ptrain ARGS...` alone (a singleton MPI process).
 fn p2ptrain(args: &[&str]) -> std::process::Output {
-    let mut c = Command::new(bin());
-    mpi_env(&mut c);
+    let mut c = alone();
     c.args(args);
     run(&mut c)
 }

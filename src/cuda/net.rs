@@ -323,7 +323,19 @@ pub struct Updatable<'a> {
     loss_scale: Option<&'a mut DeviceLossScale>,
 }
 
-impl Updatable<'_> {
+impl<'a> Updatable<'a> {
+    fn of(
+        params: &'a mut GpuParams,
+        rounding: &'a mut Option<HalfRounding>,
+        loss_scale: &'a mut Option<DeviceLossScale>,
+    ) -> Self {
+        Updatable {
+            params,
+            rounding: rounding.as_mut(),
+            loss_scale: loss_scale.as_mut(),
+        }
+    }
+
     /// The parameters, the copies of the weights for the update to write (in mixed precision,
     /// where `with_copies`: [`GpuNet::copies_current`] held before the update's first part), and
     /// the loss scale.
@@ -927,9 +939,7 @@ impl GpuNet {
                 .fill(&gpu.compute, &mut self.loss_total, 0.0, 1)?;
         }
         // The pass wrote only stateful layers' tensors, which each pass copies afresh.
-        if let Some(r) = &mut self.rounding {
-            r.mark_copied(&self.params);
-        }
+        self.mark_copied();
         self.pass = pass;
         Ok(())
     }
@@ -965,8 +975,9 @@ impl GpuNet {
         rounding.is_some_and(|r| r.copies_current(&self.params))
     }
 
-    /// Records that the copies of the weights hold the master weights: after an update that
-    /// started where [`GpuNet::copies_current`] held and wrote them with the new weights.
+    /// Records that the copies of the weights hold the master weights: after a pass that wrote
+    /// only stateful layers' tensors, or an update that started where
+    /// [`GpuNet::copies_current`] held and wrote them with the new weights.
     pub fn mark_copied(&mut self) {
         if let Some(r) = &mut self.rounding {
             r.mark_copied(&self.params);
@@ -975,11 +986,7 @@ impl GpuNet {
 
     /// The parameters with what an update of them needs.
     pub fn updatable(&mut self) -> Updatable<'_> {
-        Updatable {
-            params: &mut self.params,
-            rounding: self.rounding.as_mut(),
-            loss_scale: self.loss_scale.as_mut(),
-        }
+        Updatable::of(&mut self.params, &mut self.rounding, &mut self.loss_scale)
     }
 
     /// `(1)`: the sum over the last forward's loss layers of `loss_weight · loss`, on the device.
@@ -1168,12 +1175,9 @@ impl GpuNet {
                 })?;
             }
             if node.needs_backward {
-                let mut updatable = Updatable {
-                    params: &mut self.params,
-                    rounding: self.rounding.as_mut(),
-                    loss_scale: self.loss_scale.as_mut(),
-                };
-                on_layer_done(i, &mut updatable);
+                // The net's fields one by one: the backward's plan is still borrowed.
+                let (p, r, l) = (&mut self.params, &mut self.rounding, &mut self.loss_scale);
+                on_layer_done(i, &mut Updatable::of(p, r, l));
             }
         }
         Ok(())

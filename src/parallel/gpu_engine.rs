@@ -456,16 +456,21 @@ struct Behind<'a> {
     with_copies: bool,
 }
 
-/// What follows bucket `b`'s last backward (`bucket`: its index and plan): the all-reduce on
-/// `reduce`, where given (launched by `launcher`), or, where `behind` is given, the bucket's
-/// update on the update stream after the compute stream's backward so far — a lean part
-/// (`crate::cuda::update::Part`) of a replica that reduces nothing. The first bucket is poisoned
-/// first where the iteration's loss (`loss.0`, of iteration `loss.1`) is not finite.
+/// What follows a bucket's last backward: its all-reduce, or (a replica that reduces nothing)
+/// its update behind the backward.
+enum BucketWork<'a> {
+    Reduce(&'a NcclComm),
+    Update(Behind<'a>),
+}
+
+/// What follows bucket `b`'s last backward (`bucket`: its index and plan): the all-reduce,
+/// launched by `launcher`, or the bucket's update on the update stream after the compute
+/// stream's backward so far — a lean part (`crate::cuda::update::Part`). The first bucket is
+/// poisoned first where the iteration's loss (`loss.0`, of iteration `loss.1`) is not finite.
 fn bucket_done(
     gpu: &Gpu,
     launcher: &mut Launcher<'_>,
-    reduce: Option<&NcclComm>,
-    behind: Option<Behind<'_>>,
+    work: BucketWork<'_>,
     updatable: &mut Updatable<'_>,
     (b, bucket): (usize, &Bucket),
     (loss, iter): (&CudaSlice<f64>, u64),
@@ -473,22 +478,17 @@ fn bucket_done(
     if b == 0 {
         poison(gpu, loss, &mut updatable.params.diff, bucket.range.start)?;
     }
-    if let Some(comm) = reduce {
-        launcher.launch(comm, &mut updatable.params.diff, b, bucket)?;
-    }
-    let Some(Behind {
+    let Behind {
         solver,
         stream,
         clock,
         with_copies,
-    }) = behind
-    else {
-        return Ok(());
+    } = match work {
+        BucketWork::Reduce(comm) => {
+            return launcher.launch(comm, &mut updatable.params.diff, b, bucket)
+        }
+        BucketWork::Update(behind) => behind,
     };
-    debug_assert!(
-        reduce.is_none(),
-        "an update behind the backward of a reduced bucket"
-    );
     order(launcher.fence, &gpu.compute, stream)?;
     let (params, copies, loss_scale) = updatable.parts(with_copies);
     let part = Part {
@@ -630,16 +630,20 @@ impl Engine for GpuEngine {
         let mut next = 0;
         let mut done_down_to = |layer: usize, updatable: &mut Updatable<'_>| -> Result<()> {
             while next < buckets.len() && buckets[next].ready_after_layer >= layer {
-                bucket_done(
-                    gpu,
-                    &mut launcher,
-                    reduce.filter(|_| launching),
-                    behind.then_some(Behind {
+                // Called only where `launching || behind`, which exclude each other.
+                let work = match reduce.filter(|_| launching) {
+                    Some(comm) => BucketWork::Reduce(comm),
+                    None => BucketWork::Update(Behind {
                         solver: &mut *solver,
                         stream: update_stream,
                         clock: &mut *update_clock,
                         with_copies,
                     }),
+                };
+                bucket_done(
+                    gpu,
+                    &mut launcher,
+                    work,
                     updatable,
                     (next, &buckets[next]),
                     (iter_loss, ctx.iter),
