@@ -81,6 +81,9 @@ macro_rules! kernel_set {
             /// Resident blocks of each of [`IMPLICIT_WGRAD_TILES`]'s kernels on the whole
             /// device.
             implicit_wgrad_slots: [usize; IMPLICIT_WGRAD_TILES.len()],
+            /// Resident blocks of the fused chain's elementwise `_h8` kernels on the whole
+            /// device (forward, backward): their grids ([`Kernels::grid_resident`]).
+            chain_slots: [u32; 2],
         }
 
         /// The names of every kernel [`Kernels`] loads from [`SOURCE`].
@@ -94,6 +97,7 @@ macro_rules! kernel_set {
                         .map_err(|e| gpu_error(concat!("load kernel ", stringify!($name)), e))?,)*
                     max_blocks,
                     implicit_wgrad_slots: [1; IMPLICIT_WGRAD_TILES.len()],
+                    chain_slots: [max_blocks; 2],
                 })
             }
         }
@@ -287,6 +291,16 @@ impl Kernels {
             *slot = (per_sm.max(1) * sms) as usize;
         }
         kernels.implicit_wgrad_slots = slots;
+        let chain = [
+            &kernels.bn_scale_relu_forward_h8,
+            &kernels.bn_scale_relu_backward_h8,
+        ];
+        for (slot, kernel) in kernels.chain_slots.iter_mut().zip(chain) {
+            let per_sm = kernel
+                .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
+                .map_err(|e| gpu_error("query the fused chain's kernels' occupancy", e))?;
+            *slot = per_sm.clamp(1, BLOCKS_PER_SM) * sms;
+        }
         Ok(kernels)
     }
 }

@@ -264,6 +264,15 @@ impl Kernels {
         }
     }
 
+    /// [`Kernels::grid`] over `n` elements for a grid-stride kernel of which `slots` blocks are
+    /// resident on the device at once: at most those, so that every block runs from the start
+    /// and none waits for a second wave (each block of a grid-stride loop takes an equal share).
+    pub(super) fn grid_resident(&self, n: usize, slots: u32) -> LaunchConfig {
+        let mut cfg = self.grid(n);
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(slots.max(1));
+        cfg
+    }
+
     /// One warp per row over `rows` rows.
     pub(super) fn grid_rows(&self, rows: usize) -> LaunchConfig {
         let blocks = rows

@@ -276,8 +276,8 @@ struct ChainEight {
 // The first of the eight channels of each group g (elements 8g .. 8g + 8) of a channels-last
 // view of c channels that this thread meets in grid_stride_by over the groups: the same
 // channel for every group of the thread when c divides the grid's stride in elements (2,048 times
-// the blocks of Kernels::grid: every power of two up to 2,048, ResNet-50's widest), computed
-// once; else group by group.
+// the blocks of Kernels::grid_resident: every power of two up to 2,048, ResNet-50's widest),
+// computed once; else group by group.
 struct GroupChannels {
     int first, c;
     bool fixed;
@@ -357,12 +357,13 @@ __device__ __forceinline__ void bsr_scaled_pair(const ChainEight& p, int e, floa
     round_pair<HALF>(v0, v1);
 }
 
-// The elementwise `_h8` kernels run grid_stride_by over the n / 8 groups of eight: the forward
-// with four groups' loads in flight a thread, the backward (three tensors read, up to six sets of
-// per-channel operands held) with one, so that three blocks fit a multiprocessor
-// (__launch_bounds__, under which ptxas keeps a few of those operands in local memory). Each
-// thread reloads its channels' operands only when its group's channels change (never, when c
-// divides the grid's stride in elements).
+// The elementwise `_h8` kernels run grid_stride_by over the n / 8 groups of eight, on a grid of
+// the blocks resident at once (Kernels::grid_resident: no block waits for a second wave): the
+// forward with two groups' loads in flight a thread and four blocks a multiprocessor, the
+// backward (three tensors read, up to six sets of per-channel operands held) with one and three
+// (__launch_bounds__, under which ptxas keeps a few of the backward's operands in local memory).
+// Each thread reloads its channels' operands only when its group's channels change (never, when
+// c divides the grid's stride in elements).
 template <int HALF>
 __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, const float* mean,
                                                      const float* inv_std, const float* gamma,
@@ -372,7 +373,7 @@ __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, co
     const GroupChannels gc = group_channels(c);
     ChainEight p;
     int cached = -1;
-    grid_stride_by_four(
+    grid_stride_by<2>(
         n >> 3, [=](int g) { return raw_eight(x, g); },
         [&](int g, const uint4& raw) {
             group_channel_loaded(gc, g, cached, [&](int ch0) {
@@ -397,11 +398,10 @@ __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, co
         });
 }
 
-extern "C" __global__ void bn_scale_relu_forward_h8(const unsigned short* x, const float* mean,
-                                                    const float* inv_std, const float* gamma,
-                                                    const float* beta, int has_beta, int relu,
-                                                    float slope, unsigned short* z, int n, int c,
-                                                    int half) {
+extern "C" __global__ void __launch_bounds__(256, 4) bn_scale_relu_forward_h8(
+    const unsigned short* x, const float* mean, const float* inv_std, const float* gamma,
+    const float* beta, int has_beta, int relu, float slope, unsigned short* z, int n, int c,
+    int half) {
     if (half == 2) {
         bsr_forward_by_eight<2>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c);
     } else {
@@ -411,7 +411,8 @@ extern "C" __global__ void bn_scale_relu_forward_h8(const unsigned short* x, con
 
 // Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
 // (channels_last_sums, V = 4): eight held 64 registers of the four sums' accumulators, over 128
-// in all, and left one block of 256 threads a multiprocessor.
+// in all, and left one block of 256 threads a multiprocessor. Four rows' loads in flight a
+// thread, under __launch_bounds__ for three blocks a multiprocessor (80 registers, no spills).
 template <int HALF, int N>
 __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
                                                  const unsigned short* x, const float* mean,
@@ -431,7 +432,7 @@ __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
     struct In {
         uint2 dz, x;
     };
-    channels_last_sums<N, 4, 2>(
+    channels_last_sums<N, 4, 4>(
         [=](int idx0) { return In{raw_four(dz, idx0 >> 2), raw_four(x, idx0 >> 2)}; },
         [=](const In& in, Sums<N>* acc) {
             const unsigned wdz[2] = {in.dz.x, in.dz.y}, wx[2] = {in.x.x, in.x.y};
@@ -462,12 +463,10 @@ __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
 }
 
 // bn_scale_relu_sums_h over a channels-last view, launched as channels_last_sums says (V = 4).
-extern "C" __global__ void bn_scale_relu_sums_h8(const unsigned short* dz,
-                                                 const unsigned short* x, const float* mean,
-                                                 const float* inv_std, const float* gamma,
-                                                 const float* beta, int has_beta, int relu,
-                                                 float slope, double* partial, int n, int c,
-                                                 int splits, int half, int quad) {
+extern "C" __global__ void __launch_bounds__(256, 3) bn_scale_relu_sums_h8(
+    const unsigned short* dz, const unsigned short* x, const float* mean, const float* inv_std,
+    const float* gamma, const float* beta, int has_beta, int relu, float slope, double* partial,
+    int n, int c, int splits, int half, int quad) {
     __shared__ double rows[CHANNELS_LAST_ROWS];
 #define BSR_SUMS_BY_FOUR(H, N)                                                                    \
     bsr_sums_by_four<H, N>(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope, rows,        \

@@ -108,7 +108,8 @@ impl Kernels {
         let half = stored_half_arg::<T>(name, op.half);
         if channels_last_by_eight::<T>(op.dims, &[x.device_ptr(s).0, z.device_ptr_mut(s).0]) {
             return launch!(
-                self, s, bn_scale_relu_forward_h8, self.grid(count / 8),
+                self, s, bn_scale_relu_forward_h8,
+                self.grid_resident(count / 8, self.chain_slots[0]),
                 [
                     in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope,
                     out z, &ni, &c, &half,
@@ -233,7 +234,8 @@ impl Kernels {
         ];
         if channels_last_by_eight::<T>(op.dims, &ptrs) {
             return launch!(
-                self, s, bn_scale_relu_backward_h8, self.grid(count / 8),
+                self, s, bn_scale_relu_backward_h8,
+                self.grid_resident(count / 8, self.chain_slots[1]),
                 [
                     in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, in sums,
                     &bs, &relu, &slope, out dx, &ni, &ci, &acc, &half,
