@@ -37,13 +37,32 @@ extern "C" __global__ void unstride_planes(const float* t, float* dx, int planes
 }
 
 // y[b][j][i] (+)= x[b][i][j] for a batch of (rows, cols) matrices: NCHW <-> NHWC (rows = C,
-// cols = H * W, or the reverse) and KCRS <-> KRSC filters. A block of 32 x 8 threads moves one
-// 32 x 32 tile (blockIdx.x along cols, blockIdx.y along rows, blockIdx.z the matrix) through
-// shared memory, so that reads and writes are both whole runs. load(x, i) reads element i of x
-// as a float, store(y, i, v) writes (or adds) v at element i of y: the element types may differ
-// (half-type bit patterns on either side).
+// cols = H * W, or the reverse) and KCRS <-> KRSC filters. Where both sides hold a tile
+// (transposed_by_tiles), a block of 32 x 8 threads moves one 32 x 32 tile (blockIdx.x along cols,
+// blockIdx.y along rows, blockIdx.z the matrix) through shared memory, so that reads and writes
+// are both whole runs; else (a filter's few taps: cols = kh * kw, 1 for a 1 x 1 convolution)
+// the blocks along x stride over the matrix blockIdx.z's elements in y's order, writes whole runs
+// and reads runs of at most 32 rows' few columns. load(x, i) reads element i of x as a float,
+// store(y, i, v) writes (or adds) v at element i of y: the element types may differ (half-type
+// bit patterns on either side). The launcher's grid (copy.rs, transpose_grid) follows the same
+// rule.
+__device__ __forceinline__ bool transposed_by_tiles(int rows, int cols) {
+    return rows >= 32 && cols >= 32;
+}
+
 template <class In, class Out, class Load, class Store>
-__device__ __forceinline__ void transpose_tiles(const In* x, Out* y, int rows, int cols, Load load,
+__device__ __forceinline__ void transpose_elements(const In* x, Out* y, int rows, int cols,
+                                                   Load load, Store store) {
+    const long long base = (long long)blockIdx.z * rows * cols;
+    const int n = rows * cols;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const int c = i / rows, r = i - c * rows;
+        store(y, base + i, load(x, base + (long long)r * cols + c));
+    }
+}
+
+template <class In, class Out, class Load, class Store>
+__device__ __forceinline__ void transpose_by_tiles(const In* x, Out* y, int rows, int cols, Load load,
                                                 Store store) {
     __shared__ float tile[32][33];
     const long long base = (long long)blockIdx.z * rows * cols;
@@ -56,6 +75,17 @@ __device__ __forceinline__ void transpose_tiles(const In* x, Out* y, int rows, i
     for (int dc = threadIdx.y; dc < 32; dc += 8) {
         const int c = c0 + dc, r = r0 + threadIdx.x;
         if (r < rows && c < cols) store(y, base + (long long)c * rows + r, tile[threadIdx.x][dc]);
+    }
+}
+
+// transpose_by_tiles or transpose_elements, as transposed_by_tiles says.
+template <class In, class Out, class Load, class Store>
+__device__ __forceinline__ void transpose_tiles(const In* x, Out* y, int rows, int cols, Load load,
+                                                Store store) {
+    if (transposed_by_tiles(rows, cols)) {
+        transpose_by_tiles(x, y, rows, cols, load, store);
+    } else {
+        transpose_elements(x, y, rows, cols, load, store);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Launchers of the copy kernels (`copy.cu`): strided rows (concat, slices), strided planes (a
 //! strided 1 × 1 convolution's data gradient) and batched transposes (NCHW ↔ NHWC).
 
-use super::{check_len, to_i32, Kernels};
+use super::{check_len, to_i32, Kernels, BLOCK};
 use crate::error::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
@@ -13,7 +13,7 @@ launchers! {
         accumulate: bool as i32,
     ) over [batch * rows * cols]
         => launch transpose_batched(in x, out y, &rows, &cols, &accumulate)
-        on transpose_tiles(OP, batch, (rows, cols));
+        on transpose_grid(OP, batch, (rows, cols));
 
     /// [`Kernels::transpose`] from FP32 into half-type bit patterns (`fp16`, else bf16),
     /// rounded: a KCRS weight into the KRSC one a half-type convolution reads.
@@ -22,7 +22,7 @@ launchers! {
         fp16: bool as i32,
     ) over [batch * rows * cols]
         => launch transpose_to_half(in x, out y, &rows, &cols, &fp16)
-        on transpose_tiles(OP, batch, (rows, cols));
+        on transpose_grid(OP, batch, (rows, cols));
 
     /// [`Kernels::transpose`] from half-type bit patterns into FP32 (`y (+)=` the widened
     /// values): a KRSC weight gradient into the KCRS one.
@@ -31,7 +31,7 @@ launchers! {
         accumulate: bool as i32, fp16: bool as i32,
     ) over [batch * rows * cols]
         => launch transpose_widen(in x, out y, &rows, &cols, &accumulate, &fp16)
-        on transpose_tiles(OP, batch, (rows, cols));
+        on transpose_grid(OP, batch, (rows, cols));
 
     /// `y[..n] (+)= x[..n]` widened from half-type bit patterns: the FP32 copy of a half-type
     /// blob, or a half-type copy's gradient into an FP32 blob's.
@@ -53,19 +53,29 @@ launchers! {
         => launch add_rounded(in x, out y, &fp16, &accumulate, &n);
 }
 
-/// The launch of `transpose_batched` over `batch` `(rows, cols)` matrices: blocks of 32 × 8
-/// threads, one per 32 × 32 tile and matrix.
+/// The launch of `transpose_batched` (and its half-type twins) over `batch` `(rows, cols)`
+/// matrices (`transpose_tiles` in `copy.cu`): where both sides hold a 32 × 32 tile, blocks of
+/// 32 × 8 threads, one per tile and matrix; else (a filter's few taps a channel) blocks of
+/// `BLOCK` threads striding over each matrix's elements, up to 64 a matrix.
 ///
 /// # Panics
 /// If the matrices exceed the grid (65,535 along z).
-fn transpose_tiles(op: &str, batch: usize, (rows, cols): (usize, usize)) -> LaunchConfig {
+fn transpose_grid(op: &str, batch: usize, (rows, cols): (usize, usize)) -> LaunchConfig {
     let batch = u32::try_from(batch)
         .ok()
         .filter(|&b| b <= 65_535)
         .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
+    if rows >= 32 && cols >= 32 {
+        return LaunchConfig {
+            grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+    }
+    let blocks = (rows * cols).div_ceil(BLOCK as usize).clamp(1, 64) as u32;
     LaunchConfig {
-        grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
-        block_dim: (32, 8, 1),
+        grid_dim: (blocks, 1, batch),
+        block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -147,5 +157,85 @@ impl Kernels {
             self, s, copy_strided, self.grid(rows * cols),
             [in src, out dst, &r, &c, &ss, &so, &ds, &doff, &acc]
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cuda::test_util::gpu_or_skip;
+    use crate::precision::Half;
+
+    /// `y[b][c][r] = x[b][r][c]`, or added to `y`, on the host.
+    fn transposed(
+        x: &[f32],
+        y: &[f32],
+        batch: usize,
+        (rows, cols): (usize, usize),
+        add: bool,
+    ) -> Vec<f32> {
+        let mut out = y.to_vec();
+        for b in 0..batch {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (to, from) = ((b * cols + c) * rows + r, (b * rows + r) * cols + c);
+                    out[to] = if add { out[to] + x[from] } else { x[from] };
+                }
+            }
+        }
+        out
+    }
+
+    /// The three batched transposes move every element where the host puts it, written and
+    /// added, by tiles (both sides at least 32) and by elements (a 1 × 1 filter's one tap, a
+    /// 3 × 3's nine, an RGB stem's three channels, a side just short of a tile).
+    #[test]
+    fn batched_transposes_by_tiles_and_by_elements() {
+        let gpu = gpu_or_skip!("batched_transposes_by_tiles_and_by_elements");
+        let (s, k) = (&gpu.compute, &gpu.kernels);
+        let half = Half::Bf16;
+        for (batch, dims) in [
+            (3, (40, 70)),
+            (5, (64, 1)),
+            (4, (33, 9)),
+            (2, (3, 49)),
+            (3, (31, 32)),
+        ] {
+            let n = batch * dims.0 * dims.1;
+            let x: Vec<f32> = (0..n).map(|i| half.round(i as f32 * 0.37 - 11.0)).collect();
+            let y0: Vec<f32> = (0..n).map(|i| half.round(i as f32 * 0.11 + 1.0)).collect();
+            let xd = s.clone_htod(&x).unwrap();
+            let xh = s
+                .clone_htod(&x.iter().map(|&v| half.bits(v)).collect::<Vec<_>>())
+                .unwrap();
+            for add in [false, true] {
+                let want = transposed(&x, &y0, batch, dims, add);
+                let mut y = s.clone_htod(&y0).unwrap();
+                k.transpose(s, &xd, &mut y, batch, dims, add).unwrap();
+                assert_eq!(
+                    s.clone_dtoh(&y).unwrap(),
+                    want,
+                    "transpose {batch} {dims:?} {add}"
+                );
+                let mut y = s.clone_htod(&y0).unwrap();
+                k.transpose_widen(s, &xh, &mut y, batch, dims, add, false)
+                    .unwrap();
+                assert_eq!(
+                    s.clone_dtoh(&y).unwrap(),
+                    want,
+                    "widen {batch} {dims:?} {add}"
+                );
+            }
+            let want = transposed(&x, &vec![0.0; n], batch, dims, false);
+            let mut h = s.clone_htod(&vec![0u16; n]).unwrap();
+            k.transpose_to_half(s, &xd, &mut h, batch, dims, false)
+                .unwrap();
+            let got: Vec<f32> = s
+                .clone_dtoh(&h)
+                .unwrap()
+                .iter()
+                .map(|&b| half.widen(b))
+                .collect();
+            assert_eq!(got, want, "to half {batch} {dims:?}");
+        }
     }
 }

@@ -26,9 +26,11 @@
 //!
 //! Each direction's first [`HALF_CANDIDATES`] plans that `conv_exact` allows are timed once per
 //! bottom shape (the larger of device and host time, as every path choice) and the cheapest
-//! kept; workspaces are cut back to the chosen plans' need.
+//! kept; with `conv_algorithm = "heuristic"` the first of them, untimed, so that every run
+//! takes the same plans. Workspaces are cut back to the chosen plans' need.
 
 use super::{fastest, GraphRun, SideFork};
+use crate::config::ConvAlgorithm;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::cudnn::{self, graph, ConvGeometry};
 use crate::cuda::layers::{grow, scratch, Grad};
@@ -232,7 +234,9 @@ impl HalfConvolution {
             .max()
             .unwrap_or(0);
         grow(gpu, &mut self.workspace, most)?;
-        let plan = if bottom[0] == 0 {
+        // An empty batch has nothing to time; `conv_algorithm = "heuristic"` promises the same
+        // choice every run: the heuristics' first allowed plans.
+        let plan = if bottom[0] == 0 || gpu.conv_algorithm == ConvAlgorithm::Heuristic {
             let first = |mut runs: Vec<GraphRun>| runs.swap_remove(0);
             HalfPlan {
                 bottom,
@@ -432,5 +436,58 @@ impl HalfConvolution {
             fork.join(side.stream(), s)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConvShape, GraphRun, HalfConvolution, HALF_CANDIDATES};
+    use crate::config::{ConvAlgorithm, MathMode};
+    use crate::cuda::cudnn::{graph, ConvGeometry};
+    use crate::cuda::layout::Layout;
+    use crate::cuda::test_util::gpu_for_test;
+    use crate::precision::Half;
+
+    /// With `conv_algorithm = "heuristic"` each direction runs the heuristics' first allowed
+    /// plan, the same engine in every layer built for the shape, as the FP32 path's legacy
+    /// calls take cuDNN's first-ranked algorithm.
+    #[test]
+    fn heuristic_choice_takes_the_first_plans() {
+        let name = concat!(module_path!(), "::heuristic_choice_takes_the_first_plans");
+        let Some(mut gpu) = gpu_for_test(name, MathMode::Bf16) else {
+            return;
+        };
+        gpu.conv_algorithm = ConvAlgorithm::Heuristic;
+        let shape = ConvShape {
+            num_output: 32,
+            kernel: [3, 3],
+            geometry: ConvGeometry {
+                pad: [1, 1],
+                stride: [1, 1],
+                dilation: [1, 1],
+                group: 1,
+            },
+            layout: Layout::Nhwc,
+            bias: false,
+        };
+        let (bottom, top) = ([8, 16, 12, 12], [8, 32, 12, 12]);
+        let dnn = gpu.cudnn().unwrap();
+        let first = |direction| {
+            let conv = shape.conv(direction, bottom, top, Half::Bf16);
+            let runs = GraphRun::candidates(dnn, &conv, gpu.conv_exact, HALF_CANDIDATES);
+            runs.first().expect("a plan").overwrite.engine
+        };
+        let want = [
+            first(graph::Direction::Forward),
+            first(graph::Direction::BackwardData),
+            first(graph::Direction::BackwardFilter),
+        ];
+        for _ in 0..2 {
+            let mut conv = HalfConvolution::new(&gpu, Half::Bf16).unwrap();
+            conv.reshape(&gpu, "conv", &shape, bottom, top).unwrap();
+            let plan = &conv.plans[conv.current];
+            let got = [&plan.fwd, &plan.dgrad, &plan.wgrad].map(|run| run.overwrite.engine);
+            assert_eq!(got, want);
+        }
     }
 }
