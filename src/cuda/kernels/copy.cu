@@ -40,14 +40,14 @@ extern "C" __global__ void unstride_planes(const float* t, float* dx, int planes
 // cols = H * W, or the reverse) and KCRS <-> KRSC filters. Where both sides hold a tile
 // (transposed_by_tiles), a block of 32 x 8 threads moves one 32 x 32 tile (blockIdx.x along cols,
 // blockIdx.y along rows, blockIdx.z the matrix) through shared memory, so that reads and writes
-// are both whole runs; else (a filter's few taps: cols = kh * kw, 1 for a 1 x 1 convolution)
-// the blocks along x stride over the matrix blockIdx.z's elements in y's order, writes whole runs
-// and reads runs of at most 32 rows' few columns. load(x, i) reads element i of x as a float,
+// are both whole runs (and where a matrix's elements pass an int); else (a filter's few taps:
+// cols = kh * kw, 1 for a 1 x 1 convolution) the blocks along x stride over the matrix
+// blockIdx.z's elements in y's order, writes whole runs and reads runs of a few columns. load(x, i) reads element i of x as a float,
 // store(y, i, v) writes (or adds) v at element i of y: the element types may differ (half-type
 // bit patterns on either side). The launcher's grid (copy.rs, transpose_grid) follows the same
 // rule.
 __device__ __forceinline__ bool transposed_by_tiles(int rows, int cols) {
-    return rows >= 32 && cols >= 32;
+    return (rows >= 32 && cols >= 32) || (long long)rows * cols > 0x7fffffffLL;
 }
 
 template <class In, class Out, class Load, class Store>

@@ -54,9 +54,10 @@ launchers! {
 }
 
 /// The launch of `transpose_batched` (and its half-type twins) over `batch` `(rows, cols)`
-/// matrices (`transpose_tiles` in `copy.cu`): where both sides hold a 32 × 32 tile, blocks of
-/// 32 × 8 threads, one per tile and matrix; else (a filter's few taps a channel) blocks of
-/// `BLOCK` threads striding over each matrix's elements, up to 64 a matrix.
+/// matrices (`transpose_tiles` in `copy.cu`): where both sides hold a 32 × 32 tile (or a
+/// matrix's elements pass an `int`), blocks of 32 × 8 threads, one per tile and matrix; else (a
+/// filter's few taps a channel) blocks of `BLOCK` threads striding over each matrix's elements,
+/// up to 64 a matrix.
 ///
 /// # Panics
 /// If the matrices exceed the grid (65,535 along z).
@@ -65,7 +66,7 @@ fn transpose_grid(op: &str, batch: usize, (rows, cols): (usize, usize)) -> Launc
         .ok()
         .filter(|&b| b <= 65_535)
         .unwrap_or_else(|| panic!("{op}: {batch} matrices exceed the grid"));
-    if rows >= 32 && cols >= 32 {
+    if (rows >= 32 && cols >= 32) || rows * cols > i32::MAX as usize {
         return LaunchConfig {
             grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batch),
             block_dim: (32, 8, 1),
