@@ -280,27 +280,32 @@ impl Kernels {
             .map_err(|e| gpu_error("query the multiprocessor count", e))?;
         let sms = sms.max(1) as u32;
         let mut kernels = Kernels::from_module(&module, sms * BLOCKS_PER_SM)?;
+        // Blocks of `threads` of `kernel` resident on the whole device at once.
+        let resident = |kernel: &CudaFunction, threads: u32, what: &str| -> Result<u32> {
+            let per_sm = kernel
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                .map_err(|e| gpu_error(&format!("query {what}' occupancy"), e))?;
+            Ok(per_sm.max(1) * sms)
+        };
         let mut slots = [1; IMPLICIT_WGRAD_TILES.len()];
         for (slot, tile) in slots.iter_mut().zip(IMPLICIT_WGRAD_TILES) {
             let kernel = kernels
                 .wgrad_partial_kernel(tile)
                 .expect("every tile has a kernel");
-            let per_sm = kernel
-                .occupancy_max_active_blocks_per_multiprocessor(tile.threads() as u32, 0, None)
-                .map_err(|e| gpu_error("query the weight-gradient kernels' occupancy", e))?;
-            *slot = (per_sm.max(1) * sms) as usize;
+            let threads = tile.threads() as u32;
+            *slot = resident(kernel, threads, "the weight-gradient kernels")? as usize;
         }
         kernels.implicit_wgrad_slots = slots;
         let chain = [
             &kernels.bn_scale_relu_forward_h8,
             &kernels.bn_scale_relu_backward_h8,
         ];
-        for (slot, kernel) in kernels.chain_slots.iter_mut().zip(chain) {
-            let per_sm = kernel
-                .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
-                .map_err(|e| gpu_error("query the fused chain's kernels' occupancy", e))?;
-            *slot = per_sm.clamp(1, BLOCKS_PER_SM) * sms;
+        let mut chain_slots = [0; 2];
+        for (slot, kernel) in chain_slots.iter_mut().zip(chain) {
+            let most = BLOCKS_PER_SM * sms;
+            *slot = resident(kernel, BLOCK, "the fused chain's kernels")?.min(most);
         }
+        kernels.chain_slots = chain_slots;
         Ok(kernels)
     }
 }

@@ -37,19 +37,15 @@ extern "C" __global__ void unstride_planes(const float* t, float* dx, int planes
 }
 
 // y[b][j][i] (+)= x[b][i][j] for a batch of (rows, cols) matrices: NCHW <-> NHWC (rows = C,
-// cols = H * W, or the reverse) and KCRS <-> KRSC filters. Where both sides hold a tile
-// (transposed_by_tiles), a block of 32 x 8 threads moves one 32 x 32 tile (blockIdx.x along cols,
+// cols = H * W, or the reverse) and KCRS <-> KRSC filters, in one of two ways the launcher picks
+// by its block shape (copy.rs, transpose_grid). Blocks of 32 x 8 threads, where both sides hold a
+// tile (or a matrix's elements pass an int): each moves one 32 x 32 tile (blockIdx.x along cols,
 // blockIdx.y along rows, blockIdx.z the matrix) through shared memory, so that reads and writes
-// are both whole runs (and where a matrix's elements pass an int); else (a filter's few taps:
-// cols = kh * kw, 1 for a 1 x 1 convolution) the blocks along x stride over the matrix
-// blockIdx.z's elements in y's order, writes whole runs and reads runs of a few columns. load(x, i) reads element i of x as a float,
-// store(y, i, v) writes (or adds) v at element i of y: the element types may differ (half-type
-// bit patterns on either side). The launcher's grid (copy.rs, transpose_grid) follows the same
-// rule.
-__device__ __forceinline__ bool transposed_by_tiles(int rows, int cols) {
-    return (rows >= 32 && cols >= 32) || (long long)rows * cols > 0x7fffffffLL;
-}
-
+// are both whole runs. Blocks of one row of threads, else (a filter's few taps: cols = kh * kw,
+// 1 for a 1 x 1 convolution): the blocks along x stride over the matrix blockIdx.z's elements in
+// y's order, writing whole runs and reading runs of a few columns. load(x, i) reads element i of
+// x as a float, store(y, i, v) writes (or adds) v at element i of y: the element types may differ
+// (half-type bit patterns on either side).
 template <class In, class Out, class Load, class Store>
 __device__ __forceinline__ void transpose_elements(const In* x, Out* y, int rows, int cols,
                                                    Load load, Store store) {
@@ -62,8 +58,8 @@ __device__ __forceinline__ void transpose_elements(const In* x, Out* y, int rows
 }
 
 template <class In, class Out, class Load, class Store>
-__device__ __forceinline__ void transpose_by_tiles(const In* x, Out* y, int rows, int cols, Load load,
-                                                Store store) {
+__device__ __forceinline__ void transpose_by_tiles(const In* x, Out* y, int rows, int cols,
+                                                   Load load, Store store) {
     __shared__ float tile[32][33];
     const long long base = (long long)blockIdx.z * rows * cols;
     const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
@@ -78,11 +74,11 @@ __device__ __forceinline__ void transpose_by_tiles(const In* x, Out* y, int rows
     }
 }
 
-// transpose_by_tiles or transpose_elements, as transposed_by_tiles says.
+// transpose_by_tiles or transpose_elements, as the launch's block shape says.
 template <class In, class Out, class Load, class Store>
 __device__ __forceinline__ void transpose_tiles(const In* x, Out* y, int rows, int cols, Load load,
                                                 Store store) {
-    if (transposed_by_tiles(rows, cols)) {
+    if (blockDim.y > 1) {
         transpose_by_tiles(x, y, rows, cols, load, store);
     } else {
         transpose_elements(x, y, rows, cols, load, store);

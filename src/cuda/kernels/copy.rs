@@ -54,10 +54,10 @@ launchers! {
 }
 
 /// The launch of `transpose_batched` (and its half-type twins) over `batch` `(rows, cols)`
-/// matrices (`transpose_tiles` in `copy.cu`): where both sides hold a 32 × 32 tile (or a
-/// matrix's elements pass an `int`), blocks of 32 × 8 threads, one per tile and matrix; else (a
-/// filter's few taps a channel) blocks of `BLOCK` threads striding over each matrix's elements,
-/// up to 64 a matrix.
+/// matrices, whose block shape tells the kernel which way to go (`transpose_tiles` in
+/// `copy.cu`): where both sides hold a 32 × 32 tile (or a matrix's elements pass an `int`),
+/// blocks of 32 × 8 threads, one per tile and matrix; else (a filter's few taps a channel)
+/// blocks of one row of `BLOCK` threads striding over each matrix's elements, up to 64 a matrix.
 ///
 /// # Panics
 /// If the matrices exceed the grid (65,535 along z).
