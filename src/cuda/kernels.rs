@@ -256,7 +256,7 @@ pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
 pub use elementwise::Activation;
-pub use fused::{BnScaleRelu, ChainSums};
+pub use fused::{BnScaleRelu, ChainSums, ResidualSum};
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
 pub use normalization::LrnWindow;

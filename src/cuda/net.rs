@@ -90,8 +90,8 @@ use storage::{Conversion, StoragePlan};
 struct BackwardPlan {
     /// Per layer, per bottom: how its gradient is written.
     grads: Vec<Vec<Grad>>,
-    /// Blobs whose diff is zeroed before backward: they need a gradient and do not get it from
-    /// exactly one overwriting layer.
+    /// Blobs whose diff is zeroed before backward: they need a gradient and no layer overwrites
+    /// it first (see [`BackwardPlan::new`]).
     zero: Vec<usize>,
     /// Tops of layers with a loss weight, and the weight their diff starts with.
     loss_tops: Vec<(usize, f32)>,
@@ -104,11 +104,38 @@ struct BackwardPlan {
 }
 
 impl BackwardPlan {
-    fn new(graph: &Net, phase: Phase, params: &[ParamSpan]) -> BackwardPlan {
+    /// The plan of `graph` run as `slots` say in `phase`, its parameters laid out as `params`.
+    ///
+    /// Backward runs in reverse net order, a fused chain at its last layer: of the layers that
+    /// add to a blob's gradient, the first to run overwrites it and the others add to it, so
+    /// that no activation gradient is zero-filled and then read back as zeros. The blob is
+    /// zeroed first only where no layer contributes or the first turn is shared (two layers of
+    /// one fused chain reading it; the chains fused today never do).
+    ///
+    /// A layer's entry follows the blobs it reads (`reads`, [`fusion::reads_of`]): a fused
+    /// chain's head has one for each blob the chain reads, as the layer of the chain reading it
+    /// would have it.
+    fn new(
+        graph: &Net,
+        phase: Phase,
+        params: &[ParamSpan],
+        slots: &[Slot],
+        reads: &[Vec<fusion::Read>],
+    ) -> BackwardPlan {
         let blobs = graph.blob_count();
-        let mut contributors = vec![0usize; blobs];
         let mut is_loss_top = vec![false; blobs];
         let mut loss_tops = Vec::new();
+        // Per blob, the turns (the backward position of the layer that runs them) of its
+        // contributing bottom slots.
+        let mut turns: Vec<Vec<usize>> = vec![Vec::new(); blobs];
+        let turn = |i: usize| match slots[i] {
+            Slot::Own => i,
+            Slot::Head { last, .. } => last,
+            Slot::Absorbed { head } => match slots[head] {
+                Slot::Head { last, .. } => last,
+                _ => unreachable!("an absorbed layer's head heads a chain"),
+            },
+        };
         for i in 0..graph.len() {
             let node = graph.node(i);
             if !node.runs_in(phase) {
@@ -122,29 +149,37 @@ impl BackwardPlan {
             }
             if node.needs_backward {
                 for (&b, &p) in node.bottoms.iter().zip(node.propagate_down) {
-                    contributors[b] += p as usize;
+                    if p {
+                        turns[b].push(turn(i));
+                    }
                 }
             }
         }
-        let grads = (0..graph.len())
-            .map(|i| {
-                let node = graph.node(i);
-                let runs = node.runs_in(phase) && node.needs_backward;
-                node.bottoms
-                    .iter()
-                    .zip(node.propagate_down)
-                    .map(
-                        |(&b, &p)| match (runs && p, contributors[b], is_loss_top[b]) {
-                            (false, _, _) => Grad::Skip,
-                            (true, 1, false) => Grad::Overwrite,
-                            _ => Grad::Accumulate,
-                        },
-                    )
-                    .collect()
+        // The turn that overwrites each blob's gradient, if any: the latest in net order, alone
+        // at it.
+        let overwriting: Vec<Option<usize>> = turns
+            .iter()
+            .zip(&is_loss_top)
+            .map(|(t, &loss)| {
+                let first = *t.iter().max()?;
+                (!loss && t.iter().filter(|&&x| x == first).count() == 1).then_some(first)
             })
             .collect();
+        let grad_of = |r: &fusion::Read| {
+            let node = graph.node(r.layer);
+            let runs = node.runs_in(phase) && node.needs_backward;
+            match runs && node.propagate_down[r.slot] {
+                false => Grad::Skip,
+                true if overwriting[r.blob] == Some(turn(r.layer)) => Grad::Overwrite,
+                true => Grad::Accumulate,
+            }
+        };
+        let grads = reads
+            .iter()
+            .map(|layer_reads| layer_reads.iter().map(grad_of).collect())
+            .collect();
         let zero = (0..blobs)
-            .filter(|&b| graph.blob_needs_grad(b) && !is_loss_top[b] && contributors[b] != 1)
+            .filter(|&b| graph.blob_needs_grad(b) && !is_loss_top[b] && overwriting[b].is_none())
             .collect();
         let idle_param_layers = (0..graph.len())
             .filter(|&i| {
@@ -490,23 +525,19 @@ impl GpuNet {
         let blobs = (shapes.iter().zip(&idle_blobs).zip(&storage.elem))
             .map(|((s, &idle), &elem)| GpuBlob::new_as(gpu, if idle { &[0] } else { s }, 0, elem))
             .collect::<Result<Vec<_>>>()?;
+        let reads = fusion::reads_of(&graph, &layer_slots);
         let layers = (0..graph.len())
             .map(|i| {
                 let node = graph.node(i);
                 let bottoms: Vec<&[usize]> = node.bottoms.iter().map(|&b| &shapes[b][..]).collect();
                 let (runs, on_half) = (storage.runs[i], storage.on_half[i]);
                 match layer_slots[i] {
-                    Slot::Head { last, .. } => fusion::build(
-                        gpu,
-                        &graph,
-                        &layout.spans,
-                        i,
-                        last,
-                        &bottoms,
-                        runs,
-                        half,
-                        on_half,
-                    ),
+                    Slot::Head { last, .. } => {
+                        let read: Vec<&[usize]> =
+                            reads[i].iter().map(|r| &shapes[r.blob][..]).collect();
+                        let (spans, chain) = (&layout.spans, (i, last));
+                        fusion::build(gpu, &graph, spans, chain, &read, runs, half, on_half)
+                    }
                     _ => {
                         let (name, params) = (node.name, node.params);
                         gpu_layers::build(gpu, name, params, &bottoms, runs, half, on_half)
@@ -515,9 +546,10 @@ impl GpuNet {
             })
             .collect::<Result<Vec<_>>>()?;
         let plans = [Phase::Train, Phase::Test].map(|phase| {
-            BackwardPlan::new(&graph, phase, &layout.spans).through_copies(&storage.conversions)
+            BackwardPlan::new(&graph, phase, &layout.spans, &layer_slots, &reads)
+                .through_copies(&storage.conversions)
         });
-        let bottoms = storage.bottoms(&graph);
+        let bottoms = storage.bottoms();
         let raw_input = storage.input_channels_last();
         let params = GpuParams::new(gpu, layout.spans)?;
         let rounding = half
@@ -1134,7 +1166,8 @@ impl GpuNet {
                     .rounding
                     .as_ref()
                     .and_then(|r| r.operands(at, range.clone()));
-                let (rounding, graph_bottoms) = (&self.rounding, self.graph.node(at).bottoms);
+                let rounding = &self.rounding;
+                let graph_bottoms = &self.storage.reads()[at];
                 let param_diff = diff.slice_mut(range);
                 let (layer, blobs) = (&mut self.layers[at], &mut self.blobs);
                 let (bottoms, storage) = (&self.bottoms[at], &self.storage);
@@ -1154,7 +1187,10 @@ impl GpuNet {
                         convert_backward(gpu, storage, c, grad.accumulate(), blobs)?;
                     }
                     if let Some(r) = rounding {
-                        let read = bottoms.iter().zip(graph_bottoms).zip(&plan.grads[at]);
+                        let read = bottoms
+                            .iter()
+                            .zip(graph_bottoms.iter())
+                            .zip(&plan.grads[at]);
                         for ((&stored, &b), g) in read {
                             // Overwritten in place from half-type top diffs by a layer that
                             // keeps them: already half-type values. A half-type blob's

@@ -31,6 +31,28 @@ __device__ __forceinline__ float bsr_value(float x, float mean, float inv_std, f
     return bsr_scaled(bsr_normalized(x, mean, inv_std, half), gamma, beta, has_beta, c, half);
 }
 
+// Eltwise SUM -> ReLU of one element (the residual join, defined with its kernels below):
+// relu(c0 * x0 + c1 * x1) with x0 and x1 rounded as they are read, the sum rounded once.
+__device__ __forceinline__ float sum2_forward_element(float x0, float x1, float c0, float c1,
+                                                      float slope, int half) {
+    const float v = fmaf(c1, round_if_half(x1, half), c0 * round_if_half(x0, half));
+    return round_if_half(v > 0.0f ? v : slope * v, half);
+}
+
+// A chain that ends in a residual sum (has_res): z = relu(c0 * b0 + c1 * b1) over the sum's
+// bottoms, the Scale's output v and the shortcut r, r being b0 where res_first; the ReLU's
+// `relu` and `slope` then those after the sum (the sum's ReLU is always there, `relu` is 1).
+struct ResidualSum {
+    int has_res, res_first;
+    float c0, c1;
+};
+
+__device__ __forceinline__ float bsr_sum_element(float v, float r, const ResidualSum& rs,
+                                                 float slope, int half) {
+    return rs.res_first ? sum2_forward_element(r, v, rs.c0, rs.c1, slope, half)
+                        : sum2_forward_element(v, r, rs.c0, rs.c1, slope, half);
+}
+
 // The chain's z of one element x of channel ch.
 __device__ __forceinline__ float bsr_forward_element(float xi, int ch, const float* mean,
                                                      const float* inv_std, const float* gamma,
@@ -40,39 +62,56 @@ __device__ __forceinline__ float bsr_forward_element(float xi, int ch, const flo
     return (relu && !(v > 0.0f)) ? round_if_half(slope * v, half) : v;
 }
 
-// Forward, over x and z stored as T (float, or half-type bit patterns: load_value, store_value).
+// Forward, over x, the shortcut res (has_res) and z stored as T (float, or half-type bit
+// patterns: load_value, store_value).
 template <class T>
 __device__ __forceinline__ void bsr_forward(const T* x, const float* mean, const float* inv_std,
                                             const float* gamma, const float* beta, int has_beta,
-                                            int relu, float slope, T* z, int n, int c, int s,
-                                            int half) {
+                                            int relu, float slope, const T* res, ResidualSum rs,
+                                            T* z, int n, int c, int s, int half) {
     const FastDiv by_s = fast_div(s), by_c = fast_div(c);
     grid_stride_by_four(
-        n, [=](int i) { return load_value(x, i, half); },
-        [=](int i, float xi) {
+        n,
+        [=](int i) {
+            return make_float2(load_value(x, i, half), rs.has_res ? load_value(res, i, half) : 0.0f);
+        },
+        [=](int i, float2 in) {
             const int ch = channel_of(i, by_s, by_c);
-            const float zi = bsr_forward_element(xi, ch, mean, inv_std, gamma, beta, has_beta,
-                                                 relu, slope, half);
+            float zi;
+            if (rs.has_res) {
+                const float v = bsr_value(in.x, mean[ch], inv_std[ch], gamma[ch], beta, has_beta,
+                                          ch, half);
+                zi = bsr_sum_element(v, in.y, rs, slope, half);
+            } else {
+                zi = bsr_forward_element(in.x, ch, mean, inv_std, gamma, beta, has_beta, relu,
+                                         slope, half);
+            }
             store_value(z, i, zi, half);
         });
 }
 
+// res, has_res, res_first, c0, c1: the residual sum (ResidualSum); res is never read without it.
 extern "C" __global__ void bn_scale_relu_forward(const float* x, const float* mean,
                                                  const float* inv_std, const float* gamma,
                                                  const float* beta, int has_beta, int relu,
-                                                 float slope, float* z, int n, int c, int s,
-                                                 int half) {
-    bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half);
+                                                 float slope, const float* res, int has_res,
+                                                 int res_first, float c0, float c1, float* z,
+                                                 int n, int c, int s, int half) {
+    const ResidualSum rs{has_res, res_first, c0, c1};
+    bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, res, rs, z, n, c, s, half);
 }
 
-// bn_scale_relu_forward on half-type x and z.
+// bn_scale_relu_forward on half-type x, res and z.
 extern "C" __global__ void bn_scale_relu_forward_h(const unsigned short* x, const float* mean,
                                                    const float* inv_std, const float* gamma,
                                                    const float* beta, int has_beta, int relu,
-                                                   float slope, unsigned short* z, int n, int c,
+                                                   float slope, const unsigned short* res,
+                                                   int has_res, int res_first, float c0,
+                                                   float c1, unsigned short* z, int n, int c,
                                                    int s, int half) {
-    WITH_HALF_CONSTANT(
-        bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c, s, half));
+    const ResidualSum rs{has_res, res_first, c0, c1};
+    WITH_HALF_CONSTANT(bsr_forward(x, mean, inv_std, gamma, beta, has_beta, relu, slope, res, rs,
+                                   z, n, c, s, half));
 }
 
 // The gradient reaching the Scale's output v: g = dz * (relu && !(v > 0) ? slope : 1).
@@ -364,33 +403,47 @@ __device__ __forceinline__ void bsr_scaled_pair(const ChainEight& p, int e, floa
 // (__launch_bounds__, under which ptxas keeps a few of the backward's operands in local memory).
 // Each thread reloads its channels' operands only when its group's channels change (never, when
 // c divides the grid's stride in elements).
-template <int HALF>
+template <int HALF, bool RES>
 __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, const float* mean,
                                                      const float* inv_std, const float* gamma,
                                                      const float* beta, int has_beta, int relu,
-                                                     float slope, unsigned short* z, int n,
-                                                     int c) {
+                                                     float slope, const unsigned short* res,
+                                                     const ResidualSum& rs, unsigned short* z,
+                                                     int n, int c) {
     const GroupChannels gc = group_channels(c);
     ChainEight p;
     int cached = -1;
-    grid_stride_by<2>(
-        n >> 3, [=](int g) { return raw_eight(x, g); },
-        [&](int g, const uint4& raw) {
+    // A group's eight values of x and, with a residual sum, of the shortcut.
+    struct In {
+        uint4 x, r;
+    };
+    // Two groups' loads in flight, one with the shortcut's (which two would spill).
+    grid_stride_by<RES ? 1 : 2>(
+        n >> 3,
+        [=](int g) { return In{raw_eight(x, g), RES ? raw_eight(res, g) : make_uint4(0, 0, 0, 0)}; },
+        [&](int g, const In& in) {
             group_channel_loaded(gc, g, cached, [&](int ch0) {
                 load_channels(mean, ch0, p.mean);
                 load_channels(inv_std, ch0, p.inv_std);
                 load_channels(gamma, ch0, p.gamma);
                 if (has_beta) load_channels(beta, ch0, p.beta);
             });
-            Eight v = widen_eight<HALF>(raw);
+            Eight v = widen_eight<HALF>(in.x);
+            const Eight r = widen_eight<HALF>(in.r);
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
                 float y0, y1, v0, v1;
                 bsr_normalized_pair<HALF>(p, e, v.v[e], v.v[e + 1], y0, y1);
                 bsr_scaled_pair<HALF>(p, e, y0, y1, has_beta, v0, v1);
-                // The leaky part is rounded by the store.
-                if (relu && !(v0 > 0.0f)) v0 = slope * v0;
-                if (relu && !(v1 > 0.0f)) v1 = slope * v1;
+                if (RES) {
+                    // The shortcut holds half-type values: the sum's rounding on load keeps them.
+                    v0 = bsr_sum_element(v0, r.v[e], rs, slope, HALF);
+                    v1 = bsr_sum_element(v1, r.v[e + 1], rs, slope, HALF);
+                } else {
+                    // The leaky part is rounded by the store.
+                    if (relu && !(v0 > 0.0f)) v0 = slope * v0;
+                    if (relu && !(v1 > 0.0f)) v1 = slope * v1;
+                }
                 v.v[e] = v0;
                 v.v[e + 1] = v1;
             }
@@ -398,15 +451,27 @@ __device__ __forceinline__ void bsr_forward_by_eight(const unsigned short* x, co
         });
 }
 
+// res, has_res, res_first, c0, c1 as bn_scale_relu_forward's.
 extern "C" __global__ void __launch_bounds__(256, 4) bn_scale_relu_forward_h8(
     const unsigned short* x, const float* mean, const float* inv_std, const float* gamma,
-    const float* beta, int has_beta, int relu, float slope, unsigned short* z, int n, int c,
-    int half) {
+    const float* beta, int has_beta, int relu, float slope, const unsigned short* res, int has_res,
+    int res_first, float c0, float c1, unsigned short* z, int n, int c, int half) {
+    const ResidualSum rs{has_res, res_first, c0, c1};
+#define BSR_FORWARD_BY_EIGHT(H, R)                                                                \
+    bsr_forward_by_eight<H, R>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, res, rs, z,  \
+                               n, c)
     if (half == 2) {
-        bsr_forward_by_eight<2>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c);
+        if (has_res) {
+            BSR_FORWARD_BY_EIGHT(2, true);
+        } else {
+            BSR_FORWARD_BY_EIGHT(2, false);
+        }
+    } else if (has_res) {
+        BSR_FORWARD_BY_EIGHT(1, true);
     } else {
-        bsr_forward_by_eight<1>(x, mean, inv_std, gamma, beta, has_beta, relu, slope, z, n, c);
+        BSR_FORWARD_BY_EIGHT(1, false);
     }
+#undef BSR_FORWARD_BY_EIGHT
 }
 
 // Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
@@ -566,13 +631,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) bn_scale_relu_backward_h8(
 // the rounding): y and each dx rounded as the CPU rounds the ReLU's top and the sum's gradients,
 // and x0, x1 and dy as they are read (the net may leave them unrounded for this pair to round).
 // The `_h` twins take every tensor stored in the half type, as the chain's above.
-
-// y of one element from x0 and x1.
-__device__ __forceinline__ float sum2_forward_element(float x0, float x1, float c0, float c1,
-                                                      float slope, int half) {
-    const float v = fmaf(c1, round_if_half(x1, half), c0 * round_if_half(x0, half));
-    return round_if_half(v > 0.0f ? v : slope * v, half);
-}
 
 template <class T>
 __device__ __forceinline__ void sum2_forward(const T* x0, const T* x1, float c0, float c1,

@@ -38,9 +38,36 @@ pub struct BnScaleRelu<'a> {
     pub beta: Option<CudaView<'a, f32>>,
     /// The ReLU's negative slope (≥ 0); `None` when no ReLU follows the Scale.
     pub relu: Option<f32>,
+    /// The residual sum and ReLU the chain ends in, if it does (then `relu` is `None`): only
+    /// the forward reads it, the sum's backward being [`Kernels::sum2_relu_backward`].
+    pub sum: Option<ResidualSum>,
     pub dims: (usize, usize, usize),
     /// The half type every layer's result is rounded to, in mixed precision.
     pub half: Option<Half>,
+}
+
+/// The Eltwise SUM → ReLU a BatchNorm chain may end in: `relu(c0 · b0 + c1 · b1)` over the sum's
+/// bottoms, one the Scale's output and the other the shortcut.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResidualSum {
+    /// The sum's coefficients, in the order of its bottoms.
+    pub coeff: [f32; 2],
+    /// Whether the shortcut is the sum's first bottom (else the Scale's output is).
+    pub shortcut_first: bool,
+    /// The ReLU's negative slope (≥ 0).
+    pub slope: f32,
+}
+
+impl ResidualSum {
+    /// The coefficients `(of the shortcut, of the Scale's output)`.
+    pub fn coeff_of_shortcut_and_chain(&self) -> (f32, f32) {
+        let [c0, c1] = self.coeff;
+        if self.shortcut_first {
+            (c0, c1)
+        } else {
+            (c1, c0)
+        }
+    }
 }
 
 /// Which sums [`Kernels::bn_scale_relu_sums`] takes and where it stores them.
@@ -87,40 +114,66 @@ impl BnScaleRelu<'_> {
 }
 
 impl Kernels {
-    /// `z = relu(gamma · (x − mean) · inv_std + beta)` per channel, `x` and `z` stored as `T`.
+    /// `z = relu(gamma · (x − mean) · inv_std + beta)` per channel, or with the chain's
+    /// [`ResidualSum`] `z = relu(c0 · b0 + c1 · b1)` of that Scale output and the `shortcut`
+    /// (`(N, C, S)`, read only then); `x`, `shortcut` and `z` stored as `T`.
     pub fn bn_scale_relu_forward<T: StoredElem>(
         &self,
         s: &CudaStream,
         op: &BnScaleRelu<'_>,
         x: &impl DevicePtr<T>,
+        shortcut: Option<&CudaView<'_, T>>,
         z: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
         let name = "bn_scale_relu_forward";
         let (count, (_, c, sp)) = op.check(name);
         check_len(name, "x", x.len(), count);
         check_len(name, "z", z.len(), count);
+        assert_eq!(
+            shortcut.is_some(),
+            op.sum.is_some(),
+            "{name}: a shortcut exactly with a residual sum"
+        );
+        if let Some(r) = shortcut {
+            check_len(name, "shortcut", r.len(), count);
+        }
         if count == 0 {
             return Ok(());
         }
         let ni = count as i32;
-        let (relu, slope) = op.relu_args();
+        let (relu, slope) = match op.sum {
+            Some(sum) => (1, sum.slope),
+            None => op.relu_args(),
+        };
         let ((bp, _b), has_beta) = op.beta_args(s);
         let half = stored_half_arg::<T>(name, op.half);
-        if channels_last_by_eight::<T>(op.dims, &[x.device_ptr(s).0, z.device_ptr_mut(s).0]) {
+        // An absent shortcut passes x's address, never read (`has_res` is 0).
+        let (rp, _r) = match shortcut {
+            Some(r) => r.device_ptr(s),
+            None => x.device_ptr(s),
+        };
+        let (has_res, res_first) = (
+            op.sum.is_some() as i32,
+            op.sum.is_some_and(|r| r.shortcut_first) as i32,
+        );
+        let [c0, c1] = op.sum.map_or([1.0, 1.0], |r| r.coeff);
+        let mut ptrs = vec![x.device_ptr(s).0, z.device_ptr_mut(s).0];
+        ptrs.extend(shortcut.map(|r| r.device_ptr(s).0));
+        if channels_last_by_eight::<T>(op.dims, &ptrs) {
             return launch!(
                 self, s, bn_scale_relu_forward_h8,
                 self.grid_resident(count / 8, self.chain_slots[0]),
                 [
                     in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope,
-                    out z, &ni, &c, &half,
+                    &rp, &has_res, &res_first, &c0, &c1, out z, &ni, &c, &half,
                 ]
             );
         }
         launch!(
             self, s, bn_scale_relu_forward | bn_scale_relu_forward_h for T, self.grid(count),
             [
-                in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, out z,
-                &ni, &c, &sp, &half,
+                in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, &rp,
+                &has_res, &res_first, &c0, &c1, out z, &ni, &c, &sp, &half,
             ]
         )
     }

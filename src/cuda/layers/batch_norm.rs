@@ -138,6 +138,11 @@ impl GpuBatchNorm {
         gpu.kernels.bn_stats(s, source, (c, self.eps), stats)
     }
 
+    /// The layer's name.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The channel view `(outer, C, inner)` of the current bottom.
     pub(super) fn dims(&self) -> (usize, usize, usize) {
         self.dims

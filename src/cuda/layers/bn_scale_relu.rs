@@ -18,6 +18,16 @@
 //! `dy = gamma · g` (`Σ dy = gamma · Σ g`, `Σ dy·y = gamma · Σ g·y`), all-reduced when `sync`;
 //! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
 //!
+//! With a residual sum ([`GpuBnScaleRelu::with_sum`]: BatchNorm → Scale → two-bottom Eltwise SUM
+//! → ReLU, the end of a residual block) the layer has two bottoms, `x` and the sum's other
+//! bottom, the shortcut `r` (both `(N, C, ...)`), and its top is the ReLU's: the forward writes
+//! `z = relu(c0 · b0 + c1 · b1)` over the sum's bottoms in one pass, never storing the Scale's
+//! output or the sum. Backward: one pass of the sum's backward writes the shortcut's gradient
+//! `c_r · g`, `g = dz · relu'(z)`, and the chain's backward above reads the gradient reaching the
+//! Scale's output, `c_v · g`, off it where that is the same value (equal coefficients, the
+//! shortcut's gradient overwritten: a residual block's join), else from a scratch tensor the same
+//! pass writes too.
+//!
 //! Mixed precision (built with a [`Half`]): the kernels round what the three layers' CPU versions
 //! round — `x` and `dz` as they read them (the net leaves a top or a gradient that only such
 //! layers read unrounded, [`GpuLayer::rounds_on_load`]), the normalised `y`, the Scale's output,
@@ -36,11 +46,13 @@
 //! the Scale's parameter gradient stay FP32 (doubles for the sums), as there.
 
 use super::batch_norm::GpuBatchNorm;
-use super::{BackwardPass, BlobElem, ForwardPass, GpuLayer, Grad, StatePass};
+use super::{eltwise_relu, BackwardPass, BlobElem, ForwardPass, GpuLayer, Grad, StatePass};
 use crate::config::layer_params::LayerParams;
-use crate::cuda::kernels::{BnScaleRelu, ChainSums};
+use crate::cuda::blob::GpuBlob;
+use crate::cuda::kernels::{BnScaleRelu, ChainSums, ResidualSum};
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
+use crate::error::Error;
 use crate::error::Result;
 use crate::net::NodeView;
 use crate::precision::Half;
@@ -64,6 +76,22 @@ pub fn fusable(chain: &[NodeView]) -> bool {
     }
 }
 
+/// Whether the layers `chain` (a BatchNorm, a Scale, an Eltwise, a ReLU, in net order) compute
+/// what one [`GpuBnScaleRelu`] with a residual sum does: the BatchNorm and the Scale
+/// [`fusable`], the Eltwise and the ReLU [`eltwise_relu::fusable`], and the Scale's top one of
+/// the sum's bottoms. The net checks the wiring (single consumers, same phases).
+pub fn fusable_with_sum(chain: &[NodeView]) -> bool {
+    match chain {
+        [bn, scale, sum, relu] => {
+            fusable(&[*bn, *scale])
+                && eltwise_relu::fusable(&[*sum, *relu])
+                && scale.tops.len() == 1
+                && sum.bottoms.contains(&scale.tops[0])
+        }
+        _ => false,
+    }
+}
+
 /// What the kernels' operands depend on besides the buffers.
 #[derive(Clone, Copy)]
 struct Shape {
@@ -71,6 +99,7 @@ struct Shape {
     scale_offset: usize,
     bias_term: bool,
     relu: Option<f32>,
+    sum: Option<ResidualSum>,
     half: Option<Half>,
 }
 
@@ -87,6 +116,7 @@ fn operands<'a>(
         gamma: params.slice(at..at + c),
         beta: shape.bias_term.then(|| params.slice(at + c..at + 2 * c)),
         relu: shape.relu,
+        sum: shape.sum,
         dims: shape.dims,
         half: shape.half,
     }
@@ -97,6 +127,11 @@ pub struct GpuBnScaleRelu {
     bn: GpuBatchNorm,
     bias_term: bool,
     relu: Option<f32>,
+    /// The residual sum and ReLU the chain ends in (then `relu` is `None`).
+    sum: Option<ResidualSum>,
+    /// The gradient reaching the Scale's output where the chain has a sum and cannot read it
+    /// off the shortcut's (allocated on first need, stored as the blobs).
+    dz: Option<GpuBlob>,
     /// Offset of the Scale's parameters in the layer's view.
     scale_offset: usize,
     /// The half type of mixed precision, whose rounding the kernels apply.
@@ -143,10 +178,40 @@ impl GpuBnScaleRelu {
                 LayerParams::Relu(r) => r.negative_slope,
                 _ => unreachable!("fusable checked the ReLU"),
             }),
+            sum: None,
+            dz: None,
             scale_offset,
             half,
             half_blobs: false,
         })
+    }
+
+    /// The layers `chain` (checked by [`fusable_with_sum`]): the chain of [`Self::new`] ending
+    /// in the residual sum and its ReLU; its bottoms are the BatchNorm's and the sum's other one.
+    pub fn with_sum(
+        gpu: &Gpu,
+        chain: &[NodeView],
+        scale_offset: usize,
+        layout: Layout,
+        half: Option<Half>,
+    ) -> Result<Self> {
+        assert!(
+            fusable_with_sum(chain),
+            "not a fusable BatchNorm → Scale → Eltwise SUM → ReLU chain"
+        );
+        let (LayerParams::Eltwise(sum), LayerParams::Relu(relu)) =
+            (chain[2].params, chain[3].params)
+        else {
+            unreachable!("fusable_with_sum checked the sum and its ReLU");
+        };
+        let coeff = sum.coeff.as_deref().unwrap_or(&[1.0, 1.0]);
+        let mut layer = Self::new(gpu, &chain[..2], scale_offset, layout, half)?;
+        layer.sum = Some(ResidualSum {
+            coeff: [coeff[0], coeff[1]],
+            shortcut_first: chain[2].bottoms[1] == chain[1].tops[0],
+            slope: relu.negative_slope,
+        });
+        Ok(layer)
     }
 
     /// The kernels' operands: the statistics `mean` and `inv_std` of the last forward and the
@@ -165,6 +230,7 @@ impl GpuBnScaleRelu {
             scale_offset: self.scale_offset,
             bias_term: self.bias_term,
             relu: self.relu,
+            sum: self.sum,
             half: self.half,
         }
     }
@@ -179,18 +245,85 @@ impl GpuBnScaleRelu {
     /// Forward on blobs stored as `T`.
     fn forward_as<T: BlobElem>(&mut self, mut pass: ForwardPass<'_>) -> Result<()> {
         let (gpu, params) = (pass.gpu, &pass.params);
-        let [x, z] = pass.blobs.bottom_top();
         let state = params.slice(..self.state_len());
+        let (x, shortcut, z) = match self.sum {
+            Some(_) => {
+                let [x, r, z] = pass.blobs.two_bottoms_top();
+                (x, Some(r), z)
+            }
+            None => {
+                let [x, z] = pass.blobs.bottom_top();
+                (x, None, z)
+            }
+        };
         self.bn
             .statistics::<T>(gpu, pass.ctx, x, &state, self.half)?;
         let op = self.operands(self.bn.mean_and_inv_std(), params);
+        let shortcut = shortcut.map(|r| T::data(r));
+        let mut z = T::data_mut(z);
         gpu.kernels
-            .bn_scale_relu_forward(&gpu.compute, &op, &T::data(x), &mut T::data_mut(z))
+            .bn_scale_relu_forward(&gpu.compute, &op, &T::data(x), shortcut.as_ref(), &mut z)
+    }
+
+    /// Whether the chain with a residual `sum` reads the gradient reaching the Scale's output
+    /// off the shortcut's, whose gradient is written as `shortcut`: the same values where the
+    /// sum's backward overwrites it with the same coefficient.
+    fn reads_dz_off_shortcut(sum: ResidualSum, shortcut: Grad) -> bool {
+        let (c_shortcut, c_chain) = sum.coeff_of_shortcut_and_chain();
+        shortcut == Grad::Overwrite && c_shortcut == c_chain
+    }
+
+    /// The residual sum's backward on blobs stored as `T`: the shortcut's gradient as `shortcut`
+    /// says, and the gradient reaching the Scale's output into the scratch [`Self::dz`] unless
+    /// the chain reads it off the shortcut's ([`Self::reads_dz_off_shortcut`]).
+    fn sum_backward_as<T: BlobElem>(
+        &mut self,
+        pass: &mut BackwardPass<'_>,
+        sum: ResidualSum,
+        shortcut: Grad,
+    ) -> Result<()> {
+        let gpu = pass.gpu;
+        let [r, z] = pass.blobs.pick([pass.blobs.bottoms[1], pass.blobs.tops[0]]);
+        let n = z.count();
+        let scratch = !Self::reads_dz_off_shortcut(sum, shortcut);
+        if scratch && self.dz.as_ref().is_none_or(|d| d.shape != z.shape) {
+            self.dz = Some(GpuBlob::new_as(gpu, &z.shape, 0, z.elem())?);
+        }
+        let mut dr = T::diff_mut(r);
+        let mut dz = match &mut self.dz {
+            Some(d) if scratch => Some(T::diff_mut(d)),
+            _ => None,
+        };
+        let to_shortcut = shortcut.wanted().then(|| (&mut dr, shortcut.accumulate()));
+        let to_chain = dz.as_mut().map(|d| (d, false));
+        let dx = match sum.shortcut_first {
+            true => [to_shortcut, to_chain],
+            false => [to_chain, to_shortcut],
+        };
+        gpu.kernels.sum2_relu_backward(
+            &gpu.compute,
+            sum.coeff,
+            sum.slope,
+            &T::data(z),
+            &T::diff(z),
+            dx,
+            n,
+            self.half,
+        )
     }
 
     /// Backward on blobs stored as `T`.
     fn backward_as<T: BlobElem>(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
-        let (gpu, grad, params) = (pass.gpu, pass.grads[0], &pass.params);
+        let (gpu, grad) = (pass.gpu, pass.grads[0]);
+        let dz_off_shortcut = match self.sum {
+            Some(sum) => {
+                let shortcut = pass.grads[1];
+                self.sum_backward_as::<T>(&mut pass, sum, shortcut)?;
+                Self::reads_dz_off_shortcut(sum, shortcut)
+            }
+            None => false,
+        };
+        let params = &pass.params;
         let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
         let s = &gpu.compute;
         let state_len = self.state_len();
@@ -202,7 +335,21 @@ impl GpuBnScaleRelu {
         let at = self.scale_offset;
         let scale_len = c * (1 + self.bias_term as usize);
         let batch_stats = self.bn.batch_stats();
-        let [x, z] = pass.blobs.bottom_top();
+        // The chain's bottom, and the blob whose diff holds the gradient reaching the Scale's
+        // output (or the ReLU's, the chain's top without a sum).
+        let (x, dz_blob) = match self.sum {
+            None => {
+                let [x, z] = pass.blobs.bottom_top();
+                (x, &*z)
+            }
+            Some(_) => {
+                let [x, r] = pass
+                    .blobs
+                    .pick([pass.blobs.bottoms[0], pass.blobs.bottoms[1]]);
+                let scratch = self.dz.as_ref().filter(|_| !dz_off_shortcut);
+                (x, scratch.unwrap_or(&*r))
+            }
+        };
         // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
         let shape = self.shape();
         let bn_sums_needed = batch_stats && grad.wanted();
@@ -211,7 +358,7 @@ impl GpuBnScaleRelu {
             (Some(_), false) => ChainSums::Scale,
             (Some(_), true) => ChainSums::Separate,
         };
-        let dz = T::diff(z);
+        let dz = T::diff(dz_blob);
         {
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
@@ -252,8 +399,16 @@ impl GpuLayer for GpuBnScaleRelu {
         "batch_norm+scale+relu"
     }
 
+    /// One bottom, or with a residual sum two of one shape.
     fn reshape(&mut self, gpu: &Gpu, bottoms: &[&[usize]]) -> Result<()> {
-        self.bn.reshape(gpu, bottoms)
+        match (self.sum, bottoms) {
+            (None, _) => self.bn.reshape(gpu, bottoms),
+            (Some(_), [x, r]) if x == r => self.bn.reshape(gpu, &bottoms[..1]),
+            (Some(_), _) => Err(Error::net(
+                self.bn.name(),
+                format!("with its residual sum takes 2 bottoms of one shape, got {bottoms:?}"),
+            )),
+        }
     }
 
     fn rounds_itself(&self) -> bool {

@@ -13,9 +13,10 @@
 //!   flatten and reshape) are kinds of one generic layer, [`neuron::GpuNeuron`]; Scale and Bias
 //!   are kinds of [`affine::GpuAffine`]. Each kind's file builds it and holds its tests.
 //! - `backward` accumulates into the parameter gradient and into the bottoms' diffs, unless told
-//!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the only one to
-//!   contribute to that blob's gradient, and for the parameters on the first backward of an
-//!   iteration, which saves zero-filling the buffers first (the result is the same).
+//!   [`Grad::Overwrite`]: the net says so for a bottom when the layer is the first in backward
+//!   order to contribute to that blob's gradient, and for the parameters on the first backward
+//!   of an iteration, which saves zero-filling the buffers first and reading the zeros back (the
+//!   result is the same).
 //! - A layer sees its learnable tensors as one view of its contiguous range of the flat buffers,
 //!   in the order of the CPU layer's `param_specs()`.
 //! - Everything is enqueued on [`Gpu::compute`]; nothing synchronises.
@@ -176,7 +177,7 @@ pub enum Grad {
     Skip,
     /// `diff += gradient` (the layer contract).
     Accumulate,
-    /// `diff = gradient`: this layer is the buffer's only contributor.
+    /// `diff = gradient`: this layer is the buffer's first contributor in backward order.
     Overwrite,
 }
 

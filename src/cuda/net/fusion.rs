@@ -1,15 +1,20 @@
 //! Which layers of a net the GPU runs fused, when the intermediate blobs of a chain are read by
-//! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], a two-bottom Eltwise
-//! SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU or a ReLU → average Pooling one
-//! [`GpuPooling`] (see [`GpuPooling::with_relu`]), each at the chain's first slot. The plan is a
-//! [`Slot`] per layer; [`super::GpuNet`] runs a fused chain's forward at its head and its
-//! backward at its last layer (so that every parameter gradient of the chain is complete when the
-//! backward reaches the last layer, where the gradient all-reduce may pick it up).
+//! nobody else: BatchNorm → Scale (→ ReLU) becomes one [`GpuBnScaleRelu`], and so does
+//! BatchNorm → Scale → two-bottom Eltwise SUM → ReLU (a residual block's last branch and its
+//! join: the sum's other bottom, the shortcut, becomes the fused layer's second bottom); a
+//! two-bottom Eltwise SUM → ReLU one [`GpuEltwiseRelu`], a max Pooling → ReLU or a ReLU → average
+//! Pooling one [`GpuPooling`] (see [`GpuPooling::with_relu`]), each at the chain's first slot. The
+//! plan is a [`Slot`] per layer; [`super::GpuNet`] runs a fused chain's forward at its head and
+//! its backward at its last layer (so that every parameter gradient of the chain is complete when
+//! the backward reaches the last layer, where the gradient all-reduce may pick it up). A fused
+//! layer reads its chain's [`reads_of`]: the head's bottoms, then those of later layers that the
+//! chain does not write itself.
 //!
 //! In mixed precision the CPU rounds every member's top and bottom gradient. The BatchNorm
 //! chain's kernels round where the members would; the others are formed only where no rounding
 //! but the chain's last top's and first bottom gradient's (which their kernels apply) can change
 //! a value: their ReLU has slope 0, which commutes with the rounding and keeps half-type values.
+//! So does the ReLU after a BatchNorm chain's residual sum.
 
 use crate::config::layer_params::LayerParams;
 use crate::config::LayerKind;
@@ -38,20 +43,24 @@ pub enum Slot {
 }
 
 /// The chain starting at layer `i`, as its last layer, when it can be fused: the layers fit
-/// [`bn_scale_relu::fusable`], [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads
-/// the one top of the one before it, nobody else reads those intermediate tops, and all run in
-/// the same phases without a loss weight. In mixed precision (`half`), a chain of an Eltwise or
-/// a Pooling needs a ReLU of slope 0.
+/// [`bn_scale_relu::fusable`] (alone or with a residual sum, [`bn_scale_relu::fusable_with_sum`]),
+/// [`eltwise_relu::fusable`] or [`pooling::fused_relu`], each reads the one top of the one before
+/// it (a residual sum reads it beside the shortcut), nobody else reads those intermediate tops,
+/// and all run in the same phases without a loss weight. In mixed precision (`half`), a chain of
+/// an Eltwise or a Pooling needs a ReLU of slope 0.
 fn chain_at(graph: &Net, consumers: &[usize], i: usize, half: bool) -> Option<usize> {
-    let linked = |a: usize, b: usize| {
+    // Whether layer `b` reads the one top of layer `a` (beside others where `beside`), which
+    // nobody else reads.
+    let feeds = |a: usize, b: usize, beside: bool| {
         let (na, nb) = (graph.node(a), graph.node(b));
         na.tops.len() == 1
-            && nb.bottoms == na.tops
+            && (nb.bottoms == na.tops || beside && nb.bottoms.contains(&na.tops[0]))
             && consumers[na.tops[0]] == 1
             && na.phase == nb.phase
             && na.loss_weight == 0.0
             && nb.loss_weight == 0.0
     };
+    let linked = |a: usize, b: usize| feeds(a, b, false);
     if i + 1 >= graph.len() || !linked(i, i + 1) {
         return None;
     }
@@ -73,10 +82,17 @@ fn chain_at(graph: &Net, consumers: &[usize], i: usize, half: bool) -> Option<us
             (pooling::fused_relu(&pair).is_some() && exact(&pair)).then_some(i + 1)
         }
         (LayerKind::BatchNorm, 1) => {
+            let with_sum = i + 3 < graph.len()
+                && feeds(i + 1, i + 2, true)
+                && linked(i + 2, i + 3)
+                && bn_scale_relu::fusable_with_sum(&nodes(i + 3))
+                && exact(&nodes(i + 3));
             let with_relu = i + 2 < graph.len()
                 && linked(i + 1, i + 2)
                 && bn_scale_relu::fusable(&nodes(i + 2));
-            if with_relu {
+            if with_sum {
+                Some(i + 3)
+            } else if with_relu {
                 Some(i + 2)
             } else {
                 bn_scale_relu::fusable(&nodes(i + 1)).then_some(i + 1)
@@ -84,6 +100,44 @@ fn chain_at(graph: &Net, consumers: &[usize], i: usize, half: bool) -> Option<us
         }
         _ => None,
     }
+}
+
+/// One blob a layer reads as the net runs it: the blob, and the layer of the graph and the
+/// position among its bottoms that read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    pub blob: usize,
+    pub layer: usize,
+    pub slot: usize,
+}
+
+/// Per layer of `graph` run as `slots` say, the blobs it reads: a layer that runs itself, its
+/// bottoms; a fused chain's head, its own bottoms, then those of the chain's later layers that
+/// no layer of the chain writes (a residual sum's shortcut), in order; an absorbed layer, none.
+pub fn reads_of(graph: &Net, slots: &[Slot]) -> Vec<Vec<Read>> {
+    let own = |j: usize| {
+        let node = graph.node(j);
+        (node.bottoms.iter().enumerate()).map(move |(slot, &blob)| Read {
+            blob,
+            layer: j,
+            slot,
+        })
+    };
+    (0..graph.len())
+        .map(|i| match slots[i] {
+            Slot::Own => own(i).collect(),
+            Slot::Absorbed { .. } => Vec::new(),
+            Slot::Head { last, .. } => {
+                let written: Vec<usize> = (i..last)
+                    .flat_map(|j| graph.node(j).tops.iter().copied())
+                    .collect();
+                let later = (i + 1..=last).flat_map(own);
+                own(i)
+                    .chain(later.filter(|r| !written.contains(&r.blob)))
+                    .collect()
+            }
+        })
+        .collect()
 }
 
 /// The flat range from the first tensor of layer `first` to the end of the last of `last`.
@@ -144,15 +198,14 @@ pub fn idle_blobs(graph: &Net, slots: &[Slot]) -> Vec<bool> {
     idle
 }
 
-/// The fused layer of the chain at `head` (as planned by [`plan`]), for the bottom shapes
-/// `bottoms`, rounding to `half` in mixed precision.
+/// The fused layer of the chain `(head, last)` (as planned by [`plan`]), for the shapes
+/// `bottoms` of the blobs it reads ([`reads_of`]), rounding to `half` in mixed precision.
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     gpu: &Gpu,
     graph: &Net,
     spans: &[ParamSpan],
-    head: usize,
-    last: usize,
+    (head, last): (usize, usize),
     bottoms: &[&[usize]],
     layout: Layout,
     half: Option<Half>,
@@ -175,10 +228,11 @@ pub fn build(
     } else {
         let bn = params_of(spans, head, head).expect("a BatchNorm has state tensors");
         let scale = params_of(spans, head + 1, head + 1).expect("a one-bottom Scale has a factor");
-        Box::new(
-            GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start, layout, half)?
-                .on_half_blobs(half_blobs),
-        )
+        let layer = match chain.len() {
+            4 => GpuBnScaleRelu::with_sum(gpu, &chain, scale.start - bn.start, layout, half)?,
+            _ => GpuBnScaleRelu::new(gpu, &chain, scale.start - bn.start, layout, half)?,
+        };
+        Box::new(layer.on_half_blobs(half_blobs))
     };
     layer.reshape(gpu, bottoms)?;
     Ok(layer)
@@ -290,6 +344,53 @@ mod tests {
             "the config has the coefficients as expected"
         );
         assert_eq!(sum_of(&product), Slot::Own);
+    }
+
+    const HALF_RESIDUAL: &str = include_str!("testdata/half_residual.toml");
+
+    /// A residual block's last BatchNorm → Scale, its sum with the shortcut and the ReLU after
+    /// it are one chain with the BatchNorm's and the Scale's parameters, which reads the
+    /// BatchNorm's bottom and the shortcut (the sum's first bottom here); in mixed precision too,
+    /// but with a leaky ReLU after the sum the BatchNorm chain stops at its Scale there.
+    #[test]
+    fn a_batch_norm_chain_takes_the_residual_sum_after_it() {
+        let text = HALF_RESIDUAL;
+        let at = |name: &str| index_of(text, name);
+        let (bn3, relu) = (at("bn3"), at("sum_relu"));
+        assert_eq!(relu, bn3 + 3);
+        let (slots, spans) = slots_for(text, [3, 8, 8]);
+        let params = params_of(&spans, bn3, bn3 + 1).unwrap();
+        assert_eq!(slots[bn3], Slot::Head { last: relu, params });
+        assert!(slots[bn3 + 1..=relu]
+            .iter()
+            .all(|s| *s == Slot::Absorbed { head: bn3 }));
+        // The projection's chain stops at its Scale: a convolution follows it.
+        assert!(matches!(slots[at("bn2")], Slot::Head { last, .. } if last == at("scale2")));
+        let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
+        let (graph, layout) = Net::build(&cfg, [3, 8, 8], 1).unwrap();
+        let blob = |layer: &str| graph.node(at(layer)).tops[0];
+        let reads = reads_of(&graph, &slots);
+        let read = |r: &Read| (r.blob, r.layer, r.slot);
+        assert_eq!(
+            reads[bn3].iter().map(read).collect::<Vec<_>>(),
+            [(blob("projection"), bn3, 0), (blob("scale2"), at("sum"), 0)]
+        );
+        assert!((bn3 + 1..=relu).all(|j| reads[j].is_empty()));
+        assert_eq!(plan(&graph, &layout.spans, true), slots, "slope 0 in bf16");
+        let leaky = text.replacen(
+            "name = \"sum_relu\"\ntype = \"relu\"\n",
+            "name = \"sum_relu\"\ntype = \"relu\"\nnegative_slope = 0.1\n",
+            1,
+        );
+        assert_ne!(leaky, text, "the config names sum_relu as expected");
+        let cfg: Config = load_str("t.toml", &leaky, Path::new("."), &[]).unwrap().0;
+        let (graph, layout) = Net::build(&cfg, [3, 8, 8], 1).unwrap();
+        assert!(
+            matches!(slots_for(&leaky, [3, 8, 8]).0[bn3], Slot::Head { last, .. } if last == relu)
+        );
+        let half = plan(&graph, &layout.spans, true);
+        assert!(matches!(half[bn3], Slot::Head { last, .. } if last == bn3 + 1));
+        assert_eq!(half[at("sum")], Slot::Own);
     }
 
     /// `config/cifar10_quick.toml` on synthetic records (its CIFAR-10 files need not exist).

@@ -169,7 +169,8 @@ impl RoundingPlan {
             }
         }
         let read_rounded = |t: usize| {
-            let on_load = |j: &usize| traits[*j].rounds_on_load;
+            // A fused chain reads its blobs as its head (a residual sum's shortcut too).
+            let on_load = |j: &usize| traits[runs_at[*j]].rounds_on_load;
             !readers[t].is_empty() && readers[t].iter().all(on_load)
         };
         let leaves_tops: Vec<bool> = (0..graph.len())

@@ -33,7 +33,7 @@
 //! conversions and save nothing (a pooling between grouped convolutions, which run in FP32).
 //! `testdata/half_exceptions.toml` meets each exception.
 
-use super::fusion::Slot;
+use super::fusion::{self, Slot};
 use crate::config::layer_params::LayerParams;
 use crate::config::LayerConfig;
 use crate::cuda::blob::Elem;
@@ -45,7 +45,8 @@ use crate::precision::Half;
 /// One bottom of one layer read through a converted copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversion {
-    /// The layer (graph index) and the position among its bottoms.
+    /// The layer (graph index) and the position among the blobs it reads
+    /// ([`fusion::reads_of`]: its bottoms, a fused chain's head's then the chain's).
     pub layer: usize,
     pub slot: usize,
     /// The graph's blob, and the copy (an index past the graph's blobs) the layer reads instead.
@@ -66,6 +67,9 @@ pub struct StoragePlan {
     pub elem: Vec<Elem>,
     /// In layer order.
     pub conversions: Vec<Conversion>,
+    /// Per layer, the graph's blobs it reads ([`fusion::reads_of`]: a fused chain's head reads
+    /// for the whole chain).
+    reads: Vec<Vec<usize>>,
 }
 
 impl StoragePlan {
@@ -97,14 +101,17 @@ impl StoragePlan {
             }
         }
         let matters = |b: usize| layout_matters(&shapes[b]);
+        let read: Vec<Vec<usize>> = (fusion::reads_of(graph, slots).iter())
+            .map(|r| r.iter().map(|r| r.blob).collect())
+            .collect();
         let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
         let runner = |i: usize| match slots[i] {
             Slot::Absorbed { head } => head,
             _ => i,
         };
         let mut stored = vec![Layout::Nchw; blobs];
-        let data_read_nhwc = (0..cfg.len())
-            .any(|i| reads(i) && runs[i] == Layout::Nhwc && graph.node(i).bottoms.contains(&DATA));
+        let data_read_nhwc =
+            (0..cfg.len()).any(|i| runs[i] == Layout::Nhwc && read[i].contains(&DATA));
         if matters(DATA) && data_read_nhwc {
             stored[DATA] = Layout::Nhwc;
         }
@@ -116,10 +123,8 @@ impl StoragePlan {
             }
         }
         let mut readers = vec![0usize; blobs];
-        for i in (0..cfg.len()).filter(|&i| reads(i)) {
-            for &b in graph.node(i).bottoms {
-                readers[b] += 1;
-            }
+        for &b in read.iter().flatten() {
+            readers[b] += 1;
         }
         let mut on_half: Vec<bool> = match half {
             Some((_, capable)) => (0..cfg.len()).map(|i| reads(i) && capable[i]).collect(),
@@ -143,10 +148,10 @@ impl StoragePlan {
                     _ => graph.node(i).tops,
                 };
                 let read_by = |t: usize| {
-                    let node_reads = |j: &usize| reads(*j) && graph.node(*j).bottoms.contains(&t);
+                    let node_reads = |j: &usize| read[*j].contains(&t);
                     (0..cfg.len()).filter(node_reads).collect::<Vec<_>>()
                 };
-                let fp32_in = graph.node(i).bottoms.iter().all(|&b| !is_half[b]);
+                let fp32_in = read[i].iter().all(|&b| !is_half[b]);
                 let fp32_out = outputs.iter().all(|&t| {
                     let readers = read_by(t);
                     !readers.is_empty() && readers.iter().all(|&j| !on_half[j])
@@ -158,7 +163,7 @@ impl StoragePlan {
             }
             let none_yet = demote.is_none();
             'layers: for i in (0..cfg.len()).filter(|&i| none_yet && reads(i)) {
-                for &b in graph.node(i).bottoms {
+                for &b in &read[i] {
                     let relaid = matters(b) && stored[b] != runs[i];
                     let retyped = is_half[b] != on_half[i];
                     let shared_fp32 = on_half[i] && !is_half[b] && b != DATA && readers[b] > 1;
@@ -198,7 +203,7 @@ impl StoragePlan {
                 continue;
             }
             let wanted = elem_of(on_half[i]);
-            for (slot, &b) in graph.node(i).bottoms.iter().enumerate() {
+            for (slot, &b) in read[i].iter().enumerate() {
                 let relaid = matters(b) && stored[b] != run;
                 if relaid || elem[b] != wanted {
                     conversions.push(Conversion {
@@ -218,15 +223,19 @@ impl StoragePlan {
             stored,
             elem,
             conversions,
+            reads: read,
         }
     }
 
-    /// Per layer, the blobs it reads: its graph bottoms with each converted one replaced by its
-    /// copy.
-    pub fn bottoms(&self, graph: &Net) -> Vec<Vec<usize>> {
-        let mut bottoms: Vec<Vec<usize>> = (0..graph.len())
-            .map(|i| graph.node(i).bottoms.to_vec())
-            .collect();
+    /// Per layer, the graph's blobs it reads ([`fusion::reads_of`]).
+    pub fn reads(&self) -> &[Vec<usize>] {
+        &self.reads
+    }
+
+    /// Per layer, the blobs it reads ([`fusion::reads_of`]) with each converted one replaced by
+    /// its copy.
+    pub fn bottoms(&self) -> Vec<Vec<usize>> {
+        let mut bottoms = self.reads.clone();
         for c in &self.conversions {
             bottoms[c.layer][c.slot] = c.copy;
         }
@@ -662,7 +671,7 @@ mod tests {
         assert_eq!(plan.stored[conv.from], Layout::Nhwc);
         assert_eq!(plan.stored[conv.copy], Layout::Nchw);
         assert_eq!(conv.copy, graph.blob_count());
-        let bottoms = plan.bottoms(&graph);
+        let bottoms = plan.bottoms();
         assert_eq!(bottoms[conv.layer][conv.slot], conv.copy);
     }
 

@@ -137,7 +137,14 @@ fn staging_copy_copies_every_float() {
 fn plan_of_the_equivalence_net_overwrites_every_gradient() {
     let cfg = equivalence_config();
     let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
-    let train = BackwardPlan::new(&graph, Phase::Train, &layout.spans);
+    let slots = vec![Slot::Own; graph.len()];
+    let train = BackwardPlan::new(
+        &graph,
+        Phase::Train,
+        &layout.spans,
+        &slots,
+        &fusion::reads_of(&graph, &slots),
+    );
     // Every activation gradient has one contributor and the loss top starts at its weight,
     // so nothing is zero-filled.
     assert!(train.zero.is_empty(), "{train:?}");
@@ -155,21 +162,59 @@ fn plan_of_the_equivalence_net_overwrites_every_gradient() {
 }
 
 #[test]
-fn plan_accumulates_a_blob_with_two_consumers_and_zeroes_idle_parameters() {
+fn plan_overwrites_from_the_last_consumer_and_zeroes_idle_parameters() {
     let text = include_str!("testdata/two_consumers_and_a_test_probe.toml");
     let cfg: Config = toml::from_str(text).unwrap();
     let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
-    let plan = BackwardPlan::new(&graph, Phase::Train, &layout.spans);
-    // `ip` has two contributors; the probe's top needs a gradient nobody writes in training.
-    let (ip, probe) = (graph.node(0).tops[0], graph.node(5).tops[0]);
-    assert_eq!(plan.zero, vec![ip, probe]);
+    let slots = vec![Slot::Own; graph.len()];
+    let plan = BackwardPlan::new(
+        &graph,
+        Phase::Train,
+        &layout.spans,
+        &slots,
+        &fusion::reads_of(&graph, &slots),
+    );
+    // `ip` has two contributors: `b`, whose backward runs first, overwrites its gradient and
+    // `a` adds to it. The probe's top needs a gradient nobody writes in training: zeroed.
+    let probe = graph.node(5).tops[0];
+    assert_eq!(plan.zero, vec![probe]);
     assert_eq!(plan.grads[1], vec![Grad::Accumulate]);
-    assert_eq!(plan.grads[2], vec![Grad::Accumulate]);
+    assert_eq!(plan.grads[2], vec![Grad::Overwrite]);
     assert_eq!(plan.grads[3][0], Grad::Overwrite);
     let weights: Vec<f32> = plan.loss_tops.iter().map(|&(_, w)| w).collect();
     assert_eq!(weights, vec![1.0, 0.5]);
     // The test-phase probe has parameters but no backward in training.
     assert_eq!(plan.idle_param_layers, vec![5]);
+}
+
+/// In the residual net, `cat` feeds the Scale and the grouped convolution: the convolution's
+/// backward runs first and overwrites; the fused sum → ReLU chain runs at its ReLU's turn.
+#[test]
+fn plan_of_the_residual_net_overwrites_from_the_convolution() {
+    let text = include_str!("../../../tests/configs/cnn_equivalence.toml");
+    let cfg: Config = load_str("t.toml", text, Path::new("."), &[]).unwrap().0;
+    let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
+    let slots = fusion::plan(&graph, &layout.spans, false);
+    let at = |name: &str| {
+        (0..graph.len())
+            .find(|&i| graph.layer_name(i) == name)
+            .unwrap()
+    };
+    assert!(matches!(slots[at("sum")], Slot::Head { .. }));
+    let plan = BackwardPlan::new(
+        &graph,
+        Phase::Train,
+        &layout.spans,
+        &slots,
+        &fusion::reads_of(&graph, &slots),
+    );
+    assert!(plan.zero.is_empty(), "{plan:?}");
+    assert_eq!(plan.grads[at("conv_c")], vec![Grad::Overwrite]);
+    assert_eq!(plan.grads[at("scale")], vec![Grad::Accumulate]);
+    assert_eq!(
+        plan.grads[at("sum")],
+        vec![Grad::Overwrite, Grad::Overwrite]
+    );
 }
 
 /// Forward and backward of the equivalence net at batch `n` on both backends from the same
@@ -597,7 +642,8 @@ fn trains_on_half_blobs_as_the_cpu(
 }
 
 /// A residual block whose convolutions have no bias runs on half-type blobs in bf16 and fp16:
-/// every convolution, chain and pooling (the convolutions through cuDNN's graph API on half-type
+/// every convolution, chain (the projection's BatchNorm → Scale fused with the residual sum and
+/// its ReLU) and pooling (the convolutions through cuDNN's graph API on half-type
 /// tensors, their weight gradients rounded to the half type as the CPU's), the inner product
 /// and the loss in FP32 behind one conversion; over a few training steps it trains the CPU's
 /// numbers at the half-type tolerance, in either layout.
@@ -608,12 +654,7 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
         "::half_type_blobs_train_as_the_cpu_rounding"
     );
     let text = include_str!("testdata/half_residual.toml");
-    let chains = [
-        ("bn1", "relu1"),
-        ("bn2", "scale2"),
-        ("bn3", "scale3"),
-        ("sum", "sum_relu"),
-    ];
+    let chains = [("bn1", "relu1"), ("bn2", "scale2"), ("bn3", "sum_relu")];
     let on_half = [
         "conv1",
         "bn1",
@@ -622,7 +663,6 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
         "bn2",
         "projection",
         "bn3",
-        "sum",
         "pool2",
     ];
     let expected = [
@@ -893,8 +933,8 @@ fn half_plan_of(
             _ => i,
         })
         .collect();
-    let bottoms: Vec<Vec<usize>> = (0..graph.len())
-        .map(|i| graph.node(i).bottoms.to_vec())
+    let bottoms: Vec<Vec<usize>> = (fusion::reads_of(&graph, &slots).iter())
+        .map(|r| r.iter().map(|r| r.blob).collect())
         .collect();
     let traits = traits_by_hand(&graph, &slots);
     let plan = rounding::RoundingPlan::new(&graph, &traits, &runs_at, &bottoms, &[]);
@@ -1099,10 +1139,49 @@ fn residual_sum_fused_with_its_relu_matches_cpu() {
     cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &[(sum, sum + 1)]);
 }
 
-/// The fused BatchNorm → Scale → ReLU chain and residual sum → ReLU on tensors large enough that
-/// their kernels run the four-elements-a-thread loop (`grid_stride_by_four`), not only its tail,
-/// in both layouts: the CNN on 3 × 128 × 128 records (the chain over 16 × 8 × 128 × 128 values)
-/// and the convolutional equivalence net on 1 × 192 × 192 (the sum over 16 × 16 × 96 × 96).
+/// `testdata/residual_chains.toml`, and its fused chains: the first block's BatchNorm → Scale →
+/// ReLU, then in each residual block BatchNorm → Scale → sum → ReLU (block a reading the
+/// gradient reaching its Scale off the shortcut's, block b writing it into scratch and adding
+/// the shortcut's).
+fn residual_chains() -> (Config, Vec<(usize, usize)>) {
+    let text = include_str!("testdata/residual_chains.toml");
+    let cfg = config_of("residual_chains.toml", text);
+    let at = |name: &str| cfg.layers.iter().position(|l| l.name == name).unwrap();
+    let chains = vec![
+        (at("bn1"), at("relu1")),
+        (at("bn2"), at("relu_a")),
+        (at("bn3"), at("relu_b")),
+    ];
+    (cfg, chains)
+}
+
+/// BatchNorm → Scale fused with the residual sum and ReLU after it trains the CPU's numbers in
+/// FP32, in both layouts: the shortcut first or second among the sum's bottoms, equal
+/// coefficients and not, the shortcut's gradient overwritten by the chain or added to.
+#[test]
+fn batch_norm_chains_fused_with_their_residual_sums_match_cpu() {
+    let mut gpu = gpu_or_skip!("batch_norm_chains_fused_with_their_residual_sums_match_cpu");
+    let (cfg, chains) = residual_chains();
+    cnn_steps_match_cpu(&mut gpu, &cfg, RECORD, &chains);
+}
+
+/// [`batch_norm_chains_fused_with_their_residual_sums_match_cpu`] in bf16 and fp16, against the
+/// CPU's rounding.
+#[test]
+fn half_batch_norm_chains_with_residual_sums_match_the_cpu_rounding() {
+    let name = concat!(
+        module_path!(),
+        "::half_batch_norm_chains_with_residual_sums_match_the_cpu_rounding"
+    );
+    let (cfg, chains) = residual_chains();
+    half_steps_match_the_cpu_rounding(name, &cfg, &chains);
+}
+
+/// The fused BatchNorm → Scale → ReLU chain, residual sum → ReLU and BatchNorm → Scale → sum →
+/// ReLU on tensors large enough that their kernels run the four-elements-a-thread loop
+/// (`grid_stride_by_four`), not only its tail, in both layouts: the CNN on 3 × 128 × 128 records
+/// (the chain over 16 × 8 × 128 × 128 values), the convolutional equivalence net on
+/// 1 × 192 × 192 (the sum over 16 × 16 × 96 × 96) and the residual chains on 1 × 96 × 96.
 #[test]
 fn fused_chains_match_cpu_on_tensors_beyond_one_wave() {
     let mut gpu = gpu_or_skip!("fused_chains_match_cpu_on_tensors_beyond_one_wave");
@@ -1121,6 +1200,9 @@ fn fused_chains_match_cpu_on_tensors_beyond_one_wave() {
     let cfg = config_of("cnn_equivalence.toml", text);
     let sum = cfg.layers.iter().position(|l| l.name == "sum").unwrap();
     cnn_steps_match_cpu(&mut gpu, &cfg, [1, 192, 192], &[(sum, sum + 1)]);
+    // BatchNorm chains fused with their residual sums, over 16 × 8 × 96 × 96 values.
+    let (cfg, chains) = residual_chains();
+    cnn_steps_match_cpu(&mut gpu, &cfg, [1, 96, 96], &chains);
 }
 
 /// A CNN of ELU, PReLU (per channel and shared), LRN (both regions), a softmax loss beside a
