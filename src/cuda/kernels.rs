@@ -177,6 +177,7 @@ kernel_set!(
     bn_scale_relu_sums,
     bn_scale_relu_sums_h,
     bn_scale_relu_sums_h8,
+    bn_scale_relu_sums_res_h8,
     bn_scale_relu_finish,
     bn_scale_relu_backward,
     bn_scale_relu_backward_h,
@@ -256,7 +257,7 @@ pub use convolution_direct::DirectTile;
 pub use convolution_implicit_gemm::{WgradTile, IMPLICIT_WGRAD_TILES};
 pub use dropout::DropoutMask;
 pub use elementwise::Activation;
-pub use fused::{BnScaleRelu, ChainSums, ResidualSum};
+pub use fused::{BnScaleRelu, ChainGrad, ChainSums, ResidualSum};
 pub use im2col::ConvGeom;
 pub use loss::LabelledRows;
 pub use normalization::LrnWindow;
@@ -538,11 +539,13 @@ mod tests {
     }
 
     /// The kernels a dynamic launch (`launch!(function F, ..)`) may start, by the expression
-    /// `F`: the channel sums' two stages, and the implicit GEMM's weight-gradient tiles.
+    /// `F`: the channel sums' two stages, the BatchNorm chain's channels-last backward sums
+    /// (with a residual sum or without), and the implicit GEMM's weight-gradient tiles.
     fn dynamic_kernels(function: &str) -> Vec<&'static str> {
         let named: &[&'static str] = match function {
             "stage1.0" => &["bn_sums", "channel_reduce", "channel_reduce_h"],
             "finish.0" => &["pair_reduce_finish", "channel_reduce_finish"],
+            "chain_sums.0" => &["bn_scale_relu_sums_h8", "bn_scale_relu_sums_res_h8"],
             _ => &[],
         };
         let tiles = KERNEL_NAMES

@@ -39,6 +39,19 @@ __device__ __forceinline__ float sum2_forward_element(float x0, float x1, float 
     return round_if_half(v > 0.0f ? v : slope * v, half);
 }
 
+// The gradient g reaching the sum of one element from y and dy.
+__device__ __forceinline__ float sum2_gradient(float y, float dy, float slope, int half) {
+    const float d = round_if_half(dy, half);
+    return y > 0.0f ? d : slope * d;
+}
+
+// A bottom's dx of one element: c * g, added to the old one where acc, rounded.
+__device__ __forceinline__ float sum2_bottom_gradient(float g, float c, float old, int acc,
+                                                      int half) {
+    const float v = c * g;
+    return round_if_half(acc ? old + v : v, half);
+}
+
 // A chain that ends in a residual sum (has_res): z = relu(c0 * b0 + c1 * b1) over the sum's
 // bottoms, the Scale's output v and the shortcut r, r being b0 where res_first; the ReLU's
 // `relu` and `slope` then those after the sum (the sum's ReLU is always there, `relu` is 1).
@@ -132,13 +145,46 @@ __device__ __forceinline__ float2 bsr_y_and_g(const T* dz, const T* x, int idx, 
     return make_float2(y, bsr_grad(load_value(dz, idx, half), v, relu, slope, half));
 }
 
+// With a residual sum, the sums pass runs the sum's backward too (res_c != 0): it reads the
+// chain's top y and its gradient dy in place of dz, forms the gradient reaching the Scale's
+// output dz = c * dy * relu'(y) (sum2_gradient, sum2_bottom_gradient: the value the sum's
+// backward writes for that bottom) and writes it to dz_out, the shortcut's gradient, which is the
+// same value where the sum's coefficients are equal (the launcher's case); the dx pass then reads
+// it as dz. res_c == 0: dz read as given (dy and dz_out unread).
+template <class T>
+__device__ __forceinline__ float bsr_dz_of(const T* dz_or_y, const T* dy, T* dz_out, int idx,
+                                           float res_c, float res_slope, int half) {
+    if (res_c == 0.0f) return load_value(dz_or_y, idx, half);
+    const float g = sum2_gradient(load_value(dz_or_y, idx, half), load_value(dy, idx, half),
+                                  res_slope, half);
+    const float dz = sum2_bottom_gradient(g, res_c, 0.0f, 0, half);
+    store_value(dz_out, idx, dz, half);
+    return dz;
+}
+
+// The normalised y and the gradient g of element idx of channel ch (bsr_normalized, bsr_grad),
+// its dz from bsr_dz_of.
+template <class T>
+__device__ __forceinline__ float2 bsr_y_and_g(const T* dz_or_y, const T* dy, T* dz_out,
+                                              float res_c, float res_slope, const T* x, int idx,
+                                              int ch, const float* mean, const float* inv_std,
+                                              const float* gamma, const float* beta, int has_beta,
+                                              int relu, float slope, int half) {
+    const float y = bsr_normalized(load_value(x, idx, half), mean[ch], inv_std[ch], half);
+    const float v = relu ? bsr_scaled(y, gamma[ch], beta, has_beta, ch, half) : 0.0f;
+    const float dz = bsr_dz_of(dz_or_y, dy, dz_out, idx, res_c, res_slope, half);
+    return make_float2(y, bsr_grad(dz, v, relu, slope, half));
+}
+
 // Stage 1 of the backward sums, chunked as bn_sums: per channel sum g and sum g * y at
 // partial[(ch * splits + k) * 2 + {0, 1}], or with quad (mixed precision) four sums at
 // partial[(ch * splits + k) * 4 + {0, 1, 2, 3}]: those two, then sum t and sum t * y of the
 // gradient the Scale passes to the BatchNorm, t = gamma * g rounded (whose rounding keeps the
-// BatchNorm's sums from being gamma times the Scale's).
+// BatchNorm's sums from being gamma times the Scale's). dz_or_y, dy, dz_out, res_c, res_slope:
+// bsr_dz_of.
 template <class T>
-__device__ __forceinline__ void bsr_sums(const T* dz, const T* x, const float* mean,
+__device__ __forceinline__ void bsr_sums(const T* dz_or_y, const T* dy, T* dz_out, float res_c,
+                                         float res_slope, const T* x, const float* mean,
                                          const float* inv_std, const float* gamma,
                                          const float* beta, int has_beta, int relu, float slope,
                                          double* partial, int n, int c, int s, int splits,
@@ -146,8 +192,9 @@ __device__ __forceinline__ void bsr_sums(const T* dz, const T* x, const float* m
     if (quad) {
         view_sums_n<4>(
             [=](int idx, int ch) {
-                const float2 yg = bsr_y_and_g(dz, x, idx, ch, mean, inv_std, gamma, beta,
-                                              has_beta, relu, slope, half);
+                const float2 yg = bsr_y_and_g(dz_or_y, dy, dz_out, res_c, res_slope, x, idx, ch,
+                                              mean, inv_std, gamma, beta, has_beta, relu, slope,
+                                              half);
                 const float g = yg.y;
                 const float t = round_if_half(gamma[ch] * g, half);
                 const double y = (double)yg.x;
@@ -157,32 +204,38 @@ __device__ __forceinline__ void bsr_sums(const T* dz, const T* x, const float* m
     } else {
         view_sums(
             [=](int idx, int ch) {
-                const float2 yg = bsr_y_and_g(dz, x, idx, ch, mean, inv_std, gamma, beta,
-                                              has_beta, relu, slope, half);
+                const float2 yg = bsr_y_and_g(dz_or_y, dy, dz_out, res_c, res_slope, x, idx, ch,
+                                              mean, inv_std, gamma, beta, has_beta, relu, slope,
+                                              half);
                 return make_double2((double)yg.y, (double)yg.y * (double)yg.x);
             },
             partial, 1, n, c, s, splits);
     }
 }
 
-extern "C" __global__ void bn_scale_relu_sums(const float* dz, const float* x, const float* mean,
+extern "C" __global__ void bn_scale_relu_sums(const float* dz_or_y, const float* dy,
+                                              float* dz_out, float res_c, float res_slope,
+                                              const float* x, const float* mean,
                                               const float* inv_std, const float* gamma,
                                               const float* beta, int has_beta, int relu,
                                               float slope, double* partial, int n, int c, int s,
                                               int splits, int half, int quad) {
-    bsr_sums(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope, partial, n, c, s, splits,
-             half, quad);
+    bsr_sums(dz_or_y, dy, dz_out, res_c, res_slope, x, mean, inv_std, gamma, beta, has_beta, relu,
+             slope, partial, n, c, s, splits, half, quad);
 }
 
-// bn_scale_relu_sums on half-type dz and x.
-extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz, const unsigned short* x,
-                                                const float* mean, const float* inv_std,
-                                                const float* gamma, const float* beta,
-                                                int has_beta, int relu, float slope,
-                                                double* partial, int n, int c, int s, int splits,
-                                                int half, int quad) {
-    WITH_HALF_CONSTANT(bsr_sums(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope,
-                                partial, n, c, s, splits, half, quad));
+// bn_scale_relu_sums on half-type dz_or_y, dy, dz_out and x.
+extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz_or_y,
+                                                const unsigned short* dy, unsigned short* dz_out,
+                                                float res_c, float res_slope,
+                                                const unsigned short* x, const float* mean,
+                                                const float* inv_std, const float* gamma,
+                                                const float* beta, int has_beta, int relu,
+                                                float slope, double* partial, int n, int c, int s,
+                                                int splits, int half, int quad) {
+    WITH_HALF_CONSTANT(bsr_sums(dz_or_y, dy, dz_out, res_c, res_slope, x, mean, inv_std, gamma,
+                                beta, has_beta, relu, slope, partial, n, c, s, splits, half,
+                                quad));
 }
 
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
@@ -477,14 +530,18 @@ extern "C" __global__ void __launch_bounds__(256, 4) bn_scale_relu_forward_h8(
 // Stage 1 of the backward sums (bsr_sums, N = 4 with quad, else 2), four channels a thread
 // (channels_last_sums, V = 4): eight held 64 registers of the four sums' accumulators, over 128
 // in all, and left one block of 256 threads a multiprocessor. Four rows' loads in flight a
-// thread, under __launch_bounds__ for three blocks a multiprocessor (80 registers, no spills).
-template <int HALF, int N>
-__device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
-                                                 const unsigned short* x, const float* mean,
-                                                 const float* inv_std, const float* gamma,
-                                                 const float* beta, int has_beta, int relu,
-                                                 float slope, double* rows, double* partial,
-                                                 int n, int c, int splits) {
+// thread, under __launch_bounds__ for three blocks a multiprocessor (80 registers, no spills);
+// with a residual sum (RES: y, dy and x read, dz written, bsr_dz_of) under two (116 registers).
+template <int HALF, int N, bool RES>
+__device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz_or_y,
+                                                 const unsigned short* dy,
+                                                 unsigned short* dz_out, float res_c,
+                                                 float res_slope, const unsigned short* x,
+                                                 const float* mean, const float* inv_std,
+                                                 const float* gamma, const float* beta,
+                                                 int has_beta, int relu, float slope,
+                                                 double* rows, double* partial, int n, int c,
+                                                 int splits) {
     const int d0 = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
     ChainEight p;
     if (d0 < c) {
@@ -493,14 +550,32 @@ __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
         load_channels<4>(gamma, d0, p.gamma);
         if (relu && has_beta) load_channels<4>(beta, d0, p.beta);
     }
-    // A row's four elements of each tensor.
+    // A row's four elements of each tensor (dy and the row's group only with RES).
     struct In {
-        uint2 dz, x;
+        uint2 dz, x, dy;
+        int g;
     };
     channels_last_sums<N, 4, 4>(
-        [=](int idx0) { return In{raw_four(dz, idx0 >> 2), raw_four(x, idx0 >> 2)}; },
+        [=](int idx0) {
+            const int g = idx0 >> 2;
+            return In{raw_four(dz_or_y, g), raw_four(x, g),
+                      RES ? raw_four(dy, g) : make_uint2(0u, 0u), g};
+        },
         [=](const In& in, Sums<N>* acc) {
-            const unsigned wdz[2] = {in.dz.x, in.dz.y}, wx[2] = {in.x.x, in.x.y};
+            unsigned wdz[2] = {in.dz.x, in.dz.y};
+            const unsigned wx[2] = {in.x.x, in.x.y};
+            if (RES) {
+                // dz = res_c * dy * relu'(y), rounded (bsr_dz_of on half-type values).
+                const unsigned wy[2] = {in.dz.x, in.dz.y}, wdy[2] = {in.dy.x, in.dy.y};
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const float2 vy = unpack_pair<HALF>(wy[j]), vdy = unpack_pair<HALF>(wdy[j]);
+                    const float g0 = vy.x > 0.0f ? vdy.x : res_slope * vdy.x;
+                    const float g1 = vy.y > 0.0f ? vdy.y : res_slope * vdy.y;
+                    wdz[j] = pack_pair<HALF>(res_c * g0, res_c * g1);
+                }
+                reinterpret_cast<uint2*>(dz_out)[in.g] = make_uint2(wdz[0], wdz[1]);
+            }
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int e = 2 * j;
@@ -527,25 +602,50 @@ __device__ __forceinline__ void bsr_sums_by_four(const unsigned short* dz,
         rows, partial, n, c, splits);
 }
 
-// bn_scale_relu_sums_h over a channels-last view, launched as channels_last_sums says (V = 4).
+// bn_scale_relu_sums_h over a channels-last view, launched as channels_last_sums says (V = 4),
+// without a residual sum (dy, dz_out, res_c and res_slope unread; bn_scale_relu_sums_res_h8
+// with one).
 extern "C" __global__ void __launch_bounds__(256, 3) bn_scale_relu_sums_h8(
-    const unsigned short* dz, const unsigned short* x, const float* mean, const float* inv_std,
+    const unsigned short* dz_or_y, const unsigned short* dy, unsigned short* dz_out, float res_c,
+    float res_slope, const unsigned short* x, const float* mean, const float* inv_std,
     const float* gamma, const float* beta, int has_beta, int relu, float slope, double* partial,
     int n, int c, int splits, int half, int quad) {
     __shared__ double rows[CHANNELS_LAST_ROWS];
-#define BSR_SUMS_BY_FOUR(H, N)                                                                    \
-    bsr_sums_by_four<H, N>(dz, x, mean, inv_std, gamma, beta, has_beta, relu, slope, rows,        \
-                           partial, n, c, splits)
+#define BSR_SUMS_BY_FOUR(H, N, R)                                                                 \
+    bsr_sums_by_four<H, N, R>(dz_or_y, dy, dz_out, res_c, res_slope, x, mean, inv_std, gamma,     \
+                              beta, has_beta, relu, slope, rows, partial, n, c, splits)
     if (half == 2) {
         if (quad) {
-            BSR_SUMS_BY_FOUR(2, 4);
+            BSR_SUMS_BY_FOUR(2, 4, false);
         } else {
-            BSR_SUMS_BY_FOUR(2, 2);
+            BSR_SUMS_BY_FOUR(2, 2, false);
         }
     } else if (quad) {
-        BSR_SUMS_BY_FOUR(1, 4);
+        BSR_SUMS_BY_FOUR(1, 4, false);
     } else {
-        BSR_SUMS_BY_FOUR(1, 2);
+        BSR_SUMS_BY_FOUR(1, 2, false);
+    }
+}
+
+// bn_scale_relu_sums_h8 with a residual sum (res_c != 0): y, dy and x read, dz written. In a
+// kernel of its own, under __launch_bounds__ for two blocks a multiprocessor: in the kernel
+// above, its three tensors spilled the accumulators whatever the rows in flight.
+extern "C" __global__ void __launch_bounds__(256, 2) bn_scale_relu_sums_res_h8(
+    const unsigned short* dz_or_y, const unsigned short* dy, unsigned short* dz_out, float res_c,
+    float res_slope, const unsigned short* x, const float* mean, const float* inv_std,
+    const float* gamma, const float* beta, int has_beta, int relu, float slope, double* partial,
+    int n, int c, int splits, int half, int quad) {
+    __shared__ double rows[CHANNELS_LAST_ROWS];
+    if (half == 2) {
+        if (quad) {
+            BSR_SUMS_BY_FOUR(2, 4, true);
+        } else {
+            BSR_SUMS_BY_FOUR(2, 2, true);
+        }
+    } else if (quad) {
+        BSR_SUMS_BY_FOUR(1, 4, true);
+    } else {
+        BSR_SUMS_BY_FOUR(1, 2, true);
     }
 #undef BSR_SUMS_BY_FOUR
 }
@@ -673,19 +773,6 @@ extern "C" __global__ void sum2_relu_forward_h(const unsigned short* x0, const u
                                                float c0, float c1, float slope,
                                                unsigned short* y, int n, int half) {
     WITH_HALF_CONSTANT(sum2_forward_by_eight(x0, x1, c0, c1, slope, y, n, half));
-}
-
-// The gradient g reaching the sum of one element from y and dy.
-__device__ __forceinline__ float sum2_gradient(float y, float dy, float slope, int half) {
-    const float d = round_if_half(dy, half);
-    return y > 0.0f ? d : slope * d;
-}
-
-// A bottom's dx of one element: c * g, added to the old one where acc, rounded.
-__device__ __forceinline__ float sum2_bottom_gradient(float g, float c, float old, int acc,
-                                                      int half) {
-    const float v = c * g;
-    return round_if_half(acc ? old + v : v, half);
 }
 
 // g = dy * relu'(y) (y > 0 exactly where the sum is, for slope >= 0); dx_k (+)= c_k * g for each

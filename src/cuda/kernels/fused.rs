@@ -70,6 +70,26 @@ impl ResidualSum {
     }
 }
 
+/// Where [`Kernels::bn_scale_relu_sums`] gets `dz`, the gradient reaching the Scale's output (the
+/// ReLU's top's, with a ReLU), `(N, C, S)` each, stored as `T`.
+pub enum ChainGrad<'a, T> {
+    /// Stored: the chain's top gradient, or what a residual sum's backward wrote for it.
+    Stored(CudaView<'a, T>),
+    /// From the residual sum → ReLU the chain ends in: its top `y` and top gradient `dy`. The
+    /// pass runs that sum's backward for the Scale's output, `dz = coeff · dy · relu'(y)` (the
+    /// ReLU's `slope`), rounded as the sum rounds it, and writes it to `dz_out`: the shortcut's
+    /// gradient, which is the same value where the sum's coefficients are equal and the
+    /// shortcut's gradient is overwritten (the caller's case); the backward's second pass then
+    /// reads it as `dz`.
+    FromSum {
+        y: CudaView<'a, T>,
+        dy: CudaView<'a, T>,
+        dz_out: CudaViewMut<'a, T>,
+        coeff: f32,
+        slope: f32,
+    },
+}
+
 /// Which sums [`Kernels::bn_scale_relu_sums`] takes and where it stores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChainSums {
@@ -178,9 +198,10 @@ impl Kernels {
         )
     }
 
-    /// The backward sums from the top's gradient `dz` and the bottom `x` (both stored as `T`;
-    /// the normalised `y` and the Scale's output, whose sign is the ReLU's, recomputed from `x`),
-    /// stored as `which` says: `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
+    /// The backward sums from the gradient `dz` reaching the Scale's output (or the ReLU's
+    /// top, [`ChainGrad`]) and the bottom `x` (both stored as `T`; the normalised `y` and the
+    /// Scale's output, whose sign is the ReLU's, recomputed from `x`), stored as `which` says:
+    /// `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
     /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
     /// (the chunked two-stage sums of the BatchNorm layer).
     #[allow(clippy::too_many_arguments)]
@@ -188,7 +209,7 @@ impl Kernels {
         &self,
         s: &Arc<CudaStream>,
         op: &BnScaleRelu<'_>,
-        dz: &impl DevicePtr<T>,
+        dz: ChainGrad<'_, T>,
         x: &impl DevicePtr<T>,
         sums: &mut CudaSlice<f64>,
         dparams: &mut impl DevicePtrMut<f32>,
@@ -198,8 +219,14 @@ impl Kernels {
         let name = "bn_scale_relu_sums";
         let (count, (ni, ci, si)) = op.check(name);
         let (n, c, sp) = op.dims;
-        for (what, len) in [("dz", dz.len()), ("x", x.len())] {
-            check_len(name, what, len, count);
+        check_len(name, "x", x.len(), count);
+        match &dz {
+            ChainGrad::Stored(dz) => check_len(name, "dz", dz.len(), count),
+            ChainGrad::FromSum { y, dy, dz_out, .. } => {
+                for (what, len) in [("y", y.len()), ("dy", dy.len()), ("dz", dz_out.len())] {
+                    check_len(name, what, len, count);
+                }
+            }
         }
         check_len(name, "sums", sums.len(), 2 * c + 1);
         let ((bp, _b), has_beta) = op.beta_args(s);
@@ -212,7 +239,28 @@ impl Kernels {
         let quad = which == ChainSums::Separate;
         let (quad_arg, per_element) = (quad as i32, if quad { 4 } else { 2 });
         let store_sums = (which != ChainSums::Scale) as i32;
-        let ptrs = [dz.device_ptr(s).0, x.device_ptr(s).0];
+        // Stored: dz's address for dy and dz_out too, neither read nor written (res_c is 0).
+        let (from_sum, res_c, res_slope) = match &dz {
+            ChainGrad::Stored(_) => (false, 0.0f32, 0.0f32),
+            ChainGrad::FromSum { coeff, slope, .. } => (true, *coeff, *slope),
+        };
+        assert!(
+            !from_sum || res_c != 0.0,
+            "{name}: a residual sum's coefficient of 0 leaves no gradient to the chain"
+        );
+        let mut dz = dz;
+        let ([zp, dyp, outp], _guards) = match &mut dz {
+            ChainGrad::Stored(dz) => {
+                let (p, g) = dz.device_ptr(s);
+                ([p, p, p], vec![g])
+            }
+            ChainGrad::FromSum { y, dy, dz_out, .. } => {
+                let ((yp, yg), (dyp, dyg)) = (y.device_ptr(s), dy.device_ptr(s));
+                let (outp, outg) = dz_out.device_ptr_mut(s);
+                ([yp, dyp, outp], vec![yg, dyg, outg])
+            }
+        };
+        let ptrs = [zp, dyp, outp, x.device_ptr(s).0];
         let by_eight = channels_last_by_eight::<T>(op.dims, &ptrs);
         let per = to_i32(name, n * sp);
         let acc = accumulate as i32;
@@ -221,20 +269,27 @@ impl Kernels {
             (name, per_element),
             (op.dims, by_eight.then_some(4)),
             |grid, pp, spl| {
+                let args = (&zp, &dyp, &outp, &res_c, &res_slope);
                 if by_eight {
+                    let chain_sums = match from_sum {
+                        true => (&self.bn_scale_relu_sums_res_h8, "bn_scale_relu_sums_res_h8"),
+                        false => (&self.bn_scale_relu_sums_h8, "bn_scale_relu_sums_h8"),
+                    };
                     return launch!(
-                        self, s, bn_scale_relu_sums_h8, grid,
+                        function chain_sums.0, chain_sums.1, s, grid,
                         [
-                            in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta,
-                            &relu, &slope, &pp, &ni, &ci, &spl, &half, &quad_arg,
+                            args.0, args.1, args.2, args.3, args.4, in x, in op.mean,
+                            in op.inv_std, in op.gamma, &bp, &has_beta, &relu, &slope, &pp, &ni,
+                            &ci, &spl, &half, &quad_arg,
                         ]
                     );
                 }
                 launch!(
                     self, s, bn_scale_relu_sums | bn_scale_relu_sums_h for T, grid,
                     [
-                        in dz, in x, in op.mean, in op.inv_std, in op.gamma, &bp, &has_beta,
-                        &relu, &slope, &pp, &ni, &ci, &si, &spl, &half, &quad_arg,
+                        args.0, args.1, args.2, args.3, args.4, in x, in op.mean, in op.inv_std,
+                        in op.gamma, &bp, &has_beta, &relu, &slope, &pp, &ni, &ci, &si, &spl,
+                        &half, &quad_arg,
                     ]
                 )
             },

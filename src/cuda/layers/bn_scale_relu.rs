@@ -22,11 +22,12 @@
 //! → ReLU, the end of a residual block) the layer has two bottoms, `x` and the sum's other
 //! bottom, the shortcut `r` (both `(N, C, ...)`), and its top is the ReLU's: the forward writes
 //! `z = relu(c0 · b0 + c1 · b1)` over the sum's bottoms in one pass, never storing the Scale's
-//! output or the sum. Backward: one pass of the sum's backward writes the shortcut's gradient
-//! `c_r · g`, `g = dz · relu'(z)`, and the chain's backward above reads the gradient reaching the
-//! Scale's output, `c_v · g`, off it where that is the same value (equal coefficients, the
-//! shortcut's gradient overwritten: a residual block's join), else from a scratch tensor the same
-//! pass writes too.
+//! output or the sum. Backward: the sum's backward gives the shortcut `c_r · g` and the Scale's
+//! output `c_v · g`, `g = dz · relu'(z)`. Where those are the same value (equal coefficients, the
+//! shortcut's gradient overwritten: a residual block's join), the chain's sums pass runs it,
+//! reading `z` and `dz` and writing `c_v · g` as the shortcut's gradient, which the second pass
+//! reads back; else a pass of its own writes the shortcut's gradient and the chain's into a
+//! scratch tensor, and the chain's backward above reads that.
 //!
 //! Mixed precision (built with a [`Half`]): the kernels round what the three layers' CPU versions
 //! round — `x` and `dz` as they read them (the net leaves a top or a gradient that only such
@@ -49,7 +50,7 @@ use super::batch_norm::GpuBatchNorm;
 use super::{eltwise_relu, BackwardPass, BlobElem, ForwardPass, GpuLayer, Grad, StatePass};
 use crate::config::layer_params::LayerParams;
 use crate::cuda::blob::GpuBlob;
-use crate::cuda::kernels::{BnScaleRelu, ChainSums, ResidualSum};
+use crate::cuda::kernels::{BnScaleRelu, ChainGrad, ChainSums, ResidualSum};
 use crate::cuda::layout::Layout;
 use crate::cuda::{gpu_error, Gpu};
 use crate::error::Error;
@@ -273,9 +274,10 @@ impl GpuBnScaleRelu {
         shortcut == Grad::Overwrite && c_shortcut == c_chain
     }
 
-    /// The residual sum's backward on blobs stored as `T`: the shortcut's gradient as `shortcut`
-    /// says, and the gradient reaching the Scale's output into the scratch [`Self::dz`] unless
-    /// the chain reads it off the shortcut's ([`Self::reads_dz_off_shortcut`]).
+    /// The residual sum's backward on blobs stored as `T`, in a pass of its own where the chain
+    /// cannot read the gradient reaching the Scale's output off the shortcut's
+    /// ([`Self::reads_dz_off_shortcut`]): the shortcut's gradient as `shortcut` says, and the
+    /// chain's into the scratch [`Self::dz`].
     fn sum_backward_as<T: BlobElem>(
         &mut self,
         pass: &mut BackwardPass<'_>,
@@ -285,17 +287,13 @@ impl GpuBnScaleRelu {
         let gpu = pass.gpu;
         let [r, z] = pass.blobs.pick([pass.blobs.bottoms[1], pass.blobs.tops[0]]);
         let n = z.count();
-        let scratch = !Self::reads_dz_off_shortcut(sum, shortcut);
-        if scratch && self.dz.as_ref().is_none_or(|d| d.shape != z.shape) {
+        if self.dz.as_ref().is_none_or(|d| d.shape != z.shape) {
             self.dz = Some(GpuBlob::new_as(gpu, &z.shape, 0, z.elem())?);
         }
-        let mut dr = T::diff_mut(r);
-        let mut dz = match &mut self.dz {
-            Some(d) if scratch => Some(T::diff_mut(d)),
-            _ => None,
-        };
+        let dz = self.dz.as_mut().expect("allocated above");
+        let (mut dr, mut dz) = (T::diff_mut(r), T::diff_mut(dz));
         let to_shortcut = shortcut.wanted().then(|| (&mut dr, shortcut.accumulate()));
-        let to_chain = dz.as_mut().map(|d| (d, false));
+        let to_chain = Some((&mut dz, false));
         let dx = match sum.shortcut_first {
             true => [to_shortcut, to_chain],
             false => [to_chain, to_shortcut],
@@ -315,13 +313,17 @@ impl GpuBnScaleRelu {
     /// Backward on blobs stored as `T`.
     fn backward_as<T: BlobElem>(&mut self, mut pass: BackwardPass<'_>) -> Result<()> {
         let (gpu, grad) = (pass.gpu, pass.grads[0]);
-        let dz_off_shortcut = match self.sum {
+        // With a residual sum: whether the sums pass runs the sum's backward, writing the
+        // gradient reaching the Scale's output as the shortcut's; else a pass of its own writes
+        // the shortcut's and, into scratch, the chain's.
+        let sum_in_sums = match self.sum {
+            Some(sum) if Self::reads_dz_off_shortcut(sum, pass.grads[1]) => Some(sum),
             Some(sum) => {
                 let shortcut = pass.grads[1];
                 self.sum_backward_as::<T>(&mut pass, sum, shortcut)?;
-                Self::reads_dz_off_shortcut(sum, shortcut)
+                None
             }
-            None => false,
+            None => None,
         };
         let params = &pass.params;
         let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
@@ -335,37 +337,48 @@ impl GpuBnScaleRelu {
         let at = self.scale_offset;
         let scale_len = c * (1 + self.bias_term as usize);
         let batch_stats = self.bn.batch_stats();
-        // The chain's bottom, and the blob whose diff holds the gradient reaching the Scale's
-        // output (or the ReLU's, the chain's top without a sum).
-        let (x, dz_blob) = match self.sum {
+        // The chain's bottom; the blob whose diff holds the gradient reaching the Scale's output
+        // (or the ReLU's, the chain's top without a sum) once the sums pass is done; with the sum
+        // in the sums pass, the chain's top.
+        let (x, dz_blob, top) = match self.sum {
             None => {
                 let [x, z] = pass.blobs.bottom_top();
-                (x, &*z)
+                (x, z, None)
             }
             Some(_) => {
-                let [x, r] = pass
-                    .blobs
-                    .pick([pass.blobs.bottoms[0], pass.blobs.bottoms[1]]);
-                let scratch = self.dz.as_ref().filter(|_| !dz_off_shortcut);
-                (x, scratch.unwrap_or(&*r))
+                let [x, r, z] = pass.blobs.two_bottoms_top();
+                (x, r, Some(z))
             }
         };
-        // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
         let shape = self.shape();
+        let dz_blob: &mut GpuBlob = match (&mut self.dz, sum_in_sums) {
+            (Some(scratch), None) if shape.sum.is_some() => scratch,
+            _ => dz_blob,
+        };
+        // The sums land in the BatchNorm's buffer, which its all-reduce then sums.
         let bn_sums_needed = batch_stats && grad.wanted();
         let which = match (self.half, bn_sums_needed) {
             (None, _) => ChainSums::Both,
             (Some(_), false) => ChainSums::Scale,
             (Some(_), true) => ChainSums::Separate,
         };
-        let dz = T::diff(dz_blob);
         {
+            let dz = match (sum_in_sums, &top) {
+                (Some(sum), Some(z)) => ChainGrad::FromSum {
+                    y: T::data(z),
+                    dy: T::diff(z),
+                    dz_out: T::diff_mut(dz_blob),
+                    coeff: sum.coeff_of_shortcut_and_chain().1,
+                    slope: sum.slope,
+                },
+                _ => ChainGrad::Stored(T::diff(dz_blob)),
+            };
             let (mean, inv_std, sums) = self.bn.stats_and_sums_mut();
             let op = operands(shape, (mean, inv_std), params);
             gpu.kernels.bn_scale_relu_sums(
                 s,
                 &op,
-                &dz,
+                dz,
                 &T::data(x),
                 sums,
                 &mut param_diff.slice_mut(at..at + scale_len),
@@ -379,12 +392,12 @@ impl GpuBnScaleRelu {
         if batch_stats {
             self.bn.reduce(gpu, pass.ctx)?;
         }
-        let op = self.operands(self.bn.mean_and_inv_std(), params);
+        let op = operands(shape, self.bn.mean_and_inv_std(), params);
         let (xd, mut dx) = T::data_and_diff_mut(x);
         gpu.kernels.bn_scale_relu_backward(
             s,
             &op,
-            &dz,
+            &T::diff(dz_blob),
             &xd,
             self.bn.sums(),
             batch_stats,
