@@ -713,6 +713,10 @@ impl GpuNet {
             }
         }
         for (i, layer) in self.layers.iter_mut().enumerate() {
+            // A fused chain's later layers never run: their head reads for them.
+            if matches!(self.slots[i], Slot::Absorbed { .. }) {
+                continue;
+            }
             let bottoms: Vec<&[usize]> = self.bottoms[i].iter().map(|&b| &shapes[b][..]).collect();
             layer.reshape(gpu, &bottoms)?;
         }

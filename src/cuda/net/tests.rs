@@ -217,8 +217,9 @@ fn plan_of_the_residual_net_overwrites_from_the_convolution() {
     );
 }
 
-/// Forward and backward of the equivalence net at batch `n` on both backends from the same
-/// weights and batch; compares outputs, the gradient, the layer-done order and the loss slot.
+/// Forward and backward of the net of `cfg` (on `RECORD`s) at batch `n` on both backends from
+/// the same weights and batch; compares outputs, the gradient, the layer-done order and the loss
+/// slot.
 fn compare_pass(gpu: &Gpu, cfg: &Config, net: &mut GpuNet, n: usize, seed: u64) {
     let cpu = Cpu::new(1);
     let (mut cpu_net, mut params) = Net::build(cfg, RECORD, n).unwrap();
@@ -1153,6 +1154,19 @@ fn residual_chains() -> (Config, Vec<(usize, usize)>) {
         (at("bn3"), at("relu_b")),
     ];
     (cfg, chains)
+}
+
+/// A net of fused chains (BatchNorm chains with and without their residual sums) changes its
+/// batch, as a test pass of another batch size does: smaller, then larger than the first, each
+/// train and test pass against the CPU's.
+#[test]
+fn fused_chains_run_at_another_batch() {
+    let gpu = gpu_or_skip!("fused_chains_run_at_another_batch");
+    let (cfg, _) = residual_chains();
+    let mut net = GpuNet::new(&cfg, RECORD, 16, &gpu).unwrap();
+    for (n, seed) in [(16, 861), (7, 862), (40, 863)] {
+        compare_pass(&gpu, &cfg, &mut net, n, seed);
+    }
 }
 
 /// BatchNorm → Scale fused with the residual sum and ReLU after it trains the CPU's numbers in
