@@ -101,7 +101,7 @@ impl StoragePlan {
             }
         }
         let matters = |b: usize| layout_matters(&shapes[b]);
-        let read: Vec<Vec<usize>> = (fusion::reads_of(graph, slots).iter())
+        let read_blobs: Vec<Vec<usize>> = (fusion::reads_of(graph, slots).iter())
             .map(|r| r.iter().map(|r| r.blob).collect())
             .collect();
         let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
@@ -111,7 +111,7 @@ impl StoragePlan {
         };
         let mut stored = vec![Layout::Nchw; blobs];
         let data_read_nhwc =
-            (0..cfg.len()).any(|i| runs[i] == Layout::Nhwc && read[i].contains(&DATA));
+            (0..cfg.len()).any(|i| runs[i] == Layout::Nhwc && read_blobs[i].contains(&DATA));
         if matters(DATA) && data_read_nhwc {
             stored[DATA] = Layout::Nhwc;
         }
@@ -123,7 +123,7 @@ impl StoragePlan {
             }
         }
         let mut readers = vec![0usize; blobs];
-        for &b in read.iter().flatten() {
+        for &b in read_blobs.iter().flatten() {
             readers[b] += 1;
         }
         let mut on_half: Vec<bool> = match half {
@@ -148,10 +148,10 @@ impl StoragePlan {
                     _ => graph.node(i).tops,
                 };
                 let read_by = |t: usize| {
-                    let node_reads = |j: &usize| read[*j].contains(&t);
+                    let node_reads = |j: &usize| read_blobs[*j].contains(&t);
                     (0..cfg.len()).filter(node_reads).collect::<Vec<_>>()
                 };
-                let fp32_in = read[i].iter().all(|&b| !is_half[b]);
+                let fp32_in = read_blobs[i].iter().all(|&b| !is_half[b]);
                 let fp32_out = outputs.iter().all(|&t| {
                     let readers = read_by(t);
                     !readers.is_empty() && readers.iter().all(|&j| !on_half[j])
@@ -163,7 +163,7 @@ impl StoragePlan {
             }
             let none_yet = demote.is_none();
             'layers: for i in (0..cfg.len()).filter(|&i| none_yet && reads(i)) {
-                for &b in &read[i] {
+                for &b in &read_blobs[i] {
                     let relaid = matters(b) && stored[b] != runs[i];
                     let retyped = is_half[b] != on_half[i];
                     let shared_fp32 = on_half[i] && !is_half[b] && b != DATA && readers[b] > 1;
@@ -203,7 +203,7 @@ impl StoragePlan {
                 continue;
             }
             let wanted = elem_of(on_half[i]);
-            for (slot, &b) in read[i].iter().enumerate() {
+            for (slot, &b) in read_blobs[i].iter().enumerate() {
                 let relaid = matters(b) && stored[b] != run;
                 if relaid || elem[b] != wanted {
                     conversions.push(Conversion {
@@ -223,7 +223,7 @@ impl StoragePlan {
             stored,
             elem,
             conversions,
-            reads: read,
+            reads: read_blobs,
         }
     }
 
@@ -549,7 +549,7 @@ mod tests {
         } = plan_of(text, record, channels_last, Some(Half::Bf16));
         let reads = |i: usize| !matches!(slots[i], Slot::Absorbed { .. });
         let readers_of = |b: usize| {
-            let reading = |&i: &usize| reads(i) && graph.node(i).bottoms.contains(&b);
+            let reading = |&i: &usize| plan.reads()[i].contains(&b);
             (0..graph.len()).filter(reading).collect::<Vec<_>>()
         };
         let is_half = |b: usize| plan.elem[b] != Elem::F32;
@@ -560,7 +560,7 @@ mod tests {
         }
         for i in (0..graph.len()).filter(|&i| reads(i)) {
             let name = graph.layer_name(i);
-            for &b in graph.node(i).bottoms {
+            for &b in &plan.reads()[i] {
                 let shared = readers_of(b).len() > 1;
                 if plan.on_half[i] {
                     let relaid = layout_matters(&shapes[b]) && plan.stored[b] != plan.runs[i];
@@ -581,7 +581,7 @@ mod tests {
                     Slot::Head { last, .. } => graph.node(last).tops,
                     _ => graph.node(i).tops,
                 };
-                let half_in = graph.node(i).bottoms.iter().any(|&b| is_half(b));
+                let half_in = plan.reads()[i].iter().any(|&b| is_half(b));
                 let half_out = outputs.iter().any(|&t| {
                     let readers = readers_of(t);
                     readers.is_empty() || readers.iter().any(|&j| plan.on_half[j])

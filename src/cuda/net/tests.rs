@@ -133,18 +133,18 @@ fn staging_copy_copies_every_float() {
     }
 }
 
+/// The training phase's backward plan of `graph` with parameters `spans`, run as `slots` say.
+fn train_plan(graph: &Net, spans: &[ParamSpan], slots: &[Slot]) -> BackwardPlan {
+    let reads = fusion::reads_of(graph, slots);
+    BackwardPlan::new(graph, Phase::Train, spans, slots, &reads)
+}
+
 #[test]
 fn plan_of_the_equivalence_net_overwrites_every_gradient() {
     let cfg = equivalence_config();
     let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
     let slots = vec![Slot::Own; graph.len()];
-    let train = BackwardPlan::new(
-        &graph,
-        Phase::Train,
-        &layout.spans,
-        &slots,
-        &fusion::reads_of(&graph, &slots),
-    );
+    let train = train_plan(&graph, &layout.spans, &slots);
     // Every activation gradient has one contributor and the loss top starts at its weight,
     // so nothing is zero-filled.
     assert!(train.zero.is_empty(), "{train:?}");
@@ -167,13 +167,7 @@ fn plan_overwrites_from_the_last_consumer_and_zeroes_idle_parameters() {
     let cfg: Config = toml::from_str(text).unwrap();
     let (graph, layout) = Net::build(&cfg, RECORD, 4).unwrap();
     let slots = vec![Slot::Own; graph.len()];
-    let plan = BackwardPlan::new(
-        &graph,
-        Phase::Train,
-        &layout.spans,
-        &slots,
-        &fusion::reads_of(&graph, &slots),
-    );
+    let plan = train_plan(&graph, &layout.spans, &slots);
     // `ip` has two contributors: `b`, whose backward runs first, overwrites its gradient and
     // `a` adds to it. The probe's top needs a gradient nobody writes in training: zeroed.
     let probe = graph.node(5).tops[0];
@@ -201,13 +195,7 @@ fn plan_of_the_residual_net_overwrites_from_the_convolution() {
             .unwrap()
     };
     assert!(matches!(slots[at("sum")], Slot::Head { .. }));
-    let plan = BackwardPlan::new(
-        &graph,
-        Phase::Train,
-        &layout.spans,
-        &slots,
-        &fusion::reads_of(&graph, &slots),
-    );
+    let plan = train_plan(&graph, &layout.spans, &slots);
     assert!(plan.zero.is_empty(), "{plan:?}");
     assert_eq!(plan.grads[at("conv_c")], vec![Grad::Overwrite]);
     assert_eq!(plan.grads[at("scale")], vec![Grad::Accumulate]);
