@@ -268,10 +268,11 @@ impl GpuBnScaleRelu {
 
     /// Whether the chain with a residual `sum` reads the gradient reaching the Scale's output
     /// off the shortcut's, whose gradient is written as `shortcut`: the same values where the
-    /// sum's backward overwrites it with the same coefficient.
+    /// sum's backward overwrites it with the same coefficient (not 0, which leaves the chain no
+    /// gradient to form in its sums pass).
     fn reads_dz_off_shortcut(sum: ResidualSum, shortcut: Grad) -> bool {
         let (c_shortcut, c_chain) = sum.coeff_of_shortcut_and_chain();
-        shortcut == Grad::Overwrite && c_shortcut == c_chain
+        shortcut == Grad::Overwrite && c_shortcut == c_chain && c_chain != 0.0
     }
 
     /// The residual sum's backward on blobs stored as `T`, in a pass of its own where the chain
@@ -518,6 +519,28 @@ mod tests {
         }
         let scale_offset = of(1).next().unwrap().offset - start;
         (graph, scale_offset, params)
+    }
+
+    /// Runs without a GPU: the chain reads the gradient reaching its Scale's output off the
+    /// shortcut's only where the sum's backward writes the same value there — overwritten, with
+    /// the chain's own coefficient, which is not 0 — whichever bottom of the sum the shortcut is.
+    #[test]
+    fn the_chain_reads_its_gradient_off_the_shortcut_only_where_it_is_the_same() {
+        use crate::cuda::kernels::ResidualSum;
+        let sum = |coeff: [f32; 2], shortcut_first: bool| ResidualSum {
+            coeff,
+            shortcut_first,
+            slope: 0.0,
+        };
+        let reads = GpuBnScaleRelu::reads_dz_off_shortcut;
+        for first in [true, false] {
+            assert!(reads(sum([1.0, 1.0], first), Grad::Overwrite));
+            assert!(reads(sum([0.5, 0.5], first), Grad::Overwrite));
+            assert!(!reads(sum([1.0, 1.0], first), Grad::Accumulate));
+            assert!(!reads(sum([1.0, 1.0], first), Grad::Skip));
+            assert!(!reads(sum([1.0, 0.5], first), Grad::Overwrite));
+            assert!(!reads(sum([0.0, 0.0], first), Grad::Overwrite));
+        }
     }
 
     /// One chain on FP32 blobs and on half-type blobs: the same bits.
