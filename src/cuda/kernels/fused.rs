@@ -177,8 +177,7 @@ impl Kernels {
             op.sum.is_some_and(|r| r.shortcut_first) as i32,
         );
         let [c0, c1] = op.sum.map_or([1.0, 1.0], |r| r.coeff);
-        let mut ptrs = vec![x.device_ptr(s).0, z.device_ptr_mut(s).0];
-        ptrs.extend(shortcut.map(|r| r.device_ptr(s).0));
+        let ptrs = [x.device_ptr(s).0, z.device_ptr_mut(s).0, rp];
         if channels_last_by_eight::<T>(op.dims, &ptrs) {
             return launch!(
                 self, s, bn_scale_relu_forward_h8,
@@ -252,12 +251,12 @@ impl Kernels {
         let ([zp, dyp, outp], _guards) = match &mut dz {
             ChainGrad::Stored(dz) => {
                 let (p, g) = dz.device_ptr(s);
-                ([p, p, p], vec![g])
+                ([p, p, p], (g, None, None))
             }
             ChainGrad::FromSum { y, dy, dz_out, .. } => {
                 let ((yp, yg), (dyp, dyg)) = (y.device_ptr(s), dy.device_ptr(s));
                 let (outp, outg) = dz_out.device_ptr_mut(s);
-                ([yp, dyp, outp], vec![yg, dyg, outg])
+                ([yp, dyp, outp], (yg, Some(dyg), Some(outg)))
             }
         };
         let ptrs = [zp, dyp, outp, x.device_ptr(s).0];
