@@ -241,11 +241,12 @@ extern "C" __global__ void bn_scale_relu_sums_h(const unsigned short* dz_or_y,
 // Per channel, from the partials: the Scale's local gradient dgamma[c] (+)= sum g*y,
 // dbeta[c] (+)= sum g (dparams = [dgamma (C), dbeta (C) if has_beta]) and, where store_sums,
 // the BatchNorm sums = [sum g (C), sum g*y (C), n * s], or with quad [sum t, sum t*y, n * s]
-// (before any all-reduce).
+// (before any all-reduce). Where zero_state, the BatchNorm state's gradient
+// state_diff = [mean (C), var (C), factor] is zeroed (its overwrite, in this launch).
 extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* sums,
                                                 float* dparams, int has_beta, int c, int splits,
                                                 int per, int accumulate, int store_sums,
-                                                int quad) {
+                                                int quad, float* state_diff, int zero_state) {
     const int stride = quad ? 4 : 2;
     WARP_PER_CHANNEL(ch, c) {
         double s1, s2, b1, b2;
@@ -264,6 +265,11 @@ extern "C" __global__ void bn_scale_relu_finish(const double* partial, double* s
         }
         dparams[ch] = accumulate ? dparams[ch] + (float)s2 : (float)s2;
         if (has_beta) dparams[c + ch] = accumulate ? dparams[c + ch] + (float)s1 : (float)s1;
+        if (zero_state) {
+            state_diff[ch] = 0.0f;
+            state_diff[c + ch] = 0.0f;
+            if (ch == 0) state_diff[2 * c] = 0.0f;
+        }
     }
 }
 

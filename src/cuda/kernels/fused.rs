@@ -19,6 +19,7 @@
 
 use super::channel::channels_last_by_eight;
 use super::{check_len, stored_half_arg, to_i32, Kernels, StoredElem};
+use crate::cuda::gpu_error;
 use crate::error::Result;
 use crate::precision::Half;
 use cudarc::driver::sys::CUdeviceptr;
@@ -202,7 +203,8 @@ impl Kernels {
     /// Scale's output, whose sign is the ReLU's, recomputed from `x`), stored as `which` says:
     /// `sums (2C + 1)` = `[Σ t, Σ t·y, N·S]`, and the Scale's gradient
     /// `dparams = [dgamma (C), dbeta (C) when it has a bias]` (+)= `[Σ g·y, Σ g]`. Deterministic
-    /// (the chunked two-stage sums of the BatchNorm layer).
+    /// (the chunked two-stage sums of the BatchNorm layer). `zero_state`: the BatchNorm state's
+    /// gradient `(2C + 1)` to overwrite with zeros, in the sums' last launch.
     #[allow(clippy::too_many_arguments)]
     pub fn bn_scale_relu_sums<T: StoredElem>(
         &self,
@@ -211,8 +213,8 @@ impl Kernels {
         dz: ChainGrad<'_, T>,
         x: &impl DevicePtr<T>,
         sums: &mut CudaSlice<f64>,
-        dparams: &mut impl DevicePtrMut<f32>,
-        accumulate: bool,
+        (dparams, accumulate): (&mut impl DevicePtrMut<f32>, bool),
+        zero_state: Option<&mut CudaViewMut<'_, f32>>,
         which: ChainSums,
     ) -> Result<()> {
         let name = "bn_scale_relu_sums";
@@ -230,7 +232,14 @@ impl Kernels {
         check_len(name, "sums", sums.len(), 2 * c + 1);
         let ((bp, _b), has_beta) = op.beta_args(s);
         check_len(name, "dparams", dparams.len(), c * (1 + has_beta as usize));
+        if let Some(state) = &zero_state {
+            check_len(name, "zero_state", state.len(), 2 * c + 1);
+        }
         if c == 0 {
+            if let Some(state) = zero_state {
+                s.memset_zeros(state)
+                    .map_err(|e| gpu_error("zero the batch-norm state gradient", e))?;
+            }
             return Ok(());
         }
         let (relu, slope) = op.relu_args();
@@ -263,6 +272,15 @@ impl Kernels {
         let by_eight = channels_last_by_eight::<T>(op.dims, &ptrs);
         let per = to_i32(name, n * sp);
         let acc = accumulate as i32;
+        // Without a state gradient to zero, no pointer: the kernel reads none (`zeroing` is 0).
+        let zeroing = zero_state.is_some() as i32;
+        let (statep, _state) = match zero_state {
+            Some(state) => {
+                let (p, g) = state.device_ptr_mut(s);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
         self.two_stage_sums(
             s,
             (name, per_element),
@@ -297,7 +315,7 @@ impl Kernels {
                     self, s, bn_scale_relu_finish, self.grid_rows(c),
                     [
                         &pp, out sums, out dparams, &has_beta, &ci, &spl, &per, &acc, &store_sums,
-                        &quad_arg,
+                        &quad_arg, &statep, &zeroing,
                     ]
                 )
             },

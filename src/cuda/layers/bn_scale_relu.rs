@@ -52,7 +52,7 @@ use crate::config::layer_params::LayerParams;
 use crate::cuda::blob::GpuBlob;
 use crate::cuda::kernels::{BnScaleRelu, ChainGrad, ChainSums, ResidualSum};
 use crate::cuda::layout::Layout;
-use crate::cuda::{gpu_error, Gpu};
+use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::net::NodeView;
 use crate::precision::Half;
@@ -329,13 +329,13 @@ impl GpuBnScaleRelu {
         let (param_grad, param_diff) = (pass.param_grad, &mut pass.param_diff);
         let s = &gpu.compute;
         let state_len = self.state_len();
-        if param_grad == Grad::Overwrite {
-            s.memset_zeros(&mut param_diff.slice_mut(..state_len))
-                .map_err(|e| gpu_error("zero the batch-norm state gradient", e))?;
-        }
         let c = self.bn.dims().1;
         let at = self.scale_offset;
         let scale_len = c * (1 + self.bias_term as usize);
+        // The state's gradient, zero (overwritten in the sums' last launch), before the Scale's.
+        let (mut state_diff, mut after_state) = param_diff.split_at_mut(state_len);
+        let zero_state = (param_grad == Grad::Overwrite).then_some(&mut state_diff);
+        let mut scale_diff = after_state.slice_mut(at - state_len..at - state_len + scale_len);
         let batch_stats = self.bn.batch_stats();
         // The chain's bottom; the blob whose diff holds the gradient reaching the Scale's output
         // (or the ReLU's, the chain's top without a sum) once the sums pass is done; with the sum
@@ -381,8 +381,8 @@ impl GpuBnScaleRelu {
                 dz,
                 &T::data(x),
                 sums,
-                &mut param_diff.slice_mut(at..at + scale_len),
-                param_grad.accumulate(),
+                (&mut scale_diff, param_grad.accumulate()),
+                zero_state,
                 which,
             )?;
         }
@@ -539,6 +539,54 @@ mod tests {
             assert!(!reads(sum([1.0, 1.0], first), Grad::Skip));
             assert!(!reads(sum([1.0, 0.5], first), Grad::Overwrite));
             assert!(!reads(sum([0.0, 0.0], first), Grad::Overwrite));
+        }
+    }
+
+    /// The BatchNorm state's part of the chain's parameter gradient: zero where the chain
+    /// overwrites the gradient (written in the sums' last launch over whatever was there, here
+    /// NaN), untouched where it adds to it; the Scale's part written either way. FP32 and
+    /// bf16, both layouts (the `_h8` sums where the half-type blobs are channels-last).
+    #[test]
+    fn the_state_gradient_is_zero_where_the_chain_overwrites() {
+        use crate::cuda::blob::GpuBlob;
+        use crate::cuda::layers::testing::Fixture;
+        use crate::cuda::layers::GpuCtx;
+        let gpu = gpu_or_skip!("the_state_gradient_is_zero_where_the_chain_overwrites");
+        let (c, shape) = (16, [4, 16, 3, 3]);
+        let (graph, scale_offset, params) = chain([c, 3, 3], Some(0.0), true, Half::Bf16, 77);
+        let nodes: Vec<_> = (0..=2).map(|i| graph.node(i)).collect();
+        let ctx = GpuCtx::local(Phase::Train, 0, 1, 0);
+        let mut x = uniform_blob(&shape, -2.0, 2.0, 78);
+        x.diff = uniform_blob(&shape, -1.0, 1.0, 79).data;
+        Half::Bf16.round_slice(&mut x.data);
+        Half::Bf16.round_slice(&mut x.diff);
+        for (half, layout) in [
+            (None, Layout::Nchw),
+            (Some(Half::Bf16), Layout::Nchw),
+            (Some(Half::Bf16), Layout::Nhwc),
+        ] {
+            for (param_grad, before, want) in [
+                (Grad::Overwrite, f32::NAN, 0.0f32),
+                (Grad::Accumulate, 0.25, 0.25),
+            ] {
+                let what = format!("{half:?}, {layout:?}, {param_grad:?}");
+                let mut layer = GpuBnScaleRelu::new(&gpu, &nodes, scale_offset, layout, half)
+                    .unwrap()
+                    .on_half_blobs(half.is_some());
+                layer.reshape(&gpu, &[&shape]).unwrap();
+                let elem = half.map_or(crate::cuda::blob::Elem::F32, crate::cuda::blob::Elem::Half);
+                let blobs = [&x, &x].map(|b| GpuBlob::from_host_as(&gpu, b, elem).unwrap());
+                let diff = vec![before; params.len()];
+                let mut run = Fixture::new(&gpu, blobs.into(), 1, &params, &diff);
+                run.forward(&gpu, &ctx, &mut layer);
+                run.backward((&gpu, &ctx), &mut layer, &[Grad::Overwrite], param_grad);
+                let got = run.param_diff(&gpu);
+                let state = &got[..2 * c + 1];
+                let kept = state.iter().position(|v| v.to_bits() != want.to_bits());
+                assert_eq!(kept, None, "{what}: state gradient {state:?}");
+                let scale = &got[scale_offset..scale_offset + 2 * c];
+                assert!(scale.iter().all(|v| v.is_finite()), "{what}: {scale:?}");
+            }
         }
     }
 
