@@ -9,7 +9,10 @@
 //! back into the blob's after the layer's backward. Blobs whose layout does not matter (not 4-D,
 //! or one pixel: a global pooling's output) are never converted, so in ResNet-50 the only
 //! conversion is the input's, and in cifar10_quick the last pooling's output before the inner
-//! product.
+//! product. In mixed precision a layer that rounds its own bottom gradients (a fused chain, a
+//! pooling) reads no blob that other layers read through a copy in the other layout (its
+//! rounded gradient, added to theirs in the blob, would be rounded again): it runs NCHW, or the
+//! blob's writer does.
 //!
 //! Every blob has one writer (the graph gives a top that reuses a name a blob of its own), so a
 //! blob's layout is never in question.
@@ -109,23 +112,59 @@ impl StoragePlan {
             Slot::Absorbed { head } => head,
             _ => i,
         };
-        let mut stored = vec![Layout::Nchw; blobs];
-        let data_read_nhwc =
-            (0..cfg.len()).any(|i| runs[i] == Layout::Nhwc && read_blobs[i].contains(&DATA));
-        if matters(DATA) && data_read_nhwc {
-            stored[DATA] = Layout::Nhwc;
-        }
-        for (i, &run) in runs.iter().enumerate() {
-            for &t in graph.node(i).tops {
-                if matters(t) {
-                    stored[t] = run;
+        let stored_as = |runs: &[Layout]| {
+            let mut stored = vec![Layout::Nchw; blobs];
+            let data_read_nhwc =
+                (0..cfg.len()).any(|i| runs[i] == Layout::Nhwc && read_blobs[i].contains(&DATA));
+            if matters(DATA) && data_read_nhwc {
+                stored[DATA] = Layout::Nhwc;
+            }
+            for (i, &run) in runs.iter().enumerate() {
+                for &t in graph.node(i).tops {
+                    if matters(t) {
+                        stored[t] = run;
+                    }
                 }
             }
-        }
+            stored
+        };
         let mut readers = vec![0usize; blobs];
         for &b in read_blobs.iter().flatten() {
             readers[b] += 1;
         }
+        // In mixed precision a layer that rounds its own bottom gradients (a fused chain, a
+        // pooling) reads no blob that other layers read through a copy in the other layout: its
+        // gradient, rounded in the copy and added to the others' in the blob, would be rounded
+        // twice, where the CPU rounds the sum once. The layer runs NCHW instead, or where it
+        // runs NCHW already, the blob's writer does: every round moves one layer (or chain) from
+        // channels-last to NCHW, so it ends.
+        let mut stored = loop {
+            let stored = stored_as(&runs);
+            let twice = |i: usize| {
+                let shared_relaid = |b: &usize| {
+                    *b != DATA && readers[*b] > 1 && matters(*b) && stored[*b] != runs[i]
+                };
+                let b = *read_blobs[i].iter().find(|b| shared_relaid(b))?;
+                match runs[i] {
+                    Layout::Nhwc => Some(i),
+                    Layout::Nchw => (0..cfg.len())
+                        .find(|&w| graph.node(w).tops.contains(&b))
+                        .map(runner),
+                }
+            };
+            let self_rounding =
+                |i: &usize| reads(*i) && rounds_itself_on_fp32_blobs(graph, slots, *i);
+            let moved = match half {
+                Some(_) => (0..cfg.len()).filter(self_rounding).find_map(twice),
+                None => None,
+            };
+            let Some(j) = moved else { break stored };
+            let last = match slots[j] {
+                Slot::Head { last, .. } => last,
+                _ => j,
+            };
+            runs[j..=last].fill(Layout::Nchw);
+        };
         let mut on_half: Vec<bool> = match half {
             Some((_, capable)) => (0..cfg.len()).map(|i| reads(i) && capable[i]).collect(),
             None => vec![false; cfg.len()],
@@ -538,8 +577,10 @@ mod tests {
     /// Asserts that the bf16 plan of the config `text` keeps to the module docs' exceptions: no
     /// copy converts both layout and type; no half-type layer reads a blob in the other layout or
     /// an FP32 blob (but the input) that other layers read; no FP32 layer that rounds its own
-    /// bottom gradients reads a half-type blob that other layers read; no half-type layer has
-    /// only FP32 blobs on both sides. Returns the names of the layers on half-type blobs.
+    /// bottom gradients reads a half-type blob that other layers read, and no such layer of
+    /// either type reads a blob that other layers read through a copy in the other layout; no
+    /// half-type layer has only FP32 blobs on both sides. Returns the names of the layers on
+    /// half-type blobs.
     fn keeps_to_the_exceptions(text: &str, record: [usize; 3], channels_last: bool) -> Vec<String> {
         let Planned {
             plan,
@@ -574,6 +615,10 @@ mod tests {
                         !(is_half(b) && shared),
                         "{name} rounds a shared half-type blob's gradient twice"
                     );
+                }
+                if rounds_itself_on_fp32_blobs(&graph, &slots, i) && b != DATA && shared {
+                    let relaid = layout_matters(&shapes[b]) && plan.stored[b] != plan.runs[i];
+                    assert!(!relaid, "{name} rounds a shared blob's gradient in a copy");
                 }
             }
             if plan.on_half[i] {
@@ -618,12 +663,53 @@ mod tests {
         assert!(on_half.is_empty(), "{on_half:?}");
     }
 
+    /// A max pooling reading, beside a convolution, the output of an NCHW-only concat: in FP32
+    /// it runs channels-last through a copy, as any layer that can; in mixed precision, where it
+    /// rounds the gradient it adds to the concat's, it runs NCHW and reads the concat's output
+    /// itself, which the convolution reads through a copy. The rest is as in FP32, and the net
+    /// keeps to the exceptions.
+    #[test]
+    fn a_pooling_rounding_a_shared_gradient_reads_no_copy_of_it() {
+        let text = include_str!("testdata/pooling_reads_a_shared_concat.toml");
+        let relaid = |half: Option<Half>| {
+            let Planned { plan, graph, .. } = plan_of(text, [3, 8, 8], true, half);
+            let (pool, cat) = (layer(&graph, "pool"), layer(&graph, "cat"));
+            let cat_top = graph.node(cat).tops[0];
+            assert_eq!(plan.stored[cat_top], Layout::Nchw);
+            let copies: Vec<String> = (plan.conversions.iter())
+                .filter(|c| c.from == cat_top)
+                .map(|c| graph.layer_name(c.layer).to_string())
+                .collect();
+            (plan.runs[pool], copies, plan.runs)
+        };
+        let (pool, copies, fp32_runs) = relaid(None);
+        assert_eq!(
+            (pool, copies),
+            (Layout::Nhwc, vec!["pool".into(), "c".into()])
+        );
+        let (pool, copies, half_runs) = relaid(Some(Half::Bf16));
+        assert_eq!((pool, copies), (Layout::Nchw, vec!["c".to_string()]));
+        let moved: Vec<usize> = (0..fp32_runs.len())
+            .filter(|&i| fp32_runs[i] != half_runs[i])
+            .collect();
+        assert_eq!(moved.len(), 1, "{fp32_runs:?} against {half_runs:?}");
+        // Every layer reads or writes the concats' FP32 blobs: none runs on half-type blobs.
+        for channels_last in [false, true] {
+            let on_half = keeps_to_the_exceptions(text, [3, 8, 8], channels_last);
+            assert!(on_half.is_empty(), "{on_half:?}");
+        }
+    }
+
     /// The nets the project ships and tests keep to the exceptions too, in both layouts.
     #[test]
     fn every_configs_half_blobs_keep_to_the_exceptions() {
         let nets = [
             (include_str!("../../../config/resnet50.toml"), [3, 224, 224]),
             (include_str!("testdata/half_residual.toml"), [3, 8, 8]),
+            (
+                include_str!("testdata/concat_between_convolutions.toml"),
+                [3, 6, 6],
+            ),
             (CNN, [1, 8, 8]),
         ];
         for (text, record) in nets {

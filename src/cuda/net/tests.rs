@@ -661,6 +661,24 @@ fn half_type_blobs_train_as_the_cpu_rounding() {
     trains_on_half_blobs_as_the_cpu(name, ("half_residual.toml", text), &chains, &expected);
 }
 
+/// An inception-like join in bf16 and fp16: a max pooling and a convolution read the output of
+/// an NCHW-only concat, and the pooling, which rounds its own bottom gradient, adds it to the
+/// convolution's. Channels-last, the pooling runs NCHW on the concat's output itself (the
+/// storage plan: no copy between its rounding and the sum's), the convolution through a copy;
+/// every layer on FP32 blobs. Over a few training steps it trains the CPU's numbers at the
+/// half-type tolerance, in either layout.
+#[test]
+fn a_pooling_beside_a_convolution_on_a_concat_trains_as_the_cpu_rounding() {
+    let name = concat!(
+        module_path!(),
+        "::a_pooling_beside_a_convolution_on_a_concat_trains_as_the_cpu_rounding"
+    );
+    let text = include_str!("testdata/pooling_reads_a_shared_concat.toml");
+    let expected = [(GpuLayout::Nchw, &[][..]), (GpuLayout::Nhwc, &[][..])];
+    let file = ("pooling_reads_a_shared_concat.toml", text);
+    trains_on_half_blobs_as_the_cpu(name, file, &[], &expected);
+}
+
 /// cifar10_quick's pattern at a small size in bf16 and fp16: channels-last, convolutions with a
 /// bias run on half-type blobs (the bias added in cuDNN's plan to the FP32 products before the
 /// top's one rounding, its gradient summed from the half-type top gradient), with the pooling
