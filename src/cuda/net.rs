@@ -555,7 +555,8 @@ impl GpuNet {
         let rounding = half
             .map(|h| {
                 let (spans, len) = (&params.spans, params.len());
-                let conversions = &storage.conversions;
+                let rounds_input = !storage.input_read_through_half_copies_only();
+                let conversions = (&storage.conversions[..], rounds_input);
                 let runs_at: Vec<usize> = (layer_slots.iter().enumerate())
                     .map(|(i, slot)| match slot {
                         Slot::Absorbed { head } => *head,
@@ -908,9 +909,11 @@ impl GpuNet {
         };
         if let Some(r) = &mut self.rounding {
             r.round_weights(gpu, &self.params)?;
-            let data = &mut self.blobs[DATA];
-            let n = data.count();
-            r.round(gpu, &mut data.data, n)?;
+            if r.rounds_input {
+                let data = &mut self.blobs[DATA];
+                let n = data.count();
+                r.round(gpu, &mut data.data, n)?;
+            }
         }
         let mut reset = true;
         for (i, layer) in self.layers.iter_mut().enumerate() {

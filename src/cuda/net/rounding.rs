@@ -2,7 +2,8 @@
 //! `crate::precision` applied to a [`GpuNet`](super::GpuNet)'s FP32 blobs, so that the GPU
 //! computes the numbers the CPU backend computes (up to summation order):
 //!
-//! - before each forward pass, the input `data` in place, and the weights the layers see: a copy
+//! - before each forward pass, the input `data` in place (unless every layer reads it through a
+//!   half-type copy, whose conversion rounds it), and the weights the layers see: a copy
 //!   of the FP32 master weights rounded to the half type, except the tensors of stateful layers
 //!   (BatchNorm's running statistics), copied as they are. The update step writes the rounded
 //!   copies from each new weight as it writes the weight ([`HalfRounding::copies`]), so a
@@ -65,6 +66,9 @@ pub struct HalfRounding {
     copied_from: Option<u64>,
     /// Where the passes round.
     pub plan: RoundingPlan,
+    /// Whether the input `data` is rounded in place before each forward pass: not where every
+    /// layer reads it through a half-type copy, whose conversion rounds it.
+    pub rounds_input: bool,
 }
 
 /// How each tensor of `spans` is copied for the layers: as it is where its layer `stateful`
@@ -240,7 +244,8 @@ impl HalfValues {
             }
         }
         let mut blobs: Vec<bool> = blobs.into_iter().map(|b| b.unwrap_or(false)).collect();
-        // The input is rounded before each forward; labels never are.
+        // The input is rounded before each forward (or, where it is not, read only through
+        // half-type copies, which round it); labels never are.
         (blobs[DATA], blobs[LABEL]) = (true, false);
         // Each copy (an index past the graph's blobs) holds what its source holds.
         blobs.resize(graph.blob_count() + conversions.len(), false);
@@ -279,7 +284,7 @@ impl HalfRounding {
         gpu_layers: &[Box<dyn GpuLayer>],
         runs_at: &[usize],
         bottoms: &[Vec<usize>],
-        conversions: &[Conversion],
+        (conversions, rounds_input): (&[Conversion], bool),
         spans: &[ParamSpan],
         len: usize,
     ) -> Result<HalfRounding> {
@@ -319,6 +324,7 @@ impl HalfRounding {
             runs: copy_runs(spans, &kinds),
             copied_from: None,
             plan,
+            rounds_input,
         })
     }
 

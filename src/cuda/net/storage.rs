@@ -286,6 +286,18 @@ impl StoragePlan {
         self.stored[DATA] == Layout::Nhwc
     }
 
+    /// Whether every layer that reads the input `data` reads it through a half-type copy, whose
+    /// conversion rounds it (so that the input itself needs no rounding pass).
+    pub fn input_read_through_half_copies_only(&self) -> bool {
+        let read_as_stored = self.bottoms().iter().flatten().any(|&b| b == DATA);
+        let mut copies = self
+            .conversions
+            .iter()
+            .filter(|c| c.from == DATA)
+            .peekable();
+        !read_as_stored && copies.peek().is_some() && copies.all(|c| self.elem[c.copy] != Elem::F32)
+    }
+
     /// The conversions of layer `i`'s bottoms.
     pub fn of_layer(&self, i: usize) -> impl Iterator<Item = &Conversion> {
         self.conversions.iter().filter(move |c| c.layer == i)
@@ -698,6 +710,24 @@ mod tests {
             let on_half = keeps_to_the_exceptions(text, [3, 8, 8], channels_last);
             assert!(on_half.is_empty(), "{on_half:?}");
         }
+    }
+
+    /// ResNet-50 in bf16 reads its input only through conv1's half-type copy, in either layout,
+    /// so the input needs no rounding pass of its own; not so in FP32, nor where the first
+    /// convolutions run on FP32 blobs (between the input and an NCHW-only concat).
+    #[test]
+    fn only_half_type_copies_read_resnet50s_input() {
+        let resnet = include_str!("../../../config/resnet50.toml");
+        for channels_last in [false, true] {
+            let Planned { plan, .. } =
+                plan_of(resnet, [3, 224, 224], channels_last, Some(Half::Bf16));
+            assert!(plan.input_read_through_half_copies_only());
+            let Planned { plan, .. } = plan_of(resnet, [3, 224, 224], channels_last, None);
+            assert!(!plan.input_read_through_half_copies_only());
+        }
+        let text = include_str!("testdata/concat_between_convolutions.toml");
+        let Planned { plan, .. } = plan_of(text, [3, 6, 6], true, Some(Half::Bf16));
+        assert!(!plan.input_read_through_half_copies_only());
     }
 
     /// The nets the project ships and tests keep to the exceptions too, in both layouts.
