@@ -16,7 +16,8 @@
 //! where `z > 0` (slope ≥ 0); one pass of sums gives
 //! the Scale's gradient `dgamma = Σ g·y`, `dbeta = Σ g` and the BatchNorm's sums of
 //! `dy = gamma · g` (`Σ dy = gamma · Σ g`, `Σ dy·y = gamma · Σ g·y`), all-reduced when `sync`;
-//! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself.
+//! a second pass writes `dx`. The BatchNorm state gets a zero gradient, as in the layer itself,
+//! written (where the gradient is overwritten) by the sums' last launch.
 //!
 //! With a residual sum ([`GpuBnScaleRelu::with_sum`]: BatchNorm → Scale → two-bottom Eltwise SUM
 //! → ReLU, the end of a residual block) the layer has two bottoms, `x` and the sum's other
