@@ -1200,14 +1200,19 @@ impl GpuNet {
                             .zip(&plan.grads[at]);
                         for ((&stored, &b), g) in read {
                             // Overwritten in place from half-type top diffs by a layer that
-                            // keeps them: already half-type values. A half-type blob's
-                            // gradient is rounded where it is written.
+                            // keeps them, or by the widening of a half-type copy's gradient:
+                            // already half-type values. A half-type blob's gradient is rounded
+                            // where it is written.
                             let p = &r.plan;
+                            let widened = stored != b
+                                && blobs[stored].half.is_some()
+                                && storage.widens_over(stored, &plan.converted);
                             let kept = stored == b
                                 && (p.rounds_itself[at]
                                     || p.backward_keeps_half[at] && *g == Grad::Overwrite)
                                 || p.diff_left_by[b] == Some(at)
-                                || blobs[b].half.is_some();
+                                || blobs[b].half.is_some()
+                                || widened;
                             if g.wanted() && !kept {
                                 let n = blobs[b].count();
                                 r.round(gpu, &mut blobs[b].diff, n)?;

@@ -20,8 +20,9 @@
 //!
 //! A rounding that cannot change a value is skipped: the tops of a layer whose forward keeps
 //! half-type values ([`GpuLayer::forward_keeps_half`]: ReLU without slope, max pooling, the
-//! views) when its bottoms hold them, and a bottom diff its backward overwrites from half-type
-//! top diffs ([`GpuLayer::backward_keeps_half`]).
+//! views) when its bottoms hold them, a bottom diff its backward overwrites from half-type
+//! top diffs ([`GpuLayer::backward_keeps_half`]), and an FP32 blob's diff that the widened
+//! gradient of a half-type layer's copy overwrites (`StoragePlan::widens_over`).
 //!
 //! Layers that take [`HalfOperands`] (the inner product) run their GEMMs on half-type operands
 //! with FP32 accumulation: their first tensor (the weight matrix) as a half-type copy, which they

@@ -40,6 +40,7 @@ use super::fusion::{self, Slot};
 use crate::config::layer_params::LayerParams;
 use crate::config::LayerConfig;
 use crate::cuda::blob::Elem;
+use crate::cuda::layers::Grad;
 use crate::cuda::layout::{layout_matters, runs_channels_last, Layout};
 use crate::layers::Layer;
 use crate::net::{Net, DATA, LABEL};
@@ -296,6 +297,19 @@ impl StoragePlan {
             .filter(|c| c.from == DATA)
             .peekable();
         !read_as_stored && copies.peek().is_some() && copies.all(|c| self.elem[c.copy] != Elem::F32)
+    }
+
+    /// Whether the backward of the conversion into `copy` overwrites its blob's gradient
+    /// (`converted`: the backward plan's [`Grad`] of each conversion, in order) with the copy's
+    /// half-type gradient widened: half-type values, which need no rounding.
+    pub fn widens_over(&self, copy: usize, converted: &[Grad]) -> bool {
+        let mut of_copy = self.conversions.iter().zip(converted);
+        of_copy.any(|(c, &g)| {
+            c.copy == copy
+                && g == Grad::Overwrite
+                && self.elem[c.from] == Elem::F32
+                && self.elem[c.copy] != Elem::F32
+        })
     }
 
     /// The conversions of layer `i`'s bottoms.

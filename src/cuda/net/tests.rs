@@ -679,6 +679,98 @@ fn a_pooling_beside_a_convolution_on_a_concat_trains_as_the_cpu_rounding() {
     trains_on_half_blobs_as_the_cpu(name, file, &[], &expected);
 }
 
+/// Runs without a GPU. In bf16, the convolution `h` of `half_after_fp32.toml` reads the FP32
+/// output of a ReLU, its one reader, through a half-type copy: in backward the copy's gradient,
+/// widened, overwrites the ReLU's, half-type values that the net does not round again. The
+/// inner product's FP32 copy of the pooling's output (half-type in NCHW, relaid channels-last)
+/// is no such widening.
+#[test]
+fn a_widened_half_copy_overwrites_its_blobs_gradient_with_half_values() {
+    let text = include_str!("testdata/half_after_fp32.toml");
+    let cfg = config_of("half_after_fp32.toml", text);
+    let record = [3, 8, 8];
+    let (graph, layout) = Net::build(&cfg, record, 1).unwrap();
+    let mut shapers: Vec<_> = (cfg.layers.iter())
+        .map(|l| crate::layers::build_from_config(l).unwrap())
+        .collect();
+    let shapes = infer_shapes(&graph, &mut shapers, record, 4).unwrap();
+    let slots = fusion::plan(&graph, &layout.spans, true);
+    let capable: Vec<bool> = (0..graph.len())
+        .map(|i| storage::runs_on_half_blobs(&graph, &slots, i, true))
+        .collect();
+    let at = |name: &str| {
+        (0..graph.len())
+            .find(|&i| graph.layer_name(i) == name)
+            .unwrap()
+    };
+    for channels_last in [false, true] {
+        let half = Some((crate::precision::Half::Bf16, &capable[..]));
+        let storage = StoragePlan::new(&cfg.layers, &graph, &shapes, &slots, channels_last, half);
+        let on_half: Vec<&str> = (0..graph.len())
+            .filter(|&i| storage.on_half[i])
+            .map(|i| graph.layer_name(i))
+            .collect();
+        // Channels-last, the pooling's output would need both conversions for the NCHW-only
+        // inner product: the pooling runs on FP32 blobs.
+        let want: &[&str] = match channels_last {
+            false => &["h", "bn", "pool"],
+            true => &["h", "bn"],
+        };
+        assert_eq!(on_half, want, "channels-last {channels_last}");
+        let plan = train_plan(&graph, &layout.spans, &slots).through_copies(&storage.conversions);
+        let copy_of = |layer: &str| {
+            let c = storage.conversions.iter().find(|c| c.layer == at(layer));
+            c.unwrap_or_else(|| panic!("{layer} reads no copy")).copy
+        };
+        assert!(storage.widens_over(copy_of("h"), &plan.converted));
+        assert!(!storage.widens_over(copy_of("ip"), &plan.converted));
+    }
+}
+
+/// A half-type convolution after FP32 layers in bf16 and fp16 (`half_after_fp32.toml`): after a
+/// training step the gradient its half-type copy widened into the ReLU's FP32 blob holds
+/// half-type values without the net's rounding pass (and is not all zero), and over a few
+/// training steps the net trains the CPU's numbers at the half-type tolerance, in either layout.
+#[test]
+fn a_half_type_convolution_after_fp32_layers_trains_as_the_cpu_rounding() {
+    let name = concat!(
+        module_path!(),
+        "::a_half_type_convolution_after_fp32_layers_trains_as_the_cpu_rounding"
+    );
+    let text = include_str!("testdata/half_after_fp32.toml");
+    let record = [3, 8, 8];
+    for math in [MathMode::Bf16, MathMode::Fp16] {
+        let Some(mut gpu) = crate::cuda::test_util::gpu_for_test(name, math) else {
+            return;
+        };
+        let cfg = in_half_type(&config_of("half_after_fp32.toml", text), math);
+        let half = crate::precision::Half::of(math).unwrap();
+        for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
+            gpu.layout = layout;
+            let mut net = GpuNet::new(&cfg, record, 16, &gpu).unwrap();
+            let (data, labels) = batch_of(16, record, 4401);
+            net.load_batch(&gpu, &data, &labels).unwrap();
+            net.forward(&gpu, pass(Phase::Train), None).unwrap();
+            net.backward_first(&gpu, None, &mut |_, _| {}).unwrap();
+            let relu = (0..net.graph.len())
+                .find(|&i| net.graph.layer_name(i) == "relu")
+                .unwrap();
+            let blob = &net.blobs[net.graph.node(relu).tops[0]];
+            let diff = gpu.compute.clone_dtoh(&blob.diff).unwrap();
+            let diff = &diff[..blob.count()];
+            let odd = diff.iter().position(|&v| !half.holds(v));
+            assert_eq!(odd, None, "{math:?}, {layout:?}: {diff:?}");
+            assert!(diff.iter().any(|&v| v != 0.0), "{math:?}, {layout:?}");
+        }
+    }
+    let expected = [
+        (GpuLayout::Nchw, &["h", "bn", "pool"][..]),
+        (GpuLayout::Nhwc, &["h", "bn"][..]),
+    ];
+    let chains = [("bn", "relu_h")];
+    trains_on_half_blobs_as_the_cpu(name, ("half_after_fp32.toml", text), &chains, &expected);
+}
+
 /// cifar10_quick's pattern at a small size in bf16 and fp16: channels-last, convolutions with a
 /// bias run on half-type blobs (the bias added in cuDNN's plan to the FP32 products before the
 /// top's one rounding, its gradient summed from the half-type top gradient), with the pooling
