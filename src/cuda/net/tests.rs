@@ -748,6 +748,9 @@ fn a_half_type_convolution_after_fp32_layers_trains_as_the_cpu_rounding() {
         for layout in [GpuLayout::Nchw, GpuLayout::Nhwc] {
             gpu.layout = layout;
             let mut net = GpuNet::new(&cfg, record, 16, &gpu).unwrap();
+            let (_, mut params) = Net::build(&cfg, record, 16).unwrap();
+            Net::init_params(&mut params, cfg.solver.random_seed);
+            net.params_from_host(&gpu, &params).unwrap();
             let (data, labels) = batch_of(16, record, 4401);
             net.load_batch(&gpu, &data, &labels).unwrap();
             net.forward(&gpu, pass(Phase::Train), None).unwrap();
